@@ -1,0 +1,23 @@
+/* threadpool.h - a fixed set of worker threads that run one data-parallel
+ * function at a time (fork-join). The calling thread is worker 0, so a pool
+ * of 1 thread runs everything inline. */
+#ifndef CLLM_BASE_THREADPOOL_H
+#define CLLM_BASE_THREADPOOL_H
+
+#include "base/err.h"
+
+struct threadpool;
+
+/* fn is called once per worker with ith in [0, nth). */
+typedef void (*tp_fn)(void *ctx, int ith, int nth);
+
+/* n_threads <= 0 means "number of online CPUs". */
+struct threadpool *tp_create(int n_threads, struct err *e);
+void tp_destroy(struct threadpool *tp);
+int tp_size(const struct threadpool *tp);
+
+/* Runs fn on every worker and returns when all have finished. Not reentrant:
+ * one tp_run at a time per pool. */
+void tp_run(struct threadpool *tp, tp_fn fn, void *ctx);
+
+#endif

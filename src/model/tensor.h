@@ -1,0 +1,40 @@
+/* tensor.h - a weight tensor as the model code sees it: dtype, 2-D shape and
+ * a pointer into memory owned by whoever loaded it (usually an mmap). */
+#ifndef CLLM_MODEL_TENSOR_H
+#define CLLM_MODEL_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum dtype {
+    DT_F32 = 0,
+    DT_F16,
+    DT_BF16,
+    DT_Q8_0, /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes) */
+    DT_COUNT
+};
+
+#define Q8_0_BLOCK 32
+
+/* Layout of one Q8_0 block, byte-compatible with GGUF/ggml. */
+struct block_q8_0 {
+    uint16_t d; /* f16 scale */
+    int8_t qs[Q8_0_BLOCK];
+};
+
+/* A matrix is rows x cols, row-major; rows is the output dimension of a
+ * linear layer (PyTorch's [out_features, in_features]). A vector has rows=1.
+ * data == NULL means "absent" (e.g. no q/k norm for this architecture). */
+struct tensor {
+    enum dtype dtype;
+    int64_t rows, cols;
+    const void *data;
+};
+
+const char *dtype_name(enum dtype t);
+/* Bytes of one row of `cols` elements; cols must be a multiple of 32 for Q8_0. */
+size_t dtype_row_bytes(enum dtype t, int64_t cols);
+
+static inline int tensor_present(const struct tensor *t) { return t->data != NULL; }
+
+#endif
