@@ -38,7 +38,10 @@ struct model_config {
     bool qkv_bias;   /* qwen2 */
     bool qk_norm;    /* qwen3: RMSNorm over each q/k head before RoPE */
     bool tied_embeddings;
-    int bos_id, eos_id; /* -1 when unknown */
+    int sliding_window; /* 0: full attention; else attend to the last N positions */
+    int bos_id, eos_id; /* -1 when unknown; eos_id is the first of eos_ids */
+    int eos_ids[8];     /* every id that ends generation (HF allows a list) */
+    int n_eos;
 };
 
 struct layer_weights {

@@ -1,0 +1,272 @@
+/* backend_cpu.c - the CPU implementation of the op set: matmul goes to the
+ * SIMD kernels in matmul.c; the element-wise ops and attention are here,
+ * threaded over rows/heads where the work is large enough to pay. */
+#include "backend/backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "base/half.h"
+#include "base/threadpool.h"
+
+struct cpu_backend {
+    struct backend be;
+    struct threadpool *tp;
+    struct cpu_matmul mm;
+    float *scores;     /* per-thread attention score rows */
+    int scores_cap;    /* floats per thread */
+};
+
+static struct cpu_backend *cpu(struct backend *be) { return be->impl; }
+
+static void cpu_destroy(struct backend *be)
+{
+    struct cpu_backend *c = cpu(be);
+    cpu_matmul_free(&c->mm);
+    tp_destroy(c->tp);
+    free(c->scores);
+    free(c);
+}
+
+static void *cpu_alloc(struct backend *be, size_t bytes)
+{
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64))
+        return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(struct backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_download(struct backend *be, float *dst, const float *src, size_t n)
+{
+    (void)be;
+    memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
+{
+    (void)be;
+    int64_t d = t->cols;
+    size_t rb = dtype_row_bytes(t->dtype, d);
+    for (int i = 0; i < n; i++) {
+        const char *row = (const char *)t->data + (size_t)ids[i] * rb;
+        float *o = out + (size_t)i * d;
+        switch (t->dtype) {
+        case DT_F32: memcpy(o, row, (size_t)d * 4); break;
+        case DT_F16: for (int64_t j = 0; j < d; j++) o[j] = f16_to_f32(((const uint16_t *)row)[j]); break;
+        case DT_BF16: for (int64_t j = 0; j < d; j++) o[j] = bf16_to_f32(((const uint16_t *)row)[j]); break;
+        case DT_Q8_0: dequantize_row_q8_0((const struct block_q8_0 *)row, o, d); break;
+        default: memset(o, 0, (size_t)d * 4); break;
+        }
+    }
+}
+
+static int cpu_mm(struct backend *be, float *out, const float *x, int n, const struct tensor *w,
+                  struct err *e)
+{
+    return cpu_matmul(&cpu(be)->mm, out, x, n, w, e);
+}
+
+static void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
+                        int dim, float eps)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * dim;
+        float *o = out + (size_t)i * dim;
+        /* f32 sum like torch's x.pow(2).mean(); double keeps it order-independent. */
+        double ss = 0;
+        for (int j = 0; j < dim; j++)
+            ss += (double)xr[j] * xr[j];
+        float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        for (int j = 0; j < dim; j++)
+            o[j] = w[j] * (xr[j] * inv);
+    }
+}
+
+static void cpu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < dim; j++)
+            x[(size_t)i * dim + j] += b[j];
+}
+
+static void cpu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
+                     const float *inv_freq, bool interleaved)
+{
+    (void)be;
+    int half = head_dim / 2;
+    float cs[512], sn[512];
+    for (int i = 0; i < n; i++) {
+        for (int f = 0; f < half; f++) {
+            /* HF computes the angle in f32 (pos * inv_freq), then cos/sin. */
+            float ang = (float)(pos0 + i) * inv_freq[f];
+            cs[f] = cosf(ang);
+            sn[f] = sinf(ang);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)i * n_heads + h) * head_dim;
+            for (int f = 0; f < half; f++) {
+                int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs[f] - x1 * sn[f];
+                v[b] = x1 * cs[f] + x0 * sn[f];
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
+                         int layer, const float *k, const float *v, int n, int pos0)
+{
+    (void)be;
+    size_t d = (size_t)pool->kv_dim;
+    for (int i = 0; i < n; i++) {
+        size_t off = kv_offset(pool, seq, layer, pos0 + i);
+        memcpy(pool->k + off, k + i * d, d * sizeof(float));
+        memcpy(pool->v + off, v + i * d, d * sizeof(float));
+    }
+}
+
+struct attn_job {
+    struct cpu_backend *c;
+    float *out;
+    const float *q;
+    const struct kv_pool *pool;
+    const struct kv_seq *seq;
+    int layer;
+    const struct attn_args *a;
+};
+
+static void attn_one(const struct attn_job *j, float *scores, int i, int h)
+{
+    const struct attn_args *a = j->a;
+    int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h / group;
+    int pos = a->pos0 + i;
+    int start = 0;
+    if (a->sliding_window > 0 && pos - a->sliding_window + 1 > 0)
+        start = pos - a->sliding_window + 1;
+    const float *q = j->q + ((size_t)i * a->n_heads + h) * hd;
+    float mx = -INFINITY;
+    for (int t = start; t <= pos; t++) {
+        const float *k = j->pool->k + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        float s = 0;
+        for (int d = 0; d < hd; d++)
+            s += q[d] * k[d];
+        s *= a->scale;
+        scores[t - start] = s;
+        if (s > mx)
+            mx = s;
+    }
+    float sum = 0;
+    for (int t = start; t <= pos; t++) {
+        float p = expf(scores[t - start] - mx);
+        scores[t - start] = p;
+        sum += p;
+    }
+    float inv = 1.0f / sum;
+    float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
+    memset(o, 0, (size_t)hd * sizeof(float));
+    for (int t = start; t <= pos; t++) {
+        const float *v = j->pool->v + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        float p = scores[t - start] * inv;
+        for (int d = 0; d < hd; d++)
+            o[d] += p * v[d];
+    }
+}
+
+static void attn_worker(void *ctx, int ith, int nth)
+{
+    const struct attn_job *j = ctx;
+    float *scores = j->c->scores + (size_t)ith * j->c->scores_cap;
+    int total = j->a->n * j->a->n_heads;
+    for (int w = ith; w < total; w += nth)
+        attn_one(j, scores, w / j->a->n_heads, w % j->a->n_heads);
+}
+
+static int cpu_attention(struct backend *be, float *out, const float *q,
+                         const struct kv_pool *pool, const struct kv_seq *seq, int layer,
+                         const struct attn_args *a, struct err *e)
+{
+    struct cpu_backend *c = cpu(be);
+    int need = a->pos0 + a->n;
+    if (need > c->scores_cap) {
+        int cap = c->scores_cap ? c->scores_cap : 1024;
+        while (cap < need)
+            cap *= 2;
+        float *s = realloc(c->scores, (size_t)cap * tp_size(c->tp) * sizeof(float));
+        if (!s)
+            return err_set(e, "attention: out of memory for %d scores", cap);
+        c->scores = s;
+        c->scores_cap = cap;
+    }
+    struct attn_job j = {c, out, q, pool, seq, layer, a};
+    tp_run(c->tp, attn_worker, &j);
+    return 0;
+}
+
+static void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_add(struct backend *be, float *x, const float *y, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .download = cpu_download,
+    .embed = cpu_embed,
+    .matmul = cpu_mm,
+    .rmsnorm = cpu_rmsnorm,
+    .add_bias = cpu_add_bias,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+};
+
+struct backend *backend_cpu_create(int n_threads, struct err *e)
+{
+    struct cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) {
+        err_set(e, "out of memory");
+        return NULL;
+    }
+    c->tp = tp_create(n_threads, e);
+    if (!c->tp || cpu_matmul_init(&c->mm, c->tp, cpu_isa_detect(), e)) {
+        if (c->tp)
+            tp_destroy(c->tp);
+        free(c);
+        return NULL;
+    }
+    c->be.ops = &cpu_ops;
+    c->be.impl = c;
+    return &c->be;
+}
+
+void backend_destroy(struct backend *be)
+{
+    if (be)
+        be->ops->destroy(be);
+}

@@ -1,0 +1,176 @@
+/* sampler.c - greedy and stochastic token selection. */
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void rng_seed(struct rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* xoshiro256** */
+uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
+
+int sampler_init(struct sampler *s, const struct sampler_params *p, int vocab, struct err *e)
+{
+    memset(s, 0, sizeof *s);
+    if (!(p->temperature >= 0 && p->temperature < 1e6) || isnan(p->temperature))
+        return err_set(e, "temperature must be >= 0 (got %g)", p->temperature);
+    if (!(p->top_p > 0) || p->top_p > 1)
+        return err_set(e, "top_p must be in (0, 1] (got %g)", p->top_p);
+    if (!(p->min_p >= 0) || p->min_p > 1)
+        return err_set(e, "min_p must be in [0, 1] (got %g)", p->min_p);
+    if (p->top_k < 0)
+        return err_set(e, "top_k must be >= 0 (got %d)", p->top_k);
+    s->p = *p;
+    s->vocab = vocab;
+    rng_seed(&s->rng, p->seed);
+    s->probs = malloc((size_t)vocab * sizeof(float));
+    s->idx = malloc((size_t)vocab * sizeof(int));
+    if (!s->probs || !s->idx) {
+        sampler_free(s);
+        return err_set(e, "out of memory");
+    }
+    return 0;
+}
+
+void sampler_free(struct sampler *s)
+{
+    free(s->probs);
+    free(s->idx);
+    s->probs = NULL;
+    s->idx = NULL;
+}
+
+int sample_argmax(const float *logits, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}
+
+static int cmp_desc(const void *a, const void *b, void *keys)
+{
+    const float *key = keys;
+    float x = key[*(const int *)a], y = key[*(const int *)b];
+    if (x != y)
+        return x < y ? 1 : -1;
+    return *(const int *)a - *(const int *)b;
+}
+
+/* Moves the k largest entries of idx (by key) to the front, sorted. */
+static void partial_sort(int *idx, int n, int k, const float *key)
+{
+    if (k < n) { /* quickselect so only k entries get sorted */
+        int lo = 0, hi = n - 1;
+        while (lo < hi) {
+            float pivot = key[idx[(lo + hi) / 2]];
+            int i = lo, j = hi;
+            while (i <= j) {
+                while (key[idx[i]] > pivot) i++;
+                while (key[idx[j]] < pivot) j--;
+                if (i <= j) {
+                    int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+                    i++; j--;
+                }
+            }
+            if (k - 1 <= j) hi = j;
+            else if (k - 1 >= i) lo = i;
+            else break;
+        }
+    }
+    qsort_r(idx, (size_t)(k < n ? k : n), sizeof(int), cmp_desc, (void *)key);
+}
+
+int sampler_sample(struct sampler *s, const float *logits)
+{
+    int n = s->vocab;
+    if (s->p.temperature <= 0)
+        return sample_argmax(logits, n);
+    float *pr = s->probs;
+    int *idx = s->idx;
+    float inv_t = 1.0f / s->p.temperature;
+    for (int i = 0; i < n; i++) {
+        pr[i] = logits[i] * inv_t;
+        idx[i] = i;
+    }
+    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    /* Sorting the whole vocabulary is only needed for top-p; cap it otherwise. */
+    int keep = k;
+    if (s->p.top_p < 1 || k < n)
+        partial_sort(idx, n, k, pr);
+    else
+        keep = n;
+    float mx = -INFINITY;
+    for (int i = 0; i < keep; i++)
+        if (pr[idx[i]] > mx)
+            mx = pr[idx[i]];
+    double sum = 0;
+    for (int i = 0; i < keep; i++) {
+        float p = expf(pr[idx[i]] - mx);
+        pr[idx[i]] = p;
+        sum += p;
+    }
+    if (s->p.top_p < 1) {
+        /* Smallest prefix whose mass reaches top_p (at least one token). */
+        double cum = 0;
+        int cut = keep;
+        for (int i = 0; i < keep; i++) {
+            cum += pr[idx[i]] / sum;
+            if (cum >= s->p.top_p) {
+                cut = i + 1;
+                break;
+            }
+        }
+        keep = cut;
+    }
+    if (s->p.min_p > 0) {
+        float top = 0;
+        for (int i = 0; i < keep; i++)
+            if (pr[idx[i]] > top)
+                top = pr[idx[i]];
+        int w = 0;
+        for (int i = 0; i < keep; i++)
+            if (pr[idx[i]] >= s->p.min_p * top)
+                idx[w++] = idx[i];
+        keep = w;
+    }
+    sum = 0;
+    for (int i = 0; i < keep; i++)
+        sum += pr[idx[i]];
+    double r = rng_uniform(&s->rng) * sum, acc = 0;
+    for (int i = 0; i < keep; i++) {
+        acc += pr[idx[i]];
+        if (r < acc)
+            return idx[i];
+    }
+    return idx[keep - 1];
+}

@@ -1,0 +1,82 @@
+/* kv_cache.c - the block pool and per-sequence block tables. */
+#include "kv/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size)
+{
+    return 2 * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size * sizeof(float);
+}
+
+int kv_pool_init(struct kv_pool *p, int n_layers, int kv_dim, int block_size, int n_blocks,
+                 struct err *e)
+{
+    memset(p, 0, sizeof *p);
+    if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
+        return err_set(e, "kv pool: invalid geometry");
+    size_t per = (size_t)n_layers * kv_dim * block_size;
+    p->k = malloc(per * n_blocks * sizeof(float));
+    p->v = malloc(per * n_blocks * sizeof(float));
+    p->free_list = malloc((size_t)n_blocks * sizeof(int));
+    p->refcount = calloc((size_t)n_blocks, sizeof(int));
+    if (!p->k || !p->v || !p->free_list || !p->refcount) {
+        kv_pool_free(p);
+        return err_set(e, "kv pool: out of memory for %d blocks (%zu MiB)", n_blocks,
+                       kv_pool_bytes_per_block(n_layers, kv_dim, block_size) * n_blocks >> 20);
+    }
+    p->n_layers = n_layers;
+    p->kv_dim = kv_dim;
+    p->block_size = block_size;
+    p->n_blocks = n_blocks;
+    for (int i = 0; i < n_blocks; i++)
+        p->free_list[i] = n_blocks - 1 - i;
+    p->n_free = n_blocks;
+    return 0;
+}
+
+void kv_pool_free(struct kv_pool *p)
+{
+    free(p->k);
+    free(p->v);
+    free(p->free_list);
+    free(p->refcount);
+    memset(p, 0, sizeof *p);
+}
+
+int kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int n_tokens, struct err *e)
+{
+    int need = (n_tokens + p->block_size - 1) / p->block_size;
+    if (need <= s->n_blocks)
+        return 0;
+    if (need - s->n_blocks > p->n_free)
+        return err_set(e, "kv cache full: %d tokens need %d more blocks, %d free (raise the "
+                          "context/KV budget)", n_tokens, need - s->n_blocks, p->n_free);
+    if (need > s->cap_blocks) {
+        int cap = s->cap_blocks ? s->cap_blocks : 8;
+        while (cap < need)
+            cap *= 2;
+        int *nb = realloc(s->blocks, (size_t)cap * sizeof(int));
+        if (!nb)
+            return err_set(e, "kv cache: out of memory");
+        s->blocks = nb;
+        s->cap_blocks = cap;
+    }
+    while (s->n_blocks < need) {
+        int b = p->free_list[--p->n_free];
+        p->refcount[b] = 1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return 0;
+}
+
+void kv_seq_release(struct kv_pool *p, struct kv_seq *s)
+{
+    for (int i = 0; i < s->n_blocks; i++) {
+        int b = s->blocks[i];
+        if (--p->refcount[b] == 0)
+            p->free_list[p->n_free++] = b;
+    }
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,47 @@
+/* kv_cache.h - paged key/value storage: a pool of fixed-size blocks, each
+ * holding block_size token slots for every layer, and per-sequence block
+ * tables. Sequences map logical positions to (block, slot); the batching
+ * scheduler and the prefix index will share blocks through refcounts. */
+#ifndef CLLM_KV_KV_CACHE_H
+#define CLLM_KV_KV_CACHE_H
+
+#include <stddef.h>
+
+#include "base/err.h"
+
+struct kv_pool {
+    int n_layers;
+    int kv_dim;      /* n_kv_heads * head_dim */
+    int block_size;  /* tokens per block */
+    int n_blocks;
+    float *k, *v;    /* [n_blocks][n_layers][block_size][kv_dim] */
+    int *free_list;  /* stack of free block ids */
+    int n_free;
+    int *refcount;
+};
+
+struct kv_seq {
+    int *blocks;     /* logical block i -> pool block id */
+    int n_blocks, cap_blocks;
+    int n_tokens;    /* positions [0, n_tokens) hold valid K/V */
+};
+
+int kv_pool_init(struct kv_pool *p, int n_layers, int kv_dim, int block_size, int n_blocks,
+                 struct err *e);
+void kv_pool_free(struct kv_pool *p);
+size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size);
+
+/* Makes sure the sequence has blocks for positions [0, n_tokens). Fails with
+ * a message (never aborts) when the pool is exhausted. */
+int kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int n_tokens, struct err *e);
+/* Drops the sequence's references; its blocks return to the pool at zero. */
+void kv_seq_release(struct kv_pool *p, struct kv_seq *s);
+
+static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos)
+{
+    int blk = s->blocks[pos / p->block_size];
+    return (((size_t)blk * (size_t)p->n_layers + (size_t)layer) * (size_t)p->block_size +
+            (size_t)(pos % p->block_size)) * (size_t)p->kv_dim;
+}
+
+#endif

@@ -1,0 +1,174 @@
+/* forward.c - the llama-family forward pass, written once over the backend
+ * op set: embed, then per layer RMSNorm -> q/k/v (+bias, +q/k norm) -> RoPE
+ * -> paged attention -> o_proj residual -> RMSNorm -> SwiGLU MLP residual,
+ * then the final norm and the LM head. */
+#include "model/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rope_inv_freq(const struct model_config *c, float *inv_freq)
+{
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* HF: 1 / theta ** (arange(0, d, 2) / d), evaluated in float32. */
+        float expo = (float)(2 * i) / (float)c->head_dim;
+        float f = 1.0f / powf(c->rope_theta, expo);
+        if (c->rope_scaling == ROPE_SCALING_LINEAR) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+            float lo_wl = (float)c->rope_orig_max_seq / c->rope_low_freq_factor;
+            float hi_wl = (float)c->rope_orig_max_seq / c->rope_high_freq_factor;
+            float wl = 2.0f * (float)M_PI / f;
+            if (wl > lo_wl) {
+                f /= c->rope_factor;
+            } else if (wl >= hi_wl) {
+                float s = ((float)c->rope_orig_max_seq / wl - c->rope_low_freq_factor) /
+                          (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1.0f - s) * f / c->rope_factor + s * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+int forward_init(struct forward_state *fs, const struct model *m, struct backend *be,
+                 int max_tokens, struct err *e)
+{
+    memset(fs, 0, sizeof *fs);
+    const struct model_config *c = &m->cfg;
+    fs->m = m;
+    fs->be = be;
+    fs->max_tokens = max_tokens;
+    size_t n = (size_t)max_tokens;
+    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
+    void *(*al)(struct backend *, size_t) = be->ops->alloc;
+    fs->x = al(be, n * c->dim * 4);
+    fs->xb = al(be, n * (c->dim > (int)qd ? (size_t)c->dim : qd) * 4);
+    fs->q = al(be, n * qd * 4);
+    fs->k = al(be, n * kvd * 4);
+    fs->v = al(be, n * kvd * 4);
+    fs->att = al(be, n * qd * 4);
+    fs->hb = al(be, n * c->hidden_dim * 4);
+    fs->hb2 = al(be, n * c->hidden_dim * 4);
+    fs->logits = al(be, n * c->vocab_size * 4);
+    if (!fs->inv_freq || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
+        !fs->hb2 || !fs->logits) {
+        forward_free(fs);
+        return err_set(e, "out of memory for activations of %d tokens", max_tokens);
+    }
+    rope_inv_freq(c, fs->inv_freq);
+    return 0;
+}
+
+void forward_free(struct forward_state *fs)
+{
+    if (!fs->be)
+        return;
+    float **bufs[] = {&fs->x, &fs->xb, &fs->q, &fs->k, &fs->v, &fs->att, &fs->hb, &fs->hb2, &fs->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i])
+            fs->be->ops->free(fs->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    free(fs->inv_freq);
+    fs->inv_freq = NULL;
+}
+
+static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                         int l, int n, int pos0, struct err *e)
+{
+    const struct model_config *c = &fs->m->cfg;
+    const struct layer_weights *w = &fs->m->layers[l];
+    const struct backend_ops *op = fs->be->ops;
+    struct backend *be = fs->be;
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+
+    op->rmsnorm(be, fs->xb, fs->x, w->attn_norm.data, n, c->dim, c->norm_eps);
+    if (op->matmul(be, fs->q, fs->xb, n, &w->wq, e) || op->matmul(be, fs->k, fs->xb, n, &w->wk, e) ||
+        op->matmul(be, fs->v, fs->xb, n, &w->wv, e))
+        return -1;
+    if (c->qkv_bias) {
+        op->add_bias(be, fs->q, w->bq.data, n, qd);
+        op->add_bias(be, fs->k, w->bk.data, n, kvd);
+        op->add_bias(be, fs->v, w->bv.data, n, kvd);
+    }
+    if (c->qk_norm) {
+        op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
+        op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    }
+    op->rope(be, fs->q, n, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
+    op->rope(be, fs->k, n, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
+    op->kv_store(be, pool, seq, l, fs->k, fs->v, n, pos0);
+    struct attn_args a = {
+        .n = n, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim, .sliding_window = c->sliding_window,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+    };
+    if (op->attention(be, fs->att, fs->q, pool, seq, l, &a, e) ||
+        op->matmul(be, fs->xb, fs->att, n, &w->wo, e))
+        return -1;
+    op->add(be, fs->x, fs->xb, (size_t)n * c->dim);
+
+    op->rmsnorm(be, fs->xb, fs->x, w->ffn_norm.data, n, c->dim, c->norm_eps);
+    if (op->matmul(be, fs->hb, fs->xb, n, &w->w_gate, e) ||
+        op->matmul(be, fs->hb2, fs->xb, n, &w->w_up, e))
+        return -1;
+    op->silu_mul(be, fs->hb, fs->hb2, (size_t)n * c->hidden_dim);
+    if (op->matmul(be, fs->xb, fs->hb, n, &w->w_down, e))
+        return -1;
+    op->add(be, fs->x, fs->xb, (size_t)n * c->dim);
+    return 0;
+}
+
+enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
+
+static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                         const int *tokens, int n, enum logits_mode mode, float *logits,
+                         struct err *e)
+{
+    const struct model *m = fs->m;
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *op = fs->be->ops;
+    int pos0 = seq->n_tokens;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return err_set(e, "token id %d is outside the vocabulary (0..%d)", tokens[i],
+                           c->vocab_size - 1);
+    if (kv_seq_reserve(pool, seq, pos0 + n, e))
+        return -1;
+    op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_forward(fs, pool, seq, l, n, pos0, e))
+            return -1;
+    seq->n_tokens = pos0 + n;
+    if (mode == LOGITS_NONE)
+        return 0;
+    /* Only the rows whose logits are wanted go through the (large) head. */
+    int first = mode == LOGITS_ALL ? 0 : n - 1, rows = n - first;
+    const float *xin = fs->x + (size_t)first * c->dim;
+    op->rmsnorm(fs->be, fs->xb, xin, m->out_norm.data, rows, c->dim, c->norm_eps);
+    if (op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
+        return -1;
+    op->download(fs->be, logits, fs->logits, (size_t)rows * c->vocab_size);
+    return 0;
+}
+
+int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                   const int *tokens, int n, bool all_logits, float *logits, struct err *e)
+{
+    if (n <= 0)
+        return err_set(e, "forward: no tokens");
+    for (int done = 0; done < n;) {
+        int k = n - done < fs->max_tokens ? n - done : fs->max_tokens;
+        bool last = done + k == n;
+        float *out = all_logits ? logits + (size_t)done * fs->m->cfg.vocab_size : logits;
+        enum logits_mode mode = all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
+        if (chunk_forward(fs, pool, seq, tokens + done, k, mode, out, e))
+            return -1;
+        done += k;
+    }
+    return 0;
+}

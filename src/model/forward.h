@@ -1,0 +1,38 @@
+/* forward.h - runs the llama-family transformer (llama, mistral, qwen2,
+ * qwen3) over a chunk of tokens of one sequence, through the backend op set.
+ * The ragged multi-sequence batch of the scheduler builds on the same
+ * per-layer code. */
+#ifndef CLLM_MODEL_FORWARD_H
+#define CLLM_MODEL_FORWARD_H
+
+#include <stdbool.h>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+/* Activation buffers for up to max_tokens tokens per call, in backend memory. */
+struct forward_state {
+    const struct model *m;
+    struct backend *be;
+    int max_tokens;
+    float *inv_freq; /* host, head_dim/2, rope scaling applied */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+};
+
+int forward_init(struct forward_state *fs, const struct model *m, struct backend *be,
+                 int max_tokens, struct err *e);
+void forward_free(struct forward_state *fs);
+
+/* Computes RoPE inverse frequencies with the config's scaling (exposed for
+ * tests). inv_freq has head_dim/2 entries. */
+void rope_inv_freq(const struct model_config *c, float *inv_freq);
+
+/* Feeds tokens[0..n) at positions seq->n_tokens.. (n may exceed max_tokens:
+ * it is split into chunks), appends their K/V to seq, and writes logits:
+ * all n rows [n][vocab] when all_logits, else only the last row [vocab].
+ * logits is host memory. */
+int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                   const int *tokens, int n, bool all_logits, float *logits, struct err *e);
+
+#endif
