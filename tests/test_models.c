@@ -1,0 +1,361 @@
+/* test_models.c - the forward pass against oracles: the two real trained
+ * models in ../shared/models reproduce their recorded greedy ids, and the
+ * random-weight fixtures made with Hugging Face transformers
+ * (tests/fixtures/gen_oracle.py) match its float32 logits and greedy ids. */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "engine/sampler.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "testutil.h"
+
+struct runner {
+    struct model m;
+    struct backend *be;
+    struct forward_state fs;
+    struct kv_pool pool;
+};
+
+static int runner_open(struct runner *r, const char *path, int threads, int batch)
+{
+    struct err e = {{0}};
+    memset(r, 0, sizeof *r);
+    if (model_load(&r->m, path, &e)) {
+        CHECK(0, "load %s: %s", path, e.msg);
+        return -1;
+    }
+    const struct model_config *c = &r->m.cfg;
+    r->be = backend_cpu_create(threads, &e);
+    if (!r->be || forward_init(&r->fs, &r->m, r->be, batch, &e) ||
+        kv_pool_init(&r->pool, c->n_layers, c->n_kv_heads * c->head_dim, 16, 64, &e)) {
+        CHECK(0, "init %s: %s", path, e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void runner_close(struct runner *r)
+{
+    kv_pool_free(&r->pool);
+    forward_free(&r->fs);
+    backend_destroy(r->be);
+    model_free(&r->m);
+}
+
+static int *json_ids(json_t *arr, int *n)
+{
+    *n = (int)json_array_size(arr);
+    int *ids = malloc(sizeof(int) * (size_t)(*n ? *n : 1));
+    for (int i = 0; i < *n; i++)
+        ids[i] = (int)json_integer_value(json_array_get(arr, i));
+    return ids;
+}
+
+/* Greedy decoding from prompt; out gets n_gen ids (stops early at an EOS id). */
+static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out)
+{
+    struct err e = {{0}};
+    struct kv_seq seq = {0};
+    int vocab = r->m.cfg.vocab_size, got = 0;
+    float *logits = malloc(sizeof(float) * vocab);
+    if (forward_tokens(&r->fs, &r->pool, &seq, prompt, n_prompt, false, logits, &e) == 0) {
+        while (got < n_gen) {
+            int next = sample_argmax(logits, vocab);
+            out[got++] = next;
+            int stop = 0;
+            for (int i = 0; i < r->m.cfg.n_eos; i++)
+                stop |= next == r->m.cfg.eos_ids[i];
+            if (stop || got == n_gen)
+                break;
+            if (forward_tokens(&r->fs, &r->pool, &seq, &next, 1, false, logits, &e))
+                break;
+        }
+    }
+    CHECK(e.msg[0] == 0, "forward: %s", e.msg);
+    kv_seq_release(&r->pool, &seq);
+    free(logits);
+    return got;
+}
+
+/* The expected_greedy.json of a shared model: steps counts positions, so
+ * steps - n_prompt + 1 ids follow the prompt (for stories260K the recorded
+ * ids also repeat the forced prompt tokens after BOS). */
+static void check_expected_greedy(const char *model_dir, int threads)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/expected_greedy.json", model_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    CHECK(root != NULL, "%s: %s", path, je.text);
+    if (!root)
+        return;
+    struct runner r;
+    if (runner_open(&r, model_dir, threads, 7) == 0) {
+        json_t *cases = json_object_get(root, "cases");
+        for (size_t i = 0; i < json_array_size(cases); i++) {
+            json_t *c = json_array_get(cases, i);
+            int np, ne;
+            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *want = json_ids(json_object_get(c, "generated_ids"), &ne);
+            int forced = ne - ((int)json_integer_value(json_object_get(c, "steps")) - np + 1);
+            int n_gen = ne - forced;
+            int *got = calloc((size_t)ne + 1, sizeof(int));
+            int n = greedy(&r, prompt, np, n_gen, got);
+            int same = n == n_gen && !memcmp(got, want + forced, sizeof(int) * (size_t)n_gen);
+            int k = 0;
+            while (k < n && k < n_gen && got[k] == want[forced + k])
+                k++;
+            CHECK(same, "%s case %s (threads %d): first mismatch at generated id %d of %d (got %d)",
+                  model_dir, json_string_value(json_object_get(c, "name")), threads, k, n_gen, n);
+            for (int f = 0; f < forced; f++)
+                CHECK(want[f] == prompt[f + 1], "forced ids follow the prompt");
+            free(prompt);
+            free(want);
+            free(got);
+        }
+        runner_close(&r);
+    }
+    json_decref(root);
+}
+
+static float *read_f32(const char *path, size_t want)
+{
+    size_t len = 0;
+    char *buf = test_read_file(path, &len);
+    CHECK(buf && len == want * 4, "%s: expected %zu floats, file has %zu bytes", path, want, len);
+    if (buf && len != want * 4) {
+        free(buf);
+        return NULL;
+    }
+    return (float *)buf;
+}
+
+/* max|ours - ref| / max|ref|: the contract's relative error. */
+static double rel_err(const float *a, const float *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > md || isnan(d))
+            md = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > mr)
+            mr = fabs(ref[i]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+/* tol: relative logits error allowed against ref.json's logits. */
+static void check_oracle(const char *dir, int threads, int batch, double tol)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/ref.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    CHECK(root != NULL, "%s: %s", path, je.text);
+    if (!root)
+        return;
+    struct runner r;
+    if (runner_open(&r, dir, threads, batch) == 0) {
+        int vocab = r.m.cfg.vocab_size;
+        json_t *cases = json_object_get(root, "cases");
+        CHECK(json_array_size(cases) > 0, "%s: no cases", path);
+        for (size_t i = 0; i < json_array_size(cases); i++) {
+            json_t *c = json_array_get(cases, i);
+            int np, ng;
+            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *want = json_ids(json_object_get(c, "greedy"), &ng);
+            snprintf(path, sizeof path, "%s/%s", dir,
+                     json_string_value(json_object_get(c, "logits_file")));
+            float *ref = read_f32(path, (size_t)np * vocab);
+            float *ours = malloc(sizeof(float) * (size_t)np * vocab);
+            struct kv_seq seq = {0};
+            struct err e = {{0}};
+            int rc = forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e);
+            CHECK(rc == 0, "%s: %s", dir, e.msg);
+            kv_seq_release(&r.pool, &seq);
+            if (ref && rc == 0) {
+                double re = rel_err(ours, ref, (size_t)np * vocab);
+                CHECK(re <= tol, "%s case %zu (threads %d, batch %d): logits rel err %.3g > %.3g",
+                      dir, i, threads, batch, re, tol);
+            }
+            /* bf16 fixtures also carry the logits of the f32 model they were
+             * rounded from: rounding weights to bf16 (8 mantissa bits) moves
+             * logits by ~1% of their range; 3e-2 bounds it with headroom. */
+            const char *f32src = json_string_value(json_object_get(c, "logits_f32src_file"));
+            if (f32src && rc == 0) {
+                snprintf(path, sizeof path, "%s/%s", dir, f32src);
+                float *ref32 = read_f32(path, (size_t)np * vocab);
+                double re = ref32 ? rel_err(ours, ref32, (size_t)np * vocab) : INFINITY;
+                CHECK(re <= 3e-2, "%s case %zu: bf16 vs f32-model logits rel err %.3g > 3e-2", dir, i, re);
+                if (threads == 1)
+                    printf("%s case %zu: bf16 weights vs f32 model: logits rel err %.4f\n", dir, i, re);
+                free(ref32);
+            }
+            /* transformers' greedy never stops at EOS here: use a huge n and
+             * compare the prefix up to the first EOS we stop on. */
+            int *got = calloc((size_t)ng, sizeof(int));
+            int n = greedy(&r, prompt, np, ng, got);
+            int k = 0;
+            while (k < n && got[k] == want[k])
+                k++;
+            CHECK(k == n && (n == ng || k > 0), "%s case %zu: greedy differs at step %d (got %d, want %d)",
+                  dir, i, k, k < n ? got[k] : -1, k < ng ? want[k] : -1);
+            free(got);
+            free(ref);
+            free(ours);
+            free(prompt);
+            free(want);
+        }
+        runner_close(&r);
+    }
+    json_decref(root);
+}
+
+/* tinystories-656k against transformers itself (tinystories_hf.json): the
+ * shared expected_greedy.json was made by an independent implementation. */
+static void check_tinystories_hf(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/oracle/tinystories_hf.json", CLLM_FIXTURES_DIR);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    CHECK(root != NULL, "%s: %s", path, je.text);
+    if (!root)
+        return;
+    snprintf(path, sizeof path, "%s/models/tinystories-656k", CLLM_SHARED_DIR);
+    struct runner r;
+    if (runner_open(&r, path, 2, 64) == 0) {
+        int np, ng, vocab = r.m.cfg.vocab_size;
+        int *prompt = json_ids(json_object_get(root, "prompt_ids"), &np);
+        int *want = json_ids(json_object_get(root, "greedy"), &ng);
+        snprintf(path, sizeof path, "%s/oracle/tinystories_logits.bin", CLLM_FIXTURES_DIR);
+        float *ref = read_f32(path, (size_t)np * vocab);
+        float *ours = malloc(sizeof(float) * (size_t)np * vocab);
+        struct kv_seq seq = {0};
+        struct err e = {{0}};
+        CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
+        kv_seq_release(&r.pool, &seq);
+        double re = ref ? rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
+        CHECK(re <= 1e-4, "tinystories vs transformers: logits rel err %.3g", re);
+        int *got = calloc((size_t)ng, sizeof(int));
+        int n = greedy(&r, prompt, np, ng, got);
+        CHECK(n == ng && !memcmp(got, want, sizeof(int) * (size_t)ng),
+              "tinystories greedy differs from transformers");
+        free(got);
+        free(ref);
+        free(ours);
+        free(prompt);
+        free(want);
+        runner_close(&r);
+    }
+    json_decref(root);
+}
+
+static void check_load_errors(void)
+{
+    struct model m;
+    struct err e = {{0}};
+    CHECK(model_load(&m, "/nonexistent/model", &e) == -1 && strstr(e.msg, "/nonexistent/model"),
+          "missing path error names it: %s", e.msg);
+
+    /* A truncated safetensors file must be reported, naming the file. */
+    char dir[] = "/tmp/cllm_test_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    char src[1024], dst[1100];
+    snprintf(src, sizeof src, "%s/models/tinystories-656k/config.json", CLLM_SHARED_DIR);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    size_t len;
+    char *cfg = test_read_file(src, &len);
+    FILE *f = fopen(dst, "wb");
+    fwrite(cfg, 1, len, f);
+    fclose(f);
+    snprintf(src, sizeof src, "%s/models/tinystories-656k/model.safetensors", CLLM_SHARED_DIR);
+    char *st = test_read_file(src, &len);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    size_t cuts[] = {0, 4, 8, 100, len / 2, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        f = fopen(dst, "wb");
+        fwrite(st, 1, cuts[i], f);
+        fclose(f);
+        memset(&e, 0, sizeof e);
+        CHECK(model_load(&m, dir, &e) == -1 && strstr(e.msg, "model.safetensors"),
+              "truncated at %zu: error names the file: %s", cuts[i], e.msg);
+    }
+    /* Unsupported architecture. */
+    f = fopen(dst, "wb");
+    fwrite(st, 1, len, f);
+    fclose(f);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    f = fopen(dst, "wb");
+    fputs("{\"model_type\": \"gpt2\", \"hidden_size\": 8}", f);
+    fclose(f);
+    CHECK(model_load(&m, dir, &e) == -1 && strstr(e.msg, "gpt2") && strstr(e.msg, "config.json"),
+          "unsupported arch: %s", e.msg);
+    /* Config disagreeing with the weights. */
+    char *bad = strdup(cfg);
+    char *hs = strstr(bad, "\"num_hidden_layers\": 2");
+    if (hs)
+        hs[strlen("\"num_hidden_layers\": ")] = '3';
+    f = fopen(dst, "wb");
+    fputs(bad, f);
+    fclose(f);
+    CHECK(hs && model_load(&m, dir, &e) == -1 && strstr(e.msg, "missing tensor"),
+          "inconsistent config: %s", e.msg);
+    free(bad);
+    /* Truncated llama2.c checkpoint. */
+    snprintf(src, sizeof src, "%s/models/stories260K/stories260K.bin", CLLM_SHARED_DIR);
+    char *ck = test_read_file(src, &len);
+    snprintf(dst, sizeof dst, "%s/trunc.bin", dir);
+    f = fopen(dst, "wb");
+    fwrite(ck, 1, len - 4, f);
+    fclose(f);
+    CHECK(model_load(&m, dst, &e) == -1 && strstr(e.msg, "trunc.bin"), "truncated llama2c: %s", e.msg);
+    free(ck);
+    free(cfg);
+    free(st);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
+int main(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    check_expected_greedy(path, 1);
+    check_expected_greedy(path, 2);
+    snprintf(path, sizeof path, "%s/models/tinystories-656k", CLLM_SHARED_DIR);
+    check_expected_greedy(path, 2);
+
+    snprintf(path, sizeof path, "%s/oracle", CLLM_FIXTURES_DIR);
+    DIR *d = opendir(path);
+    CHECK(d != NULL, "%s: fixtures missing", path);
+    int n_models = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char dir[1300], ref[1400];
+        snprintf(dir, sizeof dir, "%s/%s", path, de->d_name);
+        snprintf(ref, sizeof ref, "%s/ref.json", dir);
+        FILE *f = fopen(ref, "r");
+        if (!f)
+            continue;
+        fclose(f);
+        n_models++;
+        check_oracle(dir, 1, 64, 1e-4);
+        check_oracle(dir, 2, 5, 1e-4); /* prefill in chunks must not change results */
+    }
+    if (d)
+        closedir(d);
+    CHECK(n_models >= 5, "expected oracle fixtures for llama, llama3, mistral, qwen2, qwen3 (found %d)",
+          n_models);
+    check_tinystories_hf();
+    check_load_errors();
+    return test_summary("test_models");
+}
