@@ -284,6 +284,8 @@ static int cmd_run(int argc, char **argv)
                 detok_feed(&dt, prompt[i], buf, sizeof buf);
                 fputs(buf, stdout);
             }
+        } else { /* ids in, text out: the first piece's space depends on the prompt */
+            dt.prev_id = prompt[n_prompt - 1];
         }
         fflush(stdout);
     }

@@ -17,6 +17,8 @@ struct tokenizer;
 struct tokenizer *tok_load_for_model(const char *model_path, struct err *e);
 struct tokenizer *tok_load_hf_json(const char *tokenizer_json_path, struct err *e);
 struct tokenizer *tok_load_llama2c(const char *tok_bin_path, int vocab_size, struct err *e);
+/* The vocabulary in a .gguf model's tokenizer.ggml.* metadata. */
+struct tokenizer *tok_load_gguf_file(const char *gguf_path, struct err *e);
 void tok_free(struct tokenizer *t);
 
 int tok_vocab_size(const struct tokenizer *t);
@@ -24,14 +26,32 @@ int tok_bos_id(const struct tokenizer *t); /* -1 when none */
 int tok_eos_id(const struct tokenizer *t); /* -1 when none */
 
 /* Encodes text into ids (caller frees *ids). add_special: add BOS/EOS the
- * way the tokenizer's post-processor (or add_bos_token) says. Returns the
- * number of ids, or -1 with a message. */
+ * way the tokenizer's post-processor (or add_bos_token) says. Special and
+ * added token strings in the text ("<s>", "[INST]") become those ids, as HF
+ * tokenizers do by default. Returns the number of ids, or -1 with a
+ * message. The tokenizer is read-only here: threads may share it. */
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                int **ids, struct err *e);
 
 /* The raw piece bytes of one id (before decoding byte-fallback/▁), for
  * --print-ids and debugging. NULL for an out-of-range id. */
 const char *tok_piece(const struct tokenizer *t, int id);
+
+/* The id whose raw piece is exactly `piece` (model vocabulary, then added
+ * tokens), or -1. */
+int tok_piece_to_id(const struct tokenizer *t, const char *piece);
+/* True for ids that skip_special hides (BOS, EOS, control, unk, ...). */
+bool tok_is_special(const struct tokenizer *t, int id);
+
+/* A SentencePiece vocabulary from GGUF metadata (tokenizer.ggml.model ==
+ * "llama"): tokens[n] and scores[n] are required, token_types[n] (GGUF token
+ * types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)
+ * may be NULL. bos/eos are ids or -1. Arrays are copied. A "▁" (U+2581)
+ * dummy prefix is added unless tok_set_add_space_prefix says otherwise
+ * (tokenizer.ggml.add_space_prefix). */
+struct tokenizer *tok_load_gguf_vocab(char **tokens, const float *scores, const int *token_types,
+                                      int n, int bos, int eos, bool add_bos, struct err *e);
+void tok_set_add_space_prefix(struct tokenizer *t, bool on);
 
 /* Streaming detokenizer: feed ids one at a time, get back only complete
  * UTF-8 text (bytes of a partial character are held until completed). */
@@ -43,12 +63,18 @@ struct detok {
     bool skip_special; /* don't print BOS/EOS/control tokens */
 };
 
+/* The first token of a text loses its leading space (SentencePiece dummy
+ * prefix). To decode only generated ids after a prompt, set d->prev_id to the
+ * last prompt id after detok_init so that rule does not fire mid-text. */
 void detok_init(struct detok *d, const struct tokenizer *t, bool skip_special);
 /* Appends decoded text for id to out (cap bytes, NUL-terminated); returns the
- * number of bytes written. */
+ * number of bytes written. Output is always valid UTF-8. With cap at least
+ * detok_max_bytes(t) nothing is ever cut off. */
 size_t detok_feed(struct detok *d, int id, char *out, size_t cap);
 /* Flushes held bytes (invalid UTF-8 is emitted as U+FFFD). */
 size_t detok_flush(struct detok *d, char *out, size_t cap);
+/* A buffer size for detok_feed/detok_flush that always suffices. */
+size_t detok_max_bytes(const struct tokenizer *t);
 
 /* Whole-sequence decode (caller frees). */
 char *tok_decode(const struct tokenizer *t, const int *ids, int n, bool skip_special,

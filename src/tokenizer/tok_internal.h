@@ -1,0 +1,266 @@
+/* tok_internal.h - what the tokenizer's files share and nothing outside
+ * src/tokenizer/ may use: the struct tokenizer layout, the hash maps, the
+ * added-token trie, the merge heap and the two merge engines (score-ordered
+ * SentencePiece and rank-ordered BPE). */
+#ifndef CLLM_TOKENIZER_TOK_INTERNAL_H
+#define CLLM_TOKENIZER_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "tokenizer/tokenizer.h"
+
+/* ---- arena: stable storage for strings, freed all at once ---- */
+
+struct tok_arena_blk;
+struct tok_arena {
+    struct tok_arena_blk *head;
+};
+
+/* Copies n bytes and a NUL; NULL on out-of-memory. */
+char *tok_arena_strdup(struct tok_arena *a, const char *s, size_t n);
+void tok_arena_free(struct tok_arena *a);
+
+/* ---- growable byte buffer and int vector ---- */
+
+struct tok_buf {
+    char *p;
+    size_t n, cap;
+};
+int tok_buf_put(struct tok_buf *b, const void *s, size_t n); /* 0 / -1 (OOM) */
+
+struct tok_ivec {
+    int *p;
+    size_t n, cap;
+};
+int tok_ivec_push(struct tok_ivec *v, int x); /* 0 / -1 (OOM) */
+
+/* ---- string -> id map (open addressing; keys are borrowed pointers) ---- */
+
+struct tok_strmap_slot {
+    const char *key; /* NULL: empty */
+    uint32_t len;
+    int32_t val;
+    uint64_t hash;
+};
+
+struct tok_strmap {
+    struct tok_strmap_slot *slots;
+    size_t cap, n; /* cap is a power of two */
+};
+
+int tok_strmap_init(struct tok_strmap *m, size_t expected);
+/* Inserts key -> val unless key is already there (the first id wins). The
+ * key bytes must outlive the map. Returns 0, or -1 on OOM. */
+int tok_strmap_put(struct tok_strmap *m, const char *key, size_t len, int val);
+int tok_strmap_get(const struct tok_strmap *m, const char *key, size_t len); /* -1 if absent */
+void tok_strmap_free(struct tok_strmap *m);
+
+/* ---- (id, id) -> (rank, merged id) map for BPE merges ---- */
+
+struct tok_pairmap_slot {
+    uint64_t key; /* (a << 32 | b) + 1; 0: empty */
+    int32_t rank;
+    int32_t id;
+};
+
+struct tok_pairmap {
+    struct tok_pairmap_slot *slots;
+    size_t cap, n;
+};
+
+int tok_pairmap_init(struct tok_pairmap *m, size_t expected);
+int tok_pairmap_put(struct tok_pairmap *m, int a, int b, int rank, int id); /* keeps the first */
+/* Returns true and fills rank/id when the pair merges. */
+bool tok_pairmap_get(const struct tok_pairmap *m, int a, int b, int *rank, int *id);
+void tok_pairmap_free(struct tok_pairmap *m);
+
+/* ---- trie of added/special token strings, leftmost-longest matching ---- */
+
+struct tok_trie_node {
+    int first_child, next_sibling;
+    int value; /* index of the token ending here, or -1 */
+    unsigned char byte;
+};
+
+struct tok_trie {
+    struct tok_trie_node *nodes;
+    int n, cap;
+    bool first_byte[256];
+};
+
+int tok_trie_init(struct tok_trie *tr);
+int tok_trie_add(struct tok_trie *tr, const char *s, size_t n, int value);
+/* Finds the leftmost position in s[from, n) where some key starts, taking the
+ * longest key there. Returns the start offset (or -1) and fills mlen and value. */
+long tok_trie_find(const struct tok_trie *tr, const char *s, size_t n, size_t from,
+                   size_t *mlen, int *value);
+void tok_trie_free(struct tok_trie *tr);
+
+/* ---- UTF-8 ---- */
+
+/* Length of the UTF-8 sequence that starts at s (1 for invalid lead bytes or
+ * a sequence cut short by n), never more than n. */
+size_t tok_utf8_seq_len(const unsigned char *s, size_t n);
+
+/* ---- the tokenizer ---- */
+
+enum tok_kind {
+    TOK_KIND_LLAMA2C, /* tok*.bin: per-codepoint ids, score merges */
+    TOK_KIND_SPM,     /* SentencePiece vocab (GGUF "llama"): score merges */
+    TOK_KIND_HF_BPE,  /* tokenizer.json, BPE model with rank-ordered merges */
+};
+
+enum {
+    TOK_ATTR_SPECIAL = 1, /* hidden by skip_special (BOS/EOS/control/unk) */
+    TOK_ATTR_BYTE = 2,    /* <0xXX>: decodes to one raw byte */
+    TOK_ATTR_MATCH = 4,   /* matched as a whole string in the input (GGUF) */
+};
+
+/* How the first token's leading space is removed when decoding. */
+enum tok_strip {
+    TOK_STRIP_NONE,
+    TOK_STRIP_AFTER_BOS, /* llama2.c run.c: strip when the previous id is BOS */
+    TOK_STRIP_AT_START,  /* SentencePiece/HF Strip decoder: strip the start of the text */
+};
+
+/* An HF tokenizer.json added token. */
+struct tok_added {
+    const char *content;
+    size_t len;
+    int id;
+    bool special, lstrip, rstrip, normalized;
+};
+
+/* One step of the HF normalizer (applied in order). */
+struct tok_norm_step {
+    enum { TOK_NORM_PREPEND, TOK_NORM_REPLACE } kind;
+    const char *a; /* prepend text, or the pattern */
+    const char *b; /* replacement content */
+    size_t alen, blen;
+};
+
+/* One step of the HF pre-tokenizer (applied in order). */
+struct tok_pre_step {
+    enum { TOK_PRE_METASPACE, TOK_PRE_SPLIT } kind;
+    /* Metaspace */
+    const char *repl; /* "▁" */
+    size_t repl_len;
+    enum { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } prepend;
+    bool split;
+    /* Split (String pattern) */
+    const char *pat;
+    size_t pat_len;
+    enum {
+        TOK_SPLIT_REMOVED,
+        TOK_SPLIT_ISOLATED,
+        TOK_SPLIT_MERGED_PREV,
+        TOK_SPLIT_MERGED_NEXT,
+        TOK_SPLIT_CONTIGUOUS
+    } behavior;
+};
+
+struct tokenizer {
+    enum tok_kind kind;
+    int n_vocab;
+    char **pieces;       /* [n_vocab] raw pieces (arena), NULL for unused ids */
+    uint32_t *piece_len; /* [n_vocab] */
+    char **dec;          /* [n_vocab] decoded text (arena), for non-byte ids */
+    uint32_t *dec_len;
+    uint8_t *attr;       /* [n_vocab] TOK_ATTR_* */
+    uint8_t *byte_val;   /* [n_vocab] value of a TOK_ATTR_BYTE id */
+    float *scores;       /* [n_vocab] SentencePiece scores (llama2c, SPM), else NULL */
+    int byte_id[256];    /* id of <0xXX>, or -1 */
+    int bos, eos, unk;
+    size_t max_dec_len;
+    enum tok_strip strip;
+    struct tok_strmap vocab;
+    struct tok_arena arena;
+    char path[512]; /* the file it came from, for messages */
+
+    /* When no piece has this mark after a character that is not the mark
+     * itself, no merge can cross the start of a run of marks: text is cut
+     * there and merged word by word (same ids, far smaller heaps). */
+    const char *split_mark; /* "▁" or " " */
+    size_t split_mark_len;
+
+    /* SentencePiece-style (llama2c, SPM) */
+    bool add_bos, add_eos;
+    bool add_space_prefix; /* dummy " " before the text */
+    bool escape_spaces;    /* spaces become U+2581 (SPM; not llama2c) */
+
+    /* HF tokenizer.json */
+    struct tok_pairmap merges;
+    bool byte_fallback, ignore_merges, fuse_unk;
+    struct tok_added *added;
+    int n_added;
+    struct tok_trie trie_raw;  /* added tokens with normalized == false */
+    struct tok_trie trie_norm; /* added tokens with normalized == true */
+    struct tok_norm_step *norm;
+    int n_norm;
+    struct tok_pre_step *pre;
+    int n_pre;
+    int *prefix_ids, n_prefix; /* post_processor: before the sequence */
+    int *suffix_ids, n_suffix; /* ... and after it */
+
+    /* GGUF SPM: control/user-defined tokens matched in the input */
+    struct tok_trie trie_special;
+};
+
+/* Allocates a zeroed tokenizer with n_vocab ids and the per-id arrays. */
+struct tokenizer *tok_alloc(enum tok_kind kind, int n_vocab, const char *path,
+                            struct err *e);
+/* Stores piece `id` (copied into the arena); decoded text defaults to it. */
+int tok_set_piece(struct tokenizer *t, int id, const char *s, size_t n);
+/* Fills byte_id/attr for ids whose piece is exactly <0xXX>. */
+void tok_mark_byte_pieces(struct tokenizer *t);
+/* Builds the piece -> id map over every stored piece. */
+int tok_build_vocab_map(struct tokenizer *t);
+/* Sets the decoded text of id (copied). */
+int tok_set_dec(struct tokenizer *t, int id, const char *s, size_t n);
+/* Recomputes max_dec_len after the decoded texts are final. */
+void tok_finish(struct tokenizer *t);
+
+/* Scratch memory of one encode call, reused across words. */
+struct tok_sym {
+    int start, len; /* bytes of the text this symbol covers */
+    int prev, next; /* neighbours in the live list, -1 at the ends */
+    int id;         /* vocab id, -1 when not (yet) known */
+    bool frozen;    /* never merges (llama2.c byte-fallback symbols) */
+};
+struct tok_heap_ent {
+    uint64_t key; /* priority (rank, or score made ascending) << 32 | left */
+    int right, rlen;
+};
+struct tok_work {
+    struct tok_sym *syms;
+    size_t syms_cap;
+    struct tok_heap_ent *heap;
+    size_t heap_n, heap_cap;
+};
+void tok_work_free(struct tok_work *w);
+
+/* Sets split_mark when the vocabulary allows cutting text before it. */
+void tok_check_split_mark(struct tokenizer *t, const char *mark, size_t len);
+
+/* Score-ordered merging (SentencePiece / llama2.c) of text s[0, n): one
+ * symbol per UTF-8 character; characters not in the vocab become byte ids
+ * up front when bytes_first (llama2.c) or after merging (SPM). Appends ids. */
+int tok_spm_encode(const struct tokenizer *t, const char *s, size_t n, bool bytes_first,
+                   struct tok_work *w, struct tok_ivec *out, struct err *e);
+
+/* Rank-ordered BPE of one pre-token s[0, n) (HF semantics). Appends ids. */
+int tok_bpe_word(const struct tokenizer *t, const char *s, size_t n, struct tok_work *w,
+                 struct tok_ivec *out, struct err *e);
+
+/* Kind-specific encoders (tok_encode dispatches). */
+int tok_llama2c_encode(const struct tokenizer *t, const char *text, size_t len,
+                       bool add_special, struct tok_ivec *out, struct err *e);
+int tok_spm_encode_text(const struct tokenizer *t, const char *text, size_t len,
+                        bool add_special, struct tok_ivec *out, struct err *e);
+int tok_hf_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
+                  struct tok_ivec *out, struct err *e);
+
+#endif
