@@ -1,0 +1,13 @@
+/* cli.h - one function per `cllm` verb; each parses its own arguments and
+ * returns the process exit status (0 ok, 1 failure, 2 usage error). */
+#ifndef CLLM_CLI_CLI_H
+#define CLLM_CLI_CLI_H
+
+#include <stdio.h>
+
+void cli_usage(FILE *f);
+int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+
+#endif

@@ -1,0 +1,342 @@
+/* run.c - `cllm run`: load a model, encode a prompt, generate, stream text
+ * (or ids/logits) and report prompt and decode speed. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "backend/backend.h"
+#include "engine/sampler.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#define KV_BLOCK 16
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void cli_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cllm <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  run <model> [options]    generate text or ids from a prompt\n"
+            "\n"
+            "<model> is a Hugging Face directory (config.json + *.safetensors), a .gguf file,\n"
+            "or a llama2.c checkpoint (.bin, or a directory holding one and tok*.bin).\n"
+            "\n"
+            "run options:\n"
+            "  -p, --prompt TEXT        prompt text (tokenized with the model's tokenizer)\n"
+            "  --prompt-ids I,J,...     prompt as token ids (no tokenizer needed)\n"
+            "  -n, --n-predict N        tokens to generate (default 128; 0 = prompt only)\n"
+            "  --temp T                 temperature (default 0.8; 0 = greedy)\n"
+            "  --top-k K                (default 40; 0 = off)\n"
+            "  --top-p P                (default 0.95; 1 = off)\n"
+            "  --min-p P                (default 0.05; 0 = off)\n"
+            "  --seed S                 RNG seed (default: time)\n"
+            "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  -c, --ctx N              context length to allocate (default: prompt + n)\n"
+            "  --batch N                prompt tokens per forward pass (default 128)\n"
+            "  --ignore-eos             keep generating after end-of-sequence\n"
+            "  --print-ids              print generated token ids instead of text\n"
+            "  --logits-out FILE        write float32 logits of every prompt position\n"
+            "                           (row-major [n_prompt, vocab])\n");
+}
+
+struct run_opts {
+    const char *model, *prompt, *prompt_ids, *logits_out;
+    int n_predict, threads, ctx, batch;
+    bool print_ids, ignore_eos, seed_set;
+    struct sampler_params sp;
+};
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "cllm: %s needs an integer in [%d, %d] (got \"%s\")\n", flag, lo, hi,
+                v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *v, float *out)
+{
+    char *end;
+    float x = v ? strtof(v, &end) : 0;
+    if (!v || *end || end == v) {
+        fprintf(stderr, "cllm: %s needs a number (got \"%s\")\n", flag, v ? v : "");
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_run_args(int argc, char **argv, struct run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->batch = 128;
+    o->sp = (struct sampler_params){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0, takes = 1;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
+        else if (!strcmp(a, "--logits-out")) o->logits_out = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 0, 1 << 24, &o->n_predict);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) rc = parse_int(a, v, 1, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--batch")) rc = parse_int(a, v, 1, 1 << 16, &o->batch);
+        else if (!strcmp(a, "--temp")) rc = parse_float(a, v, &o->sp.temperature);
+        else if (!strcmp(a, "--top-p")) rc = parse_float(a, v, &o->sp.top_p);
+        else if (!strcmp(a, "--min-p")) rc = parse_float(a, v, &o->sp.min_p);
+        else if (!strcmp(a, "--top-k")) rc = parse_int(a, v, 0, 1 << 24, &o->sp.top_k);
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            o->sp.seed = v ? strtoull(v, &end, 10) : 0;
+            if (!v || errno || *end || end == v) {
+                fprintf(stderr, "cllm: --seed needs a non-negative integer\n");
+                return -1;
+            }
+            o->seed_set = true;
+        } else {
+            takes = 0;
+            if (!strcmp(a, "--print-ids")) o->print_ids = true;
+            else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+            else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { cli_usage(stdout); exit(0); }
+            else if (a[0] == '-' && a[1]) {
+                fprintf(stderr, "cllm run: unknown option %s (see cllm --help)\n", a);
+                return -1;
+            } else if (!o->model) o->model = a;
+            else {
+                fprintf(stderr, "cllm run: unexpected argument \"%s\"\n", a);
+                return -1;
+            }
+        }
+        if (rc)
+            return -1;
+        if (takes) {
+            if (!v) {
+                fprintf(stderr, "cllm run: %s needs a value\n", a);
+                return -1;
+            }
+            i++;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "cllm run: no model given (cllm run <model> -p TEXT)\n");
+        return -1;
+    }
+    if (o->prompt && o->prompt_ids) {
+        fprintf(stderr, "cllm run: give either --prompt or --prompt-ids, not both\n");
+        return -1;
+    }
+    if (!o->seed_set)
+        o->sp.seed = (uint64_t)time(NULL);
+    return 0;
+}
+
+static int parse_id_list(const char *s, int **out, struct err *e)
+{
+    int n = 0, cap = 16;
+    int *ids = malloc(cap * sizeof(int));
+    if (!ids)
+        return err_set(e, "out of memory");
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > (1L << 30)) {
+            free(ids);
+            return err_set(e, "--prompt-ids: \"%s\" is not a comma-separated list of token ids", s);
+        }
+        if (n == cap) {
+            int *ni = realloc(ids, (cap *= 2) * sizeof(int));
+            if (!ni) {
+                free(ids);
+                return err_set(e, "out of memory");
+            }
+            ids = ni;
+        }
+        ids[n++] = (int)v;
+        p = end;
+        while (*p == ',' || *p == ' ')
+            p++;
+    }
+    if (n == 0) {
+        free(ids);
+        return err_set(e, "--prompt-ids: empty list");
+    }
+    *out = ids;
+    return n;
+}
+
+static int is_eos(const struct model_config *c, int id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+static int write_logits(const char *path, const float *logits, size_t n, struct err *e)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return err_set(e, "%s: %s", path, strerror(errno));
+    size_t w = fwrite(logits, sizeof(float), n, f);
+    if (fclose(f) != 0 || w != n)
+        return err_set(e, "%s: write failed", path);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    struct run_opts o;
+    if (parse_run_args(argc, argv, &o))
+        return 2;
+    struct err e = {{0}};
+    struct model m;
+    struct tokenizer *tok = NULL;
+    struct backend *be = NULL;
+    struct forward_state fs = {0};
+    struct kv_pool pool = {0};
+    struct kv_seq seq = {0};
+    struct sampler smp = {0};
+    int *prompt = NULL, n_prompt = 0, rc = 1;
+    float *logits = NULL;
+
+    if (model_load(&m, o.model, &e)) {
+        fprintf(stderr, "cllm: %s\n", e.msg);
+        return 1;
+    }
+    const struct model_config *c = &m.cfg;
+    bool need_tok = !o.prompt_ids || !o.print_ids;
+    if (need_tok) {
+        tok = tok_load_for_model(o.model, &e);
+        if (!tok && !o.prompt_ids)
+            goto fail;
+        if (!tok) { /* ids in, text out impossible: fall back to printing ids */
+            fprintf(stderr, "cllm: no tokenizer (%s); printing ids\n", e.msg);
+            o.print_ids = true;
+        }
+    }
+    if (o.prompt_ids) {
+        n_prompt = parse_id_list(o.prompt_ids, &prompt, &e);
+    } else {
+        const char *text = o.prompt ? o.prompt : "";
+        n_prompt = tok_encode(tok, text, strlen(text), true, &prompt, &e);
+    }
+    if (n_prompt < 0)
+        goto fail;
+    if (n_prompt == 0) {
+        err_set(&e, "the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
+        goto fail;
+    }
+    int ctx = o.ctx ? o.ctx : n_prompt + o.n_predict;
+    if (n_prompt + o.n_predict > ctx) {
+        err_set(&e, "prompt (%d tokens) + %d to generate exceeds --ctx %d", n_prompt, o.n_predict, ctx);
+        goto fail;
+    }
+    be = backend_cpu_create(o.threads, &e);
+    if (!be || forward_init(&fs, &m, be, o.batch, &e) ||
+        kv_pool_init(&pool, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+                     (ctx + KV_BLOCK - 1) / KV_BLOCK, &e) ||
+        sampler_init(&smp, &o.sp, c->vocab_size, &e))
+        goto fail;
+    size_t rows = o.logits_out ? (size_t)n_prompt : 1;
+    logits = malloc(rows * c->vocab_size * sizeof(float));
+    if (!logits) {
+        err_set(&e, "out of memory for logits");
+        goto fail;
+    }
+
+    double t0 = now_s();
+    if (forward_tokens(&fs, &pool, &seq, prompt, n_prompt, o.logits_out != NULL, logits, &e))
+        goto fail;
+    double t1 = now_s();
+    if (o.logits_out && write_logits(o.logits_out, logits, rows * c->vocab_size, &e))
+        goto fail;
+    const float *last = logits + (rows - 1) * c->vocab_size;
+
+    struct detok dt;
+    if (tok && !o.print_ids) {
+        detok_init(&dt, tok, true);
+        if (o.prompt) { /* echo the prompt as the tokenizer sees it */
+            char buf[4096];
+            for (int i = 0; i < n_prompt; i++) {
+                detok_feed(&dt, prompt[i], buf, sizeof buf);
+                fputs(buf, stdout);
+            }
+        } else { /* ids in, text out: the first piece's space depends on the prompt */
+            dt.prev_id = prompt[n_prompt - 1];
+        }
+        fflush(stdout);
+    }
+    int n_gen = 0, n_fwd = 0;
+    while (n_gen < o.n_predict) {
+        int next = sampler_sample(&smp, last);
+        if (!o.ignore_eos && is_eos(c, next))
+            break;
+        if (o.print_ids) {
+            printf(n_gen ? ",%d" : "%d", next);
+        } else {
+            char buf[4096];
+            detok_feed(&dt, next, buf, sizeof buf);
+            fputs(buf, stdout);
+        }
+        fflush(stdout);
+        if (++n_gen == o.n_predict)
+            break; /* the last token needs no forward pass */
+        if (forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e))
+            goto fail;
+        n_fwd++;
+        last = logits;
+    }
+    double t2 = now_s();
+    if (tok && !o.print_ids) {
+        char buf[64];
+        detok_flush(&dt, buf, sizeof buf);
+        fputs(buf, stdout);
+    }
+    printf("\n");
+    fprintf(stderr, "prompt: %d tokens in %.3f s, %.2f tok/s | decode: %d tokens, %d steps in "
+                    "%.3f s, %.2f tok/s\n",
+            n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, n_fwd, t2 - t1,
+            n_fwd ? n_fwd / (t2 - t1) : 0.0);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "cllm: %s\n", e.msg);
+done:
+    free(logits);
+    free(prompt);
+    sampler_free(&smp);
+    if (pool.k)
+        kv_seq_release(&pool, &seq);
+    kv_pool_free(&pool);
+    forward_free(&fs);
+    backend_destroy(be);
+    if (tok)
+        tok_free(tok);
+    model_free(&m);
+    return rc;
+}
+
