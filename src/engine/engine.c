@@ -1,0 +1,396 @@
+/* engine.c - the engine thread, its bounded FIFO queue and the per-request
+ * event channels. Generation is serial for now: the thread takes the oldest
+ * request, prefills it chunk by chunk, then decodes token by token, checking
+ * the request's cancel flag before every forward pass. */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+
+#define KV_BLOCK 16
+
+struct engine_request {
+    int *prompt;
+    int n_prompt;
+    struct engine_params p;
+    int *stop_ids;
+    atomic_int refs;
+    atomic_bool cancel;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct engine_event *ev; /* events not yet read: [head, n) */
+    int head, n, cap;
+    bool done;               /* final event queued */
+
+    struct engine_request *next; /* queue link, guarded by the engine lock */
+};
+
+struct engine {
+    const struct model *m;
+    struct engine_config cfg;
+    struct backend *be;
+    struct forward_state fs;
+    struct kv_pool pool;
+    float *logits;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct engine_request *q_head, *q_tail;
+    struct engine_request *current; /* the running request, for shutdown */
+    int queued, running;
+    bool stopping;
+    struct engine_stats st;
+};
+
+/* ---- request channel ---- */
+
+struct engine_request *engine_request_new(const int *prompt, int n_prompt,
+                                          const struct engine_params *p, struct err *e)
+{
+    if (n_prompt <= 0) {
+        err_set(e, "empty prompt");
+        return NULL;
+    }
+    struct sampler tmp;
+    if (sampler_init(&tmp, &p->sp, 1, e))
+        return NULL;
+    sampler_free(&tmp);
+    struct engine_request *r = calloc(1, sizeof *r);
+    if (!r)
+        goto oom;
+    r->prompt = malloc(sizeof(int) * (size_t)n_prompt);
+    r->stop_ids = malloc(sizeof(int) * (size_t)(p->n_stop_ids > 0 ? p->n_stop_ids : 1));
+    if (!r->prompt || !r->stop_ids)
+        goto oom;
+    memcpy(r->prompt, prompt, sizeof(int) * (size_t)n_prompt);
+    r->n_prompt = n_prompt;
+    r->p = *p;
+    if (p->n_stop_ids > 0)
+        memcpy(r->stop_ids, p->stop_ids, sizeof(int) * (size_t)p->n_stop_ids);
+    r->p.stop_ids = r->stop_ids;
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->cancel, false);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    return r;
+oom:
+    if (r) {
+        free(r->prompt);
+        free(r->stop_ids);
+        free(r);
+    }
+    err_set(e, "out of memory");
+    return NULL;
+}
+
+void engine_request_release(struct engine_request *r)
+{
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r->ev);
+    free(r->prompt);
+    free(r->stop_ids);
+    free(r);
+}
+
+void engine_request_cancel(struct engine_request *r) { atomic_store(&r->cancel, true); }
+
+static void push_event(struct engine_request *r, const struct engine_event *ev)
+{
+    pthread_mutex_lock(&r->mu);
+    if (!r->done) {
+        if (r->n == r->cap) {
+            if (r->head > 0) { /* reuse consumed space before growing */
+                memmove(r->ev, r->ev + r->head, sizeof *r->ev * (size_t)(r->n - r->head));
+                r->n -= r->head;
+                r->head = 0;
+            }
+            if (r->n == r->cap) {
+                int cap = r->cap ? r->cap * 2 : 16;
+                struct engine_event *ne = realloc(r->ev, sizeof *ne * (size_t)cap);
+                if (!ne) { /* cannot queue: end the stream with what fits */
+                    r->done = true;
+                    pthread_cond_broadcast(&r->cv);
+                    pthread_mutex_unlock(&r->mu);
+                    return;
+                }
+                r->ev = ne;
+                r->cap = cap;
+            }
+        }
+        r->ev[r->n++] = *ev;
+        if (ev->finish != ENGINE_FINISH_NONE)
+            r->done = true;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+int engine_request_next(struct engine_request *r, struct engine_event *ev, int timeout_ms)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->mu);
+    while (r->head == r->n) {
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &dl) == ETIMEDOUT && r->head == r->n) {
+            pthread_mutex_unlock(&r->mu);
+            return 0;
+        }
+    }
+    *ev = r->ev[r->head++];
+    pthread_mutex_unlock(&r->mu);
+    return 1;
+}
+
+/* ---- generation ---- */
+
+static void finish(struct engine_request *r, enum engine_finish why, int n_gen, const char *msg)
+{
+    struct engine_event ev = {.token = -1, .finish = why, .n_prompt = r->n_prompt,
+                              .n_generated = n_gen};
+    if (msg)
+        snprintf(ev.error, sizeof ev.error, "%s", msg);
+    push_event(r, &ev);
+}
+
+static bool is_stop(const struct engine *eng, const struct engine_request *r, int tok)
+{
+    if (!r->p.ignore_eos)
+        for (int i = 0; i < eng->m->cfg.n_eos; i++)
+            if (tok == eng->m->cfg.eos_ids[i])
+                return true;
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (tok == r->p.stop_ids[i])
+            return true;
+    return false;
+}
+
+static void run_request(struct engine *eng, struct engine_request *r)
+{
+    struct err e = {{0}};
+    struct kv_seq seq = {0};
+    struct sampler smp;
+    int n_gen = 0, vocab = eng->m->cfg.vocab_size;
+    if (sampler_init(&smp, &r->p.sp, vocab, &e)) {
+        finish(r, ENGINE_FINISH_ERROR, 0, e.msg);
+        return;
+    }
+    int max_gen = eng->cfg.ctx_len - r->n_prompt;
+    if (r->p.max_tokens > 0 && r->p.max_tokens < max_gen)
+        max_gen = r->p.max_tokens;
+    enum engine_finish why = ENGINE_FINISH_LENGTH;
+    for (int done = 0; done < r->n_prompt;) {
+        if (atomic_load(&r->cancel)) {
+            why = ENGINE_FINISH_CANCELLED;
+            goto out;
+        }
+        int k = r->n_prompt - done;
+        if (k > eng->cfg.prefill_chunk)
+            k = eng->cfg.prefill_chunk;
+        if (forward_tokens(&eng->fs, &eng->pool, &seq, r->prompt + done, k, false, eng->logits, &e)) {
+            why = ENGINE_FINISH_ERROR;
+            goto out;
+        }
+        done += k;
+    }
+    pthread_mutex_lock(&eng->mu);
+    eng->st.tokens_prompt += (uint64_t)r->n_prompt;
+    pthread_mutex_unlock(&eng->mu);
+    while (n_gen < max_gen) {
+        if (atomic_load(&r->cancel)) {
+            why = ENGINE_FINISH_CANCELLED;
+            goto out;
+        }
+        int tok = sampler_sample(&smp, eng->logits);
+        if (is_stop(eng, r, tok)) {
+            why = ENGINE_FINISH_STOP;
+            goto out;
+        }
+        n_gen++;
+        struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = n_gen};
+        push_event(r, &ev);
+        if (n_gen == max_gen)
+            break;
+        if (forward_tokens(&eng->fs, &eng->pool, &seq, &tok, 1, false, eng->logits, &e)) {
+            why = ENGINE_FINISH_ERROR;
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_lock(&eng->mu);
+    eng->st.tokens_generated += (uint64_t)n_gen;
+    if (why == ENGINE_FINISH_CANCELLED)
+        eng->st.requests_cancelled++;
+    pthread_mutex_unlock(&eng->mu);
+    finish(r, why, n_gen, why == ENGINE_FINISH_ERROR ? e.msg : NULL);
+    kv_seq_release(&eng->pool, &seq);
+    sampler_free(&smp);
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *eng = arg;
+    pthread_mutex_lock(&eng->mu);
+    for (;;) {
+        while (!eng->stopping && !eng->q_head)
+            pthread_cond_wait(&eng->cv, &eng->mu);
+        if (eng->stopping)
+            break;
+        struct engine_request *r = eng->q_head;
+        eng->q_head = r->next;
+        if (!eng->q_head)
+            eng->q_tail = NULL;
+        eng->queued--;
+        eng->running++;
+        eng->current = r;
+        pthread_mutex_unlock(&eng->mu);
+        run_request(eng, r);
+        pthread_mutex_lock(&eng->mu);
+        eng->current = NULL;
+        eng->running--;
+        pthread_mutex_unlock(&eng->mu);
+        engine_request_release(r);
+        pthread_mutex_lock(&eng->mu);
+    }
+    /* Shutdown: nothing queued may be lost silently; each gets a final event. */
+    while (eng->q_head) {
+        struct engine_request *r = eng->q_head;
+        eng->q_head = r->next;
+        eng->queued--;
+        finish(r, ENGINE_FINISH_CANCELLED, 0, "server shutting down");
+        engine_request_release(r);
+    }
+    eng->q_tail = NULL;
+    pthread_mutex_unlock(&eng->mu);
+    return NULL;
+}
+
+struct engine *engine_create(const struct model *m, const struct engine_config *cfg,
+                             struct err *e)
+{
+    struct engine *eng = calloc(1, sizeof *eng);
+    if (!eng) {
+        err_set(e, "out of memory");
+        return NULL;
+    }
+    eng->m = m;
+    eng->cfg = *cfg;
+    if (eng->cfg.ctx_len <= 0 || eng->cfg.ctx_len > m->cfg.max_seq)
+        eng->cfg.ctx_len = m->cfg.max_seq;
+    if (eng->cfg.kv_tokens < eng->cfg.ctx_len)
+        eng->cfg.kv_tokens = eng->cfg.ctx_len;
+    if (eng->cfg.prefill_chunk <= 0)
+        eng->cfg.prefill_chunk = 128;
+    if (eng->cfg.max_queue <= 0)
+        eng->cfg.max_queue = 64;
+    const struct model_config *c = &m->cfg;
+    eng->be = backend_cpu_create(cfg->n_threads, e);
+    eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    if (!eng->be || !eng->logits ||
+        forward_init(&eng->fs, m, eng->be, eng->cfg.prefill_chunk, e) ||
+        kv_pool_init(&eng->pool, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+                     (eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK, e))
+        goto fail;
+    pthread_mutex_init(&eng->mu, NULL);
+    pthread_cond_init(&eng->cv, NULL);
+    if (pthread_create(&eng->thread, NULL, engine_main, eng)) {
+        err_set(e, "cannot start the engine thread");
+        pthread_mutex_destroy(&eng->mu);
+        pthread_cond_destroy(&eng->cv);
+        goto fail;
+    }
+    return eng;
+fail:
+    if (!eng->logits)
+        err_set(e, "out of memory");
+    kv_pool_free(&eng->pool);
+    forward_free(&eng->fs);
+    backend_destroy(eng->be);
+    free(eng->logits);
+    free(eng);
+    return NULL;
+}
+
+void engine_destroy(struct engine *eng)
+{
+    if (!eng)
+        return;
+    pthread_mutex_lock(&eng->mu);
+    eng->stopping = true;
+    for (struct engine_request *r = eng->q_head; r; r = r->next)
+        engine_request_cancel(r);
+    if (eng->current)
+        engine_request_cancel(eng->current);
+    pthread_cond_broadcast(&eng->cv);
+    pthread_mutex_unlock(&eng->mu);
+    pthread_join(eng->thread, NULL);
+    pthread_mutex_destroy(&eng->mu);
+    pthread_cond_destroy(&eng->cv);
+    kv_pool_free(&eng->pool);
+    forward_free(&eng->fs);
+    backend_destroy(eng->be);
+    free(eng->logits);
+    free(eng);
+}
+
+int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
+{
+    if (r->n_prompt >= eng->cfg.ctx_len)
+        return err_set(e, "the prompt has %d tokens but the context is %d tokens (at least one "
+                          "must remain for the answer)", r->n_prompt, eng->cfg.ctx_len);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= eng->m->cfg.vocab_size)
+            return err_set(e, "token id %d is outside the vocabulary (0..%d)", r->prompt[i],
+                           eng->m->cfg.vocab_size - 1);
+    pthread_mutex_lock(&eng->mu);
+    if (eng->stopping) {
+        pthread_mutex_unlock(&eng->mu);
+        return err_set(e, "the server is shutting down");
+    }
+    if (eng->queued >= eng->cfg.max_queue) {
+        pthread_mutex_unlock(&eng->mu);
+        return err_set(e, "too many requests waiting (%d queued); retry later", eng->queued);
+    }
+    atomic_fetch_add(&r->refs, 1);
+    r->next = NULL;
+    if (eng->q_tail)
+        eng->q_tail->next = r;
+    else
+        eng->q_head = r;
+    eng->q_tail = r;
+    eng->queued++;
+    eng->st.requests_total++;
+    pthread_cond_signal(&eng->cv);
+    pthread_mutex_unlock(&eng->mu);
+    return 0;
+}
+
+void engine_get_stats(struct engine *eng, struct engine_stats *out)
+{
+    pthread_mutex_lock(&eng->mu);
+    *out = eng->st;
+    out->queued = eng->queued;
+    out->running = eng->running;
+    out->kv_blocks_total = eng->pool.n_blocks;
+    out->kv_blocks_free = eng->pool.n_free;
+    pthread_mutex_unlock(&eng->mu);
+}

@@ -1,0 +1,86 @@
+/* engine.h - the generation engine: one thread that owns the model, the KV
+ * pool and the forward state, fed by a bounded request queue. Requests come
+ * in as token ids and go out as a stream of token events on a per-request
+ * channel; the HTTP side never blocks the engine and never touches the model.
+ *
+ * Scheduling today is serial (one sequence at a time, FIFO); the continuous
+ * batching scheduler replaces engine_step's policy behind the same contract.
+ *
+ * Ownership: the caller allocates a request with engine_request_new, submits
+ * it, reads events with engine_request_next until a final event, and drops
+ * its reference with engine_request_release. The engine holds its own
+ * reference while the request is queued or running, so either side may go
+ * first (a disconnected client releases early; the engine notices the
+ * cancel flag at the next step and frees the sequence). */
+#ifndef CLLM_ENGINE_ENGINE_H
+#define CLLM_ENGINE_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+struct engine;
+struct engine_request;
+
+struct engine_config {
+    int n_threads;       /* CPU threads; <= 0 all cores */
+    int ctx_len;         /* max tokens per sequence (prompt + generated) */
+    int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) */
+    int prefill_chunk;   /* tokens per prefill forward */
+    int max_queue;       /* waiting requests before submit fails (429) */
+};
+
+enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP,      /* EOS / stop token */
+    ENGINE_FINISH_LENGTH,    /* max_tokens or context exhausted */
+    ENGINE_FINISH_CANCELLED, /* engine_request_cancel (client gone, stop string) */
+    ENGINE_FINISH_ERROR,     /* message in the event */
+};
+
+struct engine_event {
+    int token;                 /* valid when finish == NONE */
+    enum engine_finish finish; /* != NONE on the final event */
+    int n_prompt, n_generated; /* running usage counts */
+    int n_cached;              /* prompt tokens served from cache */
+    char error[256];
+};
+
+struct engine_params {
+    struct sampler_params sp;
+    int max_tokens;         /* <= 0: until EOS or the context is full */
+    bool ignore_eos;
+    const int *stop_ids;    /* extra ids that end generation (copied) */
+    int n_stop_ids;
+};
+
+struct engine *engine_create(const struct model *m, const struct engine_config *cfg,
+                             struct err *e);
+/* Stops the engine thread after cancelling queued and running requests. */
+void engine_destroy(struct engine *eng);
+
+/* Copies prompt and params. NULL with a message on invalid params. */
+struct engine_request *engine_request_new(const int *prompt, int n_prompt,
+                                          const struct engine_params *p, struct err *e);
+/* Queues the request. Fails (without taking it) when the queue is full
+ * (err says so; the HTTP layer answers 429) or the prompt does not fit the
+ * context (400 with the numbers). */
+int engine_submit(struct engine *eng, struct engine_request *r, struct err *e);
+/* Waits up to timeout_ms for the next event. Returns 1 with an event, 0 on
+ * timeout. After a final event (finish != NONE) no more events come. */
+int engine_request_next(struct engine_request *r, struct engine_event *ev, int timeout_ms);
+/* Asks the engine to stop this request at its next step. Idempotent. */
+void engine_request_cancel(struct engine_request *r);
+void engine_request_release(struct engine_request *r);
+
+struct engine_stats {
+    int queued, running;
+    uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
+    int kv_blocks_total, kv_blocks_free;
+};
+void engine_get_stats(struct engine *eng, struct engine_stats *out);
+
+#endif
