@@ -12,4 +12,12 @@ enum cpu_isa {
 enum cpu_isa cpu_isa_detect(void);
 const char *cpu_isa_name(enum cpu_isa isa);
 
+/* The best ISA the hardware and OS support, ignoring CLLM_ISA (tests use it
+ * to enumerate every kernel family the machine can run). */
+enum cpu_isa cpu_isa_hw(void);
+
+/* AVX-512 VNNI (vpdpbusd): the AVX-512 Q8_0 kernels need it; without it the
+ * AVX2 Q8_0 kernel is used even when the ISA is AVX-512. */
+int cpu_has_avx512_vnni(void);
+
 #endif

@@ -19,6 +19,7 @@ struct cpu_matmul {
     enum cpu_isa isa;
     void *scratch;
     size_t scratch_cap;
+    int vnni; /* AVX-512 VNNI usable (decided once, in cpu_matmul_init) */
 };
 
 int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa isa,

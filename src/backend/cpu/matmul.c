@@ -1,0 +1,365 @@
+/* matmul.c - CPU linear layers: argument checks, the choice of kernel family,
+ * splitting output rows over the thread pool, cache blocking over tokens,
+ * and the portable scalar kernels (fallback and test reference).
+ *
+ * Work is split by weight rows: every thread streams a disjoint part of W,
+ * which is what both regimes want (decode reads each weight byte once;
+ * prefill reuses a few weight rows from L1 across all tokens of a group). */
+#include "backend/cpu/matmul.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul_impl.h"
+#include "base/half.h"
+
+/* Chunks of output rows handed to threads are multiples of this (and so of
+ * every kernel's nr). */
+#define MM_ROW_ALIGN 16
+/* Aim for this many chunks per thread so a thread slowed down by the OS
+ * does not hold up the others for long. */
+#define MM_CHUNKS_PER_THREAD 4
+/* Activations of one token group stay in L2 while every weight tile of a
+ * chunk passes over them. */
+#define MM_XGROUP_BYTES (256 * 1024)
+/* Below this many activation values quantizing on one thread is cheaper
+ * than waking the pool for it. */
+#define MM_PAR_QUANT_MIN 32768
+
+/* ---- Q8_0 conversions (public; ggml-compatible) ---- */
+
+void quantize_row_q8_0(const float *x, struct block_q8_0 *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / Q8_0_BLOCK; b++) {
+        const float *xb = x + b * Q8_0_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = f32_to_f16(d);
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            y[b].qs[i] = (int8_t)roundf(xb[i] * id);
+    }
+}
+
+void dequantize_row_q8_0(const struct block_q8_0 *x, float *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / Q8_0_BLOCK; b++) {
+        float d = f16_to_f32(x[b].d);
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            y[b * Q8_0_BLOCK + i] = d * (float)x[b].qs[i];
+    }
+}
+
+/* ---- reference ---- */
+
+/* Row r of w widened to f32, which is exact for every dtype. */
+static void ref_widen_row(const struct tensor *w, int64_t r, float *out)
+{
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * dtype_row_bytes(w->dtype, w->cols);
+    switch (w->dtype) {
+    case DT_F32: memcpy(out, row, (size_t)w->cols * sizeof(float)); break;
+    case DT_F16:
+        for (int64_t k = 0; k < w->cols; k++)
+            out[k] = f16_to_f32(((const uint16_t *)row)[k]);
+        break;
+    case DT_BF16:
+        for (int64_t k = 0; k < w->cols; k++)
+            out[k] = bf16_to_f32(((const uint16_t *)row)[k]);
+        break;
+    case DT_Q8_0: dequantize_row_q8_0((const struct block_q8_0 *)row, out, w->cols); break;
+    default: memset(out, 0, (size_t)w->cols * sizeof(float)); break;
+    }
+}
+
+void cpu_matmul_ref(float *out, const float *x, int n, const struct tensor *w)
+{
+    float *wrow = malloc((size_t)w->cols * sizeof(float));
+    if (!wrow)
+        abort(); /* test-only code: no caller could do better */
+    for (int64_t r = 0; r < w->rows; r++) {
+        ref_widen_row(w, r, wrow);
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * w->cols;
+            double s = 0.0;
+            for (int64_t k = 0; k < w->cols; k++)
+                s += (double)xt[k] * wrow[k];
+            out[(size_t)t * w->rows + r] = (float)s;
+        }
+    }
+    free(wrow);
+}
+
+/* ---- scalar kernels (1 x 1 tiles) ---- */
+
+static float scalar_weight(enum dtype dt, const uint8_t *row, int64_t k)
+{
+    switch (dt) {
+    case DT_F16: return f16_to_f32(((const uint16_t *)row)[k]);
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)row)[k]);
+    default: return ((const float *)row)[k];
+    }
+}
+
+/* Four partial sums so the compiler can keep several adds in flight. */
+static float scalar_dot(enum dtype dt, const float *x, const uint8_t *row, int64_t cols)
+{
+    float s[4] = {0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 4 <= cols; k += 4)
+        for (int i = 0; i < 4; i++)
+            s[i] += x[k + i] * scalar_weight(dt, row, k + i);
+    for (; k < cols; k++)
+        s[0] += x[k] * scalar_weight(dt, row, k);
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+#define SCALAR_FTILE(name, dt)                                                 \
+    static void name(const struct mm_job *j, int64_t t, int64_t r)             \
+    {                                                                          \
+        j->out[t * j->rows + r] =                                              \
+            scalar_dot(dt, j->x + t * j->cols, j->w + r * j->w_stride, j->cols); \
+    }
+SCALAR_FTILE(scalar_tile_f32, DT_F32)
+SCALAR_FTILE(scalar_tile_f16, DT_F16)
+SCALAR_FTILE(scalar_tile_bf16, DT_BF16)
+
+/* Scalar Q8_0 activation row: nb blocks of 32 int8, then nb f32 scales
+ * (f32 rather than ggml's f16 scale: free here, and more accurate). */
+static size_t scalar_xq_row_bytes(int64_t cols)
+{
+    int64_t nb = cols / Q8_0_BLOCK;
+    return mm_round_up((size_t)nb * (Q8_0_BLOCK + sizeof(float)), 64);
+}
+
+static void scalar_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+{
+    int64_t nb = cols / Q8_0_BLOCK;
+    int8_t *qs = (int8_t *)dst;
+    float *ds = (float *)(dst + nb * Q8_0_BLOCK);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * Q8_0_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        ds[b] = d;
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            qs[b * Q8_0_BLOCK + i] = (int8_t)roundf(xb[i] * id);
+    }
+}
+
+static void scalar_tile_q8_0(const struct mm_job *j, int64_t t, int64_t r)
+{
+    int64_t nb = j->cols / Q8_0_BLOCK;
+    const int8_t *xs = (const int8_t *)(j->xq + t * j->xq_stride);
+    const float *xd = (const float *)(j->xq + t * j->xq_stride + nb * Q8_0_BLOCK);
+    const struct block_q8_0 *wb = (const struct block_q8_0 *)(j->w + r * j->w_stride);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int i = 0; i < Q8_0_BLOCK; i++)
+            s += (int32_t)wb[b].qs[i] * xs[b * Q8_0_BLOCK + i];
+        acc += (float)s * (xd[b] * f16_to_f32(wb[b].d));
+    }
+    j->out[t * j->rows + r] = acc;
+}
+
+#define SCALAR_KERNEL(fn) {1, 1, 0, NULL, fn, fn, fn, fn, NULL, NULL}
+static const struct mm_kernel scalar_kernels[DT_COUNT] = {
+    [DT_F32] = SCALAR_KERNEL(scalar_tile_f32),
+    [DT_F16] = SCALAR_KERNEL(scalar_tile_f16),
+    [DT_BF16] = SCALAR_KERNEL(scalar_tile_bf16),
+    [DT_Q8_0] = {1, 1, 0, NULL, scalar_tile_q8_0, scalar_tile_q8_0, scalar_tile_q8_0,
+                 scalar_tile_q8_0, scalar_xq_row_bytes, scalar_xq_quantize},
+};
+
+/* ---- driver ---- */
+
+static const struct mm_kernel *mm_pick_kernel(const struct cpu_matmul *mm, enum dtype dt)
+{
+    const struct mm_kernel *k = NULL;
+    enum cpu_isa isa = mm->isa;
+    if (isa >= CPU_ISA_AVX512)
+        k = mm_kernel_avx512(dt, mm->vnni);
+    if (!k && isa >= CPU_ISA_AVX2)
+        k = mm_kernel_avx2(dt);
+    return k ? k : &scalar_kernels[dt];
+}
+
+/* Tokens per group: as many as keep the group's activations in L2. */
+static int64_t mm_token_group(const struct mm_job *j, const struct mm_kernel *k)
+{
+    size_t row = j->xq ? j->xq_stride : (size_t)j->cols * sizeof(float);
+    int64_t g = (int64_t)(MM_XGROUP_BYTES / row);
+    g -= g % k->mr;
+    if (g < k->mr)
+        g = k->mr;
+    return g < j->n ? g : j->n;
+}
+
+/* Rows [r0, r1) for every token. Few tokens: one sequential pass over the
+ * rows. Else token groups outside so a group stays in L2, weight tiles next
+ * so each tile stays in L1 across the group. */
+static void mm_run_chunk(const struct mm_job *j, const struct mm_kernel *k, int64_t r0,
+                         int64_t r1)
+{
+    if (k->stream && j->n <= k->stream_max_n) {
+        k->stream(j, 0, (int)j->n, r0, r1);
+        return;
+    }
+    int64_t group = mm_token_group(j, k);
+    for (int64_t t0 = 0; t0 < j->n; t0 += group) {
+        int64_t t1 = t0 + group < j->n ? t0 + group : j->n;
+        int64_t r = r0;
+        for (; r + k->nr <= r1; r += k->nr) {
+            int64_t t = t0;
+            for (; t + k->mr <= t1; t += k->mr)
+                k->tile(j, t, r);
+            for (; t < t1; t++)
+                k->tile_t1(j, t, r);
+        }
+        for (; r < r1; r++) {
+            int64_t t = t0;
+            for (; t + k->mr <= t1; t += k->mr)
+                k->tile_r1(j, t, r);
+            for (; t < t1; t++)
+                k->tile_1x1(j, t, r);
+        }
+    }
+}
+
+struct mm_task {
+    const struct mm_job *job;
+    const struct mm_kernel *kern;
+    int64_t chunk, n_chunks;
+    atomic_llong next; /* next chunk to hand out */
+};
+
+static void mm_task_worker(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct mm_task *task = ctx;
+    const struct mm_job *j = task->job;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&task->next, 1, memory_order_relaxed);
+        if (c >= task->n_chunks)
+            break;
+        int64_t r0 = c * task->chunk;
+        int64_t r1 = r0 + task->chunk < j->rows ? r0 + task->chunk : j->rows;
+        mm_run_chunk(j, task->kern, r0, r1);
+    }
+}
+
+struct mm_quant_task {
+    const struct mm_job *job;
+    const struct mm_kernel *kern;
+};
+
+static void mm_quant_worker(void *ctx, int ith, int nth)
+{
+    const struct mm_quant_task *q = ctx;
+    const struct mm_job *j = q->job;
+    for (int64_t t = ith; t < j->n; t += nth)
+        q->kern->xq_quantize(j->x + t * j->cols, (uint8_t *)j->xq + t * j->xq_stride, j->cols);
+}
+
+static int mm_reserve_scratch(struct cpu_matmul *mm, size_t bytes, struct err *e)
+{
+    if (bytes <= mm->scratch_cap)
+        return 0;
+    size_t cap = mm_round_up(bytes + bytes / 4, 64);
+    void *p = aligned_alloc(64, cap);
+    if (!p)
+        return err_set(e, "matmul: cannot allocate %zu bytes of activation scratch", cap);
+    free(mm->scratch);
+    mm->scratch = p;
+    mm->scratch_cap = cap;
+    return 0;
+}
+
+static int mm_check(const float *out, const float *x, int n, const struct tensor *w, struct err *e)
+{
+    if (!w || !w->data || !out || !x)
+        return err_set(e, "matmul: missing weight, input or output buffer");
+    if ((unsigned)w->dtype >= DT_COUNT)
+        return err_set(e, "matmul: unknown weight dtype %d", (int)w->dtype);
+    if (n < 0 || w->rows <= 0 || w->cols <= 0)
+        return err_set(e, "matmul: bad shape n=%d rows=%lld cols=%lld", n,
+                       (long long)w->rows, (long long)w->cols);
+    if (w->dtype == DT_Q8_0 && w->cols % Q8_0_BLOCK != 0)
+        return err_set(e, "matmul: q8_0 weight has %lld columns, not a multiple of %d",
+                       (long long)w->cols, Q8_0_BLOCK);
+    return 0;
+}
+
+/* Row chunks: multiples of MM_ROW_ALIGN, about MM_CHUNKS_PER_THREAD per
+ * thread. */
+static int64_t mm_chunk_rows(int64_t rows, int nth)
+{
+    if (nth == 1)
+        return rows;
+    int64_t parts = (int64_t)nth * MM_CHUNKS_PER_THREAD;
+    return (int64_t)mm_round_up((size_t)((rows + parts - 1) / parts), MM_ROW_ALIGN);
+}
+
+int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
+               const struct tensor *w, struct err *e)
+{
+    if (mm_check(out, x, n, w, e))
+        return -1;
+    if (n == 0)
+        return 0;
+    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype);
+    struct mm_job j = {
+        .out = out, .x = x, .w = w->data,
+        .w_stride = dtype_row_bytes(w->dtype, w->cols),
+        .n = n, .rows = w->rows, .cols = w->cols,
+    };
+    int nth = mm->tp ? tp_size(mm->tp) : 1;
+    if (k->xq_quantize) {
+        j.xq_stride = k->xq_row_bytes(w->cols);
+        if (mm_reserve_scratch(mm, j.xq_stride * (size_t)n, e))
+            return -1;
+        j.xq = mm->scratch;
+        struct mm_quant_task q = {&j, k};
+        if (nth > 1 && (int64_t)n * w->cols >= MM_PAR_QUANT_MIN)
+            tp_run(mm->tp, mm_quant_worker, &q);
+        else
+            mm_quant_worker(&q, 0, 1);
+    }
+    struct mm_task task = {.job = &j, .kern = k, .chunk = mm_chunk_rows(w->rows, nth)};
+    task.n_chunks = (w->rows + task.chunk - 1) / task.chunk;
+    atomic_init(&task.next, 0);
+    if (nth > 1 && task.n_chunks > 1)
+        tp_run(mm->tp, mm_task_worker, &task);
+    else
+        mm_task_worker(&task, 0, 1);
+    return 0;
+}
+
+int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa isa,
+                    struct err *e)
+{
+    memset(mm, 0, sizeof *mm);
+    enum cpu_isa hw = cpu_isa_hw();
+    if (isa > hw)
+        return err_set(e, "matmul: this CPU cannot run %s kernels (best is %s)",
+                       cpu_isa_name(isa), cpu_isa_name(hw));
+    mm->tp = tp;
+    mm->isa = isa;
+    mm->vnni = isa >= CPU_ISA_AVX512 && cpu_has_avx512_vnni();
+    return 0;
+}
+
+void cpu_matmul_free(struct cpu_matmul *mm)
+{
+    free(mm->scratch);
+    mm->scratch = NULL;
+    mm->scratch_cap = 0;
+}

@@ -1,0 +1,337 @@
+/* matmul_avx2.c - AVX2+FMA+F16C kernels: f32/f16/bf16 weights with f32 FMA,
+ * and Q8_0 weights with 8-bit integer dot products (maddubs).
+ *
+ * Each function carries its own target attribute so the binary still runs
+ * on CPUs without AVX2; matmul.c only calls in here after cpu_isa_hw() said
+ * yes. The structure mirrors matmul_avx512.c (see there and matmul_impl.h):
+ * templates over (tokens mr, weight rows nr, accumulator sets u). With 16
+ * ymm registers the main tile is 2 tokens x 4 weight rows. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "backend/cpu/matmul_impl.h"
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define MR 2   /* tokens per main tile */
+#define NR 4   /* weight rows per tile */
+#define MMAX 4 /* most tokens per row in the streaming kernel */
+#define UMAX 4
+#define STREAM_MAX_N 4
+
+/* Accumulator sets needed to keep about four FMA chains in flight. */
+#define UNROLL(mr, nr) ((mr) * (nr) >= 4 ? 1 : 4 / ((mr) * (nr)))
+
+/* See prefetch_next_tile in matmul_avx512.c: two tiles ahead, into L2. */
+INLINE T256 void prefetch_next_tile(int nr, const void *p, size_t stride)
+{
+    if (nr == NR)
+        _mm_prefetch((const char *)((uintptr_t)p + 2 * NR * stride), _MM_HINT_T1);
+}
+
+/* {sum a, sum b, sum c, sum d} with the shuffles shared. */
+INLINE T256 __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+INLINE T256 float hsum(__m256 a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE T256 void zero_acc(int mr, int nr, int u, __m256 acc[UMAX][MMAX][NR])
+{
+#pragma GCC unroll 4
+    for (int q = 0; q < u; q++)
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int c = 0; c < nr; c++)
+                acc[q][i][c] = _mm256_setzero_ps();
+}
+
+INLINE T256 void store_tile(const struct mm_job *j, int64_t t, int64_t r, int mr, int nr, int u,
+                            __m256 acc[UMAX][MMAX][NR])
+{
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+#pragma GCC unroll 4
+        for (int c = 0; c < nr; c++)
+#pragma GCC unroll 4
+            for (int q = 1; q < u; q++)
+                acc[0][i][c] = _mm256_add_ps(acc[0][i][c], acc[q][i][c]);
+        float *o = j->out + (t + i) * j->rows + r;
+        if (nr == 4) {
+            _mm_storeu_ps(o, hsum4(acc[0][i][0], acc[0][i][1], acc[0][i][2], acc[0][i][3]));
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < nr; c++)
+                o[c] = hsum(acc[0][i][c]);
+        }
+    }
+}
+
+/* ---- f32 / f16 / bf16 ---- */
+
+INLINE T256 __m256 load_w8(enum dtype dt, const void *p)
+{
+    switch (dt) {
+    case DT_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case DT_BF16: /* bf16 is the top half of an f32 */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+INLINE T256 void ftile_step(enum dtype dt, int mr, int nr, const float *const *x,
+                            const uint8_t *const *w, size_t stride, int64_t k,
+                            __m256 acc[MMAX][NR])
+{
+    size_t es = dt == DT_F32 ? 4 : 2;
+    __m256 wv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++) {
+        wv[c] = load_w8(dt, w[c] + k * es);
+        if ((k * es) % 64 == 0) /* once per cache line */
+            prefetch_next_tile(nr, w[c] + k * es, stride);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        __m256 xv = _mm256_loadu_ps(x[i] + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < nr; c++)
+            acc[i][c] = _mm256_fmadd_ps(xv, wv[c], acc[i][c]);
+    }
+}
+
+/* The last cols % 8 columns: copied into zero-padded buffers so the same
+ * step applies (AVX2 has no masked 16-bit loads). */
+INLINE T256 void ftile_tail(enum dtype dt, int mr, int nr, const float *const *x,
+                            const uint8_t *const *w, int64_t k, int64_t cols,
+                            __m256 acc[MMAX][NR])
+{
+    size_t es = dt == DT_F32 ? 4 : 2, len = (size_t)(cols - k);
+    _Alignas(32) float xb[MMAX][8];
+    _Alignas(32) uint8_t wb[NR][32];
+    const float *xp[MMAX];
+    const uint8_t *wp[NR];
+    memset(xb, 0, sizeof xb);
+    memset(wb, 0, sizeof wb);
+    for (int i = 0; i < mr; i++) {
+        memcpy(xb[i], x[i] + k, len * sizeof(float));
+        xp[i] = xb[i];
+    }
+    for (int c = 0; c < nr; c++) {
+        memcpy(wb[c], w[c] + k * es, len * es);
+        wp[c] = wb[c];
+    }
+    ftile_step(dt, mr, nr, xp, wp, 0, 0, acc);
+}
+
+INLINE T256 void ftile(enum dtype dt, int mr, int nr, const struct mm_job *j, int64_t t,
+                       int64_t r)
+{
+    const int u = UNROLL(mr, nr);
+    const float *x[MMAX];
+    const uint8_t *w[NR];
+    __m256 acc[UMAX][MMAX][NR];
+    zero_acc(mr, nr, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+        x[i] = j->x + (t + i) * j->cols;
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        w[c] = j->w + (r + c) * j->w_stride;
+    int64_t k = 0;
+    for (; k + 8 * u <= j->cols; k += 8 * u)
+#pragma GCC unroll 4
+        for (int q = 0; q < u; q++)
+            ftile_step(dt, mr, nr, x, w, j->w_stride, k + 8 * q, acc[q]);
+    for (; k + 8 <= j->cols; k += 8)
+        ftile_step(dt, mr, nr, x, w, j->w_stride, k, acc[0]);
+    if (k < j->cols)
+        ftile_tail(dt, mr, nr, x, w, k, j->cols, acc[0]);
+    store_tile(j, t, r, mr, nr, u, acc);
+}
+
+INLINE T256 void frows(enum dtype dt, int nt, const struct mm_job *j, int64_t t, int64_t r0,
+                       int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        ftile(dt, nt, 1, j, t, r);
+}
+
+#define FKERNEL(name, dt)                                                      \
+    static T256 void name##_main(const struct mm_job *j, int64_t t, int64_t r) \
+    { ftile(dt, MR, NR, j, t, r); }                                            \
+    static T256 void name##_t1(const struct mm_job *j, int64_t t, int64_t r)   \
+    { ftile(dt, 1, NR, j, t, r); }                                             \
+    static T256 void name##_r1(const struct mm_job *j, int64_t t, int64_t r)   \
+    { ftile(dt, MR, 1, j, t, r); }                                             \
+    static T256 void name##_1x1(const struct mm_job *j, int64_t t, int64_t r)  \
+    { ftile(dt, 1, 1, j, t, r); }                                              \
+    static T256 void name##_stream(const struct mm_job *j, int64_t t, int nt,    \
+                                 int64_t r0, int64_t r1)                       \
+    {                                                                          \
+        switch (nt) {                                                          \
+        case 1: frows(dt, 1, j, t, r0, r1); break;                             \
+        case 2: frows(dt, 2, j, t, r0, r1); break;                             \
+        case 3: frows(dt, 3, j, t, r0, r1); break;                             \
+        default: frows(dt, 4, j, t, r0, r1); break;                            \
+        }                                                                      \
+    }                                                                          \
+    static const struct mm_kernel name = {                                     \
+        MR, NR, STREAM_MAX_N, name##_stream, name##_main, name##_t1,             \
+        name##_r1, name##_1x1, NULL, NULL};
+FKERNEL(k256_f32, DT_F32)
+FKERNEL(k256_f16, DT_F16)
+FKERNEL(k256_bf16, DT_BF16)
+
+/* ---- Q8_0 ----
+ *
+ * maddubs multiplies unsigned by signed bytes into saturating int16 pairs.
+ * With a = |w| and b = x * sign(w) every pair is at most 2 * 128 * 127,
+ * below the int16 limit, so nothing saturates. (Not the other way round:
+ * a weight of -128, legal in a file, has no positive int8 negation, while
+ * our quantized x never leaves [-127, 127].) madd with ones widens the
+ * pairs to int32 lanes; one block of 32 is one ymm.
+ *
+ * Activation row layout (64-byte aligned stride):
+ *   qs [nb * 32] int8   quantized values
+ *   d  [nb]      f32    block scales
+ */
+
+static size_t avx2_xq_row_bytes(int64_t cols)
+{
+    int64_t nb = cols / Q8_0_BLOCK;
+    return mm_round_up((size_t)nb * (Q8_0_BLOCK + sizeof(float)), 64);
+}
+
+/* scale = absmax / 127 as ggml does; round to nearest (ties to even). */
+static T256 void avx2_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int64_t nb = cols / Q8_0_BLOCK;
+    float *ds = (float *)(dst + nb * Q8_0_BLOCK);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * Q8_0_BLOCK;
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float d = _mm_cvtss_f32(m4) / 127.0f;
+        __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        /* packs interleave 128-bit lanes; the permute puts bytes back in order */
+        __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i q8 = _mm256_packs_epi16(q16a, q16b);
+        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_store_si256((__m256i *)(dst + b * Q8_0_BLOCK), q8);
+        ds[b] = d;
+    }
+}
+
+INLINE T256 void q8_step(int mr, int nr, const int8_t *const *xq, const float *const *xd,
+                         const struct block_q8_0 *const *w, size_t stride, int64_t b,
+                         __m256 acc[MMAX][NR])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i xs[MMAX];
+    __m256 dx[MMAX];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        xs[i] = _mm256_load_si256((const __m256i *)(xq[i] + b * Q8_0_BLOCK));
+        dx[i] = _mm256_broadcast_ss(xd[i] + b);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++) {
+        const struct block_q8_0 *wb = w[c] + b;
+        if (b % 2 == 0)
+            prefetch_next_tile(nr, wb, stride);
+        __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
+        __m256i aw = _mm256_abs_epi8(wv);
+        __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xs[i], wv));
+            p = _mm256_madd_epi16(p, ones);
+            acc[i][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dx[i], dw), acc[i][c]);
+        }
+    }
+}
+
+INLINE T256 void q8_tile(int mr, int nr, const struct mm_job *j, int64_t t, int64_t r)
+{
+    const int u = UNROLL(mr, nr);
+    int64_t nb = j->cols / Q8_0_BLOCK;
+    const int8_t *xq[MMAX];
+    const float *xd[MMAX];
+    const struct block_q8_0 *w[NR];
+    __m256 acc[UMAX][MMAX][NR];
+    zero_acc(mr, nr, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        xq[i] = (const int8_t *)(j->xq + (t + i) * j->xq_stride);
+        xd[i] = (const float *)(xq[i] + nb * Q8_0_BLOCK);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        w[c] = (const struct block_q8_0 *)(j->w + (r + c) * j->w_stride);
+    int64_t b = 0;
+    for (; b + u <= nb; b += u)
+#pragma GCC unroll 4
+        for (int q = 0; q < u; q++)
+            q8_step(mr, nr, xq, xd, w, j->w_stride, b + q, acc[q]);
+    for (; b < nb; b++)
+        q8_step(mr, nr, xq, xd, w, j->w_stride, b, acc[0]);
+    store_tile(j, t, r, mr, nr, u, acc);
+}
+
+INLINE T256 void q8_rows_nt(int nt, const struct mm_job *j, int64_t t, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        q8_tile(nt, 1, j, t, r);
+}
+
+static T256 void q8_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, int64_t r1)
+{
+    switch (nt) {
+    case 1: q8_rows_nt(1, j, t, r0, r1); break;
+    case 2: q8_rows_nt(2, j, t, r0, r1); break;
+    case 3: q8_rows_nt(3, j, t, r0, r1); break;
+    default: q8_rows_nt(4, j, t, r0, r1); break;
+    }
+}
+
+static T256 void q8_main(const struct mm_job *j, int64_t t, int64_t r) { q8_tile(MR, NR, j, t, r); }
+static T256 void q8_t1(const struct mm_job *j, int64_t t, int64_t r) { q8_tile(1, NR, j, t, r); }
+static T256 void q8_r1(const struct mm_job *j, int64_t t, int64_t r) { q8_tile(MR, 1, j, t, r); }
+static T256 void q8_1x1(const struct mm_job *j, int64_t t, int64_t r) { q8_tile(1, 1, j, t, r); }
+
+static const struct mm_kernel k256_q8_0 = {
+    MR, NR, STREAM_MAX_N, q8_stream, q8_main, q8_t1, q8_r1, q8_1x1,
+    avx2_xq_row_bytes, avx2_xq_quantize};
+
+const struct mm_kernel *mm_kernel_avx2(enum dtype dt)
+{
+    switch (dt) {
+    case DT_F32: return &k256_f32;
+    case DT_F16: return &k256_f16;
+    case DT_BF16: return &k256_bf16;
+    case DT_Q8_0: return &k256_q8_0;
+    default: return NULL;
+    }
+}

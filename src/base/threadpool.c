@@ -1,0 +1,268 @@
+/* threadpool.c - persistent fork-join workers for the compute kernels.
+ *
+ * tp_run is called a few hundred times per generated token, so waking the
+ * workers must cost well under a microsecond. Each tp_run bumps a generation
+ * counter; idle workers spin on it for a while (the next op usually follows
+ * within microseconds) and only then sleep on a condition variable. The
+ * caller waits for the workers the same way. Sleepers announce themselves in
+ * a counter so the fast path never touches the mutex. */
+#include "base/threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* About 200 us of PAUSE (25 ns each on Zen 4): longer than the gap between two
+ * ops of one forward pass, shorter than anything a user would notice as
+ * burnt CPU after the last token. */
+#define TP_SPIN_LONG (1 << 13)
+/* With more threads than CPUs a spinning thread steals the core from the
+ * thread it waits for, so sleep almost at once. */
+#define TP_SPIN_SHORT 16
+
+struct tp_worker {
+    struct threadpool *tp;
+    int ith;
+    cpu_set_t cpus; /* used when the pool pins */
+    pthread_t thread;
+};
+
+struct threadpool {
+    /* The hot counters each get their own cache line: workers poll gen while
+     * they finish and decrement pending, the caller polls pending. */
+    alignas(64) atomic_uint gen;
+    alignas(64) atomic_int pending;
+    alignas(64) atomic_int worker_sleepers;
+    atomic_int caller_sleeping;
+    atomic_int stop;
+    tp_fn fn;
+    void *ctx;
+    int n;
+    int spin;
+    int n_started;
+    int pin;
+    cpu_set_t caller_cpus; /* for whichever thread calls tp_run */
+    int caller_pinned;     /* `caller` is the thread pinned last */
+    pthread_t caller;
+    struct tp_worker *workers; /* n - 1 of them: the caller is worker 0 */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;
+    pthread_cond_t cv_done;
+};
+
+static inline void tp_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    sched_yield();
+#endif
+}
+
+/* Failure (e.g. a cgroup forbids it) only costs speed, so it is ignored. */
+static void tp_pin_self(const cpu_set_t *set)
+{
+    (void)pthread_setaffinity_np(pthread_self(), sizeof *set, set);
+}
+
+/* Why pin: a spinning waiter that shares a CPU with the thread it waits for
+ * burns that thread's time slice, and some kernels (seen on VMs that pack
+ * vCPUs) do put two busy threads of one process on one CPU while another
+ * idles. Each worker gets a CPU of its own; the caller gets the allowed
+ * CPUs the workers do not use. Returns 0 (no pinning) when there are fewer
+ * allowed CPUs than threads or CLLM_PIN_THREADS=0. */
+static int tp_plan_pinning(struct threadpool *tp)
+{
+    const char *env = getenv("CLLM_PIN_THREADS");
+    if (tp->n < 2 || (env && strcmp(env, "0") == 0))
+        return 0;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < tp->n)
+        return 0;
+    /* Workers take the highest CPUs, leaving CPU 0 (where interrupts and
+     * housekeeping tend to land) to the caller and the rest of the process. */
+    int i = tp->n - 1;
+    for (int c = CPU_SETSIZE - 1; c >= 0 && i >= 1; c--) {
+        if (CPU_ISSET(c, &allowed)) {
+            CPU_ZERO(&tp->workers[i - 1].cpus);
+            CPU_SET(c, &tp->workers[i - 1].cpus);
+            CPU_CLR(c, &allowed);
+            i--;
+        }
+    }
+    tp->caller_cpus = allowed;
+    return 1;
+}
+
+/* One spin-wait iteration. Yielding now and then lets the awaited thread
+ * run should the scheduler have put it on our CPU (unpinned pools). */
+static inline void tp_spin_once(int i)
+{
+    if ((i & 255) == 255)
+        sched_yield();
+    else
+        tp_cpu_relax();
+}
+
+/* Returns the first generation different from seen (or any on stop). */
+static unsigned tp_wait_work(struct threadpool *tp, unsigned seen)
+{
+    for (int i = 0; i < tp->spin; i++) {
+        unsigned g = atomic_load_explicit(&tp->gen, memory_order_acquire);
+        if (g != seen)
+            return g;
+        tp_spin_once(i);
+    }
+    pthread_mutex_lock(&tp->mu);
+    atomic_fetch_add(&tp->worker_sleepers, 1);
+    unsigned g;
+    while ((g = atomic_load(&tp->gen)) == seen && !atomic_load(&tp->stop))
+        pthread_cond_wait(&tp->cv_work, &tp->mu);
+    atomic_fetch_sub(&tp->worker_sleepers, 1);
+    pthread_mutex_unlock(&tp->mu);
+    return g;
+}
+
+static void tp_finish_one(struct threadpool *tp)
+{
+    /* seq_cst pairs with the caller's store to caller_sleeping: either the
+     * caller sees pending == 0 or we see that it sleeps, never neither. */
+    if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_sleeping)) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_signal(&tp->cv_done);
+        pthread_mutex_unlock(&tp->mu);
+    }
+}
+
+static void *tp_worker_main(void *arg)
+{
+    struct tp_worker *w = arg;
+    struct threadpool *tp = w->tp;
+    if (tp->pin)
+        tp_pin_self(&w->cpus);
+    unsigned seen = 0;
+    for (;;) {
+        seen = tp_wait_work(tp, seen);
+        if (atomic_load(&tp->stop))
+            break;
+        tp->fn(tp->ctx, w->ith, tp->n);
+        tp_finish_one(tp);
+    }
+    return NULL;
+}
+
+static void tp_wait_done(struct threadpool *tp)
+{
+    for (int i = 0; i < tp->spin; i++) {
+        if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0)
+            return;
+        tp_spin_once(i);
+    }
+    pthread_mutex_lock(&tp->mu);
+    atomic_store(&tp->caller_sleeping, 1);
+    while (atomic_load(&tp->pending) != 0)
+        pthread_cond_wait(&tp->cv_done, &tp->mu);
+    atomic_store(&tp->caller_sleeping, 0);
+    pthread_mutex_unlock(&tp->mu);
+}
+
+static void tp_stop_workers(struct threadpool *tp)
+{
+    atomic_store(&tp->stop, 1);
+    pthread_mutex_lock(&tp->mu);
+    atomic_fetch_add(&tp->gen, 1);
+    pthread_cond_broadcast(&tp->cv_work);
+    pthread_mutex_unlock(&tp->mu);
+    for (int i = 0; i < tp->n_started; i++)
+        pthread_join(tp->workers[i].thread, NULL);
+}
+
+struct threadpool *tp_create(int n_threads, struct err *e)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1)
+        ncpu = 1;
+    if (n_threads <= 0)
+        n_threads = (int)ncpu;
+    if (n_threads > 1024) {
+        err_set(e, "thread pool: %d threads is more than the supported 1024", n_threads);
+        return NULL;
+    }
+    struct threadpool *tp = aligned_alloc(64, sizeof *tp);
+    if (!tp) {
+        err_set(e, "thread pool: out of memory");
+        return NULL;
+    }
+    memset(tp, 0, sizeof *tp);
+    tp->n = n_threads;
+    tp->spin = n_threads > ncpu ? TP_SPIN_SHORT : TP_SPIN_LONG;
+    pthread_mutex_init(&tp->mu, NULL);
+    pthread_cond_init(&tp->cv_work, NULL);
+    pthread_cond_init(&tp->cv_done, NULL);
+    tp->workers = calloc((size_t)n_threads, sizeof *tp->workers);
+    if (!tp->workers) {
+        err_set(e, "thread pool: out of memory");
+        tp_destroy(tp);
+        return NULL;
+    }
+    tp->pin = tp_plan_pinning(tp);
+    for (int i = 1; i < n_threads; i++) {
+        struct tp_worker *w = &tp->workers[i - 1];
+        w->tp = tp;
+        w->ith = i;
+        int rc = pthread_create(&w->thread, NULL, tp_worker_main, w);
+        if (rc != 0) {
+            err_set(e, "thread pool: cannot start thread %d of %d: %s", i, n_threads,
+                    strerror(rc));
+            tp_destroy(tp);
+            return NULL;
+        }
+        tp->n_started++;
+    }
+    return tp;
+}
+
+void tp_destroy(struct threadpool *tp)
+{
+    if (!tp)
+        return;
+    if (tp->workers)
+        tp_stop_workers(tp);
+    free(tp->workers);
+    pthread_cond_destroy(&tp->cv_done);
+    pthread_cond_destroy(&tp->cv_work);
+    pthread_mutex_destroy(&tp->mu);
+    free(tp);
+}
+
+int tp_size(const struct threadpool *tp) { return tp->n; }
+
+void tp_run(struct threadpool *tp, tp_fn fn, void *ctx)
+{
+    if (tp->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    if (tp->pin && !(tp->caller_pinned && pthread_equal(tp->caller, pthread_self()))) {
+        tp_pin_self(&tp->caller_cpus);
+        tp->caller = pthread_self();
+        tp->caller_pinned = 1;
+    }
+    tp->fn = fn;
+    tp->ctx = ctx;
+    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
+    /* seq_cst: pairs with the sleepers' increment in tp_wait_work, so a
+     * worker that went to sleep before this store is always woken. */
+    atomic_fetch_add(&tp->gen, 1);
+    if (atomic_load(&tp->worker_sleepers) > 0) {
+        pthread_mutex_lock(&tp->mu);
+        pthread_cond_broadcast(&tp->cv_work);
+        pthread_mutex_unlock(&tp->mu);
+    }
+    fn(ctx, 0, tp->n);
+    tp_wait_done(tp);
+}

@@ -1,0 +1,339 @@
+/* test_matmul.c - the CPU matmul kernels against the double-precision
+ * reference (every dtype x every ISA this machine runs x odd shapes and
+ * token counts x 1-3 threads), Q8_0 conversions, and the thread pool. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/matmul.h"
+#include "base/half.h"
+#include "base/threadpool.h"
+#include "testutil.h"
+
+/* Unit roundoff of f32. */
+#define U32 (1.0 / 16777216.0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+/* Uniform in [-1, 1). */
+static float rng_f(void) { return (float)rng_u32() / 2147483648.0f - 1.0f; }
+
+/* ---- thread pool ---- */
+
+struct tp_probe {
+    atomic_int hits[8];
+    atomic_int bad_nth;
+    int want_nth;
+};
+
+static void tp_probe_fn(void *ctx, int ith, int nth)
+{
+    struct tp_probe *p = ctx;
+    if (nth != p->want_nth || ith < 0 || ith >= nth)
+        atomic_fetch_add(&p->bad_nth, 1);
+    else
+        atomic_fetch_add(&p->hits[ith], 1);
+}
+
+static void test_threadpool(void)
+{
+    struct err e;
+    for (int n = 1; n <= 3; n++) {
+        struct threadpool *tp = tp_create(n, &e);
+        CHECK(tp != NULL, "tp_create(%d): %s", n, e.msg);
+        if (!tp)
+            continue;
+        CHECK(tp_size(tp) == n, "tp_size %d != %d", tp_size(tp), n);
+        struct tp_probe p = {.want_nth = n};
+        const int runs = 2000;
+        for (int i = 0; i < runs; i++)
+            tp_run(tp, tp_probe_fn, &p);
+        /* Long enough for the workers to give up spinning and sleep: the
+         * wake-up from the condition variable must work too. */
+        for (int i = 0; i < 3; i++) {
+            nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+            tp_run(tp, tp_probe_fn, &p);
+        }
+        CHECK(atomic_load(&p.bad_nth) == 0, "pool of %d: bad ith/nth", n);
+        for (int i = 0; i < n; i++)
+            CHECK(atomic_load(&p.hits[i]) == runs + 3, "pool of %d: worker %d ran %d times", n,
+                  i, atomic_load(&p.hits[i]));
+        tp_destroy(tp);
+    }
+    struct threadpool *tp = tp_create(0, &e);
+    CHECK(tp && tp_size(tp) >= 1, "tp_create(0) uses the online CPUs");
+    tp_destroy(tp);
+    tp_destroy(NULL);
+}
+
+/* ---- Q8_0 conversions ---- */
+
+static void test_q8_0_roundtrip(void)
+{
+    CHECK(sizeof(struct block_q8_0) == 34, "block_q8_0 is %zu bytes, GGUF needs 34",
+          sizeof(struct block_q8_0));
+    enum { N = 32 * 64 };
+    float x[N], y[N];
+    struct block_q8_0 q[N / 32];
+    for (int i = 0; i < N; i++)
+        x[i] = rng_f() * (float)(1 << (i / 32 % 12)) / 64.0f;
+    for (int i = 64; i < 96; i++) /* an all-zero block: scale 0, no NaN */
+        x[i] = 0.0f;
+    for (int i = 0; i < 32; i++) /* a ramp with a known quantization */
+        x[i] = (float)i;
+    quantize_row_q8_0(x, q, N);
+    dequantize_row_q8_0(q, y, N);
+    CHECK(q[0].qs[31] == 127 && q[0].qs[0] == 0 && fabsf(f16_to_f32(q[0].d) - 31.0f / 127) < 1e-4f,
+          "ramp block: d=%g qs[31]=%d", f16_to_f32(q[0].d), q[0].qs[31]);
+    CHECK(q[2].d == 0 && y[70] == 0.0f, "zero block gives d=0 and zeros");
+    int bad = 0;
+    for (int b = 0; b < N / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        /* Rounding to the grid costs d/2; storing d as f16 moves the grid by
+         * at most 127 * d * 2^-11 (f16 has 11 significant bits). */
+        double d = amax / 127.0;
+        double tol = d * (0.5 + 127.0 / 2048.0) + 1e-12;
+        for (int i = 0; i < 32; i++)
+            if (fabs((double)x[b * 32 + i] - y[b * 32 + i]) > tol)
+                bad++;
+    }
+    CHECK(bad == 0, "%d values off by more than the Q8_0 rounding bound", bad);
+}
+
+/* ---- matmul vs reference ---- */
+
+struct shape {
+    int64_t rows, cols;
+};
+
+/* Random weights of dtype dt; the caller frees. For Q8_0 the full int8
+ * range, -128 included (legal in files though ggml never writes it). */
+static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
+{
+    size_t rb = dtype_row_bytes(dt, cols);
+    uint8_t *w = malloc(rb * (size_t)rows);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = w + (size_t)r * rb;
+        for (int64_t k = 0; k < cols; k++) {
+            float v = rng_f();
+            if (dt == DT_F32)
+                ((float *)row)[k] = v;
+            else if (dt == DT_F16)
+                ((uint16_t *)row)[k] = f32_to_f16(v);
+            else if (dt == DT_BF16)
+                ((uint16_t *)row)[k] = f32_to_bf16(v);
+        }
+        if (dt == DT_Q8_0) {
+            struct block_q8_0 *b = (struct block_q8_0 *)row;
+            for (int64_t i = 0; i < cols / 32; i++) {
+                b[i].d = f32_to_f16(rng_f() / 64.0f);
+                for (int k = 0; k < 32; k++)
+                    b[i].qs[k] = (int8_t)(rng_u32() & 0xff);
+            }
+        }
+    }
+    return w;
+}
+
+/* Per output, the bound the kernel must meet (see check_against_ref);
+ * wrow is the weight row widened to f32 (exact for every dtype). */
+static double tolerance(enum dtype dt, const float *wrow, const float *x, int64_t cols)
+{
+    double abssum = 0, qerr = 0;
+    for (int64_t k = 0; k < cols; k++)
+        abssum += fabs((double)x[k] * wrow[k]);
+    if (dt == DT_Q8_0) {
+        for (int64_t b = 0; b < cols / 32; b++) {
+            double amax = 0, wabs = 0;
+            for (int k = 0; k < 32; k++) {
+                amax = fmax(amax, fabs(x[b * 32 + k]));
+                wabs += fabs(wrow[b * 32 + k]);
+            }
+            qerr += 0.501 * (amax / 127.0) * wabs;
+        }
+    }
+    return qerr + (double)(cols + 32) * U32 * (abssum + qerr) + 1e-30;
+}
+
+/* The weights widened to f32 through the reference with unit vectors: one
+ * matmul per column would be slow, so read them like the reference does. */
+static float *widen_weights(const struct tensor *w)
+{
+    float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+    size_t rb = dtype_row_bytes(w->dtype, w->cols);
+    for (int64_t r = 0; r < w->rows; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        float *o = all + r * w->cols;
+        for (int64_t k = 0; k < w->cols; k++) {
+            switch (w->dtype) {
+            case DT_F32: o[k] = ((const float *)row)[k]; break;
+            case DT_F16: o[k] = f16_to_f32(((const uint16_t *)row)[k]); break;
+            case DT_BF16: o[k] = bf16_to_f32(((const uint16_t *)row)[k]); break;
+            default: break;
+            }
+        }
+        if (w->dtype == DT_Q8_0)
+            dequantize_row_q8_0((const struct block_q8_0 *)row, o, w->cols);
+    }
+    return all;
+}
+
+/* Tolerances. f32/f16/bf16: the weights widen to f32 exactly, so the only
+ * error is f32 summation of cols products in some order (lanes, tiles,
+ * FMA): the classic bound is cols * u * sum|x_k w_k|, u = 2^-24; +32 covers
+ * the final lane reduction and the store. q8_0: the kernel rounds each x to
+ * its block's grid, an error of at most d/2 per value with d = absmax/127
+ * (0.501: the 1/d used for rounding is itself rounded), weighted by |w|;
+ * the integer block sums are exact, and the per-block f32 scaling and
+ * accumulation adds the same summation term as above. */
+static int check_against_ref(const struct tensor *w, int n, const float *out, const float *ref,
+                             const double *tol, const char *what)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n * w->rows; i++) {
+        if (!(fabs((double)out[i] - ref[i]) <= tol[i])) {
+            if (bad++ < 3)
+                fprintf(stderr, "%s: out[%lld][%lld] = %.9g, ref %.9g, tol %.3g\n", what,
+                        (long long)(i / w->rows), (long long)(i % w->rows), out[i], ref[i],
+                        tol[i]);
+        }
+    }
+    return bad;
+}
+
+static void fill_x(float *x, int n, int64_t cols)
+{
+    for (int64_t i = 0; i < n * cols; i++)
+        x[i] = rng_f();
+    /* One block of zeros and one of large values: scale-0 blocks and blocks
+     * whose scale differs wildly from their neighbours. */
+    if (cols >= 64) {
+        for (int k = 0; k < 32; k++) {
+            x[k] = 0.0f;
+            x[32 + k] *= 1000.0f;
+        }
+    }
+}
+
+static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
+                       struct threadpool **pools, int n_pools)
+{
+    int nmax = 0;
+    for (int i = 0; i < n_ns; i++)
+        nmax = ns[i] > nmax ? ns[i] : nmax;
+    void *wdata = make_weights(dt, s.rows, s.cols);
+    struct tensor w = {dt, s.rows, s.cols, wdata};
+    float *wide = widen_weights(&w);
+    float *x = malloc(sizeof(float) * (size_t)(nmax * s.cols));
+    float *ref = malloc(sizeof(float) * (size_t)(nmax * s.rows));
+    double *tol = malloc(sizeof(double) * (size_t)(nmax * s.rows));
+    float *out = malloc(sizeof(float) * (size_t)(nmax * s.rows));
+    enum cpu_isa hw = cpu_isa_hw();
+    for (int ni = 0; ni < n_ns; ni++) {
+        int n = ns[ni];
+        fill_x(x, n, s.cols);
+        cpu_matmul_ref(ref, x, n, &w);
+        for (int t = 0; t < n; t++)
+            for (int64_t r = 0; r < s.rows; r++)
+                tol[t * s.rows + r] = tolerance(dt, wide + r * s.cols, x + t * s.cols, s.cols);
+        /* isa = hw + 1 stands for AVX-512 without VNNI, whose Q8_0 falls
+         * back to the AVX2 kernel (the CI machine may be one). */
+        int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
+        for (int isa = CPU_ISA_SCALAR; isa <= last; isa++) {
+            for (int p = 0; p < n_pools; p++) {
+                struct cpu_matmul mm;
+                struct err e;
+                int novnni = isa > (int)hw;
+                CHECK(cpu_matmul_init(&mm, pools[p], novnni ? hw : (enum cpu_isa)isa, &e) == 0,
+                      "init: %s", e.msg);
+                if (novnni)
+                    mm.vnni = 0;
+                for (int64_t i = 0; i < n * s.rows; i++)
+                    out[i] = NAN;
+                int rc = cpu_matmul(&mm, out, x, n, &w, &e);
+                CHECK(rc == 0, "cpu_matmul: %s", e.msg);
+                char what[128];
+                const char *isa_name = novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa);
+                snprintf(what, sizeof what, "%s %s n=%d %lldx%lld threads=%d", dtype_name(dt),
+                         isa_name, n, (long long)s.rows, (long long)s.cols, tp_size(pools[p]));
+                int bad = check_against_ref(&w, n, out, ref, tol, what);
+                CHECK(bad == 0, "%s: %d outputs outside tolerance", what, bad);
+                cpu_matmul_free(&mm);
+            }
+        }
+    }
+    free(out);
+    free(wide);
+    free(tol);
+    free(ref);
+    free(x);
+    free(wdata);
+}
+
+static void test_matmul_all(void)
+{
+    struct err e;
+    struct threadpool *pools[3];
+    for (int i = 0; i < 3; i++)
+        pools[i] = tp_create(i + 1, &e);
+    /* Row counts straddle tile (4) and chunk (16) multiples; cols for
+     * f32/f16/bf16 hit every remainder class of 8 and 16 lanes. */
+    const struct shape fshapes[] = {{1, 1}, {5, 7}, {3, 17}, {37, 100}, {67, 129},
+                                    {200, 40}, {19, 1000}, {6, 4099}};
+    const struct shape qshapes[] = {{1, 32}, {5, 64}, {37, 96}, {67, 160}, {200, 64},
+                                    {19, 1024}, {6, 4096}, {9, 12288}};
+    /* 1-4 take the streaming kernels, the rest the tiles; 130 spans
+     * several token groups for the widest shapes. */
+    const int ns[] = {1, 3, 4, 7, 33, 130};
+    for (int dt = 0; dt < DT_COUNT; dt++) {
+        const struct shape *sh = dt == DT_Q8_0 ? qshapes : fshapes;
+        size_t count = dt == DT_Q8_0 ? sizeof qshapes / sizeof *qshapes
+                                     : sizeof fshapes / sizeof *fshapes;
+        for (size_t i = 0; i < count; i++)
+            test_shape((enum dtype)dt, sh[i], ns, 6, pools, 3);
+    }
+    for (int i = 0; i < 3; i++)
+        tp_destroy(pools[i]);
+}
+
+static void test_matmul_errors(void)
+{
+    struct cpu_matmul mm;
+    struct err e;
+    CHECK(cpu_matmul_init(&mm, NULL, CPU_ISA_SCALAR, &e) == 0, "init without a pool");
+    struct block_q8_0 blk[2] = {0};
+    float x[48] = {0}, out[1];
+    struct tensor w = {DT_Q8_0, 1, 48, blk};
+    CHECK(cpu_matmul(&mm, out, x, 1, &w, &e) == -1 && strstr(e.msg, "multiple"),
+          "q8_0 with cols %% 32 != 0 is refused: %s", e.msg);
+    w.data = NULL;
+    CHECK(cpu_matmul(&mm, out, x, 1, &w, &e) == -1, "missing weight is refused");
+    cpu_matmul_free(&mm);
+    if (cpu_isa_hw() < CPU_ISA_AVX512)
+        CHECK(cpu_matmul_init(&mm, NULL, CPU_ISA_AVX512, &e) == -1,
+              "asking for an ISA the CPU lacks fails");
+}
+
+int main(void)
+{
+    printf("test_matmul: hardware ISA %s, avx512 vnni %s\n", cpu_isa_name(cpu_isa_hw()),
+           cpu_has_avx512_vnni() ? "yes" : "no");
+    test_threadpool();
+    test_q8_0_roundtrip();
+    test_matmul_errors();
+    test_matmul_all();
+    return test_summary("test_matmul");
+}
