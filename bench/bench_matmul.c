@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
@@ -70,6 +72,46 @@ static void fill_weights(void *data, enum dtype dt, int64_t rows, int64_t cols)
             quantize_row_q8_0(tmp, (struct block_q8_0 *)row, cols);
     }
     free(tmp);
+}
+
+/* ---- interference ---- */
+
+/* CPU seconds used by everybody (from /proc/stat) and by us, so a section
+ * can say how much of the machine other processes took meanwhile: on a
+ * shared host that is the difference between a result and noise. */
+struct load_probe {
+    double all_busy_s, self_s;
+};
+
+static struct load_probe load_now(void)
+{
+    struct load_probe p = {0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (f) {
+        unsigned long long v[8] = {0};
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]) == 8) {
+            unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+            p.all_busy_s = (double)busy / (double)sysconf(_SC_CLK_TCK);
+        }
+        fclose(f);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    p.self_s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec * 1e-6;
+    return p;
+}
+
+static void load_report(struct load_probe a, double t0)
+{
+    struct load_probe b = load_now();
+    double wall = now_s() - t0;
+    double others = (b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("other processes used %.0f%% of %ld CPUs during this section%s\n",
+           100.0 * (others > 0 ? others : 0) / (wall * (double)ncpu), ncpu,
+           others > 0.05 * wall ? " (numbers above are disturbed)" : "");
 }
 
 /* ---- memory bandwidth ---- */
@@ -371,9 +413,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_matmul: %s\n", e.msg);
             return 1;
         }
+        struct load_probe probe = load_now();
+        double t_section = now_s();
         bench_forkjoin(tp);
         double read_gbs = bench_bandwidth(tp);
         if (mem_only) {
+            load_report(probe, t_section);
             tp_destroy(tp);
             continue;
         }
@@ -386,6 +431,7 @@ int main(int argc, char **argv)
             bench_model(&mm, DT_BF16, 128, read_gbs);
         /* On shared hosts the bandwidth drifts; a second sample shows by how much. */
         bench_bandwidth(tp);
+        load_report(probe, t_section);
         cpu_matmul_free(&mm);
         tp_destroy(tp);
     }

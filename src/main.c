@@ -15,6 +15,7 @@ int main(int argc, char **argv)
         int (*fn)(int, char **);
     } verbs[] = {
         {"run", cmd_run},
+        {"serve", cmd_serve},
         {"tokenize", cmd_tokenize},
         {"template", cmd_template},
     };

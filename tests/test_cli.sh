@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# test_cli.sh - end-to-end checks of `cllm run` as a user calls it: text and
-# ids out of the real sample models, logits files, and clear errors for bad
-# input. Usage: test_cli.sh <cllm binary> <shared dir> <fixtures dir>
+# test_cli.sh - end-to-end checks of `cllm run`, `cllm tokenize` and
+# `cllm template` as a user calls them: text and ids out of the real sample models and
+# tokenizers, logits files, and clear errors for bad input. Usage: test_cli.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
 CLLM=$1 SHARED=$2 FIX=$3
 pass=0 fail=0
@@ -56,6 +56,77 @@ head -c 1000 "$SHARED/models/stories260K/stories260K.bin" >"$tmp/cut.bin"
 expect_err "cut.bin" "$CLLM" run "$tmp/cut.bin" --prompt-ids 1
 printf 'GGUF\3\0\0\0' >"$tmp/bad.gguf"
 expect_err "bad.gguf" "$CLLM" run "$tmp/bad.gguf" --prompt-ids 1
+
+# 7. cllm tokenize: ids and pieces, JSON, decode, no BOS, every real tokenizer.
+TOK=$SHARED/tokenizers
+out=$("$CLLM" tokenize "$TOK/llama3_1" "Hello world" 2>"$tmp/err")
+check '[ "$out" = "$(printf "128000\t<|begin_of_text|>\n9906\tHello\n1917\t\xc4\xa0world")" ]' \
+    "tokenize llama3_1: got '$out' $(cat "$tmp/err")"
+out=$("$CLLM" tokenize "$TOK/qwen3" "Hello world" --json 2>&1)
+want=$(printf '{"ids": [9707, 1879], "pieces": ["Hello", "\xc4\xa0world"]}')
+check '[ "$out" = "$want" ]' \
+    "tokenize --json qwen3: got '$out'"
+out=$("$CLLM" tokenize "$TOK/llama3_1" --decode 128000,9906 2>&1)
+check '[ "$out" = "<|begin_of_text|>Hello" ]' "tokenize --decode: got '$out'"
+out=$("$CLLM" tokenize "$TOK/llama3_1" --decode 128000,9906 --skip-special 2>&1)
+check '[ "$out" = "Hello" ]' "tokenize --decode --skip-special: got '$out'"
+out=$("$CLLM" tokenize "$TOK/mistral" --no-special "Hello world" 2>&1 | cut -f1 | tr '\n' ,)
+check '[ "$out" = "22557,1526," ]' "tokenize --no-special mistral: got '$out'"
+text='Grüße, 世界! 😀 x² — "quoted"	tab  two'
+for d in "$TOK"/*/; do
+    ids=$("$CLLM" tokenize "$d" --no-special "$text" 2>"$tmp/err" | cut -f1 | paste -sd, -)
+    check '[ -n "$ids" ]' "tokenize $d: $(cat "$tmp/err")"
+    back=$("$CLLM" tokenize "$d" --decode "$ids" 2>&1)
+    check '[ "$back" = "$text" ]' "tokenize round trip $d: got '$back'"
+done
+out=$("$CLLM" tokenize "$TOK/gemma3/tokenizer.json" --no-special "Hello" 2>&1 | cut -f1)
+check '[ "$out" = "9259" ]' "tokenize tokenizer.json path: got '$out'"
+out=$(printf 'Hello world' | "$CLLM" tokenize "$TOK/qwen3" - 2>&1 | cut -f1 | paste -sd, -)
+check '[ "$out" = "9707,1879" ]' "tokenize from stdin: got '$out'"
+out=$("$CLLM" tokenize "$SHARED/testdata/tokenizer-vectors/ggml-vocab-gpt-2.gguf" "Hello world" 2>&1 | cut -f1 | paste -sd, -)
+check '[ "$out" = "15496,995" ]' "tokenize gpt-2 gguf: got '$out'"
+out=$("$CLLM" tokenize "$SHARED/models/stories260K" "Zoo" 2>&1 | cut -f1 | paste -sd, -)
+check '[ "$out" = "1,410,469,347" ]' "tokenize llama2.c: got '$out'"
+expect_err "outside the vocabulary" "$CLLM" tokenize "$TOK/qwen3" --decode 1,99999999
+expect_err "not a comma-separated list" "$CLLM" tokenize "$TOK/qwen3" --decode 1,x
+expect_err "no text given" "$CLLM" tokenize "$TOK/qwen3"
+expect_err "unknown option" "$CLLM" tokenize "$TOK/qwen3" hi --bogus
+expect_err "either TEXT or --decode" "$CLLM" tokenize "$TOK/qwen3" hi --decode 1
+expect_err "No such file" "$CLLM" tokenize /nonexistent/tok "hi"
+expect_err "no tokenizer found" "$CLLM" tokenize "$tmp" "hi"
+
+# 8. cllm template: the prompt exactly as the model's chat template renders it.
+printf '[{"role": "user", "content": "Hello!"}]' >"$tmp/chat.json"
+"$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" >"$tmp/out" 2>"$tmp/err"
+printf '<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n' >"$tmp/want"
+check 'cmp -s "$tmp/out" "$tmp/want"' "template qwen3: got '$(cat "$tmp/out")' $(cat "$tmp/err")"
+"$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --thinking off >"$tmp/out" 2>&1
+printf '<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' >"$tmp/want"
+check 'cmp -s "$tmp/out" "$tmp/want"' "template --thinking off: got '$(cat "$tmp/out")'"
+"$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --kwargs '{"enable_thinking": false}' >"$tmp/out2" 2>&1
+check 'cmp -s "$tmp/out2" "$tmp/want"' "template --kwargs: got '$(cat "$tmp/out2")'"
+"$CLLM" template "$TOK/llama3_1" --messages "$tmp/chat.json" --no-generation-prompt >"$tmp/out" 2>&1
+printf '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>' >"$tmp/want"
+check 'cmp -s "$tmp/out" "$tmp/want"' "template --no-generation-prompt: got '$(cat "$tmp/out")'"
+printf '{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}' >"$tmp/chat2.json"
+out=$("$CLLM" template "$TOK/qwen3" --messages "$tmp/chat2.json" 2>&1)
+check '[[ "$out" == *"<tools>"*'"'"'{"type": "function", "function": {"name": "f", "parameters": {}}}'"'"'* ]]' \
+    "template with tools: got '$out'"
+out=$("$CLLM" template "$TOK/gemma3" --messages - <"$tmp/chat.json" 2>&1)
+check '[ "$out" = "$(printf "<bos><start_of_turn>user\nHello!<end_of_turn>\n<start_of_turn>model")" ]' \
+    "template from stdin: got '$out'"
+out=$("$CLLM" template "$SHARED/testdata/tokenizer-vectors/ggml-vocab-phi-3.gguf" --messages "$tmp/chat.json" 2>&1)
+check '[ "$out" = "$(printf "<s><|user|>\nHello!<|end|>\n<|assistant|>")" ]' "template gguf: got '$out'"
+printf '[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]' >"$tmp/bad_chat.json"
+expect_err "template line 19: Conversation roles must alternate" "$CLLM" template "$TOK/gemma3" --messages "$tmp/bad_chat.json"
+expect_err "no chat template" "$CLLM" template "$TOK/mistral" --messages "$tmp/chat.json"
+expect_err "--messages is required" "$CLLM" template "$TOK/qwen3"
+expect_err "unknown option" "$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --bogus
+expect_err "on or off" "$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --thinking maybe
+expect_err "needs a JSON object" "$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --kwargs '[1]'
+printf '{"messages": ' >"$tmp/cut.json"
+expect_err "cut.json" "$CLLM" template "$TOK/qwen3" --messages "$tmp/cut.json"
+expect_err "no such file" "$CLLM" template /nonexistent/model --messages "$tmp/chat.json"
 
 echo "test_cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -149,7 +149,7 @@ static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
 }
 
 /* Per output, the bound the kernel must meet (see check_against_ref);
- * wrow is the weight row widened to f32 (exact for every dtype). */
+ * wrow is the weight row widened to f32. */
 static double tolerance(enum dtype dt, const float *wrow, const float *x, int64_t cols)
 {
     double abssum = 0, qerr = 0;
@@ -168,8 +168,7 @@ static double tolerance(enum dtype dt, const float *wrow, const float *x, int64_
     return qerr + (double)(cols + 32) * U32 * (abssum + qerr) + 1e-30;
 }
 
-/* The weights widened to f32 through the reference with unit vectors: one
- * matmul per column would be slow, so read them like the reference does. */
+/* The weights widened to f32 (exact for every dtype), for the bounds. */
 static float *widen_weights(const struct tensor *w)
 {
     float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));

@@ -34,7 +34,7 @@ static int runner_open(struct runner *r, const char *path, int threads, int batc
     const struct model_config *c = &r->m.cfg;
     r->be = backend_cpu_create(threads, &e);
     if (!r->be || forward_init(&r->fs, &r->m, r->be, batch, &e) ||
-        kv_pool_init(&r->pool, c->n_layers, c->n_kv_heads * c->head_dim, 16, 64, &e)) {
+        kv_pool_init(&r->pool, r->be, c->n_layers, c->n_kv_heads * c->head_dim, 16, 64, &e)) {
         CHECK(0, "init %s: %s", path, e.msg);
         return -1;
     }

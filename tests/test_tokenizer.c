@@ -12,6 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include "model/gguf.h"
 #include "testutil.h"
 #include "tokenizer/tokenizer.h"
 
@@ -410,7 +413,7 @@ static int run_vectors(const struct tokenizer *t, const struct vectors *v, const
 }
 
 /* A minimal GGUF metadata reader, enough for the tokenizer arrays. */
-struct gguf_vocab {
+struct raw_vocab {
     char **tokens;
     float *scores;
     int *types;
@@ -459,7 +462,7 @@ static bool gguf_skip(const unsigned char **p, const unsigned char *end, uint32_
     return true;
 }
 
-static bool read_gguf_vocab(const char *path, struct gguf_vocab *g)
+static bool read_gguf_vocab(const char *path, struct raw_vocab *g)
 {
     size_t len;
     unsigned char *buf = (unsigned char *)test_read_file(path, &len);
@@ -532,7 +535,7 @@ static bool read_gguf_vocab(const char *path, struct gguf_vocab *g)
     return ok && g->tokens && g->scores;
 }
 
-static void free_gguf_vocab(struct gguf_vocab *g)
+static void free_gguf_vocab(struct raw_vocab *g)
 {
     for (int i = 0; g->tokens && i < g->n; i++)
         free(g->tokens[i]);
@@ -544,7 +547,7 @@ static void free_gguf_vocab(struct gguf_vocab *g)
 static void test_llama_spm_vectors(void)
 {
     const char *base = SHARED "/testdata/tokenizer-vectors/ggml-vocab-llama-spm.gguf";
-    struct gguf_vocab g;
+    struct raw_vocab g;
     bool ok = read_gguf_vocab(base, &g);
     CHECK(ok && g.n == 32000, "%s: could not read the vocab (n=%d)", base, g.n);
     if (!ok) {
@@ -671,17 +674,39 @@ static void test_errors(void)
     snprintf(path, sizeof path, "%s", p);
     check_load_error(tok_load_hf_json(path, &e), &e, path, "Unigram");
 
+    /* a tiny byte-level BPE: " " is "Ġ" in the vocabulary */
     p = write_tmp("bytelevel.json",
-                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
-                  " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}");
+                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"\u0120\": 2,"
+                  " \"ab\": 3}, \"merges\": [\"a b\"]},"
+                  " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false},"
+                  " \"decoder\": {\"type\": \"ByteLevel\"}}");
     snprintf(path, sizeof path, "%s", p);
-    check_load_error(tok_load_hf_json(path, &e), &e, path, "pre_tokenizer ByteLevel not supported yet");
+    struct tokenizer *bl = tok_load_hf_json(path, &e);
+    CHECK(bl != NULL, "bytelevel.json: %s", e.msg);
+    if (bl) {
+        check_encode(bl, "bytelevel", "ab ab", false, (int[]){3, 2, 3}, 3);
+        char *d = tok_decode(bl, (int[]){3, 2, 3}, 3, false, &e);
+        CHECK(d && strcmp(d, "ab ab") == 0, "bytelevel decode: \"%s\"", d ? d : e.msg);
+        free(d);
+        tok_free(bl);
+    }
 
     p = write_tmp("regex.json",
-                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
-                  " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}}}");
+                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"bb\": 2},"
+                  " \"merges\": [\"b b\"]}, \"pre_tokenizer\": {\"type\": \"Split\","
+                  " \"pattern\": {\"Regex\": \"b+\"}, \"behavior\": \"Isolated\"}}");
     snprintf(path, sizeof path, "%s", p);
-    check_load_error(tok_load_hf_json(path, &e), &e, path, "Regex");
+    bl = tok_load_hf_json(path, &e);
+    CHECK(bl != NULL, "regex.json: %s", e.msg);
+    if (bl) {
+        check_encode(bl, "regex split", "abbba", false, (int[]){0, 2, 1, 0}, 4);
+        tok_free(bl);
+    }
+    p = write_tmp("badregex.json",
+                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
+                  " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}}}");
+    snprintf(path, sizeof path, "%s", p);
+    check_load_error(tok_load_hf_json(path, &e), &e, path, "regex");
 
     /* max_token_length 7, then one record: score 0, length 5, only "ab" */
     p = write_tmp_n("tok9.bin", "\x07\x00\x00\x00\x00\x00\x00\x00\x05\x00\x00\x00"
@@ -707,10 +732,18 @@ static void test_errors(void)
         tok_free(gt);
     }
 
-    /* the real byte-level tokenizers say so rather than giving wrong ids */
+    /* Llama 3: byte-level BPE, BOS from the post-processor */
     const char *l3 = SHARED "/tokenizers/llama3_1/tokenizer.json";
-    if (file_exists(l3))
-        check_load_error(tok_load_hf_json(l3, &e), &e, l3, "ByteLevel not supported yet");
+    if (file_exists(l3)) {
+        struct tokenizer *lt = tok_load_hf_json(l3, &e);
+        CHECK(lt != NULL, "%s: %s", l3, e.msg);
+        if (lt) {
+            check_encode(lt, "llama3", "Hello world", true, (int[]){128000, 9906, 1917}, 3);
+            CHECK(tok_bos_id(lt) == 128000 && tok_eos_id(lt) == 128009, "llama3 bos %d eos %d",
+                  tok_bos_id(lt), tok_eos_id(lt));
+            tok_free(lt);
+        }
+    }
 
     /* a tiny BPE without byte fallback or unk cannot encode unknown text */
     p = write_tmp("tiny.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, "
@@ -720,10 +753,9 @@ static void test_errors(void)
     CHECK(t != NULL, "tiny.json: %s", e.msg);
     if (t) {
         check_encode(t, "tiny", "abab", true, (int[]){2, 2}, 2);
-        int *ids = NULL;
-        CHECK(tok_encode(t, "abc", 3, false, &ids, &e) == -1 && strstr(e.msg, path),
-              "unknown char: \"%s\"", e.msg);
-        free(ids);
+        /* as in HF: a character with no piece, no byte fallback and no unk
+         * is dropped */
+        check_encode(t, "tiny", "abc", false, (int[]){2}, 1);
         tok_free(t);
     }
     /* Metaspace pre-tokenizer (prepend_scheme first, split) + decoder */
@@ -780,10 +812,94 @@ static void test_errors(void)
         }
     }
 
-    const char *names[] = {"bad.json", "unigram.json", "bytelevel.json", "regex.json", "tok9.bin",
-                           "m.gguf",   "tiny.json",    "meta.json",      "split.json"};
+    const char *names[] = {"bad.json",  "unigram.json", "bytelevel.json", "regex.json",
+                           "tok9.bin",  "m.gguf",       "tiny.json",      "meta.json",
+                           "split.json", "badregex.json"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", tmpdir, names[i]);
+        unlink(path);
+    }
+}
+
+/* ---- byte-level extras: invalid UTF-8, threads, GGUF errors ---- */
+
+struct enc_job {
+    const struct tokenizer *t;
+    const char *text;
+    size_t len;
+    int *ids, n;
+};
+
+static void *enc_thread(void *arg)
+{
+    struct enc_job *j = arg;
+    struct err e = {{0}};
+    j->n = tok_encode(j->t, j->text, j->len, true, &j->ids, &e);
+    return NULL;
+}
+
+static void test_bytelevel_extras(void)
+{
+    const char *q3 = SHARED "/tokenizers/qwen3/tokenizer.json";
+    if (!file_exists(q3)) {
+        printf("qwen3 tokenizer.json missing: skipped\n");
+        return;
+    }
+    struct err e = {{0}};
+    struct tokenizer *t = tok_load_hf_json(q3, &e);
+    CHECK(t != NULL, "qwen3: %s", e.msg);
+    if (!t)
+        return;
+    /* bytes that are not UTF-8 are read as U+FFFD, one per bad sequence */
+    int *a = NULL, *b = NULL;
+    int na = tok_encode(t, "a\xff\xc3(b\xe2\x82", 8, false, &a, &e);
+    int nb = tok_encode(t, "a\xef\xbf\xbd\xef\xbf\xbd(b\xef\xbf\xbd", 13, false, &b, &e);
+    CHECK(na > 0 && na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0,
+          "invalid UTF-8 encodes as U+FFFD (%d vs %d ids)", na, nb);
+    free(a);
+    free(b);
+
+    /* one tokenizer, four threads at once: the same ids as alone */
+    size_t len = 0, cap = 1 << 18;
+    char *text = malloc(cap + 256);
+    for (int i = 0; len < cap; i++)
+        len += (size_t)snprintf(text + len, 256,
+                                "Line %d: the quick brown fox, 数字 %d, emoji \xf0\x9f\x98\x80 x%d\n",
+                                i, i * 7, i % 13);
+    struct enc_job one = {t, text, len, NULL, 0}, jobs[4];
+    enc_thread(&one);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = one;
+        jobs[i].ids = NULL;
+        pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(jobs[i].n == one.n && one.n > 0 &&
+                  memcmp(jobs[i].ids, one.ids, (size_t)one.n * sizeof(int)) == 0,
+              "thread %d: %d ids vs %d alone", i, jobs[i].n, one.n);
+        free(jobs[i].ids);
+    }
+    free(one.ids);
+    free(text);
+    tok_free(t);
+
+    /* a "gpt2" GGUF vocabulary whose pre-tokenizer is unknown is refused */
+    char path[512];
+    snprintf(path, sizeof path, "%s/prebogus.gguf", tmpdir);
+    struct gguf_writer *w = gguf_writer_new(&e);
+    const char *toks[] = {"a", "b", "ab"}, *merges[] = {"a b"};
+    bool ok = w && !gguf_writer_kv_str(w, "general.architecture", "gpt2", &e) &&
+              !gguf_writer_kv_str(w, "tokenizer.ggml.model", "gpt2", &e) &&
+              !gguf_writer_kv_str(w, "tokenizer.ggml.pre", "bogus-pre", &e) &&
+              !gguf_writer_kv_arr_str(w, "tokenizer.ggml.tokens", toks, 3, &e) &&
+              !gguf_writer_kv_arr_str(w, "tokenizer.ggml.merges", merges, 1, &e) &&
+              !gguf_writer_open(w, path, &e) && !gguf_writer_close(w, &e);
+    gguf_writer_free(w);
+    CHECK(ok, "writing %s: %s", path, e.msg);
+    if (ok) {
+        check_load_error(tok_load_gguf_file(path, &e), &e, path, "bogus-pre");
         unlink(path);
     }
     rmdir(tmpdir);
@@ -797,5 +913,6 @@ int main(void)
     test_llama_spm_vectors();
     test_gemma_vectors();
     test_errors();
+    test_bytelevel_extras();
     return test_summary("test_tokenizer");
 }

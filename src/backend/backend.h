@@ -1,18 +1,32 @@
-/* backend.h - the op set model code is written against. A backend (CPU now,
- * CUDA next) implements every op; model/ never knows which one runs.
+/* backend.h - the op set model code is written against. A backend (CPU,
+ * CUDA) implements every op; model/ never knows which one runs.
  * Activation pointers are backend memory (host memory for the CPU backend,
- * device memory for CUDA), obtained from backend_alloc. */
+ * device memory for CUDA), obtained from ops->alloc. Weight tensors and
+ * norm/bias vectors are passed as the host pointers of struct model; a
+ * backend whose memory is not the host's uploads them once in
+ * ops->load_weights and finds its copy by that host pointer. */
 #ifndef CLLM_BACKEND_BACKEND_H
 #define CLLM_BACKEND_BACKEND_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "base/err.h"
 #include "kv/kv_cache.h"
 #include "model/tensor.h"
 
 struct backend;
+struct model;
+
+/* Memory a device backend holds, for the allocation plan printed at load. */
+struct backend_mem {
+    size_t weights;      /* bytes of weights uploaded by load_weights */
+    size_t allocated;    /* bytes handed out by alloc (activations, KV) */
+    size_t scratch;      /* bytes of the backend's own work buffers */
+    size_t dev_free, dev_total;
+    char device[128];    /* "cuda:0 NVIDIA H200" */
+};
 
 /* Geometry of one attention call: n query tokens of one sequence at
  * positions pos0 .. pos0+n-1, attending causally to the sequence's cache. */
@@ -21,6 +35,16 @@ struct attn_args {
     int n_heads, n_kv_heads, head_dim;
     int sliding_window; /* 0 = unlimited */
     float scale;        /* usually 1/sqrt(head_dim) */
+};
+
+/* One forward step of one sequence, as model/forward.c issues it. */
+struct backend_step {
+    const void *owner;          /* the forward state whose buffers the ops use */
+    int n, pos0;                /* tokens and the position of the first */
+    const int *tokens;          /* host, n ids */
+    const struct kv_pool *pool;
+    const struct kv_seq *seq;
+    bool logits;                /* ends with the logits of its last row */
 };
 
 struct backend_ops {
@@ -55,6 +79,27 @@ struct backend_ops {
     void (*silu_mul)(struct backend *be, float *gate, const float *up, size_t n);
     /* x[i] += y[i] */
     void (*add)(struct backend *be, float *x, const float *y, size_t n);
+
+    /* Optional (NULL on the CPU, whose memory is the host's). */
+    /* Copies every tensor of m to the device once, before the first op that
+     * reads it; m must outlive the backend's use of it. */
+    int (*load_weights)(struct backend *be, const struct model *m, struct err *e);
+    /* Waits for queued work and reports an error a void op deferred. */
+    int (*finish)(struct backend *be, struct err *e);
+    /* Copies bytes of host memory into backend memory (tests, host-made
+     * tables); NULL means plain memcpy. */
+    void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    /* Bracket the ops of one step so the backend may record them once and
+     * replay the recording for later steps of the same shape (CUDA graphs
+     * for decode). step_begin returns 1 when it replayed a recording (the
+     * caller skips the ops), 0 when the caller must issue them, -1 on error.
+     * step_end gets the status of the issued ops and returns 1 when a
+     * recording failed and the ops must be issued again (they then run
+     * eagerly), 0 when done, -1 on error. Replays produce bit-identical
+     * results to eager steps. */
+    int (*step_begin)(struct backend *be, const struct backend_step *st, struct err *e);
+    int (*step_end)(struct backend *be, int ops_rc, struct err *e);
+    void (*mem_info)(struct backend *be, struct backend_mem *out);
 };
 
 struct backend {
@@ -64,6 +109,23 @@ struct backend {
 
 /* n_threads <= 0: all online CPUs. */
 struct backend *backend_cpu_create(int n_threads, struct err *e);
+/* The CUDA backend on GPU `device`. Fails with a message when the build has
+ * no CUDA backend or no such device exists. */
+struct backend *backend_cuda_create(int device, struct err *e);
+/* CUDA devices usable by this build (0 when it has no CUDA backend). */
+int backend_cuda_device_count(void);
+/* "cpu", "cuda", "cuda:N" or "auto" (the first GPU when one is present, else
+ * the CPU); NULL means "cpu". n_threads is for the CPU backend. */
+struct backend *backend_create(const char *device, int n_threads, struct err *e);
 void backend_destroy(struct backend *be);
+
+/* ops->upload, or memcpy for backends whose memory is the host's. */
+void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+/* ops->load_weights when the backend has one (no-op otherwise). */
+int backend_load_weights(struct backend *be, const struct model *m, struct err *e);
+/* Prints the device allocation plan (weights, activations, KV, free) to f
+ * for backends that report one; kv_bytes is the KV pool's share of
+ * allocated. Prints nothing for the CPU. */
+void backend_print_plan(struct backend *be, size_t kv_bytes, FILE *f);
 
 #endif

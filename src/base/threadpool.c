@@ -181,13 +181,22 @@ static void tp_stop_workers(struct threadpool *tp)
         pthread_join(tp->workers[i].thread, NULL);
 }
 
+/* CPUs this process may run on (a cpuset or taskset can make that fewer
+ * than are online). */
+static int tp_usable_cpus(void)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0)
+        return CPU_COUNT(&allowed);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 struct threadpool *tp_create(int n_threads, struct err *e)
 {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    if (ncpu < 1)
-        ncpu = 1;
+    int ncpu = tp_usable_cpus();
     if (n_threads <= 0)
-        n_threads = (int)ncpu;
+        n_threads = ncpu;
     if (n_threads > 1024) {
         err_set(e, "thread pool: %d threads is more than the supported 1024", n_threads);
         return NULL;

@@ -11,11 +11,11 @@ struct threadpool;
 /* fn is called once per worker with ith in [0, nth). */
 typedef void (*tp_fn)(void *ctx, int ith, int nth);
 
-/* n_threads <= 0 means "number of online CPUs". When the process may run on
- * at least n_threads CPUs, each worker thread is pinned to a CPU of its own
- * and the thread calling tp_run to the CPUs the workers do not use (threads
- * it creates later inherit that mask); CLLM_PIN_THREADS=0 leaves
- * scheduling to the OS. */
+/* n_threads <= 0 means "as many as CPUs this process may run on". When
+ * there are at least n_threads such CPUs, each worker thread is pinned to a
+ * CPU of its own and the thread calling tp_run to the CPUs the workers do
+ * not use (threads it creates later inherit that mask); CLLM_PIN_THREADS=0
+ * leaves scheduling to the OS. */
 struct threadpool *tp_create(int n_threads, struct err *e);
 void tp_destroy(struct threadpool *tp);
 int tp_size(const struct threadpool *tp);

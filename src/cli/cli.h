@@ -7,6 +7,7 @@
 
 void cli_usage(FILE *f);
 int cmd_run(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 

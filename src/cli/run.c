@@ -31,6 +31,14 @@ void cli_usage(FILE *f)
             "\n"
             "commands:\n"
             "  run <model> [options]    generate text or ids from a prompt\n"
+            "  serve <model> [options]  serve the model over HTTP (OpenAI, Anthropic APIs;\n"
+            "                           see cllm serve --help)\n"
+            "  tokenize <model> TEXT    token ids and pieces of TEXT (--json, --no-special,\n"
+            "                           --decode ID,ID,... for text; see cllm tokenize --help)\n"
+            "  template <model> --messages chat.json\n"
+            "                           the chat prompt the model's template renders (--tools,\n"
+            "                           --no-generation-prompt, --thinking on|off, --kwargs JSON;\n"
+            "                           see cllm template --help)\n"
             "\n"
             "<model> is a Hugging Face directory (config.json + *.safetensors), a .gguf file,\n"
             "or a llama2.c checkpoint (.bin, or a directory holding one and tok*.bin).\n"
@@ -45,18 +53,22 @@ void cli_usage(FILE *f)
             "  --min-p P                (default 0.05; 0 = off)\n"
             "  --seed S                 RNG seed (default: time)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --device D               cpu, cuda, cuda:N or auto (the first GPU if there is\n"
+            "                           one, else the CPU; default cpu)\n"
             "  -c, --ctx N              context length to allocate (default: prompt + n)\n"
             "  --batch N                prompt tokens per forward pass (default 128)\n"
             "  --ignore-eos             keep generating after end-of-sequence\n"
+            "  --warmup                 run the prompt and two decode steps once, untimed,\n"
+            "                           before the timed run (for benchmarks)\n"
             "  --print-ids              print generated token ids instead of text\n"
             "  --logits-out FILE        write float32 logits of every prompt position\n"
             "                           (row-major [n_prompt, vocab])\n");
 }
 
 struct run_opts {
-    const char *model, *prompt, *prompt_ids, *logits_out;
+    const char *model, *prompt, *prompt_ids, *logits_out, *device;
     int n_predict, threads, ctx, batch;
-    bool print_ids, ignore_eos, seed_set;
+    bool print_ids, ignore_eos, seed_set, warmup;
     struct sampler_params sp;
 };
 
@@ -98,6 +110,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
+        else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 0, 1 << 24, &o->n_predict);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) rc = parse_int(a, v, 1, 1 << 24, &o->ctx);
@@ -119,6 +132,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
             takes = 0;
             if (!strcmp(a, "--print-ids")) o->print_ids = true;
             else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+            else if (!strcmp(a, "--warmup")) o->warmup = true;
             else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { cli_usage(stdout); exit(0); }
             else if (a[0] == '-' && a[1]) {
                 fprintf(stderr, "cllm run: unknown option %s (see cllm --help)\n", a);
@@ -255,12 +269,14 @@ int cmd_run(int argc, char **argv)
         err_set(&e, "prompt (%d tokens) + %d to generate exceeds --ctx %d", n_prompt, o.n_predict, ctx);
         goto fail;
     }
-    be = backend_cpu_create(o.threads, &e);
-    if (!be || forward_init(&fs, &m, be, o.batch, &e) ||
-        kv_pool_init(&pool, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
-                     (ctx + KV_BLOCK - 1) / KV_BLOCK, &e) ||
+    be = backend_create(o.device, o.threads, &e);
+    if (!be || backend_load_weights(be, &m, &e) || forward_init(&fs, &m, be, o.batch, &e) ||
+        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+                     (ctx + KV_BLOCK - 1) / KV_BLOCK +
+                         (o.warmup ? (n_prompt + 2 + KV_BLOCK - 1) / KV_BLOCK : 0), &e) ||
         sampler_init(&smp, &o.sp, c->vocab_size, &e))
         goto fail;
+    backend_print_plan(be, kv_pool_bytes(&pool), stderr);
     size_t rows = o.logits_out ? (size_t)n_prompt : 1;
     logits = malloc(rows * c->vocab_size * sizeof(float));
     if (!logits) {
@@ -268,6 +284,15 @@ int cmd_run(int argc, char **argv)
         goto fail;
     }
 
+    if (o.warmup) { /* first-use costs (kernel loading, graph recording) stay untimed */
+        struct kv_seq ws = {0};
+        int tok0 = prompt[0], rc_w = forward_tokens(&fs, &pool, &ws, prompt, n_prompt, false, logits, &e);
+        for (int i = 0; i < 2 && rc_w == 0; i++)
+            rc_w = forward_tokens(&fs, &pool, &ws, &tok0, 1, false, logits, &e);
+        kv_seq_release(&pool, &ws);
+        if (rc_w)
+            goto fail;
+    }
     double t0 = now_s();
     if (forward_tokens(&fs, &pool, &seq, prompt, n_prompt, o.logits_out != NULL, logits, &e))
         goto fail;

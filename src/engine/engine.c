@@ -303,11 +303,11 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     if (eng->cfg.max_queue <= 0)
         eng->cfg.max_queue = 64;
     const struct model_config *c = &m->cfg;
-    eng->be = backend_cpu_create(cfg->n_threads, e);
+    eng->be = backend_create(cfg->device, cfg->n_threads, e);
     eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
-    if (!eng->be || !eng->logits ||
+    if (!eng->be || !eng->logits || backend_load_weights(eng->be, m, e) ||
         forward_init(&eng->fs, m, eng->be, eng->cfg.prefill_chunk, e) ||
-        kv_pool_init(&eng->pool, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+        kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
                      (eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK, e))
         goto fail;
     pthread_mutex_init(&eng->mu, NULL);

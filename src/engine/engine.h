@@ -31,6 +31,7 @@ struct engine_config {
     int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) */
     int prefill_chunk;   /* tokens per prefill forward */
     int max_queue;       /* waiting requests before submit fails (429) */
+    const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
 };
 
 enum engine_finish {

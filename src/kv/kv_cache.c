@@ -1,6 +1,8 @@
 /* kv_cache.c - the block pool and per-sequence block tables. */
 #include "kv/kv_cache.h"
 
+#include "backend/backend.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,21 +11,27 @@ size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size)
     return 2 * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size * sizeof(float);
 }
 
-int kv_pool_init(struct kv_pool *p, int n_layers, int kv_dim, int block_size, int n_blocks,
-                 struct err *e)
+size_t kv_pool_bytes(const struct kv_pool *p)
+{
+    return kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size) * (size_t)p->n_blocks;
+}
+
+int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
+                 int n_blocks, struct err *e)
 {
     memset(p, 0, sizeof *p);
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return err_set(e, "kv pool: invalid geometry");
     size_t per = (size_t)n_layers * kv_dim * block_size;
-    p->k = malloc(per * n_blocks * sizeof(float));
-    p->v = malloc(per * n_blocks * sizeof(float));
+    p->be = be;
+    p->k = be->ops->alloc(be, per * n_blocks * sizeof(float));
+    p->v = be->ops->alloc(be, per * n_blocks * sizeof(float));
     p->free_list = malloc((size_t)n_blocks * sizeof(int));
     p->refcount = calloc((size_t)n_blocks, sizeof(int));
     if (!p->k || !p->v || !p->free_list || !p->refcount) {
         kv_pool_free(p);
-        return err_set(e, "kv pool: out of memory for %d blocks (%zu MiB)", n_blocks,
-                       kv_pool_bytes_per_block(n_layers, kv_dim, block_size) * n_blocks >> 20);
+        return err_set(e, "kv pool: out of %s memory for %d blocks (%zu MiB)", be->ops->name,
+                       n_blocks, kv_pool_bytes_per_block(n_layers, kv_dim, block_size) * n_blocks >> 20);
     }
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;
@@ -37,8 +45,12 @@ int kv_pool_init(struct kv_pool *p, int n_layers, int kv_dim, int block_size, in
 
 void kv_pool_free(struct kv_pool *p)
 {
-    free(p->k);
-    free(p->v);
+    if (p->be) {
+        if (p->k)
+            p->be->ops->free(p->be, p->k);
+        if (p->v)
+            p->be->ops->free(p->be, p->v);
+    }
     free(p->free_list);
     free(p->refcount);
     memset(p, 0, sizeof *p);

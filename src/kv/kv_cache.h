@@ -9,7 +9,14 @@
 
 #include "base/err.h"
 
+struct backend;
+
+/* K/V storage (k, v) is backend memory, allocated through the backend given
+ * to kv_pool_init (device memory for CUDA); block tables, refcounts and the
+ * free list are host memory. Backends that cannot read host block tables
+ * copy seq->blocks to the device when it changes. */
 struct kv_pool {
+    struct backend *be; /* owner of k and v */
     int n_layers;
     int kv_dim;      /* n_kv_heads * head_dim */
     int block_size;  /* tokens per block */
@@ -26,9 +33,13 @@ struct kv_seq {
     int n_tokens;    /* positions [0, n_tokens) hold valid K/V */
 };
 
-int kv_pool_init(struct kv_pool *p, int n_layers, int kv_dim, int block_size, int n_blocks,
-                 struct err *e);
+int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
+                 int n_blocks, struct err *e);
+/* Frees k/v through the backend they came from; call it before
+ * backend_destroy. A zeroed pool is fine. */
 void kv_pool_free(struct kv_pool *p);
+/* Bytes of K/V storage the pool holds. */
+size_t kv_pool_bytes(const struct kv_pool *p);
 size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size);
 
 /* Makes sure the sequence has blocks for positions [0, n_tokens). Fails with

@@ -125,12 +125,31 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
 
 enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
 
+/* The ops of one chunk, from the embedding to the logits in fs->logits. */
+static int chunk_ops(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                     const int *tokens, int n, int pos0, enum logits_mode mode, struct err *e)
+{
+    const struct model *m = fs->m;
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *op = fs->be->ops;
+    op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_forward(fs, pool, seq, l, n, pos0, e))
+            return -1;
+    if (mode == LOGITS_NONE)
+        return 0;
+    /* Only the rows whose logits are wanted go through the (large) head. */
+    int first = mode == LOGITS_ALL ? 0 : n - 1, rows = n - first;
+    const float *xin = fs->x + (size_t)first * c->dim;
+    op->rmsnorm(fs->be, fs->xb, xin, m->out_norm.data, rows, c->dim, c->norm_eps);
+    return op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e);
+}
+
 static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                          const int *tokens, int n, enum logits_mode mode, float *logits,
                          struct err *e)
 {
-    const struct model *m = fs->m;
-    const struct model_config *c = &m->cfg;
+    const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
     int pos0 = seq->n_tokens;
     for (int i = 0; i < n; i++)
@@ -139,20 +158,31 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
                            c->vocab_size - 1);
     if (kv_seq_reserve(pool, seq, pos0 + n, e))
         return -1;
-    op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
-    for (int l = 0; l < c->n_layers; l++)
-        if (layer_forward(fs, pool, seq, l, n, pos0, e))
+    /* A backend may record the step's ops and replay them for later steps
+     * of the same shape (CUDA graphs for decode); see backend.h. */
+    struct backend_step st = {.owner = fs, .n = n, .pos0 = pos0, .tokens = tokens, .pool = pool,
+                              .seq = seq, .logits = mode == LOGITS_LAST};
+    for (int attempt = 0;; attempt++) {
+        int r = op->step_begin ? op->step_begin(fs->be, &st, e) : 0;
+        if (r < 0)
             return -1;
+        int rc = r == 1 ? 0 : chunk_ops(fs, pool, seq, tokens, n, pos0, mode, e);
+        int end = op->step_end ? op->step_end(fs->be, rc, e) : 0;
+        if (end == 1 && attempt == 0) { /* the recording failed: issue the ops again, eagerly */
+            e->msg[0] = 0;
+            continue;
+        }
+        if (rc || end)
+            return -1;
+        break;
+    }
     seq->n_tokens = pos0 + n;
     if (mode == LOGITS_NONE)
         return 0;
-    /* Only the rows whose logits are wanted go through the (large) head. */
-    int first = mode == LOGITS_ALL ? 0 : n - 1, rows = n - first;
-    const float *xin = fs->x + (size_t)first * c->dim;
-    op->rmsnorm(fs->be, fs->xb, xin, m->out_norm.data, rows, c->dim, c->norm_eps);
-    if (op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
-        return -1;
+    int rows = mode == LOGITS_ALL ? n : 1;
     op->download(fs->be, logits, fs->logits, (size_t)rows * c->vocab_size);
+    if (op->finish && op->finish(fs->be, e))
+        return -1;
     return 0;
 }
 

@@ -1,24 +1,19 @@
-/* bpe_hf.c - Hugging Face tokenizer.json with a BPE model in the
- * SentencePiece style (Mistral, Llama 2, TinyStories, Gemma): added tokens
- * split off first, then the normalizer (Prepend/Replace), the pre-tokenizer
- * (Metaspace, Split on a string), rank-ordered BPE with byte fallback, the
- * post-processor's BOS/EOS; decoding follows the decoder chain (Replace "▁",
- * ByteFallback, Fuse, Strip). Byte-level BPE (GPT-2 style) is refused with a
- * clear message until it is implemented. */
+/* bpe_hf.c - Hugging Face tokenizer.json: BPE (SentencePiece-style with
+ * byte fallback as in Llama 2/Mistral/Gemma, byte-level as in GPT-2,
+ * Llama 3, Qwen, DeepSeek) and WordPiece models. Encoding follows HF's
+ * pipeline: added tokens split off the raw text first (lstrip, rstrip,
+ * single_word), the normalizer, added tokens with normalized=true split off
+ * the normalized text, the pre-tokenizer, the model on each piece, the
+ * post-processor's special tokens. Decoding precomputes each id's text by
+ * running the decoder chain on its piece; the streaming detokenizer then
+ * only concatenates bytes. GGUF vocabularies reach the same loader through
+ * tok_load_hf_src. */
 #include "tokenizer/tok_internal.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* What the decoder chain says, gathered while parsing it. */
-struct hf_decoder {
-    struct tok_norm_step *repl; /* Replace steps, in order */
-    int n_repl;
-    bool byte_fallback;
-    int strip_start; /* leading spaces removed from the whole text */
-};
 
 static const char *jstr(json_t *o, const char *key)
 {
@@ -38,202 +33,46 @@ static char *arena_jstr(struct tokenizer *t, json_t *s, size_t *len)
     return tok_arena_strdup(&t->arena, json_string_value(s), *len);
 }
 
-/* Looks for a node of the given "type" anywhere in a JSON tree. */
-static bool json_has_type(json_t *node, const char *type)
-{
-    if (json_is_object(node)) {
-        const char *ty = jstr(node, "type");
-        if (ty && strcmp(ty, type) == 0)
-            return true;
-        const char *key;
-        json_t *v;
-        json_object_foreach(node, key, v)
-        {
-            if (json_has_type(v, type))
-                return true;
-        }
-    } else if (json_is_array(node)) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(node, i, v)
-        {
-            if (json_has_type(v, type))
-                return true;
-        }
-    }
-    return false;
-}
-
-/* A {"String": "..."} pattern; NULL (with a message) for Regex patterns. */
-static json_t *string_pattern(struct tokenizer *t, json_t *node, const char *where,
-                              struct err *e)
-{
-    json_t *pat = json_object_get(node, "pattern");
-    json_t *s = json_object_get(pat, "String");
-    if (json_is_string(s))
-        return s;
-    if (json_object_get(pat, "Regex"))
-        err_set(e, "%s: %s with a Regex pattern not supported yet", t->path, where);
-    else
-        err_set(e, "%s: %s without a string pattern", t->path, where);
-    return NULL;
-}
-
-/* ---- normalizer ---- */
-
-static int push_norm(struct tokenizer *t, struct tok_norm_step st, struct err *e)
-{
-    struct tok_norm_step *p = realloc(t->norm, (size_t)(t->n_norm + 1) * sizeof *p);
-    if (!p)
-        return err_set(e, "%s: out of memory", t->path);
-    t->norm = p;
-    t->norm[t->n_norm++] = st;
-    return 0;
-}
-
-static int parse_normalizer(struct tokenizer *t, json_t *node, struct err *e)
-{
-    if (!node || json_is_null(node))
-        return 0;
-    const char *ty = jstr(node, "type");
-    if (!ty)
-        return err_set(e, "%s: normalizer without a type", t->path);
-    if (strcmp(ty, "Sequence") == 0) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(json_object_get(node, "normalizers"), i, v)
-        {
-            if (parse_normalizer(t, v, e))
-                return -1;
-        }
-        return 0;
-    }
-    struct tok_norm_step st = {0};
-    if (strcmp(ty, "Prepend") == 0) {
-        json_t *p = json_object_get(node, "prepend");
-        if (!json_is_string(p))
-            return err_set(e, "%s: normalizer Prepend without a string", t->path);
-        st.kind = TOK_NORM_PREPEND;
-        if (!(st.a = arena_jstr(t, p, &st.alen)))
-            return err_set(e, "%s: out of memory", t->path);
-        return push_norm(t, st, e);
-    }
-    if (strcmp(ty, "Replace") == 0) {
-        json_t *pat = string_pattern(t, node, "normalizer Replace", e);
-        json_t *c = json_object_get(node, "content");
-        if (!pat)
-            return -1;
-        if (!json_is_string(c))
-            return err_set(e, "%s: normalizer Replace without content", t->path);
-        st.kind = TOK_NORM_REPLACE;
-        if (!(st.a = arena_jstr(t, pat, &st.alen)) || !(st.b = arena_jstr(t, c, &st.blen)))
-            return err_set(e, "%s: out of memory", t->path);
-        if (st.alen == 0)
-            return err_set(e, "%s: normalizer Replace with an empty pattern", t->path);
-        return push_norm(t, st, e);
-    }
-    return err_set(e, "%s: normalizer %s not supported yet", t->path, ty);
-}
-
-/* ---- pre-tokenizer ---- */
-
-static int push_pre(struct tokenizer *t, struct tok_pre_step st, struct err *e)
-{
-    struct tok_pre_step *p = realloc(t->pre, (size_t)(t->n_pre + 1) * sizeof *p);
-    if (!p)
-        return err_set(e, "%s: out of memory", t->path);
-    t->pre = p;
-    t->pre[t->n_pre++] = st;
-    return 0;
-}
-
-static int parse_metaspace(struct tokenizer *t, json_t *node, const char **repl, size_t *rlen,
-                           int *prepend, struct err *e)
-{
-    json_t *r = json_object_get(node, "replacement");
-    if (json_is_string(r)) {
-        if (!(*repl = arena_jstr(t, r, rlen)))
-            return err_set(e, "%s: out of memory", t->path);
-    } else {
-        *repl = "\xe2\x96\x81";
-        *rlen = 3;
-    }
-    const char *scheme = jstr(node, "prepend_scheme");
-    if (scheme) {
-        if (strcmp(scheme, "always") == 0)
-            *prepend = TOK_PREPEND_ALWAYS;
-        else if (strcmp(scheme, "first") == 0)
-            *prepend = TOK_PREPEND_FIRST;
-        else if (strcmp(scheme, "never") == 0)
-            *prepend = TOK_PREPEND_NEVER;
-        else
-            return err_set(e, "%s: Metaspace prepend_scheme \"%s\" not known", t->path, scheme);
-    } else {
-        /* older files: add_prefix_space */
-        *prepend = jbool(node, "add_prefix_space", true) ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
-    }
-    if (*rlen == 0)
-        return err_set(e, "%s: Metaspace with an empty replacement", t->path);
-    return 0;
-}
-
-static int parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
-{
-    if (!node || json_is_null(node))
-        return 0;
-    const char *ty = jstr(node, "type");
-    if (!ty)
-        return err_set(e, "%s: pre_tokenizer without a type", t->path);
-    if (strcmp(ty, "Sequence") == 0) {
-        size_t i;
-        json_t *v;
-        json_array_foreach(json_object_get(node, "pretokenizers"), i, v)
-        {
-            if (parse_pre_tokenizer(t, v, e))
-                return -1;
-        }
-        return 0;
-    }
-    struct tok_pre_step st = {0};
-    if (strcmp(ty, "Metaspace") == 0) {
-        int prepend;
-        st.kind = TOK_PRE_METASPACE;
-        if (parse_metaspace(t, node, &st.repl, &st.repl_len, &prepend, e))
-            return -1;
-        st.prepend = prepend;
-        st.split = jbool(node, "split", true);
-        return push_pre(t, st, e);
-    }
-    if (strcmp(ty, "Split") == 0) {
-        json_t *pat = string_pattern(t, node, "pre_tokenizer Split", e);
-        if (!pat)
-            return -1;
-        if (jbool(node, "invert", false))
-            return err_set(e, "%s: pre_tokenizer Split with invert not supported yet", t->path);
-        const char *b = jstr(node, "behavior");
-        st.kind = TOK_PRE_SPLIT;
-        if (!b || strcmp(b, "Removed") == 0)
-            st.behavior = TOK_SPLIT_REMOVED;
-        else if (strcmp(b, "Isolated") == 0)
-            st.behavior = TOK_SPLIT_ISOLATED;
-        else if (strcmp(b, "MergedWithPrevious") == 0)
-            st.behavior = TOK_SPLIT_MERGED_PREV;
-        else if (strcmp(b, "MergedWithNext") == 0)
-            st.behavior = TOK_SPLIT_MERGED_NEXT;
-        else if (strcmp(b, "Contiguous") == 0)
-            st.behavior = TOK_SPLIT_CONTIGUOUS;
-        else
-            return err_set(e, "%s: Split behavior \"%s\" not known", t->path, b);
-        if (!(st.pat = arena_jstr(t, pat, &st.pat_len)))
-            return err_set(e, "%s: out of memory", t->path);
-        if (st.pat_len == 0)
-            return err_set(e, "%s: pre_tokenizer Split with an empty pattern", t->path);
-        return push_pre(t, st, e);
-    }
-    return err_set(e, "%s: pre_tokenizer %s not supported yet", t->path, ty);
-}
-
 /* ---- decoder ---- */
+
+/* One step of the decoder chain, applied to every piece at load time. */
+struct dec_step {
+    enum { D_REPLACE, D_BYTELEVEL, D_METASPACE, D_STRIP, D_WORDPIECE } kind;
+    const char *a, *b; /* Replace: pattern -> content; Metaspace: replacement */
+    size_t alen, blen;
+    struct tok_regex *re;
+    int start, stop;   /* Strip: characters removed at each end */
+    bool cleanup;      /* WordPiece */
+};
+
+struct hf_decoder {
+    struct dec_step *steps;
+    int n;
+    bool byte_fallback;
+    bool fused;      /* a Fuse step came: later steps see the whole text */
+    int strip_start; /* leading spaces removed from the whole text */
+    bool strip_first_all; /* Metaspace: every space of the first token goes */
+    bool absent;     /* no decoder: HF joins the pieces with spaces */
+};
+
+static void decoder_free(struct hf_decoder *d)
+{
+    for (int i = 0; i < d->n; i++)
+        tok_regex_free(d->steps[i].re);
+    free(d->steps);
+}
+
+static int push_dec(struct tokenizer *t, struct hf_decoder *d, struct dec_step st, struct err *e)
+{
+    struct dec_step *p = realloc(d->steps, (size_t)(d->n + 1) * sizeof *p);
+    if (!p) {
+        tok_regex_free(st.re);
+        return err_set(e, "%s: out of memory", t->path);
+    }
+    d->steps = p;
+    d->steps[d->n++] = st;
+    return 0;
+}
 
 static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d, struct err *e)
 {
@@ -242,6 +81,7 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
     const char *ty = jstr(node, "type");
     if (!ty)
         return err_set(e, "%s: decoder without a type", t->path);
+    struct dec_step st = {0};
     if (strcmp(ty, "Sequence") == 0) {
         size_t i;
         json_t *v;
@@ -252,115 +92,256 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
         }
         return 0;
     }
-    if (strcmp(ty, "Fuse") == 0)
-        return 0; /* the stream is already one string */
+    if (strcmp(ty, "Fuse") == 0) {
+        d->fused = true;
+        return 0;
+    }
     if (strcmp(ty, "ByteFallback") == 0) {
         d->byte_fallback = true;
         return 0;
     }
-    if (strcmp(ty, "Replace") == 0 || strcmp(ty, "Metaspace") == 0) {
-        struct tok_norm_step st = {.kind = TOK_NORM_REPLACE, .b = " ", .blen = 1};
-        if (strcmp(ty, "Replace") == 0) {
-            json_t *pat = string_pattern(t, node, "decoder Replace", e);
-            json_t *c = json_object_get(node, "content");
-            if (!pat)
-                return -1;
-            if (!json_is_string(c))
-                return err_set(e, "%s: decoder Replace without content", t->path);
-            if (!(st.a = arena_jstr(t, pat, &st.alen)) || !(st.b = arena_jstr(t, c, &st.blen)))
+    if (strcmp(ty, "ByteLevel") == 0) {
+        st.kind = D_BYTELEVEL;
+        d->fused = true; /* it joins the tokens into one string */
+        return push_dec(t, d, st, e);
+    }
+    if (strcmp(ty, "Replace") == 0) {
+        json_t *pat = json_object_get(node, "pattern");
+        json_t *str = json_object_get(pat, "String");
+        json_t *rx = json_object_get(pat, "Regex");
+        json_t *c = json_object_get(node, "content");
+        if (!json_is_string(c))
+            return err_set(e, "%s: decoder Replace without content", t->path);
+        st.kind = D_REPLACE;
+        if (!(st.b = arena_jstr(t, c, &st.blen)))
+            return err_set(e, "%s: out of memory", t->path);
+        if (json_is_string(str)) {
+            if (!(st.a = arena_jstr(t, str, &st.alen)))
                 return err_set(e, "%s: out of memory", t->path);
             if (st.alen == 0)
                 return err_set(e, "%s: decoder Replace with an empty pattern", t->path);
+        } else if (json_is_string(rx)) {
+            if (!(st.re = tok_regex_new(json_string_value(rx), json_string_length(rx), e)))
+                return err_wrap(e, "%s: decoder Replace", t->path);
         } else {
-            int prepend;
-            if (parse_metaspace(t, node, &st.a, &st.alen, &prepend, e))
-                return -1;
-            if (prepend != TOK_PREPEND_NEVER)
-                d->strip_start = 1;
+            return err_set(e, "%s: decoder Replace without a pattern", t->path);
         }
-        struct tok_norm_step *p = realloc(d->repl, (size_t)(d->n_repl + 1) * sizeof *p);
-        if (!p)
-            return err_set(e, "%s: out of memory", t->path);
-        d->repl = p;
-        d->repl[d->n_repl++] = st;
-        return 0;
+        return push_dec(t, d, st, e);
+    }
+    if (strcmp(ty, "Metaspace") == 0) {
+        int prepend;
+        st.kind = D_METASPACE;
+        if (tok_parse_metaspace(t, node, &st.a, &st.alen, &prepend, e))
+            return -1;
+        if (prepend != TOK_PREPEND_NEVER)
+            d->strip_first_all = true;
+        return push_dec(t, d, st, e);
     }
     if (strcmp(ty, "Strip") == 0) {
         const char *c = jstr(node, "content");
-        json_t *start = json_object_get(node, "start");
-        json_t *stop = json_object_get(node, "stop");
+        st.kind = D_STRIP;
+        st.start = (int)json_integer_value(json_object_get(node, "start"));
+        st.stop = (int)json_integer_value(json_object_get(node, "stop"));
         if (!c || strcmp(c, " ") != 0)
             return err_set(e, "%s: decoder Strip of \"%s\" not supported", t->path, c ? c : "?");
-        if (json_integer_value(stop) != 0)
-            return err_set(e, "%s: decoder Strip with stop > 0 not supported", t->path);
-        d->strip_start = (int)json_integer_value(start);
-        return 0;
+        if (st.start < 0 || st.stop < 0)
+            return err_set(e, "%s: decoder Strip with negative counts", t->path);
+        if (d->fused) {
+            /* after Fuse, Strip sees the whole text */
+            if (st.stop > 0)
+                return err_set(e, "%s: decoder Strip with stop > 0 after Fuse not supported",
+                               t->path);
+            d->strip_start = st.start;
+            return 0;
+        }
+        return push_dec(t, d, st, e);
     }
-    return err_set(e, "%s: decoder %s not supported yet", t->path, ty);
+    if (strcmp(ty, "WordPiece") == 0) {
+        json_t *p = json_object_get(node, "prefix");
+        st.kind = D_WORDPIECE;
+        if (json_is_string(p)) {
+            if (!(st.a = arena_jstr(t, p, &st.alen)))
+                return err_set(e, "%s: out of memory", t->path);
+        } else {
+            st.a = "##";
+            st.alen = 2;
+        }
+        st.cleanup = jbool(node, "cleanup", true);
+        d->strip_start = 1;
+        return push_dec(t, d, st, e);
+    }
+    return err_set(e, "%s: decoder %s not supported", t->path, ty);
 }
 
-/* Replace every occurrence of st->a by st->b in s[0, n) into out. */
-static int replace_all(const struct tok_norm_step *st, const char *s, size_t n, struct tok_buf *out)
+/* Replaces every occurrence of a[0,alen) in s by b (into out). */
+static int replace_all(const char *s, size_t n, const char *a, size_t alen, const char *b,
+                       size_t blen, struct tok_buf *out)
 {
-    out->n = 0;
-    if (tok_buf_put(out, "", 0))
-        return -1;
     size_t i = 0;
     while (i < n) {
-        const char *hit = n - i >= st->alen ? memmem(s + i, n - i, st->a, st->alen) : NULL;
+        const char *hit = n - i >= alen ? memmem(s + i, n - i, a, alen) : NULL;
         size_t stop = hit ? (size_t)(hit - s) : n;
         if (tok_buf_put(out, s + i, stop - i))
             return -1;
         if (!hit)
             break;
-        if (tok_buf_put(out, st->b, st->blen))
+        if (tok_buf_put(out, b, blen))
             return -1;
-        i = stop + st->alen;
+        i = stop + alen;
     }
     return 0;
 }
 
-/* Decoded text of every non-byte id: the decoder's Replace steps applied. */
-static int build_decoded(struct tokenizer *t, const struct hf_decoder *d)
+/* The WordPiece decoder's cleanup (transformers' clean_up_tokenization). */
+static int cleanup_text(const char *s, size_t n, struct tok_buf *out, struct tok_buf *tmp)
 {
-    struct tok_buf a = {0}, b = {0};
-    int rc = 0;
-    for (int id = 0; id < t->n_vocab && rc == 0; id++) {
-        if (!t->pieces[id] || (t->attr[id] & TOK_ATTR_BYTE) || d->n_repl == 0)
+    static const char *const pairs[][2] = {
+        {" .", "."},    {" ?", "?"},     {" !", "!"},       {" ,", ","},   {" ' ", "'"},
+        {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"},     {" 've", "'ve"}, {" 're", "'re"},
+    };
+    out->n = 0;
+    if (tok_buf_put(out, s, n))
+        return -1;
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        if (!memmem(out->p, out->n, pairs[k][0], strlen(pairs[k][0])))
             continue;
-        a.n = 0;
-        if (tok_buf_put(&a, t->pieces[id], t->piece_len[id])) {
-            rc = -1;
+        tmp->n = 0;
+        if (tok_buf_put(tmp, "", 0) || replace_all(out->p, out->n, pairs[k][0], strlen(pairs[k][0]),
+                                                  pairs[k][1], strlen(pairs[k][1]), tmp))
+            return -1;
+        struct tok_buf x = *out;
+        *out = *tmp;
+        *tmp = x;
+    }
+    return 0;
+}
+
+/* The decoder chain on one piece (a into b, swapped after each step). */
+static int decode_piece(const struct hf_decoder *d, struct tok_buf *a, struct tok_buf *b,
+                        struct tok_rx_scratch *rx, struct err *e)
+{
+    for (int k = 0; k < d->n; k++) {
+        const struct dec_step *st = &d->steps[k];
+        b->n = 0;
+        if (tok_buf_put(b, "", 0))
+            return -1;
+        switch (st->kind) {
+        case D_REPLACE:
+            if (st->re) {
+                size_t pos = 0, copied = 0, ms, me;
+                while (pos < a->n) {
+                    int r = tok_regex_next(st->re, a->p, a->n, pos, &ms, &me, rx, e);
+                    if (r < 0)
+                        return -1;
+                    if (r == 0)
+                        break;
+                    if (tok_buf_put(b, a->p + copied, ms - copied) || tok_buf_put(b, st->b, st->blen))
+                        return -1;
+                    copied = me;
+                    pos = me > ms ? me : me + 1;
+                }
+                if (tok_buf_put(b, a->p + copied, a->n - copied))
+                    return -1;
+            } else if (replace_all(a->p, a->n, st->a, st->alen, st->b, st->blen, b)) {
+                return -1;
+            }
+            break;
+        case D_METASPACE:
+            if (replace_all(a->p, a->n, st->a, st->alen, " ", 1, b))
+                return -1;
+            break;
+        case D_BYTELEVEL: {
+            /* each character back to its byte; a piece with a character
+             * outside the alphabet (an added token) stays as it is */
+            bool all = true;
+            for (size_t i = 0; i < a->n && all;) {
+                size_t len;
+                int byte = tok_bytelevel_byte(tok_utf8_next(a->p + i, a->n - i, &len));
+                if (byte < 0) {
+                    all = false;
+                } else {
+                    char c = (char)byte;
+                    if (tok_buf_put(b, &c, 1))
+                        return -1;
+                }
+                i += len;
+            }
+            if (!all) {
+                b->n = 0;
+                if (tok_buf_put(b, a->p, a->n))
+                    return -1;
+            }
             break;
         }
-        for (int k = 0; k < d->n_repl && rc == 0; k++) {
-            rc = replace_all(&d->repl[k], a.p, a.n, &b);
-            struct tok_buf tmp = a;
-            a = b;
-            b = tmp;
+        case D_STRIP: {
+            size_t s = 0, n = a->n;
+            for (int i = 0; i < st->start && s < n && a->p[s] == ' '; i++)
+                s++;
+            for (int i = 0; i < st->stop && n > s && a->p[n - 1] == ' '; i++)
+                n--;
+            if (tok_buf_put(b, a->p + s, n - s))
+                return -1;
+            break;
         }
+        case D_WORDPIECE: {
+            bool cont = a->n >= st->alen && memcmp(a->p, st->a, st->alen) == 0;
+            struct tok_buf tmp = {0};
+            int rc = cont ? tok_buf_put(&tmp, a->p + st->alen, a->n - st->alen)
+                          : tok_buf_put(&tmp, " ", 1) || tok_buf_put(&tmp, a->p, a->n);
+            if (rc == 0 && st->cleanup) {
+                struct tok_buf tmp2 = {0};
+                rc = cleanup_text(tmp.p, tmp.n, b, &tmp2);
+                free(tmp2.p);
+            } else if (rc == 0) {
+                rc = tok_buf_put(b, tmp.p, tmp.n);
+            }
+            free(tmp.p);
+            if (rc)
+                return -1;
+            break;
+        }
+        }
+        struct tok_buf x = *a;
+        *a = *b;
+        *b = x;
+    }
+    return 0;
+}
+
+/* Decoded text of every non-byte id. */
+static int build_decoded(struct tokenizer *t, const struct hf_decoder *d, struct err *e)
+{
+    if (d->n == 0 && !d->absent)
+        return 0;
+    struct tok_buf a = {0}, b = {0};
+    struct tok_rx_scratch rx = {0};
+    int rc = 0;
+    for (int id = 0; id < t->n_vocab && rc == 0; id++) {
+        if (!t->pieces[id] || (t->attr[id] & TOK_ATTR_BYTE))
+            continue;
+        a.n = 0;
+        rc = (d->absent && tok_buf_put(&a, " ", 1)) ||
+             tok_buf_put(&a, t->pieces[id], t->piece_len[id]) || decode_piece(d, &a, &b, &rx, e);
         if (rc == 0 && (a.n != t->piece_len[id] || memcmp(a.p, t->pieces[id], a.n) != 0))
             rc = tok_set_dec(t, id, a.p, a.n);
     }
     free(a.p);
     free(b.p);
-    return rc;
+    tok_rx_scratch_free(&rx);
+    return rc ? err_set(e, "%s: out of memory decoding the vocabulary", t->path) : 0;
 }
 
 /* ---- post-processor ---- */
 
-static int ids_append(int **ids, int *n, json_t *arr)
+/* ["[CLS]", 101] of BertProcessing / RobertaProcessing */
+static int special_pair(struct tokenizer *t, json_t *node, const char *key, int *id, struct err *e)
 {
-    size_t i;
-    json_t *v;
-    json_array_foreach(arr, i, v)
-    {
-        int *p = realloc(*ids, (size_t)(*n + 1) * sizeof *p);
-        if (!p)
-            return -1;
-        *ids = p;
-        (*ids)[(*n)++] = (int)json_integer_value(v);
-    }
+    json_t *v = json_object_get(node, key);
+    json_t *x = json_array_get(v, 1);
+    json_int_t k = json_integer_value(x);
+    if (!json_is_integer(x) || k < 0 || k >= t->n_vocab)
+        return err_set(e, "%s: post_processor %s needs [\"token\", id]", t->path, key);
+    *id = (int)k;
     return 0;
 }
 
@@ -383,8 +364,17 @@ static int parse_post_processor(struct tokenizer *t, json_t *node, struct err *e
     }
     if (strcmp(ty, "ByteLevel") == 0)
         return 0; /* only touches offsets */
+    if (strcmp(ty, "BertProcessing") == 0 || strcmp(ty, "RobertaProcessing") == 0) {
+        int cls, sep;
+        if (special_pair(t, node, "cls", &cls, e) || special_pair(t, node, "sep", &sep, e))
+            return -1;
+        if (tok_ids_push(&t->prefix_ids, &t->n_prefix, cls) ||
+            tok_ids_push(&t->suffix_ids, &t->n_suffix, sep))
+            return err_set(e, "%s: out of memory", t->path);
+        return 0;
+    }
     if (strcmp(ty, "TemplateProcessing") != 0)
-        return err_set(e, "%s: post_processor %s not supported yet", t->path, ty);
+        return err_set(e, "%s: post_processor %s not supported", t->path, ty);
     json_t *specials = json_object_get(node, "special_tokens");
     bool seen_seq = false;
     size_t i;
@@ -412,23 +402,29 @@ static int parse_post_processor(struct tokenizer *t, json_t *node, struct err *e
             if (!json_is_integer(v) || id < 0 || id >= t->n_vocab)
                 return err_set(e, "%s: post_processor special token \"%s\" has a bad id",
                                t->path, name);
+            if (seen_seq ? tok_ids_push(&t->suffix_ids, &t->n_suffix, (int)id)
+                         : tok_ids_push(&t->prefix_ids, &t->n_prefix, (int)id))
+                return err_set(e, "%s: out of memory", t->path);
         }
-        if (seen_seq ? ids_append(&t->suffix_ids, &t->n_suffix, ids)
-                     : ids_append(&t->prefix_ids, &t->n_prefix, ids))
-            return err_set(e, "%s: out of memory", t->path);
     }
     return 0;
 }
 
 /* ---- added tokens, special ids, tokenizer_config.json ---- */
 
-static int added_id(const struct tokenizer *t, const char *s)
+static int added_only_id(const struct tokenizer *t, const char *s)
 {
     size_t n = strlen(s);
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].len == n && memcmp(t->added[i].content, s, n) == 0)
             return t->added[i].id;
-    return tok_strmap_get(&t->vocab, s, n);
+    return -1;
+}
+
+static int added_id(const struct tokenizer *t, const char *s)
+{
+    int id = added_only_id(t, s);
+    return id >= 0 ? id : tok_strmap_get(&t->vocab, s, strlen(s));
 }
 
 /* "bos_token": "<s>" or {"content": "<s>", ...} */
@@ -440,14 +436,13 @@ static const char *config_token(json_t *cfg, const char *key)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static int ivec_remove(int *ids, int *n, int x)
+static void ivec_remove(int *ids, int *n, int x)
 {
     int k = 0;
     for (int i = 0; i < *n; i++)
         if (ids[i] != x)
             ids[k++] = ids[i];
     *n = k;
-    return 0;
 }
 
 static int ids_insert(int **ids, int *n, int at, int x)
@@ -472,7 +467,9 @@ static bool ids_contains(const int *ids, int n, int x)
 
 /* tokenizer_config.json beside tokenizer.json: bos/eos names and whether
  * transformers adds them (add_bos_token overrides the post-processor, as
- * LlamaTokenizerFast does). A missing file is fine; a broken one is not. */
+ * LlamaTokenizerFast does). A missing file is fine; a broken one is not.
+ * clean_up_tokenization_spaces is not applied: decoding follows the
+ * tokenizers library (transformers 5 ignores it for BPE too). */
 static int apply_tokenizer_config(struct tokenizer *t, const char *json_path, struct err *e)
 {
     char path[1100];
@@ -516,6 +513,9 @@ static int apply_tokenizer_config(struct tokenizer *t, const char *json_path, st
     return rc ? err_set(e, "%s: out of memory", path) : 0;
 }
 
+/* Added tokens go into one of two tries: normalized=false ones are
+ * matched in the raw text, normalized=true ones in the normalized text
+ * (so their own text is normalized first, as HF does). */
 static int parse_added_tokens(struct tokenizer *t, json_t *arr, struct err *e)
 {
     size_t n = json_array_size(arr);
@@ -526,6 +526,9 @@ static int parse_added_tokens(struct tokenizer *t, json_t *arr, struct err *e)
     t->added = calloc(n, sizeof *t->added);
     if (!t->added)
         return err_set(e, "%s: out of memory", t->path);
+    struct tok_buf nb = {0}, tmp = {0};
+    struct tok_rx_scratch rx = {0};
+    int rc = 0;
     size_t i;
     json_t *v;
     json_array_foreach(arr, i, v)
@@ -533,34 +536,53 @@ static int parse_added_tokens(struct tokenizer *t, json_t *arr, struct err *e)
         json_t *c = json_object_get(v, "content");
         json_t *id = json_object_get(v, "id");
         if (!json_is_string(c) || !json_is_integer(id) || json_integer_value(id) < 0 ||
-            json_integer_value(id) >= t->n_vocab)
-            return err_set(e, "%s: added_tokens[%zu] needs a content string and an id", t->path,
-                           i);
+            json_integer_value(id) >= t->n_vocab) {
+            rc = err_set(e, "%s: added_tokens[%zu] needs a content string and an id", t->path, i);
+            break;
+        }
         struct tok_added *a = &t->added[t->n_added];
         a->id = (int)json_integer_value(id);
-        if (!(a->content = arena_jstr(t, c, &a->len)))
-            return err_set(e, "%s: out of memory", t->path);
+        if (!(a->content = arena_jstr(t, c, &a->len))) {
+            rc = err_set(e, "%s: out of memory", t->path);
+            break;
+        }
         a->special = jbool(v, "special", false);
         a->lstrip = jbool(v, "lstrip", false);
         a->rstrip = jbool(v, "rstrip", false);
+        a->single_word = jbool(v, "single_word", false);
         a->normalized = jbool(v, "normalized", !a->special);
-        if (tok_trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, a->content, a->len,
-                         t->n_added))
-            return err_set(e, "%s: out of memory", t->path);
-        if (!t->pieces[a->id] && tok_set_piece(t, a->id, a->content, a->len))
-            return err_set(e, "%s: out of memory", t->path);
+        const char *key = a->content;
+        size_t klen = a->len;
+        if (a->normalized && t->n_norm > 0) {
+            if (tok_normalize(t, a->content, a->len, &nb, &tmp, &rx, e)) {
+                rc = -1;
+                break;
+            }
+            key = nb.p;
+            klen = nb.n;
+        }
+        /* a normalized token's text is its normalized content (HF decodes
+         * "HELLO" under Lowercase as "hello") */
+        if (tok_trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, key, klen, t->n_added) ||
+            (!t->pieces[a->id] && tok_set_piece(t, a->id, key, klen))) {
+            rc = err_set(e, "%s: out of memory", t->path);
+            break;
+        }
         if (a->special)
             t->attr[a->id] |= TOK_ATTR_SPECIAL;
         t->n_added++;
     }
-    return 0;
+    free(nb.p);
+    free(tmp.p);
+    tok_rx_scratch_free(&rx);
+    return rc;
 }
 
 /* ---- loading ---- */
 
-static int max_id(json_t *vocab, json_t *added)
+static int max_id(json_t *vocab, json_t *added, int n_tokens)
 {
-    json_int_t m = -1;
+    json_int_t m = n_tokens - 1;
     const char *key;
     json_t *v;
     json_object_foreach(vocab, key, v)
@@ -578,59 +600,127 @@ static int max_id(json_t *vocab, json_t *added)
     return m < (1 << 26) ? (int)m : -2;
 }
 
-/* One merge: "a b" or ["a", "b"]. */
-static int parse_merge(struct tokenizer *t, json_t *m, int rank, struct tok_buf *tmp)
+/* One merge: "a b" or ["a", "b"]. Returns 0, -1 (malformed), -2 (OOM). */
+static int add_merge(struct tokenizer *t, const char *a, size_t alen, const char *b, size_t blen,
+                     int rank, struct tok_buf *tmp)
 {
-    const char *a, *b;
-    size_t alen, blen;
-    if (json_is_string(m)) {
-        const char *s = json_string_value(m);
-        const char *sp = strchr(s, ' ');
-        if (!sp)
-            return -1;
-        a = s;
-        alen = (size_t)(sp - s);
-        b = sp + 1;
-        blen = json_string_length(m) - alen - 1;
-    } else if (json_is_array(m) && json_array_size(m) == 2 &&
-               json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
-        a = json_string_value(json_array_get(m, 0));
-        alen = json_string_length(json_array_get(m, 0));
-        b = json_string_value(json_array_get(m, 1));
-        blen = json_string_length(json_array_get(m, 1));
-    } else {
-        return -1;
-    }
     int ia = tok_strmap_get(&t->vocab, a, alen);
     int ib = tok_strmap_get(&t->vocab, b, blen);
+    /* with a continuing prefix, "a ##b" makes "ab" */
+    if (t->cont_prefix_len && blen >= t->cont_prefix_len &&
+        memcmp(b, t->cont_prefix, t->cont_prefix_len) == 0) {
+        b += t->cont_prefix_len;
+        blen -= t->cont_prefix_len;
+    }
     tmp->n = 0;
     if (tok_buf_put(tmp, a, alen) || tok_buf_put(tmp, b, blen))
         return -2;
     int ic = tok_strmap_get(&t->vocab, tmp->p, tmp->n);
     if (ia < 0 || ib < 0 || ic < 0)
         return 0; /* a merge outside the vocabulary can never apply */
+    /* a pair listed twice: the later rank wins, as in HF's merge map */
     return tok_pairmap_put(&t->merges, ia, ib, rank, ic) ? -2 : 0;
 }
 
-static struct tokenizer *load_bpe(json_t *root, const char *path, struct err *e)
+static int parse_merge_str(struct tokenizer *t, const char *s, size_t n, int rank,
+                           struct tok_buf *tmp)
 {
+    const char *sp = memchr(s, ' ', n);
+    if (!sp)
+        return -1;
+    size_t alen = (size_t)(sp - s);
+    return add_merge(t, s, alen, sp + 1, n - alen - 1, rank, tmp);
+}
+
+static int parse_merge(struct tokenizer *t, json_t *m, int rank, struct tok_buf *tmp)
+{
+    if (json_is_string(m))
+        return parse_merge_str(t, json_string_value(m), json_string_length(m), rank, tmp);
+    if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+        json_is_string(json_array_get(m, 1)))
+        return add_merge(t, json_string_value(json_array_get(m, 0)),
+                         json_string_length(json_array_get(m, 0)),
+                         json_string_value(json_array_get(m, 1)),
+                         json_string_length(json_array_get(m, 1)), rank, tmp);
+    return -1;
+}
+
+/* A "prefix"/"suffix" option of the model; empty means none. */
+static int model_affix(struct tokenizer *t, json_t *model, const char *key, const char **s,
+                       size_t *len, struct err *e)
+{
+    json_t *v = json_object_get(model, key);
+    *s = NULL;
+    *len = 0;
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return 0;
+    if (!(*s = arena_jstr(t, v, len)))
+        return err_set(e, "%s: out of memory", t->path);
+    return 0;
+}
+
+/* Byte-level BPE: the byte string each piece stands for, as the key the
+ * model looks words up by. */
+static int build_byte_vocab(struct tokenizer *t)
+{
+    if (tok_strmap_init(&t->bvocab, (size_t)t->n_vocab))
+        return -1;
+    struct tok_buf b = {0};
+    int rc = 0;
+    for (int k = 0; k < 256; k++)
+        t->byte_tok[k] = -1;
+    for (int id = 0; id < t->n_vocab && rc == 0; id++) {
+        const char *p = t->pieces[id];
+        if (!p)
+            continue;
+        b.n = 0;
+        size_t n = t->piece_len[id];
+        bool ok = true;
+        for (size_t i = 0; i < n && ok && rc == 0;) {
+            size_t len;
+            int byte = tok_bytelevel_byte(tok_utf8_next(p + i, n - i, &len));
+            if (byte < 0) {
+                ok = false;
+            } else {
+                char c = (char)byte;
+                rc = tok_buf_put(&b, &c, 1);
+            }
+            i += len;
+        }
+        if (!ok || rc || b.n == 0)
+            continue; /* no byte string: byte-level input can never produce it */
+        char *k = tok_arena_strdup(&t->arena, b.p, b.n);
+        if (!k || tok_strmap_put(&t->bvocab, k, b.n, id)) {
+            rc = -1;
+            break;
+        }
+    }
+    free(b.p);
+    for (int k = 0; k < 256 && rc == 0; k++) {
+        char c = (char)k;
+        t->byte_tok[k] = tok_strmap_get(&t->bvocab, &c, 1);
+    }
+    return rc;
+}
+
+struct tokenizer *tok_load_hf_src(const struct tok_hf_src *src, const char *path, struct err *e)
+{
+    json_t *root = src->root;
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab");
     json_t *merges = json_object_get(model, "merges");
     json_t *added = json_object_get(root, "added_tokens");
-    if (!json_is_object(vocab) || !json_is_array(merges)) {
-        err_set(e, "%s: BPE model without a vocab object and a merges list", path);
+    const char *mtype = jstr(model, "type");
+    bool wordpiece = mtype && strcmp(mtype, "WordPiece") == 0;
+    if (!src->tokens && !json_is_object(vocab)) {
+        err_set(e, "%s: %s model without a vocab object", path, wordpiece ? "WordPiece" : "BPE");
         return NULL;
     }
-    for (const char **k = (const char *[]){"continuing_subword_prefix", "end_of_word_suffix", NULL};
-         *k; k++) {
-        const char *s = jstr(model, *k);
-        if (s && *s) {
-            err_set(e, "%s: BPE %s \"%s\" not supported yet", path, *k, s);
-            return NULL;
-        }
+    if (!wordpiece && !src->merges && !json_is_array(merges)) {
+        err_set(e, "%s: BPE model without a merges list", path);
+        return NULL;
     }
-    int top = max_id(vocab, added);
+    int top = max_id(src->tokens ? NULL : vocab, added, src->tokens ? src->n_tokens : 0);
     if (top < 0) {
         err_set(e, "%s: empty or oversized vocabulary", path);
         return NULL;
@@ -638,31 +728,40 @@ static struct tokenizer *load_bpe(json_t *root, const char *path, struct err *e)
     struct tokenizer *t = tok_alloc(TOK_KIND_HF_BPE, top + 1, path, e);
     if (!t)
         return NULL;
+    t->wordpiece = wordpiece;
     struct hf_decoder dec = {0};
     struct tok_buf tmp = {0};
     bool dup_ids = false;
 
-    const char *key;
-    json_t *v;
-    json_object_foreach(vocab, key, v)
-    {
-        json_int_t id = json_integer_value(v);
-        if (!json_is_integer(v) || id < 0) {
-            err_set(e, "%s: vocab entry \"%s\" has a bad id", path, key);
-            goto fail;
+    if (src->tokens) {
+        for (int id = 0; id < src->n_tokens; id++)
+            if (src->tokens[id] && tok_set_piece(t, id, src->tokens[id], strlen(src->tokens[id])))
+                goto oom;
+    } else {
+        const char *key;
+        json_t *v;
+        json_object_foreach(vocab, key, v)
+        {
+            json_int_t id = json_integer_value(v);
+            if (!json_is_integer(v) || id < 0) {
+                err_set(e, "%s: vocab entry \"%s\" has a bad id", path, key);
+                goto fail;
+            }
+            if (t->pieces[id]) {
+                dup_ids = true; /* handled below */
+                continue;
+            }
+            if (tok_set_piece(t, (int)id, key, strlen(key)))
+                goto oom;
         }
-        if (t->pieces[id]) {
-            dup_ids = true; /* handled below */
-            continue;
-        }
-        if (tok_set_piece(t, (int)id, key, strlen(key)))
-            goto oom;
     }
-    /* BPE sees the model vocabulary only; added tokens come after */
+    /* the model sees its own vocabulary only; added tokens come after */
     if (tok_build_vocab_map(t))
         goto oom;
     if (dup_ids) {
         /* two strings for one id: both encode to it, the first one decodes */
+        const char *key;
+        json_t *v;
         json_object_foreach(vocab, key, v)
         {
             int id = (int)json_integer_value(v);
@@ -675,33 +774,56 @@ static struct tokenizer *load_bpe(json_t *root, const char *path, struct err *e)
         }
     }
     tok_mark_byte_pieces(t);
-    if (tok_pairmap_init(&t->merges, json_array_size(merges)))
-        goto oom;
-    size_t i;
-    json_array_foreach(merges, i, v)
-    {
-        int rc = parse_merge(t, v, (int)i, &tmp);
-        if (rc == -2)
-            goto oom;
-        if (rc < 0) {
-            err_set(e, "%s: merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+    if (wordpiece) {
+        if (model_affix(t, model, "continuing_subword_prefix", &t->cont_prefix,
+                        &t->cont_prefix_len, e))
             goto fail;
+        if (!json_is_string(json_object_get(model, "continuing_subword_prefix"))) {
+            t->cont_prefix = "##";
+            t->cont_prefix_len = 2;
         }
+        json_t *mx = json_object_get(model, "max_input_chars_per_word");
+        t->wp_max_chars = json_is_integer(mx) ? (int)json_integer_value(mx) : 100;
+    } else {
+        if (model_affix(t, model, "continuing_subword_prefix", &t->cont_prefix,
+                        &t->cont_prefix_len, e) ||
+            model_affix(t, model, "end_of_word_suffix", &t->eow_suffix, &t->eow_suffix_len, e))
+            goto fail;
+        size_t nm = src->merges ? (size_t)src->n_merges : json_array_size(merges);
+        if (tok_pairmap_init(&t->merges, nm))
+            goto oom;
+        for (size_t i = 0; i < nm; i++) {
+            int rc = src->merges ? parse_merge_str(t, src->merges[i], strlen(src->merges[i]),
+                                                   (int)i, &tmp)
+                                 : parse_merge(t, json_array_get(merges, i), (int)i, &tmp);
+            if (rc == -2)
+                goto oom;
+            if (rc < 0) {
+                err_set(e, "%s: merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+                goto fail;
+            }
+        }
+        t->byte_fallback = jbool(model, "byte_fallback", false);
+        t->ignore_merges = jbool(model, "ignore_merges", false);
+        t->fuse_unk = jbool(model, "fuse_unk", false);
     }
-    t->byte_fallback = jbool(model, "byte_fallback", false);
-    t->ignore_merges = jbool(model, "ignore_merges", false);
-    t->fuse_unk = jbool(model, "fuse_unk", false);
     const char *unk = jstr(model, "unk_token");
     if (unk) {
         t->unk = tok_strmap_get(&t->vocab, unk, strlen(unk));
-        if (t->unk < 0) {
+        if (t->unk < 0 && wordpiece) {
             err_set(e, "%s: unk_token \"%s\" is not in the vocabulary", path, unk);
             goto fail;
         }
+        t->unk_missing = t->unk < 0; /* HF fails only when a word needs it */
     }
 
-    if (parse_added_tokens(t, added, e) || parse_normalizer(t, json_object_get(root, "normalizer"), e) ||
-        parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), e) ||
+    if (tok_parse_normalizer(t, json_object_get(root, "normalizer"), e) ||
+        tok_parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), e))
+        goto fail;
+    /* before the added tokens: the model's own pieces only */
+    if (t->byte_level && build_byte_vocab(t))
+        goto oom;
+    if (parse_added_tokens(t, added, e) ||
         parse_post_processor(t, json_object_get(root, "post_processor"), e) ||
         parse_decoder(t, json_object_get(root, "decoder"), &dec, e))
         goto fail;
@@ -710,35 +832,51 @@ static struct tokenizer *load_bpe(json_t *root, const char *path, struct err *e)
     if (!dec.byte_fallback)
         for (int id = 0; id < t->n_vocab; id++)
             t->attr[id] &= (uint8_t)~TOK_ATTR_BYTE;
-    if (build_decoded(t, &dec))
-        goto oom;
-    t->strip = dec.strip_start > 0 ? TOK_STRIP_AT_START : TOK_STRIP_NONE;
-    tok_check_split_mark(t, "\xe2\x96\x81", 3);
+    json_t *dnode = json_object_get(root, "decoder");
+    if (!dnode || json_is_null(dnode)) {
+        /* no decoder: HF joins the pieces with " " */
+        dec.absent = true;
+        dec.strip_start = 1;
+    }
+    if (build_decoded(t, &dec, e))
+        goto fail;
+    t->strip = dec.strip_first_all ? TOK_STRIP_FIRST_ALL
+             : dec.strip_start > 0 ? TOK_STRIP_AT_START
+                                   : TOK_STRIP_NONE;
+    if (!t->byte_level && !t->wordpiece)
+        tok_check_split_mark(t, "\xe2\x96\x81", 3);
 
     /* BOS/EOS: tokenizer_config.json names them; otherwise the template's
      * leading special token is BOS and a conventional name is EOS */
-    if (t->n_prefix > 0)
-        t->bos = t->prefix_ids[0];
-    else
-        for (const char **k = (const char *[]){"<s>", "<bos>", "<|begin_of_text|>", NULL}; *k && t->bos < 0; k++)
-            t->bos = added_id(t, *k);
-    for (const char **k = (const char *[]){"</s>", "<eos>", "<|end_of_text|>", "<|endoftext|>", NULL};
-         *k && t->eos < 0; k++)
-        t->eos = added_id(t, *k);
-    if (apply_tokenizer_config(t, path, e))
+    if (src->bos >= 0 || src->eos >= 0) {
+        t->bos = src->bos < t->n_vocab ? src->bos : -1;
+        t->eos = src->eos < t->n_vocab ? src->eos : -1;
+    } else {
+        if (t->n_prefix > 0)
+            t->bos = t->prefix_ids[0];
+        else
+            for (const char **k = (const char *[]){"<s>", "<bos>", "<|begin_of_text|>", NULL};
+                 *k && t->bos < 0; k++)
+                t->bos = added_only_id(t, *k);
+        for (const char **k =
+                 (const char *[]){"</s>", "<eos>", "<|end_of_text|>", "<|endoftext|>", NULL};
+             *k && t->eos < 0; k++)
+            t->eos = added_only_id(t, *k);
+    }
+    if (src->read_config && apply_tokenizer_config(t, path, e))
         goto fail;
     if (t->bos >= 0)
         t->attr[t->bos] |= TOK_ATTR_SPECIAL;
     if (t->eos >= 0)
         t->attr[t->eos] |= TOK_ATTR_SPECIAL;
     tok_finish(t);
-    free(dec.repl);
+    decoder_free(&dec);
     free(tmp.p);
     return t;
 oom:
     err_set(e, "%s: out of memory", path);
 fail:
-    free(dec.repl);
+    decoder_free(&dec);
     free(tmp.p);
     tok_free(t);
     return NULL;
@@ -761,15 +899,14 @@ struct tokenizer *tok_load_hf_json(const char *tokenizer_json_path, struct err *
     const char *type = jstr(model, "type");
     if (!json_is_object(model)) {
         err_set(e, "%s: no \"model\" object (not a tokenizer.json?)", path);
-    } else if (type && strcmp(type, "BPE") != 0) {
-        err_set(e, "%s: model type %s not supported yet (only BPE)", path, type);
+    } else if (type && strcmp(type, "BPE") != 0 && strcmp(type, "WordPiece") != 0) {
+        err_set(e, "%s: model type %s not supported (BPE and WordPiece are)", path, type);
     } else if (!type && !json_object_get(model, "merges")) {
-        err_set(e, "%s: model without a type and without merges (only BPE is supported)", path);
-    } else if (json_has_type(json_object_get(root, "pre_tokenizer"), "ByteLevel") ||
-               json_has_type(json_object_get(root, "decoder"), "ByteLevel")) {
-        err_set(e, "%s: pre_tokenizer ByteLevel not supported yet (byte-level BPE)", path);
+        err_set(e, "%s: model without a type and without merges (BPE and WordPiece are supported)",
+                path);
     } else {
-        t = load_bpe(root, path, e);
+        struct tok_hf_src src = {.root = root, .read_config = true, .bos = -1, .eos = -1};
+        t = tok_load_hf_src(&src, path, e);
     }
     json_decref(root);
     return t;
@@ -777,222 +914,117 @@ struct tokenizer *tok_load_hf_json(const char *tokenizer_json_path, struct err *
 
 /* ---- encoding ---- */
 
-struct span {
-    size_t off, len;
-};
-
-struct spans {
-    struct span *p;
-    size_t n, cap;
-};
-
-static int spans_push(struct spans *s, size_t off, size_t len)
-{
-    if (len == 0)
-        return 0; /* empty pieces produce nothing */
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 16;
-        struct span *p = realloc(s->p, cap * sizeof *p);
-        if (!p)
-            return -1;
-        s->p = p;
-        s->cap = cap;
-    }
-    s->p[s->n++] = (struct span){off, len};
-    return 0;
-}
-
 /* Scratch of one tok_hf_encode call. */
 struct hf_ctx {
     const struct tokenizer *t;
-    struct tok_buf norm, norm2, pre, pre2;
-    struct spans sp, sp2;
+    struct tok_buf san, norm, norm2;
+    struct tok_pre_ctx pre;
     struct tok_work w;
+    struct tok_rx_scratch rx;
     struct tok_ivec *out;
     struct err *e;
 };
 
-static bool is_ws(char c)
+static int model_word(struct hf_ctx *c, const char *s, size_t n)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+    if (c->t->wordpiece)
+        return tok_wordpiece_word(c->t, s, n, &c->w, c->out, c->e);
+    return tok_bpe_word(c->t, s, n, &c->w, c->out, c->e);
 }
 
-/* Splits one piece of buf at the occurrences of the pattern. */
-static int split_piece(const struct tok_pre_step *st, const char *buf, struct span p,
-                       struct spans *out)
-{
-    size_t pos = p.off, end = p.off + p.len, piece = p.off;
-    while (pos < end) {
-        const char *hit = memmem(buf + pos, end - pos, st->pat, st->pat_len);
-        if (!hit)
-            break;
-        size_t ms = (size_t)(hit - buf), me = ms + st->pat_len;
-        if (st->behavior == TOK_SPLIT_CONTIGUOUS)
-            while (me + st->pat_len <= end && memcmp(buf + me, st->pat, st->pat_len) == 0)
-                me += st->pat_len;
-        int rc = 0;
-        switch (st->behavior) {
-        case TOK_SPLIT_REMOVED:
-            rc = spans_push(out, piece, ms - piece);
-            piece = me;
-            break;
-        case TOK_SPLIT_ISOLATED:
-        case TOK_SPLIT_CONTIGUOUS:
-            rc = spans_push(out, piece, ms - piece) || spans_push(out, ms, me - ms);
-            piece = me;
-            break;
-        case TOK_SPLIT_MERGED_PREV:
-            rc = spans_push(out, piece, me - piece);
-            piece = me;
-            break;
-        case TOK_SPLIT_MERGED_NEXT:
-            rc = spans_push(out, piece, ms - piece);
-            piece = ms;
-            break;
-        }
-        if (rc)
-            return -1;
-        pos = me;
-    }
-    return spans_push(out, piece, end - piece);
-}
-
-/* Metaspace on one piece: spaces -> replacement, maybe a prefix, maybe split
- * before each replacement. Writes the new text to nb and its pieces to out. */
-static int metaspace_piece(const struct tok_pre_step *st, const char *buf, struct span p,
-                           bool first, struct tok_buf *nb, struct spans *out)
-{
-    size_t start = nb->n;
-    const char *s = buf + p.off;
-    bool starts = p.len >= st->repl_len && memcmp(s, st->repl, st->repl_len) == 0;
-    starts = starts || (p.len > 0 && s[0] == ' '); /* the space becomes the replacement */
-    bool prepend = !starts && (st->prepend == TOK_PREPEND_ALWAYS ||
-                               (st->prepend == TOK_PREPEND_FIRST && first));
-    if (prepend && tok_buf_put(nb, st->repl, st->repl_len))
-        return -1;
-    for (size_t i = 0; i < p.len; i++) {
-        int rc = s[i] == ' ' ? tok_buf_put(nb, st->repl, st->repl_len) : tok_buf_put(nb, s + i, 1);
-        if (rc)
-            return -1;
-    }
-    struct span whole = {start, nb->n - start};
-    if (!st->split)
-        return spans_push(out, whole.off, whole.len);
-    struct tok_pre_step sp = {.pat = st->repl, .pat_len = st->repl_len,
-                              .behavior = TOK_SPLIT_MERGED_NEXT};
-    return split_piece(&sp, nb->p, whole, out);
-}
-
-/* Pre-tokenizes s[0, n) and runs BPE on every piece. */
-static int pretok_and_bpe(struct hf_ctx *c, const char *s, size_t n, bool first)
+/* Pre-tokenizes s[0, n) and runs the model on every piece. */
+static int pretok_and_model(struct hf_ctx *c, const char *s, size_t n, bool first)
 {
     const struct tokenizer *t = c->t;
     if (n == 0)
         return 0;
     if (t->n_pre == 0)
-        return tok_bpe_word(t, s, n, &c->w, c->out, c->e);
-    c->pre.n = 0;
-    c->sp.n = 0;
-    if (tok_buf_put(&c->pre, s, n) || spans_push(&c->sp, 0, n))
-        goto oom;
-    for (int k = 0; k < t->n_pre; k++) {
-        const struct tok_pre_step *st = &t->pre[k];
-        c->sp2.n = 0;
-        if (st->kind == TOK_PRE_SPLIT) {
-            for (size_t i = 0; i < c->sp.n; i++)
-                if (split_piece(st, c->pre.p, c->sp.p[i], &c->sp2))
-                    goto oom;
-        } else {
-            c->pre2.n = 0;
-            if (tok_buf_put(&c->pre2, "", 0))
-                goto oom;
-            for (size_t i = 0; i < c->sp.n; i++)
-                if (metaspace_piece(st, c->pre.p, c->sp.p[i], first && i == 0, &c->pre2, &c->sp2))
-                    goto oom;
-            struct tok_buf tb = c->pre;
-            c->pre = c->pre2;
-            c->pre2 = tb;
-        }
-        struct spans ts = c->sp;
-        c->sp = c->sp2;
-        c->sp2 = ts;
-    }
-    for (size_t i = 0; i < c->sp.n; i++)
-        if (tok_bpe_word(t, c->pre.p + c->sp.p[i].off, c->sp.p[i].len, &c->w, c->out, c->e))
+        return model_word(c, s, n);
+    if (tok_pretokenize(t, s, n, first, &c->pre, c->e))
+        return -1;
+    /* model_word never touches c->pre, so the spans stay valid */
+    for (size_t i = 0; i < c->pre.sp.n; i++)
+        if (model_word(c, c->pre.buf.p + c->pre.sp.p[i].off, c->pre.sp.p[i].len))
             return -1;
     return 0;
-oom:
-    return err_set(c->e, "out of memory tokenizing");
+}
+
+static bool ws_before(const char *s, size_t at, size_t *len)
+{
+    return at > 0 && tok_cp_is_space(tok_utf8_prev(s, at, len));
+}
+
+static bool ws_after(const char *s, size_t n, size_t at, size_t *len)
+{
+    return at < n && tok_cp_is_space(tok_utf8_next(s + at, n - at, len));
 }
 
 /* Finds the next added token in s[from, n) from the trie, with its
- * lstrip/rstrip reach. Returns false when there is none. */
+ * lstrip/rstrip reach; single_word tokens inside a word do not count.
+ * Returns false when there is none. */
 static bool next_added(const struct tokenizer *t, const struct tok_trie *tr, const char *s,
                        size_t n, size_t from, size_t *ms, size_t *me, int *id)
 {
-    size_t mlen;
-    int idx;
-    long m = tok_trie_find(tr, s, n, from, &mlen, &idx);
-    if (m < 0)
-        return false;
-    const struct tok_added *a = &t->added[idx];
-    *ms = (size_t)m;
-    *me = (size_t)m + mlen;
-    if (a->lstrip)
-        while (*ms > from && is_ws(s[*ms - 1]))
-            (*ms)--;
-    if (a->rstrip)
-        while (*me < n && is_ws(s[*me]))
-            (*me)++;
-    *id = a->id;
-    return true;
+    for (size_t pos = from;;) {
+        size_t mlen, len;
+        int idx;
+        long m = tok_trie_find(tr, s, n, pos, &mlen, &idx);
+        if (m < 0)
+            return false;
+        const struct tok_added *a = &t->added[idx];
+        size_t st = (size_t)m, en = (size_t)m + mlen;
+        if (a->single_word) {
+            bool word_before = st > 0 && tok_cp_is_word(tok_utf8_prev(s, st, &len));
+            bool word_after = en < n && tok_cp_is_word(tok_utf8_next(s + en, n - en, &len));
+            if (word_before || word_after) {
+                pos = en; /* matching goes on after this one */
+                continue;
+            }
+        }
+        if (a->lstrip)
+            while (st > from && ws_before(s, st, &len))
+                st -= len;
+        if (a->rstrip)
+            while (ws_after(s, n, en, &len))
+                en += len;
+        *ms = st;
+        *me = en;
+        *id = a->id;
+        return true;
+    }
 }
 
 /* A piece of input between raw added tokens: normalize, split off the
- * normalized added tokens, pre-tokenize and BPE the rest. */
+ * normalized added tokens, pre-tokenize and run the model on the rest. */
 static int encode_chunk(struct hf_ctx *c, const char *s, size_t n, bool first)
 {
     const struct tokenizer *t = c->t;
     if (n == 0)
         return 0;
-    c->norm.n = 0;
-    if (tok_buf_put(&c->norm, s, n))
-        goto oom;
-    for (int k = 0; k < t->n_norm; k++) {
-        const struct tok_norm_step *st = &t->norm[k];
-        if (st->kind == TOK_NORM_PREPEND) {
-            if (c->norm.n == 0)
-                continue;
-            c->norm2.n = 0;
-            if (tok_buf_put(&c->norm2, st->a, st->alen) ||
-                tok_buf_put(&c->norm2, c->norm.p, c->norm.n))
-                goto oom;
-        } else if (replace_all(st, c->norm.p, c->norm.n, &c->norm2)) {
-            goto oom;
-        }
-        struct tok_buf tb = c->norm;
-        c->norm = c->norm2;
-        c->norm2 = tb;
+    const char *ns = s;
+    size_t nn = n;
+    if (t->n_norm > 0) {
+        if (tok_normalize(t, s, n, &c->norm, &c->norm2, &c->rx, c->e))
+            return -1;
+        ns = c->norm.p;
+        nn = c->norm.n;
     }
-    /* pretok_and_bpe works in c->pre, so c->norm stays valid here */
-    const char *ns = c->norm.p;
-    size_t nn = c->norm.n, pos = 0;
+    /* pretok_and_model works in c->pre, so ns stays valid here */
+    size_t pos = 0;
     int rc = 0;
     while (pos < nn && rc == 0) {
         size_t ms, me;
         int id;
         if (!next_added(t, &t->trie_norm, ns, nn, pos, &ms, &me, &id)) {
-            rc = pretok_and_bpe(c, ns + pos, nn - pos, first && pos == 0);
+            rc = pretok_and_model(c, ns + pos, nn - pos, first && pos == 0);
             break;
         }
-        rc = pretok_and_bpe(c, ns + pos, ms - pos, first && pos == 0);
+        rc = pretok_and_model(c, ns + pos, ms - pos, first && pos == 0);
         if (rc == 0 && tok_ivec_push(c->out, id))
             rc = err_set(c->e, "out of memory tokenizing");
         pos = me;
     }
     return rc;
-oom:
-    return err_set(c->e, "out of memory tokenizing");
 }
 
 int tok_hf_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
@@ -1000,6 +1032,14 @@ int tok_hf_encode(const struct tokenizer *t, const char *text, size_t len, bool 
 {
     struct hf_ctx c = {.t = t, .out = out, .e = e};
     int rc = 0;
+    /* regexes and Unicode normalization need well-formed UTF-8: invalid
+     * bytes become U+FFFD (text from Python can never hold them) */
+    if (t->needs_utf8 && !tok_utf8_valid(text, len)) {
+        if (tok_utf8_sanitize(text, len, &c.san))
+            return err_set(e, "out of memory tokenizing");
+        text = c.san.p;
+        len = c.san.n;
+    }
     for (int i = 0; add_special && i < t->n_prefix && rc == 0; i++)
         rc = tok_ivec_push(out, t->prefix_ids[i]) ? err_set(e, "out of memory tokenizing") : 0;
     size_t pos = 0;
@@ -1017,12 +1057,11 @@ int tok_hf_encode(const struct tokenizer *t, const char *text, size_t len, bool 
     }
     for (int i = 0; add_special && i < t->n_suffix && rc == 0; i++)
         rc = tok_ivec_push(out, t->suffix_ids[i]) ? err_set(e, "out of memory tokenizing") : 0;
+    free(c.san.p);
     free(c.norm.p);
     free(c.norm2.p);
-    free(c.pre.p);
-    free(c.pre2.p);
-    free(c.sp.p);
-    free(c.sp2.p);
+    tok_pre_ctx_free(&c.pre);
     tok_work_free(&c.w);
+    tok_rx_scratch_free(&c.rx);
     return rc ? -1 : 0;
 }

@@ -1,7 +1,8 @@
 /* tok_internal.h - what the tokenizer's files share and nothing outside
- * src/tokenizer/ may use: the struct tokenizer layout, the hash maps, the
- * added-token trie, the merge heap and the two merge engines (score-ordered
- * SentencePiece and rank-ordered BPE). */
+ * src/tokenizer/ (and its tests) may use: the struct tokenizer layout, the
+ * hash maps, the added-token trie, Unicode and regex helpers, the HF
+ * normalizer and pre-tokenizer steps, the merge heap and the models
+ * (score-ordered SentencePiece, rank-ordered BPE, WordPiece). */
 #ifndef CLLM_TOKENIZER_TOK_INTERNAL_H
 #define CLLM_TOKENIZER_TOK_INTERNAL_H
 
@@ -36,6 +37,8 @@ struct tok_ivec {
     size_t n, cap;
 };
 int tok_ivec_push(struct tok_ivec *v, int x); /* 0 / -1 (OOM) */
+/* Appends to a malloc'd int array with a separate count; 0 / -1 (OOM). */
+int tok_ids_push(int **ids, int *n, int id);
 
 /* ---- string -> id map (open addressing; keys are borrowed pointers) ---- */
 
@@ -104,6 +107,54 @@ void tok_trie_free(struct tok_trie *tr);
 /* Length of the UTF-8 sequence that starts at s (1 for invalid lead bytes or
  * a sequence cut short by n), never more than n. */
 size_t tok_utf8_seq_len(const unsigned char *s, size_t n);
+/* The code point at s (len gets its byte length; an invalid byte decodes
+ * as itself with length 1), the one that ends at s + n, and its encoding
+ * (up to 4 bytes written to out). */
+uint32_t tok_utf8_next(const char *s, size_t n, size_t *len);
+uint32_t tok_utf8_prev(const char *s, size_t n, size_t *len);
+size_t tok_utf8_put(uint32_t cp, char *out);
+/* Well-formed UTF-8? */
+bool tok_utf8_valid(const char *s, size_t n);
+/* Appends s with every maximal ill-formed subpart replaced by U+FFFD. */
+int tok_utf8_sanitize(const char *s, size_t n, struct tok_buf *out);
+
+/* ---- Unicode classes and normalization (tok_unicode.c) ---- */
+
+bool tok_cp_is_space(uint32_t cp);   /* White_Space (Rust char::is_whitespace) */
+bool tok_cp_is_numeric(uint32_t cp); /* Nd, Nl, No (Rust char::is_numeric) */
+bool tok_cp_is_punct(uint32_t cp);   /* ASCII punctuation or P* */
+bool tok_cp_is_word(uint32_t cp);    /* \w: letters, marks, Nd, Nl, Pc, ZWJ/ZWNJ */
+bool tok_cp_is_other(uint32_t cp);   /* C* (control, format, unassigned, ...) */
+bool tok_cp_is_mark(uint32_t cp, bool nonspacing_only); /* M* (or only Mn) */
+bool tok_cp_is_cjk(uint32_t cp);     /* CJK ideographs as BERT defines them */
+
+enum tok_nf { TOK_NF_C, TOK_NF_D, TOK_NF_KC, TOK_NF_KD };
+/* Appends the normalization form of s (valid UTF-8) to out; -1 on OOM. */
+int tok_nf_apply(enum tok_nf f, const char *s, size_t n, struct tok_buf *out);
+/* Appends s lowercased as Rust's char::to_lowercase does; -1 on OOM. */
+int tok_lower_apply(const char *s, size_t n, struct tok_buf *out);
+
+/* GPT-2's byte-level alphabet: the character that stands for byte b, and
+ * the byte a character stands for (-1 for characters outside it). */
+uint32_t tok_bytelevel_cp(unsigned b);
+int tok_bytelevel_byte(uint32_t cp);
+
+/* ---- regular expressions (tok_regex.c, PCRE2) ---- */
+
+struct tok_regex;
+/* Compiles a tokenizer.json (Oniguruma) pattern; NULL with a message. */
+struct tok_regex *tok_regex_new(const char *pat, size_t len, struct err *e);
+void tok_regex_free(struct tok_regex *re);
+/* Per-call matching state; zero-initialize, free with tok_rx_scratch_free. */
+struct tok_rx_scratch {
+    void *md, *mctx, *jit_stack;
+};
+void tok_rx_scratch_free(struct tok_rx_scratch *sc);
+/* Finds the leftmost match in s[0, n) at or after `from` (s is the whole
+ * subject: look-around sees nothing outside it). Returns 1 and the match
+ * [*ms, *me), 0 when there is none, -1 with a message. */
+int tok_regex_next(const struct tok_regex *re, const char *s, size_t n, size_t from, size_t *ms,
+                   size_t *me, struct tok_rx_scratch *sc, struct err *e);
 
 /* ---- the tokenizer ---- */
 
@@ -124,42 +175,70 @@ enum tok_strip {
     TOK_STRIP_NONE,
     TOK_STRIP_AFTER_BOS, /* llama2.c run.c: strip when the previous id is BOS */
     TOK_STRIP_AT_START,  /* SentencePiece/HF Strip decoder: strip the start of the text */
+    TOK_STRIP_FIRST_ALL, /* HF Metaspace decoder: no spaces at all in the first token */
 };
 
 /* An HF tokenizer.json added token. */
 struct tok_added {
-    const char *content;
+    const char *content; /* matched text (normalized content when normalized) */
     size_t len;
     int id;
-    bool special, lstrip, rstrip, normalized;
+    bool special, lstrip, rstrip, normalized, single_word;
+};
+
+/* How a split's pieces are kept (HF SplitDelimiterBehavior). */
+enum tok_split_behavior {
+    TOK_SPLIT_REMOVED,
+    TOK_SPLIT_ISOLATED,
+    TOK_SPLIT_MERGED_PREV,
+    TOK_SPLIT_MERGED_NEXT,
+    TOK_SPLIT_CONTIGUOUS
 };
 
 /* One step of the HF normalizer (applied in order). */
 struct tok_norm_step {
-    enum { TOK_NORM_PREPEND, TOK_NORM_REPLACE } kind;
-    const char *a; /* prepend text, or the pattern */
+    enum {
+        TOK_NORM_PREPEND,     /* a before non-empty text */
+        TOK_NORM_REPLACE,     /* every a (or match of re) -> b */
+        TOK_NORM_NF,          /* Unicode normalization form nf */
+        TOK_NORM_LOWERCASE,
+        TOK_NORM_STRIP,       /* whitespace at the left and/or right */
+        TOK_NORM_STRIP_ACCENTS, /* drop combining marks */
+        TOK_NORM_BERT,        /* BertNormalizer */
+    } kind;
+    const char *a; /* prepend text, or the string pattern */
     const char *b; /* replacement content */
     size_t alen, blen;
+    struct tok_regex *re; /* Replace with a Regex pattern */
+    enum tok_nf nf;
+    bool left, right;     /* Strip */
+    bool clean_text, chinese_chars, strip_accents, lowercase; /* Bert */
 };
 
 /* One step of the HF pre-tokenizer (applied in order). */
 struct tok_pre_step {
-    enum { TOK_PRE_METASPACE, TOK_PRE_SPLIT } kind;
+    enum {
+        TOK_PRE_METASPACE,
+        TOK_PRE_SPLIT,     /* on a string or a regex */
+        TOK_PRE_CHARS,     /* on characters of a class (Digits, Punctuation, ...) */
+        TOK_PRE_BYTELEVEL, /* prefix space, GPT-2 regex, then bytes as characters */
+    } kind;
     /* Metaspace */
     const char *repl; /* "▁" */
     size_t repl_len;
     enum { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } prepend;
     bool split;
-    /* Split (String pattern) */
-    const char *pat;
+    /* Split / chars */
+    const char *pat;      /* string pattern (NULL for regex and chars) */
     size_t pat_len;
-    enum {
-        TOK_SPLIT_REMOVED,
-        TOK_SPLIT_ISOLATED,
-        TOK_SPLIT_MERGED_PREV,
-        TOK_SPLIT_MERGED_NEXT,
-        TOK_SPLIT_CONTIGUOUS
-    } behavior;
+    struct tok_regex *re; /* regex pattern; also ByteLevel's GPT-2 regex */
+    enum { TOK_CC_DIGIT, TOK_CC_PUNCT, TOK_CC_SPACE } cls;
+    bool invert;
+    enum tok_split_behavior behavior;
+    /* ByteLevel */
+    bool add_prefix_space;
+    /* Runs after ByteLevel: sees each byte as its byte-level character */
+    bool mapped;
 };
 
 struct tokenizer {
@@ -192,8 +271,20 @@ struct tokenizer {
     bool escape_spaces;    /* spaces become U+2581 (SPM; not llama2c) */
 
     /* HF tokenizer.json */
+    bool wordpiece;      /* model WordPiece (else BPE) */
     struct tok_pairmap merges;
     bool byte_fallback, ignore_merges, fuse_unk;
+    bool unk_missing;    /* unk_token named but not in the vocab: encode fails on use */
+    /* ByteLevel pre-tokenizer: the model works on raw bytes. Pieces are
+     * stored as in the file ("Ġhello"); bvocab maps their bytes (" hello")
+     * to ids and byte_tok[b] is the id of the one-byte piece. */
+    bool byte_level;
+    struct tok_strmap bvocab;
+    int byte_tok[256];
+    const char *cont_prefix, *eow_suffix; /* continuing_subword_prefix, end_of_word_suffix */
+    size_t cont_prefix_len, eow_suffix_len;
+    int wp_max_chars;    /* WordPiece max_input_chars_per_word */
+    bool needs_utf8;     /* regex or Unicode normalizer: input made valid UTF-8 first */
     struct tok_added *added;
     int n_added;
     struct tok_trie trie_raw;  /* added tokens with normalized == false */
@@ -223,6 +314,18 @@ int tok_set_dec(struct tokenizer *t, int id, const char *s, size_t n);
 /* Recomputes max_dec_len after the decoded texts are final. */
 void tok_finish(struct tokenizer *t);
 
+/* Scratch memory of one encode call, reused across words; also a cache of
+ * the ids of words seen in this call (most words of a text repeat). */
+struct tok_wcache_slot {
+    uint64_t hash; /* 0: empty */
+    uint32_t key_off, key_len, ids_off, n_ids;
+};
+struct tok_wcache {
+    struct tok_wcache_slot *slots;
+    size_t cap, n;
+    struct tok_buf keys;
+    struct tok_ivec ids;
+};
 /* Scratch memory of one encode call, reused across words. */
 struct tok_sym {
     int start, len; /* bytes of the text this symbol covers */
@@ -239,6 +342,8 @@ struct tok_work {
     size_t syms_cap;
     struct tok_heap_ent *heap;
     size_t heap_n, heap_cap;
+    struct tok_wcache cache;
+    struct tok_buf key; /* scratch for prefixed/suffixed lookups */
 };
 void tok_work_free(struct tok_work *w);
 
@@ -251,9 +356,64 @@ void tok_check_split_mark(struct tokenizer *t, const char *mark, size_t len);
 int tok_spm_encode(const struct tokenizer *t, const char *s, size_t n, bool bytes_first,
                    struct tok_work *w, struct tok_ivec *out, struct err *e);
 
-/* Rank-ordered BPE of one pre-token s[0, n) (HF semantics). Appends ids. */
+/* The model (BPE or WordPiece, HF semantics) on one pre-token s[0, n):
+ * raw bytes when t->byte_level. Appends ids. */
 int tok_bpe_word(const struct tokenizer *t, const char *s, size_t n, struct tok_work *w,
                  struct tok_ivec *out, struct err *e);
+int tok_wordpiece_word(const struct tokenizer *t, const char *s, size_t n, struct tok_work *w,
+                       struct tok_ivec *out, struct err *e);
+
+/* ---- HF normalizer and pre-tokenizer (hf_norm.c, hf_pretok.c) ---- */
+
+struct json_t;
+/* A tokenizer.json-shaped description: root holds the pipeline; the
+ * vocabulary and merges may come as arrays instead (GGUF metadata). */
+struct tok_hf_src {
+    struct json_t *root;
+    char **tokens; /* pieces by id, instead of model.vocab (NULL: use it) */
+    int n_tokens;
+    char **merges; /* "a b" strings, instead of model.merges */
+    int n_merges;
+    int bos, eos;     /* >= 0: these ids instead of guessing from names */
+    bool read_config; /* apply tokenizer_config.json next to path */
+};
+struct tokenizer *tok_load_hf_src(const struct tok_hf_src *src, const char *path, struct err *e);
+int tok_parse_metaspace(struct tokenizer *t, struct json_t *node, const char **repl, size_t *rlen,
+                        int *prepend, struct err *e);
+int tok_parse_normalizer(struct tokenizer *t, struct json_t *node, struct err *e);
+int tok_parse_pre_tokenizer(struct tokenizer *t, struct json_t *node, struct err *e);
+void tok_free_steps(struct tokenizer *t);
+
+/* Normalizes s[0, n) into out (replaced); tmp is scratch. */
+int tok_normalize(const struct tokenizer *t, const char *s, size_t n, struct tok_buf *out,
+                  struct tok_buf *tmp, struct tok_rx_scratch *rx, struct err *e);
+
+struct tok_span {
+    size_t off, len;
+};
+struct tok_spans {
+    struct tok_span *p;
+    size_t n, cap;
+};
+/* Pre-tokenizer scratch; after tok_pretokenize the pieces are spans of buf. */
+struct tok_pre_ctx {
+    struct tok_buf buf, buf2;
+    struct tok_spans sp, sp2;
+    void *segs; /* matcher output, reused */
+    size_t segs_cap;
+    struct tok_buf mapped; /* a span as byte-level characters */
+    uint32_t *moff;        /* mapped offset -> byte offset in the span */
+    size_t moff_cap;
+    struct tok_rx_scratch rx;
+};
+/* Splits s[0, n) into pieces; first: s starts the input (Metaspace
+ * prepend_scheme "first"). */
+int tok_pretokenize(const struct tokenizer *t, const char *s, size_t n, bool first,
+                    struct tok_pre_ctx *c, struct err *e);
+void tok_pre_ctx_free(struct tok_pre_ctx *c);
+int tok_spans_push(struct tok_spans *s, size_t off, size_t len); /* drops empty pieces */
+
+uint64_t tok_hash_bytes(const char *s, size_t n);
 
 /* Kind-specific encoders (tok_encode dispatches). */
 int tok_llama2c_encode(const struct tokenizer *t, const char *text, size_t len,

@@ -81,9 +81,19 @@ int tok_ivec_push(struct tok_ivec *v, int x)
     return 0;
 }
 
+int tok_ids_push(int **ids, int *n, int id)
+{
+    int *p = realloc(*ids, (size_t)(*n + 1) * sizeof *p);
+    if (!p)
+        return -1;
+    *ids = p;
+    (*ids)[(*n)++] = id;
+    return 0;
+}
+
 /* ---- string map ---- */
 
-static uint64_t hash_bytes(const char *s, size_t n)
+uint64_t tok_hash_bytes(const char *s, size_t n)
 {
     /* FNV-1a, then a final mix so the low bits (the slot index) are good. */
     uint64_t h = 1469598103934665603ull;
@@ -138,7 +148,7 @@ int tok_strmap_put(struct tok_strmap *m, const char *key, size_t len, int val)
 {
     if ((m->n + 1) * 2 > m->cap && strmap_grow(m))
         return -1;
-    uint64_t h = hash_bytes(key, len);
+    uint64_t h = tok_hash_bytes(key, len);
     size_t j = h & (m->cap - 1);
     while (m->slots[j].key) {
         struct tok_strmap_slot *s = &m->slots[j];
@@ -155,7 +165,7 @@ int tok_strmap_get(const struct tok_strmap *m, const char *key, size_t len)
 {
     if (!m->slots)
         return -1;
-    uint64_t h = hash_bytes(key, len);
+    uint64_t h = tok_hash_bytes(key, len);
     size_t j = h & (m->cap - 1);
     while (m->slots[j].key) {
         const struct tok_strmap_slot *s = &m->slots[j];

@@ -129,8 +129,8 @@ void tok_free(struct tokenizer *t)
     tok_trie_free(&t->trie_raw);
     tok_trie_free(&t->trie_norm);
     tok_trie_free(&t->trie_special);
-    free(t->norm);
-    free(t->pre);
+    tok_free_steps(t);
+    tok_strmap_free(&t->bvocab);
     free(t->prefix_ids);
     free(t->suffix_ids);
     tok_arena_free(&t->arena);
@@ -327,7 +327,12 @@ static bool strip_now(const struct detok *d)
     case TOK_STRIP_AFTER_BOS:
         return d->prev_id >= 0 && d->prev_id == t->bos;
     case TOK_STRIP_AT_START:
-        return d->prev_id < 0 || (d->prev_id == t->bos && d->skip_special);
+    case TOK_STRIP_FIRST_ALL:
+        /* the start of the text: nothing came out yet and nothing but
+         * skipped special tokens was fed (prev_id < 0 at the very start) */
+        return !d->started &&
+               (d->prev_id < 0 || (d->skip_special && d->prev_id < t->n_vocab &&
+                                   (t->attr[d->prev_id] & TOK_ATTR_SPECIAL)));
     default:
         return false;
     }
@@ -347,7 +352,17 @@ size_t detok_feed(struct detok *d, int id, char *out, size_t cap)
         } else if (t->dec[id]) {
             const unsigned char *s = (const unsigned char *)t->dec[id];
             size_t n = t->dec_len[id];
-            if (strip && n > 0 && s[0] == ' ') {
+            if (strip && t->strip == TOK_STRIP_FIRST_ALL) {
+                /* every space of the first token goes, run by run */
+                size_t run = 0;
+                for (size_t i = 0; i <= n; i++) {
+                    if (i < n && s[i] != ' ')
+                        continue;
+                    detok_push(d, s + run, i - run, &o);
+                    run = i + 1;
+                }
+                n = 0;
+            } else if (strip && n > 0 && s[0] == ' ') {
                 s++;
                 n--;
             }
@@ -355,6 +370,8 @@ size_t detok_feed(struct detok *d, int id, char *out, size_t cap)
         }
     }
     d->prev_id = id;
+    if (o.n > 0 || d->n_pending > 0)
+        d->started = true;
     if (cap)
         out[o.n] = 0;
     return o.n;

@@ -15,9 +15,14 @@ struct tokenizer;
  * with tokenizer.json, a llama2.c directory/file with tok*.bin next to it, or
  * a .gguf file's metadata. */
 struct tokenizer *tok_load_for_model(const char *model_path, struct err *e);
+/* A Hugging Face tokenizer.json (BPE, byte-level or SentencePiece-style, or
+ * WordPiece; docs/tokenizers.md lists the supported components), with the
+ * tokenizer_config.json beside it when there is one. */
 struct tokenizer *tok_load_hf_json(const char *tokenizer_json_path, struct err *e);
 struct tokenizer *tok_load_llama2c(const char *tok_bin_path, int vocab_size, struct err *e);
-/* The vocabulary in a .gguf model's tokenizer.ggml.* metadata. */
+/* The vocabulary in a .gguf model's tokenizer.ggml.* metadata: "llama"
+ * (SentencePiece), "gpt2" (byte-level BPE, pre-tokenizer chosen by
+ * tokenizer.ggml.pre) or "bert" (WordPiece). */
 struct tokenizer *tok_load_gguf_file(const char *gguf_path, struct err *e);
 void tok_free(struct tokenizer *t);
 
@@ -61,6 +66,7 @@ struct detok {
     unsigned char pending[8];
     int n_pending;
     bool skip_special; /* don't print BOS/EOS/control tokens */
+    bool started;      /* some text has come out */
 };
 
 /* The first token of a text loses its leading space (SentencePiece dummy

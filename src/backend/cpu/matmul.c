@@ -259,6 +259,7 @@ static void mm_task_worker(void *ctx, int ith, int nth)
 struct mm_quant_task {
     const struct mm_job *job;
     const struct mm_kernel *kern;
+    uint8_t *dst; /* = job->xq, writable */
 };
 
 static void mm_quant_worker(void *ctx, int ith, int nth)
@@ -266,7 +267,7 @@ static void mm_quant_worker(void *ctx, int ith, int nth)
     const struct mm_quant_task *q = ctx;
     const struct mm_job *j = q->job;
     for (int64_t t = ith; t < j->n; t += nth)
-        q->kern->xq_quantize(j->x + t * j->cols, (uint8_t *)j->xq + t * j->xq_stride, j->cols);
+        q->kern->xq_quantize(j->x + t * j->cols, q->dst + t * j->xq_stride, j->cols);
 }
 
 static int mm_reserve_scratch(struct cpu_matmul *mm, size_t bytes, struct err *e)
@@ -327,7 +328,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         if (mm_reserve_scratch(mm, j.xq_stride * (size_t)n, e))
             return -1;
         j.xq = mm->scratch;
-        struct mm_quant_task q = {&j, k};
+        struct mm_quant_task q = {&j, k, mm->scratch};
         if (nth > 1 && (int64_t)n * w->cols >= MM_PAR_QUANT_MIN)
             tp_run(mm->tp, mm_quant_worker, &q);
         else

@@ -99,7 +99,7 @@ INLINE T256 void ftile_step(enum dtype dt, int mr, int nr, const float *const *x
 #pragma GCC unroll 4
     for (int c = 0; c < nr; c++) {
         wv[c] = load_w8(dt, w[c] + k * es);
-        if ((k * es) % 64 == 0) /* once per cache line */
+        if ((k * es) % 64 == 0) /* once per line: load slots are scarce here */
             prefetch_next_tile(nr, w[c] + k * es, stride);
     }
 #pragma GCC unroll 4
@@ -259,8 +259,7 @@ INLINE T256 void q8_step(int mr, int nr, const int8_t *const *xq, const float *c
 #pragma GCC unroll 4
     for (int c = 0; c < nr; c++) {
         const struct block_q8_0 *wb = w[c] + b;
-        if (b % 2 == 0)
-            prefetch_next_tile(nr, wb, stride);
+        prefetch_next_tile(nr, wb, stride);
         __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
         __m256i aw = _mm256_abs_epi8(wv);
         __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));

@@ -113,8 +113,9 @@ INLINE T512 void ftile_step(enum dtype dt, int mr, int nr, const float *const *x
 #pragma GCC unroll 4
     for (int c = 0; c < nr; c++) {
         wv[c] = load_w16(dt, w[c], k, m);
-        if ((k * es) % 64 == 0) /* once per cache line */
-            prefetch_next_tile(nr, w[c] + k * es, stride);
+        /* every step, not once per line: a branch here stops clang from
+         * keeping the accumulators in registers */
+        prefetch_next_tile(nr, w[c] + k * es, stride);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {

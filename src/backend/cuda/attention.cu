@@ -1,0 +1,206 @@
+/* attention.cu - causal attention over the paged KV cache, for prefill (n
+ * query tokens of one sequence) and decode alike. One block of 4 warps
+ * takes one (query, head) pair and one split of its key range; warps take
+ * keys in groups of 4 and keep an online softmax (running max, sum and
+ * weighted V sum, one head-dim slice per lane). With several splits
+ * ("flash-decoding", for long contexts with few queries) each block writes
+ * its unnormalized partial result and a second kernel merges them. */
+#include <math.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#define ATT_WARPS 4
+#define ATT_KEYS 4 /* keys per warp per step */
+#define ATT_MAX_HD 256
+
+/* Workspace layout for n_splits > 1: o[rows][hd], then m[rows], then l[rows]
+ * with rows = n * n_heads * n_splits, row = (i * n_heads + h) * n_splits + sp. */
+
+template <int DPL> /* head dims per lane: ceil(head_dim / 32) */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attention(float *out, const float *q, const float *kc, const float *vc, const int *table,
+                struct cuk_attn g, const int *dpos, int n_splits, float *ws)
+{
+    int i = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int hd = g.head_dim, kvh = h / (g.n_heads / g.n_kv_heads);
+    int pos = (dpos ? *dpos : g.pos0) + i;
+    int start = 0;
+    if (g.window > 0 && pos - g.window + 1 > 0)
+        start = pos - g.window + 1;
+    int len = pos - start + 1, per = (len + n_splits - 1) / n_splits;
+    int kb = start + sp * per, ke = min(kb + per, pos + 1);
+
+    const float *qp = q + ((size_t)i * g.n_heads + h) * hd;
+    float qr[DPL], acc[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; d++) {
+        int dd = lane + 32 * d;
+        qr[d] = dd < hd ? qp[dd] : 0.0f;
+        acc[d] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    size_t head_off = (size_t)kvh * hd;
+
+    for (int t0 = kb + warp * ATT_KEYS; t0 < ke; t0 += ATT_WARPS * ATT_KEYS) {
+        float s[ATT_KEYS];
+        size_t off[ATT_KEYS];
+#pragma unroll
+        for (int u = 0; u < ATT_KEYS; u++) {
+            int t = t0 + u;
+            float dot = 0.0f;
+            off[u] = 0;
+            if (t < ke) { /* uniform across the warp */
+                off[u] = cuk_kv_offset(&g, table, t) + head_off;
+                const float *kp = kc + off[u];
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    int dd = lane + 32 * d;
+                    if (dd < hd)
+                        dot += qr[d] * kp[dd];
+                }
+            }
+            s[u] = dot;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < ATT_KEYS; u++)
+                s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+        float mnew = m;
+#pragma unroll
+        for (int u = 0; u < ATT_KEYS; u++)
+            if (t0 + u < ke) {
+                s[u] *= g.scale;
+                mnew = fmaxf(mnew, s[u]);
+            }
+        float corr = expf(m - mnew); /* m = -inf on the first step: 0 */
+        l *= corr;
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            acc[d] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATT_KEYS; u++)
+            if (t0 + u < ke) {
+                float p = expf(s[u] - mnew);
+                l += p;
+                const float *vp = vc + off[u];
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    int dd = lane + 32 * d;
+                    if (dd < hd)
+                        acc[d] += p * vp[dd];
+                }
+            }
+        m = mnew;
+    }
+
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][ATT_MAX_HD];
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int d = 0; d < DPL; d++) {
+        int dd = lane + 32 * d;
+        if (dd < hd)
+            sm_acc[warp][dd] = acc[d];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++)
+        M = fmaxf(M, sm_m[w]);
+    float c[ATT_WARPS], L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) {
+        c[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
+        L += sm_l[w] * c[w];
+    }
+    size_t row = ((size_t)i * g.n_heads + h) * n_splits + sp;
+    for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            o += sm_acc[w][dd] * c[w];
+        if (n_splits == 1)
+            out[((size_t)i * g.n_heads + h) * hd + dd] = o / L;
+        else
+            ws[row * hd + dd] = o;
+    }
+    if (n_splits > 1 && threadIdx.x == 0) {
+        size_t rows = (size_t)g.n * g.n_heads * n_splits;
+        ws[rows * hd + row] = M;
+        ws[rows * hd + rows + row] = L;
+    }
+}
+
+__global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, const float *ws)
+{
+    int i = blockIdx.x, h = blockIdx.y, hd = g.head_dim;
+    size_t rows = (size_t)g.n * g.n_heads * n_splits;
+    size_t row0 = ((size_t)i * g.n_heads + h) * n_splits;
+    const float *wm = ws + rows * hd + row0, *wl = ws + rows * hd + rows + row0;
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++)
+        M = fmaxf(M, wm[s]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; s++)
+        if (wm[s] != -INFINITY)
+            L += wl[s] * expf(wm[s] - M);
+    for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            if (wm[s] != -INFINITY)
+                o += ws[(row0 + s) * hd + dd] * expf(wm[s] - M);
+        out[((size_t)i * g.n_heads + h) * hd + dd] = o / L;
+    }
+}
+
+extern "C" int cuk_attention_splits(int n, int n_heads, int kv_len, int n_sms)
+{
+    long blocks = (long)n * n_heads, target = 2L * n_sms;
+    if (blocks >= target || kv_len <= 256)
+        return 1;
+    long s = (target + blocks - 1) / blocks, by_len = (kv_len + 127) / 128;
+    if (s > by_len)
+        s = by_len;
+    if (s > 64)
+        s = 64;
+    return s < 1 ? 1 : (int)s;
+}
+
+extern "C" size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits)
+{
+    if (n_splits <= 1)
+        return 0;
+    size_t rows = (size_t)g->n * g->n_heads * n_splits;
+    return rows * (size_t)g->head_dim + 2 * rows;
+}
+
+extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const float *kc,
+                                     const float *vc, const int *table, const struct cuk_attn *g,
+                                     const int *dpos, int n_splits, float *ws)
+{
+    if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
+        g->n_heads % g->n_kv_heads)
+        return cudaErrorInvalidValue;
+    dim3 grid(g->n, g->n_heads, n_splits);
+    int dpl = (g->head_dim + 31) / 32;
+    if (dpl == 1)
+        k_attention<1><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
+                                                            ws);
+    else if (dpl == 2)
+        k_attention<2><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
+                                                            ws);
+    else if (dpl <= 4)
+        k_attention<4><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
+                                                            ws);
+    else
+        k_attention<8><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
+                                                            ws);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess || n_splits == 1)
+        return err;
+    k_attention_merge<<<dim3(g->n, g->n_heads), 128, 0, s>>>(out, *g, n_splits, ws);
+    return cudaGetLastError();
+}

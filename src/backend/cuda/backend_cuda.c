@@ -1,0 +1,990 @@
+/* backend_cuda.c - the CUDA implementation of the op set (host side, C17).
+ *
+ * Weights: load_weights copies every tensor of the model to the device once
+ * (plain cudaMalloc) and records it in a hash map keyed by the tensor's host
+ * data pointer, so the model description stays the host's and the ops find
+ * the device copy of whatever tensor (or norm/bias vector) they are given.
+ * Q8_0 is repacked on the device into int8 quants + f16 scales.
+ *
+ * Per-call inputs that live on the host (token ids, the sequence's block
+ * table, the RoPE frequency table) are copied to device buffers with
+ * stream-ordered copies; the block table and frequencies only when they
+ * change. All work goes to one stream; download waits for it.
+ *
+ * Matmul: f32 weights -> cuBLAS SGEMM (CUBLAS_COMPUTE_32F, default math: no
+ * TF32), so the f32 path meets the oracle's 1e-4; f16/bf16/Q8_0 with
+ * n <= CUK_GEMV_MAX tokens -> our GEMV kernels (f32 activations); larger n
+ * with f16/bf16 -> activations rounded to the weight dtype and a cuBLAS
+ * tensor-core GEMM with f32 accumulation ("fast", the default), or, with
+ * CLLM_CUDA_PRECISE=1 and for Q8_0, weights widened to f32 in row chunks and
+ * SGEMM (activations never rounded, like the CPU backend).
+ *
+ * Decode graphs: a decode step (one token, logits wanted) is recorded with
+ * stream capture into a CUDA graph the second time a step of its shape
+ * comes (the first runs eagerly and warms everything up), then replayed.
+ * The graph's first node copies a pinned [pos0, token id, block table]
+ * record to the device, and the position-dependent kernels (rope, kv_store,
+ * attention) read pos0 from there, so one graph serves every position.
+ * Graphs are keyed by (forward state, KV pool, block-table bucket: a power
+ * of two >= 64 blocks); attention splits its key range by that bucket's
+ * capacity in eager steps too, so replays are bit-identical to eager
+ * steps. Any free or reallocation of memory a graph may reference drops
+ * all graphs. CLLM_COMPILED_DECODE=0 turns them off.
+ *
+ * Void ops cannot return errors: the first CUDA failure is kept ("sticky")
+ * and reported by the next matmul, attention or finish. */
+#include "backend/backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "model/model.h"
+
+/* Bytes of f32 weights one chunk of the widening path may take. */
+#define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
+#define MAX_GRAPHS 8
+#define MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
+struct step_graph {
+    const void *owner, *kpool; /* forward state and KV pool it was recorded for */
+    int bucket;                /* block-table entries its record carries */
+    cudaGraphExec_t exec;
+};
+
+struct wentry {
+    const void *host;      /* key: the tensor's host data pointer */
+    struct cuk_weight w;   /* device copy */
+    void *mem, *mem2;      /* allocations (quants and scales for Q8_0) */
+};
+
+struct dbuf { /* a growable device buffer */
+    void *p;
+    size_t cap;
+};
+
+struct alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_backend {
+    struct backend be;
+    int device, n_sms;
+    char name[128];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    bool precise;
+
+    struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
+    size_t map_cap, map_n;
+    size_t weight_bytes;
+
+    struct alloc_rec *allocs;
+    size_t n_allocs, cap_allocs, alloc_bytes;
+
+    struct dbuf ids, table, ws, xh, wf, invf;
+    int *tab_host;  /* the block table last copied to `table` */
+    int tab_n, tab_cap;
+    float *invf_host; /* the RoPE table last copied to `invf` */
+    int invf_n;
+
+    char err[256]; /* first deferred failure */
+
+    /* decode graphs */
+    bool graphs;       /* enabled (CLLM_COMPILED_DECODE != 0) */
+    bool capturing;    /* ops are being recorded, not run */
+    int eager_decodes; /* decode steps run eagerly so far */
+    int att_heads, att_hd;
+    struct step_graph cache[MAX_GRAPHS];
+    int n_graphs;
+    struct step_graph rec; /* key of the graph being recorded */
+    int *h_step;       /* pinned [pos0, id, table[cap]] */
+    int step_cap;      /* table entries h_step and `step` hold */
+    struct dbuf step;  /* device copy of h_step */
+    void *blas_ws;
+};
+
+static struct cuda_backend *cb(struct backend *be) { return be->impl; }
+
+static void use_device(struct cuda_backend *c) { cudaSetDevice(c->device); }
+
+/* Records the first failure of a void op; returns true when err != success. */
+static bool fail_cuda(struct cuda_backend *c, const char *what, cudaError_t err)
+{
+    if (err == cudaSuccess)
+        return false;
+    if (!c->err[0])
+        snprintf(c->err, sizeof c->err, "%s: %s: %s", c->name, what, cudaGetErrorString(err));
+    return true;
+}
+
+static void fail_msg(struct cuda_backend *c, const char *msg)
+{
+    if (!c->err[0])
+        snprintf(c->err, sizeof c->err, "%s: %s", c->name, msg);
+}
+
+static int sticky(struct cuda_backend *c, struct err *e)
+{
+    return c->err[0] ? err_set(e, "%s", c->err) : 0;
+}
+
+static size_t dbuf_bytes(const struct cuda_backend *c)
+{
+    return c->ids.cap + c->table.cap + c->ws.cap + c->xh.cap + c->wf.cap + c->invf.cap +
+           c->step.cap + (c->blas_ws ? BLAS_WS_BYTES : 0);
+}
+
+static void graphs_flush(struct cuda_backend *c)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        cudaGraphExecDestroy(c->cache[i].exec);
+    c->n_graphs = 0;
+}
+
+/* Grows a work buffer to at least bytes (contents are not kept). */
+static void *dbuf_get(struct cuda_backend *c, struct dbuf *b, size_t bytes, const char *what)
+{
+    if (b->cap >= bytes && b->p)
+        return b->p;
+    if (c->capturing) { /* no synchronization while recording: the recording fails */
+        fail_msg(c, "a work buffer had to grow while recording a graph");
+        return NULL;
+    }
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    if (b->p) { /* queued kernels may still read it, and graphs may name it */
+        cudaStreamSynchronize(c->stream);
+        graphs_flush(c);
+        cudaFree(b->p);
+    }
+    b->p = NULL;
+    b->cap = 0;
+    cudaError_t err = cudaMalloc(&b->p, cap);
+    if (err != cudaSuccess) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "cannot allocate %zu MiB for %s", cap >> 20, what);
+        b->p = NULL;
+        fail_cuda(c, msg, err);
+        return NULL;
+    }
+    b->cap = cap;
+    return b->p;
+}
+
+static void dbuf_free(struct dbuf *b)
+{
+    if (b->p)
+        cudaFree(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+/* ---- weight map ---- */
+
+static size_t hash_ptr(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static struct wentry *map_find(const struct cuda_backend *c, const void *host)
+{
+    if (!c->map_cap || !host)
+        return NULL;
+    for (size_t i = hash_ptr(host, c->map_cap);; i = (i + 1) & (c->map_cap - 1)) {
+        if (c->map[i].host == host)
+            return &c->map[i];
+        if (!c->map[i].host)
+            return NULL;
+    }
+}
+
+static struct wentry *map_insert(struct cuda_backend *c, const void *host)
+{
+    size_t i = hash_ptr(host, c->map_cap);
+    while (c->map[i].host)
+        i = (i + 1) & (c->map_cap - 1);
+    c->map[i].host = host;
+    c->map_n++;
+    return &c->map[i];
+}
+
+static const float *dev_vec(struct cuda_backend *c, const float *host, const char *op)
+{
+    struct wentry *w = map_find(c, host);
+    if (!w) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%s: a weight vector was not uploaded (load_weights first)", op);
+        fail_msg(c, msg);
+        return NULL;
+    }
+    return w->w.data;
+}
+
+/* ---- memory ---- */
+
+static void *cu_alloc(struct backend *be, size_t bytes)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (c->n_allocs == c->cap_allocs) {
+        size_t cap = c->cap_allocs ? 2 * c->cap_allocs : 32;
+        struct alloc_rec *a = realloc(c->allocs, cap * sizeof *a);
+        if (!a)
+            return NULL;
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is reported by the caller */
+        return NULL;
+    }
+    /* Zeroed like the CPU backend's memory: nothing reads uninitialized data. */
+    if (cudaMemsetAsync(p, 0, bytes, c->stream) != cudaSuccess) {
+        cudaFree(p);
+        return NULL;
+    }
+    c->allocs[c->n_allocs++] = (struct alloc_rec){p, bytes};
+    c->alloc_bytes += bytes;
+    return p;
+}
+
+static void cu_free(struct backend *be, void *p)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    for (size_t i = 0; i < c->n_allocs; i++)
+        if (c->allocs[i].p == p) {
+            c->alloc_bytes -= c->allocs[i].bytes;
+            c->allocs[i] = c->allocs[--c->n_allocs];
+            break;
+        }
+    cudaStreamSynchronize(c->stream);
+    graphs_flush(c);
+    cudaFree(p);
+}
+
+static void cu_download(struct backend *be, float *dst, const float *src, size_t n)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (c->err[0])
+        return;
+    if (!fail_cuda(c, "download", cudaMemcpyAsync(dst, src, n * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, c->stream)))
+        fail_cuda(c, "synchronize after download", cudaStreamSynchronize(c->stream));
+}
+
+static void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (!fail_cuda(c, "upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream)))
+        fail_cuda(c, "synchronize after upload", cudaStreamSynchronize(c->stream));
+}
+
+static int cu_finish(struct backend *be, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (!c->err[0])
+        fail_cuda(c, "synchronize", cudaStreamSynchronize(c->stream));
+    return sticky(c, e);
+}
+
+static void cu_mem_info(struct backend *be, struct backend_mem *out)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    memset(out, 0, sizeof *out);
+    out->weights = c->weight_bytes;
+    out->allocated = c->alloc_bytes;
+    out->scratch = dbuf_bytes(c);
+    cudaMemGetInfo(&out->dev_free, &out->dev_total);
+    snprintf(out->device, sizeof out->device, "%s", c->name);
+}
+
+/* ---- weights ---- */
+
+static size_t tensor_bytes(const struct tensor *t)
+{
+    return (size_t)t->rows * dtype_row_bytes(t->dtype, t->cols);
+}
+
+/* Device bytes a tensor takes (Q8_0 repacked: 1 byte per element + scales). */
+static size_t tensor_dev_bytes(const struct tensor *t)
+{
+    if (t->dtype == DT_Q8_0)
+        return (size_t)t->rows * (size_t)t->cols + (size_t)t->rows * (size_t)(t->cols / 32) * 2;
+    return tensor_bytes(t);
+}
+
+static int collect_tensors(const struct model *m, const struct tensor ***out, struct err *e)
+{
+    int per = 14, n = 0;
+    const struct tensor **ts = malloc(sizeof *ts * (size_t)(3 + per * m->cfg.n_layers));
+    if (!ts)
+        return err_set(e, "out of memory");
+    ts[n++] = &m->tok_embd;
+    ts[n++] = &m->out_norm;
+    ts[n++] = &m->lm_head;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        const struct tensor *lt[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
+                                     &w->bq, &w->bk, &w->bv, &w->q_norm, &w->k_norm,
+                                     &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        for (int i = 0; i < per; i++)
+            ts[n++] = lt[i];
+    }
+    *out = ts;
+    return n;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int upload_tensor(struct cuda_backend *c, const struct tensor *t, struct dbuf *tmp,
+                         struct err *e)
+{
+    if (t->rows > INT32_MAX || t->cols > INT32_MAX)
+        return err_set(e, "%s: tensor [%lld x %lld] is too large", c->name, (long long)t->rows,
+                       (long long)t->cols);
+    struct wentry *w = map_insert(c, t->data);
+    w->w.dtype = t->dtype;
+    w->w.rows = (int)t->rows;
+    w->w.cols = (int)t->cols;
+    size_t bytes = tensor_bytes(t);
+    cudaError_t err;
+    if (t->dtype == DT_Q8_0) {
+        size_t nel = (size_t)t->rows * (size_t)t->cols, nblk = nel / Q8_0_BLOCK;
+        if ((err = cudaMalloc(&w->mem, nel)) != cudaSuccess ||
+            (err = cudaMalloc(&w->mem2, nblk * 2)) != cudaSuccess)
+            goto cuda_fail;
+        if (!dbuf_get(c, tmp, bytes, "the Q8_0 upload buffer")) {
+            err = cudaErrorMemoryAllocation;
+            goto cuda_fail;
+        }
+        if ((err = cudaMemcpyAsync(tmp->p, t->data, bytes, cudaMemcpyHostToDevice, c->stream)) !=
+                cudaSuccess ||
+            (err = cuk_q8_repack(c->stream, w->mem, w->mem2, tmp->p, nblk)) != cudaSuccess)
+            goto cuda_fail;
+        w->w.data = w->mem;
+        w->w.scales = w->mem2;
+    } else {
+        if ((err = cudaMalloc(&w->mem, bytes)) != cudaSuccess ||
+            (err = cudaMemcpyAsync(w->mem, t->data, bytes, cudaMemcpyHostToDevice, c->stream)) !=
+                cudaSuccess)
+            goto cuda_fail;
+        w->w.data = w->mem;
+    }
+    c->weight_bytes += tensor_dev_bytes(t);
+    return 0;
+cuda_fail:
+    return err_set(e, "%s: uploading a %s tensor [%lld x %lld] (%zu MiB): %s", c->name,
+                   dtype_name(t->dtype), (long long)t->rows, (long long)t->cols, bytes >> 20,
+                   cudaGetErrorString(err));
+}
+
+static int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (c->map_n)
+        return err_set(e, "%s: weights are already loaded (one model per backend)", c->name);
+    const struct tensor **ts = NULL;
+    int n = collect_tensors(m, &ts, e);
+    if (n < 0)
+        return -1;
+    size_t need = 0, cap = 16;
+    int uniq = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i]->data)
+            cap += 2;
+    while (cap & (cap - 1))
+        cap++;
+    c->map = calloc(cap, sizeof *c->map);
+    if (!c->map) {
+        free(ts);
+        return err_set(e, "out of memory");
+    }
+    c->map_cap = cap;
+    /* Sizes first (tied embeddings count once), so an oversized model fails
+     * before anything is copied. */
+    for (int i = 0; i < n; i++) {
+        bool dup = !ts[i]->data;
+        for (int j = 0; j < i && !dup; j++)
+            dup = ts[j]->data == ts[i]->data;
+        if (!dup) {
+            need += tensor_dev_bytes(ts[i]);
+            uniq++;
+        }
+    }
+    size_t dfree = 0, dtotal = 0;
+    cudaMemGetInfo(&dfree, &dtotal);
+    size_t reserve = (size_t)512 << 20; /* activations, KV, cuBLAS workspace come after */
+    if (need + reserve > dfree) {
+        free(ts);
+        return err_set(e, "%s: the model's weights need %.1f GiB but only %.1f of %.1f GiB are free "
+                          "(plus %.1f GiB kept for activations and KV); use a smaller or more "
+                          "quantized model, or --device cpu",
+                       c->name, need / 1073741824.0, dfree / 1073741824.0, dtotal / 1073741824.0,
+                       reserve / 1073741824.0);
+    }
+    fprintf(stderr, "%s: loading %d tensors, %.1f MiB of weights (%.1f GiB free)\n", c->name, uniq,
+            need / 1048576.0, dfree / 1073741824.0);
+    double t0 = now_s(), last = t0;
+    size_t done = 0;
+    struct dbuf tmp = {0};
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!ts[i]->data || map_find(c, ts[i]->data))
+            continue;
+        rc = upload_tensor(c, ts[i], &tmp, e);
+        done += tensor_dev_bytes(ts[i]);
+        double t = now_s();
+        if (t - last > 0.5 && isatty(2)) {
+            fprintf(stderr, "\r%s: %.0f%% (%.0f MiB)", c->name, 100.0 * done / (need ? need : 1),
+                    done / 1048576.0);
+            last = t;
+        }
+    }
+    cudaError_t serr = cudaStreamSynchronize(c->stream);
+    dbuf_free(&tmp);
+    free(ts);
+    if (rc)
+        return -1;
+    if (serr != cudaSuccess)
+        return err_set(e, "%s: uploading weights: %s", c->name, cudaGetErrorString(serr));
+    double dt = now_s() - t0;
+    fprintf(stderr, "%s%s: weights loaded in %.2f s (%.2f GB/s)\n", isatty(2) ? "\r" : "", c->name,
+            dt, dt > 0 ? need / dt / 1e9 : 0.0);
+    return 0;
+}
+
+/* ---- ops ---- */
+
+static const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct tensor *t,
+                                           const char *op)
+{
+    struct wentry *w = map_find(c, t->data);
+    if (!w) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s: a %s tensor [%lld x %lld] was not uploaded (load_weights "
+                                  "first)", op, dtype_name(t->dtype), (long long)t->rows,
+                 (long long)t->cols);
+        fail_msg(c, msg);
+        return NULL;
+    }
+    return &w->w;
+}
+
+static void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
+{
+    struct cuda_backend *c = cb(be);
+    if (!c->capturing)
+        use_device(c);
+    const struct cuk_weight *w = dev_weight(c, t, "embed");
+    if (!w || c->err[0])
+        return;
+    if (c->capturing) { /* the id comes with the step record */
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, n));
+        return;
+    }
+    int *dids = dbuf_get(c, &c->ids, (size_t)n * sizeof(int), "token ids");
+    if (!dids)
+        return;
+    if (!fail_cuda(c, "copy token ids", cudaMemcpyAsync(dids, ids, (size_t)n * sizeof(int),
+                                                        cudaMemcpyHostToDevice, c->stream)))
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
+}
+
+static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, const void *x,
+                cudaDataType t, int rows, int n, int cols, struct err *e)
+{
+    const float one = 1.0f, zero = 0.0f;
+    /* Column-major view: out^T[rows x n] = (W^T)^T[rows x cols] . x^T[cols x n]. */
+    cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, t,
+                                     cols, x, t, cols, &zero, out, CUDA_R_32F, ldc,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return err_set(e, "%s: cuBLAS GEMM [%d x %d x %d]: %s", c->name, rows, n, cols,
+                       cublasGetStatusString(st));
+    return 0;
+}
+
+static int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
+                     struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    const struct cuk_weight *w = dev_weight(c, t, "matmul");
+    if (sticky(c, e))
+        return -1;
+    if (w->dtype == DT_F32)
+        return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, e);
+    if (n <= CUK_GEMV_MAX) {
+        if (fail_cuda(c, "gemv", cuk_gemv(c->stream, out, x, n, w)))
+            return sticky(c, e);
+        return 0;
+    }
+    if (!c->precise && (w->dtype == DT_BF16 || w->dtype == DT_F16)) {
+        size_t nel = (size_t)n * (size_t)w->cols;
+        uint16_t *xh = dbuf_get(c, &c->xh, nel * 2, "half activations");
+        if (!xh || fail_cuda(c, "convert activations",
+                             cuk_f32_to_half(c->stream, xh, x, nel, w->dtype == DT_BF16)))
+            return sticky(c, e);
+        return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
+                    w->rows, n, w->cols, e);
+    }
+    /* Widen row chunks of W to f32 and multiply in f32. */
+    int chunk = (int)(WIDEN_CHUNK_BYTES / 4 / (size_t)w->cols);
+    if (chunk < 1)
+        chunk = 1;
+    if (chunk > w->rows)
+        chunk = w->rows;
+    float *wf = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 4, "widened weights");
+    if (!wf)
+        return sticky(c, e);
+    for (int r0 = 0; r0 < w->rows; r0 += chunk) {
+        int nr = w->rows - r0 < chunk ? w->rows - r0 : chunk;
+        if (fail_cuda(c, "widen weights", cuk_dequant_f32(c->stream, wf, w, r0, nr)))
+            return sticky(c, e);
+        if (gemm(c, out + r0, w->rows, wf, x, CUDA_R_32F, nr, n, w->cols, e))
+            return -1;
+    }
+    return 0;
+}
+
+static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
+                       int dim, float eps)
+{
+    struct cuda_backend *c = cb(be);
+    const float *dw = dev_vec(c, w, "rmsnorm");
+    if (dw && !c->err[0])
+        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps));
+}
+
+static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
+{
+    struct cuda_backend *c = cb(be);
+    const float *db = dev_vec(c, b, "add_bias");
+    if (db && !c->err[0])
+        fail_cuda(c, "add_bias", cuk_add_bias(c->stream, x, db, n, dim));
+}
+
+static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
+                    const float *inv_freq, bool interleaved)
+{
+    struct cuda_backend *c = cb(be);
+    if (c->err[0])
+        return;
+    int half = head_dim / 2;
+    if (half != c->invf_n || memcmp(c->invf_host, inv_freq, sizeof(float) * (size_t)half)) {
+        if (c->capturing) {
+            fail_msg(c, "rope: the frequency table changed while recording a graph");
+            return;
+        }
+        float *h = realloc(c->invf_host, sizeof(float) * (size_t)(half ? half : 1));
+        float *d = dbuf_get(c, &c->invf, sizeof(float) * (size_t)(half ? half : 1), "rope table");
+        if (!h || !d) {
+            fail_msg(c, "rope: out of memory");
+            return;
+        }
+        c->invf_host = h;
+        memcpy(h, inv_freq, sizeof(float) * (size_t)half);
+        c->invf_n = half;
+        if (fail_cuda(c, "copy rope table", cudaMemcpyAsync(d, h, sizeof(float) * (size_t)half,
+                                                            cudaMemcpyHostToDevice, c->stream)))
+            return;
+    }
+    fail_cuda(c, "rope", cuk_rope(c->stream, x, n, n_heads, head_dim, pos0,
+                                  c->capturing ? (const int *)c->step.p : NULL, c->invf.p,
+                                  interleaved));
+}
+
+/* Block-table entries a decode graph carries: a power of two >= 64. */
+static int table_bucket(int n_blocks)
+{
+    int b = 64;
+    while (b < n_blocks)
+        b *= 2;
+    return b;
+}
+
+/* The device copy of seq's block table, copied again only when it changed. */
+static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
+{
+    if (c->capturing) /* the table comes with the step record */
+        return (const int *)c->step.p + 2;
+    int nb = seq->n_blocks;
+    if (nb == c->tab_n && c->table.p && !memcmp(c->tab_host, seq->blocks, sizeof(int) * (size_t)nb))
+        return c->table.p;
+    if (nb > c->tab_cap) {
+        int cap = c->tab_cap ? c->tab_cap : 64;
+        while (cap < nb)
+            cap *= 2;
+        int *h = realloc(c->tab_host, sizeof(int) * (size_t)cap);
+        if (!h) {
+            fail_msg(c, "block table: out of memory");
+            return NULL;
+        }
+        c->tab_host = h;
+        c->tab_cap = cap;
+    }
+    if (!dbuf_get(c, &c->table, sizeof(int) * (size_t)c->tab_cap, "block table"))
+        return NULL;
+    memcpy(c->tab_host, seq->blocks, sizeof(int) * (size_t)nb);
+    c->tab_n = nb;
+    /* From pageable memory the copy is staged before the call returns, so
+     * tab_host may change afterwards. */
+    if (fail_cuda(c, "copy block table", cudaMemcpyAsync(c->table.p, c->tab_host,
+                                                         sizeof(int) * (size_t)nb,
+                                                         cudaMemcpyHostToDevice, c->stream)))
+        return NULL;
+    return c->table.p;
+}
+
+static struct cuk_attn attn_geom(const struct kv_pool *pool, int layer, int n, int pos0)
+{
+    struct cuk_attn g = {0};
+    g.n = n;
+    g.pos0 = pos0;
+    g.n_layers = pool->n_layers;
+    g.layer = layer;
+    g.block_size = pool->block_size;
+    g.kv_dim = pool->kv_dim;
+    return g;
+}
+
+static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
+                        int layer, const float *k, const float *v, int n, int pos0)
+{
+    struct cuda_backend *c = cb(be);
+    if (c->err[0])
+        return;
+    if (pos0 + n > seq->n_blocks * pool->block_size) {
+        fail_msg(c, "kv_store: positions beyond the sequence's blocks");
+        return;
+    }
+    const int *tab = dev_table(c, seq);
+    struct cuk_attn g = attn_geom(pool, layer, n, pos0);
+    if (tab)
+        fail_cuda(c, "kv_store", cuk_kv_store(c->stream, pool->k, pool->v, tab, &g,
+                                              c->capturing ? (const int *)c->step.p : NULL, k, v));
+}
+
+static int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
+                        const struct kv_seq *seq, int layer, const struct attn_args *a,
+                        struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (sticky(c, e))
+        return -1;
+    if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads ||
+        a->n_kv_heads * a->head_dim != pool->kv_dim)
+        return err_set(e, "%s: attention with %d heads, %d kv heads of dim %d is not supported "
+                          "(head_dim <= 256, heads a multiple of kv heads)",
+                       c->name, a->n_heads, a->n_kv_heads, a->head_dim);
+    if (a->pos0 + a->n > seq->n_blocks * pool->block_size)
+        return err_set(e, "%s: attention beyond the sequence's cached positions", c->name);
+    const int *tab = dev_table(c, seq);
+    if (!tab)
+        return sticky(c, e);
+    struct cuk_attn g = attn_geom(pool, layer, a->n, a->pos0);
+    g.n_heads = a->n_heads;
+    g.n_kv_heads = a->n_kv_heads;
+    g.head_dim = a->head_dim;
+    g.window = a->sliding_window;
+    g.scale = a->scale;
+    /* Split by the block-table bucket, not the exact length: eager and
+     * replayed decode steps then reduce in the same order. */
+    int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
+    if (a->sliding_window > 0 && a->sliding_window < kv_cap)
+        kv_cap = a->sliding_window;
+    int splits = cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
+    if (a->n == 1) {
+        c->att_heads = a->n_heads;
+        c->att_hd = a->head_dim;
+    }
+    float *ws = NULL;
+    if (splits > 1 && !(ws = dbuf_get(c, &c->ws, cuk_attention_ws_floats(&g, splits) * 4,
+                                      "attention workspace")))
+        return sticky(c, e);
+    if (fail_cuda(c, "attention",
+                  cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g,
+                                c->capturing ? (const int *)c->step.p : NULL, splits, ws)))
+        return sticky(c, e);
+    return 0;
+}
+
+static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
+{
+    struct cuda_backend *c = cb(be);
+    if (!c->err[0])
+        fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n));
+}
+
+static void cu_add(struct backend *be, float *x, const float *y, size_t n)
+{
+    struct cuda_backend *c = cb(be);
+    if (!c->err[0])
+        fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
+}
+
+/* ---- decode graphs ---- */
+
+static struct step_graph *graph_find(struct cuda_backend *c, const struct step_graph *key)
+{
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->cache[i].owner == key->owner && c->cache[i].kpool == key->kpool &&
+            c->cache[i].bucket == key->bucket)
+            return &c->cache[i];
+    return NULL;
+}
+
+/* Makes h_step/step hold at least cap table entries. */
+static int step_reserve(struct cuda_backend *c, int cap)
+{
+    if (c->h_step && c->step_cap >= cap)
+        return 0;
+    cudaStreamSynchronize(c->stream);
+    graphs_flush(c); /* graphs name the old buffers */
+    if (c->h_step)
+        cudaFreeHost(c->h_step);
+    c->h_step = NULL;
+    c->step_cap = 0;
+    if (fail_cuda(c, "pinned step record",
+                  cudaHostAlloc((void **)&c->h_step, sizeof(int) * (size_t)(cap + 2), 0)) ||
+        !dbuf_get(c, &c->step, sizeof(int) * (size_t)(cap + 2), "step record")) {
+        c->h_step = NULL;
+        return -1;
+    }
+    c->step_cap = cap;
+    return 0;
+}
+
+static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (!c->graphs || st->n != 1 || !st->logits)
+        return 0;
+    if (c->eager_decodes < 1 || !c->att_heads) { /* the first decode step warms up */
+        c->eager_decodes++;
+        return 0;
+    }
+    const struct kv_seq *seq = st->seq;
+    struct step_graph key = {st->owner, st->pool->k, table_bucket(seq->n_blocks), NULL};
+    if (step_reserve(c, key.bucket))
+        return sticky(c, e);
+    /* The previous step's download waited for its replay, so the record is
+     * free to change. */
+    c->h_step[0] = st->pos0;
+    c->h_step[1] = st->tokens[0];
+    memcpy(c->h_step + 2, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
+    struct step_graph *g = graph_find(c, &key);
+    if (g) {
+        if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
+            return sticky(c, e);
+        return 1;
+    }
+    /* Size what the recording will use while synchronizing is still allowed. */
+    size_t ws = (size_t)c->att_heads * MAX_SPLITS * (size_t)(c->att_hd + 2) * sizeof(float);
+    if (!dbuf_get(c, &c->ws, ws, "attention workspace"))
+        return sticky(c, e);
+    if (fail_cuda(c, "begin graph capture",
+                  cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+        return sticky(c, e);
+    c->capturing = true;
+    c->rec = key;
+    if (fail_cuda(c, "copy step record",
+                  cudaMemcpyAsync(c->step.p, c->h_step, sizeof(int) * (size_t)(key.bucket + 2),
+                                  cudaMemcpyHostToDevice, c->stream))) {
+        /* step_end abandons the recording */
+    }
+    return 0;
+}
+
+static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (!c->capturing)
+        return 0;
+    c->capturing = false;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t err = cudaStreamEndCapture(c->stream, &graph);
+    bool ok = ops_rc == 0 && !c->err[0] && err == cudaSuccess && graph;
+    if (ok)
+        ok = (err = cudaGraphInstantiate(&exec, graph, 0)) == cudaSuccess;
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (!ok) {
+        fprintf(stderr, "%s: recording the decode step as a CUDA graph failed (%s); decoding "
+                        "without graphs\n", c->name,
+                c->err[0] ? c->err : ops_rc ? e->msg : cudaGetErrorString(err));
+        c->err[0] = 0; /* nothing ran: the device state is intact */
+        cudaGetLastError();
+        c->graphs = false;
+        return 1;
+    }
+    if (c->n_graphs == MAX_GRAPHS) { /* drop the oldest */
+        cudaGraphExecDestroy(c->cache[0].exec);
+        memmove(c->cache, c->cache + 1, sizeof c->cache[0] * (MAX_GRAPHS - 1));
+        c->n_graphs--;
+    }
+    c->rec.exec = exec;
+    c->cache[c->n_graphs++] = c->rec;
+    if (fail_cuda(c, "graph launch", cudaGraphLaunch(exec, c->stream)))
+        return sticky(c, e);
+    return 0;
+}
+
+static void cu_destroy(struct backend *be)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    cudaStreamSynchronize(c->stream);
+    for (size_t i = 0; i < c->map_cap; i++) {
+        if (c->map[i].mem)
+            cudaFree(c->map[i].mem);
+        if (c->map[i].mem2)
+            cudaFree(c->map[i].mem2);
+    }
+    free(c->map);
+    graphs_flush(c);
+    if (c->h_step)
+        cudaFreeHost(c->h_step);
+    if (c->blas_ws)
+        cudaFree(c->blas_ws);
+    /* Buffers callers did not free (they should have) go with the backend. */
+    for (size_t i = 0; i < c->n_allocs; i++)
+        cudaFree(c->allocs[i].p);
+    free(c->allocs);
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->xh, &c->wf, &c->invf, &c->step};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        dbuf_free(bufs[i]);
+    free(c->tab_host);
+    free(c->invf_host);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .download = cu_download,
+    .embed = cu_embed,
+    .matmul = cu_matmul,
+    .rmsnorm = cu_rmsnorm,
+    .add_bias = cu_add_bias,
+    .rope = cu_rope,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
+    .silu_mul = cu_silu_mul,
+    .add = cu_add,
+    .load_weights = cu_load_weights,
+    .finish = cu_finish,
+    .upload = cu_upload,
+    .step_begin = cu_step_begin,
+    .step_end = cu_step_end,
+    .mem_info = cu_mem_info,
+};
+
+int backend_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+struct backend *backend_cuda_create(int device, struct err *e)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        err_set(e, "no CUDA device found (%s); use --device cpu",
+                err != cudaSuccess ? cudaGetErrorString(err) : "the driver reports none");
+        cudaGetLastError();
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        err_set(e, "cuda:%d: there %s only %d CUDA device%s (cuda:0..cuda:%d)", device,
+                count == 1 ? "is" : "are", count, count == 1 ? "" : "s", count - 1);
+        return NULL;
+    }
+    struct cuda_backend *c = calloc(1, sizeof *c);
+    if (!c) {
+        err_set(e, "out of memory");
+        return NULL;
+    }
+    c->device = device;
+    struct cudaDeviceProp prop;
+    if ((err = cudaSetDevice(device)) != cudaSuccess ||
+        (err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        err_set(e, "cuda:%d: %s", device, cudaGetErrorString(err));
+        free(c);
+        return NULL;
+    }
+    if (prop.major < 9)
+        fprintf(stderr, "cuda:%d: %s is compute capability %d.%d; this build targets 9.0 (the "
+                        "driver compiles its PTX, if it can)\n", device, prop.name, prop.major,
+                prop.minor);
+    c->n_sms = prop.multiProcessorCount;
+    snprintf(c->name, sizeof c->name, "cuda:%d (%s, %.0f GiB, %d SMs)", device, prop.name,
+             prop.totalGlobalMem / 1073741824.0, c->n_sms);
+    cublasStatus_t st = cublasCreate(&c->blas);
+    if (st != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+        err_set(e, "cuda:%d: cuBLAS: %s", device, cublasGetStatusString(st));
+        if (st == CUBLAS_STATUS_SUCCESS)
+            cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return NULL;
+    }
+    /* cuBLAS gets its workspace up front so it never allocates while a
+     * graph is being recorded. */
+    if (cudaMalloc(&c->blas_ws, BLAS_WS_BYTES) != cudaSuccess ||
+        cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {
+        err_set(e, "cuda:%d: cannot set up the cuBLAS workspace", device);
+        if (c->blas_ws)
+            cudaFree(c->blas_ws);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return NULL;
+    }
+    const char *p = getenv("CLLM_CUDA_PRECISE");
+    c->precise = p && *p && strcmp(p, "0") != 0;
+    p = getenv("CLLM_COMPILED_DECODE");
+    c->graphs = !(p && !strcmp(p, "0"));
+    c->be.ops = &cuda_ops;
+    c->be.impl = c;
+    return &c->be;
+}

@@ -1,0 +1,86 @@
+/* cuda_backend.h - the C-linkage entry points of the CUDA kernels (*.cu).
+ * backend_cuda.c (C17) implements the backend op set and calls only these;
+ * each launcher enqueues its kernel(s) on stream s and returns the launch
+ * status. All pointers are device pointers unless a comment says otherwise.
+ *
+ * Weight layouts on the device: f32/f16/bf16 as in the file (row-major
+ * [rows][cols]); Q8_0 repacked at upload into int8 quants [rows][cols] plus
+ * f16 scales [rows][cols/32] (qs, scales), so rows are 16-byte aligned. */
+#ifndef CLLM_BACKEND_CUDA_CUDA_BACKEND_H
+#define CLLM_BACKEND_CUDA_CUDA_BACKEND_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A weight matrix as the kernels see it; dtype is an enum dtype value. */
+struct cuk_weight {
+    int dtype;
+    int rows, cols;
+    const void *data;        /* elements, or Q8_0 int8 quants */
+    const uint16_t *scales;  /* Q8_0 only: f16 scale per 32 elements */
+};
+
+/* Geometry of one attention call over the paged cache
+ * ([n_blocks][n_layers][block_size][kv_dim] floats for K and for V). */
+struct cuk_attn {
+    int n, pos0;
+    int n_heads, n_kv_heads, head_dim;
+    int window; /* 0 = unlimited */
+    float scale;
+    int n_layers, layer, block_size, kv_dim;
+};
+
+/* out[i][:] = row ids[i] of table as f32 (ids on the device). */
+cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table, const int *ids,
+                      int n);
+/* out = x / rms(x) * w row-wise; out may equal x. */
+cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w, int n,
+                        int dim, float eps);
+cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, int n, int dim);
+cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n);
+cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n);
+/* dpos (device, may be NULL): when given, *dpos replaces pos0 / g->pos0 at
+ * run time, so a recorded graph serves every decode position. */
+cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, int pos0,
+                     const int *dpos, const float *inv_freq, int interleaved);
+/* Writes k/v rows [n][kv_dim] of positions pos0.. through the block table. */
+cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const int *table,
+                         const struct cuk_attn *g, const int *dpos, const float *k,
+                         const float *v);
+
+/* Splits of the key range attention uses for n queries of n_heads heads
+ * over at most kv_cap keys on a GPU with n_sms multiprocessors (1 = no
+ * split, no workspace). Callers pass a capacity (not the exact length) so
+ * that eager and graph-replayed decode steps split the same way. */
+int cuk_attention_splits(int n, int n_heads, int kv_cap, int n_sms);
+/* Floats of workspace cuk_attention needs for n_splits > 1. */
+size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits);
+/* out[n][n_heads*head_dim] = causal softmax(q k^T * scale) v; head_dim <= 256. */
+cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const float *kc,
+                          const float *vc, const int *table, const struct cuk_attn *g,
+                          const int *dpos, int n_splits, float *ws);
+
+/* Largest n the GEMV kernels take. */
+#define CUK_GEMV_MAX 8
+/* out[n][rows] = x[n][cols] . W^T for n <= CUK_GEMV_MAX, f32 accumulation,
+ * any weight dtype. */
+cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int n, const struct cuk_weight *w);
+/* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
+cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
+                            int nrows);
+/* dst[i] = x[i] rounded to nearest-even bf16 (bf16 != 0) or f16. */
+cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_t n, int bf16);
+/* Q8_0 repack on the device: src holds nrows*cols/32 GGUF blocks (34 bytes). */
+cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const void *src,
+                          size_t n_blocks);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,241 @@
+/* kernels.cu - the element-wise and row-wise CUDA kernels of the op set:
+ * embedding gather, RMSNorm, bias, SwiGLU, residual add, RoPE, paged KV
+ * store, and the dtype conversions used around cuBLAS. Arithmetic follows
+ * the CPU backend (f32, RMSNorm's sum of squares in double) so both meet the
+ * same oracle contract. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+/* ---- embedding gather ---- */
+
+__global__ void k_embed(float *out, struct cuk_weight t, const int *ids)
+{
+    size_t r = (size_t)ids[blockIdx.x];
+    int cols = t.cols;
+    float *o = out + (size_t)blockIdx.x * cols;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x)
+        o[j] = cuk_load_weight(&t, r, j);
+}
+
+extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table,
+                                 const int *ids, int n)
+{
+    k_embed<<<n, 256, 0, s>>>(out, *table, ids);
+    return cudaGetLastError();
+}
+
+/* ---- RMSNorm ---- */
+
+/* One warp per row (small rows: q/k norm over a head). */
+__global__ void k_rmsnorm_warp(float *out, const float *x, const float *w, int n, int dim,
+                               float eps)
+{
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    const float *xr = x + (size_t)row * dim;
+    float *o = out + (size_t)row * dim;
+    double ss = 0;
+    for (int j = lane; j < dim; j += 32)
+        ss += (double)xr[j] * xr[j];
+    ss = cuk_warp_sum_d(ss);
+    float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+    for (int j = lane; j < dim; j += 32)
+        o[j] = w[j] * (xr[j] * inv);
+}
+
+/* One block per row (hidden-size rows). */
+__global__ void k_rmsnorm_block(float *out, const float *x, const float *w, int dim, float eps)
+{
+    __shared__ double part[32];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *o = out + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        ss += (double)xr[j] * xr[j];
+    ss = cuk_warp_sum_d(ss);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    if (lane == 0)
+        part[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        ss = lane < nw ? part[lane] : 0.0;
+        ss = cuk_warp_sum_d(ss);
+        if (lane == 0)
+            part[0] = ss;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf((float)(part[0] / dim) + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        o[j] = w[j] * (xr[j] * inv);
+}
+
+extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w,
+                                   int n, int dim, float eps)
+{
+    if (dim <= 512)
+        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, x, w, n, dim, eps);
+    else
+        k_rmsnorm_block<<<n, 256, 0, s>>>(out, x, w, dim, eps);
+    return cudaGetLastError();
+}
+
+/* ---- element-wise ---- */
+
+__global__ void k_add_bias(float *x, const float *b, size_t total, int dim)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total)
+        x[i] += b[i % dim];
+}
+
+__global__ void k_silu_mul(float *g, const float *u, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
+__global__ void k_add(float *x, const float *y, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += y[i];
+}
+
+static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+extern "C" cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, int n, int dim)
+{
+    size_t total = (size_t)n * dim;
+    k_add_bias<<<blocks_for(total, 256), 256, 0, s>>>(x, b, total, dim);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n)
+{
+    k_silu_mul<<<blocks_for(n, 256), 256, 0, s>>>(g, u, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n)
+{
+    k_add<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+    return cudaGetLastError();
+}
+
+/* ---- RoPE ---- */
+
+__global__ void k_rope(float *x, size_t total, int n_heads, int head_dim, int pos0,
+                       const int *dpos, const float *inv_freq, int interleaved)
+{
+    if (dpos)
+        pos0 = *dpos;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total)
+        return;
+    int half = head_dim / 2;
+    int f = (int)(idx % half);
+    size_t rh = idx / half; /* row * n_heads + head */
+    int i = (int)(rh / n_heads);
+    /* HF computes the angle in f32 (pos * inv_freq), then cos/sin. */
+    float ang = (float)(pos0 + i) * inv_freq[f];
+    float cs = cosf(ang), sn = sinf(ang);
+    float *v = x + rh * head_dim;
+    int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
+    float x0 = v[a], x1 = v[b];
+    v[a] = x0 * cs - x1 * sn;
+    v[b] = x1 * cs + x0 * sn;
+}
+
+extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim,
+                                int pos0, const int *dpos, const float *inv_freq, int interleaved)
+{
+    size_t total = (size_t)n * n_heads * (head_dim / 2);
+    k_rope<<<blocks_for(total, 256), 256, 0, s>>>(x, total, n_heads, head_dim, pos0, dpos,
+                                                  inv_freq, interleaved);
+    return cudaGetLastError();
+}
+
+/* ---- paged KV store ---- */
+
+__global__ void k_kv_store(float *kc, float *vc, const int *table, struct cuk_attn g,
+                           const int *dpos, const float *k, const float *v)
+{
+    int i = blockIdx.x, pos = (dpos ? *dpos : g.pos0) + i;
+    size_t off = cuk_kv_offset(&g, table, pos);
+    const float *kr = k + (size_t)i * g.kv_dim, *vr = v + (size_t)i * g.kv_dim;
+    for (int j = threadIdx.x; j < g.kv_dim; j += blockDim.x) {
+        kc[off + j] = kr[j];
+        vc[off + j] = vr[j];
+    }
+}
+
+extern "C" cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const int *table,
+                                    const struct cuk_attn *g, const int *dpos, const float *k,
+                                    const float *v)
+{
+    k_kv_store<<<g->n, 256, 0, s>>>(kc, vc, table, *g, dpos, k, v);
+    return cudaGetLastError();
+}
+
+/* ---- conversions ---- */
+
+__global__ void k_dequant(float *dst, struct cuk_weight w, int row0, size_t total)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total)
+        dst[i] = cuk_load_weight(&w, (size_t)row0 + i / w.cols, (int)(i % w.cols));
+}
+
+extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w,
+                                       int row0, int nrows)
+{
+    size_t total = (size_t)nrows * w->cols;
+    k_dequant<<<blocks_for(total, 256), 256, 0, s>>>(dst, *w, row0, total);
+    return cudaGetLastError();
+}
+
+__global__ void k_to_half(uint16_t *dst, const float *x, size_t n, int bf16)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    if (bf16)
+        dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    else
+        dst[i] = __half_as_ushort(__float2half_rn(x[i]));
+}
+
+extern "C" cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_t n,
+                                       int bf16)
+{
+    k_to_half<<<blocks_for(n, 256), 256, 0, s>>>(dst, x, n, bf16);
+    return cudaGetLastError();
+}
+
+/* GGUF Q8_0 block: f16 scale then 32 int8 (34 bytes, 2-byte aligned). */
+__global__ void k_q8_repack(int8_t *qs, uint16_t *scales, const uint8_t *src, size_t n_blocks)
+{
+    size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_blocks)
+        return;
+    const uint8_t *blk = src + b * 34;
+    scales[b] = (uint16_t)(blk[0] | (blk[1] << 8));
+    for (int i = 0; i < 32; i++)
+        qs[b * 32 + i] = (int8_t)blk[2 + i];
+}
+
+extern "C" cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales,
+                                     const void *src, size_t n_blocks)
+{
+    k_q8_repack<<<blocks_for(n_blocks, 256), 256, 0, s>>>(qs, scales, (const uint8_t *)src,
+                                                          n_blocks);
+    return cudaGetLastError();
+}

@@ -1,0 +1,441 @@
+/* chat.c - the path every API shares: a chat request becomes prompt text
+ * (template) and ids (tokenizer), sampling settings are resolved (request >
+ * server flag > generation_config.json > built-in), the engine runs it, and
+ * token events come back as text deltas: streamed through the detokenizer,
+ * with stop strings matched across token boundaries and held back until they
+ * can no longer match, so a stop string never leaks into the output. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "serve/internal.h"
+
+struct gen {
+    struct server *srv;
+    struct engine_request *r;
+    struct detok dt;
+    char *piece;           /* detok scratch, detok_max_bytes */
+    size_t piece_cap;
+    struct sbuf pending;   /* decoded text not yet released (may start a stop string) */
+    char *stops[SERVE_MAX_STOPS];
+    size_t stop_len[SERVE_MAX_STOPS];
+    int n_stops;
+    int n_prompt, n_tokens;
+    bool finished;
+    bool listed; /* in srv->gens */
+    struct gen_result res;
+    struct gen *prev, *next; /* the server's in-flight list */
+};
+
+/* ---- sampling resolution ---- */
+
+static float pick_f(struct opt_f req, struct opt_f flag, struct opt_f gc, float fallback,
+                    bool *from_request)
+{
+    if (from_request)
+        *from_request = req.set;
+    return req.set ? req.v : flag.set ? flag.v : gc.set ? gc.v : fallback;
+}
+
+static int pick_i(struct opt_i req, struct opt_i flag, struct opt_i gc, int fallback)
+{
+    return req.set ? req.v : flag.set ? flag.v : gc.set ? gc.v : fallback;
+}
+
+/* enable_thinking: request chat_template_kwargs > reasoning_effort > --thinking
+ * > the template's own default (left unset). Returns the kwargs object to
+ * render with (a new reference) and the resolved value (-1 unset). */
+static json_t *resolve_thinking(const struct server *srv, const struct chat_req *req,
+                                int *thinking)
+{
+    json_t *kw = req->kwargs ? json_deep_copy(req->kwargs) : json_object();
+    const json_t *et = json_object_get(kw, "enable_thinking");
+    if (json_is_boolean(et))
+        *thinking = json_is_true(et);
+    else if (req->thinking >= 0)
+        *thinking = req->thinking;
+    else
+        *thinking = srv->cfg->thinking;
+    if (*thinking >= 0 && !json_is_boolean(et))
+        json_object_set_new(kw, "enable_thinking", json_boolean(*thinking));
+    return kw;
+}
+
+static int make_prompt(struct server *srv, const struct chat_req *req, int **ids, int *thinking,
+                       struct api_error *ae)
+{
+    const struct served_model *sm = &srv->sm;
+    struct err e = {{0}};
+    *thinking = -1;
+    if (req->n_ids > 0) {
+        *ids = malloc(sizeof(int) * (size_t)req->n_ids);
+        if (!*ids)
+            return api_fail(ae, 500, "server_error", NULL, "out of memory");
+        memcpy(*ids, req->ids, sizeof(int) * (size_t)req->n_ids);
+        int vocab = sm->m.cfg.vocab_size;
+        for (int i = 0; i < req->n_ids; i++)
+            if (req->ids[i] < 0 || req->ids[i] >= vocab)
+                return api_fail(ae, 400, NULL, "prompt",
+                                "token id %d is outside the vocabulary (0..%d)", req->ids[i],
+                                vocab - 1);
+        return req->n_ids;
+    }
+    char *text = req->text;
+    size_t len = text ? strlen(text) : 0;
+    bool add_special = true;
+    if (req->messages) {
+        json_t *kw = resolve_thinking(srv, req, thinking);
+        int rc = prompt_render(sm, req->messages, req->tools, kw, &text, &len, &add_special, &e);
+        json_decref(kw);
+        if (rc)
+            return api_fail(ae, 400, NULL, "messages", "cannot render the chat template: %s",
+                            e.msg);
+    }
+    int n = tok_encode(sm->tok, text ? text : "", len, add_special, ids, &e);
+    if (req->messages)
+        free(text);
+    if (n < 0)
+        return api_fail(ae, 400, NULL, req->messages ? "messages" : "prompt",
+                        "cannot tokenize the prompt: %s", e.msg);
+    if (n == 0)
+        return api_fail(ae, 400, NULL, req->messages ? "messages" : "prompt",
+                        "the prompt is empty");
+    return n;
+}
+
+/* ---- start / stop ---- */
+
+int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
+              struct api_error *ae)
+{
+    const struct serve_config *cfg = srv->cfg;
+    const struct served_model *sm = &srv->sm;
+    *out = NULL;
+    if (atomic_load(&srv->draining))
+        return api_fail(ae, 503, "server_error", NULL, "the server is shutting down");
+    int *ids = NULL, thinking;
+    int n = make_prompt(srv, req, &ids, &thinking, ae);
+    if (n < 0) {
+        free(ids);
+        return -1;
+    }
+    if (n >= sm->ctx_len) {
+        free(ids);
+        api_fail(ae, 400, NULL, req->messages ? "messages" : "prompt",
+                 "the prompt has %d tokens but the context is %d tokens (at least one must "
+                 "remain for the answer); shorten the prompt or start the server with a larger "
+                 "--ctx", n, sm->ctx_len);
+        snprintf(ae->code, sizeof ae->code, "context_length_exceeded");
+        return -1;
+    }
+
+    struct engine_params p = {0};
+    bool temp_from_request;
+    p.sp.temperature = pick_f(req->temperature, cfg->temperature, sm->gc_temperature, 0.7f,
+                              &temp_from_request);
+    if (!temp_from_request && thinking == 0 && p.sp.temperature > 0.7f)
+        p.sp.temperature = 0.7f; /* spec: a no-think turn is capped at 0.7 */
+    p.sp.top_p = pick_f(req->top_p, cfg->top_p, sm->gc_top_p, 0, NULL);
+    if (!(p.sp.top_p > 0 && p.sp.top_p < 1))
+        p.sp.top_p = 1; /* 0 and 1 both mean off */
+    p.sp.min_p = pick_f(req->min_p, cfg->min_p, sm->gc_min_p, 0, NULL);
+    p.sp.top_k = pick_i(req->top_k, cfg->top_k, sm->gc_top_k, 0);
+    if (req->has_seed) {
+        p.sp.seed = req->seed;
+    } else if (getrandom(&p.sp.seed, sizeof p.sp.seed, 0) != (ssize_t)sizeof p.sp.seed) {
+        p.sp.seed = (uint64_t)(serve_now() * 1e9);
+    }
+    p.max_tokens = req->max_tokens > 0 ? req->max_tokens
+                   : cfg->max_tokens.set ? cfg->max_tokens.v : 0;
+    p.ignore_eos = req->ignore_eos;
+    p.stop_ids = sm->stop_ids;
+    p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
+
+    struct gen *g = calloc(1, sizeof *g);
+    struct err e = {{0}};
+    if (!g) {
+        free(ids);
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
+    g->srv = srv;
+    g->n_prompt = n;
+    g->piece_cap = detok_max_bytes(sm->tok) + 1;
+    g->piece = malloc(g->piece_cap);
+    for (int i = 0; i < req->n_stops; i++) {
+        g->stop_len[i] = strlen(req->stops[i]);
+        g->stops[i] = malloc(g->stop_len[i] + 1);
+        if (!g->stops[i])
+            break;
+        memcpy(g->stops[i], req->stops[i], g->stop_len[i] + 1);
+        g->n_stops++;
+    }
+    if (!g->piece || g->n_stops != req->n_stops) {
+        free(ids);
+        gen_free(g);
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
+    detok_init(&g->dt, sm->tok, true);
+    g->dt.prev_id = ids[n - 1]; /* the first generated piece keeps its leading space */
+    g->r = engine_request_new(ids, n, &p, &e);
+    free(ids);
+    if (!g->r) {
+        gen_free(g);
+        return api_fail(ae, 400, NULL, NULL, "%s", e.msg);
+    }
+    if (engine_submit(srv->eng, g->r, &e)) {
+        gen_free(g);
+        if (atomic_load(&srv->draining))
+            return api_fail(ae, 503, "server_error", NULL, "the server is shutting down");
+        pthread_mutex_lock(&srv->mu);
+        srv->ctr.rejected_queue_full++;
+        pthread_mutex_unlock(&srv->mu);
+        api_fail(ae, 429, "rate_limit_error", NULL, "%s", e.msg);
+        snprintf(ae->code, sizeof ae->code, "rate_limit_exceeded");
+        return -1;
+    }
+    pthread_mutex_lock(&srv->mu);
+    g->next = srv->gens;
+    if (srv->gens)
+        srv->gens->prev = g;
+    srv->gens = g;
+    g->listed = true;
+    pthread_mutex_unlock(&srv->mu);
+    atomic_fetch_add(&srv->in_flight, 1);
+    *out = g;
+    return 0;
+}
+
+int gen_prompt_tokens(const struct gen *g) { return g->n_prompt; }
+
+void gen_cancel(struct gen *g)
+{
+    if (g->r)
+        engine_request_cancel(g->r);
+}
+
+void gen_free(struct gen *g)
+{
+    if (!g)
+        return;
+    struct server *srv = g->srv;
+    if (g->listed) {
+        pthread_mutex_lock(&srv->mu);
+        if (g->prev)
+            g->prev->next = g->next;
+        else
+            srv->gens = g->next;
+        if (g->next)
+            g->next->prev = g->prev;
+        pthread_mutex_unlock(&srv->mu);
+        atomic_fetch_sub(&srv->in_flight, 1);
+    }
+    if (g->r) {
+        engine_request_cancel(g->r); /* no-op when it already ended */
+        engine_request_release(g->r);
+    }
+    for (int i = 0; i < g->n_stops; i++)
+        free(g->stops[i]);
+    free(g->piece);
+    sbuf_free(&g->pending);
+    free(g);
+}
+
+void gen_cancel_all(struct server *srv)
+{
+    pthread_mutex_lock(&srv->mu); /* a gen leaves the list under mu before it is freed */
+    for (struct gen *g = srv->gens; g; g = g->next)
+        gen_cancel(g);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- token events -> text ---- */
+
+/* Looks for a stop string in the pending text. Returns its index and sets
+ * *emit to the bytes before it; or returns -1 and sets *emit to the bytes
+ * that can no longer be part of a stop string (the rest is held: it is a
+ * prefix of some stop string). Held text starts where a stop string starts,
+ * at a character boundary, so released text is always whole UTF-8. */
+static int stop_scan(const struct gen *g, size_t *emit)
+{
+    const char *p = g->pending.p;
+    size_t n = g->pending.n, best = (size_t)-1;
+    int which = -1;
+    for (int i = 0; i < g->n_stops; i++) {
+        const char *hit = memmem(p, n, g->stops[i], g->stop_len[i]);
+        if (hit && (size_t)(hit - p) < best) {
+            best = (size_t)(hit - p);
+            which = i;
+        }
+    }
+    if (which >= 0) {
+        *emit = best;
+        return which;
+    }
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stops; i++) {
+        size_t k = g->stop_len[i] - 1 < n ? g->stop_len[i] - 1 : n;
+        for (; k > hold; k--)
+            if (!memcmp(p + n - k, g->stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    *emit = n - hold;
+    return -1;
+}
+
+static void release(struct gen *g, struct sbuf *text, size_t n)
+{
+    sbuf_put(text, g->pending.p, n);
+    sbuf_consume(&g->pending, n);
+}
+
+static void finish(struct gen *g, enum gen_finish why, const struct engine_event *ev)
+{
+    g->finished = true;
+    g->res.finish = why;
+    g->res.n_prompt = g->n_prompt;
+    g->res.n_completion = g->n_tokens;
+    g->res.n_cached = ev ? ev->n_cached : 0;
+    pthread_mutex_lock(&g->srv->mu);
+    g->srv->ctr.completions++;
+    pthread_mutex_unlock(&g->srv->mu);
+}
+
+int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res)
+{
+    size_t start = text->n;
+    double deadline = serve_now() + timeout_ms / 1000.0;
+    while (!g->finished) {
+        int left = (int)((deadline - serve_now()) * 1000.0);
+        struct engine_event ev;
+        if (engine_request_next(g->r, &ev, left > 0 ? left : 0) == 0)
+            return text->n > start ? GEN_TEXT : GEN_WAIT;
+        if (ev.finish == ENGINE_FINISH_NONE) {
+            g->n_tokens++;
+            size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);
+            sbuf_put(&g->pending, g->piece, k);
+            size_t emit;
+            int hit = stop_scan(g, &emit);
+            release(g, text, emit);
+            if (hit >= 0) {
+                engine_request_cancel(g->r); /* the engine frees the slot at its next step */
+                g->res.stop_index = hit;
+                g->res.stop = g->stops[hit];
+                finish(g, GEN_FINISH_STOP, NULL);
+                break;
+            }
+            if (text->n > start)
+                return GEN_TEXT;
+            continue;
+        }
+        /* The final event: nothing held back can become a stop string now. */
+        size_t k = detok_flush(&g->dt, g->piece, g->piece_cap);
+        sbuf_put(&g->pending, g->piece, k);
+        release(g, text, g->pending.n);
+        g->res.stop_index = -1;
+        switch (ev.finish) {
+        case ENGINE_FINISH_STOP: finish(g, GEN_FINISH_STOP, &ev); break;
+        case ENGINE_FINISH_LENGTH: finish(g, GEN_FINISH_LENGTH, &ev); break;
+        case ENGINE_FINISH_CANCELLED: finish(g, GEN_FINISH_CANCELLED, &ev); break;
+        default:
+            snprintf(g->res.error, sizeof g->res.error, "%s",
+                     ev.error[0] ? ev.error : "generation failed");
+            finish(g, GEN_FINISH_ERROR, &ev);
+        }
+    }
+    if (text->n > start)
+        return GEN_TEXT; /* the final text first; the next call reports the end */
+    *res = g->res;
+    return GEN_DONE;
+}
+
+int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
+                const struct client *cl)
+{
+    double next_check = serve_now() + 0.1;
+    for (;;) {
+        if (gen_next(g, text, 100, res) == GEN_DONE)
+            return 0;
+        /* tokens may flow without pause: look at the socket on a clock, not
+         * only when waiting */
+        if (serve_now() >= next_check) {
+            next_check = serve_now() + 0.1;
+            if (cl && cl->gone && cl->gone(cl->ctx)) {
+                gen_cancel(g);
+                return -1;
+            }
+        }
+    }
+}
+
+/* ---- streams ---- */
+
+struct stream *stream_new(struct server *srv, struct gen *gen, const struct stream_ops *ops,
+                          void *st)
+{
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        gen_free(gen);
+        if (ops->free)
+            ops->free(st);
+        return NULL;
+    }
+    s->srv = srv;
+    s->gen = gen;
+    s->ops = ops;
+    s->st = st;
+    return s;
+}
+
+int stream_fill(struct stream *s, const struct client *cl)
+{
+    if (s->off == s->out.n) {
+        s->off = 0;
+        s->out.n = 0;
+    }
+    while (s->off == s->out.n) {
+        if (s->out.oom)
+            return -1;
+        if (s->phase == 2)
+            return 0;
+        if (s->phase == 0) {
+            s->ops->begin(s);
+            s->phase = 1;
+            continue;
+        }
+        struct sbuf text = {0};
+        struct gen_result res;
+        int rc = gen_next(s->gen, &text, 100, &res);
+        /* Events that are already there go out in the same write: one
+         * event per token still, but one syscall when the socket lags. */
+        while (rc == GEN_TEXT && s->out.n - s->off < 16384) {
+            s->ops->delta(s, text.p, text.n);
+            text.n = 0;
+            rc = gen_next(s->gen, &text, 0, &res);
+        }
+        if (rc == GEN_TEXT) /* the buffer is full: send what there is first */
+            s->ops->delta(s, text.p, text.n);
+        sbuf_free(&text);
+        if (rc == GEN_DONE) {
+            s->ops->end(s, &res);
+            s->phase = 2;
+        } else if (rc == GEN_WAIT && s->off == s->out.n && cl && cl->gone && cl->gone(cl->ctx)) {
+            /* (while bytes flow, a failed write tells libmicrohttpd instead) */
+            gen_cancel(s->gen);
+            return -1;
+        }
+    }
+    return 1;
+}
+
+void stream_free(struct stream *s)
+{
+    if (!s)
+        return;
+    gen_free(s->gen);
+    if (s->ops->free)
+        s->ops->free(s->st);
+    sbuf_free(&s->out);
+    free(s);
+}

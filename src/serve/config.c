@@ -1,0 +1,237 @@
+/* config.c - builds the serve config snapshot: defaults, then CLLM_*
+ * environment variables, then `cllm serve` flags (see config.h). */
+#include "serve/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void serve_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cllm serve <model> [options]\n"
+            "\n"
+            "Serves the model over HTTP: OpenAI /v1/chat/completions, /v1/completions,\n"
+            "/v1/responses, Anthropic /v1/messages, plus /v1/models, /health, /stats.\n"
+            "\n"
+            "options (value flags are `--name value`; unknown flags are ignored with a warning):\n"
+            "  --model PATH             the model (wins over the positional)\n"
+            "  --host ADDR              interface to bind (default 127.0.0.1)\n"
+            "  --port N                 port (default 8080)\n"
+            "  --max-tokens N           completion cap when a request gives none (default: none)\n"
+            "  --temperature T          default temperature (alias --temp; default:\n"
+            "                           generation_config.json, else 0.7)\n"
+            "  --top-p P                default top-p (default: generation_config.json, else off)\n"
+            "  --top-k K                default top-k (default: generation_config.json, else off)\n"
+            "  --min-p P                default min-p (default: generation_config.json, else off)\n"
+            "  --thinking true|false    default enable_thinking for chat templates\n"
+            "  --ctx N                  context tokens per request (default: the model's)\n"
+            "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --no-open                accepted for compatibility (cllm opens no browser)\n"
+            "\n"
+            "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
+            "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
+            "CLLM_LOG_REQUESTS (see docs/config.md)\n");
+}
+
+/* ---- environment ---- */
+
+static int env_long(const char *name, long lo, long hi, long *out, struct err *e)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi)
+        return err_set(e, "%s=\"%s\": needs an integer in [%ld, %ld]", name, v, lo, hi);
+    *out = x;
+    return 0;
+}
+
+/* Boolean levers: "1" on, "0" off, anything else unset (the spec's flagOn). */
+static void env_bool(const char *name, bool *out)
+{
+    const char *v = getenv(name);
+    if (v && !strcmp(v, "1"))
+        *out = true;
+    else if (v && !strcmp(v, "0"))
+        *out = false;
+}
+
+int serve_config_from_env(struct serve_config *c, struct err *e)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "127.0.0.1");
+    c->port = 8080;
+    c->thinking = -1;
+    c->shutdown_timeout_ms = 120000;
+    c->max_queue = 64;
+    c->max_body_bytes = 16u << 20;
+    c->conn_timeout_s = 300;
+    c->max_connections = 256;
+    c->responses_store = 256;
+
+    long v;
+    v = c->shutdown_timeout_ms;
+    if (env_long("CLLM_SHUTDOWN_TIMEOUT_MS", 1, 86400000L, &v, e))
+        return -1;
+    c->shutdown_timeout_ms = (int)v;
+    v = c->max_queue;
+    if (env_long("CLLM_MAX_QUEUE", 1, 1 << 20, &v, e))
+        return -1;
+    c->max_queue = (int)v;
+    v = (long)c->max_body_bytes;
+    if (env_long("CLLM_MAX_BODY_BYTES", 1024, 1L << 30, &v, e))
+        return -1;
+    c->max_body_bytes = (size_t)v;
+    v = c->conn_timeout_s;
+    if (env_long("CLLM_CONNECTION_TIMEOUT_S", 1, 86400, &v, e))
+        return -1;
+    c->conn_timeout_s = (int)v;
+    v = c->max_connections;
+    if (env_long("CLLM_MAX_CONNECTIONS", 4, 65536, &v, e))
+        return -1;
+    c->max_connections = (int)v;
+    v = c->responses_store;
+    if (env_long("CLLM_RESPONSES_STORE", 0, 1 << 20, &v, e))
+        return -1;
+    c->responses_store = (int)v;
+    env_bool("CLLM_LOG_REQUESTS", &c->log_requests);
+    return 0;
+}
+
+/* ---- flags ---- */
+
+static int parse_i(const char *flag, const char *v, long lo, long hi, int *out, struct err *e)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi)
+        return err_set(e, "%s needs an integer in [%ld, %ld] (got \"%s\")", flag, lo, hi, v);
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_f(const char *flag, const char *v, double lo, double hi, float *out,
+                   struct err *e)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || end == v || isnan(x) || x < lo || x > hi)
+        return err_set(e, "%s needs a number in [%g, %g] (got \"%s\")", flag, lo, hi, v);
+    *out = (float)x;
+    return 0;
+}
+
+static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "1"))
+        *out = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "0"))
+        *out = 0;
+    else
+        return err_set(e, "%s needs true|false|on|off|1|0 (got \"%s\")", flag, v);
+    return 0;
+}
+
+enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
+       F_THINKING, F_CTX, F_THREADS };
+
+static const struct {
+    const char *name, *alias;
+    int id;
+} value_flags[] = {
+    {"--model", NULL, F_MODEL},         {"--host", NULL, F_HOST},
+    {"--port", NULL, F_PORT},           {"--max-tokens", NULL, F_MAXTOK},
+    {"--temperature", NULL, F_TEMPERATURE}, {"--temp", NULL, F_TEMP},
+    {"--top-p", NULL, F_TOPP},          {"--top-k", NULL, F_TOPK},
+    {"--min-p", NULL, F_MINP},          {"--thinking", NULL, F_THINKING},
+    {"--ctx", "--context-length", F_CTX}, {"--threads", "-t", F_THREADS},
+};
+
+int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
+                            struct err *e)
+{
+    const char *positional = NULL, *model_flag = NULL;
+    struct opt_f temp_alias = {0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return 1;
+        if (!strcmp(a, "--no-open")) {
+            c->no_open = true;
+            continue;
+        }
+        int id = -1;
+        for (size_t k = 0; k < sizeof value_flags / sizeof value_flags[0]; k++)
+            if (!strcmp(a, value_flags[k].name) ||
+                (value_flags[k].alias && !strcmp(a, value_flags[k].alias)))
+                id = value_flags[k].id;
+        if (id < 0) {
+            if (a[0] == '-' && a[1]) {
+                if (warn)
+                    fprintf(warn, "cllm serve: warning: ignoring unknown flag %s%s\n", a,
+                            strchr(a, '=') ? " (value flags are `--name value`)" : "");
+            } else if (!positional) {
+                positional = a;
+            } else if (warn) {
+                fprintf(warn, "cllm serve: warning: ignoring extra argument \"%s\"\n", a);
+            }
+            continue;
+        }
+        /* A value flag with no following value takes its default (the spec's rule). */
+        const char *v = i + 1 < argc && strncmp(argv[i + 1], "--", 2) ? argv[++i] : NULL;
+        if (!v)
+            continue;
+        int rc = 0;
+        switch (id) {
+        case F_MODEL: model_flag = v; break;
+        case F_HOST:
+            if (strlen(v) >= sizeof c->host)
+                return err_set(e, "--host: address too long");
+            snprintf(c->host, sizeof c->host, "%s", v);
+            break;
+        case F_PORT: rc = parse_i(a, v, 1, 65535, &c->port, e); break;
+        case F_MAXTOK:
+            rc = parse_i(a, v, 1, 10000000, &c->max_tokens.v, e);
+            c->max_tokens.set = true;
+            break;
+        case F_TEMPERATURE:
+            rc = parse_f(a, v, 0, 5, &c->temperature.v, e);
+            c->temperature.set = true;
+            break;
+        case F_TEMP:
+            rc = parse_f(a, v, 0, 5, &temp_alias.v, e);
+            temp_alias.set = true;
+            break;
+        case F_TOPP:
+            rc = parse_f(a, v, 0, 1, &c->top_p.v, e);
+            c->top_p.set = true;
+            break;
+        case F_TOPK:
+            rc = parse_i(a, v, 0, 1000000, &c->top_k.v, e);
+            c->top_k.set = true;
+            break;
+        case F_MINP:
+            rc = parse_f(a, v, 0, 1, &c->min_p.v, e);
+            c->min_p.set = true;
+            break;
+        case F_THINKING: rc = parse_bool(a, v, &c->thinking, e); break;
+        case F_CTX: rc = parse_i(a, v, 1, 1 << 24, &c->ctx, e); break;
+        case F_THREADS: rc = parse_i(a, v, 1, 1024, &c->threads, e); break;
+        }
+        if (rc)
+            return -1;
+    }
+    if (!c->temperature.set && temp_alias.set) /* explicit --temperature wins over --temp */
+        c->temperature = temp_alias;
+    c->model = model_flag ? model_flag : positional;
+    if (!c->model)
+        return err_set(e, "no model given (cllm serve <model>)");
+    return 0;
+}

@@ -1,0 +1,73 @@
+/* config.h - the runtime-config snapshot of one `cllm serve` process: the
+ * CLLM_* environment read once at start, then the command-line flags applied
+ * on top, into one struct that is never modified afterwards (DESIGN.md: the
+ * only global mutable state allowed is this snapshot, and it is not even
+ * global: the server holds a const pointer to it).
+ *
+ * Environment rule (spec "Environment variables"): every MLX_BUN_<SUFFIX>
+ * lever of the reference maps to CLLM_<SUFFIX>; boolean levers read the
+ * literal strings "1" and "0", any other value counts as unset. */
+#ifndef CLLM_SERVE_CONFIG_H
+#define CLLM_SERVE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/err.h"
+
+/* An optional number: a server default that is either given or not. */
+struct opt_f {
+    bool set;
+    float v;
+};
+struct opt_i {
+    bool set;
+    int v;
+};
+
+struct serve_config {
+    /* what to serve */
+    const char *model;       /* path (positional or --model; --model wins) */
+
+    /* network */
+    char host[256];          /* --host [127.0.0.1] */
+    int port;                /* --port [8080] */
+    bool no_open;            /* --no-open (accepted; cllm never opens a browser) */
+
+    /* server-wide request defaults (request > these > generation_config.json > fallback) */
+    struct opt_i max_tokens; /* --max-tokens: cap when a request gives none */
+    struct opt_f temperature; /* --temperature / --temp (--temperature wins) */
+    struct opt_f top_p;      /* --top-p */
+    struct opt_i top_k;      /* --top-k */
+    struct opt_f min_p;      /* --min-p */
+    int thinking;            /* --thinking: -1 the model's own, 0 off, 1 on */
+
+    /* engine */
+    int ctx;                 /* --ctx: tokens per sequence; 0 = the model's own */
+    int threads;             /* -t/--threads: 0 = all cores */
+
+    /* environment levers (CLLM_*) */
+    int shutdown_timeout_ms; /* CLLM_SHUTDOWN_TIMEOUT_MS [120000] */
+    int max_queue;           /* CLLM_MAX_QUEUE [64] waiting requests before 429 */
+    size_t max_body_bytes;   /* CLLM_MAX_BODY_BYTES [16 MiB] request body cap (413) */
+    int conn_timeout_s;      /* CLLM_CONNECTION_TIMEOUT_S [300] idle keep-alive timeout */
+    int max_connections;     /* CLLM_MAX_CONNECTIONS [256] open HTTP connections */
+    int responses_store;     /* CLLM_RESPONSES_STORE [256] stored /v1/responses (LRU) */
+    bool log_requests;       /* CLLM_LOG_REQUESTS=1: one stderr line per request */
+};
+
+/* Fills defaults, then reads the CLLM_* environment. A malformed value is
+ * an error naming the variable (a typo must not silently change behaviour). */
+int serve_config_from_env(struct serve_config *c, struct err *e);
+
+/* Applies `cllm serve` flags (argv after the verb). Value flags are
+ * `--name value`; unknown flags are ignored with one warning line each on
+ * `warn`. Returns 0, -1 with a message for a bad value, or 1 for --help. */
+int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
+                            struct err *e);
+
+void serve_usage(FILE *f);
+
+#endif

@@ -1,0 +1,266 @@
+/* fields.c - typed readers for request JSON fields (a wrong type or range is
+ * a 400 that names the field) and the two API error body shapes. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+int api_fail(struct api_error *ae, int status, const char *type, const char *param,
+             const char *fmt, ...)
+{
+    ae->status = status;
+    snprintf(ae->type, sizeof ae->type, "%s", type ? type : "invalid_request_error");
+    snprintf(ae->param, sizeof ae->param, "%s", param ? param : "");
+    ae->code[0] = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ae->message, sizeof ae->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *anthropic_type(int status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+json_t *api_error_body(const struct api_error *ae, enum api_shape shape)
+{
+    if (shape == SHAPE_ANTHROPIC)
+        return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+                         anthropic_type(ae->status), "message", ae->message);
+    return json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", ae->message, "type",
+                     ae->type, "param", ae->param[0] ? json_string(ae->param) : json_null(),
+                     "code", ae->code[0] ? json_string(ae->code) : json_null());
+}
+
+void chat_req_free(struct chat_req *r)
+{
+    json_decref(r->messages);
+    json_decref(r->tools);
+    json_decref(r->kwargs);
+    free(r->text);
+    free(r->ids);
+    for (int i = 0; i < r->n_stops; i++)
+        free(r->stops[i]);
+    memset(r, 0, sizeof *r);
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* The value of key, or NULL when absent or null. */
+static const json_t *get(const json_t *obj, const char *key)
+{
+    const json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+int field_number(const json_t *obj, const char *key, double lo, double hi, struct opt_f *out,
+                 struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be a number, not %s", key, type_name(v));
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return api_fail(ae, 400, NULL, key, "'%s' must be in [%g, %g] (got %g)", key, lo, hi, x);
+    out->set = true;
+    out->v = (float)x;
+    return 0;
+}
+
+int field_int(const json_t *obj, const char *key, long lo, long hi, struct opt_i *out,
+              struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    double x;
+    if (json_is_integer(v))
+        x = (double)json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)))
+        x = json_real_value(v);
+    else
+        return api_fail(ae, 400, NULL, key, "'%s' must be an integer, not %s", key, type_name(v));
+    if (x < (double)lo || x > (double)hi)
+        return api_fail(ae, 400, NULL, key, "'%s' must be in [%ld, %ld] (got %.0f)", key, lo, hi,
+                        x);
+    out->set = true;
+    out->v = (int)x;
+    return 0;
+}
+
+int field_bool(const json_t *obj, const char *key, bool *out, struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be a boolean, not %s", key, type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+int field_string(const json_t *obj, const char *key, const char **out, struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be a string, not %s", key, type_name(v));
+    *out = json_string_value(v);
+    return 0;
+}
+
+int field_object(const json_t *obj, const char *key, json_t **out, struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be an object, not %s", key, type_name(v));
+    *out = (json_t *)v;
+    return 0;
+}
+
+int field_array(const json_t *obj, const char *key, json_t **out, struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be an array, not %s", key, type_name(v));
+    *out = (json_t *)v;
+    return 0;
+}
+
+int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae)
+{
+    if (field_number(obj, "temperature", 0, 5, &r->temperature, ae) ||
+        field_number(obj, "top_p", 0, 1, &r->top_p, ae) ||
+        field_number(obj, "min_p", 0, 1, &r->min_p, ae) ||
+        field_int(obj, "top_k", -1, 1000000, &r->top_k, ae) ||
+        field_bool(obj, "ignore_eos", &r->ignore_eos, ae))
+        return -1;
+    const json_t *v = get(obj, "seed");
+    if (v) {
+        if (!json_is_integer(v))
+            return api_fail(ae, 400, NULL, "seed", "'seed' must be an integer, not %s",
+                            type_name(v));
+        r->has_seed = true;
+        r->seed = (uint64_t)json_integer_value(v);
+    }
+    if (r->top_k.set && r->top_k.v < 0) /* -1 is the common spelling of "off" */
+        r->top_k.v = 0;
+    return 0;
+}
+
+static int add_stop(struct chat_req *r, const char *key, const json_t *s, struct api_error *ae)
+{
+    size_t n = json_string_length(s);
+    if (n == 0)
+        return 0; /* an empty stop string would stop at once; ignore it */
+    if (n > SERVE_MAX_STOP_LEN)
+        return api_fail(ae, 400, NULL, key, "'%s': a stop string may have at most %d bytes", key,
+                        SERVE_MAX_STOP_LEN);
+    if (r->n_stops == SERVE_MAX_STOPS)
+        return api_fail(ae, 400, NULL, key, "'%s': at most %d stop strings", key,
+                        SERVE_MAX_STOPS);
+    char *c = malloc(n + 1);
+    if (!c)
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    memcpy(c, json_string_value(s), n + 1);
+    r->stops[r->n_stops++] = c;
+    return 0;
+}
+
+int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct api_error *ae)
+{
+    const json_t *v = get(obj, key);
+    if (!v)
+        return 0;
+    if (json_is_string(v))
+        return add_stop(r, key, v, ae);
+    if (!json_is_array(v))
+        return api_fail(ae, 400, NULL, key, "'%s' must be a string or an array of strings, not %s",
+                        key, type_name(v));
+    size_t i;
+    const json_t *s;
+    json_array_foreach(v, i, s) {
+        if (!json_is_string(s))
+            return api_fail(ae, 400, NULL, key, "'%s[%zu]' must be a string, not %s", key, i,
+                            type_name(s));
+        if (add_stop(r, key, s, ae))
+            return -1;
+    }
+    return 0;
+}
+
+int content_text(const json_t *content, const char *param, const char *const *types,
+                 struct sbuf *out, struct api_error *ae)
+{
+    if (!content || json_is_null(content))
+        return 0;
+    if (json_is_string(content)) {
+        sbuf_put(out, json_string_value(content), json_string_length(content));
+        return 0;
+    }
+    if (!json_is_array(content))
+        return api_fail(ae, 400, NULL, param, "'%s' must be a string or an array of parts, not %s",
+                        param, type_name(content));
+    size_t i;
+    const json_t *part;
+    json_array_foreach(content, i, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        if (!json_is_object(part) || !type)
+            return api_fail(ae, 400, NULL, param, "'%s[%zu]' must be an object with a 'type'",
+                            param, i);
+        bool ok = false;
+        for (const char *const *t = types; *t; t++)
+            ok |= !strcmp(type, *t);
+        if (!ok)
+            return api_fail(ae, 400, NULL, param,
+                            "'%s[%zu]': content of type '%s' is not supported (this server "
+                            "takes text only)", param, i, type);
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            return api_fail(ae, 400, NULL, param, "'%s[%zu].text' must be a string", param, i);
+        sbuf_put(out, json_string_value(text), json_string_length(text));
+    }
+    return 0;
+}
+
+int field_reasoning_effort(const json_t *obj, const char *key, struct chat_req *r,
+                           struct api_error *ae)
+{
+    const char *eff = NULL;
+    if (field_string(obj, key, &eff, ae))
+        return -1;
+    if (eff)
+        r->thinking = strcmp(eff, "none") != 0;
+    return 0;
+}

@@ -1,0 +1,370 @@
+/* openai.c - the OpenAI adapters: POST /v1/chat/completions and
+ * POST /v1/completions (request fields -> chat_req; text deltas -> JSON or
+ * SSE chunks ending in `data: [DONE]`), and GET /v1/models. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+static const char *const part_types[] = {"text", "input_text", "output_text", NULL};
+
+void reply_error(struct reply *rp, const struct api_error *ae, enum api_shape shape)
+{
+    rp->status = ae->status;
+    rp->body = api_error_body(ae, shape);
+}
+
+const char *reply_model_name(const struct server *srv, const json_t *req)
+{
+    const char *m = json_string_value(json_object_get(req, "model"));
+    return m && *m ? m : srv->sm.id;
+}
+
+static json_t *usage_json(const struct gen_result *res)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}}", "prompt_tokens", res->n_prompt,
+                     "completion_tokens", res->n_completion, "total_tokens",
+                     res->n_prompt + res->n_completion, "prompt_tokens_details",
+                     "cached_tokens", res->n_cached, "completion_tokens_details",
+                     "reasoning_tokens", 0);
+}
+
+static const char *finish_reason(const struct gen_result *res)
+{
+    return res->finish == GEN_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* The outcome of a generation that did not finish normally, as an error. */
+static bool failed(const struct gen_result *res, struct api_error *ae)
+{
+    if (res->finish == GEN_FINISH_CANCELLED) {
+        api_fail(ae, 503, "server_error", NULL,
+                 "the generation was cancelled (the server is shutting down)");
+        return true;
+    }
+    if (res->finish == GEN_FINISH_ERROR) {
+        api_fail(ae, 500, "server_error", NULL, "generation failed: %s", res->error);
+        return true;
+    }
+    return false;
+}
+
+/* Fields shared by both endpoints. */
+static int parse_common(const json_t *req, struct chat_req *r, bool *include_usage,
+                        struct api_error *ae)
+{
+    struct opt_i n = {0}, mt = {0}, mct = {0};
+    json_t *so = NULL;
+    if (field_sampling(req, r, ae) || field_stops(req, "stop", r, ae) ||
+        field_bool(req, "stream", &r->stream, ae) ||
+        field_int(req, "n", 1, 128, &n, ae) ||
+        field_int(req, "max_tokens", 1, 10000000, &mt, ae) ||
+        field_int(req, "max_completion_tokens", 1, 10000000, &mct, ae) ||
+        field_object(req, "stream_options", &so, ae))
+        return -1;
+    if (n.set && n.v != 1)
+        return api_fail(ae, 400, NULL, "n", "'n' must be 1 (one choice per request)");
+    r->max_tokens = mct.set ? mct.v : mt.set ? mt.v : 0;
+    if (so && field_bool(so, "include_usage", include_usage, ae))
+        return -1;
+    const char *model = NULL;
+    return field_string(req, "model", &model, ae);
+}
+
+/* ---- SSE ---- */
+
+struct oai_stream {
+    char id[64];
+    char model[256];
+    long created;
+    bool chat, include_usage;
+};
+
+static json_t *chunk(const struct oai_stream *o, json_t *choice)
+{
+    json_t *choices = json_array();
+    if (choice)
+        json_array_append_new(choices, choice);
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", o->id, "object",
+                          o->chat ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)o->created, "model", o->model, "choices", choices);
+    if (o->chat)
+        json_object_set_new(c, "system_fingerprint", json_string("cllm"));
+    if (o->include_usage)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+static void emit(struct stream *s, json_t *c)
+{
+    sbuf_sse(&s->out, NULL, c);
+    json_decref(c);
+}
+
+static void oai_begin(struct stream *s)
+{
+    struct oai_stream *o = s->st;
+    if (o->chat) /* the first chunk carries the role */
+        emit(s, chunk(o, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
+                                   "assistant", "content", "", "logprobs", "finish_reason")));
+}
+
+static void oai_delta(struct stream *s, const char *text, size_t n)
+{
+    struct oai_stream *o = s->st;
+    if (o->chat)
+        emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "content",
+                                   json_text(text, n), "logprobs", "finish_reason")));
+    else
+        emit(s, chunk(o, json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", json_text(text, n),
+                                   "logprobs", "finish_reason")));
+}
+
+static void oai_end(struct stream *s, const struct gen_result *res)
+{
+    struct oai_stream *o = s->st;
+    struct api_error ae;
+    if (failed(res, &ae)) { /* a terminal error event; the SDKs raise it */
+        json_t *e = api_error_body(&ae, SHAPE_OPENAI);
+        emit(s, e);
+        return;
+    }
+    if (o->chat)
+        emit(s, chunk(o, json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs",
+                                   "finish_reason", finish_reason(res))));
+    else
+        emit(s, chunk(o, json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs",
+                                   "finish_reason", finish_reason(res))));
+    if (o->include_usage) {
+        json_t *c = chunk(o, NULL);
+        json_object_set_new(c, "usage", usage_json(res));
+        emit(s, c);
+    }
+    sbuf_puts(&s->out, "data: [DONE]\n\n");
+}
+
+static const struct stream_ops oai_ops = {oai_begin, oai_delta, oai_end, free};
+
+/* ---- both endpoints ---- */
+
+static void run(struct server *srv, const json_t *req, struct chat_req *r, bool chat,
+                bool include_usage, const struct client *cl, struct reply *rp)
+{
+    struct api_error ae;
+    struct gen *g;
+    if (gen_start(srv, r, &g, &ae)) {
+        reply_error(rp, &ae, SHAPE_OPENAI);
+        return;
+    }
+    char id[64];
+    serve_make_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-");
+    if (r->stream) {
+        struct oai_stream *o = calloc(1, sizeof *o);
+        if (!o) {
+            gen_free(g);
+            api_fail(&ae, 500, "server_error", NULL, "out of memory");
+            reply_error(rp, &ae, SHAPE_OPENAI);
+            return;
+        }
+        snprintf(o->id, sizeof o->id, "%s", id);
+        snprintf(o->model, sizeof o->model, "%s", reply_model_name(srv, req));
+        o->created = (long)time(NULL);
+        o->chat = chat;
+        o->include_usage = include_usage;
+        rp->status = 200;
+        rp->stream = stream_new(srv, g, &oai_ops, o);
+        if (!rp->stream) {
+            api_fail(&ae, 500, "server_error", NULL, "out of memory");
+            reply_error(rp, &ae, SHAPE_OPENAI);
+        }
+        return;
+    }
+    struct sbuf text = {0};
+    struct gen_result res;
+    if (gen_collect(g, &text, &res, cl)) { /* the client left */
+        gen_free(g);
+        sbuf_free(&text);
+        rp->status = 0;
+        return;
+    }
+    gen_free(g);
+    if (failed(&res, &ae) || text.oom) {
+        if (text.oom)
+            api_fail(&ae, 500, "server_error", NULL, "out of memory");
+        sbuf_free(&text);
+        reply_error(rp, &ae, SHAPE_OPENAI);
+        return;
+    }
+    json_t *choice;
+    if (chat)
+        choice = json_pack("{s:i, s:{s:s, s:o, s:n}, s:n, s:s}", "index", 0, "message", "role",
+                           "assistant", "content", json_text(text.p, text.n), "refusal",
+                           "logprobs", "finish_reason", finish_reason(&res));
+    else
+        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", json_text(text.p, text.n),
+                           "logprobs", "finish_reason", finish_reason(&res));
+    sbuf_free(&text);
+    rp->status = 200;
+    rp->body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+                         chat ? "chat.completion" : "text_completion", "created",
+                         (json_int_t)time(NULL), "model", reply_model_name(srv, req), "choices",
+                         choice, "usage", usage_json(&res));
+    if (chat && rp->body)
+        json_object_set_new(rp->body, "system_fingerprint", json_string("cllm"));
+}
+
+/* ---- POST /v1/chat/completions ---- */
+
+static int parse_messages(const json_t *req, struct chat_req *r, struct api_error *ae)
+{
+    const json_t *msgs = json_object_get(req, "messages");
+    if (!msgs || json_is_null(msgs))
+        return api_fail(ae, 400, NULL, "messages", "'messages' is required");
+    if (!json_is_array(msgs))
+        return api_fail(ae, 400, NULL, "messages", "'messages' must be an array");
+    if (json_array_size(msgs) == 0)
+        return api_fail(ae, 400, NULL, "messages", "'messages' must hold at least one message");
+    r->messages = json_array();
+    size_t i;
+    const json_t *m;
+    json_array_foreach(msgs, i, m) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return api_fail(ae, 400, NULL, param, "'%s' must be an object", param);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!role) {
+            snprintf(param, sizeof param, "messages[%zu].role", i);
+            return api_fail(ae, 400, NULL, param, "'%s' must be a string", param);
+        }
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        struct sbuf t = {0};
+        if (content_text(json_object_get(m, "content"), param, part_types, &t, ae)) {
+            sbuf_free(&t);
+            return -1;
+        }
+        json_t *nm = json_copy((json_t *)m);
+        json_object_set_new(nm, "content", json_text(t.p, t.n));
+        sbuf_free(&t);
+        if (!strcmp(role, "developer")) /* the newer name of the system role */
+            json_object_set_new(nm, "role", json_string("system"));
+        json_array_append_new(r->messages, nm);
+    }
+    return 0;
+}
+
+void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
+                 struct reply *rp)
+{
+    struct chat_req r = {.thinking = -1};
+    struct api_error ae;
+    bool include_usage = false, logprobs = false;
+    json_t *tools = NULL, *kwargs = NULL;
+    if (parse_messages(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
+        field_array(req, "tools", &tools, &ae) ||
+        field_object(req, "chat_template_kwargs", &kwargs, &ae) ||
+        field_reasoning_effort(req, "reasoning_effort", &r, &ae) ||
+        field_bool(req, "logprobs", &logprobs, &ae))
+        goto fail;
+    if (logprobs) {
+        api_fail(&ae, 400, NULL, "logprobs", "'logprobs' is not supported yet");
+        goto fail;
+    }
+    r.tools = json_incref(tools);
+    r.kwargs = json_incref(kwargs);
+    run(srv, req, &r, true, include_usage, cl, rp);
+    chat_req_free(&r);
+    return;
+fail:
+    chat_req_free(&r);
+    reply_error(rp, &ae, SHAPE_OPENAI);
+}
+
+/* ---- POST /v1/completions ---- */
+
+static int ids_from_array(const json_t *a, struct chat_req *r, struct api_error *ae)
+{
+    size_t n = json_array_size(a), i;
+    const json_t *v;
+    r->ids = malloc(sizeof(int) * (n ? n : 1));
+    if (!r->ids)
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            return api_fail(ae, 400, NULL, "prompt",
+                            "'prompt' must be a string or an array of token ids");
+        r->ids[i] = (int)json_integer_value(v);
+    }
+    r->n_ids = (int)n;
+    return 0;
+}
+
+static int parse_prompt(const json_t *req, struct chat_req *r, struct api_error *ae)
+{
+    const json_t *p = json_object_get(req, "prompt");
+    if (!p || json_is_null(p))
+        return api_fail(ae, 400, NULL, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0); /* a batch of one */
+    if (json_is_string(p)) {
+        r->text = strdup(json_string_value(p));
+        return r->text ? 0 : api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
+    if (!json_is_array(p))
+        return api_fail(ae, 400, NULL, "prompt",
+                        "'prompt' must be a string or an array of token ids");
+    if (json_array_size(p) == 0)
+        return api_fail(ae, 400, NULL, "prompt", "'prompt' is empty");
+    const json_t *first = json_array_get(p, 0);
+    if (json_is_string(first) || json_is_array(first))
+        return api_fail(ae, 400, NULL, "prompt",
+                        "only one prompt per request is supported (send each separately)");
+    return ids_from_array(p, r, ae);
+}
+
+void openai_completions(struct server *srv, const json_t *req, const struct client *cl,
+                        struct reply *rp)
+{
+    struct chat_req r = {.thinking = -1};
+    struct api_error ae;
+    bool include_usage = false, echo = false;
+    struct opt_i logprobs = {0}, best_of = {0};
+    if (parse_prompt(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
+        field_bool(req, "echo", &echo, &ae) ||
+        field_int(req, "logprobs", 0, 20, &logprobs, &ae) ||
+        field_int(req, "best_of", 1, 128, &best_of, &ae))
+        goto fail;
+    if (echo) {
+        api_fail(&ae, 400, NULL, "echo", "'echo' is not supported");
+        goto fail;
+    }
+    if (logprobs.set && logprobs.v > 0) {
+        api_fail(&ae, 400, NULL, "logprobs", "'logprobs' is not supported yet");
+        goto fail;
+    }
+    if (best_of.set && best_of.v != 1) {
+        api_fail(&ae, 400, NULL, "best_of", "'best_of' must be 1");
+        goto fail;
+    }
+    run(srv, req, &r, false, include_usage, cl, rp);
+    chat_req_free(&r);
+    return;
+fail:
+    chat_req_free(&r);
+    reply_error(rp, &ae, SHAPE_OPENAI);
+}
+
+/* ---- GET /v1/models ---- */
+
+json_t *openai_model(const struct server *srv, const char *name)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", name ? name : srv->sm.id, "object",
+                     "model", "created", (json_int_t)srv->created, "owned_by", "cllm", "context_length",
+                     srv->sm.ctx_len);
+}
+
+json_t *openai_models(const struct server *srv)
+{
+    return json_pack("{s:s, s:[o]}", "object", "list", "data", openai_model(srv, NULL));
+}

@@ -1,0 +1,465 @@
+/* responses.c - the OpenAI Responses adapter, POST /v1/responses: input
+ * string or items + instructions -> chat_req; output as a response object
+ * or the response.* event stream (with sequence_number); finished
+ * conversations are kept in a bounded LRU so previous_response_id continues
+ * them, and GET /v1/responses/{id} returns the stored object. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+/* ---- the store ---- */
+
+struct stored {
+    char id[64];
+    json_t *messages; /* the conversation including the answer (no instructions) */
+    json_t *response; /* the response object */
+    uint64_t used;
+};
+
+struct response_store {
+    pthread_mutex_t mu;
+    struct stored *e;
+    int n, cap;
+    uint64_t clock;
+};
+
+struct response_store *response_store_new(int cap)
+{
+    struct response_store *st = calloc(1, sizeof *st);
+    if (!st)
+        return NULL;
+    st->cap = cap;
+    st->e = calloc((size_t)(cap > 0 ? cap : 1), sizeof *st->e);
+    if (!st->e) {
+        free(st);
+        return NULL;
+    }
+    pthread_mutex_init(&st->mu, NULL);
+    return st;
+}
+
+void response_store_free(struct response_store *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->n; i++) {
+        json_decref(st->e[i].messages);
+        json_decref(st->e[i].response);
+    }
+    pthread_mutex_destroy(&st->mu);
+    free(st->e);
+    free(st);
+}
+
+/* Takes the references. */
+static void store_put(struct response_store *st, const char *id, json_t *messages,
+                      json_t *response)
+{
+    if (!st || st->cap <= 0 || !messages || !response) {
+        json_decref(messages);
+        json_decref(response);
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    int slot = st->n;
+    if (st->n == st->cap) { /* evict the least recently used */
+        slot = 0;
+        for (int i = 1; i < st->n; i++)
+            if (st->e[i].used < st->e[slot].used)
+                slot = i;
+        json_decref(st->e[slot].messages);
+        json_decref(st->e[slot].response);
+    } else {
+        st->n++;
+    }
+    snprintf(st->e[slot].id, sizeof st->e[slot].id, "%s", id);
+    st->e[slot].messages = messages;
+    st->e[slot].response = response;
+    st->e[slot].used = ++st->clock;
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* A deep copy of the stored messages or response object, or NULL. */
+static json_t *store_get(struct response_store *st, const char *id, bool response)
+{
+    json_t *out = NULL;
+    if (!st)
+        return NULL;
+    pthread_mutex_lock(&st->mu);
+    for (int i = 0; i < st->n; i++)
+        if (!strcmp(st->e[i].id, id)) {
+            st->e[i].used = ++st->clock;
+            out = json_deep_copy(response ? st->e[i].response : st->e[i].messages);
+            break;
+        }
+    pthread_mutex_unlock(&st->mu);
+    return out;
+}
+
+json_t *responses_get(struct server *srv, const char *id) { return store_get(srv->store, id, true); }
+
+/* ---- request ---- */
+
+static const char *const part_types[] = {"input_text", "output_text", "text", NULL};
+
+static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *ae)
+{
+    char param[64];
+    snprintf(param, sizeof param, "input[%zu]", i);
+    if (!json_is_object(it))
+        return api_fail(ae, 400, NULL, param, "'%s' must be an object", param);
+    const char *type = json_string_value(json_object_get(it, "type"));
+    const char *role = json_string_value(json_object_get(it, "role"));
+    if (!type || !strcmp(type, "message")) {
+        if (!role)
+            return api_fail(ae, 400, NULL, param, "'%s.role' must be a string", param);
+        char cp[80];
+        snprintf(cp, sizeof cp, "%s.content", param);
+        struct sbuf t = {0};
+        if (content_text(json_object_get(it, "content"), cp, part_types, &t, ae)) {
+            sbuf_free(&t);
+            return -1;
+        }
+        json_array_append_new(out, json_pack("{s:s, s:o}", "role",
+                                             strcmp(role, "developer") ? role : "system",
+                                             "content", json_text(t.p, t.n)));
+        sbuf_free(&t);
+        return 0;
+    }
+    if (!strcmp(type, "function_call")) {
+        const json_t *name = json_object_get(it, "name"), *args = json_object_get(it, "arguments");
+        if (!json_is_string(name))
+            return api_fail(ae, 400, NULL, param, "'%s.name' must be a string", param);
+        json_t *call = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name",
+                                 name, "arguments",
+                                 args ? json_incref((json_t *)args) : json_string("{}"));
+        const json_t *id = json_object_get(it, "call_id");
+        if (call && json_is_string(id))
+            json_object_set(call, "id", (json_t *)id);
+        json_array_append_new(out, json_pack("{s:s, s:s, s:[o]}", "role", "assistant", "content",
+                                             "", "tool_calls", call));
+        return 0;
+    }
+    if (!strcmp(type, "function_call_output")) {
+        const json_t *o = json_object_get(it, "output"), *id = json_object_get(it, "call_id");
+        if (!json_is_string(o))
+            return api_fail(ae, 400, NULL, param, "'%s.output' must be a string", param);
+        json_t *m = json_pack("{s:s, s:O}", "role", "tool", "content", o);
+        if (json_is_string(id))
+            json_object_set(m, "tool_call_id", (json_t *)id);
+        json_array_append_new(out, m);
+        return 0;
+    }
+    if (!strcmp(type, "reasoning"))
+        return 0; /* earlier reasoning is not replayed into the prompt */
+    return api_fail(ae, 400, NULL, param, "'%s': items of type '%s' are not supported", param,
+                    type);
+}
+
+struct resp_ctx {
+    char id[64], msg_id[64];
+    char model[256];
+    long created;
+    json_t *echo; /* request fields echoed in the response object */
+    json_t *conversation; /* messages without instructions, for the store */
+    bool store;
+    struct server *srv;
+    struct sbuf text; /* the whole answer (streams) */
+    int seq;
+};
+
+static void ctx_free(void *p)
+{
+    struct resp_ctx *c = p;
+    if (!c)
+        return;
+    json_decref(c->echo);
+    json_decref(c->conversation);
+    sbuf_free(&c->text);
+    free(c);
+}
+
+static int parse_request(struct server *srv, const json_t *req, struct chat_req *r,
+                         struct resp_ctx *c, struct api_error *ae)
+{
+    struct opt_i mot = {0};
+    const char *instructions = NULL, *prev = NULL, *model = NULL;
+    json_t *tools = NULL, *reasoning = NULL, *kwargs = NULL;
+    c->store = true;
+    if (field_string(req, "model", &model, ae) || field_sampling(req, r, ae) ||
+        field_bool(req, "stream", &r->stream, ae) || field_bool(req, "store", &c->store, ae) ||
+        field_int(req, "max_output_tokens", 1, 10000000, &mot, ae) ||
+        field_string(req, "instructions", &instructions, ae) ||
+        field_string(req, "previous_response_id", &prev, ae) ||
+        field_array(req, "tools", &tools, ae) || field_object(req, "reasoning", &reasoning, ae) ||
+        field_object(req, "chat_template_kwargs", &kwargs, ae) ||
+        field_stops(req, "stop", r, ae))
+        return -1;
+    r->max_tokens = mot.set ? mot.v : 0;
+    if (reasoning && field_reasoning_effort(reasoning, "effort", r, ae))
+        return -1;
+    r->kwargs = json_incref(kwargs);
+
+    c->conversation = json_array();
+    if (prev) {
+        json_t *old = store_get(srv->store, prev, false);
+        if (!old)
+            return api_fail(ae, 400, NULL, "previous_response_id",
+                            "Previous response with id '%s' not found.", prev);
+        json_array_extend(c->conversation, old);
+        json_decref(old);
+    }
+    const json_t *input = json_object_get(req, "input");
+    if (json_is_string(input)) {
+        json_array_append_new(c->conversation,
+                              json_pack("{s:s, s:O}", "role", "user", "content", input));
+    } else if (json_is_array(input)) {
+        size_t i;
+        const json_t *it;
+        json_array_foreach(input, i, it) {
+            if (add_item(c->conversation, it, i, ae))
+                return -1;
+        }
+    } else if (input && !json_is_null(input)) {
+        return api_fail(ae, 400, NULL, "input", "'input' must be a string or an array of items");
+    }
+    if (json_array_size(c->conversation) == 0)
+        return api_fail(ae, 400, NULL, "input", "'input' is required");
+
+    r->messages = json_array();
+    if (instructions)
+        json_array_append_new(r->messages,
+                              json_pack("{s:s, s:s}", "role", "system", "content", instructions));
+    json_array_extend(r->messages, c->conversation);
+
+    if (tools) { /* {type:function, name, description, parameters} -> the chat form */
+        r->tools = json_array();
+        size_t i;
+        const json_t *t;
+        json_array_foreach(tools, i, t) {
+            const char *type = json_string_value(json_object_get(t, "type"));
+            const json_t *name = json_object_get(t, "name");
+            if (!type || strcmp(type, "function") || !json_is_string(name))
+                continue; /* built-in tools (web search, ...) do not exist here */
+            json_t *fn = json_pack("{s:O}", "name", name);
+            const json_t *d = json_object_get(t, "description"), *p = json_object_get(t, "parameters");
+            if (d)
+                json_object_set(fn, "description", (json_t *)d);
+            if (p)
+                json_object_set(fn, "parameters", (json_t *)p);
+            json_array_append_new(r->tools, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        }
+    }
+
+    c->echo = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:b}", "instructions",
+                        instructions ? json_string(instructions) : json_null(),
+                        "max_output_tokens", mot.set ? json_integer(mot.v) : json_null(),
+                        "previous_response_id", prev ? json_string(prev) : json_null(),
+                        "temperature", r->temperature.set ? json_float(r->temperature.v) : json_null(),
+                        "top_p", r->top_p.set ? json_float(r->top_p.v) : json_null(),
+                        "tools", tools ? json_incref(tools) : json_array(), "store", c->store);
+    const json_t *md = json_object_get(req, "metadata");
+    json_object_set_new(c->echo, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
+    return c->echo ? 0 : api_fail(ae, 500, "server_error", NULL, "out of memory");
+}
+
+/* ---- response objects ---- */
+
+static json_t *part_json(const char *text, size_t n)
+{
+    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", json_text(text, n),
+                     "annotations");
+}
+
+static json_t *message_item(const struct resp_ctx *c, const char *status, json_t *content)
+{
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", c->msg_id, "type", "message", "status",
+                     status, "role", "assistant", "content", content);
+}
+
+static json_t *response_json(const struct resp_ctx *c, const char *status, json_t *output,
+                             const struct gen_result *res, json_t *error)
+{
+    json_t *r = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:s, s:o, s:b, s:s, s:{s:o, s:o}, "
+                          "s:{s:{s:s}}, s:s}",
+                          "id", c->id, "object", "response", "created_at", (json_int_t)c->created,
+                          "status", status, "error", error ? error : json_null(),
+                          "incomplete_details",
+                          res && res->finish == GEN_FINISH_LENGTH
+                              ? json_pack("{s:s}", "reason", "max_output_tokens")
+                              : json_null(),
+                          "model", c->model, "output", output, "parallel_tool_calls", 1,
+                          "tool_choice", "auto", "reasoning", "effort", json_null(), "summary",
+                          json_null(), "text", "format", "type", "text", "truncation", "disabled");
+    if (!r)
+        return NULL;
+    json_object_update(r, c->echo);
+    if (res && (res->finish == GEN_FINISH_STOP || res->finish == GEN_FINISH_LENGTH))
+        json_object_set_new(
+            r, "usage",
+            json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", res->n_prompt,
+                      "input_tokens_details", "cached_tokens", res->n_cached, "output_tokens",
+                      res->n_completion, "output_tokens_details", "reasoning_tokens", 0,
+                      "total_tokens", res->n_prompt + res->n_completion));
+    else
+        json_object_set_new(r, "usage", json_null());
+    return r;
+}
+
+static const char *final_status(const struct gen_result *res)
+{
+    return res->finish == GEN_FINISH_LENGTH ? "incomplete" : "completed";
+}
+
+/* Stores the finished conversation; `response` is borrowed. */
+static void remember(struct resp_ctx *c, const char *text, size_t n, const json_t *response)
+{
+    if (!c->store || !response)
+        return;
+    json_t *conv = json_deep_copy(c->conversation);
+    json_array_append_new(conv, json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                          json_text(text, n)));
+    store_put(c->srv->store, c->id, conv, json_deep_copy(response));
+}
+
+static bool failed(const struct gen_result *res, struct api_error *ae)
+{
+    if (res->finish == GEN_FINISH_CANCELLED) {
+        api_fail(ae, 503, "server_error", NULL,
+                 "the generation was cancelled (the server is shutting down)");
+        return true;
+    }
+    if (res->finish == GEN_FINISH_ERROR) {
+        api_fail(ae, 500, "server_error", NULL, "generation failed: %s", res->error);
+        return true;
+    }
+    return false;
+}
+
+/* ---- SSE ---- */
+
+static void ev(struct stream *s, const char *name, json_t *data)
+{
+    struct resp_ctx *c = s->st;
+    if (data) {
+        json_object_set_new(data, "type", json_string(name));
+        json_object_set_new(data, "sequence_number", json_integer(c->seq++));
+    }
+    sbuf_sse(&s->out, name, data);
+    json_decref(data);
+}
+
+static void rs_begin(struct stream *s)
+{
+    struct resp_ctx *c = s->st;
+    ev(s, "response.created", json_pack("{s:o}", "response",
+                                        response_json(c, "in_progress", json_array(), NULL, NULL)));
+    ev(s, "response.in_progress",
+       json_pack("{s:o}", "response", response_json(c, "in_progress", json_array(), NULL, NULL)));
+    ev(s, "response.output_item.added",
+       json_pack("{s:i, s:o}", "output_index", 0, "item",
+                 message_item(c, "in_progress", json_array())));
+    ev(s, "response.content_part.added",
+       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", 0, "content_index",
+                 0, "part", part_json("", 0)));
+}
+
+static void rs_delta(struct stream *s, const char *text, size_t n)
+{
+    struct resp_ctx *c = s->st;
+    sbuf_put(&c->text, text, n);
+    ev(s, "response.output_text.delta",
+       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", 0,
+                 "content_index", 0, "delta", json_text(text, n), "logprobs"));
+}
+
+static void rs_end(struct stream *s, const struct gen_result *res)
+{
+    struct resp_ctx *c = s->st;
+    struct api_error ae;
+    if (failed(res, &ae)) {
+        ev(s, "response.failed",
+           json_pack("{s:o}", "response",
+                     response_json(c, "failed", json_array(), res,
+                                   json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                             ae.message))));
+        return;
+    }
+    const char *t = c->text.p ? c->text.p : "";
+    size_t n = c->text.n;
+    ev(s, "response.output_text.done",
+       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", 0,
+                 "content_index", 0, "text", json_text(t, n), "logprobs"));
+    ev(s, "response.content_part.done",
+       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", 0, "content_index",
+                 0, "part", part_json(t, n)));
+    ev(s, "response.output_item.done",
+       json_pack("{s:i, s:o}", "output_index", 0, "item",
+                 message_item(c, "completed", json_pack("[o]", part_json(t, n)))));
+    json_t *resp = response_json(c, final_status(res),
+                                 json_pack("[o]", message_item(c, "completed",
+                                                               json_pack("[o]", part_json(t, n)))),
+                                 res, NULL);
+    remember(c, t, n, resp);
+    ev(s, res->finish == GEN_FINISH_LENGTH ? "response.incomplete" : "response.completed",
+       json_pack("{s:o}", "response", resp));
+}
+
+static const struct stream_ops rs_ops = {rs_begin, rs_delta, rs_end, ctx_free};
+
+/* ---- POST /v1/responses ---- */
+
+void responses_create(struct server *srv, const json_t *req, const struct client *cl,
+                      struct reply *rp)
+{
+    struct chat_req r = {.thinking = -1};
+    struct api_error ae;
+    struct gen *g = NULL;
+    struct resp_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        api_fail(&ae, 500, "server_error", NULL, "out of memory");
+        reply_error(rp, &ae, SHAPE_OPENAI);
+        return;
+    }
+    c->srv = srv;
+    if (parse_request(srv, req, &r, c, &ae) || gen_start(srv, &r, &g, &ae)) {
+        chat_req_free(&r);
+        ctx_free(c);
+        reply_error(rp, &ae, SHAPE_OPENAI);
+        return;
+    }
+    bool stream = r.stream;
+    chat_req_free(&r);
+    serve_make_id(c->id, sizeof c->id, "resp_");
+    serve_make_id(c->msg_id, sizeof c->msg_id, "msg_");
+    snprintf(c->model, sizeof c->model, "%s", reply_model_name(srv, req));
+    c->created = (long)time(NULL);
+    if (stream) {
+        rp->status = 200;
+        rp->stream = stream_new(srv, g, &rs_ops, c);
+        if (!rp->stream) {
+            api_fail(&ae, 500, "server_error", NULL, "out of memory");
+            reply_error(rp, &ae, SHAPE_OPENAI);
+        }
+        return;
+    }
+    struct sbuf text = {0};
+    struct gen_result res;
+    if (gen_collect(g, &text, &res, cl)) {
+        rp->status = 0; /* the client left */
+    } else if (failed(&res, &ae)) {
+        reply_error(rp, &ae, SHAPE_OPENAI);
+    } else {
+        const char *t = text.p ? text.p : "";
+        rp->status = 200;
+        rp->body = response_json(c, final_status(&res),
+                                 json_pack("[o]", message_item(c, "completed",
+                                                               json_pack("[o]", part_json(t, text.n)))),
+                                 &res, NULL);
+        remember(c, t, text.n, rp->body);
+    }
+    sbuf_free(&text);
+    gen_free(g);
+    ctx_free(c);
+}

@@ -1,0 +1,158 @@
+/* sbuf.c - the growable byte buffer the HTTP side writes JSON and
+ * server-sent events into, plus ids and a clock. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "serve/internal.h"
+
+static bool sbuf_grow(struct sbuf *b, size_t extra)
+{
+    if (b->oom)
+        return false;
+    if (b->n + extra + 1 <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void sbuf_put(struct sbuf *b, const void *data, size_t n)
+{
+    if (!sbuf_grow(b, n))
+        return;
+    if (n)
+        memcpy(b->p + b->n, data, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+void sbuf_puts(struct sbuf *b, const char *s) { sbuf_put(b, s, strlen(s)); }
+
+void sbuf_printf(struct sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0 || !sbuf_grow(b, (size_t)k))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+}
+
+void sbuf_consume(struct sbuf *b, size_t n)
+{
+    if (n >= b->n) {
+        b->n = 0;
+    } else {
+        memmove(b->p, b->p + n, b->n - n);
+        b->n -= n;
+    }
+    if (b->p)
+        b->p[b->n] = 0;
+}
+
+void sbuf_free(struct sbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+char *json_compact(const json_t *v, size_t *len)
+{
+    char *s = json_dumps(v, JSON_COMPACT);
+    if (s && len)
+        *len = strlen(s);
+    return s;
+}
+
+void sbuf_sse(struct sbuf *b, const char *name, const json_t *data)
+{
+    size_t n;
+    char *s = json_compact(data, &n);
+    if (!s) {
+        b->oom = true;
+        return;
+    }
+    if (name)
+        sbuf_printf(b, "event: %s\n", name);
+    sbuf_puts(b, "data: ");
+    sbuf_put(b, s, n);
+    sbuf_puts(b, "\n\n");
+    free(s);
+}
+
+void serve_make_id(char *out, size_t cap, const char *prefix)
+{
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) { /* never expected; still unique-ish */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)out;
+        for (size_t i = 0; i < sizeof r; i++, x = x * 6364136223846793005ULL + 1442695040888963407ULL)
+            r[i] = (unsigned char)(x >> 56);
+    }
+    size_t k = (size_t)snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && k + 2 < cap; i++, k += 2)
+        snprintf(out + k, cap - k, "%02x", r[i]);
+}
+
+double serve_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+json_t *json_text(const char *p, size_t n)
+{
+    json_t *s = json_stringn(p ? p : "", n);
+    if (s || !p)
+        return s ? s : json_string("");
+    /* Not valid UTF-8 (the detokenizer should never produce that): replace
+     * each bad byte with U+FFFD rather than fail the response. */
+    struct sbuf b = {0};
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)p[i];
+        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = k > 0 && i + k <= n;
+        for (size_t j = 1; ok && j < k; j++)
+            ok = ((unsigned char)p[i + j] >> 6) == 2;
+        if (ok) { /* let jansson judge overlong forms and surrogates */
+            json_t *t = json_stringn(p + i, k);
+            ok = t != NULL;
+            json_decref(t);
+        }
+        if (ok) {
+            sbuf_put(&b, p + i, k);
+            i += k;
+        } else {
+            sbuf_puts(&b, "\xef\xbf\xbd");
+            i++;
+        }
+    }
+    s = json_stringn(b.p ? b.p : "", b.n);
+    sbuf_free(&b);
+    return s ? s : json_string("");
+}
+
+json_t *json_float(float v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)v);
+    return json_real(strtod(b, NULL));
+}

@@ -1,0 +1,303 @@
+/* server.c - one `cllm serve` process from start to exit: port pre-flight
+ * and bind, model + tokenizer + generation_config.json, the engine, the
+ * HTTP daemon, then SIGINT/SIGTERM: stop accepting, let in-flight requests
+ * finish up to CLLM_SHUTDOWN_TIMEOUT_MS, cancel the rest, exit cleanly. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "serve/internal.h"
+#include "serve/serve.h"
+#include "tokenizer/chat_template.h"
+
+/* ---- network ---- */
+
+bool serve_port_in_use(const char *host, int port)
+{
+    /* a wildcard bind is probed on loopback, where a local server answers */
+    const char *h = !strcmp(host, "0.0.0.0") || !*host ? "127.0.0.1"
+                    : !strcmp(host, "::") ? "::1" : host;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(h, ps, &hints, &res))
+        return false;
+    bool used = false;
+    for (struct addrinfo *a = res; a && !used; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            used = true;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t len = sizeof err;
+            if (poll(&p, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) &&
+                err == 0)
+                used = true;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return used;
+}
+
+static int listen_on(const char *host, int port, struct err *e)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res = NULL;
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc)
+        return err_set(e, "--host %s: %s", host, gai_strerror(rc));
+    int fd = -1, last = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            last = errno;
+            continue;
+        }
+        int one = 1, zero = 0;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (a->ai_family == AF_INET6) /* "::" also takes IPv4 */
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0)
+            break;
+        last = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        if (last == EADDRINUSE)
+            return err_set(e, "port %d on %s is already in use; stop what runs there or pick "
+                              "another --port", port, host);
+        return err_set(e, "cannot listen on %s:%d: %s", host, port, strerror(last));
+    }
+    return fd;
+}
+
+/* ---- the model ---- */
+
+static void model_id(const char *path, char *out, size_t cap)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/')
+        tmp[--n] = 0;
+    const char *base = strrchr(tmp, '/') ? strrchr(tmp, '/') + 1 : tmp;
+    snprintf(out, cap, "%s", base);
+    char *dot = strrchr(out, '.');
+    if (dot && (!strcmp(dot, ".gguf") || !strcmp(dot, ".bin")))
+        *dot = 0;
+}
+
+static void add_stop_id(struct served_model *sm, int id)
+{
+    if (id < 0 || id >= sm->m.cfg.vocab_size)
+        return;
+    for (int i = 0; i < sm->m.cfg.n_eos; i++)
+        if (sm->m.cfg.eos_ids[i] == id)
+            return;
+    for (int i = 0; i < sm->n_stop_ids; i++)
+        if (sm->stop_ids[i] == id)
+            return;
+    if (sm->n_stop_ids < (int)(sizeof sm->stop_ids / sizeof sm->stop_ids[0]))
+        sm->stop_ids[sm->n_stop_ids++] = id;
+}
+
+/* generation_config.json beside the model: sampling defaults and eos ids. */
+static int read_generation_config(struct served_model *sm, struct err *e)
+{
+    char path[1100];
+    struct stat st;
+    if (stat(sm->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(path, sizeof path, "%s/generation_config.json", sm->path);
+    } else {
+        const char *slash = strrchr(sm->path, '/');
+        snprintf(path, sizeof path, "%.*s/generation_config.json",
+                 slash ? (int)(slash - sm->path) : 1, slash ? sm->path : ".");
+    }
+    if (access(path, R_OK))
+        return 0;
+    json_error_t je;
+    json_t *g = json_load_file(path, 0, &je);
+    if (!g || !json_is_object(g)) {
+        json_decref(g);
+        return err_set(e, "%s: %s (line %d)", path, g ? "not an object" : je.text, je.line);
+    }
+    const json_t *v;
+    if (json_is_number(v = json_object_get(g, "temperature")))
+        sm->gc_temperature = (struct opt_f){true, (float)json_number_value(v)};
+    if (json_is_number(v = json_object_get(g, "top_p")))
+        sm->gc_top_p = (struct opt_f){true, (float)json_number_value(v)};
+    if (json_is_number(v = json_object_get(g, "min_p")))
+        sm->gc_min_p = (struct opt_f){true, (float)json_number_value(v)};
+    if (json_is_integer(v = json_object_get(g, "top_k")))
+        sm->gc_top_k = (struct opt_i){true, (int)json_integer_value(v)};
+    v = json_object_get(g, "eos_token_id");
+    if (json_is_integer(v))
+        add_stop_id(sm, (int)json_integer_value(v));
+    size_t i;
+    const json_t *x;
+    if (json_is_array(v))
+        json_array_foreach(v, i, x) if (json_is_integer(x)) add_stop_id(sm, (int)json_integer_value(x));
+    json_decref(g);
+    /* values the sampler would refuse are dropped rather than failing every request */
+    if (sm->gc_temperature.set && !(sm->gc_temperature.v >= 0))
+        sm->gc_temperature.set = false;
+    if (sm->gc_top_p.set && !(sm->gc_top_p.v >= 0 && sm->gc_top_p.v <= 1))
+        sm->gc_top_p.set = false;
+    if (sm->gc_min_p.set && !(sm->gc_min_p.v >= 0 && sm->gc_min_p.v <= 1))
+        sm->gc_min_p.set = false;
+    if (sm->gc_top_k.set && sm->gc_top_k.v < 0)
+        sm->gc_top_k.set = false;
+    return 0;
+}
+
+static int load_model(struct served_model *sm, const struct serve_config *cfg, struct err *e)
+{
+    snprintf(sm->path, sizeof sm->path, "%s", cfg->model);
+    model_id(cfg->model, sm->id, sizeof sm->id);
+    if (model_load(&sm->m, cfg->model, e))
+        return -1;
+    sm->loaded = true;
+    sm->tok = tok_load_for_model(cfg->model, e);
+    if (!sm->tok)
+        return err_wrap(e, "the model's tokenizer");
+    if (read_generation_config(sm, e))
+        return -1;
+    add_stop_id(sm, tok_eos_id(sm->tok));
+    struct err te = {{0}};
+    sm->tmpl = chat_template_load(cfg->model, &te);
+    if (!sm->tmpl)
+        fprintf(stderr, "cllm serve: %s; chat requests use a plain \"role: content\" "
+                        "transcript\n", te.msg);
+    int max = sm->m.cfg.max_seq;
+    sm->ctx_len = cfg->ctx > 0 && cfg->ctx < max ? cfg->ctx : max;
+    if (cfg->ctx > max)
+        fprintf(stderr, "cllm serve: warning: --ctx %d is more than the model's %d positions; "
+                        "using %d\n", cfg->ctx, max, max);
+    return 0;
+}
+
+static void unload_model(struct served_model *sm)
+{
+    chat_template_free(sm->tmpl);
+    sm->tmpl = NULL;
+    if (sm->tok)
+        tok_free(sm->tok);
+    if (sm->loaded)
+        model_free(&sm->m);
+    sm->tok = NULL;
+    sm->loaded = false;
+}
+
+/* ---- lifecycle ---- */
+
+/* Waits until no generation is in flight or the deadline passes; a second
+ * signal ends the wait early. Returns true when everything finished. */
+static bool wait_idle(struct server *srv, const sigset_t *sigs, double deadline, bool *again)
+{
+    while (atomic_load(&srv->in_flight) > 0) {
+        double left = deadline - serve_now();
+        if (left <= 0)
+            return false;
+        struct timespec ts = {0, left > 0.05 ? 50000000L : (long)(left * 1e9)};
+        if (again && sigtimedwait(sigs, NULL, &ts) > 0) {
+            *again = true;
+            return false;
+        }
+        if (!again)
+            nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
+int serve_main(const struct serve_config *cfg, struct err *e)
+{
+    if (serve_port_in_use(cfg->host, cfg->port))
+        return err_set(e, "something is already serving on %s:%d; stop it or pick another "
+                          "--port", cfg->host, cfg->port);
+    int fd = listen_on(cfg->host, cfg->port, e);
+    if (fd < 0)
+        return -1;
+
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    signal(SIGPIPE, SIG_IGN);
+
+    static struct server srv_storage; /* one per process; zeroed below */
+    struct server *srv = &srv_storage;
+    memset(srv, 0, sizeof *srv);
+    srv->cfg = cfg;
+    srv->t_start = serve_now();
+    srv->created = time(NULL);
+    pthread_mutex_init(&srv->mu, NULL);
+    struct http *h = NULL;
+    int rc = -1;
+
+    fprintf(stderr, "cllm serve: loading %s\n", cfg->model);
+    pthread_sigmask(SIG_SETMASK, NULL, &old);
+    if (load_model(&srv->sm, cfg, e)) /* Ctrl-C here simply ends the process */
+        goto out;
+    /* From here signals go to sigwait below, never to a worker thread: block
+     * them before any thread exists so every thread inherits the mask. */
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
+                               .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue};
+    srv->eng = engine_create(&srv->sm.m, &ec, e);
+    srv->store = response_store_new(cfg->responses_store);
+    if (!srv->eng || !srv->store) {
+        if (srv->eng && !srv->store)
+            err_set(e, "out of memory");
+        goto out;
+    }
+    h = http_start(srv, fd, e);
+    if (!h)
+        goto out;
+    fd = -1; /* the daemon owns it now */
+    fprintf(stderr, "cllm serve: serving %s on http://%s:%d (context %d tokens, queue %d)\n",
+            srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len, cfg->max_queue);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    int n = atomic_load(&srv->in_flight);
+    fprintf(stderr, "cllm serve: %s: no new requests; draining %d in flight (up to %d ms)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", n, cfg->shutdown_timeout_ms);
+    atomic_store(&srv->draining, true);
+    http_quiesce(h);
+    bool again = false;
+    if (!wait_idle(srv, &sigs, serve_now() + cfg->shutdown_timeout_ms / 1000.0, &again)) {
+        fprintf(stderr, "cllm serve: %s; cancelling %d request(s)\n",
+                again ? "second signal" : "shutdown timeout", atomic_load(&srv->in_flight));
+        gen_cancel_all(srv);
+        wait_idle(srv, &sigs, serve_now() + 10.0, NULL);
+    }
+    rc = 0;
+out:
+    http_stop(h); /* joins every connection thread */
+    if (fd >= 0)
+        close(fd);
+    engine_destroy(srv->eng);
+    response_store_free(srv->store);
+    unload_model(&srv->sm);
+    pthread_mutex_destroy(&srv->mu);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0)
+        fprintf(stderr, "cllm serve: stopped\n");
+    return rc;
+}

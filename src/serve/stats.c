@@ -1,0 +1,82 @@
+/* stats.c - GET /stats (live configuration, queue, engine and HTTP
+ * counters, KV blocks, model) and GET /health. */
+#include "serve/internal.h"
+
+static json_t *opt_f_json(struct opt_f o) { return o.set ? json_float(o.v) : json_null(); }
+static json_t *opt_i_json(struct opt_i o) { return o.set ? json_integer(o.v) : json_null(); }
+
+json_t *stats_json(struct server *srv)
+{
+    struct engine_stats es;
+    engine_get_stats(srv->eng, &es);
+    struct server_counters ctr;
+    pthread_mutex_lock(&srv->mu);
+    ctr = srv->ctr;
+    pthread_mutex_unlock(&srv->mu);
+    const struct serve_config *cfg = srv->cfg;
+    const struct model_config *mc = &srv->sm.m.cfg;
+    /* bytes of one KV block: 16 token slots x layers x (K + V) x kv width x f32 */
+    double block_bytes = 16.0 * mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0;
+    int used = es.kv_blocks_total - es.kv_blocks_free;
+
+    json_t *model = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i}",
+                              "id", srv->sm.id, "path", srv->sm.path, "format", srv->sm.m.format,
+                              "arch", mc->arch, "n_layers", mc->n_layers, "dim", mc->dim,
+                              "n_heads", mc->n_heads, "n_kv_heads", mc->n_kv_heads, "vocab_size",
+                              mc->vocab_size, "max_position_embeddings", mc->max_seq, "ctx_len",
+                              srv->sm.ctx_len);
+    json_t *defaults = json_pack(
+        "{s:o, s:o, s:o, s:o, s:o, s:o}", "max_tokens", opt_i_json(cfg->max_tokens),
+        "temperature", opt_f_json(cfg->temperature), "top_p", opt_f_json(cfg->top_p), "top_k",
+        opt_i_json(cfg->top_k), "min_p", opt_f_json(cfg->min_p), "thinking",
+        cfg->thinking < 0 ? json_null() : json_boolean(cfg->thinking));
+    json_t *gen_config = json_pack(
+        "{s:o, s:o, s:o, s:o}", "temperature", opt_f_json(srv->sm.gc_temperature), "top_p",
+        opt_f_json(srv->sm.gc_top_p), "top_k", opt_i_json(srv->sm.gc_top_k), "min_p",
+        opt_f_json(srv->sm.gc_min_p));
+
+    json_t *root = json_pack(
+        "{s:s, s:f, s:o, s:{s:s, s:i, s:i, s:i, s:I, s:I, s:o}, s:o, s:o, s:{s:i, s:i}, "
+        "s:i, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:i, s:i, s:i, s:I}, "
+        "s:{s:b, s:i}, s:{s:s}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i}}",
+        "status", atomic_load(&srv->draining) ? "draining" : "ok",
+        "uptime_s", serve_now() - srv->t_start,
+        "model", model,
+        "server", "host", cfg->host, "port", cfg->port, "max_queue", cfg->max_queue,
+        "shutdown_timeout_ms", cfg->shutdown_timeout_ms,
+        "max_body_bytes", (json_int_t)cfg->max_body_bytes,
+        "responses_store", (json_int_t)cfg->responses_store,
+        "ctx", cfg->ctx ? json_integer(cfg->ctx) : json_null(),
+        "defaults", defaults,
+        "generation_config", gen_config,
+        "queue", "waiting", es.queued, "max", cfg->max_queue,
+        "running", es.running,
+        "requests", "total", (json_int_t)es.requests_total, "cancelled",
+        (json_int_t)es.requests_cancelled, "completed", (json_int_t)ctr.completions,
+        "rejected_queue_full", (json_int_t)ctr.rejected_queue_full,
+        "tokens", "prompt", (json_int_t)es.tokens_prompt, "generated",
+        (json_int_t)es.tokens_generated,
+        "kv", "block_tokens", 16, "blocks_total", es.kv_blocks_total, "blocks_free",
+        es.kv_blocks_free, "bytes_used", (json_int_t)(used * block_bytes),
+        "prompt_cache", "enabled", 0, "max_bytes", 0,
+        "kv_quant", "mode", "off",
+        "http", "requests", (json_int_t)ctr.http_requests, "status_2xx",
+        (json_int_t)ctr.status_2xx, "status_4xx", (json_int_t)ctr.status_4xx, "status_5xx",
+        (json_int_t)ctr.status_5xx, "disconnects", (json_int_t)ctr.disconnects, "in_flight",
+        (json_int_t)atomic_load(&srv->in_flight), "connections",
+        atomic_load(&srv->connections), "max_connections", cfg->max_connections);
+    /* the spec's batch block: one serial engine today (mode "off" = --batch 1) */
+    json_object_set_new(root, "batch",
+                        json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:n}", "mode", "off", "batched",
+                                  0, "active_rows", es.running, "pending_rows", es.queued,
+                                  "submitted_rows", (json_int_t)es.requests_total, "kv_bytes",
+                                  (json_int_t)(used * block_bytes), "kv_budget_bytes"));
+    return root;
+}
+
+json_t *health_json(struct server *srv)
+{
+    return json_pack("{s:s, s:s}", "status", atomic_load(&srv->draining) ? "draining" : "ok",
+                     "model", srv->sm.id);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# tests/gpu/pack.sh - gathers what tests/gpu/run.sh needs on a GPU machine
+# that cannot build cllm (no libjansson-dev etc. there) into .carry/ (git-
+# ignored): the CUDA build's binaries, the non-system shared libraries they
+# link, and the sample models from ../shared. On the GPU machine:
+#   .carry/bin/env.sh tests/gpu/run.sh .carry/bin .carry/shared
+# Usage: tests/gpu/pack.sh [BUILD_DIR] [SHARED_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build-cuda} SHARED=${2:-../shared}
+rm -rf .carry/bin .carry/lib .carry/shared
+mkdir -p .carry/bin .carry/lib .carry/shared/models
+cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" .carry/bin/
+for lib in $(ldd "$BUILD/cllm" | awk '/=>/ {print $3}' | grep -v -E 'cuda|/libc\.|/libm\.|/libdl\.|/libpthread\.|/librt\.|/libstdc\+\+|/libgcc_s'); do
+    cp -L "$lib" .carry/lib/
+done
+cp -r "$SHARED/models/stories260K" "$SHARED/models/tinystories-656k" .carry/shared/models/
+# env.sh: puts only the libraries the GPU machine lacks on LD_LIBRARY_PATH.
+cat > .carry/bin/env.sh <<'EOS'
+#!/usr/bin/env bash
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p /tmp/cllm-lib
+cuda=""; for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib /usr/local/cuda/lib; do [ -e "$d/libcublas.so.13" ] && { cuda=$d; break; }; done; [ -n "$cuda" ] || cuda=$(dirname "$(find / -xdev -name "libcublas.so.13*" 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for m in $(ldd "$here/bin/cllm" | awk '/not found/ {print $1}'); do ln -sf "$here/lib/$m" /tmp/cllm-lib/; done
+export LD_LIBRARY_PATH="/tmp/cllm-lib:$LD_LIBRARY_PATH"
+echo "libraries taken from .carry/lib: $(ls /tmp/cllm-lib | tr '\n' ' ')"
+ldd "$here/bin/cllm" | grep -E "not found|cublas|cudart" || true
+exec "$@"
+EOS
+chmod +x .carry/bin/env.sh
+du -sh .carry

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh - the GPU suite in one go, for one call on the GPU machine:
+#   1. test_cuda (ops vs references and the CPU backend; oracle fixtures;
+#      CPU vs GPU greedy on the sample models),
+#   2. `cllm run --device cpu` vs `--device cuda` greedy ids on both sample
+#      models, through the CLI,
+#   3. benchmarks (random-weight models made by gen_model): prefill of a
+#      512-token prompt and batch-1 decode, with --device cuda,
+#   4. compute-sanitizer (memcheck, racecheck) on short runs.
+# TESTS=0 skips 1-2, SANITIZE=0 skips 4, EAGER=0 times only the default
+# (CUDA-graph) decode; SANITIZE_TOOLS, SANITIZE_N choose the sanitizer runs.
+# Usage: tests/gpu/run.sh BIN_DIR SHARED_DIR [BENCH_SHAPES]
+#   BIN_DIR holds cllm, test_cuda, gen_model (built with CUDA);
+#   SHARED_DIR holds models/stories260K and models/tinystories-656k;
+#   BENCH_SHAPES: gen_model shapes to time (default "qwen3-0.6b").
+# Prints a summary table last; exits non-zero if a correctness step failed.
+set -uo pipefail
+BIN=${1:?BIN_DIR} SHARED=${2:?SHARED_DIR} SHAPES=${3:-qwen3-0.6b}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=${WORK:-/tmp/cllm-gpu}
+mkdir -p "$WORK"
+export CLLM_FIXTURES_DIR="$ROOT/tests/fixtures" CLLM_SHARED_DIR="$SHARED"
+fails=0 summary=""
+note() { summary+="$1"$'\n'; echo "== $1"; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+
+if [ "${TESTS:-1}" = 0 ]; then
+    :
+else
+echo "== test_cuda"
+if time timeout 300 "$BIN/test_cuda"; then note "test_cuda: PASS"; else note "test_cuda: FAIL"; fails=$((fails+1)); fi
+
+for m in stories260K tinystories-656k; do
+    a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cpu -t 4 -p "Once upon a time" -n 300 --temp 0 --ignore-eos --print-ids 2>/dev/null)
+    b=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cuda -p "Once upon a time" -n 300 --temp 0 --ignore-eos --print-ids 2>"$WORK/run_$m.err")
+    cat "$WORK/run_$m.err"
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then note "cli cpu vs cuda $m (300 greedy ids): identical"
+    else note "cli cpu vs cuda $m: DIFFER"; echo "cpu:  $a"; echo "cuda: $b"; fails=$((fails+1)); fi
+done
+fi
+
+ids512=$(seq -s, 1000 1511)
+for shape in $SHAPES; do
+    f="$WORK/$shape-bf16.gguf"
+    [ -f "$f" ] || timeout 240 "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" || { note "bench $shape: gen_model failed"; continue; }
+    for mode in graphs eager; do
+        [ "$mode" = eager ] && [ "${EAGER:-1}" = 0 ] && continue
+        cd_env=$([ "$mode" = eager ] && echo 0 || echo 1)
+        line=$(CLLM_COMPILED_DECODE=$cd_env timeout 180 "$BIN/cllm" run "$f" --device cuda --warmup --prompt-ids "$ids512" -n 128 --temp 0 --ignore-eos --print-ids --batch 512 2>&1 >/dev/null | tee "$WORK/bench.log" | grep -E "^prompt:")
+        cat "$WORK/bench.log"
+        note "bench $shape bf16 cuda $mode (--warmup, pp512 + tg128): $line"
+    done
+    rm -f "$f"
+done
+
+if [ "${SANITIZE:-1}" = 0 ]; then
+    :
+elif command -v compute-sanitizer >/dev/null; then
+    ids=$(seq -s, 5 24)
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8"; do
+            if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
+                note "compute-sanitizer $tool $(basename ${args%% *}): clean"
+            else
+                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool $(basename ${args%% *}): FAIL"; fails=$((fails+1))
+            fi
+        done
+    done
+else
+    note "compute-sanitizer: not found"
+fi
+
+echo
+echo "==== summary"
+printf '%s' "$summary"
+echo "correctness failures: $fails"
+exit $((fails > 0))

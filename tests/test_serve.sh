@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# test_serve.sh - `cllm serve` end to end on loopback: the real server with
+# the llama2.c sample model (no chat template) and a tiny random-weight
+# model built here around the real Qwen3 tokenizer and chat template. curl
+# checks every endpoint, streaming and not, stop strings split across tokens,
+# max_tokens, usage counts against the tokenizer, errors, CORS, keep-alive,
+# disconnects, 429, SIGTERM drain; the official openai and @anthropic-ai/sdk
+# packages and a bounded load run go through node (skipped, visibly, when
+# npm is absent). Usage: test_serve.sh <cllm binary> <shared dir> <fixtures dir>
+set -u
+CLLM=$1 SHARED=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+pass=0 fail=0 skipped=()
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+for t in curl jq; do
+    command -v $t >/dev/null || { echo "test_serve: FAIL: $t is required (apt-get install $t)"; exit 1; }
+done
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() {
+    local p
+    for _ in $(seq 1 100); do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+    done
+}
+
+# start VAR PORT MODEL [ENV=VALUE...] [-- FLAGS...]: runs a server, waits for /health.
+start() {
+    local var=$1 port=$2 model=$3
+    shift 3
+    local envs=() flags=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    [ "${1:-}" = "--" ] && shift && flags=("$@")
+    env "${envs[@]}" "$CLLM" serve "$model" --port "$port" "${flags[@]}" >"$tmp/log.$port" 2>&1 &
+    local pid=$!
+    pids+=("$pid")
+    printf -v "$var" '%s' "$pid"
+    for _ in $(seq 1 600); do
+        curl -sf -m 1 "http://127.0.0.1:$port/health" >/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    bad "server on $port did not start: $(cat "$tmp/log.$port")"
+    return 1
+}
+
+# call PATH JSON [URL-BASE]: sets $code and $body
+call() {
+    code=$(curl -s -m 120 -o "$tmp/body" -w '%{http_code}' "${3:-$B}$1" \
+        -H 'content-type: application/json' --data-binary "$2")
+    body=$(cat "$tmp/body")
+}
+# stream PATH JSON: the raw SSE text in $body
+stream() {
+    code=$(curl -sN -m 120 -o "$tmp/body" -w '%{http_code}' "$B$1" \
+        -H 'content-type: application/json' --data-binary "$2")
+    body=$(cat "$tmp/body")
+}
+# the JSON payloads of an SSE body, one per line ([DONE] left out)
+sse_data() { sed -n 's/^data: //p' <<<"$body" | grep -v '^\[DONE\]$'; }
+# wait_stats BASE JQ-EXPR SECONDS: polls /stats until the expression holds
+wait_stats() {
+    for _ in $(seq 1 $(($3 * 20))); do
+        curl -s -m 2 "$1/stats" | jq -e "$2" >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    return 1
+}
+ntok() { "$CLLM" tokenize "$@" --json | jq '.ids | length'; }
+
+STORIES="$SHARED/models/stories260K"
+P1=$(free_port)
+B="http://127.0.0.1:$P1"
+start S1 "$P1" "$STORIES" CLLM_MAX_BODY_BYTES=65536 -- --no-open --bogus-flag || exit 1
+
+# ---- start-up: flags, pre-flight ----
+check 'grep -q "ignoring unknown flag --bogus-flag" "$tmp/log.$P1"' "no warning for an unknown flag"
+"$CLLM" serve "$STORIES" --port "$P1" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 1 ] && grep -q "already serving" "$tmp/e"' "second server on a busy port: $(cat "$tmp/e")"
+"$CLLM" serve "$STORIES" --port 80800 >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q -- "--port" "$tmp/e"' "bad --port value: $(cat "$tmp/e")"
+CLLM_MAX_QUEUE=lots "$CLLM" serve "$STORIES" --port "$P1" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "CLLM_MAX_QUEUE" "$tmp/e"' "bad CLLM_MAX_QUEUE: $(cat "$tmp/e")"
+
+# ---- GET routes ----
+check '[ "$(curl -s $B/health | jq -r .status)" = ok ]' "/health"
+check '[ "$(curl -s $B/v1/models | jq -r ".data[0].id")" = stories260K ]' "/v1/models"
+curl -s "$B/stats" >"$tmp/stats"
+check 'jq -e ".running == 0 and .queue.waiting == 0 and .queue.max == 64 and .kv.blocks_total > 0 and .model.vocab_size == 512 and .batch.mode == \"off\" and .uptime_s >= 0" "$tmp/stats" >/dev/null' "/stats fields: $(cat "$tmp/stats")"
+
+# ---- chat completions: greedy, max_tokens -> length, usage = tokenizer counts ----
+want_prompt=$(ntok "$STORIES" $'user: Zoo\nassistant:')
+call /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"Zoo"}],"max_tokens":12,"temperature":0}'
+chat_text=$(jq -r '.choices[0].message.content' <<<"$body")
+check '[ "$code" = 200 ] && jq -e ".object == \"chat.completion\" and .choices[0].finish_reason == \"length\" and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt and .usage.total_tokens == 12 + $want_prompt and .usage.prompt_tokens_details.cached_tokens == 0 and .model == \"m\"" <<<"$body" >/dev/null' "chat non-stream: $code $body (prompt tokens want $want_prompt)"
+stream /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}'
+check '[ "$(sse_data | jq -rj ".choices[0].delta.content // empty")" = "$chat_text" ]' "chat stream text differs from non-stream"
+check '[ "$(tail -c 15 <<<"$body" | tr -d "\n")" = "data: [DONE]" ]' "chat stream does not end with [DONE]"
+check '[ "$(sse_data | jq -rs "[.[] | .choices[0].finish_reason // empty] | join(\",\")")" = length ]' "chat stream finish_reason"
+check 'sse_data | tail -1 | jq -e ".choices == [] and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt" >/dev/null' "chat stream usage chunk"
+check '[ "$(sse_data | head -1 | jq -r .choices[0].delta.role)" = assistant ]' "first chunk carries the role"
+# content parts and the developer role are accepted
+call /v1/chat/completions '{"messages":[{"role":"developer","content":"Be nice."},{"role":"user","content":[{"type":"text","text":"Zo"},{"type":"text","text":"o"}]}],"max_tokens":2,"temperature":0,"unknown_field":{"x":1}}'
+check '[ "$code" = 200 ]' "content parts: $code $body"
+
+# ---- completions: served greedy text = cllm run's ----
+run_text=$("$CLLM" run "$STORIES" -p Zoo -n 20 --temp 0 2>/dev/null)
+call /v1/completions '{"prompt":"Zoo","max_tokens":20,"temperature":0}'
+gen=$(jq -r '.choices[0].text' <<<"$body")
+check '[ "Zoo$gen" = "$run_text" ]' "completions text 'Zoo$gen' != cllm run '$run_text'"
+check 'jq -e ".usage.prompt_tokens == $(ntok "$STORIES" Zoo) and .usage.completion_tokens == 20 and .choices[0].finish_reason == \"length\"" <<<"$body" >/dev/null' "completions usage: $body"
+ids=$("$CLLM" tokenize "$STORIES" --json Zoo | jq -c .ids)
+call /v1/completions "{\"prompt\":$ids,\"max_tokens\":20,\"temperature\":0}"
+check '[ "$(jq -r ".choices[0].text" <<<"$body")" = "$gen" ]' "completions from ids: $body"
+stream /v1/completions '{"prompt":"Zoo","max_tokens":20,"temperature":0,"stream":true}'
+check '[ "$(sse_data | jq -rj ".choices[0].text")" = "$gen" ]' "completions stream text"
+
+# ---- stop strings split across tokens never leak ----
+# Pick a stop string made of the end of one streamed token and the start of
+# the next, so it can only be matched across the token boundary.
+mapfile -t deltas < <(sse_data | jq -c '.choices[0].text' | head -n -1)
+k=$(( ${#deltas[@]} / 2 ))
+while [ $k -lt $(( ${#deltas[@]} - 1 )) ] && { [ "${deltas[$k]}" = '""' ] || [ "${deltas[$((k + 1))]}" = '""' ]; }; do k=$((k + 1)); done
+stop=$(jq -rn --argjson a "${deltas[$k]}" --argjson b "${deltas[$((k + 1))]}" '($a[-2:]) + ($b[:2])')
+want=$(jq -rn --arg g "$gen" --arg s "$stop" '$g[: ($g | index($s))]')
+check '[ -n "$stop" ] && [ "${#stop}" -ge 2 ] && [ "$want" != "$gen" ]' "could not pick a stop string from '${deltas[*]}'"
+req=$(jq -cn --arg s "$stop" '{prompt:"Zoo",max_tokens:20,temperature:0,stop:[$s,"never-occurs"]}')
+call /v1/completions "$req"
+check '[ "$(jq -r ".choices[0].text" <<<"$body")" = "$want" ] && [ "$(jq -r ".choices[0].finish_reason" <<<"$body")" = stop ]' "stop '$stop': want '$want', got $body"
+stream /v1/completions "$(jq -c '.stream = true' <<<"$req")"
+check '[ "$(sse_data | jq -rj ".choices[0].text")" = "$want" ]' "stop '$stop' streamed: got '$(sse_data | jq -rj '.choices[0].text')'"
+check '! sse_data | jq -r ".choices[0].text" | grep -qF "${stop:0:1}${stop:1:1}" || [ "$(sse_data | jq -rj ".choices[0].text")" = "$want" ]' "stop leaked into a delta"
+req=$(jq -cn --arg s "$stop" '{max_tokens:20,temperature:0,stop_sequences:[$s],messages:[{role:"user",content:"Zoo"}]}')
+call /v1/messages "$req"
+full=$(curl -s "$B/v1/messages" -d '{"max_tokens":20,"temperature":0,"messages":[{"role":"user","content":"Zoo"}]}' | jq -r '.content[0].text')
+if [[ "$full" == *"$stop"* ]]; then
+    check 'jq -e ".stop_reason == \"stop_sequence\" and .stop_sequence == \$s" --arg s "$stop" <<<"$body" >/dev/null' "messages stop_sequence: $body"
+fi
+
+# ---- Anthropic messages ----
+call /v1/messages '{"model":"claude-x","max_tokens":10,"temperature":0,"system":[{"type":"text","text":"Stories."}],"messages":[{"role":"user","content":[{"type":"text","text":"Zoo"}]}]}'
+check '[ "$code" = 200 ] && jq -e ".type == \"message\" and .role == \"assistant\" and .model == \"claude-x\" and .content[0].type == \"text\" and .stop_reason == \"max_tokens\" and .usage.output_tokens == 10 and .usage.input_tokens == $(ntok "$STORIES" $'"'"'system: Stories.\nuser: Zoo\nassistant:'"'"')" <<<"$body" >/dev/null' "messages: $body"
+stream /v1/messages '{"max_tokens":10,"temperature":0,"stream":true,"messages":[{"role":"user","content":"Zoo"}]}'
+events=$(sed -n 's/^event: //p' <<<"$body" | uniq | tr '\n' ' ')
+check '[ "$events" = "message_start content_block_start ping content_block_delta content_block_stop message_delta message_stop " ]' "messages event grammar: $events"
+check 'sse_data | jq -se "all(.[]; .type != null) and (.[-2].delta.stop_reason == \"max_tokens\") and (.[-2].usage.output_tokens == 10)" >/dev/null' "messages stream message_delta"
+msg_text=$(curl -s "$B/v1/messages" -d '{"max_tokens":10,"temperature":0,"messages":[{"role":"user","content":"Zoo"}]}' | jq -r '.content[0].text')
+check '[ "$(sse_data | jq -rj "select(.type == \"content_block_delta\") | .delta.text")" = "$msg_text" ]' "messages stream text"
+
+# ---- Responses ----
+call /v1/responses '{"input":"Zoo","instructions":"Stories.","max_output_tokens":8,"temperature":0}'
+rid=$(jq -r .id <<<"$body")
+check '[ "$code" = 200 ] && jq -e ".object == \"response\" and .status == \"incomplete\" and .incomplete_details.reason == \"max_output_tokens\" and .output[0].content[0].type == \"output_text\" and .usage.output_tokens == 8" <<<"$body" >/dev/null' "responses: $body"
+in1=$(jq .usage.input_tokens <<<"$body")
+call /v1/responses "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"More\"}]}],\"previous_response_id\":\"$rid\",\"max_output_tokens\":4,\"temperature\":0}"
+check '[ "$code" = 200 ] && [ "$(jq .usage.input_tokens <<<"$body")" -gt "$in1" ]' "previous_response_id: $body"
+check '[ "$(curl -s $B/v1/responses/$rid | jq -r .id)" = "$rid" ]' "GET /v1/responses/{id}"
+stream /v1/responses '{"input":"Zoo","max_output_tokens":5,"temperature":0,"stream":true}'
+events=$(sed -n 's/^event: //p' <<<"$body" | uniq | tr '\n' ' ')
+check '[ "$events" = "response.created response.in_progress response.output_item.added response.content_part.added response.output_text.delta response.output_text.done response.content_part.done response.output_item.done response.incomplete " ]' "responses event grammar: $events"
+check 'sse_data | jq -se "[.[].sequence_number] == [range(length)] and all(.[]; .type != null)" >/dev/null' "responses sequence_number"
+check '[ "$(sse_data | jq -rj "select(.type == \"response.output_text.delta\") | .delta")" = "$(sse_data | jq -r "select(.type == \"response.output_text.done\") | .text")" ]' "responses deltas != done text"
+
+# ---- errors, in each API's shape ----
+err_case() { # path body code jq-check what
+    local want=$3 expr=$4
+    call "$1" "$2"
+    check '[ "$code" = "$want" ] && jq -e "$expr" <<<"$body" >/dev/null' "$5: $code $body"
+}
+oai='.error.message != null and (.error | has("type") and has("param") and has("code"))'
+ant='.type == "error" and .error.type != null and .error.message != null'
+err_case /v1/chat/completions '{"messages": [' 400 "$oai" "invalid JSON"
+err_case /v1/messages '{"messages": [' 400 "$ant" "invalid JSON (anthropic)"
+err_case /v1/chat/completions '[1,2]' 400 "$oai" "non-object body"
+err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}' 400 "$oai and .error.param == \"temperature\"" "wrong type"
+err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":"9"}' 400 "$oai and .error.param == \"max_tokens\"" "wrong type max_tokens"
+err_case /v1/chat/completions '{"messages":"x"}' 400 "$oai and .error.param == \"messages\"" "messages not an array"
+err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"n":3}' 400 "$oai and .error.param == \"n\"" "n != 1"
+err_case /v1/chat/completions '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}' 400 "$oai" "image part"
+err_case /v1/completions '{"prompt":"x","echo":true}' 400 "$oai and .error.param == \"echo\"" "echo"
+err_case /v1/completions '{"prompt":[1,99999]}' 400 "$oai and (.error.message | test(\"vocabulary\"))" "id out of vocabulary"
+err_case /v1/messages '{"messages":[{"role":"user","content":"x"}]}' 400 "$ant and (.error.message | test(\"max_tokens\"))" "messages without max_tokens"
+err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"robot","content":"x"}]}' 400 "$ant" "messages bad role"
+err_case /v1/responses '{"input":"x","previous_response_id":"resp_nope"}' 400 "$oai and .error.param == \"previous_response_id\"" "unknown previous_response_id"
+long=$(jq -cn '{messages:[{role:"user",content:("Zoo " * 300)}]}')
+err_case /v1/chat/completions "$long" 400 "$oai and (.error.message | test(\"context is 512 tokens\")) and .error.code == \"context_length_exceeded\"" "prompt longer than the context"
+err_case /v1/messages "$(jq -c '.max_tokens = 5' <<<"$long")" 400 "$ant and (.error.message | test(\"512\"))" "long prompt (anthropic)"
+head -c 70000 /dev/zero | tr '\0' 'a' >"$tmp/big"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' "$B/v1/chat/completions" --data-binary @"$tmp/big")
+check '[ "$code" = 413 ] && jq -e "$oai" "$tmp/body" >/dev/null' "body over the cap (Content-Length): $code"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' -H 'Transfer-Encoding: chunked' "$B/v1/messages" --data-binary @"$tmp/big")
+check '[ "$code" = 413 ] && jq -e "$ant" "$tmp/body" >/dev/null' "body over the cap (chunked): $code"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' "$B/v1/nothing")
+check '[ "$code" = 404 ] && jq -e "$oai" "$tmp/body" >/dev/null' "unknown route: $code"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' "$B/v1/chat/completions")
+check '[ "$code" = 405 ] && jq -e "$oai" "$tmp/body" >/dev/null' "GET on a POST route: $code"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$B/stats")
+check '[ "$code" = 405 ]' "DELETE /stats: $code"
+
+# ---- HTTP: CORS, keep-alive ----
+curl -s -i -X OPTIONS "$B/v1/chat/completions" -H 'Origin: http://x' -H 'Access-Control-Request-Method: POST' \
+    -H 'Access-Control-Request-Headers: content-type,authorization' | tr -d '\r' >"$tmp/h"
+check 'head -1 "$tmp/h" | grep -q " 204" && grep -qi "^access-control-allow-origin: \*" "$tmp/h" && grep -qi "^access-control-allow-headers: content-type,authorization" "$tmp/h"' "CORS preflight: $(cat "$tmp/h")"
+check 'curl -s -i "$B/health" | tr -d "\r" | grep -qi "^access-control-allow-origin: \*"' "CORS header on responses"
+curl -sv "$B/health" "$B/v1/models" -o /dev/null -o /dev/null 2>"$tmp/v"
+check 'grep -qi "re-using existing connection" "$tmp/v"' "no keep-alive"
+
+# ---- the real-tokenizer fixture model, SDKs and load (need node) ----
+have_node=1
+command -v node >/dev/null && command -v npm >/dev/null || have_node=0
+if [ $have_node = 1 ] && [ ! -d "$HERE/serve/node_modules/openai" ]; then
+    (cd "$HERE/serve" && npm install --no-audit --no-fund --no-package-lock >"$tmp/npm.log" 2>&1) ||
+        bad "npm install in tests/serve failed: $(tail -5 "$tmp/npm.log")"
+fi
+if [ $have_node = 0 ]; then
+    skipped+=("SDK, load, real-tokenizer model, disconnect, 429 and drain checks: node/npm not installed")
+else
+    node "$HERE/serve/sdk.mjs" "$B" stories260K || bad "SDK checks on stories260K"
+    node "$HERE/serve/load.mjs" "$B" "$S1" 200 16 || bad "load run"
+
+    Q="$tmp/qwen3-tiny"
+    node "$HERE/serve/gen_fixture.mjs" "$SHARED" "$Q" || bad "cannot write the fixture model"
+    P2=$(free_port)
+    B2="http://127.0.0.1:$P2"
+    if start S2 "$P2" "$Q" CLLM_MAX_QUEUE=1; then
+        node "$HERE/serve/sdk.mjs" "$B2" qwen3-tiny || bad "SDK checks on the qwen3 fixture"
+        # prompt tokens = the chat template rendered by cllm template, tokenized
+        printf '[{"role":"user","content":"Hello there"}]' >"$tmp/m.json"
+        want=$("$CLLM" template "$Q" --messages "$tmp/m.json" | "$CLLM" tokenize "$Q" --no-special --json - | jq '.ids | length')
+        call /v1/chat/completions '{"messages":[{"role":"user","content":"Hello there"}],"max_tokens":3}' "$B2"
+        check '[ "$code" = 200 ] && [ "$(jq .usage.prompt_tokens <<<"$body")" = "$want" ]' "templated prompt tokens: want $want, $body"
+        check 'curl -s $B2/stats | jq -e ".generation_config.temperature == 0.6 and .generation_config.top_k == 20" >/dev/null' "generation_config.json not read"
+        # enable_thinking: chat_template_kwargs and reasoning_effort "none" render the same prompt
+        call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1,"chat_template_kwargs":{"enable_thinking":false}}' "$B2"
+        off=$(jq .usage.prompt_tokens <<<"$body")
+        call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1,"reasoning_effort":"none"}' "$B2"
+        off2=$(jq .usage.prompt_tokens <<<"$body")
+        call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1}' "$B2"
+        on=$(jq .usage.prompt_tokens <<<"$body")
+        check '[ "$off" = "$off2" ] && [ "$off" != "$on" ]' "enable_thinking precedence: kwargs $off, effort none $off2, default $on"
+
+        long='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":7000,"ignore_eos":true,"temperature":0'
+        # a client that disconnects mid-stream frees its slot at once
+        curl -sN -m 60 "$B2/v1/chat/completions" -d "$long,\"stream\":true}" >"$tmp/cut" 2>/dev/null &
+        cpid=$!
+        wait_stats "$B2" '.running == 1' 10 && sleep 0.3
+        check '[ -s "$tmp/cut" ]' "no stream bytes before the disconnect"
+        d0=$(curl -s "$B2/stats" | jq .http.disconnects)
+        kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
+        check 'wait_stats "$B2" ".running == 0 and .http.in_flight == 0" 3' "slot not freed after a disconnect: $(curl -s "$B2/stats" | jq -c '{running,http}')"
+        check '[ "$(curl -s "$B2/stats" | jq .http.disconnects)" -gt "$d0" ]' "disconnect not counted"
+        # the same for a non-streaming request
+        curl -s -m 60 "$B2/v1/chat/completions" -d "$long}" >/dev/null 2>&1 &
+        cpid=$!
+        wait_stats "$B2" '.running == 1' 10 && sleep 0.2
+        kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
+        check 'wait_stats "$B2" ".running == 0 and .http.in_flight == 0" 3' "slot not freed after a non-stream disconnect"
+
+        # 429 when the queue (CLLM_MAX_QUEUE=1) is full, before any stream bytes
+        curl -s -m 60 "$B2/v1/chat/completions" -d "$long}" >/dev/null 2>&1 &
+        c1=$!
+        wait_stats "$B2" '.running == 1' 10
+        curl -s -m 60 "$B2/v1/chat/completions" -d "$long}" >/dev/null 2>&1 &
+        c2=$!
+        wait_stats "$B2" '.queue.waiting == 1' 10
+        call /v1/chat/completions "$long,\"stream\":true}" "$B2"
+        check '[ "$code" = 429 ] && jq -e "$oai and .error.code == \"rate_limit_exceeded\"" <<<"$body" >/dev/null' "queue full (openai): $code $body"
+        call /v1/messages '{"max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}' "$B2"
+        check '[ "$code" = 429 ] && jq -e "$ant and .error.type == \"rate_limit_error\"" <<<"$body" >/dev/null' "queue full (anthropic): $code $body"
+        kill "$c1" "$c2" 2>/dev/null; wait "$c1" "$c2" 2>/dev/null
+        check 'wait_stats "$B2" ".running == 0 and .queue.waiting == 0 and .http.in_flight == 0" 5' "queue did not drain after disconnects"
+
+        # SIGTERM: stop accepting, finish the request in flight, exit 0
+        curl -s -m 60 -o "$tmp/drain" "$B2/v1/chat/completions" \
+            -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"ignore_eos":true,"temperature":0}' &
+        cpid=$!
+        wait_stats "$B2" '.running == 1' 10
+        kill -TERM "$S2"
+        sleep 0.2
+        code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$B2/health")
+        check '[ "$code" != 200 ]' "new connections still accepted while draining ($code)"
+        wait "$cpid"
+        check 'jq -e ".choices[0].finish_reason == \"length\" and .usage.completion_tokens == 200" "$tmp/drain" >/dev/null' "in-flight request not finished by the drain: $(head -c 300 "$tmp/drain")"
+        wait "$S2"
+        rc=$?
+        check '[ $rc -eq 0 ] && grep -q "draining 1 in flight" "$tmp/log.$P2"' "SIGTERM exit status $rc: $(tail -3 "$tmp/log.$P2")"
+    fi
+
+    # shutdown timeout: what is still running is cancelled, the server exits 0
+    P3=$(free_port)
+    B3="http://127.0.0.1:$P3"
+    if start S3 "$P3" "$Q" CLLM_SHUTDOWN_TIMEOUT_MS=300; then
+        curl -sN -m 60 -o "$tmp/cut3" "$B3/v1/chat/completions" -d "$long,\"stream\":true}" &
+        cpid=$!
+        wait_stats "$B3" '.running == 1' 10
+        kill -TERM "$S3"
+        wait "$S3"
+        rc=$?
+        wait "$cpid"
+        check '[ $rc -eq 0 ] && grep -q "cancelling 1" "$tmp/log.$P3"' "shutdown timeout exit $rc: $(tail -3 "$tmp/log.$P3")"
+        check 'grep -q "shutting down" "$tmp/cut3" && ! grep -q "DONE" "$tmp/cut3"' "cancelled stream does not end in an error event: $(tail -c 300 "$tmp/cut3")"
+    fi
+fi
+
+kill -TERM "$S1"
+wait "$S1"
+rc=$?
+check '[ $rc -eq 0 ]' "SIGTERM on an idle server: exit status $rc"
+
+for s in "${skipped[@]}"; do echo "test_serve: SKIP: $s"; done
+echo "test_serve: $pass passed, $fail failed"
+[ $fail -eq 0 ]
