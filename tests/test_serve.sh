@@ -158,6 +158,8 @@ check '[ "$events" = "message_start content_block_start ping content_block_delta
 check 'sse_data | jq -se "all(.[]; .type != null) and (.[-2].delta.stop_reason == \"max_tokens\") and (.[-2].usage.output_tokens == 10)" >/dev/null' "messages stream message_delta"
 msg_text=$(curl -s "$B/v1/messages" -d '{"max_tokens":10,"temperature":0,"messages":[{"role":"user","content":"Zoo"}]}' | jq -r '.content[0].text')
 check '[ "$(sse_data | jq -rj "select(.type == \"content_block_delta\") | .delta.text")" = "$msg_text" ]' "messages stream text"
+call /v1/messages/count_tokens '{"model":"x","system":"Stories.","messages":[{"role":"user","content":"Zoo"}]}'
+check '[ "$code" = 200 ] && [ "$(jq .input_tokens <<<"$body")" = "$(ntok "$STORIES" $'"'"'system: Stories.\nuser: Zoo\nassistant:'"'"')" ]' "count_tokens: $code $body"
 
 # ---- Responses ----
 call /v1/responses '{"input":"Zoo","instructions":"Stories.","max_output_tokens":8,"temperature":0}'

@@ -144,12 +144,13 @@ fail:
     return -1;
 }
 
-static int parse_request(const json_t *req, struct chat_req *r, struct api_error *ae)
+static int parse_request(const json_t *req, struct chat_req *r, bool need_max,
+                         struct api_error *ae)
 {
     struct opt_i mt = {0};
     if (field_int(req, "max_tokens", 1, 10000000, &mt, ae))
         return -1;
-    if (!mt.set)
+    if (!mt.set && need_max)
         return api_fail(ae, 400, NULL, "max_tokens", "max_tokens: Field required");
     r->max_tokens = mt.v;
     const char *model = NULL;
@@ -261,6 +262,25 @@ static void ant_end(struct stream *s, const struct gen_result *res)
 
 static const struct stream_ops ant_ops = {ant_begin, ant_delta, ant_end, free};
 
+/* ---- POST /v1/messages/count_tokens ---- */
+
+void anthropic_count_tokens(struct server *srv, const json_t *req, const struct client *cl,
+                            struct reply *rp)
+{
+    (void)cl;
+    struct chat_req r = {.thinking = -1};
+    struct api_error ae;
+    int n = -1;
+    if (parse_request(req, &r, false, &ae) || (n = gen_count_prompt(srv, &r, &ae)) < 0) {
+        chat_req_free(&r);
+        reply_error(rp, &ae, SHAPE_ANTHROPIC);
+        return;
+    }
+    chat_req_free(&r);
+    rp->status = 200;
+    rp->body = json_pack("{s:i}", "input_tokens", n);
+}
+
 /* ---- POST /v1/messages ---- */
 
 void anthropic_messages(struct server *srv, const json_t *req, const struct client *cl,
@@ -269,7 +289,7 @@ void anthropic_messages(struct server *srv, const json_t *req, const struct clie
     struct chat_req r = {.thinking = -1};
     struct api_error ae;
     struct gen *g;
-    if (parse_request(req, &r, &ae) || gen_start(srv, &r, &g, &ae)) {
+    if (parse_request(req, &r, true, &ae) || gen_start(srv, &r, &g, &ae)) {
         chat_req_free(&r);
         reply_error(rp, &ae, SHAPE_ANTHROPIC);
         return;

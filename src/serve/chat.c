@@ -103,6 +103,14 @@ static int make_prompt(struct server *srv, const struct chat_req *req, int **ids
     return n;
 }
 
+int gen_count_prompt(struct server *srv, const struct chat_req *req, struct api_error *ae)
+{
+    int *ids = NULL, thinking;
+    int n = make_prompt(srv, req, &ids, &thinking, ae);
+    free(ids);
+    return n;
+}
+
 /* ---- start / stop ---- */
 
 int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,

@@ -247,6 +247,12 @@ static enum MHD_Result run_generation(struct http *h, struct MHD_Connection *c, 
 
 static bool is(const char *url, const char *path) { return !strcmp(url, path); }
 
+/* Anthropic routes answer errors in Anthropic's shape. */
+static enum api_shape shape_of(const char *url)
+{
+    return !strncmp(url, "/v1/messages", 12) ? SHAPE_ANTHROPIC : SHAPE_OPENAI;
+}
+
 static enum MHD_Result route(struct http *h, struct MHD_Connection *c, struct req *rq,
                              const char *url, const char *method)
 {
@@ -261,6 +267,7 @@ static enum MHD_Result route(struct http *h, struct MHD_Connection *c, struct re
         {"/v1/chat/completions", openai_chat, SHAPE_OPENAI},
         {"/v1/completions", openai_completions, SHAPE_OPENAI},
         {"/v1/messages", anthropic_messages, SHAPE_ANTHROPIC},
+        {"/v1/messages/count_tokens", anthropic_count_tokens, SHAPE_ANTHROPIC},
         {"/v1/responses", responses_create, SHAPE_OPENAI},
     };
     for (size_t i = 0; i < sizeof gens / sizeof gens[0]; i++)
@@ -314,12 +321,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         rq->t0 = serve_now();
         *con_cls = rq;
+        atomic_fetch_add(&h->srv->active, 1);
         const char *len =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (len && strtoull(len, NULL, 10) > cap) { /* refuse before reading it */
             rq->answered = true;
-            return send_error(h, c, rq, 413, is(url, "/v1/messages") ? SHAPE_ANTHROPIC : SHAPE_OPENAI,
-                              NULL, "the request body has %s bytes; the limit is %zu "
+            return send_error(h, c, rq, 413, shape_of(url), NULL, "the request body has %s bytes; the limit is %zu "
                               "(CLLM_MAX_BODY_BYTES)", len, cap);
         }
         return MHD_YES;
@@ -339,8 +346,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (rq->answered)
         return MHD_YES;
     if (rq->too_large)
-        return send_error(h, c, rq, 413, is(url, "/v1/messages") ? SHAPE_ANTHROPIC : SHAPE_OPENAI,
-                          NULL, "the request body is larger than the limit of %zu bytes "
+        return send_error(h, c, rq, 413, shape_of(url), NULL, "the request body is larger than the limit of %zu bytes "
                           "(CLLM_MAX_BODY_BYTES)", cap);
     if (rq->body.oom)
         return send_error(h, c, rq, 500, SHAPE_OPENAI, NULL, "out of memory reading the body");
@@ -383,6 +389,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     sbuf_free(&rq->body);
     free(rq);
     *con_cls = NULL;
+    atomic_fetch_sub(&h->srv->active, 1); /* its answer is out (or the client is gone) */
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,

@@ -164,6 +164,7 @@ struct server {
     time_t created;
     atomic_bool draining;  /* SIGINT/SIGTERM seen: refuse new generations */
     atomic_int in_flight;  /* generations started and not yet freed */
+    atomic_int active;     /* HTTP requests received and not yet fully answered */
     atomic_int connections;
     pthread_mutex_t mu;    /* guards gens, ctr */
     struct gen *gens;      /* in-flight generations (cancelled at shutdown) */
@@ -207,6 +208,8 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
  * nothing yet. */
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res);
 int gen_prompt_tokens(const struct gen *g);
+/* The prompt's token count without generating (-1 with ae on failure). */
+int gen_count_prompt(struct server *srv, const struct chat_req *req, struct api_error *ae);
 void gen_cancel(struct gen *g);
 /* Cancels every in-flight generation (shutdown timeout). */
 void gen_cancel_all(struct server *srv);
@@ -274,6 +277,9 @@ json_t *openai_models(const struct server *srv);
 json_t *openai_model(const struct server *srv, const char *name);
 void anthropic_messages(struct server *srv, const json_t *req, const struct client *cl,
                         struct reply *rp);
+/* POST /v1/messages/count_tokens */
+void anthropic_count_tokens(struct server *srv, const json_t *req, const struct client *cl,
+                            struct reply *rp);
 void responses_create(struct server *srv, const json_t *req, const struct client *cl,
                       struct reply *rp);
 /* GET /v1/responses/{id}: the stored response object, or NULL. */

@@ -205,11 +205,12 @@ static void unload_model(struct served_model *sm)
 
 /* ---- lifecycle ---- */
 
-/* Waits until no generation is in flight or the deadline passes; a second
- * signal ends the wait early. Returns true when everything finished. */
+/* Waits until every request has been answered (not only generated: the
+ * last bytes must be out before the daemon stops) or the deadline passes; a
+ * second signal ends the wait early. Returns true when everything finished. */
 static bool wait_idle(struct server *srv, const sigset_t *sigs, double deadline, bool *again)
 {
-    while (atomic_load(&srv->in_flight) > 0) {
+    while (atomic_load(&srv->in_flight) > 0 || atomic_load(&srv->active) > 0) {
         double left = deadline - serve_now();
         if (left <= 0)
             return false;
@@ -239,9 +240,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     sigaddset(&sigs, SIGTERM);
     signal(SIGPIPE, SIG_IGN);
 
-    static struct server srv_storage; /* one per process; zeroed below */
-    struct server *srv = &srv_storage;
-    memset(srv, 0, sizeof *srv);
+    struct server *srv = calloc(1, sizeof *srv);
+    if (!srv) {
+        close(fd);
+        return err_set(e, "out of memory");
+    }
     srv->cfg = cfg;
     srv->t_start = serve_now();
     srv->created = time(NULL);
@@ -296,6 +299,7 @@ out:
     response_store_free(srv->store);
     unload_model(&srv->sm);
     pthread_mutex_destroy(&srv->mu);
+    free(srv);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc == 0)
         fprintf(stderr, "cllm serve: stopped\n");

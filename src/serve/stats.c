@@ -39,7 +39,7 @@ json_t *stats_json(struct server *srv)
         "{s:s, s:f, s:o, s:{s:s, s:i, s:i, s:i, s:I, s:I, s:o}, s:o, s:o, s:{s:i, s:i}, "
         "s:i, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:i, s:i, s:i, s:I}, "
         "s:{s:b, s:i}, s:{s:s}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i}}",
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i}}",
         "status", atomic_load(&srv->draining) ? "draining" : "ok",
         "uptime_s", serve_now() - srv->t_start,
         "model", model,
@@ -64,7 +64,8 @@ json_t *stats_json(struct server *srv)
         "http", "requests", (json_int_t)ctr.http_requests, "status_2xx",
         (json_int_t)ctr.status_2xx, "status_4xx", (json_int_t)ctr.status_4xx, "status_5xx",
         (json_int_t)ctr.status_5xx, "disconnects", (json_int_t)ctr.disconnects, "in_flight",
-        (json_int_t)atomic_load(&srv->in_flight), "connections",
+        (json_int_t)atomic_load(&srv->in_flight), "active_requests",
+        atomic_load(&srv->active), "connections",
         atomic_load(&srv->connections), "max_connections", cfg->max_connections);
     /* the spec's batch block: one serial engine today (mode "off" = --batch 1) */
     json_object_set_new(root, "batch",

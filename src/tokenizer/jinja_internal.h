@@ -7,8 +7,11 @@
  * they allocate lives there and goes away at once at the end. Any error
  * (syntax, type, limits, raise_exception) longjmps back to jinja_compile /
  * jinja_render, which frees the arena, so no code on the way needs cleanup
- * paths. Values are small structs passed by value; strings, lists and dicts
- * are arena objects that are never freed individually. */
+ * paths. (The one other catcher is a lazy generator filter, which keeps an
+ * error for whoever reads it, as Jinja2's generators do.) Values are small
+ * structs passed by value; strings, lists and dicts are arena objects that
+ * are never freed individually. A compiled template is read-only while it
+ * renders, so threads can share it. */
 #ifndef CLLM_TOKENIZER_JINJA_INTERNAL_H
 #define CLLM_TOKENIZER_JINJA_INTERNAL_H
 
