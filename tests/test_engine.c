@@ -105,8 +105,15 @@ int main(void)
     n = drain(lr, got, 512, &last);
     CHECK(last.finish == ENGINE_FINISH_CANCELLED && n < 500, "cancelled after %d tokens", n);
     engine_request_release(lr);
-    /* A waiter released by its client before running is cancelled, not leaked. */
+    /* A waiter cancelled by its client leaves the queue at once. */
+    struct engine_stats qs;
+    engine_get_stats(eng, &qs);
+    int before = qs.queued;
     engine_request_cancel(w2);
+    engine_get_stats(eng, &qs);
+    CHECK(qs.queued <= before - 1 || before == 0, "cancelled waiter still queued (%d -> %d)", before, qs.queued);
+    CHECK(engine_request_next(w2, &ev, 1000) == 1 && ev.finish == ENGINE_FINISH_CANCELLED,
+          "cancelled waiter gets its final event");
     engine_request_release(w2);
     n = drain(w1, got, 512, &last);
     CHECK(n == 100 && last.finish == ENGINE_FINISH_LENGTH, "waiter ran: %d", n);

@@ -32,7 +32,11 @@ struct engine_request {
     int head, n, cap;
     bool done;               /* final event queued */
 
-    struct engine_request *next; /* queue link, guarded by the engine lock */
+    /* Queue membership, guarded by the engine lock: a request cancelled
+     * while still waiting leaves the queue at once, freeing its slot. */
+    struct engine *eng;
+    bool queued;
+    struct engine_request *next;
 };
 
 struct engine {
@@ -106,7 +110,38 @@ void engine_request_release(struct engine_request *r)
     free(r);
 }
 
-void engine_request_cancel(struct engine_request *r) { atomic_store(&r->cancel, true); }
+static void finish(struct engine_request *r, enum engine_finish why, int n_gen, const char *msg);
+
+void engine_request_cancel(struct engine_request *r)
+{
+    atomic_store(&r->cancel, true);
+    struct engine *eng = r->eng;
+    if (!eng)
+        return;
+    bool unlinked = false;
+    pthread_mutex_lock(&eng->mu);
+    if (r->queued) {
+        struct engine_request **pp = &eng->q_head, *prev = NULL;
+        while (*pp && *pp != r) {
+            prev = *pp;
+            pp = &(*pp)->next;
+        }
+        if (*pp) {
+            *pp = r->next;
+            if (eng->q_tail == r)
+                eng->q_tail = prev;
+            eng->queued--;
+            eng->st.requests_cancelled++;
+            r->queued = false;
+            unlinked = true;
+        }
+    }
+    pthread_mutex_unlock(&eng->mu);
+    if (unlinked) {
+        finish(r, ENGINE_FINISH_CANCELLED, 0, NULL);
+        engine_request_release(r); /* the queue's reference */
+    }
+}
 
 static void push_event(struct engine_request *r, const struct engine_event *ev)
 {
@@ -259,6 +294,7 @@ static void *engine_main(void *arg)
         eng->q_head = r->next;
         if (!eng->q_head)
             eng->q_tail = NULL;
+        r->queued = false;
         eng->queued--;
         eng->running++;
         eng->current = r;
@@ -275,6 +311,7 @@ static void *engine_main(void *arg)
     while (eng->q_head) {
         struct engine_request *r = eng->q_head;
         eng->q_head = r->next;
+        r->queued = false;
         eng->queued--;
         finish(r, ENGINE_FINISH_CANCELLED, 0, "server shutting down");
         engine_request_release(r);
@@ -336,10 +373,11 @@ void engine_destroy(struct engine *eng)
         return;
     pthread_mutex_lock(&eng->mu);
     eng->stopping = true;
+    /* The flags only: engine_request_cancel takes this lock itself. */
     for (struct engine_request *r = eng->q_head; r; r = r->next)
-        engine_request_cancel(r);
+        atomic_store(&r->cancel, true);
     if (eng->current)
-        engine_request_cancel(eng->current);
+        atomic_store(&eng->current->cancel, true);
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     pthread_join(eng->thread, NULL);
@@ -371,6 +409,8 @@ int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
         return err_set(e, "too many requests waiting (%d queued); retry later", eng->queued);
     }
     atomic_fetch_add(&r->refs, 1);
+    r->eng = eng;
+    r->queued = true;
     r->next = NULL;
     if (eng->q_tail)
         eng->q_tail->next = r;

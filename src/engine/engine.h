@@ -73,7 +73,9 @@ int engine_submit(struct engine *eng, struct engine_request *r, struct err *e);
 /* Waits up to timeout_ms for the next event. Returns 1 with an event, 0 on
  * timeout. After a final event (finish != NONE) no more events come. */
 int engine_request_next(struct engine_request *r, struct engine_event *ev, int timeout_ms);
-/* Asks the engine to stop this request at its next step. Idempotent. */
+/* Asks the engine to stop this request at its next step; a request still
+ * waiting in the queue leaves it at once (its final event is CANCELLED).
+ * Idempotent. Must not race with engine_destroy. */
 void engine_request_cancel(struct engine_request *r);
 void engine_request_release(struct engine_request *r);
 
