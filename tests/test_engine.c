@@ -10,12 +10,16 @@
 #include "engine/engine.h"
 #include "testutil.h"
 
-/* Reads events until the final one; returns the number of tokens. */
+/* Reads events until the final one; returns the number of tokens. Every
+ * event must carry the same n_cached as the final one. */
 static int drain(struct engine_request *r, int *out, int cap, struct engine_event *last)
 {
-    int n = 0;
+    int n = 0, cached = -1;
     struct engine_event ev;
     while (engine_request_next(r, &ev, 30000) == 1) {
+        if (cached >= 0 && ev.n_cached != cached)
+            CHECK(0, "n_cached changed mid-stream: %d -> %d", cached, ev.n_cached);
+        cached = ev.n_cached;
         if (ev.finish != ENGINE_FINISH_NONE) {
             *last = ev;
             return n;
@@ -26,6 +30,198 @@ static int drain(struct engine_request *r, int *out, int cap, struct engine_even
     }
     CHECK(0, "timed out waiting for events");
     return n;
+}
+
+/* Submits a request and drains it; returns the token count. */
+static int run_one(struct engine *eng, const int *prompt, int n_prompt, int max_tokens, int *out,
+                   struct engine_event *last)
+{
+    struct err e = {{0}};
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = max_tokens};
+    struct engine_request *r = engine_request_new(prompt, n_prompt, &p, &e);
+    if (!r || engine_submit(eng, r, &e)) {
+        CHECK(0, "submit: %s", e.msg);
+        engine_request_release(r);
+        memset(last, 0, sizeof *last);
+        return 0;
+    }
+    int n = drain(r, out, 512, last);
+    engine_request_release(r);
+    return n;
+}
+
+static void wait_idle(struct engine *eng, struct engine_stats *st)
+{
+    for (int i = 0; i < 3000; i++) {
+        engine_get_stats(eng, st);
+        if (st->queued == 0 && st->running == 0)
+            return;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    CHECK(0, "engine never went idle");
+}
+
+/* Every block is free or held only by the prefix index. */
+static int pool_idle(const struct engine_stats *st)
+{
+    return st->kv_blocks_free + st->cache_blocks_idle == st->kv_blocks_total &&
+           st->cache_blocks == st->cache_blocks_idle;
+}
+
+/* The prefix cache through the engine: reuse counts, identical greedy
+ * output with and without it, eviction, and no leaks under churn. */
+static void prefix_cache_tests(const struct model *m, const int *want)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    struct engine_event last;
+    int a[512], b[512];
+
+    /* 1. The same greedy request twice: the second reuses every full block
+     * of the prompt but its last token, and the tokens are identical. The
+     * prompt is BOS + the first 50 greedy ids, so the output continues them. */
+    int P[51];
+    P[0] = 1;
+    memcpy(P + 1, want, sizeof(int) * 50);
+    int na = run_one(eng, P, 51, 30, a, &last);
+    CHECK(last.n_cached == 0 && na == 30 && !memcmp(a, want + 50, sizeof(int) * 30),
+          "first run: %d cached, %d tokens", last.n_cached, na);
+    int nb = run_one(eng, P, 51, 30, b, &last);
+    CHECK(last.n_cached == (51 - 1) / 16 * 16, "second run cached %d, want 48", last.n_cached);
+    CHECK(nb == na && !memcmp(a, b, sizeof(int) * (size_t)na), "cache hit changed the output");
+    /* a prompt of exactly 3 blocks still computes its last token */
+    int n48 = run_one(eng, P, 48, 5, b, &last);
+    CHECK(last.n_cached == 32 && n48 == 5 && !memcmp(b, want + 47, sizeof(int) * 5),
+          "48-token prompt: %d cached", last.n_cached);
+
+    /* 2. Sharing only the first 2 blocks: exactly 32 tokens reused, output
+     * equal to the run with the cache disabled. */
+    int Q[52];
+    memcpy(Q, P, sizeof(int) * 32);
+    for (int i = 32; i < 52; i++)
+        Q[i] = 100 + 7 * i % 300;
+    struct engine_stats st;
+    wait_idle(eng, &st); /* the cap applies at once only when idle */
+    engine_set_prompt_cache(eng, -1);
+    engine_get_stats(eng, &st);
+    CHECK(st.cache_blocks == 0 && st.cache_max_blocks == 0 && st.kv_blocks_free == st.kv_blocks_total,
+          "disabled: %d cached, %d of %d free", st.cache_blocks, st.kv_blocks_free, st.kv_blocks_total);
+    int nq = run_one(eng, Q, 52, 40, a, &last);
+    CHECK(last.n_cached == 0 && nq > 0, "uncached Q: %d", last.n_cached);
+    wait_idle(eng, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total, "disabled cache keeps nothing");
+    engine_set_prompt_cache(eng, 0);
+    run_one(eng, P, 51, 30, b, &last);
+    CHECK(last.n_cached == 0, "index was emptied by disabling");
+    int nq2 = run_one(eng, Q, 52, 40, b, &last);
+    CHECK(last.n_cached == 32, "Q reused %d tokens, want 32", last.n_cached);
+    CHECK(nq2 == nq && !memcmp(a, b, sizeof(int) * (size_t)nq), "Q output differs with the cache");
+    engine_get_stats(eng, &st);
+    CHECK(st.cache_hits >= 2 && st.cache_misses >= 2 && st.cache_tokens >= 48 + 32 + 32,
+          "stats: %llu hits %llu misses %llu tokens", (unsigned long long)st.cache_hits,
+          (unsigned long long)st.cache_misses, (unsigned long long)st.cache_tokens);
+    engine_destroy(eng);
+
+    /* 3. A pool of 8 blocks: three 5-block requests evict each other's
+     * blocks; every output equals the uncached reference. */
+    struct engine_config small = {.n_threads = 2, .ctx_len = 128, .kv_tokens = 128,
+                                  .prefill_chunk = 8, .max_queue = 64, .prompt_cache_bytes = -1};
+    int prompts[3][41], ref[3][64], nref[3];
+    for (int k = 0; k < 3; k++) {
+        prompts[k][0] = 1;
+        for (int i = 1; i < 41; i++)
+            prompts[k][i] = k == 0 ? want[i - 1] : 20 + (i * (k + 3) * 13) % 400;
+    }
+    eng = engine_create(m, &small, &e);
+    CHECK(eng != NULL, "small engine: %s", e.msg);
+    if (!eng)
+        return;
+    for (int k = 0; k < 3; k++)
+        nref[k] = run_one(eng, prompts[k], 41, 40, ref[k], &last);
+    engine_set_prompt_cache(eng, 0); /* applies before the next request if not idle */
+    int order[7] = {0, 0, 1, 2, 0, 1, 1};
+    for (int j = 0; j < 7; j++) {
+        int k = order[j];
+        int n = run_one(eng, prompts[k], 41, 40, a, &last);
+        CHECK(n == nref[k] && !memcmp(a, ref[k], sizeof(int) * (size_t)n),
+              "small pool, run %d (prompt %d, %d cached): output differs", j, k, last.n_cached);
+        if (j == 1 || j == 6)
+            CHECK(last.n_cached == 32, "run %d cached %d, want 32", j, last.n_cached);
+    }
+    wait_idle(eng, &st);
+    CHECK(st.cache_evictions > 0 && pool_idle(&st), "small pool: %llu evictions, %d free %d idle",
+          (unsigned long long)st.cache_evictions, st.kv_blocks_free, st.cache_blocks_idle);
+    engine_destroy(eng);
+
+    /* 4. Churn: 200 randomized requests over shared prefixes, random
+     * lengths, random cancellations (queued or running); then idle means
+     * every block free or index-only, and disabling the cache frees all. */
+    struct engine_config mid = {.n_threads = 2, .ctx_len = 256, .kv_tokens = 256,
+                                .prefill_chunk = 8, .max_queue = 64};
+    eng = engine_create(m, &mid, &e);
+    CHECK(eng != NULL, "churn engine: %s", e.msg);
+    if (!eng)
+        return;
+    unsigned seed = 12345;
+    int bases[3][64];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 64; i++)
+            bases[k][i] = i == 0 ? 1 : 2 + (int)(rand_r(&seed) % 500);
+    int done = 0, cancelled = 0;
+    while (done < 200) {
+        struct engine_request *rs[8];
+        int mode[8], nr = 0;
+        for (; nr < 8 && done + nr < 200; nr++) {
+            int pr[100], np = 0;
+            int k = (int)(rand_r(&seed) % 3), shared = (int)(rand_r(&seed) % 64);
+            memcpy(pr, bases[k], sizeof(int) * (size_t)shared);
+            np = shared;
+            int extra = 1 + (int)(rand_r(&seed) % 30);
+            for (int i = 0; i < extra; i++)
+                pr[np++] = 2 + (int)(rand_r(&seed) % 500);
+            struct engine_params p = {.sp = {.temperature = 0, .top_p = 1},
+                                      .max_tokens = 1 + (int)(rand_r(&seed) % 60)};
+            if (rand_r(&seed) % 4 == 0) { /* sampled, not greedy */
+                p.sp.temperature = 0.8f;
+                p.sp.seed = rand_r(&seed);
+            }
+            rs[nr] = engine_request_new(pr, np, &p, &e);
+            CHECK(rs[nr] && engine_submit(eng, rs[nr], &e) == 0, "churn submit: %s", e.msg);
+            mode[nr] = (int)(rand_r(&seed) % 6); /* 0: cancel now, 1: after one event */
+            if (mode[nr] == 0)
+                engine_request_cancel(rs[nr]);
+        }
+        for (int i = 0; i < nr; i++) {
+            struct engine_event ev;
+            if (mode[i] == 1 && engine_request_next(rs[i], &ev, 30000) == 1 &&
+                ev.finish == ENGINE_FINISH_NONE)
+                engine_request_cancel(rs[i]);
+            drain(rs[i], a, 512, &last);
+            cancelled += last.finish == ENGINE_FINISH_CANCELLED;
+            CHECK(last.finish != ENGINE_FINISH_ERROR, "churn error: %s", last.error);
+            engine_request_release(rs[i]);
+        }
+        done += nr;
+    }
+    wait_idle(eng, &st);
+    CHECK(cancelled > 10 && st.cache_hits > 20 && st.cache_evictions > 0,
+          "churn: %d cancelled, %llu hits, %llu evictions", cancelled,
+          (unsigned long long)st.cache_hits, (unsigned long long)st.cache_evictions);
+    CHECK(pool_idle(&st), "churn leak: %d of %d free, %d cached, %d idle", st.kv_blocks_free,
+          st.kv_blocks_total, st.cache_blocks, st.cache_blocks_idle);
+    /* still correct after the churn */
+    na = run_one(eng, P, 51, 30, a, &last);
+    CHECK(na == 30 && !memcmp(a, want + 50, sizeof(int) * 30), "greedy after churn");
+    wait_idle(eng, &st);
+    engine_set_prompt_cache(eng, -1);
+    engine_get_stats(eng, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total && st.cache_blocks == 0,
+          "cache off: %d of %d free", st.kv_blocks_free, st.kv_blocks_total);
+    engine_destroy(eng);
 }
 
 int main(void)
@@ -143,8 +339,10 @@ int main(void)
         nanosleep(&(struct timespec){0, 10000000}, NULL);
     }
     CHECK(st.queued == 0 && st.running == 0, "idle: %d queued %d running", st.queued, st.running);
-    CHECK(st.kv_blocks_free == st.kv_blocks_total, "kv blocks leaked: %d of %d free",
-          st.kv_blocks_free, st.kv_blocks_total);
+    CHECK(st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total &&
+              st.cache_blocks == st.cache_blocks_idle,
+          "kv blocks leaked: %d of %d free, %d cached (%d idle)", st.kv_blocks_free,
+          st.kv_blocks_total, st.cache_blocks, st.cache_blocks_idle);
     CHECK(st.requests_cancelled >= 2, "cancel count %llu", (unsigned long long)st.requests_cancelled);
 
     /* 7. Shutdown with queued work: every request gets a final event. */
@@ -158,6 +356,7 @@ int main(void)
     CHECK(last.finish != ENGINE_FINISH_NONE, "q2 ended");
     engine_request_release(lr2);
     engine_request_release(q2);
+    prefix_cache_tests(&m, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

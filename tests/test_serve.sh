@@ -111,6 +111,32 @@ check '[ "$(tail -c 15 <<<"$body" | tr -d "\n")" = "data: [DONE]" ]' "chat strea
 check '[ "$(sse_data | jq -rs "[.[] | .choices[0].finish_reason // empty] | join(\",\")")" = length ]' "chat stream finish_reason"
 check 'sse_data | tail -1 | jq -e ".choices == [] and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt" >/dev/null' "chat stream usage chunk"
 check '[ "$(sse_data | head -1 | jq -r .choices[0].delta.role)" = assistant ]' "first chunk carries the role"
+
+# ---- prompt cache: a repeated prompt reuses its full KV blocks; greedy text is unchanged ----
+pc_req='{"messages":[{"role":"user","content":"Once upon a time there was a little girl named Lily who loved to play in the park with her dog"}],"max_tokens":16,"temperature":0}'
+call /v1/chat/completions "$pc_req"
+pc_first=$body
+call /v1/chat/completions "$pc_req"
+check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens > 0 and .usage.prompt_tokens_details.cached_tokens < .usage.prompt_tokens" <<<"$body" >/dev/null && [ "$(jq -r ".choices[0].message.content" <<<"$body")" = "$(jq -r ".choices[0].message.content" <<<"$pc_first")" ]' "prompt cache: repeated chat: $pc_first / $body"
+call /v1/messages '{"model":"m","messages":[{"role":"user","content":"Once upon a time there was a little girl named Lily who loved to play in the park with her dog"}],"max_tokens":16,"temperature":0}'
+check '[ "$code" = 200 ] && jq -e ".usage.cache_read_input_tokens > 0" <<<"$body" >/dev/null' "prompt cache: anthropic cache_read_input_tokens: $body"
+call /v1/responses '{"model":"m","input":[{"role":"user","content":"Once upon a time there was a little girl named Lily who loved to play in the park with her dog"}],"max_output_tokens":16,"temperature":0}'
+check '[ "$code" = 200 ] && jq -e ".usage.input_tokens_details.cached_tokens > 0" <<<"$body" >/dev/null' "prompt cache: responses cached_tokens: $body"
+check 'curl -s $B/stats | jq -e ".prompt_cache.enabled and .prompt_cache.hits >= 3 and .prompt_cache.blocks > 0" >/dev/null' "prompt cache /stats: $(curl -s $B/stats | jq -c .prompt_cache)"
+# --prompt-cache 0 turns it off (flag over env); a malformed CLLM_PROMPT_CACHE_GB is refused
+P4=$(free_port)
+if start S4 "$P4" "$STORIES" CLLM_PROMPT_CACHE_GB=2 -- --prompt-cache 0; then
+    call /v1/chat/completions "$pc_req" "http://127.0.0.1:$P4"
+    call /v1/chat/completions "$pc_req" "http://127.0.0.1:$P4"
+    check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens == 0" <<<"$body" >/dev/null && [ "$(jq -r ".choices[0].message.content" <<<"$body")" = "$(jq -r ".choices[0].message.content" <<<"$pc_first")" ]' "--prompt-cache 0: $body"
+    check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".prompt_cache.enabled == false and .prompt_cache.blocks == 0 and .kv.blocks_free == .kv.blocks_total" >/dev/null' "--prompt-cache 0 /stats"
+    kill -TERM "$S4"
+    wait "$S4"
+fi
+CLLM_PROMPT_CACHE_GB=lots "$CLLM" serve "$STORIES" --port "$P4" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "CLLM_PROMPT_CACHE_GB" "$tmp/e"' "bad CLLM_PROMPT_CACHE_GB: $(cat "$tmp/e")"
+
 # content parts and the developer role are accepted
 call /v1/chat/completions '{"messages":[{"role":"developer","content":"Be nice."},{"role":"user","content":[{"type":"text","text":"Zo"},{"type":"text","text":"o"}]}],"max_tokens":2,"temperature":0,"unknown_field":{"x":1}}'
 check '[ "$code" = 200 ]' "content parts: $code $body"

@@ -4,6 +4,7 @@
  * the request's cancel flag before every forward pass. */
 #include "engine/engine.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
+#include "kv/prefix_cache.h"
 #include "model/forward.h"
 
 #define KV_BLOCK 16
@@ -25,6 +27,7 @@ struct engine_request {
     int *stop_ids;
     atomic_int refs;
     atomic_bool cancel;
+    int n_cached;            /* prompt tokens served from the prefix cache */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -45,6 +48,9 @@ struct engine {
     struct backend *be;
     struct forward_state fs;
     struct kv_pool pool;
+    struct prefix_cache pc;
+    int *toks;               /* ids behind the running sequence's K/V */
+    int *match;              /* prefix_cache_lookup's output */
     float *logits;
 
     pthread_t thread;
@@ -54,6 +60,8 @@ struct engine {
     struct engine_request *current; /* the running request, for shutdown */
     int queued, running;
     bool stopping;
+    bool cap_pending;        /* engine_set_prompt_cache while running */
+    long long cap_bytes;
     struct engine_stats st;
 };
 
@@ -201,7 +209,7 @@ int engine_request_next(struct engine_request *r, struct engine_event *ev, int t
 static void finish(struct engine_request *r, enum engine_finish why, int n_gen, const char *msg)
 {
     struct engine_event ev = {.token = -1, .finish = why, .n_prompt = r->n_prompt,
-                              .n_generated = n_gen};
+                              .n_generated = n_gen, .n_cached = r->n_cached};
     if (msg)
         snprintf(ev.error, sizeof ev.error, "%s", msg);
     push_event(r, &ev);
@@ -233,7 +241,26 @@ static void run_request(struct engine *eng, struct engine_request *r)
     if (r->p.max_tokens > 0 && r->p.max_tokens < max_gen)
         max_gen = r->p.max_tokens;
     enum engine_finish why = ENGINE_FINISH_LENGTH;
-    for (int done = 0; done < r->n_prompt;) {
+    /* Prefix cache: start on the longest cached chain of full blocks, but
+     * compute at least the last prompt token (its logits are needed). */
+    memcpy(eng->toks, r->prompt, sizeof(int) * (size_t)r->n_prompt);
+    int n_match = prefix_cache_lookup(&eng->pc, r->prompt, r->n_prompt,
+                                      (r->n_prompt - 1) / KV_BLOCK, eng->match);
+    if (n_match > 0 && prefix_cache_attach(&eng->pc, &seq, eng->match, n_match, &e)) {
+        why = ENGINE_FINISH_ERROR;
+        goto out;
+    }
+    r->n_cached = seq.n_tokens;
+    pthread_mutex_lock(&eng->mu);
+    if (eng->pc.max_idle > 0) {
+        if (n_match > 0)
+            eng->st.cache_hits++;
+        else
+            eng->st.cache_misses++;
+        eng->st.cache_tokens += (uint64_t)r->n_cached;
+    }
+    pthread_mutex_unlock(&eng->mu);
+    for (int done = seq.n_tokens; done < r->n_prompt;) {
         if (atomic_load(&r->cancel)) {
             why = ENGINE_FINISH_CANCELLED;
             goto out;
@@ -241,12 +268,14 @@ static void run_request(struct engine *eng, struct engine_request *r)
         int k = r->n_prompt - done;
         if (k > eng->cfg.prefill_chunk)
             k = eng->cfg.prefill_chunk;
+        assert(seq.n_tokens == done && kv_seq_writable(&eng->pool, &seq, done));
         if (forward_tokens(&eng->fs, &eng->pool, &seq, r->prompt + done, k, false, eng->logits, &e)) {
             why = ENGINE_FINISH_ERROR;
             goto out;
         }
         done += k;
     }
+    prefix_cache_register(&eng->pc, &seq, eng->toks);
     pthread_mutex_lock(&eng->mu);
     eng->st.tokens_prompt += (uint64_t)r->n_prompt;
     pthread_mutex_unlock(&eng->mu);
@@ -261,10 +290,13 @@ static void run_request(struct engine *eng, struct engine_request *r)
             goto out;
         }
         n_gen++;
-        struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = n_gen};
+        struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = n_gen,
+                                  .n_cached = r->n_cached};
         push_event(r, &ev);
         if (n_gen == max_gen)
             break;
+        assert(kv_seq_writable(&eng->pool, &seq, seq.n_tokens));
+        eng->toks[seq.n_tokens] = tok;
         if (forward_tokens(&eng->fs, &eng->pool, &seq, &tok, 1, false, eng->logits, &e)) {
             why = ENGINE_FINISH_ERROR;
             goto out;
@@ -276,9 +308,37 @@ out:
     if (why == ENGINE_FINISH_CANCELLED)
         eng->st.requests_cancelled++;
     pthread_mutex_unlock(&eng->mu);
+    /* Index every full block computed (prompt and generated), then drop the
+     * sequence's references: indexed blocks stay cached, idle. */
+    if (why != ENGINE_FINISH_ERROR)
+        prefix_cache_register(&eng->pc, &seq, eng->toks);
     finish(r, why, n_gen, why == ENGINE_FINISH_ERROR ? e.msg : NULL);
     kv_seq_release(&eng->pool, &seq);
     sampler_free(&smp);
+}
+
+static int cap_blocks(const struct engine *eng, long long bytes)
+{
+    if (bytes < 0)
+        return 0;
+    if (bytes == 0)
+        return eng->pool.n_blocks;
+    size_t per = kv_pool_bytes_per_block(eng->pool.n_layers, eng->pool.kv_dim, eng->pool.block_size);
+    long long n = bytes / (long long)per;
+    return n > eng->pool.n_blocks ? eng->pool.n_blocks : (int)n;
+}
+
+void engine_set_prompt_cache(struct engine *eng, long long bytes)
+{
+    pthread_mutex_lock(&eng->mu);
+    if (eng->running == 0) { /* the engine thread touches the pool only while running */
+        prefix_cache_set_cap(&eng->pc, cap_blocks(eng, bytes));
+        eng->cap_pending = false;
+    } else {
+        eng->cap_bytes = bytes;
+        eng->cap_pending = true;
+    }
+    pthread_mutex_unlock(&eng->mu);
 }
 
 static void *engine_main(void *arg)
@@ -298,6 +358,10 @@ static void *engine_main(void *arg)
         eng->queued--;
         eng->running++;
         eng->current = r;
+        if (eng->cap_pending) {
+            prefix_cache_set_cap(&eng->pc, cap_blocks(eng, eng->cap_bytes));
+            eng->cap_pending = false;
+        }
         pthread_mutex_unlock(&eng->mu);
         run_request(eng, r);
         pthread_mutex_lock(&eng->mu);
@@ -342,11 +406,32 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     const struct model_config *c = &m->cfg;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
     eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    eng->toks = malloc(sizeof(int) * (size_t)eng->cfg.ctx_len);
+    eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / KV_BLOCK + 1));
+    if (!eng->toks || !eng->match) {
+        free(eng->logits);
+        eng->logits = NULL;
+    }
+    /* The model fingerprint seeds every chain key: blocks computed by a
+     * different model, weights file or KV scheme can never match. */
+    char fp[1400];
+    snprintf(fp, sizeof fp,
+             "cllm-kv-v1|%s|%s|%s|dim=%d ff=%d L=%d H=%d KV=%d hd=%d V=%d eps=%a theta=%a "
+             "rope=%d/%d/%a/%a/%a/%d bias=%d qkn=%d tied=%d swa=%d|kv=f32|block=%d",
+             m->path, m->format, c->arch, c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+             c->n_kv_heads, c->head_dim, c->vocab_size, (double)c->norm_eps,
+             (double)c->rope_theta, c->rope_interleaved, (int)c->rope_scaling,
+             (double)c->rope_factor, (double)c->rope_low_freq_factor,
+             (double)c->rope_high_freq_factor, c->rope_orig_max_seq, c->qkv_bias, c->qk_norm,
+             c->tied_embeddings, c->sliding_window, KV_BLOCK);
     if (!eng->be || !eng->logits || backend_load_weights(eng->be, m, e) ||
         forward_init(&eng->fs, m, eng->be, eng->cfg.prefill_chunk, e) ||
         kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
                      (eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK, e))
         goto fail;
+    if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))
+        goto fail;
+    prefix_cache_set_cap(&eng->pc, cap_blocks(eng, cfg->prompt_cache_bytes));
     pthread_mutex_init(&eng->mu, NULL);
     pthread_cond_init(&eng->cv, NULL);
     if (pthread_create(&eng->thread, NULL, engine_main, eng)) {
@@ -359,10 +444,13 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
 fail:
     if (!eng->logits)
         err_set(e, "out of memory");
+    prefix_cache_free(&eng->pc);
     kv_pool_free(&eng->pool);
     forward_free(&eng->fs);
     backend_destroy(eng->be);
     free(eng->logits);
+    free(eng->toks);
+    free(eng->match);
     free(eng);
     return NULL;
 }
@@ -383,10 +471,13 @@ void engine_destroy(struct engine *eng)
     pthread_join(eng->thread, NULL);
     pthread_mutex_destroy(&eng->mu);
     pthread_cond_destroy(&eng->cv);
+    prefix_cache_free(&eng->pc);
     kv_pool_free(&eng->pool);
     forward_free(&eng->fs);
     backend_destroy(eng->be);
     free(eng->logits);
+    free(eng->toks);
+    free(eng->match);
     free(eng);
 }
 
@@ -432,5 +523,9 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->running = eng->running;
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
+    out->cache_blocks = eng->pc.n_indexed;
+    out->cache_blocks_idle = eng->pc.n_idle;
+    out->cache_max_blocks = eng->pc.max_idle;
+    out->cache_evictions = eng->pc.evictions;
     pthread_mutex_unlock(&eng->mu);
 }

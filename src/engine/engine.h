@@ -32,6 +32,9 @@ struct engine_config {
     int prefill_chunk;   /* tokens per prefill forward */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
+    /* Prompt (prefix) cache: bytes of K/V that idle cached blocks may keep.
+     * 0: the whole pool (default); < 0: no prompt cache. */
+    long long prompt_cache_bytes;
 };
 
 enum engine_finish {
@@ -83,7 +86,16 @@ struct engine_stats {
     int queued, running;
     uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
     int kv_blocks_total, kv_blocks_free;
+    /* prefix cache: requests that reused >= 1 block / none, prompt tokens
+     * served from cache, blocks in the index (idle = held only by it),
+     * evicted blocks, the idle cap in blocks (0: disabled) */
+    uint64_t cache_hits, cache_misses, cache_tokens, cache_evictions;
+    int cache_blocks, cache_blocks_idle, cache_max_blocks;
 };
 void engine_get_stats(struct engine *eng, struct engine_stats *out);
+/* Changes the prompt cache cap (same meaning as prompt_cache_bytes); < 0
+ * empties the index. Applies at once when the engine is idle, else before
+ * the next request starts. */
+void engine_set_prompt_cache(struct engine *eng, long long bytes);
 
 #endif

@@ -2,6 +2,7 @@
 #include "kv/kv_cache.h"
 
 #include "backend/backend.h"
+#include "kv/prefix_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,8 @@ int kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int n_tokens, struct err
     int need = (n_tokens + p->block_size - 1) / p->block_size;
     if (need <= s->n_blocks)
         return 0;
+    if (need - s->n_blocks > p->n_free && p->pc)
+        prefix_cache_evict(p->pc, need - s->n_blocks - p->n_free);
     if (need - s->n_blocks > p->n_free)
         return err_set(e, "kv cache full: %d tokens need %d more blocks, %d free (raise the "
                           "context/KV budget)", n_tokens, need - s->n_blocks, p->n_free);
@@ -84,11 +87,27 @@ int kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int n_tokens, struct err
 
 void kv_seq_release(struct kv_pool *p, struct kv_seq *s)
 {
-    for (int i = 0; i < s->n_blocks; i++) {
+    /* Deepest first, so a cached chain's tail is older in the LRU than its
+     * head and goes first (an evicted parent orphans its children). */
+    for (int i = s->n_blocks - 1; i >= 0; i--) {
         int b = s->blocks[i];
-        if (--p->refcount[b] == 0)
+        int rc = --p->refcount[b];
+        if (rc == 0)
             p->free_list[p->n_free++] = b;
+        else if (rc == 1 && p->pc)
+            prefix_cache_on_idle(p->pc, b);
     }
+    if (p->pc)
+        prefix_cache_trim(p->pc);
     free(s->blocks);
     memset(s, 0, sizeof *s);
+}
+
+int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos)
+{
+    int i = pos / p->block_size;
+    if (i >= s->n_blocks)
+        return 1; /* a fresh block from kv_seq_reserve */
+    int b = s->blocks[i];
+    return p->refcount[b] == 1 && !(p->pc && p->pc->indexed[b]);
 }

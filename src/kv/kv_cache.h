@@ -10,6 +10,7 @@
 #include "base/err.h"
 
 struct backend;
+struct prefix_cache;
 
 /* K/V storage (k, v) is backend memory, allocated through the backend given
  * to kv_pool_init (device memory for CUDA); block tables, refcounts and the
@@ -25,6 +26,7 @@ struct kv_pool {
     int *free_list;  /* stack of free block ids */
     int n_free;
     int *refcount;
+    struct prefix_cache *pc; /* the prefix index, or NULL (see prefix_cache.h) */
 };
 
 struct kv_seq {
@@ -42,11 +44,17 @@ void kv_pool_free(struct kv_pool *p);
 size_t kv_pool_bytes(const struct kv_pool *p);
 size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size);
 
-/* Makes sure the sequence has blocks for positions [0, n_tokens). Fails with
- * a message (never aborts) when the pool is exhausted. */
+/* Makes sure the sequence has blocks for positions [0, n_tokens). When the
+ * free list runs dry it evicts idle prefix-cache blocks (LRU first). Fails
+ * with a message (never aborts) when the pool is exhausted. */
 int kv_seq_reserve(struct kv_pool *p, struct kv_seq *s, int n_tokens, struct err *e);
-/* Drops the sequence's references; its blocks return to the pool at zero. */
+/* Drops the sequence's references; its blocks return to the pool at zero.
+ * Blocks the prefix index still holds stay cached (idle, in its LRU). */
 void kv_seq_release(struct kv_pool *p, struct kv_seq *s);
+
+/* True when position pos of the sequence may be written: its block is held
+ * by this sequence alone (shared/indexed blocks are read-only). */
+int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos);
 
 static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos)
 {

@@ -254,9 +254,10 @@ static void ant_end(struct stream *s, const struct gen_result *res)
     }
     ev(s, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
     ev(s, "message_delta",
-       json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type", "message_delta", "delta", "stop_reason",
-                 stop_reason(res), "stop_sequence", res->stop ? json_string(res->stop) : json_null(),
-                 "usage", "output_tokens", res->n_completion));
+       json_pack("{s:s, s:{s:s, s:o}, s:{s:i, s:i}}", "type", "message_delta", "delta",
+                 "stop_reason", stop_reason(res), "stop_sequence",
+                 res->stop ? json_string(res->stop) : json_null(), "usage", "output_tokens",
+                 res->n_completion, "cache_read_input_tokens", res->n_cached));
     ev(s, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }
 

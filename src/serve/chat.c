@@ -304,7 +304,8 @@ static void finish(struct gen *g, enum gen_finish why, const struct engine_event
     g->res.finish = why;
     g->res.n_prompt = g->n_prompt;
     g->res.n_completion = g->n_tokens;
-    g->res.n_cached = ev ? ev->n_cached : 0;
+    if (ev)
+        g->res.n_cached = ev->n_cached;
     pthread_mutex_lock(&g->srv->mu);
     g->srv->ctr.completions++;
     pthread_mutex_unlock(&g->srv->mu);
@@ -319,6 +320,7 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
         struct engine_event ev;
         if (engine_request_next(g->r, &ev, left > 0 ? left : 0) == 0)
             return text->n > start ? GEN_TEXT : GEN_WAIT;
+        g->res.n_cached = ev.n_cached; /* every event carries it */
         if (ev.finish == ENGINE_FINISH_NONE) {
             g->n_tokens++;
             size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);

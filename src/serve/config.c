@@ -28,11 +28,13 @@ void serve_usage(FILE *f)
             "  --thinking true|false    default enable_thinking for chat templates\n"
             "  --ctx N                  context tokens per request (default: the model's)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
+            "                           0 disables)\n"
             "  --no-open                accepted for compatibility (cllm opens no browser)\n"
             "\n"
             "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
             "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
-            "CLLM_LOG_REQUESTS (see docs/config.md)\n");
+            "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB (see docs/config.md)\n");
 }
 
 /* ---- environment ---- */
@@ -100,6 +102,16 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         return -1;
     c->responses_store = (int)v;
     env_bool("CLLM_LOG_REQUESTS", &c->log_requests);
+    const char *pcv = getenv("CLLM_PROMPT_CACHE_GB");
+    if (pcv && *pcv) {
+        char *end;
+        errno = 0;
+        double x = strtod(pcv, &end);
+        if (errno || *end || end == pcv || isnan(x) || x < 0 || x > 1e6)
+            return err_set(e, "CLLM_PROMPT_CACHE_GB=\"%s\": needs a number in [0, 1e+06]", pcv);
+        c->prompt_cache_gb.v = (float)x;
+        c->prompt_cache_gb.set = true;
+    }
     return 0;
 }
 
@@ -140,7 +152,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 }
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
-       F_THINKING, F_CTX, F_THREADS };
+       F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE };
 
 static const struct {
     const char *name, *alias;
@@ -152,6 +164,7 @@ static const struct {
     {"--top-p", NULL, F_TOPP},          {"--top-k", NULL, F_TOPK},
     {"--min-p", NULL, F_MINP},          {"--thinking", NULL, F_THINKING},
     {"--ctx", "--context-length", F_CTX}, {"--threads", "-t", F_THREADS},
+    {"--prompt-cache", NULL, F_PROMPT_CACHE},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -224,6 +237,10 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         case F_THINKING: rc = parse_bool(a, v, &c->thinking, e); break;
         case F_CTX: rc = parse_i(a, v, 1, 1 << 24, &c->ctx, e); break;
         case F_THREADS: rc = parse_i(a, v, 1, 1024, &c->threads, e); break;
+        case F_PROMPT_CACHE:
+            rc = parse_f(a, v, 0, 1e6, &c->prompt_cache_gb.v, e);
+            c->prompt_cache_gb.set = true;
+            break;
         }
         if (rc)
             return -1;

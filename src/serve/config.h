@@ -47,6 +47,8 @@ struct serve_config {
     /* engine */
     int ctx;                 /* --ctx: tokens per sequence; 0 = the model's own */
     int threads;             /* -t/--threads: 0 = all cores */
+    struct opt_f prompt_cache_gb; /* --prompt-cache GB / CLLM_PROMPT_CACHE_GB: cap on idle
+                                   * cached KV; unset = the whole pool, 0 = off */
 
     /* environment levers (CLLM_*) */
     int shutdown_timeout_ms; /* CLLM_SHUTDOWN_TIMEOUT_MS [120000] */

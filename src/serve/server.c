@@ -261,6 +261,10 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
                                .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue};
+    if (cfg->prompt_cache_gb.set) /* 0 disables; unset keeps the default (the whole pool) */
+        ec.prompt_cache_bytes = cfg->prompt_cache_gb.v > 0
+                                    ? (long long)((double)cfg->prompt_cache_gb.v * 1e9) + 1
+                                    : -1;
     srv->eng = engine_create(&srv->sm.m, &ec, e);
     srv->store = response_store_new(cfg->responses_store);
     if (!srv->eng || !srv->store) {
@@ -272,8 +276,18 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     if (!h)
         goto out;
     fd = -1; /* the daemon owns it now */
-    fprintf(stderr, "cllm serve: serving %s on http://%s:%d (context %d tokens, queue %d)\n",
-            srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len, cfg->max_queue);
+    struct engine_stats es;
+    engine_get_stats(srv->eng, &es);
+    const struct model_config *mc = &srv->sm.m.cfg;
+    double block_mib = 16.0 * mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0 / 1048576.0;
+    char pcache[64];
+    if (es.cache_max_blocks > 0)
+        snprintf(pcache, sizeof pcache, "prompt cache up to %.1f MiB", es.cache_max_blocks * block_mib);
+    else
+        snprintf(pcache, sizeof pcache, "prompt cache off");
+    fprintf(stderr, "cllm serve: serving %s on http://%s:%d (context %d tokens, queue %d, KV %d "
+            "blocks = %.1f MiB, %s)\n", srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len,
+            cfg->max_queue, es.kv_blocks_total, es.kv_blocks_total * block_mib, pcache);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)

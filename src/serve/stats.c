@@ -38,7 +38,7 @@ json_t *stats_json(struct server *srv)
     json_t *root = json_pack(
         "{s:s, s:f, s:o, s:{s:s, s:i, s:i, s:i, s:I, s:I, s:o}, s:o, s:o, s:{s:i, s:i}, "
         "s:i, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:i, s:i, s:i, s:I}, "
-        "s:{s:b, s:i}, s:{s:s}, "
+        "s:{s:b, s:I}, s:{s:s}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i}}",
         "status", atomic_load(&srv->draining) ? "draining" : "ok",
         "uptime_s", serve_now() - srv->t_start,
@@ -59,7 +59,8 @@ json_t *stats_json(struct server *srv)
         (json_int_t)es.tokens_generated,
         "kv", "block_tokens", 16, "blocks_total", es.kv_blocks_total, "blocks_free",
         es.kv_blocks_free, "bytes_used", (json_int_t)(used * block_bytes),
-        "prompt_cache", "enabled", 0, "max_bytes", 0,
+        "prompt_cache", "enabled", es.cache_max_blocks > 0, "max_bytes",
+        (json_int_t)(es.cache_max_blocks * block_bytes),
         "kv_quant", "mode", "off",
         "http", "requests", (json_int_t)ctr.http_requests, "status_2xx",
         (json_int_t)ctr.status_2xx, "status_4xx", (json_int_t)ctr.status_4xx, "status_5xx",
@@ -67,6 +68,15 @@ json_t *stats_json(struct server *srv)
         (json_int_t)atomic_load(&srv->in_flight), "active_requests",
         atomic_load(&srv->active), "connections",
         atomic_load(&srv->connections), "max_connections", cfg->max_connections);
+    double lookups = (double)(es.cache_hits + es.cache_misses);
+    json_t *pcs = json_pack("{s:I, s:I, s:I, s:i, s:i, s:I, s:f}", "hits",
+                            (json_int_t)es.cache_hits, "misses", (json_int_t)es.cache_misses,
+                            "cached_tokens", (json_int_t)es.cache_tokens, "blocks",
+                            es.cache_blocks, "blocks_idle", es.cache_blocks_idle, "evictions",
+                            (json_int_t)es.cache_evictions, "hit_rate",
+                            lookups > 0 ? (double)es.cache_hits / lookups : 0.0);
+    json_object_update(json_object_get(root, "prompt_cache"), pcs);
+    json_decref(pcs);
     /* the spec's batch block: one serial engine today (mode "off" = --batch 1) */
     json_object_set_new(root, "batch",
                         json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:n}", "mode", "off", "batched",

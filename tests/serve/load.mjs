@@ -102,6 +102,9 @@ async function client() {
   }
 }
 
+// idle KV: every block is free or held only by the prefix cache's index
+const idleKV = (st) => st.kv.blocks_free + st.prompt_cache.blocks_idle === st.kv.blocks_total &&
+  st.prompt_cache.blocks === st.prompt_cache.blocks_idle;
 const t0 = Date.now();
 await Promise.all(Array.from({ length: C }, client));
 const secs = (Date.now() - t0) / 1000;
@@ -111,11 +114,11 @@ for (let k = 0; k < 100; k++) {
   const r = await send('GET', '/stats');
   stats = r.status === 200 ? JSON.parse(r.body) : null;
   if (stats && stats.running === 0 && stats.queue.waiting === 0 && stats.http.in_flight === 0 &&
-      stats.kv.blocks_free === stats.kv.blocks_total) break;
+      idleKV(stats)) break;
   await new Promise((res) => setTimeout(res, 50));
 }
 check(stats && stats.running === 0 && stats.queue.waiting === 0 && stats.http.in_flight === 0, `stats not idle: ${JSON.stringify(stats)}`);
-check(stats && stats.kv.blocks_free === stats.kv.blocks_total, 'KV blocks leaked');
+check(stats && idleKV(stats), `KV blocks leaked: ${JSON.stringify(stats && [stats.kv, stats.prompt_cache])}`);
 const health = await send('GET', '/health');
 check(health.status === 200, 'server alive');
 const rssEnd = rss();

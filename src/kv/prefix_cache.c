@@ -1,0 +1,284 @@
+/* prefix_cache.c - chain-keyed index of full KV blocks with an LRU of idle
+ * blocks (see prefix_cache.h for the contract). */
+#include "kv/prefix_cache.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+uint64_t prefix_hash_bytes(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
+uint64_t prefix_block_key(uint64_t parent_key, const int *tokens, int block_size)
+{
+    /* Token ids are hashed as little-endian 32-bit integers so keys do not
+     * depend on the host's int layout (they will name SSD-tier files). */
+    uint32_t buf[64];
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, parent_key);
+    for (int i = 0; i < block_size;) {
+        int k = 0;
+        for (; k < 64 && i < block_size; k++, i++) {
+            uint32_t t = (uint32_t)tokens[i];
+            uint8_t *b = (uint8_t *)&buf[k];
+            b[0] = (uint8_t)t;
+            b[1] = (uint8_t)(t >> 8);
+            b[2] = (uint8_t)(t >> 16);
+            b[3] = (uint8_t)(t >> 24);
+        }
+        XXH3_64bits_update(&st, buf, (size_t)k * sizeof buf[0]);
+    }
+    return XXH3_64bits_digest(&st);
+}
+
+int prefix_cache_init(struct prefix_cache *pc, struct kv_pool *pool, uint64_t seed,
+                      int max_idle_blocks, struct err *e)
+{
+    memset(pc, 0, sizeof *pc);
+    int n = pool->n_blocks;
+    pc->pool = pool;
+    pc->seed = seed;
+    pc->block_size = pool->block_size;
+    pc->max_idle = max_idle_blocks < 0 ? 0 : max_idle_blocks > n ? n : max_idle_blocks;
+    pc->n_buckets = 16;
+    while (pc->n_buckets < 2 * n)
+        pc->n_buckets *= 2;
+    pc->indexed = calloc((size_t)n, sizeof *pc->indexed);
+    pc->in_lru = calloc((size_t)n, sizeof *pc->in_lru);
+    pc->key = calloc((size_t)n, sizeof *pc->key);
+    pc->parent = calloc((size_t)n, sizeof *pc->parent);
+    pc->parent_gen = calloc((size_t)n, sizeof *pc->parent_gen);
+    pc->gen = calloc((size_t)n, sizeof *pc->gen);
+    pc->tokens = calloc((size_t)n * (size_t)pc->block_size, sizeof *pc->tokens);
+    pc->hnext = calloc((size_t)n, sizeof *pc->hnext);
+    pc->lru_prev = calloc((size_t)n, sizeof *pc->lru_prev);
+    pc->lru_next = calloc((size_t)n, sizeof *pc->lru_next);
+    pc->buckets = malloc((size_t)pc->n_buckets * sizeof *pc->buckets);
+    if (!pc->indexed || !pc->in_lru || !pc->key || !pc->parent || !pc->parent_gen || !pc->gen ||
+        !pc->tokens || !pc->hnext || !pc->lru_prev || !pc->lru_next || !pc->buckets) {
+        prefix_cache_free(pc);
+        return err_set(e, "prefix cache: out of memory");
+    }
+    for (int i = 0; i < pc->n_buckets; i++)
+        pc->buckets[i] = -1;
+    pc->lru_head = pc->lru_tail = -1;
+    pool->pc = pc;
+    return 0;
+}
+
+static void lru_remove(struct prefix_cache *pc, int b)
+{
+    if (!pc->in_lru[b])
+        return;
+    int pv = pc->lru_prev[b], nx = pc->lru_next[b];
+    if (pv >= 0)
+        pc->lru_next[pv] = nx;
+    else
+        pc->lru_head = nx;
+    if (nx >= 0)
+        pc->lru_prev[nx] = pv;
+    else
+        pc->lru_tail = pv;
+    pc->in_lru[b] = false;
+    pc->n_idle--;
+}
+
+static void lru_push(struct prefix_cache *pc, int b) /* most recently used end */
+{
+    if (pc->in_lru[b])
+        return;
+    pc->lru_prev[b] = pc->lru_tail;
+    pc->lru_next[b] = -1;
+    if (pc->lru_tail >= 0)
+        pc->lru_next[pc->lru_tail] = b;
+    else
+        pc->lru_head = b;
+    pc->lru_tail = b;
+    pc->in_lru[b] = true;
+    pc->n_idle++;
+}
+
+static void unhash(struct prefix_cache *pc, int b)
+{
+    int *pp = &pc->buckets[pc->key[b] & (uint64_t)(pc->n_buckets - 1)];
+    while (*pp != b) {
+        assert(*pp >= 0);
+        pp = &pc->hnext[*pp];
+    }
+    *pp = pc->hnext[b];
+}
+
+/* Removes b from the index and drops the index's reference. */
+static void unindex(struct prefix_cache *pc, int b)
+{
+    struct kv_pool *p = pc->pool;
+    assert(pc->indexed[b] && p->refcount[b] >= 1);
+    lru_remove(pc, b);
+    unhash(pc, b);
+    pc->indexed[b] = false;
+    pc->n_indexed--;
+    if (--p->refcount[b] == 0)
+        p->free_list[p->n_free++] = b;
+}
+
+void prefix_cache_free(struct prefix_cache *pc)
+{
+    if (pc->pool && pc->indexed)
+        for (int b = 0; b < pc->pool->n_blocks; b++)
+            if (pc->indexed[b])
+                unindex(pc, b);
+    if (pc->pool && pc->pool->pc == pc)
+        pc->pool->pc = NULL;
+    free(pc->indexed);
+    free(pc->in_lru);
+    free(pc->key);
+    free(pc->parent);
+    free(pc->parent_gen);
+    free(pc->gen);
+    free(pc->tokens);
+    free(pc->hnext);
+    free(pc->lru_prev);
+    free(pc->lru_next);
+    free(pc->buckets);
+    memset(pc, 0, sizeof *pc);
+}
+
+int prefix_cache_evict(struct prefix_cache *pc, int n)
+{
+    int done = 0;
+    while (done < n && pc->lru_head >= 0) {
+        int b = pc->lru_head;
+        assert(pc->pool->refcount[b] == 1);
+        unindex(pc, b);
+        pc->evictions++;
+        done++;
+    }
+    return done;
+}
+
+void prefix_cache_trim(struct prefix_cache *pc)
+{
+    if (pc->n_idle > pc->max_idle)
+        prefix_cache_evict(pc, pc->n_idle - pc->max_idle);
+}
+
+void prefix_cache_set_cap(struct prefix_cache *pc, int max_idle_blocks)
+{
+    int n = pc->pool->n_blocks;
+    pc->max_idle = max_idle_blocks < 0 ? 0 : max_idle_blocks > n ? n : max_idle_blocks;
+    if (pc->max_idle == 0) {
+        for (int b = 0; b < n; b++)
+            if (pc->indexed[b])
+                unindex(pc, b);
+        return;
+    }
+    prefix_cache_trim(pc);
+}
+
+void prefix_cache_on_idle(struct prefix_cache *pc, int block)
+{
+    if (pc->indexed[block])
+        lru_push(pc, block);
+}
+
+void prefix_cache_on_busy(struct prefix_cache *pc, int block) { lru_remove(pc, block); }
+
+/* The indexed block with this key, parent and token ids, or -1. */
+static int find(const struct prefix_cache *pc, uint64_t key, int parent, uint32_t parent_gen,
+                const int *tokens)
+{
+    size_t bs = (size_t)pc->block_size;
+    for (int b = pc->buckets[key & (uint64_t)(pc->n_buckets - 1)]; b >= 0; b = pc->hnext[b])
+        if (pc->key[b] == key && pc->parent[b] == parent && pc->parent_gen[b] == parent_gen &&
+            !memcmp(pc->tokens + (size_t)b * bs, tokens, bs * sizeof *tokens))
+            return b;
+    return -1;
+}
+
+int prefix_cache_lookup(struct prefix_cache *pc, const int *tokens, int n, int max_blocks,
+                        int *out)
+{
+    if (pc->max_idle == 0)
+        return 0;
+    int bs = pc->block_size, parent = -1, found = 0;
+    uint32_t pgen = 0;
+    uint64_t key = pc->seed;
+    for (int i = 0; i < max_blocks && (i + 1) * bs <= n; i++) {
+        const int *t = tokens + (size_t)i * bs;
+        key = prefix_block_key(key, t, bs);
+        int b = find(pc, key, parent, pgen, t);
+        if (b < 0)
+            break;
+        out[found++] = b;
+        parent = b;
+        pgen = pc->gen[b];
+    }
+    return found;
+}
+
+int prefix_cache_attach(struct prefix_cache *pc, struct kv_seq *seq, const int *blocks,
+                        int n_blocks, struct err *e)
+{
+    struct kv_pool *p = pc->pool;
+    if (seq->n_blocks != 0 || seq->n_tokens != 0)
+        return err_set(e, "prefix cache: attach to a non-empty sequence");
+    if (n_blocks <= 0)
+        return 0;
+    if (n_blocks > seq->cap_blocks) {
+        int *nb = realloc(seq->blocks, (size_t)n_blocks * sizeof(int));
+        if (!nb)
+            return err_set(e, "kv cache: out of memory");
+        seq->blocks = nb;
+        seq->cap_blocks = n_blocks;
+    }
+    for (int i = 0; i < n_blocks; i++) {
+        int b = blocks[i];
+        assert(pc->indexed[b] && p->refcount[b] >= 1);
+        if (p->refcount[b]++ == 1)
+            prefix_cache_on_busy(pc, b);
+        seq->blocks[i] = b;
+    }
+    seq->n_blocks = n_blocks;
+    seq->n_tokens = n_blocks * pc->block_size;
+    return 0;
+}
+
+int prefix_cache_register(struct prefix_cache *pc, const struct kv_seq *seq, const int *tokens)
+{
+    if (pc->max_idle == 0)
+        return 0;
+    struct kv_pool *p = pc->pool;
+    int bs = pc->block_size, n_full = seq->n_tokens / bs, parent = -1, added = 0;
+    uint32_t pgen = 0;
+    uint64_t key = pc->seed;
+    for (int i = 0; i < n_full; i++) {
+        const int *t = tokens + (size_t)i * bs;
+        key = prefix_block_key(key, t, bs);
+        int b = find(pc, key, parent, pgen, t);
+        if (b < 0) {
+            b = seq->blocks[i];
+            /* Indexed under a parent that has since been evicted: re-key it
+             * under the parent this chain has now (the seq holds it, so the
+             * index's reference is not its last). */
+            if (pc->indexed[b])
+                unindex(pc, b);
+            assert(p->refcount[b] >= 1);
+            pc->indexed[b] = true;
+            pc->key[b] = key;
+            pc->parent[b] = parent;
+            pc->parent_gen[b] = pgen;
+            pc->gen[b]++;
+            memcpy(pc->tokens + (size_t)b * (size_t)bs, t, (size_t)bs * sizeof *t);
+            size_t h = key & (uint64_t)(pc->n_buckets - 1);
+            pc->hnext[b] = pc->buckets[h];
+            pc->buckets[h] = b;
+            p->refcount[b]++;
+            pc->n_indexed++;
+            added++;
+        }
+        parent = b;
+        pgen = pc->gen[b];
+    }
+    return added;
+}
