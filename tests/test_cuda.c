@@ -674,6 +674,102 @@ static void check_graphs_vs_eager(const char *model_dir, int n_gen)
     runner_close(&rn, true);
 }
 
+/* The device argmax (greedy decoding's only copy to the host) against the
+ * host's sample_argmax: random rows, ties (the lowest index wins), -inf. */
+static void check_argmax(void)
+{
+    struct backend *be = gpu_create(false);
+    if (!be)
+        return;
+    CHECK(be->ops->argmax != NULL, "cuda backend has no argmax op");
+    int sizes[] = {1, 7, 256, 1000, 32000, 128256, 151936};
+    int bad = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0] && be->ops->argmax; si++) {
+        int n = sizes[si];
+        float *h = malloc(sizeof(float) * (size_t)n);
+        for (int variant = 0; variant < 4; variant++) {
+            for (int i = 0; i < n; i++)
+                h[i] = variant == 3 ? -INFINITY : frand() * 10.0f;
+            if (variant == 1 && n > 2) { /* a tie: the lower index wins */
+                h[n - 1] = 20.0f;
+                h[n / 2] = 20.0f;
+            }
+            if (variant == 2)
+                h[n - 1] = 30.0f;
+            float *d = dev_alloc_copy(be, h, (size_t)n);
+            struct err e = {{0}};
+            int got = -1;
+            CHECK(be->ops->argmax(be, &got, d, n, &e) == 0, "argmax: %s", e.msg);
+            if (got != sample_argmax(h, n)) {
+                bad++;
+                CHECK(0, "argmax n=%d variant %d: device %d, host %d", n, variant, got,
+                      sample_argmax(h, n));
+            }
+            be->ops->free(be, d);
+        }
+        free(h);
+    }
+    printf("cuda argmax vs host, %d cases: %s\n", (int)(4 * sizeof sizes / sizeof sizes[0]),
+           bad ? "DIFFER" : "identical");
+    backend_destroy(be);
+}
+
+/* Greedy decoding with the device argmax (forward_tokens_greedy, as cllm run
+ * does) against the host's argmax over downloaded logits, and the fused
+ * launches (matmul_multi, add_rmsnorm) against CLLM_CUDA_FUSE=0: identical
+ * ids. */
+static void check_device_greedy(const char *model_dir, int n_gen)
+{
+    struct runner rf, ru;
+    if (runner_open(&rf, model_dir, 7, false, NULL, 96))
+        return;
+    setenv("CLLM_CUDA_FUSE", "0", 1);
+    int rc = runner_open(&ru, model_dir, 7, false, NULL, 96);
+    unsetenv("CLLM_CUDA_FUSE");
+    if (rc) {
+        runner_close(&rf, true);
+        return;
+    }
+    int vocab = rf.m.cfg.vocab_size, prompt[] = {1, 400, 20, 300, 7};
+    int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
+    int *c = calloc((size_t)n_gen, sizeof(int));
+    float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
+    int na = greedy(&rf, prompt, 5, n_gen, a, true, la);
+    int nb = greedy(&ru, prompt, 5, n_gen, b, true, lb);
+    /* device argmax, fused */
+    struct err e = {{0}};
+    struct kv_seq seq = {0};
+    int nc = 0, next = -1;
+    float *logits = malloc(sizeof(float) * vocab);
+    if (forward_tokens_greedy(&rf.fs, &rf.pool, &seq, prompt, 5, logits, &next, &e) == 0) {
+        while (nc < n_gen) {
+            c[nc++] = next;
+            if (nc == n_gen)
+                break;
+            int tok = next;
+            if (forward_tokens_greedy(&rf.fs, &rf.pool, &seq, &tok, 1, logits, &next, &e))
+                break;
+        }
+    }
+    CHECK(e.msg[0] == 0, "forward_tokens_greedy: %s", e.msg);
+    kv_seq_release(&rf.pool, &seq);
+    bool same_fuse = na == n_gen && nb == n_gen && !memcmp(a, b, sizeof(int) * (size_t)n_gen) &&
+                     !memcmp(la, lb, sizeof(float) * (size_t)vocab);
+    bool same_dev = nc == n_gen && !memcmp(a, c, sizeof(int) * (size_t)n_gen);
+    CHECK(same_fuse, "%s: fused launches differ from unfused", model_dir);
+    CHECK(same_dev, "%s: device argmax greedy differs from host argmax", model_dir);
+    printf("cuda fused vs unfused %s, %d steps: %s; device argmax greedy: %s\n", model_dir,
+           n_gen, same_fuse ? "bit-identical" : "DIFFER", same_dev ? "identical" : "DIFFER");
+    free(a);
+    free(b);
+    free(c);
+    free(la);
+    free(lb);
+    free(logits);
+    runner_close(&rf, true);
+    runner_close(&ru, true);
+}
+
 static void check_errors(void)
 {
     struct err e = {{0}};
@@ -710,6 +806,7 @@ int main(void)
         return test_summary("test_cuda");
 
     check_errors();
+    check_argmax();
     check_matmul_all();
     check_norm_rope(cpu);
     check_attention(cpu);
@@ -748,6 +845,9 @@ int main(void)
     check_cpu_vs_gpu(path, cpu, 400);
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_graphs_vs_eager(path, 1100);
+    check_device_greedy(path, 300);
+    snprintf(path, sizeof path, "%s/oracle/qwen3_bf16", fixtures_dir);
+    check_device_greedy(path, 32); /* bf16 weights: the fused GEMV path */
     backend_destroy(cpu);
     return test_summary("test_cuda");
 }

@@ -80,6 +80,21 @@ struct backend_ops {
     /* x[i] += y[i] */
     void (*add)(struct backend *be, float *x, const float *y, size_t n);
 
+    /* Optional fused forms (NULL: model code issues the plain ops; results
+     * are the same). outs[i] = x . W_i^T for k <= 3 weights of the same
+     * cols (q/k/v, gate/up): */
+    int (*matmul_multi)(struct backend *be, float *const *outs, const float *x, int n,
+                        const struct tensor *const *ws, int k, struct err *e);
+    /* x += y, then out = rmsnorm(x) (out may equal y, not x): */
+    void (*add_rmsnorm)(struct backend *be, float *out, float *x, const float *y, const float *w,
+                        int n, int dim, float eps);
+
+    /* rope(q), rope(k), then kv_store(k, v), as those three ops: */
+    void (*rope_kv_store)(struct backend *be, float *q, float *k, const float *v, int n,
+                          int n_heads, int n_kv_heads, int head_dim, int pos0,
+                          const float *inv_freq, bool interleaved, struct kv_pool *pool,
+                          const struct kv_seq *seq, int layer);
+
     /* Optional (NULL on the CPU, whose memory is the host's). */
     /* Copies every tensor of m to the device once, before the first op that
      * reads it; m must outlive the backend's use of it. */
@@ -99,6 +114,11 @@ struct backend_ops {
      * results to eager steps. */
     int (*step_begin)(struct backend *be, const struct backend_step *st, struct err *e);
     int (*step_end)(struct backend *be, int ops_rc, struct err *e);
+    /* *out (host) = the index of the largest of n floats of backend memory
+     * x, the lowest index on ties (NaNs never win), waiting for queued work;
+     * greedy decoding then copies one id to the host instead of a logits
+     * row (see forward_tokens_greedy). */
+    int (*argmax)(struct backend *be, int *out, const float *x, int n, struct err *e);
     void (*mem_info)(struct backend *be, struct backend_mem *out);
 };
 

@@ -316,8 +316,12 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     int n_gen = 0, n_fwd = 0;
+    /* Greedy on a backend with a device argmax: each decode step returns the
+     * next id and no logits row crosses to the host. */
+    bool dev_greedy = o.sp.temperature <= 0 && be->ops->argmax;
+    int pending = -1;
     while (n_gen < o.n_predict) {
-        int next = sampler_sample(&smp, last);
+        int next = pending >= 0 ? pending : sampler_sample(&smp, last);
         if (!o.ignore_eos && is_eos(c, next))
             break;
         if (o.print_ids) {
@@ -330,7 +334,8 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
         if (++n_gen == o.n_predict)
             break; /* the last token needs no forward pass */
-        if (forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e))
+        if (dev_greedy ? forward_tokens_greedy(&fs, &pool, &seq, &next, 1, logits, &pending, &e)
+                       : forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e))
             goto fail;
         n_fwd++;
         last = logits;

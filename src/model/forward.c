@@ -77,8 +77,37 @@ void forward_free(struct forward_state *fs)
     fs->inv_freq = NULL;
 }
 
+/* outs[i] = x . W_i^T, in one fused call when the backend has one. */
+static int matmuls(struct forward_state *fs, float *const *outs, const float *x, int n,
+                   const struct tensor *const *ws, int k, struct err *e)
+{
+    const struct backend_ops *op = fs->be->ops;
+    if (op->matmul_multi)
+        return op->matmul_multi(fs->be, outs, x, n, ws, k, e);
+    for (int i = 0; i < k; i++)
+        if (op->matmul(fs->be, outs[i], x, n, ws[i], e))
+            return -1;
+    return 0;
+}
+
+/* x += y; xb = rmsnorm(x), in one call when the backend has add_rmsnorm. */
+static void add_norm(struct forward_state *fs, const float *y, const float *w, int n)
+{
+    const struct model_config *c = &fs->m->cfg;
+    const struct backend_ops *op = fs->be->ops;
+    if (op->add_rmsnorm) {
+        op->add_rmsnorm(fs->be, fs->xb, fs->x, y, w, n, c->dim, c->norm_eps);
+        return;
+    }
+    op->add(fs->be, fs->x, y, (size_t)n * c->dim);
+    op->rmsnorm(fs->be, fs->xb, fs->x, w, n, c->dim, c->norm_eps);
+}
+
+/* *normed: on entry, xb already holds rmsnorm(x) with this layer's
+ * attn_norm; on return, the same for the next layer's (backends with
+ * add_rmsnorm fuse the closing residual add with it). */
 static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                         int l, int n, int pos0, struct err *e)
+                         int l, int n, int pos0, bool *normed, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct layer_weights *w = &fs->m->layers[l];
@@ -86,9 +115,11 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
     struct backend *be = fs->be;
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
 
-    op->rmsnorm(be, fs->xb, fs->x, w->attn_norm.data, n, c->dim, c->norm_eps);
-    if (op->matmul(be, fs->q, fs->xb, n, &w->wq, e) || op->matmul(be, fs->k, fs->xb, n, &w->wk, e) ||
-        op->matmul(be, fs->v, fs->xb, n, &w->wv, e))
+    if (!*normed)
+        op->rmsnorm(be, fs->xb, fs->x, w->attn_norm.data, n, c->dim, c->norm_eps);
+    float *qkv[] = {fs->q, fs->k, fs->v};
+    const struct tensor *wqkv[] = {&w->wq, &w->wk, &w->wv};
+    if (matmuls(fs, qkv, fs->xb, n, wqkv, 3, e))
         return -1;
     if (c->qkv_bias) {
         op->add_bias(be, fs->q, w->bq.data, n, qd);
@@ -99,9 +130,15 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    op->rope(be, fs->q, n, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
-    op->rope(be, fs->k, n, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
-    op->kv_store(be, pool, seq, l, fs->k, fs->v, n, pos0);
+    if (op->rope_kv_store) {
+        op->rope_kv_store(be, fs->q, fs->k, fs->v, n, c->n_heads, c->n_kv_heads, c->head_dim, pos0,
+                          fs->inv_freq, c->rope_interleaved, pool, seq, l);
+    } else {
+        op->rope(be, fs->q, n, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
+        op->rope(be, fs->k, n, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq,
+                 c->rope_interleaved);
+        op->kv_store(be, pool, seq, l, fs->k, fs->v, n, pos0);
+    }
     struct attn_args a = {
         .n = n, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim, .sliding_window = c->sliding_window,
@@ -110,16 +147,20 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
     if (op->attention(be, fs->att, fs->q, pool, seq, l, &a, e) ||
         op->matmul(be, fs->xb, fs->att, n, &w->wo, e))
         return -1;
-    op->add(be, fs->x, fs->xb, (size_t)n * c->dim);
+    add_norm(fs, fs->xb, w->ffn_norm.data, n);
 
-    op->rmsnorm(be, fs->xb, fs->x, w->ffn_norm.data, n, c->dim, c->norm_eps);
-    if (op->matmul(be, fs->hb, fs->xb, n, &w->w_gate, e) ||
-        op->matmul(be, fs->hb2, fs->xb, n, &w->w_up, e))
+    float *gu[] = {fs->hb, fs->hb2};
+    const struct tensor *wgu[] = {&w->w_gate, &w->w_up};
+    if (matmuls(fs, gu, fs->xb, n, wgu, 2, e))
         return -1;
     op->silu_mul(be, fs->hb, fs->hb2, (size_t)n * c->hidden_dim);
     if (op->matmul(be, fs->xb, fs->hb, n, &w->w_down, e))
         return -1;
-    op->add(be, fs->x, fs->xb, (size_t)n * c->dim);
+    *normed = op->add_rmsnorm && l + 1 < c->n_layers;
+    if (*normed)
+        add_norm(fs, fs->xb, fs->m->layers[l + 1].attn_norm.data, n);
+    else
+        op->add(be, fs->x, fs->xb, (size_t)n * c->dim);
     return 0;
 }
 
@@ -133,8 +174,9 @@ static int chunk_ops(struct forward_state *fs, struct kv_pool *pool, struct kv_s
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = fs->be->ops;
     op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
+    bool normed = false;
     for (int l = 0; l < c->n_layers; l++)
-        if (layer_forward(fs, pool, seq, l, n, pos0, e))
+        if (layer_forward(fs, pool, seq, l, n, pos0, &normed, e))
             return -1;
     if (mode == LOGITS_NONE)
         return 0;
@@ -145,9 +187,10 @@ static int chunk_ops(struct forward_state *fs, struct kv_pool *pool, struct kv_s
     return op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e);
 }
 
+/* next: when not NULL (mode LOGITS_LAST), receives the greedy next token. */
 static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                          const int *tokens, int n, enum logits_mode mode, float *logits,
-                         struct err *e)
+                         int *next, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
@@ -179,15 +222,25 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
     seq->n_tokens = pos0 + n;
     if (mode == LOGITS_NONE)
         return 0;
+    if (next && op->argmax) /* only the id crosses to the host */
+        return op->argmax(fs->be, next, fs->logits, c->vocab_size, e);
     int rows = mode == LOGITS_ALL ? n : 1;
     op->download(fs->be, logits, fs->logits, (size_t)rows * c->vocab_size);
     if (op->finish && op->finish(fs->be, e))
         return -1;
+    if (next) {
+        int best = 0;
+        for (int i = 1; i < c->vocab_size; i++)
+            if (logits[i] > logits[best])
+                best = i;
+        *next = best;
+    }
     return 0;
 }
 
-int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                   const int *tokens, int n, bool all_logits, float *logits, struct err *e)
+static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                       const int *tokens, int n, bool all_logits, float *logits, int *next,
+                       struct err *e)
 {
     if (n <= 0)
         return err_set(e, "forward: no tokens");
@@ -196,9 +249,21 @@ int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq
         bool last = done + k == n;
         float *out = all_logits ? logits + (size_t)done * fs->m->cfg.vocab_size : logits;
         enum logits_mode mode = all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
-        if (chunk_forward(fs, pool, seq, tokens + done, k, mode, out, e))
+        if (chunk_forward(fs, pool, seq, tokens + done, k, mode, out, last ? next : NULL, e))
             return -1;
         done += k;
     }
     return 0;
+}
+
+int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                   const int *tokens, int n, bool all_logits, float *logits, struct err *e)
+{
+    return forward_run(fs, pool, seq, tokens, n, all_logits, logits, NULL, e);
+}
+
+int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                          const int *tokens, int n, float *logits, int *next, struct err *e)
+{
+    return forward_run(fs, pool, seq, tokens, n, false, logits, next, e);
 }

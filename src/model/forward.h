@@ -34,5 +34,12 @@ void rope_inv_freq(const struct model_config *c, float *inv_freq);
  * logits is host memory. */
 int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                    const int *tokens, int n, bool all_logits, float *logits, struct err *e);
+/* forward_tokens without all_logits, for greedy decoding: *next = the index
+ * of the largest last-row logit (the lowest on ties). A backend with an
+ * argmax op takes it on the device and copies only the id (logits is then
+ * left as it was); otherwise logits is written as by forward_tokens and the
+ * argmax taken on the host. */
+int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                          const int *tokens, int n, float *logits, int *next, struct err *e);
 
 #endif

@@ -31,6 +31,13 @@
  * steps. Any free or reallocation of memory a graph may reference drops
  * all graphs. CLLM_COMPILED_DECODE=0 turns them off.
  *
+ * Decode fixed costs: greedy decoding takes the argmax on the device
+ * (argmax op) and copies one id to pinned memory instead of the logits row;
+ * the optional fused ops (matmul_multi: q/k/v or gate/up in one GEMV launch;
+ * add_rmsnorm; rope_kv_store) cut the launches of a step, with the same
+ * arithmetic as the plain ops (CLLM_CUDA_FUSE=0 issues the plain kernels).
+ * CLLM_CUDA_TIMING=1 prints where decode steps spent their time at exit.
+ *
  * Void ops cannot return errors: the first CUDA failure is kept ("sticky")
  * and reported by the next matmul, attention or finish. */
 #include "backend/backend.h"
@@ -81,6 +88,7 @@ struct cuda_backend {
     cudaStream_t stream;
     cublasHandle_t blas;
     bool precise;
+    bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
     size_t map_cap, map_n;
@@ -109,7 +117,23 @@ struct cuda_backend {
     int step_cap;      /* table entries h_step and `step` hold */
     struct dbuf step;  /* device copy of h_step */
     void *blas_ws;
+    void *am_ws;       /* cuk_argmax workspace + the result id (device) */
+    int *am_host;      /* pinned: the id copied back */
+
+    /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
+    bool timing, t_open;
+    cudaEvent_t ev[3];       /* step start, logits copy start, copy end */
+    double t_begin, t_end;   /* host clock at step_begin / after download */
+    long t_steps, t_gaps;
+    double t_gpu, t_copy, t_wall, t_gap; /* sums, ms */
 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static struct cuda_backend *cb(struct backend *be) { return be->impl; }
 
@@ -277,15 +301,68 @@ static void cu_free(struct backend *be, void *p)
     cudaFree(p);
 }
 
+/* CLLM_CUDA_TIMING: marks the start of a decode step's result copy
+ * (logits or argmax) and, after it completed, adds the step up. */
+static bool timing_mark(struct cuda_backend *c)
+{
+    bool timed = c->timing && c->t_open;
+    if (timed)
+        cudaEventRecord(c->ev[1], c->stream);
+    return timed;
+}
+
+static void timing_done(struct cuda_backend *c)
+{
+    float a = 0, b = 0;
+    cudaEventElapsedTime(&a, c->ev[0], c->ev[1]);
+    cudaEventElapsedTime(&b, c->ev[1], c->ev[2]);
+    c->t_end = now_s();
+    c->t_gpu += a;
+    c->t_copy += b;
+    c->t_wall += (c->t_end - c->t_begin) * 1e3;
+    c->t_steps++;
+    c->t_open = false;
+}
+
 static void cu_download(struct backend *be, float *dst, const float *src, size_t n)
 {
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (c->err[0])
         return;
+    bool timed = timing_mark(c);
     if (!fail_cuda(c, "download", cudaMemcpyAsync(dst, src, n * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, c->stream)))
+                                                  cudaMemcpyDeviceToHost, c->stream))) {
+        if (timed)
+            cudaEventRecord(c->ev[2], c->stream);
         fail_cuda(c, "synchronize after download", cudaStreamSynchronize(c->stream));
+    }
+    if (timed)
+        timing_done(c);
+}
+
+/* Greedy decoding: the argmax runs on the device and only the id is copied
+ * back (to pinned memory), instead of the [vocab] f32 logits row. */
+static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    bool timed = timing_mark(c);
+    int *dout = (int *)((char *)c->am_ws + CUK_ARGMAX_WS_BYTES - sizeof(int));
+    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
+        fail_cuda(c, "copy argmax", cudaMemcpyAsync(c->am_host, dout, sizeof(int),
+                                                    cudaMemcpyDeviceToHost, c->stream)))
+        return sticky(c, e);
+    if (timed)
+        cudaEventRecord(c->ev[2], c->stream);
+    if (fail_cuda(c, "synchronize after argmax", cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    if (timed)
+        timing_done(c);
+    *out = *c->am_host;
+    return 0;
 }
 
 static void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
@@ -351,13 +428,6 @@ static int collect_tensors(const struct model *m, const struct tensor ***out, st
     }
     *out = ts;
     return n;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int upload_tensor(struct cuda_backend *c, const struct tensor *t, struct dbuf *tmp,
@@ -571,6 +641,46 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
     return 0;
 }
 
+/* Several matmuls over the same x (q/k/v, gate/up): one GEMV launch for
+ * decode-sized n and 2-byte weights, else one matmul each. */
+static int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
+                           const struct tensor *const *ts, int k, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (c->fuse && n <= CUK_GEMV_MAX && k >= 1 && k <= 3) {
+        const struct cuk_weight *ws[3];
+        for (int i = 0; i < k; i++)
+            if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
+                return sticky(c, e);
+        if (sticky(c, e))
+            return -1;
+        cudaError_t err = cuk_gemv_multi(c->stream, outs, x, n, ws, k);
+        if (err != cudaErrorNotSupported) {
+            if (fail_cuda(c, "gemv", err))
+                return sticky(c, e);
+            return 0;
+        }
+    }
+    for (int i = 0; i < k; i++)
+        if (cu_matmul(be, outs[i], x, n, ts[i], e))
+            return -1;
+    return 0;
+}
+
+/* x += y; out = rmsnorm(x): one launch instead of add + rmsnorm. */
+static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
+                           const float *w, int n, int dim, float eps)
+{
+    struct cuda_backend *c = cb(be);
+    const float *dw = dev_vec(c, w, "rmsnorm");
+    if (!dw || c->err[0])
+        return;
+    if (c->fuse)
+        fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps));
+    else if (!fail_cuda(c, "add", cuk_add(c->stream, x, y, (size_t)n * dim)))
+        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps));
+}
+
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
                        int dim, float eps)
 {
@@ -588,33 +698,42 @@ static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int
         fail_cuda(c, "add_bias", cuk_add_bias(c->stream, x, db, n, dim));
 }
 
-static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
-                    const float *inv_freq, bool interleaved)
+/* The device copy of the RoPE frequency table, copied again only when it
+ * changed; NULL (with the failure kept) on error. */
+static const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int half)
 {
-    struct cuda_backend *c = cb(be);
-    if (c->err[0])
-        return;
-    int half = head_dim / 2;
     if (half != c->invf_n || memcmp(c->invf_host, inv_freq, sizeof(float) * (size_t)half)) {
         if (c->capturing) {
             fail_msg(c, "rope: the frequency table changed while recording a graph");
-            return;
+            return NULL;
         }
         float *h = realloc(c->invf_host, sizeof(float) * (size_t)(half ? half : 1));
         float *d = dbuf_get(c, &c->invf, sizeof(float) * (size_t)(half ? half : 1), "rope table");
         if (!h || !d) {
             fail_msg(c, "rope: out of memory");
-            return;
+            return NULL;
         }
         c->invf_host = h;
         memcpy(h, inv_freq, sizeof(float) * (size_t)half);
         c->invf_n = half;
         if (fail_cuda(c, "copy rope table", cudaMemcpyAsync(d, h, sizeof(float) * (size_t)half,
                                                             cudaMemcpyHostToDevice, c->stream)))
-            return;
+            return NULL;
     }
+    return c->invf.p;
+}
+
+static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
+                    const float *inv_freq, bool interleaved)
+{
+    struct cuda_backend *c = cb(be);
+    if (c->err[0])
+        return;
+    const float *invf = dev_invf(c, inv_freq, head_dim / 2);
+    if (!invf)
+        return;
     fail_cuda(c, "rope", cuk_rope(c->stream, x, n, n_heads, head_dim, pos0,
-                                  c->capturing ? (const int *)c->step.p : NULL, c->invf.p,
+                                  c->capturing ? (const int *)c->step.p : NULL, invf,
                                   interleaved));
 }
 
@@ -687,6 +806,37 @@ static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct k
     if (tab)
         fail_cuda(c, "kv_store", cuk_kv_store(c->stream, pool->k, pool->v, tab, &g,
                                               c->capturing ? (const int *)c->step.p : NULL, k, v));
+}
+
+/* rope(q), rope(k), kv_store(k, v) in one launch. */
+static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float *v, int n,
+                             int n_heads, int n_kv_heads, int head_dim, int pos0,
+                             const float *inv_freq, bool interleaved, struct kv_pool *pool,
+                             const struct kv_seq *seq, int layer)
+{
+    struct cuda_backend *c = cb(be);
+    if (c->err[0])
+        return;
+    if (!c->fuse || n_kv_heads * head_dim != pool->kv_dim) {
+        cu_rope(be, q, n, n_heads, head_dim, pos0, inv_freq, interleaved);
+        cu_rope(be, k, n, n_kv_heads, head_dim, pos0, inv_freq, interleaved);
+        cu_kv_store(be, pool, seq, layer, k, v, n, pos0);
+        return;
+    }
+    if (pos0 + n > seq->n_blocks * pool->block_size) {
+        fail_msg(c, "kv_store: positions beyond the sequence's blocks");
+        return;
+    }
+    const float *invf = dev_invf(c, inv_freq, head_dim / 2);
+    const int *tab = invf ? dev_table(c, seq) : NULL;
+    if (!tab)
+        return;
+    struct cuk_attn g = attn_geom(pool, layer, n, pos0);
+    g.n_kv_heads = n_kv_heads;
+    fail_cuda(c, "rope_kv_store",
+              cuk_rope_kv_store(c->stream, q, k, v, pool->k, pool->v, tab, &g, n_heads, head_dim,
+                                c->capturing ? (const int *)c->step.p : NULL, invf,
+                                interleaved));
 }
 
 static int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
@@ -785,6 +935,16 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
     use_device(c);
     if (sticky(c, e))
         return -1;
+    if (c->timing && st->n == 1 && st->logits) {
+        c->t_begin = now_s();
+        if (c->t_end > 0) { /* only from one decode step to the next */
+            c->t_gap += (c->t_begin - c->t_end) * 1e3;
+            c->t_gaps++;
+        }
+        c->t_open = cudaEventRecord(c->ev[0], c->stream) == cudaSuccess;
+    } else if (c->timing) {
+        c->t_end = 0;
+    }
     if (!c->graphs || st->n != 1 || !st->logits)
         return 0;
     if (c->eager_decodes < 1 || !c->att_heads) { /* the first decode step warms up */
@@ -863,6 +1023,16 @@ static void cu_destroy(struct backend *be)
     struct cuda_backend *c = cb(be);
     use_device(c);
     cudaStreamSynchronize(c->stream);
+    if (c->timing) {
+        long k = c->t_steps > 0 ? c->t_steps : 1;
+        fprintf(stderr, "%s: timing of %ld decode steps, per step: %.1f us on the GPU before "
+                        "the logits copy, %.1f us logits copy, %.1f us host wall (step_begin to "
+                        "after download), %.1f us host between steps (sampling, loop)\n",
+                c->name, c->t_steps, 1e3 * c->t_gpu / k, 1e3 * c->t_copy / k,
+                1e3 * c->t_wall / k, 1e3 * c->t_gap / (c->t_gaps > 0 ? c->t_gaps : 1));
+        for (int i = 0; i < 3; i++)
+            cudaEventDestroy(c->ev[i]);
+    }
     for (size_t i = 0; i < c->map_cap; i++) {
         if (c->map[i].mem)
             cudaFree(c->map[i].mem);
@@ -875,6 +1045,10 @@ static void cu_destroy(struct backend *be)
         cudaFreeHost(c->h_step);
     if (c->blas_ws)
         cudaFree(c->blas_ws);
+    if (c->am_ws)
+        cudaFree(c->am_ws);
+    if (c->am_host)
+        cudaFreeHost(c->am_host);
     /* Buffers callers did not free (they should have) go with the backend. */
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
@@ -895,6 +1069,7 @@ static const struct backend_ops cuda_ops = {
     .alloc = cu_alloc,
     .free = cu_free,
     .download = cu_download,
+    .argmax = cu_argmax,
     .embed = cu_embed,
     .matmul = cu_matmul,
     .rmsnorm = cu_rmsnorm,
@@ -904,6 +1079,9 @@ static const struct backend_ops cuda_ops = {
     .attention = cu_attention,
     .silu_mul = cu_silu_mul,
     .add = cu_add,
+    .matmul_multi = cu_matmul_multi,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .rope_kv_store = cu_rope_kv_store,
     .load_weights = cu_load_weights,
     .finish = cu_finish,
     .upload = cu_upload,
@@ -980,10 +1158,30 @@ struct backend *backend_cuda_create(int device, struct err *e)
         free(c);
         return NULL;
     }
+    /* The argmax's workspace and pinned result, zeroed once. */
+    if (cudaMalloc(&c->am_ws, CUK_ARGMAX_WS_BYTES) != cudaSuccess ||
+        cudaMemsetAsync(c->am_ws, 0, CUK_ARGMAX_WS_BYTES, c->stream) != cudaSuccess ||
+        cudaHostAlloc((void **)&c->am_host, sizeof(int), 0) != cudaSuccess) {
+        err_set(e, "cuda:%d: cannot allocate the argmax buffers", device);
+        if (c->am_ws)
+            cudaFree(c->am_ws);
+        cudaFree(c->blas_ws);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return NULL;
+    }
     const char *p = getenv("CLLM_CUDA_PRECISE");
     c->precise = p && *p && strcmp(p, "0") != 0;
     p = getenv("CLLM_COMPILED_DECODE");
     c->graphs = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_FUSE");
+    c->fuse = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_TIMING");
+    c->timing = p && *p && strcmp(p, "0") != 0;
+    for (int i = 0; i < 3 && c->timing; i++)
+        if (cudaEventCreate(&c->ev[i]) != cudaSuccess)
+            c->timing = false;
     c->be.ops = &cuda_ops;
     c->be.impl = c;
     return &c->be;

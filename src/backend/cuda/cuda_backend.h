@@ -41,6 +41,10 @@ cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table
 /* out = x / rms(x) * w row-wise; out may equal x. */
 cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w, int n,
                         int dim, float eps);
+/* x += y, then out = x / rms(x) * w, in one launch (the same arithmetic as
+ * cuk_add then cuk_rmsnorm); out may equal y, not x. */
+cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *y, const float *w,
+                            int n, int dim, float eps);
 cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, int n, int dim);
 cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n);
 cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n);
@@ -52,6 +56,13 @@ cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim,
 cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const int *table,
                          const struct cuk_attn *g, const int *dpos, const float *k,
                          const float *v);
+/* cuk_rope of q (n_heads) and k (g->n_kv_heads heads of head_dim) at
+ * positions g->pos0.. (or *dpos..), then cuk_kv_store of the rotated k and
+ * v, in one launch with the same results. */
+cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v, float *kc,
+                              float *vc, const int *table, const struct cuk_attn *g, int n_heads,
+                              int head_dim, const int *dpos, const float *inv_freq,
+                              int interleaved);
 
 /* Splits of the key range attention uses for n queries of n_heads heads
  * over at most kv_cap keys on a GPU with n_sms multiprocessors (1 = no
@@ -70,6 +81,11 @@ cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const floa
 /* out[n][rows] = x[n][cols] . W^T for n <= CUK_GEMV_MAX, f32 accumulation,
  * any weight dtype. */
 cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int n, const struct cuk_weight *w);
+/* outs[i][n][ws[i]->rows] = x[n][cols] . W_i^T for k <= 3 matrices of one
+ * f16/bf16 dtype and one cols, in one launch, with cuk_gemv's arithmetic;
+ * cudaErrorNotSupported (nothing launched) for other shapes or dtypes. */
+cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
+                           const struct cuk_weight *const *ws, int k);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);
@@ -78,6 +94,13 @@ cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_
 /* Q8_0 repack on the device: src holds nrows*cols/32 GGUF blocks (34 bytes). */
 cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const void *src,
                           size_t n_blocks);
+
+/* Bytes of device workspace cuk_argmax takes; zeroed once before first use
+ * (the kernel leaves it re-armed). */
+#define CUK_ARGMAX_WS_BYTES (128 * 8 + 16)
+/* *out (device) = index of the largest of x[0..n), the lowest on ties; NaNs
+ * are skipped (0 when nothing compares). One launch. */
+cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws);
 
 #ifdef __cplusplus
 }

@@ -45,14 +45,12 @@ static __device__ __forceinline__ float dot8(const float *w, const float *x)
     return s;
 }
 
-/* 2-byte weights (BF: bf16, else f16); cols % 8 == 0, 16-byte aligned rows. */
+/* One output row of a 2-byte-weight GEMV (BF: bf16, else f16), computed by
+ * one warp; cols % 8 == 0, 16-byte aligned rows. */
 template <bool BF, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_h(float *out, const float *x, const uint16_t *w, int rows, int cols)
+static __device__ __forceinline__ void gemv_row_h(float *out, const float *x, const uint16_t *w,
+                                                  int rows, int cols, int row, int lane)
 {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= rows)
-        return;
     const uint4 *wr = (const uint4 *)(w + (size_t)row * cols);
     int nv = cols / 8;
     float acc[NT];
@@ -77,6 +75,43 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         if (lane == 0)
             out[(size_t)j * rows + row] = v;
     }
+}
+
+template <bool BF, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_h(float *out, const float *x, const uint16_t *w, int rows, int cols)
+{
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    gemv_row_h<BF, NT>(out, x, w, rows, cols, row, lane);
+}
+
+/* Up to 3 matrices of the same cols and dtype over the same x in one launch
+ * (q/k/v, gate/up): warps take rows of the concatenation. */
+struct gemv3 {
+    float *out[3];
+    const uint16_t *w[3];
+    int rows[3];
+};
+
+template <bool BF, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_h3(struct gemv3 p, const float *x, int cols)
+{
+    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row < p.rows[0]) {
+        gemv_row_h<BF, NT>(p.out[0], x, p.w[0], p.rows[0], cols, row, lane);
+        return;
+    }
+    row -= p.rows[0];
+    if (row < p.rows[1]) {
+        gemv_row_h<BF, NT>(p.out[1], x, p.w[1], p.rows[1], cols, row, lane);
+        return;
+    }
+    row -= p.rows[1];
+    if (row < p.rows[2])
+        gemv_row_h<BF, NT>(p.out[2], x, p.w[2], p.rows[2], cols, row, lane);
 }
 
 /* Q8_0 repacked: int8 quants [rows][cols], f16 scales [rows][cols/32]. */
@@ -181,6 +216,47 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
     case 6: launch<6>(s, out, x, w, vec); break;
     case 7: launch<7>(s, out, x, w, vec); break;
     default: launch<8>(s, out, x, w, vec); break;
+    }
+    return cudaGetLastError();
+}
+
+template <int NT>
+static void launch3(cudaStream_t s, const struct gemv3 *p, const float *x, int cols, bool bf)
+{
+    long total = (long)p->rows[0] + p->rows[1] + p->rows[2];
+    unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
+    if (bf)
+        k_gemv_h3<true, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(*p, x, cols);
+    else
+        k_gemv_h3<false, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(*p, x, cols);
+}
+
+extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
+                                      const struct cuk_weight *const *ws, int k)
+{
+    if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3)
+        return cudaErrorInvalidValue;
+    struct gemv3 p = {{NULL, NULL, NULL}, {NULL, NULL, NULL}, {0, 0, 0}};
+    int dt = ws[0]->dtype, cols = ws[0]->cols;
+    if ((dt != DT_BF16 && dt != DT_F16) || cols % 8 || ((uintptr_t)x & 15))
+        return cudaErrorNotSupported;
+    for (int i = 0; i < k; i++) {
+        if (ws[i]->dtype != dt || ws[i]->cols != cols || ((uintptr_t)ws[i]->data & 15))
+            return cudaErrorNotSupported;
+        p.out[i] = outs[i];
+        p.w[i] = (const uint16_t *)ws[i]->data;
+        p.rows[i] = ws[i]->rows;
+    }
+    bool bf = dt == DT_BF16;
+    switch (n) {
+    case 1: launch3<1>(s, &p, x, cols, bf); break;
+    case 2: launch3<2>(s, &p, x, cols, bf); break;
+    case 3: launch3<3>(s, &p, x, cols, bf); break;
+    case 4: launch3<4>(s, &p, x, cols, bf); break;
+    case 5: launch3<5>(s, &p, x, cols, bf); break;
+    case 6: launch3<6>(s, &p, x, cols, bf); break;
+    case 7: launch3<7>(s, &p, x, cols, bf); break;
+    default: launch3<8>(s, &p, x, cols, bf); break;
     }
     return cudaGetLastError();
 }

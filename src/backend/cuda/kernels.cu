@@ -5,6 +5,7 @@
  * same oracle contract. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -31,15 +32,22 @@ extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_we
 /* ---- RMSNorm ---- */
 
 /* One warp per row (small rows: q/k norm over a head). */
-__global__ void k_rmsnorm_warp(float *out, const float *x, const float *w, int n, int dim,
-                               float eps)
+/* y (may be NULL): x += y first (the residual add fused in); each thread
+ * reads y[j] before it writes out[j], so out may equal y (or x). */
+__global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float *w, int n,
+                               int dim, float eps)
 {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= n)
         return;
-    const float *xr = x + (size_t)row * dim;
+    float *xr = x + (size_t)row * dim;
     float *o = out + (size_t)row * dim;
     double ss = 0;
+    if (y) {
+        const float *yr = y + (size_t)row * dim;
+        for (int j = lane; j < dim; j += 32)
+            xr[j] += yr[j];
+    }
     for (int j = lane; j < dim; j += 32)
         ss += (double)xr[j] * xr[j];
     ss = cuk_warp_sum_d(ss);
@@ -49,12 +57,18 @@ __global__ void k_rmsnorm_warp(float *out, const float *x, const float *w, int n
 }
 
 /* One block per row (hidden-size rows). */
-__global__ void k_rmsnorm_block(float *out, const float *x, const float *w, int dim, float eps)
+__global__ void k_rmsnorm_block(float *out, float *x, const float *y, const float *w, int dim,
+                                float eps)
 {
     __shared__ double part[32];
-    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     double ss = 0;
+    if (y) {
+        const float *yr = y + (size_t)blockIdx.x * dim;
+        for (int j = threadIdx.x; j < dim; j += blockDim.x)
+            xr[j] += yr[j];
+    }
     for (int j = threadIdx.x; j < dim; j += blockDim.x)
         ss += (double)xr[j] * xr[j];
     ss = cuk_warp_sum_d(ss);
@@ -78,9 +92,19 @@ extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, c
                                    int n, int dim, float eps)
 {
     if (dim <= 512)
-        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, x, w, n, dim, eps);
+        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, (float *)x, NULL, w, n, dim, eps);
     else
-        k_rmsnorm_block<<<n, 256, 0, s>>>(out, x, w, dim, eps);
+        k_rmsnorm_block<<<n, 256, 0, s>>>(out, (float *)x, NULL, w, dim, eps);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *y,
+                                       const float *w, int n, int dim, float eps)
+{
+    if (dim <= 512)
+        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, x, y, w, n, dim, eps);
+    else
+        k_rmsnorm_block<<<n, 256, 0, s>>>(out, x, y, w, dim, eps);
     return cudaGetLastError();
 }
 
@@ -163,6 +187,57 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
     return cudaGetLastError();
 }
 
+/* RoPE of q and k in one launch (the arithmetic of k_rope), and the rotated
+ * k with v written into the paged cache (what k_kv_store writes). Threads
+ * [0, nq) take q pairs, the rest k pairs (and the same two entries of v). */
+__global__ void k_rope_kv_store(float *q, float *k, const float *v, float *kc, float *vc,
+                                const int *table, struct cuk_attn g, int n_heads, int head_dim,
+                                int pos0, const int *dpos, const float *inv_freq, int interleaved)
+{
+    if (dpos)
+        pos0 = *dpos;
+    int half = head_dim / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t nq = (size_t)g.n * n_heads * half, nk = (size_t)g.n * g.n_kv_heads * half;
+    if (idx >= nq + nk)
+        return;
+    bool is_k = idx >= nq;
+    size_t j = is_k ? idx - nq : idx;
+    int heads = is_k ? g.n_kv_heads : n_heads;
+    int f = (int)(j % half);
+    size_t rh = j / half; /* row * heads + head */
+    int i = (int)(rh / heads);
+    float ang = (float)(pos0 + i) * inv_freq[f];
+    float cs = cosf(ang), sn = sinf(ang);
+    float *x = (is_k ? k : q) + rh * head_dim;
+    int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
+    float x0 = x[a], x1 = x[b];
+    float ra = x0 * cs - x1 * sn, rb = x1 * cs + x0 * sn;
+    x[a] = ra;
+    x[b] = rb;
+    if (!is_k)
+        return;
+    int head = (int)(rh % heads);
+    size_t off = cuk_kv_offset(&g, table, pos0 + i) + (size_t)head * head_dim;
+    const float *vr = v + rh * head_dim;
+    kc[off + a] = ra;
+    kc[off + b] = rb;
+    vc[off + a] = vr[a];
+    vc[off + b] = vr[b];
+}
+
+extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v,
+                                         float *kc, float *vc, const int *table,
+                                         const struct cuk_attn *g, int n_heads, int head_dim,
+                                         const int *dpos, const float *inv_freq, int interleaved)
+{
+    size_t total = (size_t)g->n * (n_heads + g->n_kv_heads) * (head_dim / 2);
+    k_rope_kv_store<<<blocks_for(total, 256), 256, 0, s>>>(q, k, v, kc, vc, table, *g, n_heads,
+                                                           head_dim, g->pos0, dpos, inv_freq,
+                                                           interleaved);
+    return cudaGetLastError();
+}
+
 /* ---- paged KV store ---- */
 
 __global__ void k_kv_store(float *kc, float *vc, const int *table, struct cuk_attn g,
@@ -237,5 +312,87 @@ extern "C" cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scale
 {
     k_q8_repack<<<blocks_for(n_blocks, 256), 256, 0, s>>>(qs, scales, (const uint8_t *)src,
                                                           n_blocks);
+    return cudaGetLastError();
+}
+
+/* ---- greedy argmax ---- */
+
+#define AM_BLOCKS 128
+#define AM_THREADS 256
+
+/* Keeps (bv, bi) the larger value, the lower index on ties; NaN never wins. */
+static __device__ __forceinline__ void am_better(float &bv, int &bi, float v, int i)
+{
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+static __device__ __forceinline__ void am_block(float &bv, int &bi, float *sv, int *si)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        int j = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_better(bv, bi, v, j);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    __syncthreads(); /* sv/si may still be read from a previous round */
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            am_better(bv, bi, sv[w], si[w]);
+}
+
+/* Each block reduces a strided share into ws; the last block to finish
+ * reduces the blocks' results, writes the index and re-arms the counter. */
+__global__ void __launch_bounds__(AM_THREADS)
+    k_argmax(int *out, const float *x, int n, float *pv, int *pi, unsigned *count)
+{
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ int si[AM_THREADS / 32];
+    __shared__ bool last;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        am_better(bv, bi, x[i], i);
+    am_block(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    bv = -INFINITY;
+    bi = INT_MAX;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
+        am_better(bv, bi, ((volatile float *)pv)[b], ((volatile int *)pi)[b]);
+    am_block(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        *out = bi == INT_MAX ? 0 : bi;
+        *count = 0;
+    }
+}
+
+extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws)
+{
+    if (n < 1)
+        return cudaErrorInvalidValue;
+    int blocks = (n + AM_THREADS - 1) / AM_THREADS;
+    if (blocks > AM_BLOCKS)
+        blocks = AM_BLOCKS;
+    float *pv = (float *)ws;
+    int *pi = (int *)(pv + AM_BLOCKS);
+    unsigned *count = (unsigned *)(pi + AM_BLOCKS);
+    k_argmax<<<blocks, AM_THREADS, 0, s>>>(out, x, n, pv, pi, count);
     return cudaGetLastError();
 }
