@@ -788,16 +788,49 @@ static void check_errors(void)
     backend_destroy(be);
 }
 
+/* The module loader (backend.c), which runs on GPU-less CI machines too: a
+ * CUDA build finds libcllm_cuda.so next to this binary, dlopens it and gets
+ * the driver's device count (0 and a "no CUDA device found" reason without
+ * a GPU); a build without CUDA says so. */
+static void check_module(void)
+{
+    struct err e = {{0}};
+    int n = backend_cuda_module_device_count(&e);
+    const char *path = backend_cuda_module_path();
+#ifdef CLLM_HAVE_CUDA
+    CHECK(n >= 0 && path != NULL, "CUDA module not loaded: %s", e.msg);
+    CHECK(!path || strstr(path, "libcllm_cuda.so"), "module path %s", path);
+    CHECK(n > 0 || strstr(e.msg, "no CUDA device found"), "0 devices without a reason: \"%s\"",
+          e.msg);
+    printf("test_cuda: module %s: %d device(s)%s%s\n", path ? path : "?", n, n ? "" : ": ",
+           n ? "" : e.msg);
+    if (n == 0) {
+        struct err e2 = {{0}};
+        struct backend *be = backend_cuda_create(0, &e2);
+        CHECK(be == NULL && strstr(e2.msg, "no CUDA device found"), "cuda:0 without a GPU: %s",
+              e2.msg);
+        backend_destroy(be);
+        struct backend *a = backend_create("auto", 1, &e2);
+        CHECK(a != NULL && !strcmp(a->ops->name, "cpu"), "auto without a GPU: %s", e2.msg);
+        backend_destroy(a);
+    }
+#else
+    CHECK(n == -1 && path == NULL && strstr(e.msg, "no CUDA backend"), "no-CUDA build: %d %s",
+          n, e.msg);
+#endif
+}
+
 int main(void)
 {
     fixtures_dir = getenv("CLLM_FIXTURES_DIR") ? getenv("CLLM_FIXTURES_DIR") : CLLM_FIXTURES_DIR;
     shared_dir = getenv("CLLM_SHARED_DIR") ? getenv("CLLM_SHARED_DIR") : CLLM_SHARED_DIR;
+    check_module();
     if (backend_cuda_device_count() == 0) {
         struct err e = {{0}};
         struct backend *be = backend_cuda_create(0, &e);
         backend_destroy(be);
         printf("test_cuda: skipped: no GPU (%s)\n", e.msg);
-        return 0;
+        return test_summary("test_cuda");
     }
     struct err e = {{0}};
     struct backend *cpu = backend_cpu_create(2, &e);

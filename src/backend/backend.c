@@ -1,6 +1,8 @@
 /* backend.c - choosing a backend by name ("cpu", "cuda[:N]", "auto") and the
- * small helpers over the optional ops; the CUDA entry points are stubs that
- * explain themselves when the build has no CUDA backend. */
+ * small helpers over the optional ops. The CUDA backend lives in a module
+ * (libcllm_cuda.so, see backend/cuda/cuda_module.h) loaded with dlopen the
+ * first time a CUDA device is asked for, so a CPU run never maps cudart or
+ * cuBLAS; builds without CUDA get stubs that explain themselves. */
 #include "backend/backend.h"
 
 #include <errno.h>
@@ -18,6 +20,146 @@ struct backend *backend_cuda_create(int device, struct err *e)
 }
 
 int backend_cuda_device_count(void) { return 0; }
+
+int backend_cuda_module_device_count(struct err *e)
+{
+    err_set(e, "this build has no CUDA backend");
+    return -1;
+}
+
+const char *backend_cuda_module_path(void) { return NULL; }
+#else
+#include <dlfcn.h>
+#include <glob.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "backend/cuda/cuda_module.h"
+
+static pthread_once_t mod_once = PTHREAD_ONCE_INIT;
+static const struct cllm_cuda_module *mod;
+static char mod_path[4096];
+static struct err mod_err;
+
+static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
+
+/* Tries one candidate: 1 loaded, 0 absent, -1 present but unusable (mod_err
+ * says why; the search stops there rather than hiding the reason). */
+static int try_module(const char *path)
+{
+    if (!file_exists(path))
+        return 0;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        err_set(&mod_err, "CUDA backend module %s cannot be loaded: %s", path, dlerror());
+        return -1;
+    }
+    cllm_cuda_module_fn fn;
+    void *sym = dlsym(h, CLLM_CUDA_MODULE_SYMBOL);
+    memcpy(&fn, &sym, sizeof fn); /* object to function pointer, as POSIX allows */
+    const struct cllm_cuda_module *m = fn ? fn() : NULL;
+    if (!m || m->abi != CLLM_CUDA_MODULE_ABI || m->err_size != sizeof(struct err) ||
+        m->ops_size != sizeof(struct backend_ops)) {
+        err_set(&mod_err, "CUDA backend module %s is not one this cllm can use (%s); rebuild it "
+                          "with the binary", path, !fn ? "no " CLLM_CUDA_MODULE_SYMBOL " entry"
+                                                        : "built for another version");
+        dlclose(h);
+        return -1;
+    }
+    /* Never closed: the CUDA runtime does not take well to being unloaded. */
+    mod = m;
+    snprintf(mod_path, sizeof mod_path, "%s", path);
+    return 1;
+}
+
+/* Looks next to the executable, then at $CLLM_CUDA_MODULE, then at the
+ * path the build wrote it to. */
+static void load_module(void)
+{
+    char cand[3][4096] = {{0}};
+    int n = 0;
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(cand[n++], sizeof cand[0], "%s/%s", exe, CLLM_CUDA_MODULE_NAME);
+        }
+    }
+    const char *env = getenv("CLLM_CUDA_MODULE");
+    if (env && *env)
+        snprintf(cand[n++], sizeof cand[0], "%s", env);
+#ifdef CLLM_CUDA_MODULE_PATH
+    snprintf(cand[n++], sizeof cand[0], "%s", CLLM_CUDA_MODULE_PATH);
+#endif
+    char looked[3 * 4096 + 16] = "";
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++)
+            seen = seen || !strcmp(cand[i], cand[j]);
+        if (seen)
+            continue;
+        int rc = try_module(cand[i]);
+        if (rc != 0)
+            return;
+        size_t l = strlen(looked);
+        snprintf(looked + l, sizeof looked - l, "%s%s", l ? ", " : "", cand[i]);
+    }
+    err_set(&mod_err, "CUDA backend module not found (looked in %s); set CLLM_CUDA_MODULE to the "
+                      "path of " CLLM_CUDA_MODULE_NAME " or use --device cpu",
+            n ? looked : "no place");
+}
+
+static const struct cllm_cuda_module *module_get(struct err *e)
+{
+    pthread_once(&mod_once, load_module);
+    if (!mod)
+        err_set(e, "%s", mod_err.msg);
+    return mod;
+}
+
+/* Whether an NVIDIA driver is visible at all (device nodes, the driver's
+ * proc entry, or WSL's /dev/dxg): "auto" asks this before paying for the
+ * module and the CUDA libraries. */
+static bool nvidia_present(void)
+{
+    if (file_exists("/proc/driver/nvidia") || file_exists("/dev/nvidiactl") ||
+        file_exists("/dev/dxg"))
+        return true;
+    glob_t g;
+    bool any = glob("/dev/nvidia[0-9]*", GLOB_NOSORT, NULL, &g) == 0 && g.gl_pathc > 0;
+    globfree(&g);
+    return any;
+}
+
+struct backend *backend_cuda_create(int device, struct err *e)
+{
+    const struct cllm_cuda_module *m = module_get(e);
+    return m ? m->create(device, e) : NULL;
+}
+
+int backend_cuda_device_count(void)
+{
+    if (!nvidia_present())
+        return 0;
+    struct err e;
+    const struct cllm_cuda_module *m = module_get(&e);
+    return m ? m->device_count(&e) : 0;
+}
+
+int backend_cuda_module_device_count(struct err *e)
+{
+    const struct cllm_cuda_module *m = module_get(e);
+    return m ? m->device_count(e) : -1;
+}
+
+const char *backend_cuda_module_path(void)
+{
+    pthread_once(&mod_once, load_module);
+    return mod ? mod_path : NULL;
+}
 #endif
 
 struct backend *backend_create(const char *device, int n_threads, struct err *e)

@@ -129,11 +129,24 @@ struct backend {
 
 /* n_threads <= 0: all online CPUs. */
 struct backend *backend_cpu_create(int n_threads, struct err *e);
-/* The CUDA backend on GPU `device`. Fails with a message when the build has
- * no CUDA backend or no such device exists. */
+/* The CUDA backend on GPU `device`, from the CUDA backend module
+ * (libcllm_cuda.so, dlopened on first use: next to the executable, then
+ * $CLLM_CUDA_MODULE, then where the build put it). Fails with a message when
+ * the build has no CUDA backend, the module is missing or cannot be loaded,
+ * or no such device exists. */
 struct backend *backend_cuda_create(int device, struct err *e);
-/* CUDA devices usable by this build (0 when it has no CUDA backend). */
+/* CUDA devices usable by this build: 0 when it has no CUDA backend, when no
+ * NVIDIA driver is visible (checked before loading the module, so a CPU-only
+ * machine never loads the CUDA libraries) or when the module cannot be
+ * loaded. */
 int backend_cuda_device_count(void);
+/* Loads the module without the driver check and returns the device count it
+ * reports (0 with e set when none), or -1 with e set when there is no module
+ * to load (tests exercise the loading code this way on GPU-less machines). */
+int backend_cuda_module_device_count(struct err *e);
+/* The path the module was loaded from (loading it if not yet tried), or
+ * NULL (no CUDA build, or not found / not loadable). */
+const char *backend_cuda_module_path(void);
 /* "cpu", "cuda", "cuda:N" or "auto" (the first GPU when one is present, else
  * the CPU); NULL means "cpu". n_threads is for the CPU backend. */
 struct backend *backend_create(const char *device, int n_threads, struct err *e);

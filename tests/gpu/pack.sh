@@ -10,8 +10,10 @@ cd "$(dirname "$0")/../.."
 BUILD=${1:-build-cuda} SHARED=${2:-../shared}
 rm -rf .carry/bin .carry/lib .carry/shared
 mkdir -p .carry/bin .carry/lib .carry/shared/models
-cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" .carry/bin/
-for lib in $(ldd "$BUILD/cllm" | awk '/=>/ {print $3}' | grep -v -E 'cuda|/libc\.|/libm\.|/libdl\.|/libpthread\.|/librt\.|/libstdc\+\+|/libgcc_s'); do
+# libcllm_cuda.so (the CUDA backend module, dlopened by --device cuda) goes
+# next to the binaries, where they look for it first.
+cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" "$BUILD/libcllm_cuda.so" .carry/bin/
+for lib in $(ldd "$BUILD/cllm" "$BUILD/libcllm_cuda.so" | awk '/=>/ {print $3}' | sort -u | grep -v -E 'cuda|cublas|/libc\.|/libm\.|/libdl\.|/libpthread\.|/librt\.|/libstdc\+\+|/libgcc_s'); do
     cp -L "$lib" .carry/lib/
 done
 cp -r "$SHARED/models/stories260K" "$SHARED/models/tinystories-656k" .carry/shared/models/
@@ -22,10 +24,11 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p /tmp/cllm-lib
 cuda=""; for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib /usr/local/cuda/lib; do [ -e "$d/libcublas.so.13" ] && { cuda=$d; break; }; done; [ -n "$cuda" ] || cuda=$(dirname "$(find / -xdev -name "libcublas.so.13*" 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for m in $(ldd "$here/bin/cllm" | awk '/not found/ {print $1}'); do ln -sf "$here/lib/$m" /tmp/cllm-lib/; done
+for m in $(ldd "$here/bin/cllm" "$here/bin/libcllm_cuda.so" | awk '/not found/ {print $1}' | sort -u); do ln -sf "$here/lib/$m" /tmp/cllm-lib/; done
 export LD_LIBRARY_PATH="/tmp/cllm-lib:$LD_LIBRARY_PATH"
 echo "libraries taken from .carry/lib: $(ls /tmp/cllm-lib | tr '\n' ' ')"
-ldd "$here/bin/cllm" | grep -E "not found|cublas|cudart" || true
+# cllm links no CUDA library; the module it dlopens for --device cuda does.
+ldd "$here/bin/cllm" "$here/bin/libcllm_cuda.so" | grep -E "not found|cublas|cudart|:$" || true
 exec "$@"
 EOS
 chmod +x .carry/bin/env.sh

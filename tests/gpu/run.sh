@@ -10,7 +10,7 @@
 # TESTS=0 skips 1-2, SANITIZE=0 skips 4, EAGER=0 times only the default
 # (CUDA-graph) decode; SANITIZE_TOOLS, SANITIZE_N choose the sanitizer runs.
 # Usage: tests/gpu/run.sh BIN_DIR SHARED_DIR [BENCH_SHAPES]
-#   BIN_DIR holds cllm, test_cuda, gen_model (built with CUDA);
+#   BIN_DIR holds cllm, test_cuda, gen_model and libcllm_cuda.so (built with CUDA);
 #   SHARED_DIR holds models/stories260K and models/tinystories-656k;
 #   BENCH_SHAPES: gen_model shapes to time (default "qwen3-0.6b").
 # Prints a summary table last; exits non-zero if a correctness step failed.

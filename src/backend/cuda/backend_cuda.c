@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_module.h"
 #include "model/model.h"
 
 /* Bytes of f32 weights one chunk of the widening path may take. */
@@ -1090,17 +1091,21 @@ static const struct backend_ops cuda_ops = {
     .mem_info = cu_mem_info,
 };
 
-int backend_cuda_device_count(void)
+static int cuda_device_count(struct err *e)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        err_set(e, "no CUDA device found (%s)", cudaGetErrorString(err));
         cudaGetLastError();
         return 0;
     }
+    if (n == 0)
+        err_set(e, "no CUDA device found (the driver reports none)");
     return n;
 }
 
-struct backend *backend_cuda_create(int device, struct err *e)
+static struct backend *cuda_create(int device, struct err *e)
 {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -1185,4 +1190,17 @@ struct backend *backend_cuda_create(int device, struct err *e)
     c->be.ops = &cuda_ops;
     c->be.impl = c;
     return &c->be;
+}
+
+/* The module's only exported symbol (see cuda_module.h). */
+__attribute__((visibility("default"))) const struct cllm_cuda_module *cllm_cuda_module(void)
+{
+    static const struct cllm_cuda_module m = {
+        .abi = CLLM_CUDA_MODULE_ABI,
+        .err_size = sizeof(struct err),
+        .ops_size = sizeof(struct backend_ops),
+        .device_count = cuda_device_count,
+        .create = cuda_create,
+    };
+    return &m;
 }
