@@ -242,7 +242,10 @@ int main(void)
     for (int i = 0; i < 256; i++)
         want[i] = (int)json_integer_value(json_array_get(json_object_get(c, "generated_ids"), i));
 
-    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 2};
+    /* --batch 1 (strict serial): the queue-bound and waiter checks below
+     * rely on one request running while the others wait. */
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 2,
+                                .max_running = 1};
     struct engine *eng = engine_create(&m, &cfg, &e);
     CHECK(eng != NULL, "engine_create: %s", e.msg);
     if (!eng)

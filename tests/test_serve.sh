@@ -98,7 +98,7 @@ check '[ $rc -eq 2 ] && grep -q "CLLM_MAX_QUEUE" "$tmp/e"' "bad CLLM_MAX_QUEUE: 
 check '[ "$(curl -s $B/health | jq -r .status)" = ok ]' "/health"
 check '[ "$(curl -s $B/v1/models | jq -r ".data[0].id")" = stories260K ]' "/v1/models"
 curl -s "$B/stats" >"$tmp/stats"
-check 'jq -e ".running == 0 and .queue.waiting == 0 and .queue.max == 64 and .kv.blocks_total > 0 and .model.vocab_size == 512 and .batch.mode == \"off\" and .uptime_s >= 0" "$tmp/stats" >/dev/null' "/stats fields: $(cat "$tmp/stats")"
+check 'jq -e ".running == 0 and .queue.waiting == 0 and .queue.max == 64 and .kv.blocks_total > 0 and .model.vocab_size == 512 and .batch.mode == \"batch\" and .batch.max_running == 8 and .batch.kv_budget_bytes == null and .uptime_s >= 0" "$tmp/stats" >/dev/null' "/stats fields: $(cat "$tmp/stats")"
 
 # ---- chat completions: greedy, max_tokens -> length, usage = tokenizer counts ----
 want_prompt=$(ntok "$STORIES" $'user: Zoo\nassistant:')
@@ -262,7 +262,9 @@ else
     node "$HERE/serve/gen_fixture.mjs" "$SHARED" "$Q" || bad "cannot write the fixture model"
     P2=$(free_port)
     B2="http://127.0.0.1:$P2"
-    if start S2 "$P2" "$Q" CLLM_MAX_QUEUE=1; then
+    # --batch 1 (strict serial): the queue-full checks below need one request
+    # running while the next waits.
+    if start S2 "$P2" "$Q" CLLM_MAX_QUEUE=1 -- --batch 1; then
         node "$HERE/serve/sdk.mjs" "$B2" qwen3-tiny || bad "SDK checks on the qwen3 fixture"
         # prompt tokens = the chat template rendered by cllm template, tokenized
         printf '[{"role":"user","content":"Hello there"}]' >"$tmp/m.json"

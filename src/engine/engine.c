@@ -1,7 +1,8 @@
 /* engine.c - the engine thread, its bounded FIFO queue and the per-request
- * event channels. Generation is serial for now: the thread takes the oldest
- * request, prefills it chunk by chunk, then decodes token by token, checking
- * the request's cancel flag before every forward pass. */
+ * event channels, and the continuous-batching scheduler: each step runs the
+ * decode tokens of all running sequences and prefill chunks of admitted ones
+ * as one ragged batch (forward_batch), checking every request's cancel flag
+ * before it. */
 #include "engine/engine.h"
 
 #include <assert.h>
@@ -49,7 +50,6 @@ struct engine {
     struct forward_state fs;
     struct kv_pool pool;
     struct prefix_cache pc;
-    int *toks;               /* ids behind the running sequence's K/V */
     int *match;              /* prefix_cache_lookup's output */
     float *logits;
 
@@ -57,8 +57,15 @@ struct engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct engine_request *q_head, *q_tail;
-    struct engine_request *current; /* the running request, for shutdown */
-    int queued, running;
+    /* Scheduler state, touched by the engine thread only (the lock guards
+     * the list updates that stats read). run: admission order. pre:
+     * preempted, oldest first; they go before new requests. */
+    struct seq **run, **pre;
+    int n_run, n_pre;
+    uint64_t admitted;
+    struct cand *cands;
+    struct forward_seg *segs;
+    int queued, running;     /* running = n_run + n_pre: the engine holds pool state */
     bool stopping;
     bool cap_pending;        /* engine_set_prompt_cache while running */
     long long cap_bytes;
@@ -227,94 +234,301 @@ static bool is_stop(const struct engine *eng, const struct engine_request *r, in
     return false;
 }
 
-static void run_request(struct engine *eng, struct engine_request *r)
-{
-    struct err e = {{0}};
-    struct kv_seq seq = {0};
+/* ---- scheduler ----
+ *
+ * Every step builds one ragged batch: the decode token of each running
+ * sequence plus prefill chunks of the others (admission order) up to the
+ * step's token budget, and runs it through forward_batch. A sequence's
+ * tokens (prompt, then generated ids) live in seq->toks; its K/V cover
+ * toks[0, kv.n_tokens). Whenever the K/V catch up with toks, the step
+ * returns that sequence's logits and it samples its next token; so decode
+ * is a one-token span and a preempted sequence resumes by recomputing
+ * (mostly from the prefix cache) what it had, then sampling on. */
+
+struct seq {
+    struct engine_request *r;
+    struct kv_seq kv;
     struct sampler smp;
-    int n_gen = 0, vocab = eng->m->cfg.vocab_size;
-    if (sampler_init(&smp, &r->p.sp, vocab, &e)) {
-        finish(r, ENGINE_FINISH_ERROR, 0, e.msg);
-        return;
-    }
-    int max_gen = eng->cfg.ctx_len - r->n_prompt;
-    if (r->p.max_tokens > 0 && r->p.max_tokens < max_gen)
-        max_gen = r->p.max_tokens;
-    enum engine_finish why = ENGINE_FINISH_LENGTH;
-    /* Prefix cache: start on the longest cached chain of full blocks, but
-     * compute at least the last prompt token (its logits are needed). */
-    memcpy(eng->toks, r->prompt, sizeof(int) * (size_t)r->n_prompt);
-    int n_match = prefix_cache_lookup(&eng->pc, r->prompt, r->n_prompt,
-                                      (r->n_prompt - 1) / KV_BLOCK, eng->match);
-    if (n_match > 0 && prefix_cache_attach(&eng->pc, &seq, eng->match, n_match, &e)) {
-        why = ENGINE_FINISH_ERROR;
-        goto out;
-    }
-    r->n_cached = seq.n_tokens;
-    pthread_mutex_lock(&eng->mu);
-    if (eng->pc.max_idle > 0) {
-        if (n_match > 0)
-            eng->st.cache_hits++;
-        else
-            eng->st.cache_misses++;
-        eng->st.cache_tokens += (uint64_t)r->n_cached;
-    }
-    pthread_mutex_unlock(&eng->mu);
-    for (int done = seq.n_tokens; done < r->n_prompt;) {
-        if (atomic_load(&r->cancel)) {
-            why = ENGINE_FINISH_CANCELLED;
-            goto out;
+    int *toks, n_toks;       /* prompt + generated ids */
+    int n_gen, max_gen;
+    uint64_t order;          /* admission order: larger = younger */
+    bool prompt_done;        /* the original prompt was prefilled once */
+};
+
+static void seq_free(struct seq *s)
+{
+    sampler_free(&s->smp);
+    free(s->toks);
+    free(s);
+}
+
+static void list_remove(struct seq **a, int *n, struct seq *s)
+{
+    for (int i = 0; i < *n; i++)
+        if (a[i] == s) {
+            memmove(a + i, a + i + 1, sizeof *a * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
         }
-        int k = r->n_prompt - done;
-        if (k > eng->cfg.prefill_chunk)
-            k = eng->cfg.prefill_chunk;
-        assert(seq.n_tokens == done && kv_seq_writable(&eng->pool, &seq, done));
-        if (forward_tokens(&eng->fs, &eng->pool, &seq, r->prompt + done, k, false, eng->logits, &e)) {
-            why = ENGINE_FINISH_ERROR;
-            goto out;
-        }
-        done += k;
-    }
-    prefix_cache_register(&eng->pc, &seq, eng->toks);
-    pthread_mutex_lock(&eng->mu);
-    eng->st.tokens_prompt += (uint64_t)r->n_prompt;
-    pthread_mutex_unlock(&eng->mu);
-    while (n_gen < max_gen) {
-        if (atomic_load(&r->cancel)) {
-            why = ENGINE_FINISH_CANCELLED;
-            goto out;
-        }
-        int tok = sampler_sample(&smp, eng->logits);
-        if (is_stop(eng, r, tok)) {
-            why = ENGINE_FINISH_STOP;
-            goto out;
-        }
-        n_gen++;
-        struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = n_gen,
-                                  .n_cached = r->n_cached};
-        push_event(r, &ev);
-        if (n_gen == max_gen)
-            break;
-        assert(kv_seq_writable(&eng->pool, &seq, seq.n_tokens));
-        eng->toks[seq.n_tokens] = tok;
-        if (forward_tokens(&eng->fs, &eng->pool, &seq, &tok, 1, false, eng->logits, &e)) {
-            why = ENGINE_FINISH_ERROR;
-            goto out;
-        }
-    }
-out:
-    pthread_mutex_lock(&eng->mu);
-    eng->st.tokens_generated += (uint64_t)n_gen;
-    if (why == ENGINE_FINISH_CANCELLED)
-        eng->st.requests_cancelled++;
-    pthread_mutex_unlock(&eng->mu);
+}
+
+/* Ends a sequence: final event, prefix registration, blocks back at once. */
+static void retire(struct engine *eng, struct seq *s, enum engine_finish why, const char *msg)
+{
+    struct engine_request *r = s->r;
     /* Index every full block computed (prompt and generated), then drop the
      * sequence's references: indexed blocks stay cached, idle. */
-    if (why != ENGINE_FINISH_ERROR)
-        prefix_cache_register(&eng->pc, &seq, eng->toks);
-    finish(r, why, n_gen, why == ENGINE_FINISH_ERROR ? e.msg : NULL);
-    kv_seq_release(&eng->pool, &seq);
-    sampler_free(&smp);
+    if (why != ENGINE_FINISH_ERROR && s->kv.n_blocks > 0)
+        prefix_cache_register(&eng->pc, &s->kv, s->toks);
+    kv_seq_release(&eng->pool, &s->kv);
+    finish(r, why, s->n_gen, msg);
+    pthread_mutex_lock(&eng->mu);
+    eng->st.tokens_generated += (uint64_t)s->n_gen;
+    if (why == ENGINE_FINISH_CANCELLED)
+        eng->st.requests_cancelled++;
+    list_remove(eng->run, &eng->n_run, s);
+    list_remove(eng->pre, &eng->n_pre, s);
+    eng->running = eng->n_run + eng->n_pre;
+    pthread_mutex_unlock(&eng->mu);
+    seq_free(s);
+    engine_request_release(r);
+}
+
+/* Frees the youngest running sequence's blocks (its full blocks stay in
+ * the prefix cache) and requeues it ahead of new requests. */
+static void preempt(struct engine *eng, struct seq *s)
+{
+    prefix_cache_register(&eng->pc, &s->kv, s->toks);
+    kv_seq_release(&eng->pool, &s->kv);
+    pthread_mutex_lock(&eng->mu);
+    list_remove(eng->run, &eng->n_run, s);
+    int i = eng->n_pre; /* oldest first */
+    while (i > 0 && eng->pre[i - 1]->order > s->order) {
+        eng->pre[i] = eng->pre[i - 1];
+        i--;
+    }
+    eng->pre[i] = s;
+    eng->n_pre++;
+    eng->st.preemptions++;
+    pthread_mutex_unlock(&eng->mu);
+}
+
+static int blocks_for(const struct engine *eng, int n_tokens)
+{
+    return (n_tokens + eng->pool.block_size - 1) / eng->pool.block_size;
+}
+
+/* Blocks the running sequences still need to reach their known tokens. */
+static int blocks_outstanding(const struct engine *eng)
+{
+    int n = 0;
+    for (int i = 0; i < eng->n_run; i++) {
+        const struct seq *s = eng->run[i];
+        int need = blocks_for(eng, s->n_toks + 1) - s->kv.n_blocks;
+        n += need > 0 ? need : 0;
+    }
+    return n;
+}
+
+/* A new sequence for a request taken off the queue (engine lock held). */
+static struct seq *seq_new(struct engine *eng, struct engine_request *r, struct err *e)
+{
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s || !(s->toks = malloc(sizeof(int) * (size_t)eng->cfg.ctx_len))) {
+        free(s);
+        err_set(e, "out of memory");
+        return NULL;
+    }
+    if (sampler_init(&s->smp, &r->p.sp, eng->m->cfg.vocab_size, e)) {
+        free(s->toks);
+        free(s);
+        return NULL;
+    }
+    s->r = r;
+    memcpy(s->toks, r->prompt, sizeof(int) * (size_t)r->n_prompt);
+    s->n_toks = r->n_prompt;
+    s->max_gen = eng->cfg.ctx_len - r->n_prompt;
+    if (r->p.max_tokens > 0 && r->p.max_tokens < s->max_gen)
+        s->max_gen = r->p.max_tokens;
+    return s;
+}
+
+/* Admits preempted sequences, then queued requests, in order, while the
+ * batch has room and the pool has blocks for their tokens. Engine lock
+ * held; returns requests that failed to start (their errors in errs). */
+static void admit(struct engine *eng)
+{
+    while (eng->n_run < eng->cfg.max_running) {
+        bool resumed = eng->n_pre > 0;
+        struct seq *s = resumed ? eng->pre[0] : NULL;
+        struct engine_request *r = resumed ? s->r : eng->q_head;
+        if (!r)
+            return;
+        const int *toks = resumed ? s->toks : r->prompt;
+        int n = resumed ? s->n_toks : r->n_prompt;
+        /* Start on the longest cached chain of full blocks, but compute at
+         * least the last known token (its logits are needed). */
+        int n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / KV_BLOCK, eng->match);
+        int avail = eng->pool.n_free + eng->pc.n_idle - blocks_outstanding(eng);
+        if (eng->n_run > 0 && blocks_for(eng, n + 1) - n_match > avail)
+            return; /* wait for blocks */
+        struct err e = {{0}};
+        if (resumed) {
+            memmove(eng->pre, eng->pre + 1, sizeof *eng->pre * (size_t)(eng->n_pre - 1));
+            eng->n_pre--;
+        } else {
+            eng->q_head = r->next;
+            if (!eng->q_head)
+                eng->q_tail = NULL;
+            r->queued = false;
+            eng->queued--;
+            s = seq_new(eng, r, &e);
+            if (!s) {
+                finish(r, ENGINE_FINISH_ERROR, 0, e.msg);
+                engine_request_release(r);
+                continue;
+            }
+            s->order = ++eng->admitted;
+        }
+        if (n_match > 0 && prefix_cache_attach(&eng->pc, &s->kv, eng->match, n_match, &e)) {
+            eng->run[eng->n_run++] = s; /* retire() unlinks it */
+            eng->running = eng->n_run + eng->n_pre;
+            pthread_mutex_unlock(&eng->mu);
+            retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+            pthread_mutex_lock(&eng->mu);
+            continue;
+        }
+        if (!resumed) {
+            r->n_cached = s->kv.n_tokens;
+            if (eng->pc.max_idle > 0) {
+                if (n_match > 0)
+                    eng->st.cache_hits++;
+                else
+                    eng->st.cache_misses++;
+                eng->st.cache_tokens += (uint64_t)r->n_cached;
+            }
+        }
+        eng->run[eng->n_run++] = s;
+        eng->running = eng->n_run + eng->n_pre;
+    }
+}
+
+struct cand {
+    struct seq *s;
+    int n;
+};
+
+/* Samples the sequence's next token from its logits row. */
+static void take_token(struct engine *eng, struct seq *s, const float *logits)
+{
+    struct engine_request *r = s->r;
+    int tok = sampler_sample(&s->smp, logits);
+    if (is_stop(eng, r, tok)) {
+        retire(eng, s, ENGINE_FINISH_STOP, NULL);
+        return;
+    }
+    s->n_gen++;
+    struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = s->n_gen,
+                              .n_cached = r->n_cached};
+    push_event(r, &ev);
+    if (s->n_gen == s->max_gen) {
+        retire(eng, s, ENGINE_FINISH_LENGTH, NULL);
+        return;
+    }
+    s->toks[s->n_toks++] = tok;
+}
+
+/* One engine step over the running sequences. */
+static void engine_step(struct engine *eng)
+{
+    const int vocab = eng->m->cfg.vocab_size;
+    /* Cancellation, every step, running and preempted alike. */
+    for (int i = eng->n_run - 1; i >= 0; i--)
+        if (atomic_load(&eng->run[i]->r->cancel))
+            retire(eng, eng->run[i], ENGINE_FINISH_CANCELLED, NULL);
+    for (int i = eng->n_pre - 1; i >= 0; i--)
+        if (atomic_load(&eng->pre[i]->r->cancel))
+            retire(eng, eng->pre[i], ENGINE_FINISH_CANCELLED, NULL);
+    if (eng->n_run == 0)
+        return;
+    /* Decodes first (one token each), then prefill chunks in admission
+     * order with what is left of the budget. */
+    struct cand *cands = eng->cands;
+    int n_cand = 0, budget = eng->cfg.batch_tokens;
+    for (int i = 0; i < eng->n_run; i++)
+        if (eng->run[i]->n_toks - eng->run[i]->kv.n_tokens == 1)
+            budget--;
+    for (int i = 0; i < eng->n_run; i++) {
+        struct seq *s = eng->run[i];
+        int left = s->n_toks - s->kv.n_tokens, k = 1;
+        if (left > 1) {
+            k = left < eng->cfg.prefill_chunk ? left : eng->cfg.prefill_chunk;
+            if (k > budget)
+                k = budget;
+            if (k <= 0)
+                continue;
+            budget -= k;
+        }
+        cands[n_cand++] = (struct cand){s, k};
+    }
+    /* Blocks for every span, oldest first; on exhaustion preempt the
+     * youngest running sequence rather than fail. */
+    for (int i = 0; i < n_cand; i++) {
+        struct seq *s = cands[i].s;
+        struct err e = {{0}};
+        while (kv_seq_reserve(&eng->pool, &s->kv, s->kv.n_tokens + cands[i].n, &e)) {
+            struct seq *victim = eng->run[eng->n_run - 1];
+            if (eng->n_run == 1) { /* alone and still no room: it can never fit */
+                retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+                return;
+            }
+            for (int j = i; j < n_cand; j++)
+                if (cands[j].s == victim) {
+                    memmove(cands + j, cands + j + 1, sizeof *cands * (size_t)(n_cand - j - 1));
+                    n_cand--;
+                    break;
+                }
+            preempt(eng, victim);
+            if (victim == s)
+                break;
+        }
+        if (i < n_cand && cands[i].s != s)
+            i--; /* s was preempted: cands[i] is the next one */
+    }
+    if (n_cand == 0)
+        return;
+    struct forward_seg *segs = eng->segs;
+    for (int i = 0; i < n_cand; i++) {
+        struct seq *s = cands[i].s;
+        assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
+        segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
+                                       .n = cands[i].n,
+                                       .logits = s->kv.n_tokens + cands[i].n == s->n_toks};
+    }
+    struct err e = {{0}};
+    if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
+        for (int i = 0; i < n_cand; i++)
+            retire(eng, cands[i].s, ENGINE_FINISH_ERROR, e.msg);
+        return;
+    }
+    pthread_mutex_lock(&eng->mu);
+    eng->st.batch_steps++;
+    eng->st.batch_rows += (uint64_t)n_cand;
+    pthread_mutex_unlock(&eng->mu);
+    for (int i = 0, row = 0; i < n_cand; i++) {
+        struct seq *s = cands[i].s;
+        if (!segs[i].logits)
+            continue;
+        if (cands[i].n > 1 || !s->prompt_done) /* a prefill (or resume) caught up */
+            prefix_cache_register(&eng->pc, &s->kv, s->toks);
+        if (!s->prompt_done) {
+            s->prompt_done = true;
+            pthread_mutex_lock(&eng->mu);
+            eng->st.tokens_prompt += (uint64_t)s->r->n_prompt;
+            pthread_mutex_unlock(&eng->mu);
+        }
+        take_token(eng, s, eng->logits + (size_t)row++ * vocab);
+    }
 }
 
 static int cap_blocks(const struct engine *eng, long long bytes)
@@ -346,32 +560,26 @@ static void *engine_main(void *arg)
     struct engine *eng = arg;
     pthread_mutex_lock(&eng->mu);
     for (;;) {
-        while (!eng->stopping && !eng->q_head)
+        while (!eng->stopping && !eng->q_head && eng->n_run == 0 && eng->n_pre == 0)
             pthread_cond_wait(&eng->cv, &eng->mu);
         if (eng->stopping)
             break;
-        struct engine_request *r = eng->q_head;
-        eng->q_head = r->next;
-        if (!eng->q_head)
-            eng->q_tail = NULL;
-        r->queued = false;
-        eng->queued--;
-        eng->running++;
-        eng->current = r;
-        if (eng->cap_pending) {
+        if (eng->cap_pending) { /* the engine thread owns the pool */
             prefix_cache_set_cap(&eng->pc, cap_blocks(eng, eng->cap_bytes));
             eng->cap_pending = false;
         }
+        admit(eng);
         pthread_mutex_unlock(&eng->mu);
-        run_request(eng, r);
-        pthread_mutex_lock(&eng->mu);
-        eng->current = NULL;
-        eng->running--;
-        pthread_mutex_unlock(&eng->mu);
-        engine_request_release(r);
+        engine_step(eng);
         pthread_mutex_lock(&eng->mu);
     }
-    /* Shutdown: nothing queued may be lost silently; each gets a final event. */
+    pthread_mutex_unlock(&eng->mu);
+    /* Shutdown: nothing may be lost silently; each gets a final event. */
+    while (eng->n_run > 0)
+        retire(eng, eng->run[eng->n_run - 1], ENGINE_FINISH_CANCELLED, "server shutting down");
+    while (eng->n_pre > 0)
+        retire(eng, eng->pre[eng->n_pre - 1], ENGINE_FINISH_CANCELLED, "server shutting down");
+    pthread_mutex_lock(&eng->mu);
     while (eng->q_head) {
         struct engine_request *r = eng->q_head;
         eng->q_head = r->next;
@@ -401,14 +609,27 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
         eng->cfg.kv_tokens = eng->cfg.ctx_len;
     if (eng->cfg.prefill_chunk <= 0)
         eng->cfg.prefill_chunk = 128;
+    if (eng->cfg.max_running <= 0)
+        eng->cfg.max_running = 8;
+    /* Room for every decode plus one full prefill chunk. */
+    if (eng->cfg.batch_tokens <= 0)
+        eng->cfg.batch_tokens = eng->cfg.prefill_chunk + eng->cfg.max_running;
+    if (eng->cfg.batch_tokens < eng->cfg.max_running)
+        eng->cfg.batch_tokens = eng->cfg.max_running;
+    int fw_tokens = eng->cfg.batch_tokens > eng->cfg.prefill_chunk ? eng->cfg.batch_tokens
+                                                                   : eng->cfg.prefill_chunk;
     if (eng->cfg.max_queue <= 0)
         eng->cfg.max_queue = 64;
     const struct model_config *c = &m->cfg;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
-    eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
-    eng->toks = malloc(sizeof(int) * (size_t)eng->cfg.ctx_len);
+    eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size * (size_t)eng->cfg.max_running);
+    size_t mr = (size_t)eng->cfg.max_running;
+    eng->run = calloc(mr, sizeof *eng->run);
+    eng->pre = calloc(mr, sizeof *eng->pre);
+    eng->cands = calloc(mr, sizeof *eng->cands);
+    eng->segs = calloc(mr, sizeof *eng->segs);
     eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / KV_BLOCK + 1));
-    if (!eng->toks || !eng->match) {
+    if (!eng->match || !eng->run || !eng->pre || !eng->cands || !eng->segs) {
         free(eng->logits);
         eng->logits = NULL;
     }
@@ -425,7 +646,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
              (double)c->rope_high_freq_factor, c->rope_orig_max_seq, c->qkv_bias, c->qk_norm,
              c->tied_embeddings, c->sliding_window, KV_BLOCK);
     if (!eng->be || !eng->logits || backend_load_weights(eng->be, m, e) ||
-        forward_init(&eng->fs, m, eng->be, eng->cfg.prefill_chunk, e) ||
+        forward_init(&eng->fs, m, eng->be, fw_tokens, e) ||
         kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
                      (eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK, e))
         goto fail;
@@ -449,8 +670,11 @@ fail:
     forward_free(&eng->fs);
     backend_destroy(eng->be);
     free(eng->logits);
-    free(eng->toks);
     free(eng->match);
+    free(eng->run);
+    free(eng->pre);
+    free(eng->cands);
+    free(eng->segs);
     free(eng);
     return NULL;
 }
@@ -464,8 +688,6 @@ void engine_destroy(struct engine *eng)
     /* The flags only: engine_request_cancel takes this lock itself. */
     for (struct engine_request *r = eng->q_head; r; r = r->next)
         atomic_store(&r->cancel, true);
-    if (eng->current)
-        atomic_store(&eng->current->cancel, true);
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     pthread_join(eng->thread, NULL);
@@ -476,8 +698,11 @@ void engine_destroy(struct engine *eng)
     forward_free(&eng->fs);
     backend_destroy(eng->be);
     free(eng->logits);
-    free(eng->toks);
     free(eng->match);
+    free(eng->run);
+    free(eng->pre);
+    free(eng->cands);
+    free(eng->segs);
     free(eng);
 }
 
@@ -520,7 +745,9 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     pthread_mutex_lock(&eng->mu);
     *out = eng->st;
     out->queued = eng->queued;
-    out->running = eng->running;
+    out->running = eng->n_run;
+    out->pending = eng->queued + eng->n_pre;
+    out->max_running = eng->cfg.max_running;
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
     out->cache_blocks = eng->pc.n_indexed;

@@ -3,8 +3,9 @@
  * in as token ids and go out as a stream of token events on a per-request
  * channel; the HTTP side never blocks the engine and never touches the model.
  *
- * Scheduling today is serial (one sequence at a time, FIFO); the continuous
- * batching scheduler replaces engine_step's policy behind the same contract.
+ * Scheduling is continuous batching: every step runs the decode tokens of up
+ * to max_running sequences plus prefill chunks of newly admitted ones as one
+ * ragged batch; max_running 1 is strict serial (FIFO, one at a time).
  *
  * Ownership: the caller allocates a request with engine_request_new, submits
  * it, reads events with engine_request_next until a final event, and drops
@@ -35,6 +36,11 @@ struct engine_config {
     /* Prompt (prefix) cache: bytes of K/V that idle cached blocks may keep.
      * 0: the whole pool (default); < 0: no prompt cache. */
     long long prompt_cache_bytes;
+    /* Sequences running at once (--batch; <= 0: 8; 1 = strict serial) and
+     * tokens per step (decodes + prefill chunks; <= 0: prefill_chunk +
+     * max_running). */
+    int max_running;
+    int batch_tokens;
 };
 
 enum engine_finish {
@@ -83,7 +89,11 @@ void engine_request_cancel(struct engine_request *r);
 void engine_request_release(struct engine_request *r);
 
 struct engine_stats {
-    int queued, running;
+    int queued, running;     /* waiting in the queue; sequences in the batch */
+    int pending;             /* queued + preempted (waiting to resume) */
+    int max_running;         /* --batch */
+    uint64_t preemptions;    /* sequences preempted under block pressure */
+    uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
     int kv_blocks_total, kv_blocks_free;
     /* prefix cache: requests that reused >= 1 block / none, prompt tokens
@@ -95,7 +105,7 @@ struct engine_stats {
 void engine_get_stats(struct engine *eng, struct engine_stats *out);
 /* Changes the prompt cache cap (same meaning as prompt_cache_bytes); < 0
  * empties the index. Applies at once when the engine is idle, else before
- * the next request starts. */
+ * its next step. */
 void engine_set_prompt_cache(struct engine *eng, long long bytes);
 
 #endif

@@ -44,6 +44,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     size_t n = (size_t)max_tokens;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
+    fs->ids = malloc(sizeof(int) * n);
     void *(*al)(struct backend *, size_t) = be->ops->alloc;
     fs->x = al(be, n * c->dim * 4);
     fs->xb = al(be, n * (c->dim > (int)qd ? (size_t)c->dim : qd) * 4);
@@ -54,7 +55,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->hb = al(be, n * c->hidden_dim * 4);
     fs->hb2 = al(be, n * c->hidden_dim * 4);
     fs->logits = al(be, n * c->vocab_size * 4);
-    if (!fs->inv_freq || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
+    if (!fs->inv_freq || !fs->ids || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
         forward_free(fs);
         return err_set(e, "out of memory for activations of %d tokens", max_tokens);
@@ -75,6 +76,8 @@ void forward_free(struct forward_state *fs)
     }
     free(fs->inv_freq);
     fs->inv_freq = NULL;
+    free(fs->ids);
+    fs->ids = NULL;
 }
 
 /* outs[i] = x . W_i^T, in one fused call when the backend has one. */
@@ -103,11 +106,16 @@ static void add_norm(struct forward_state *fs, const float *y, const float *w, i
     op->rmsnorm(fs->be, fs->xb, fs->x, w, n, c->dim, c->norm_eps);
 }
 
+enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
+
 /* *normed: on entry, xb already holds rmsnorm(x) with this layer's
  * attn_norm; on return, the same for the next layer's (backends with
- * add_rmsnorm fuse the closing residual add with it). */
-static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                         int l, int n, int pos0, bool *normed, struct err *e)
+ * add_rmsnorm fuse the closing residual add with it). Every matmul runs
+ * once over all n rows of the batch; RoPE, the K/V store and attention run
+ * per segment (its own sequence, positions and block table). */
+static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
+                         const struct forward_seg *segs, int n_seg, int l, int n, bool *normed,
+                         struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct layer_weights *w = &fs->m->layers[l];
@@ -130,22 +138,29 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    if (op->rope_kv_store) {
-        op->rope_kv_store(be, fs->q, fs->k, fs->v, n, c->n_heads, c->n_kv_heads, c->head_dim, pos0,
-                          fs->inv_freq, c->rope_interleaved, pool, seq, l);
-    } else {
-        op->rope(be, fs->q, n, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
-        op->rope(be, fs->k, n, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq,
-                 c->rope_interleaved);
-        op->kv_store(be, pool, seq, l, fs->k, fs->v, n, pos0);
+    for (int s = 0, row = 0; s < n_seg; row += segs[s].n, s++) {
+        struct kv_seq *seq = segs[s].seq;
+        int m = segs[s].n, pos0 = seq->n_tokens;
+        float *q = fs->q + (size_t)row * qd, *k = fs->k + (size_t)row * kvd;
+        const float *v = fs->v + (size_t)row * kvd;
+        if (op->rope_kv_store) {
+            op->rope_kv_store(be, q, k, v, m, c->n_heads, c->n_kv_heads, c->head_dim, pos0,
+                              fs->inv_freq, c->rope_interleaved, pool, seq, l);
+        } else {
+            op->rope(be, q, m, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
+            op->rope(be, k, m, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq,
+                     c->rope_interleaved);
+            op->kv_store(be, pool, seq, l, k, v, m, pos0);
+        }
+        struct attn_args a = {
+            .n = m, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+            .head_dim = c->head_dim, .sliding_window = c->sliding_window,
+            .scale = 1.0f / sqrtf((float)c->head_dim),
+        };
+        if (op->attention(be, fs->att + (size_t)row * qd, q, pool, seq, l, &a, e))
+            return -1;
     }
-    struct attn_args a = {
-        .n = n, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-        .head_dim = c->head_dim, .sliding_window = c->sliding_window,
-        .scale = 1.0f / sqrtf((float)c->head_dim),
-    };
-    if (op->attention(be, fs->att, fs->q, pool, seq, l, &a, e) ||
-        op->matmul(be, fs->xb, fs->att, n, &w->wo, e))
+    if (op->matmul(be, fs->xb, fs->att, n, &w->wo, e))
         return -1;
     add_norm(fs, fs->xb, w->ffn_norm.data, n);
 
@@ -164,11 +179,12 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool, struct 
     return 0;
 }
 
-enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
-
-/* The ops of one chunk, from the embedding to the logits in fs->logits. */
-static int chunk_ops(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                     const int *tokens, int n, int pos0, enum logits_mode mode, struct err *e)
+/* The ops of one step, from the embedding to the logits in fs->logits:
+ * every row when all_rows (one segment), else the last row of each segment
+ * with logits set, in segment order. Returns the logits row count. */
+static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
+                     const struct forward_seg *segs, int n_seg, const int *tokens, int n,
+                     bool all_rows, struct err *e)
 {
     const struct model *m = fs->m;
     const struct model_config *c = &m->cfg;
@@ -176,40 +192,80 @@ static int chunk_ops(struct forward_state *fs, struct kv_pool *pool, struct kv_s
     op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
     bool normed = false;
     for (int l = 0; l < c->n_layers; l++)
-        if (layer_forward(fs, pool, seq, l, n, pos0, &normed, e))
+        if (layer_forward(fs, pool, segs, n_seg, l, n, &normed, e))
             return -1;
-    if (mode == LOGITS_NONE)
-        return 0;
-    /* Only the rows whose logits are wanted go through the (large) head. */
-    int first = mode == LOGITS_ALL ? 0 : n - 1, rows = n - first;
-    const float *xin = fs->x + (size_t)first * c->dim;
-    op->rmsnorm(fs->be, fs->xb, xin, m->out_norm.data, rows, c->dim, c->norm_eps);
-    return op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e);
+    /* Only the rows whose logits are wanted go through the (large) head:
+     * the final norm gathers them into consecutive rows of xb. */
+    int rows = 0;
+    if (all_rows) {
+        op->rmsnorm(fs->be, fs->xb, fs->x, m->out_norm.data, n, c->dim, c->norm_eps);
+        rows = n;
+    } else if (n_seg == 1) {
+        if (!segs[0].logits)
+            return 0;
+        op->rmsnorm(fs->be, fs->xb, fs->x + (size_t)(n - 1) * c->dim, m->out_norm.data, 1,
+                    c->dim, c->norm_eps);
+        rows = 1;
+    } else {
+        for (int s = 0, row = 0; s < n_seg; s++) {
+            row += segs[s].n;
+            if (segs[s].logits)
+                op->rmsnorm(fs->be, fs->xb + (size_t)rows++ * c->dim,
+                            fs->x + (size_t)(row - 1) * c->dim, m->out_norm.data, 1, c->dim,
+                            c->norm_eps);
+        }
+    }
+    if (rows > 0 && op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
+        return -1;
+    return rows;
 }
 
-/* next: when not NULL (mode LOGITS_LAST), receives the greedy next token. */
-static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                         const int *tokens, int n, enum logits_mode mode, float *logits,
-                         int *next, struct err *e)
+/* One step over n_seg segments (see forward_batch). all_rows: logits of
+ * every row (one segment only). next: when not NULL (one segment with
+ * logits), receives the greedy next token. */
+static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
+                        int n_seg, bool all_rows, float *logits, int *next, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
-    int pos0 = seq->n_tokens;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
-            return err_set(e, "token id %d is outside the vocabulary (0..%d)", tokens[i],
-                           c->vocab_size - 1);
-    if (kv_seq_reserve(pool, seq, pos0 + n, e))
-        return -1;
+    int n = 0;
+    if (n_seg <= 0)
+        return err_set(e, "forward: no sequences");
+    for (int s = 0; s < n_seg; s++) {
+        if (segs[s].n <= 0)
+            return err_set(e, "forward: a sequence without tokens");
+        if (n + segs[s].n > fs->max_tokens)
+            return err_set(e, "forward: %d+ tokens in one step, at most %d", n + segs[s].n,
+                           fs->max_tokens);
+        for (int i = 0; i < segs[s].n; i++) {
+            int t = segs[s].tokens[i];
+            if (t < 0 || t >= c->vocab_size)
+                return err_set(e, "token id %d is outside the vocabulary (0..%d)", t,
+                               c->vocab_size - 1);
+            fs->ids[n + i] = t;
+        }
+        n += segs[s].n;
+        if (kv_seq_reserve(pool, segs[s].seq, segs[s].seq->n_tokens + segs[s].n, e))
+            return -1;
+    }
     /* A backend may record the step's ops and replay them for later steps
-     * of the same shape (CUDA graphs for decode); see backend.h. */
-    struct backend_step st = {.owner = fs, .n = n, .pos0 = pos0, .tokens = tokens, .pool = pool,
-                              .seq = seq, .logits = mode == LOGITS_LAST};
+     * of the same shape (CUDA graphs for single-sequence decode); see
+     * backend.h. Multi-sequence steps run eagerly. */
+    struct backend_step st = {.owner = fs, .n = n, .pos0 = segs[0].seq->n_tokens,
+                              .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
+                              .logits = n_seg == 1 && !all_rows && segs[0].logits};
+    int rows = 0;
     for (int attempt = 0;; attempt++) {
         int r = op->step_begin ? op->step_begin(fs->be, &st, e) : 0;
         if (r < 0)
             return -1;
-        int rc = r == 1 ? 0 : chunk_ops(fs, pool, seq, tokens, n, pos0, mode, e);
+        int rc = 0;
+        if (r == 1) {
+            rows = 1;
+        } else {
+            rows = batch_ops(fs, pool, segs, n_seg, fs->ids, n, all_rows, e);
+            rc = rows < 0 ? -1 : 0;
+        }
         int end = op->step_end ? op->step_end(fs->be, rc, e) : 0;
         if (end == 1 && attempt == 0) { /* the recording failed: issue the ops again, eagerly */
             e->msg[0] = 0;
@@ -219,12 +275,12 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
             return -1;
         break;
     }
-    seq->n_tokens = pos0 + n;
-    if (mode == LOGITS_NONE)
+    for (int s = 0; s < n_seg; s++)
+        segs[s].seq->n_tokens += segs[s].n;
+    if (rows == 0)
         return 0;
     if (next && op->argmax) /* only the id crosses to the host */
         return op->argmax(fs->be, next, fs->logits, c->vocab_size, e);
-    int rows = mode == LOGITS_ALL ? n : 1;
     op->download(fs->be, logits, fs->logits, (size_t)rows * c->vocab_size);
     if (op->finish && op->finish(fs->be, e))
         return -1;
@@ -236,6 +292,21 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
         *next = best;
     }
     return 0;
+}
+
+int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
+                  int n_seg, float *logits, struct err *e)
+{
+    return step_forward(fs, pool, segs, n_seg, false, logits, NULL, e);
+}
+
+static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                         const int *tokens, int n, enum logits_mode mode, float *logits,
+                         int *next, struct err *e)
+{
+    struct forward_seg seg = {.seq = seq, .tokens = tokens, .n = n,
+                              .logits = mode != LOGITS_NONE};
+    return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, logits, next, e);
 }
 
 static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,

@@ -1,7 +1,7 @@
 /* forward.h - runs the llama-family transformer (llama, mistral, qwen2,
- * qwen3) over a chunk of tokens of one sequence, through the backend op set.
- * The ragged multi-sequence batch of the scheduler builds on the same
- * per-layer code. */
+ * qwen3) through the backend op set over a ragged batch: spans of new tokens
+ * of several sequences, concatenated so every matmul reads the weights once
+ * per step for all of them. forward_tokens is the one-sequence case. */
 #ifndef CLLM_MODEL_FORWARD_H
 #define CLLM_MODEL_FORWARD_H
 
@@ -17,6 +17,7 @@ struct forward_state {
     struct backend *be;
     int max_tokens;
     float *inv_freq; /* host, head_dim/2, rope scaling applied */
+    int *ids;        /* host, max_tokens: the step's token ids, concatenated */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
 };
 
@@ -41,5 +42,25 @@ int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq
  * argmax taken on the host. */
 int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                           const int *tokens, int n, float *logits, int *next, struct err *e);
+
+/* One sequence's part of a ragged step: n new tokens at positions
+ * seq->n_tokens.. (a decode token or a prefill chunk). logits: the step
+ * returns the logits of its last row. */
+struct forward_seg {
+    struct kv_seq *seq;
+    const int *tokens;
+    int n;
+    bool logits;
+};
+
+/* One step over n_seg segments of distinct sequences; their tokens total at
+ * most fs->max_tokens. The matmuls run once over all rows; RoPE, the K/V
+ * store and attention run per segment. Reserves K/V blocks (fails with a
+ * message when the pool is exhausted; the caller may reserve first), appends
+ * every segment's K/V, and writes the logits of the segments with logits
+ * set, in segment order, to logits (host, [rows][vocab]): the LM head runs
+ * over just those rows. */
+int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
+                  int n_seg, float *logits, struct err *e);
 
 #endif

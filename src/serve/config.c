@@ -28,6 +28,8 @@ void serve_usage(FILE *f)
             "  --thinking true|false    default enable_thinking for chat templates\n"
             "  --ctx N                  context tokens per request (default: the model's)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --batch N                sequences decoded together (default 8; 1 = strict\n"
+            "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
             "  --no-open                accepted for compatibility (cllm opens no browser)\n"
@@ -152,7 +154,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 }
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
-       F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE };
+       F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC };
 
 static const struct {
     const char *name, *alias;
@@ -165,6 +167,7 @@ static const struct {
     {"--min-p", NULL, F_MINP},          {"--thinking", NULL, F_THINKING},
     {"--ctx", "--context-length", F_CTX}, {"--threads", "-t", F_THREADS},
     {"--prompt-cache", NULL, F_PROMPT_CACHE},
+    {"--batch", NULL, F_BATCH},         {"--decode-concurrency", NULL, F_DECODE_CONC},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -172,6 +175,7 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
 {
     const char *positional = NULL, *model_flag = NULL;
     struct opt_f temp_alias = {0};
+    struct opt_i conc_alias = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -237,6 +241,14 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         case F_THINKING: rc = parse_bool(a, v, &c->thinking, e); break;
         case F_CTX: rc = parse_i(a, v, 1, 1 << 24, &c->ctx, e); break;
         case F_THREADS: rc = parse_i(a, v, 1, 1024, &c->threads, e); break;
+        case F_BATCH:
+            rc = parse_i(a, v, 1, 4096, &c->batch.v, e);
+            c->batch.set = true;
+            break;
+        case F_DECODE_CONC:
+            rc = parse_i(a, v, 1, 4096, &conc_alias.v, e);
+            conc_alias.set = true;
+            break;
         case F_PROMPT_CACHE:
             rc = parse_f(a, v, 0, 1e6, &c->prompt_cache_gb.v, e);
             c->prompt_cache_gb.set = true;
@@ -247,6 +259,8 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
     }
     if (!c->temperature.set && temp_alias.set) /* explicit --temperature wins over --temp */
         c->temperature = temp_alias;
+    if (!c->batch.set && conc_alias.set) /* explicit --batch wins over --decode-concurrency */
+        c->batch = conc_alias;
     c->model = model_flag ? model_flag : positional;
     if (!c->model)
         return err_set(e, "no model given (cllm serve <model>)");

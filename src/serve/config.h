@@ -47,6 +47,8 @@ struct serve_config {
     /* engine */
     int ctx;                 /* --ctx: tokens per sequence; 0 = the model's own */
     int threads;             /* -t/--threads: 0 = all cores */
+    struct opt_i batch;      /* --batch N / --decode-concurrency: running sequences;
+                              * unset = 8, 1 = strict serial */
     struct opt_f prompt_cache_gb; /* --prompt-cache GB / CLLM_PROMPT_CACHE_GB: cap on idle
                                    * cached KV; unset = the whole pool, 0 = off */
 

@@ -260,7 +260,8 @@ int serve_main(const struct serve_config *cfg, struct err *e)
      * them before any thread exists so every thread inherits the mask. */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
-                               .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue};
+                               .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue,
+                               .max_running = cfg->batch.set ? cfg->batch.v : 8};
     if (cfg->prompt_cache_gb.set) /* 0 disables; unset keeps the default (the whole pool) */
         ec.prompt_cache_bytes = cfg->prompt_cache_gb.v > 0
                                     ? (long long)((double)cfg->prompt_cache_gb.v * 1e9) + 1

@@ -77,12 +77,18 @@ json_t *stats_json(struct server *srv)
                             lookups > 0 ? (double)es.cache_hits / lookups : 0.0);
     json_object_update(json_object_get(root, "prompt_cache"), pcs);
     json_decref(pcs);
-    /* the spec's batch block: one serial engine today (mode "off" = --batch 1) */
-    json_object_set_new(root, "batch",
-                        json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:n}", "mode", "off", "batched",
-                                  0, "active_rows", es.running, "pending_rows", es.queued,
-                                  "submitted_rows", (json_int_t)es.requests_total, "kv_bytes",
-                                  (json_int_t)(used * block_bytes), "kv_budget_bytes"));
+    /* the spec's batch block: mode "batch" with --batch > 1, "off" = --batch 1;
+     * kv_budget_bytes is null while there is no --kv-budget (the pool's size
+     * is kv.blocks_total) */
+    json_t *batch = json_pack(
+        "{s:s, s:b, s:i, s:i, s:i, s:I, s:I, s:n, s:I, s:I, s:f}", "mode",
+        es.max_running > 1 ? "batch" : "off", "batched", es.max_running > 1, "max_running",
+        es.max_running, "active_rows", es.running, "pending_rows", es.pending, "submitted_rows",
+        (json_int_t)es.requests_total, "kv_bytes", (json_int_t)(used * block_bytes),
+        "kv_budget_bytes", "preemptions",
+        (json_int_t)es.preemptions, "steps", (json_int_t)es.batch_steps, "mean_rows",
+        es.batch_steps ? (double)es.batch_rows / (double)es.batch_steps : 0.0);
+    json_object_set_new(root, "batch", batch);
     return root;
 }
 

@@ -1,0 +1,437 @@
+/* test_batch.c - continuous batching never changes results: the greedy
+ * output of every request is the same run alone (--batch 1) and inside a
+ * batch of 16 with staggered arrivals, departures and cancellations, after a
+ * prefix-cache hit and after preemption in a tiny KV pool; ~500 randomized
+ * requests with random cancellations leak no block; --batch 1 is strictly
+ * serial. Also measures whether the CPU matmul kernels give a row the same
+ * bits whatever the number of rows in the call (batch invariance). Models:
+ * stories260K and the oracle fixtures. CLLM_TEST_DEVICE=cuda runs the engine
+ * parts on the GPU. */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/matmul.h"
+#include "base/half.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "testutil.h"
+
+#define NREQ 16
+#define MAXTOK 128
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+struct req_spec {
+    int prompt[96];
+    int n_prompt, max_tokens;
+    int cancel_at; /* cancel after this many tokens; 0 = never */
+};
+
+struct live {
+    struct engine_request *r;
+    int out[MAXTOK];
+    int n;
+    enum engine_finish fin;
+    bool cancelled;
+};
+
+static struct engine_params greedy(int max_tokens)
+{
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = max_tokens,
+                              .ignore_eos = true};
+    return p;
+}
+
+/* Reads what is ready (waiting up to ms for the first event); returns true
+ * once the final event arrived. */
+static bool pump(struct live *l, int ms)
+{
+    struct engine_event ev;
+    while (l->fin == ENGINE_FINISH_NONE && engine_request_next(l->r, &ev, ms) == 1) {
+        ms = 0;
+        if (ev.finish != ENGINE_FINISH_NONE) {
+            l->fin = ev.finish;
+            if (ev.finish == ENGINE_FINISH_ERROR)
+                CHECK(0, "request failed: %s", ev.error);
+            break;
+        }
+        if (l->n < MAXTOK)
+            l->out[l->n] = ev.token;
+        l->n++;
+    }
+    return l->fin != ENGINE_FINISH_NONE;
+}
+
+static struct engine_request *submit(struct engine *eng, const struct req_spec *s)
+{
+    struct err e = {{0}};
+    struct engine_params p = greedy(s->max_tokens);
+    struct engine_request *r = engine_request_new(s->prompt, s->n_prompt, &p, &e);
+    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+    return r;
+}
+
+/* Reference: each request alone on a strict serial engine, no cache. */
+static void run_alone(const struct model *m, const struct engine_config *base,
+                      const struct req_spec *specs, int n, struct live *ref)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = *base;
+    cfg.max_running = 1;
+    cfg.prompt_cache_bytes = -1;
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    for (int i = 0; i < n; i++) {
+        memset(&ref[i], 0, sizeof ref[i]);
+        ref[i].r = submit(eng, &specs[i]);
+        while (!pump(&ref[i], 30000))
+            ;
+        engine_request_release(ref[i].r);
+    }
+    engine_destroy(eng);
+}
+
+static void wait_idle(struct engine *eng, struct engine_stats *st)
+{
+    for (int i = 0; i < 3000; i++) {
+        engine_get_stats(eng, st);
+        if (st->queued == 0 && st->running == 0 && st->pending == 0)
+            return;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    CHECK(0, "engine never went idle");
+}
+
+static int pool_idle(const struct engine_stats *st)
+{
+    return st->kv_blocks_free + st->cache_blocks_idle == st->kv_blocks_total &&
+           st->cache_blocks == st->cache_blocks_idle;
+}
+
+/* Runs specs on eng with staggered arrivals (a new request every few
+ * polls), cancelling those with cancel_at, and compares each with ref. */
+static void run_batched(struct engine *eng, const struct req_spec *specs, int n,
+                        const struct live *ref, const char *what)
+{
+    struct live *l = calloc((size_t)n, sizeof *l);
+    int submitted = 0, done = 0;
+    for (int it = 0; done < n; it++) {
+        if (submitted < n && (it % 3 == 0 || submitted < 4))
+            l[submitted].r = submit(eng, &specs[submitted]), submitted++;
+        done = 0;
+        for (int i = 0; i < submitted; i++) {
+            if (!pump(&l[i], 1) && specs[i].cancel_at && l[i].n >= specs[i].cancel_at &&
+                !l[i].cancelled) {
+                engine_request_cancel(l[i].r);
+                l[i].cancelled = true;
+            }
+            done += l[i].fin != ENGINE_FINISH_NONE;
+        }
+        if (submitted < n)
+            done = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        int k = l[i].n < MAXTOK ? l[i].n : MAXTOK;
+        if (l[i].cancelled) {
+            CHECK(k <= ref[i].n && !memcmp(l[i].out, ref[i].out, sizeof(int) * (size_t)k),
+                  "%s: request %d (cancelled) diverged", what, i);
+            CHECK(l[i].fin == ENGINE_FINISH_CANCELLED || l[i].fin == ENGINE_FINISH_LENGTH,
+                  "%s: request %d finish %d", what, i, (int)l[i].fin);
+        } else {
+            int j = 0;
+            while (j < k && j < ref[i].n && l[i].out[j] == ref[i].out[j])
+                j++;
+            CHECK(l[i].n == ref[i].n && j == k && l[i].fin == ref[i].fin,
+                  "%s: request %d differs from alone: %d vs %d tokens, first difference at %d",
+                  what, i, l[i].n, ref[i].n, j);
+        }
+        engine_request_release(l[i].r);
+    }
+    free(l);
+}
+
+/* Requests sharing a system prefix (so the cache hits), mixed lengths. */
+static void make_specs(struct req_spec *s, int n, int vocab, int shared, int max_prompt,
+                       int max_tokens, bool cancels)
+{
+    int sys[96];
+    for (int i = 0; i < shared; i++)
+        sys[i] = 3 + (int)(rnd() % (uint32_t)(vocab - 3));
+    for (int i = 0; i < n; i++) {
+        memset(&s[i], 0, sizeof s[i]);
+        int extra = 1 + (int)(rnd() % (uint32_t)(max_prompt - shared));
+        int use_sys = i % 4 != 3 ? shared : 0;
+        s[i].n_prompt = use_sys + extra;
+        memcpy(s[i].prompt, sys, sizeof(int) * (size_t)use_sys);
+        for (int j = use_sys; j < s[i].n_prompt; j++)
+            s[i].prompt[j] = 3 + (int)(rnd() % (uint32_t)(vocab - 3));
+        s[i].max_tokens = 4 + (int)(rnd() % (uint32_t)(max_tokens - 4));
+        if (cancels && i % 5 == 2)
+            s[i].cancel_at = 1 + s[i].max_tokens / 3;
+    }
+}
+
+static void equivalence(const char *name, const struct model *m)
+{
+    struct err e = {{0}};
+    int vocab = m->cfg.vocab_size;
+    static struct req_spec specs[NREQ];
+    static struct live ref[NREQ];
+    struct engine_config base = {.n_threads = 2, .ctx_len = 256, .kv_tokens = 4096,
+                                 .prefill_chunk = 8, .max_queue = 64,
+                                 .device = getenv("CLLM_TEST_DEVICE")};
+
+    /* 1. Batch of 16, staggered, cancellations; then the same prompts again
+     * (prefix-cache hits) on the same engine. */
+    make_specs(specs, NREQ, vocab, 40, 90, 60, true);
+    run_alone(m, &base, specs, NREQ, ref);
+    struct engine_config cfg = base;
+    cfg.max_running = 16;
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    char what[128];
+    snprintf(what, sizeof what, "%s batch of 16", name);
+    run_batched(eng, specs, NREQ, ref, what);
+    for (int i = 0; i < NREQ; i++)
+        specs[i].cancel_at = 0;
+    snprintf(what, sizeof what, "%s after prefix hits", name);
+    struct engine_stats st0, st;
+    engine_get_stats(eng, &st0);
+    run_batched(eng, specs, NREQ, ref, what);
+    wait_idle(eng, &st);
+    CHECK(st.cache_hits > st0.cache_hits && st.cache_tokens > st0.cache_tokens,
+          "%s: no prefix hits (%llu)", name, (unsigned long long)st.cache_hits);
+    CHECK(pool_idle(&st), "%s: blocks leaked", name);
+    engine_destroy(eng);
+
+    /* 2. Preemption: a pool of 10 blocks for 4 sequences that need ~6 each. */
+    make_specs(specs, 6, vocab, 16, 40, 60, false);
+    base.ctx_len = 128;
+    base.kv_tokens = 160;
+    run_alone(m, &base, specs, 6, ref);
+    cfg = base;
+    cfg.max_running = 4;
+    eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    snprintf(what, sizeof what, "%s with preemption", name);
+    run_batched(eng, specs, 6, ref, what);
+    wait_idle(eng, &st);
+    CHECK(st.preemptions > 0, "%s: no preemption happened", name);
+    CHECK(pool_idle(&st), "%s: blocks leaked after preemption", name);
+    printf("%s: 16-batch, prefix-hit and preemption runs identical to alone (%llu preemptions)\n",
+           name, (unsigned long long)st.preemptions);
+    engine_destroy(eng);
+}
+
+/* ~500 random requests, random cancellations, small pool: no leaks. */
+static void churn(const struct model *m)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 128, .kv_tokens = 320,
+                                .prefill_chunk = 16, .max_queue = 64, .max_running = 8,
+                                .device = getenv("CLLM_TEST_DEVICE")};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    enum { TOTAL = 500, LIVE = 24 };
+    struct live *l = calloc(LIVE, sizeof *l);
+    int cancel_at[LIVE] = {0};
+    int submitted = 0, finished = 0;
+    while (finished < TOTAL) {
+        for (int i = 0; i < LIVE; i++) {
+            if (!l[i].r && submitted < TOTAL) {
+                struct req_spec s = {0};
+                s.n_prompt = 1 + (int)(rnd() % 60);
+                for (int j = 0; j < s.n_prompt; j++)
+                    s.prompt[j] = j < 20 ? 5 + j : 3 + (int)(rnd() % 500);
+                s.max_tokens = 1 + (int)(rnd() % 40);
+                memset(&l[i], 0, sizeof l[i]);
+                l[i].r = submit(eng, &s);
+                cancel_at[i] = rnd() % 3 == 0 ? (int)(rnd() % 20) : -1;
+                if (cancel_at[i] == 0) { /* cancel while (probably) still queued */
+                    engine_request_cancel(l[i].r);
+                    l[i].cancelled = true;
+                }
+                submitted++;
+            }
+            if (!l[i].r)
+                continue;
+            if (!pump(&l[i], 0) && !l[i].cancelled && cancel_at[i] > 0 && l[i].n >= cancel_at[i]) {
+                engine_request_cancel(l[i].r);
+                l[i].cancelled = true;
+            }
+            if (l[i].fin != ENGINE_FINISH_NONE) {
+                engine_request_release(l[i].r);
+                l[i].r = NULL;
+                finished++;
+            }
+        }
+        nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
+    free(l);
+    struct engine_stats st;
+    wait_idle(eng, &st);
+    CHECK(pool_idle(&st), "churn: kv blocks leaked: %d of %d free, %d cached (%d idle)",
+          st.kv_blocks_free, st.kv_blocks_total, st.cache_blocks, st.cache_blocks_idle);
+    CHECK(st.requests_total == TOTAL, "churn: %llu requests", (unsigned long long)st.requests_total);
+    printf("churn: %d requests, %llu cancelled, %llu preemptions, %.2f sequences per step\n", TOTAL,
+           (unsigned long long)st.requests_cancelled, (unsigned long long)st.preemptions,
+           st.batch_steps ? (double)st.batch_rows / (double)st.batch_steps : 0.0);
+    engine_set_prompt_cache(eng, -1); /* idle: empties the index at once */
+    engine_get_stats(eng, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total, "churn: pool not all free without the cache");
+    engine_destroy(eng);
+}
+
+/* --batch 1: while one request runs, the next produces nothing. */
+static void strict_serial(const struct model *m)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                .max_queue = 8, .max_running = 1};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    struct req_spec a = {.prompt = {1}, .n_prompt = 1, .max_tokens = 300};
+    struct req_spec b = {.prompt = {1, 5}, .n_prompt = 2, .max_tokens = 5};
+    struct live la = {0}, lb = {0};
+    la.r = submit(eng, &a);
+    lb.r = submit(eng, &b);
+    bool overlap = false;
+    int max_running = 0;
+    while (!pump(&la, 1)) {
+        struct engine_stats st;
+        engine_get_stats(eng, &st);
+        if (st.running > max_running)
+            max_running = st.running;
+        if (pump(&lb, 0) || lb.n > 0)
+            overlap = true;
+    }
+    while (!pump(&lb, 1000))
+        ;
+    CHECK(!overlap && max_running <= 1 && la.n == 300 && lb.n == 5,
+          "--batch 1 not serial: overlap %d, running %d", overlap, max_running);
+    engine_request_release(la.r);
+    engine_request_release(lb.r);
+    engine_destroy(eng);
+}
+
+/* Batch invariance of the CPU matmul: row i computed in a call of n rows
+ * vs alone. Returns the largest difference relative to the row's largest
+ * output magnitude (0 = bit-identical). */
+static double matmul_invariance(struct backend *be, enum dtype dt, int n, int rows, int cols)
+{
+    struct err e = {{0}};
+    size_t rb = dtype_row_bytes(dt, cols);
+    uint8_t *w = malloc(rb * (size_t)rows);
+    float *x = malloc(sizeof(float) * (size_t)n * cols);
+    float *all = malloc(sizeof(float) * (size_t)n * rows), *one = malloc(sizeof(float) * rows);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            float v = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
+            uint8_t *row = w + (size_t)r * rb;
+            if (dt == DT_F32)
+                ((float *)row)[c] = v;
+            else if (dt == DT_F16)
+                ((uint16_t *)row)[c] = f32_to_f16(v);
+            else if (dt == DT_BF16)
+                ((uint16_t *)row)[c] = f32_to_bf16(v);
+        }
+        if (dt == DT_Q8_0) {
+            float tmp[4096];
+            for (int c = 0; c < cols; c++)
+                tmp[c] = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
+            quantize_row_q8_0(tmp, (struct block_q8_0 *)(w + (size_t)r * rb), cols);
+        }
+    }
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
+    struct tensor t = {.dtype = dt, .rows = rows, .cols = cols, .data = w};
+    double worst = 0;
+    CHECK(be->ops->matmul(be, all, x, n, &t, &e) == 0, "matmul: %s", e.msg);
+    for (int i = 0; i < n; i++) {
+        CHECK(be->ops->matmul(be, one, x + (size_t)i * cols, 1, &t, &e) == 0, "matmul: %s", e.msg);
+        double scale = 0; /* relative to the output row's largest magnitude */
+        for (int r = 0; r < rows; r++)
+            scale = fmax(scale, fabs(one[r]));
+        for (int r = 0; r < rows; r++) {
+            double d = fabs(all[(size_t)i * rows + r] - one[r]) / scale;
+            if (d > worst)
+                worst = d;
+        }
+    }
+    free(w);
+    free(x);
+    free(all);
+    free(one);
+    return worst;
+}
+
+static void invariance(void)
+{
+    struct err e = {{0}};
+    struct backend *be = backend_cpu_create(2, &e);
+    CHECK(be != NULL, "cpu backend: %s", e.msg);
+    if (!be)
+        return;
+    const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
+    const int ns[] = {2, 7, 33};
+    for (size_t d = 0; d < 4; d++)
+        for (size_t k = 0; k < 3; k++) {
+            double rel = matmul_invariance(be, dts[d], ns[k], 67, 1024);
+            printf("matmul %s: row in a call of n=%d vs alone: max rel diff %.3g%s\n",
+                   dtype_name(dts[d]), ns[k], rel, rel == 0 ? " (bit-identical)" : "");
+            /* The stated tolerance (docs/design.md): a few f32 ulps of the
+             * dot product's magnitude. */
+            CHECK(rel < 1e-5, "matmul %s n=%d: rel diff %g", dtype_name(dts[d]), ns[k], rel);
+        }
+    backend_destroy(be);
+}
+
+int main(void)
+{
+    invariance();
+    char path[1024];
+    struct err e = {{0}};
+    struct model m;
+    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    if (model_load(&m, path, &e)) {
+        CHECK(0, "%s", e.msg);
+        return test_summary("test_batch");
+    }
+    equivalence("stories260K", &m);
+    strict_serial(&m);
+    churn(&m);
+    model_free(&m);
+    const char *oracles[] = {"llama", "qwen2"};
+    for (size_t i = 0; i < sizeof oracles / sizeof oracles[0]; i++) {
+        snprintf(path, sizeof path, "%s/oracle/%s", CLLM_FIXTURES_DIR, oracles[i]);
+        if (model_load(&m, path, &e)) {
+            CHECK(0, "%s", e.msg);
+            continue;
+        }
+        equivalence(oracles[i], &m);
+        model_free(&m);
+    }
+    return test_summary("test_batch");
+}
