@@ -414,7 +414,10 @@ int main(void)
     char path[1024];
     struct err e = {{0}};
     struct model m;
-    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    /* The GPU machine runs a packed binary: env overrides the build paths. */
+    const char *shared = getenv("CLLM_SHARED_DIR") ? getenv("CLLM_SHARED_DIR") : CLLM_SHARED_DIR;
+    const char *fixtures = getenv("CLLM_FIXTURES_DIR") ? getenv("CLLM_FIXTURES_DIR") : CLLM_FIXTURES_DIR;
+    snprintf(path, sizeof path, "%s/models/stories260K", shared);
     if (model_load(&m, path, &e)) {
         CHECK(0, "%s", e.msg);
         return test_summary("test_batch");
@@ -425,7 +428,7 @@ int main(void)
     model_free(&m);
     const char *oracles[] = {"llama", "qwen2"};
     for (size_t i = 0; i < sizeof oracles / sizeof oracles[0]; i++) {
-        snprintf(path, sizeof path, "%s/oracle/%s", CLLM_FIXTURES_DIR, oracles[i]);
+        snprintf(path, sizeof path, "%s/oracle/%s", fixtures, oracles[i]);
         if (model_load(&m, path, &e)) {
             CHECK(0, "%s", e.msg);
             continue;
