@@ -224,6 +224,56 @@ static void prefix_cache_tests(const struct model *m, const int *want)
     engine_destroy(eng);
 }
 
+/* --kv-budget: a request projected over the budget alone is refused with
+ * ENGINE_SUBMIT_ADMISSION and the numbers; joiners that fit alone but not
+ * together wait in the queue, in order, and each still gives the recorded
+ * greedy ids. stories260K: 20480 bytes a block; BOS + 100 tokens = 7
+ * blocks = 143360 bytes, so a 200000-byte budget runs one at a time. */
+static void kv_budget_tests(const struct model *m, const int *want)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                .max_queue = 8, .max_running = 8, .kv_budget_bytes = 200000};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    int bos = 1;
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 0};
+    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
+    int rc = r ? engine_submit(eng, r, &e) : 0;
+    CHECK(rc == ENGINE_SUBMIT_ADMISSION && strstr(e.msg, "655360 bytes") &&
+              strstr(e.msg, "200000 bytes"),
+          "over-budget submit: %d %s", rc, e.msg);
+    engine_request_release(r);
+
+    struct engine_request *rs[3];
+    p.max_tokens = 100;
+    for (int i = 0; i < 3; i++) {
+        rs[i] = engine_request_new(&bos, 1, &p, &e);
+        CHECK(rs[i] && engine_submit(eng, rs[i], &e) == 0, "submit %d: %s", i, e.msg);
+    }
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    CHECK(st.running <= 1 && st.kv_budget_bytes == 200000 && st.kv_projected_bytes <= 200000,
+          "budget respected: running %d, projected %lld", st.running, st.kv_projected_bytes);
+    for (int i = 0; i < 3; i++) {
+        int got[512];
+        struct engine_event last;
+        int n = drain(rs[i], got, 512, &last);
+        CHECK(n == 100 && last.finish == ENGINE_FINISH_LENGTH &&
+                  memcmp(got, want, sizeof(int) * 100) == 0,
+              "budgeted request %d: %d tokens, finish %d", i, n, (int)last.finish);
+        engine_request_release(rs[i]);
+    }
+    wait_idle(eng, &st);
+    CHECK(st.batch_rows == st.batch_steps && st.kv_projected_bytes == 0 && st.kv_seq_bytes == 0,
+          "one at a time under the budget: %llu rows over %llu steps, projected %lld, held %lld",
+          (unsigned long long)st.batch_rows, (unsigned long long)st.batch_steps,
+          st.kv_projected_bytes, st.kv_seq_bytes);
+    engine_destroy(eng);
+}
+
 int main(void)
 {
     char path[1024];
@@ -296,7 +346,7 @@ int main(void)
     struct engine_request *w2 = engine_request_new(&bos, 1, &p, &e);
     struct engine_request *w3 = engine_request_new(&bos, 1, &p, &e);
     CHECK(engine_submit(eng, w1, &e) == 0 && engine_submit(eng, w2, &e) == 0, "two wait");
-    CHECK(engine_submit(eng, w3, &e) == -1 && strstr(e.msg, "too many"), "third refused: %s", e.msg);
+    CHECK(engine_submit(eng, w3, &e) == ENGINE_SUBMIT_BUSY && strstr(e.msg, "too many"), "third refused: %s", e.msg);
     engine_request_release(w3);
 
     /* 4. Cancel: the long request stops at its next step. */
@@ -323,11 +373,13 @@ int main(void)
     for (int i = 0; i < 600; i++)
         big[i] = 5;
     r = engine_request_new(big, 600, &p, &e);
-    CHECK(engine_submit(eng, r, &e) == -1 && strstr(e.msg, "600"), "too long: %s", e.msg);
+    CHECK(engine_submit(eng, r, &e) == ENGINE_SUBMIT_INVALID && strstr(e.msg, "600"),
+          "too long: %s", e.msg);
     engine_request_release(r);
     int badid = 9999;
     r = engine_request_new(&badid, 1, &p, &e);
-    CHECK(engine_submit(eng, r, &e) == -1 && strstr(e.msg, "vocabulary"), "bad id: %s", e.msg);
+    CHECK(engine_submit(eng, r, &e) == ENGINE_SUBMIT_INVALID && strstr(e.msg, "vocabulary"),
+          "bad id: %s", e.msg);
     engine_request_release(r);
     struct engine_params badp = p;
     badp.sp.top_p = 3;
@@ -360,6 +412,7 @@ int main(void)
     engine_request_release(lr2);
     engine_request_release(q2);
     prefix_cache_tests(&m, want);
+    kv_budget_tests(&m, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

@@ -104,12 +104,12 @@ check 'jq -e ".running == 0 and .queue.waiting == 0 and .queue.max == 64 and .kv
 want_prompt=$(ntok "$STORIES" $'user: Zoo\nassistant:')
 call /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"Zoo"}],"max_tokens":12,"temperature":0}'
 chat_text=$(jq -r '.choices[0].message.content' <<<"$body")
-check '[ "$code" = 200 ] && jq -e ".object == \"chat.completion\" and .choices[0].finish_reason == \"length\" and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt and .usage.total_tokens == 12 + $want_prompt and .usage.prompt_tokens_details.cached_tokens == 0 and .model == \"m\"" <<<"$body" >/dev/null' "chat non-stream: $code $body (prompt tokens want $want_prompt)"
+check '[ "$code" = 200 ] && jq -e ".object == \"chat.completion\" and .choices[0].finish_reason == \"length\" and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt and .usage.total_tokens == 12 + $want_prompt and .usage.prompt_tokens_details.cached_tokens == 0 and .model == \"m\" and .usage.lane == \"batched\"" <<<"$body" >/dev/null' "chat non-stream: $code $body (prompt tokens want $want_prompt)"
 stream /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":12,"temperature":0,"stream":true,"stream_options":{"include_usage":true}}'
 check '[ "$(sse_data | jq -rj ".choices[0].delta.content // empty")" = "$chat_text" ]' "chat stream text differs from non-stream"
 check '[ "$(tail -c 15 <<<"$body" | tr -d "\n")" = "data: [DONE]" ]' "chat stream does not end with [DONE]"
 check '[ "$(sse_data | jq -rs "[.[] | .choices[0].finish_reason // empty] | join(\",\")")" = length ]' "chat stream finish_reason"
-check 'sse_data | tail -1 | jq -e ".choices == [] and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt" >/dev/null' "chat stream usage chunk"
+check 'sse_data | tail -1 | jq -e ".choices == [] and .usage.completion_tokens == 12 and .usage.prompt_tokens == $want_prompt and .usage.lane == \"batched\"" >/dev/null' "chat stream usage chunk"
 check '[ "$(sse_data | head -1 | jq -r .choices[0].delta.role)" = assistant ]' "first chunk carries the role"
 
 # ---- prompt cache: a repeated prompt reuses its full KV blocks; greedy text is unchanged ----
@@ -136,6 +136,54 @@ fi
 CLLM_PROMPT_CACHE_GB=lots "$CLLM" serve "$STORIES" --port "$P4" >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 2 ] && grep -q "CLLM_PROMPT_CACHE_GB" "$tmp/e"' "bad CLLM_PROMPT_CACHE_GB: $(cat "$tmp/e")"
+
+# ---- memory admission: --kv-budget, --memory-budget, usage.lane ----
+# stories260K: 5 layers x 16 tokens x (K + V) x 64 wide x f32 = 20480 bytes a
+# block. "Once upon a time" + 100 tokens projects 8 blocks = 163840 bytes, so
+# a 200000-byte budget admits one such request at a time.
+P5=$(free_port)
+B5="http://127.0.0.1:$P5"
+if start S5 "$P5" "$STORIES" CLLM_KV_BUDGET_GB=1 -- --kv-budget 0.0002; then
+    check 'curl -s $B5/stats | jq -e ".batch.kv_budget_bytes == 200000 and .batch.kv_bytes == 0" >/dev/null' "--kv-budget /stats: $(curl -s $B5/stats | jq -c .batch)"
+    check 'grep -q "KV pool 32 blocks x 20480 bytes" "$tmp/log.$P5" && grep -q "KV budget 200000 bytes" "$tmp/log.$P5"' "--kv-budget start line: $(cat "$tmp/log.$P5")"
+    # no max_tokens: prompt + the rest of the 512-token context = 32 blocks, over the budget alone
+    call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}]}' "$B5"
+    check '[ "$code" = 400 ] && jq -e ".error.type == \"memory_admission\" and (.error.message | test(\"655360 bytes\") and test(\"200000 bytes\"))" <<<"$body" >/dev/null' "over-budget request (openai): $code $body"
+    call /v1/messages '{"model":"m","messages":[{"role":"user","content":"Zoo"}],"max_tokens":400}' "$B5"
+    check '[ "$code" = 400 ] && jq -e ".type == \"error\" and .error.type == \"memory_admission\" and (.error.message | test(\"200000 bytes\") and test(\"blocks of 20480 bytes\"))" <<<"$body" >/dev/null' "over-budget request (anthropic): $code $body"
+    # three that fit alone but not together: all succeed, one at a time
+    kpids=()
+    for i in 1 2 3; do
+        curl -s -m 60 -o "$tmp/kvb$i" "$B5/v1/completions" -H 'content-type: application/json' \
+            -d '{"prompt":"Once upon a time","max_tokens":100,"temperature":0}' &
+        kpids+=($!)
+    done
+    wait "${kpids[@]}"
+    for i in 1 2 3; do
+        check 'jq -e ".usage.completion_tokens == 100 and .usage.lane == \"batched\"" "$tmp/kvb$i" >/dev/null' "budgeted request $i: $(head -c 300 "$tmp/kvb$i")"
+    done
+    check 'curl -s $B5/stats | jq -e ".batch.submitted_rows == 3 and .batch.mean_rows == 1 and .batch.kv_projected_bytes == 0 and .batch.active_rows == 0" >/dev/null' "--kv-budget queued the joiners: $(curl -s $B5/stats | jq -c .batch)"
+    kill -TERM "$S5"
+    wait "$S5"
+fi
+CLLM_KV_BUDGET_GB=0 "$CLLM" serve "$STORIES" --port "$P5" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "CLLM_KV_BUDGET_GB" "$tmp/e"' "bad CLLM_KV_BUDGET_GB: $(cat "$tmp/e")"
+# --memory-budget under the weights (about 1 MB) refuses to start; a fitting
+# one sizes the pool (2 MB - 1037312 bytes of weights = 47 blocks)
+"$CLLM" serve "$STORIES" --port "$P5" --memory-budget 0.0005 >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 1 ] && grep -q "not enough for the weights" "$tmp/e" && grep -q "1037312 bytes" "$tmp/e"' "--memory-budget under the weights: $rc $(cat "$tmp/e")"
+if start S5 "$P5" "$STORIES" CLLM_MEMORY_BUDGET_GB=0.002 -- --batch 1; then
+    check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 47 and .batch.mode == \"off\"" >/dev/null' "--memory-budget pool: $(curl -s $B5/stats | jq -c .kv)"
+    check 'grep -q "KV pool 47 blocks" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
+    call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":4}' "$B5"
+    check '[ "$code" = 200 ] && jq -e ".usage.lane == \"serial\"" <<<"$body" >/dev/null' "--batch 1 usage.lane: $body"
+    call /v1/completions '{"prompt":"Zoo","max_tokens":4}' "$B5"
+    check '[ "$code" = 200 ] && jq -e ".usage.lane == \"serial\"" <<<"$body" >/dev/null' "--batch 1 completions usage.lane: $body"
+    kill -TERM "$S5"
+    wait "$S5"
+fi
 
 # content parts and the developer role are accepted
 call /v1/chat/completions '{"messages":[{"role":"developer","content":"Be nice."},{"role":"user","content":[{"type":"text","text":"Zo"},{"type":"text","text":"o"}]}],"max_tokens":2,"temperature":0,"unknown_field":{"x":1}}'

@@ -69,6 +69,8 @@ struct engine {
     bool stopping;
     bool cap_pending;        /* engine_set_prompt_cache while running */
     long long cap_bytes;
+    long long block_bytes;   /* bytes of one pool block */
+    long long proj_total;    /* projected KV bytes of run + pre (engine lock) */
     struct engine_stats st;
 };
 
@@ -252,6 +254,7 @@ struct seq {
     int *toks, n_toks;       /* prompt + generated ids */
     int n_gen, max_gen;
     uint64_t order;          /* admission order: larger = younger */
+    long long proj;          /* projected KV bytes, counted in eng->proj_total */
     bool prompt_done;        /* the original prompt was prefilled once */
 };
 
@@ -289,6 +292,7 @@ static void retire(struct engine *eng, struct seq *s, enum engine_finish why, co
     list_remove(eng->run, &eng->n_run, s);
     list_remove(eng->pre, &eng->n_pre, s);
     eng->running = eng->n_run + eng->n_pre;
+    eng->proj_total -= s->proj;
     pthread_mutex_unlock(&eng->mu);
     seq_free(s);
     engine_request_release(r);
@@ -328,6 +332,22 @@ static int blocks_outstanding(const struct engine *eng)
         n += need > 0 ? need : 0;
     }
     return n;
+}
+
+/* Tokens a request may come to hold in the KV: its prompt plus max_tokens,
+ * or plus the rest of the context when max_tokens is unset. */
+static int projected_tokens(const struct engine *eng, const struct engine_request *r)
+{
+    int room = eng->cfg.ctx_len - r->n_prompt;
+    if (r->p.max_tokens > 0 && r->p.max_tokens < room)
+        room = r->p.max_tokens;
+    return r->n_prompt + (room > 0 ? room : 0);
+}
+
+/* The same in bytes, whole blocks (what --kv-budget counts). */
+static long long projected_bytes(const struct engine *eng, const struct engine_request *r)
+{
+    return (long long)blocks_for(eng, projected_tokens(eng, r)) * eng->block_bytes;
 }
 
 /* A new sequence for a request taken off the queue (engine lock held). */
@@ -372,6 +392,11 @@ static void admit(struct engine *eng)
         int avail = eng->pool.n_free + eng->pc.n_idle - blocks_outstanding(eng);
         if (eng->n_run > 0 && blocks_for(eng, n + 1) - n_match > avail)
             return; /* wait for blocks */
+        /* --kv-budget: a joiner waits (arrival order kept) until the
+         * admitted sequences' projections leave room for its own. */
+        if (!resumed && eng->cfg.kv_budget_bytes > 0 && eng->n_run + eng->n_pre > 0 &&
+            eng->proj_total + projected_bytes(eng, r) > eng->cfg.kv_budget_bytes)
+            return;
         struct err e = {{0}};
         if (resumed) {
             memmove(eng->pre, eng->pre + 1, sizeof *eng->pre * (size_t)(eng->n_pre - 1));
@@ -389,6 +414,8 @@ static void admit(struct engine *eng)
                 continue;
             }
             s->order = ++eng->admitted;
+            s->proj = projected_bytes(eng, r);
+            eng->proj_total += s->proj;
         }
         if (n_match > 0 && prefix_cache_attach(&eng->pc, &s->kv, eng->match, n_match, &e)) {
             eng->run[eng->n_run++] = s; /* retire() unlinks it */
@@ -603,6 +630,9 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     eng->m = m;
     eng->cfg = *cfg;
+    eng->block_bytes = (long long)kv_pool_bytes_per_block(m->cfg.n_layers,
+                                                          m->cfg.n_kv_heads * m->cfg.head_dim,
+                                                          KV_BLOCK);
     if (eng->cfg.ctx_len <= 0 || eng->cfg.ctx_len > m->cfg.max_seq)
         eng->cfg.ctx_len = m->cfg.max_seq;
     if (eng->cfg.kv_tokens < eng->cfg.ctx_len)
@@ -708,21 +738,39 @@ void engine_destroy(struct engine *eng)
 
 int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
 {
-    if (r->n_prompt >= eng->cfg.ctx_len)
-        return err_set(e, "the prompt has %d tokens but the context is %d tokens (at least one "
-                          "must remain for the answer)", r->n_prompt, eng->cfg.ctx_len);
+    if (r->n_prompt >= eng->cfg.ctx_len) {
+        err_set(e, "the prompt has %d tokens but the context is %d tokens (at least one "
+                   "must remain for the answer)", r->n_prompt, eng->cfg.ctx_len);
+        return ENGINE_SUBMIT_INVALID;
+    }
     for (int i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= eng->m->cfg.vocab_size)
-            return err_set(e, "token id %d is outside the vocabulary (0..%d)", r->prompt[i],
-                           eng->m->cfg.vocab_size - 1);
+        if (r->prompt[i] < 0 || r->prompt[i] >= eng->m->cfg.vocab_size) {
+            err_set(e, "token id %d is outside the vocabulary (0..%d)", r->prompt[i],
+                    eng->m->cfg.vocab_size - 1);
+            return ENGINE_SUBMIT_INVALID;
+        }
+    if (eng->cfg.kv_budget_bytes > 0) {
+        long long need = projected_bytes(eng, r);
+        if (need > eng->cfg.kv_budget_bytes) {
+            int nt = projected_tokens(eng, r);
+            err_set(e, "the request's projected KV is %lld bytes (%d prompt + %d generated "
+                       "tokens = %d blocks of %lld bytes) but the KV budget (--kv-budget) is "
+                       "%lld bytes; lower max_tokens or shorten the prompt",
+                    need, r->n_prompt, nt - r->n_prompt, blocks_for(eng, nt), eng->block_bytes,
+                    eng->cfg.kv_budget_bytes);
+            return ENGINE_SUBMIT_ADMISSION;
+        }
+    }
     pthread_mutex_lock(&eng->mu);
     if (eng->stopping) {
         pthread_mutex_unlock(&eng->mu);
-        return err_set(e, "the server is shutting down");
+        err_set(e, "the server is shutting down");
+        return ENGINE_SUBMIT_BUSY;
     }
     if (eng->queued >= eng->cfg.max_queue) {
         pthread_mutex_unlock(&eng->mu);
-        return err_set(e, "too many requests waiting (%d queued); retry later", eng->queued);
+        err_set(e, "too many requests waiting (%d queued); retry later", eng->queued);
+        return ENGINE_SUBMIT_BUSY;
     }
     atomic_fetch_add(&r->refs, 1);
     r->eng = eng;
@@ -750,6 +798,11 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->max_running = eng->cfg.max_running;
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
+    out->kv_block_bytes = eng->block_bytes;
+    out->kv_seq_bytes = (long long)(eng->pool.n_blocks - eng->pool.n_free - eng->pc.n_idle) *
+                        eng->block_bytes;
+    out->kv_budget_bytes = eng->cfg.kv_budget_bytes > 0 ? eng->cfg.kv_budget_bytes : 0;
+    out->kv_projected_bytes = eng->proj_total;
     out->cache_blocks = eng->pc.n_indexed;
     out->cache_blocks_idle = eng->pc.n_idle;
     out->cache_max_blocks = eng->pc.max_idle;

@@ -41,6 +41,19 @@ struct engine_config {
      * max_running). */
     int max_running;
     int batch_tokens;
+    /* --kv-budget: bytes of projected KV (prompt + max_tokens, or the rest
+     * of the context when max_tokens is unset, in whole blocks) that the
+     * admitted sequences may claim together; a joiner that would push the
+     * total over waits in the queue, and a request over it alone is refused
+     * at submit (ENGINE_SUBMIT_ADMISSION). <= 0: no budget. */
+    long long kv_budget_bytes;
+};
+
+/* engine_submit's result: 0 on success, else one of these (< 0). */
+enum engine_submit_error {
+    ENGINE_SUBMIT_BUSY = -1,      /* queue full or shutting down (429 / 503) */
+    ENGINE_SUBMIT_INVALID = -2,   /* prompt too long, bad token id (400) */
+    ENGINE_SUBMIT_ADMISSION = -3, /* projected KV over --kv-budget alone (400 memory_admission) */
 };
 
 enum engine_finish {
@@ -75,9 +88,10 @@ void engine_destroy(struct engine *eng);
 /* Copies prompt and params. NULL with a message on invalid params. */
 struct engine_request *engine_request_new(const int *prompt, int n_prompt,
                                           const struct engine_params *p, struct err *e);
-/* Queues the request. Fails (without taking it) when the queue is full
- * (err says so; the HTTP layer answers 429) or the prompt does not fit the
- * context (400 with the numbers). */
+/* Queues the request. Fails (without taking it, err says why, a negative
+ * enum engine_submit_error) when the queue is full (the HTTP layer answers
+ * 429), the prompt does not fit the context (400 with the numbers), or its
+ * projected KV alone exceeds the KV budget (400 memory_admission). */
 int engine_submit(struct engine *eng, struct engine_request *r, struct err *e);
 /* Waits up to timeout_ms for the next event. Returns 1 with an event, 0 on
  * timeout. After a final event (finish != NONE) no more events come. */
@@ -96,6 +110,10 @@ struct engine_stats {
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
     int kv_blocks_total, kv_blocks_free;
+    long long kv_block_bytes;      /* bytes of one pool block (all layers, K and V) */
+    long long kv_seq_bytes;        /* bytes of blocks held by sequences (not idle cache) */
+    long long kv_budget_bytes;     /* --kv-budget, 0: none */
+    long long kv_projected_bytes;  /* projections of the admitted sequences, summed */
     /* prefix cache: requests that reused >= 1 block / none, prompt tokens
      * served from cache, blocks in the index (idle = held only by it),
      * evicted blocks, the idle cap in blocks (0: disabled) */

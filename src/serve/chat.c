@@ -190,8 +190,13 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
         gen_free(g);
         return api_fail(ae, 400, NULL, NULL, "%s", e.msg);
     }
-    if (engine_submit(srv->eng, g->r, &e)) {
+    int src = engine_submit(srv->eng, g->r, &e);
+    if (src) {
         gen_free(g);
+        if (src == ENGINE_SUBMIT_ADMISSION)
+            return api_fail(ae, 400, "memory_admission", NULL, "%s", e.msg);
+        if (src == ENGINE_SUBMIT_INVALID)
+            return api_fail(ae, 400, NULL, NULL, "%s", e.msg);
         if (atomic_load(&srv->draining))
             return api_fail(ae, 503, "server_error", NULL, "the server is shutting down");
         pthread_mutex_lock(&srv->mu);

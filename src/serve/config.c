@@ -32,11 +32,17 @@ void serve_usage(FILE *f)
             "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
+            "  --kv-budget GB           aggregate projected KV (prompt + max_tokens) of running\n"
+            "                           requests; joiners over it queue, a request over it\n"
+            "                           alone is refused (400 memory_admission; default off)\n"
+            "  --memory-budget GB       weights + KV pool; the pool gets what the weights\n"
+            "                           leave (default: a pool of one --ctx)\n"
             "  --no-open                accepted for compatibility (cllm opens no browser)\n"
             "\n"
             "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
             "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
-            "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB (see docs/config.md)\n");
+            "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB, CLLM_KV_BUDGET_GB, CLLM_MEMORY_BUDGET_GB\n"
+            "(see docs/config.md)\n");
 }
 
 /* ---- environment ---- */
@@ -114,6 +120,20 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         c->prompt_cache_gb.v = (float)x;
         c->prompt_cache_gb.set = true;
     }
+    static const char *const gb_env[] = {"CLLM_KV_BUDGET_GB", "CLLM_MEMORY_BUDGET_GB"};
+    struct opt_f *gb_out[] = {&c->kv_budget_gb, &c->memory_budget_gb};
+    for (int i = 0; i < 2; i++) {
+        const char *gv = getenv(gb_env[i]);
+        if (!gv || !*gv)
+            continue;
+        char *end;
+        errno = 0;
+        double x = strtod(gv, &end);
+        if (errno || *end || end == gv || isnan(x) || x <= 0 || x > 1e6)
+            return err_set(e, "%s=\"%s\": needs a number in (0, 1e+06]", gb_env[i], gv);
+        gb_out[i]->v = (float)x;
+        gb_out[i]->set = true;
+    }
     return 0;
 }
 
@@ -154,7 +174,8 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 }
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
-       F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC };
+       F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
+       F_KV_BUDGET, F_MEMORY_BUDGET };
 
 static const struct {
     const char *name, *alias;
@@ -168,6 +189,7 @@ static const struct {
     {"--ctx", "--context-length", F_CTX}, {"--threads", "-t", F_THREADS},
     {"--prompt-cache", NULL, F_PROMPT_CACHE},
     {"--batch", NULL, F_BATCH},         {"--decode-concurrency", NULL, F_DECODE_CONC},
+    {"--kv-budget", NULL, F_KV_BUDGET}, {"--memory-budget", NULL, F_MEMORY_BUDGET},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -252,6 +274,14 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         case F_PROMPT_CACHE:
             rc = parse_f(a, v, 0, 1e6, &c->prompt_cache_gb.v, e);
             c->prompt_cache_gb.set = true;
+            break;
+        case F_KV_BUDGET:
+            rc = parse_f(a, v, 1e-9, 1e6, &c->kv_budget_gb.v, e);
+            c->kv_budget_gb.set = true;
+            break;
+        case F_MEMORY_BUDGET:
+            rc = parse_f(a, v, 1e-9, 1e6, &c->memory_budget_gb.v, e);
+            c->memory_budget_gb.set = true;
             break;
         }
         if (rc)

@@ -51,6 +51,10 @@ struct serve_config {
                               * unset = 8, 1 = strict serial */
     struct opt_f prompt_cache_gb; /* --prompt-cache GB / CLLM_PROMPT_CACHE_GB: cap on idle
                                    * cached KV; unset = the whole pool, 0 = off */
+    struct opt_f kv_budget_gb;    /* --kv-budget GB / CLLM_KV_BUDGET_GB (decimal): aggregate
+                                   * projected KV of admitted requests; unset = off */
+    struct opt_f memory_budget_gb; /* --memory-budget GB / CLLM_MEMORY_BUDGET_GB (decimal):
+                                    * weights + KV pool; unset = pool sized by --ctx */
 
     /* environment levers (CLLM_*) */
     int shutdown_timeout_ms; /* CLLM_SHUTDOWN_TIMEOUT_MS [120000] */

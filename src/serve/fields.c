@@ -39,7 +39,9 @@ json_t *api_error_body(const struct api_error *ae, enum api_shape shape)
 {
     if (shape == SHAPE_ANTHROPIC)
         return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
-                         anthropic_type(ae->status), "message", ae->message);
+                         !strcmp(ae->type, "memory_admission") ? ae->type
+                                                               : anthropic_type(ae->status),
+                         "message", ae->message);
     return json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", ae->message, "type",
                      ae->type, "param", ae->param[0] ? json_string(ae->param) : json_null(),
                      "code", ae->code[0] ? json_string(ae->code) : json_null());

@@ -20,13 +20,20 @@ const char *reply_model_name(const struct server *srv, const json_t *req)
     return m && *m ? m : srv->sm.id;
 }
 
-static json_t *usage_json(const struct gen_result *res)
+/* The spec's usage.lane: "batched" when the engine runs more than one
+ * sequence at once (--batch > 1, the default 8), "serial" for --batch 1. */
+static const char *engine_lane(const struct server *srv)
 {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}}", "prompt_tokens", res->n_prompt,
+    return !srv->cfg->batch.set || srv->cfg->batch.v > 1 ? "batched" : "serial";
+}
+
+static json_t *usage_json(const struct gen_result *res, const char *lane)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}, s:s}", "prompt_tokens", res->n_prompt,
                      "completion_tokens", res->n_completion, "total_tokens",
                      res->n_prompt + res->n_completion, "prompt_tokens_details",
                      "cached_tokens", res->n_cached, "completion_tokens_details",
-                     "reasoning_tokens", 0);
+                     "reasoning_tokens", 0, "lane", lane);
 }
 
 static const char *finish_reason(const struct gen_result *res)
@@ -78,6 +85,7 @@ struct oai_stream {
     char model[256];
     long created;
     bool chat, include_usage;
+    const char *lane; /* usage.lane */
 };
 
 static json_t *chunk(const struct oai_stream *o, json_t *choice)
@@ -137,7 +145,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
                                    "finish_reason", finish_reason(res))));
     if (o->include_usage) {
         json_t *c = chunk(o, NULL);
-        json_object_set_new(c, "usage", usage_json(res));
+        json_object_set_new(c, "usage", usage_json(res, o->lane));
         emit(s, c);
     }
     sbuf_puts(&s->out, "data: [DONE]\n\n");
@@ -171,6 +179,7 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         o->created = (long)time(NULL);
         o->chat = chat;
         o->include_usage = include_usage;
+        o->lane = engine_lane(srv);
         rp->status = 200;
         rp->stream = stream_new(srv, g, &oai_ops, o);
         if (!rp->stream) {
@@ -208,7 +217,7 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
     rp->body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                          chat ? "chat.completion" : "text_completion", "created",
                          (json_int_t)time(NULL), "model", reply_model_name(srv, req), "choices",
-                         choice, "usage", usage_json(&res));
+                         choice, "usage", usage_json(&res, engine_lane(srv)));
     if (chat && rp->body)
         json_object_set_new(rp->body, "system_fingerprint", json_string("cllm"));
 }

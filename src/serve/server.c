@@ -4,6 +4,7 @@
  * finish up to CLLM_SHUTDOWN_TIMEOUT_MS, cancel the rest, exit cleanly. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -225,6 +226,41 @@ static bool wait_idle(struct server *srv, const sigset_t *sigs, double deadline,
     return true;
 }
 
+/* --memory-budget: the KV pool gets what the weights leave of the budget,
+ * in whole 16-token blocks. Refuses when the weights alone exceed it or the
+ * rest holds less than two blocks; a pool smaller than --ctx shrinks the
+ * context (with a warning) so a request can always fit. */
+static int size_pool(struct server *srv, const struct serve_config *cfg,
+                     struct engine_config *ec, struct err *e)
+{
+    const struct model_config *mc = &srv->sm.m.cfg;
+    double budget = (double)cfg->memory_budget_gb.v * 1e9;
+    double weights = (double)model_weight_bytes_per_token(&srv->sm.m);
+    double block = 16.0 * mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0;
+    if (weights >= budget)
+        return err_set(e, "--memory-budget %g GB (%.0f bytes) is not enough for the weights "
+                          "alone (%.0f bytes); raise it or leave it unset",
+                       (double)cfg->memory_budget_gb.v, budget, weights);
+    double blocks = (budget - weights) / block;
+    if (blocks < 2)
+        return err_set(e, "--memory-budget %g GB leaves %.0f bytes for the KV pool after "
+                          "%.0f bytes of weights, less than two %.0f-byte blocks (32 tokens); "
+                          "raise it", (double)cfg->memory_budget_gb.v, budget - weights, weights,
+                       block);
+    long long tokens = (long long)blocks * 16;
+    if (tokens > (1LL << 30))
+        tokens = 1LL << 30;
+    if (tokens < srv->sm.ctx_len) {
+        fprintf(stderr, "cllm serve: warning: --memory-budget leaves KV for %lld tokens, less "
+                        "than the %d-token context; the context is %lld tokens\n",
+                tokens, srv->sm.ctx_len, tokens);
+        srv->sm.ctx_len = (int)tokens;
+        ec->ctx_len = (int)tokens;
+    }
+    ec->kv_tokens = (int)tokens;
+    return 0;
+}
+
 int serve_main(const struct serve_config *cfg, struct err *e)
 {
     if (serve_port_in_use(cfg->host, cfg->port))
@@ -262,6 +298,10 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
                                .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue,
                                .max_running = cfg->batch.set ? cfg->batch.v : 8};
+    if (cfg->kv_budget_gb.set)
+        ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
+    if (cfg->memory_budget_gb.set && size_pool(srv, cfg, &ec, e))
+        goto out;
     if (cfg->prompt_cache_gb.set) /* 0 disables; unset keeps the default (the whole pool) */
         ec.prompt_cache_bytes = cfg->prompt_cache_gb.v > 0
                                     ? (long long)((double)cfg->prompt_cache_gb.v * 1e9) + 1
@@ -286,9 +326,16 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         snprintf(pcache, sizeof pcache, "prompt cache up to %.1f MiB", es.cache_max_blocks * block_mib);
     else
         snprintf(pcache, sizeof pcache, "prompt cache off");
+    char kvb[96] = "";
+    if (es.kv_budget_bytes > 0)
+        snprintf(kvb, sizeof kvb, ", KV budget %lld bytes", es.kv_budget_bytes);
+    fprintf(stderr, "cllm serve: KV pool %d blocks x %lld bytes = %.1f MiB (%s; weights %.1f "
+            "MiB)\n", es.kv_blocks_total, es.kv_block_bytes, es.kv_blocks_total * block_mib,
+            cfg->memory_budget_gb.set ? "--memory-budget" : "one --ctx",
+            (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (context %d tokens, queue %d, KV %d "
-            "blocks = %.1f MiB, %s)\n", srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len,
-            cfg->max_queue, es.kv_blocks_total, es.kv_blocks_total * block_mib, pcache);
+            "blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len,
+            cfg->max_queue, es.kv_blocks_total, es.kv_blocks_total * block_mib, pcache, kvb);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)

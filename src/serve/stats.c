@@ -78,14 +78,17 @@ json_t *stats_json(struct server *srv)
     json_object_update(json_object_get(root, "prompt_cache"), pcs);
     json_decref(pcs);
     /* the spec's batch block: mode "batch" with --batch > 1, "off" = --batch 1;
-     * kv_budget_bytes is null while there is no --kv-budget (the pool's size
-     * is kv.blocks_total) */
+     * kv_bytes: blocks held by sequences (idle prompt-cache blocks not
+     * counted); kv_budget_bytes: --kv-budget, null when unset;
+     * kv_projected_bytes: the admitted sequences' projections summed */
     json_t *batch = json_pack(
-        "{s:s, s:b, s:i, s:i, s:i, s:I, s:I, s:n, s:I, s:I, s:f}", "mode",
+        "{s:s, s:b, s:i, s:i, s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:f}", "mode",
         es.max_running > 1 ? "batch" : "off", "batched", es.max_running > 1, "max_running",
         es.max_running, "active_rows", es.running, "pending_rows", es.pending, "submitted_rows",
-        (json_int_t)es.requests_total, "kv_bytes", (json_int_t)(used * block_bytes),
-        "kv_budget_bytes", "preemptions",
+        (json_int_t)es.requests_total, "kv_bytes", (json_int_t)es.kv_seq_bytes,
+        "kv_budget_bytes",
+        es.kv_budget_bytes > 0 ? json_integer(es.kv_budget_bytes) : json_null(),
+        "kv_projected_bytes", (json_int_t)es.kv_projected_bytes, "preemptions",
         (json_int_t)es.preemptions, "steps", (json_int_t)es.batch_steps, "mean_rows",
         es.batch_steps ? (double)es.batch_rows / (double)es.batch_steps : 0.0);
     json_object_set_new(root, "batch", batch);
