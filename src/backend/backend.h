@@ -37,6 +37,12 @@ struct attn_args {
     float scale;        /* usually 1/sqrt(head_dim) */
 };
 
+/* One sequence's rows of a multi-sequence step. */
+struct batch_seg {
+    const struct kv_seq *seq;
+    int n, pos0;
+};
+
 /* One forward step of one sequence, as model/forward.c issues it. */
 struct backend_step {
     const void *owner;          /* the forward state whose buffers the ops use */
@@ -94,6 +100,15 @@ struct backend_ops {
                           int n_heads, int n_kv_heads, int head_dim, int pos0,
                           const float *inv_freq, bool interleaved, struct kv_pool *pool,
                           const struct kv_seq *seq, int layer);
+
+    /* Several sequences of one step: segment s is rows segs[s].n of the
+     * concatenated q/k/v/out, at positions segs[s].pos0.. of segs[s].seq.
+     * Does, for every segment in order, rope_kv_store then attention (with
+     * a's geometry; a->n and a->pos0 are ignored), with the same results. */
+    int (*rope_kv_attention_batch)(struct backend *be, float *out, float *q, float *k,
+                                   const float *v, const struct batch_seg *segs, int n_seg,
+                                   const float *inv_freq, bool interleaved, struct kv_pool *pool,
+                                   int layer, const struct attn_args *a, struct err *e);
 
     /* Optional (NULL on the CPU, whose memory is the host's). */
     /* Copies every tensor of m to the device once, before the first op that

@@ -138,6 +138,25 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
+    if (n_seg > 1 && op->rope_kv_attention_batch) {
+        struct batch_seg *bs = malloc(sizeof *bs * (size_t)n_seg);
+        if (!bs)
+            return err_set(e, "forward: out of memory");
+        for (int s = 0; s < n_seg; s++)
+            bs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
+                                       .pos0 = segs[s].seq->n_tokens};
+        struct attn_args a = {
+            .n = n, .pos0 = 0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+            .head_dim = c->head_dim, .sliding_window = c->sliding_window,
+            .scale = 1.0f / sqrtf((float)c->head_dim),
+        };
+        int rc = op->rope_kv_attention_batch(be, fs->att, fs->q, fs->k, fs->v, bs, n_seg,
+                                             fs->inv_freq, c->rope_interleaved, pool, l, &a, e);
+        free(bs);
+        if (rc)
+            return -1;
+        n_seg = 0; /* done: skip the per-sequence loop */
+    }
     for (int s = 0, row = 0; s < n_seg; row += segs[s].n, s++) {
         struct kv_seq *seq = segs[s].seq;
         int m = segs[s].n, pos0 = seq->n_tokens;

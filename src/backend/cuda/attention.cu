@@ -17,15 +17,22 @@
 /* Workspace layout for n_splits > 1: o[rows][hd], then m[rows], then l[rows]
  * with rows = n * n_heads * n_splits, row = (i * n_heads + h) * n_splits + sp. */
 
-template <int DPL> /* head dims per lane: ceil(head_dim / 32) */
-__global__ void __launch_bounds__(ATT_WARPS * 32)
-    k_attention(float *out, const float *q, const float *kc, const float *vc, const int *table,
-                struct cuk_attn g, const int *dpos, int n_splits, float *ws)
+/* The segment of batch row `row` (see cuk_rope_kv_attention_batch). */
+static __device__ __forceinline__ int meta_seg(const int *meta, const struct cuk_attn &g, int row)
 {
-    int i = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    return meta[g.pos0 + row];
+}
+
+/* One block's work of k_attention: query i (of g.n) of head h, split sp. */
+template <int DPL> /* head dims per lane: ceil(head_dim / 32) */
+__device__ __forceinline__ void att_block(float *out, const float *q, const float *kc,
+                                          const float *vc, const int *table,
+                                          const struct cuk_attn &g, int pos0, int i, int h,
+                                          int sp, int n_splits, float *ws)
+{
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int hd = g.head_dim, kvh = h / (g.n_heads / g.n_kv_heads);
-    int pos = (dpos ? *dpos : g.pos0) + i;
+    int pos = pos0 + i;
     int start = 0;
     if (g.window > 0 && pos - g.window + 1 > 0)
         start = pos - g.window + 1;
@@ -134,9 +141,39 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
 }
 
-__global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, const float *ws)
+template <int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attention(float *out, const float *q, const float *kc, const float *vc, const int *table,
+                struct cuk_attn g, const int *dpos, int n_splits, float *ws)
 {
-    int i = blockIdx.x, h = blockIdx.y, hd = g.head_dim;
+    att_block<DPL>(out, q, kc, vc, table, g, dpos ? *dpos : g.pos0, blockIdx.x, blockIdx.y,
+                   blockIdx.z, n_splits, ws);
+}
+
+/* Every sequence of a batch step in one launch: blockIdx.x is the row of
+ * the concatenated batch, its segment (from row_seg) gives the sequence's
+ * geometry, so each block does exactly what k_attention does for it. */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attention_batch(float *out, const float *q, const float *kc, const float *vc,
+                      const int *meta, struct cuk_attn g, float *ws)
+{
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
+    if ((int)blockIdx.z >= sg->splits)
+        return;
+    size_t qd = (size_t)g.n_heads * g.head_dim;
+    struct cuk_attn gs = g;
+    gs.n = sg->n;
+    gs.pos0 = sg->pos0;
+    att_block<DPL>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
+                   sg->pos0, blockIdx.x - sg->row0, blockIdx.y, blockIdx.z, sg->splits,
+                   ws + sg->ws_off);
+}
+
+static __device__ __forceinline__ void merge_block(float *out, const struct cuk_attn &g, int i,
+                                                   int h, int n_splits, const float *ws)
+{
+    int hd = g.head_dim;
     size_t rows = (size_t)g.n * g.n_heads * n_splits;
     size_t row0 = ((size_t)i * g.n_heads + h) * n_splits;
     const float *wm = ws + rows * hd + row0, *wl = ws + rows * hd + rows + row0;
@@ -154,6 +191,24 @@ __global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, c
                 o += ws[(row0 + s) * hd + dd] * expf(wm[s] - M);
         out[((size_t)i * g.n_heads + h) * hd + dd] = o / L;
     }
+}
+
+__global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, const float *ws)
+{
+    merge_block(out, g, blockIdx.x, blockIdx.y, n_splits, ws);
+}
+
+__global__ void k_attention_merge_batch(float *out, const int *meta, struct cuk_attn g,
+                                        float *ws)
+{
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
+    if (sg->splits <= 1)
+        return;
+    struct cuk_attn gs = g;
+    gs.n = sg->n;
+    gs.pos0 = sg->pos0;
+    merge_block(out + sg->row0 * (size_t)g.n_heads * g.head_dim, gs, blockIdx.x - sg->row0,
+                blockIdx.y, sg->splits, ws + sg->ws_off);
 }
 
 extern "C" int cuk_attention_splits(int n, int n_heads, int kv_len, int n_sms)
@@ -202,5 +257,34 @@ extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q,
     if (err != cudaSuccess || n_splits == 1)
         return err;
     k_attention_merge<<<dim3(g->n, g->n_heads), 128, 0, s>>>(out, *g, n_splits, ws);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
+                                                   const float *v, float *kc, float *vc,
+                                                   const int *meta, const struct cuk_attn *g,
+                                                   int max_splits, const float *inv_freq,
+                                                   int interleaved, float *ws)
+{
+    if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
+        g->n_heads % g->n_kv_heads)
+        return cudaErrorInvalidValue;
+    cudaError_t err = cuk_rope_kv_store_batch(s, q, k, v, kc, vc, meta, g, inv_freq, interleaved);
+    if (err != cudaSuccess)
+        return err;
+    dim3 grid(g->n, g->n_heads, max_splits);
+    int dpl = (g->head_dim + 31) / 32;
+    if (dpl == 1)
+        k_attention_batch<1><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+    else if (dpl == 2)
+        k_attention_batch<2><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+    else if (dpl <= 4)
+        k_attention_batch<4><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+    else
+        k_attention_batch<8><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || max_splits == 1)
+        return err;
+    k_attention_merge_batch<<<dim3(g->n, g->n_heads), 128, 0, s>>>(out, meta, *g, ws);
     return cudaGetLastError();
 }

@@ -99,6 +99,9 @@ struct cuda_backend {
     size_t n_allocs, cap_allocs, alloc_bytes;
 
     struct dbuf ids, table, ws, xh, wf, invf;
+    struct dbuf bat;   /* device copy of bat_host */
+    int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
+    size_t bat_n, bat_cap; /* ints */
     int *tab_host;  /* the block table last copied to `table` */
     int tab_n, tab_cap;
     float *invf_host; /* the RoPE table last copied to `invf` */
@@ -884,6 +887,118 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     return 0;
 }
 
+/* rope_kv_store + attention of every sequence of a batch step in two or
+ * three launches. The metadata (segments, row map, block tables) is copied
+ * when it changed, so once per step: every layer reuses it. */
+static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
+                                      const float *v, const struct batch_seg *segs, int n_seg,
+                                      const float *inv_freq, bool interleaved,
+                                      struct kv_pool *pool, int layer, const struct attn_args *a,
+                                      struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (sticky(c, e))
+        return -1;
+    bool ok = c->fuse && !c->capturing && a->head_dim <= 256 && a->head_dim >= 2 &&
+              a->n_kv_heads >= 1 && a->n_heads % a->n_kv_heads == 0 &&
+              a->n_kv_heads * a->head_dim == pool->kv_dim;
+    if (!ok) { /* the per-sequence ops */
+        size_t qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)pool->kv_dim;
+        for (int s = 0, row = 0; s < n_seg; row += segs[s].n, s++) {
+            struct attn_args as = *a;
+            as.n = segs[s].n;
+            as.pos0 = segs[s].pos0;
+            cu_rope_kv_store(be, q + row * qd, k + row * kvd, v + row * kvd, as.n, a->n_heads,
+                             a->n_kv_heads, a->head_dim, as.pos0, inv_freq, interleaved, pool,
+                             segs[s].seq, layer);
+            if (cu_attention(be, out + row * qd, q + row * qd, pool, segs[s].seq, layer, &as, e))
+                return -1;
+        }
+        return 0;
+    }
+    size_t rows = 0, tabs = 0;
+    for (int s = 0; s < n_seg; s++) {
+        if (segs[s].pos0 + segs[s].n > segs[s].seq->n_blocks * pool->block_size)
+            return err_set(e, "%s: attention beyond the sequence's cached positions", c->name);
+        rows += (size_t)segs[s].n;
+        tabs += (size_t)segs[s].seq->n_blocks;
+    }
+    size_t need = (size_t)n_seg * 8 + rows + tabs;
+    if (need > c->bat_cap) {
+        size_t cap = c->bat_cap ? c->bat_cap : 1024;
+        while (cap < need)
+            cap *= 2;
+        int *h = realloc(c->bat_host, sizeof(int) * cap);
+        if (!h)
+            return err_set(e, "%s: batch metadata: out of memory", c->name);
+        c->bat_host = h;
+        c->bat_cap = cap;
+        c->bat_n = 0; /* contents no longer known to match */
+    }
+    /* Build into the tail of a scratch copy, compare, then copy. */
+    int *tmp = malloc(sizeof(int) * need);
+    if (!tmp)
+        return err_set(e, "%s: batch metadata: out of memory", c->name);
+    struct cuk_attn g = attn_geom(pool, layer, (int)rows, n_seg * 8);
+    g.n_heads = a->n_heads;
+    g.n_kv_heads = a->n_kv_heads;
+    g.head_dim = a->head_dim;
+    g.window = a->sliding_window;
+    g.scale = a->scale;
+    int max_splits = 1, row = 0, toff = n_seg * 8 + (int)rows;
+    long long ws_off = 0;
+    for (int s = 0; s < n_seg; s++) {
+        const struct kv_seq *seq = segs[s].seq;
+        int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
+        if (a->sliding_window > 0 && a->sliding_window < kv_cap)
+            kv_cap = a->sliding_window;
+        int splits = cuk_attention_splits(segs[s].n, a->n_heads, kv_cap, c->n_sms);
+        struct cuk_bseg b = {.row0 = row, .n = segs[s].n, .pos0 = segs[s].pos0,
+                             .splits = splits, .tab_off = toff, .ws_off = ws_off};
+        memcpy(tmp + (size_t)s * 8, &b, sizeof b);
+        for (int i = 0; i < segs[s].n; i++)
+            tmp[n_seg * 8 + row + i] = s;
+        memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
+        if (splits > 1) {
+            struct cuk_attn gs = g;
+            gs.n = segs[s].n;
+            ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
+        }
+        if (splits > max_splits)
+            max_splits = splits;
+        row += segs[s].n;
+        toff += seq->n_blocks;
+    }
+    float *ws = NULL;
+    if (ws_off > 0 && !(ws = dbuf_get(c, &c->ws, (size_t)ws_off * 4, "attention workspace"))) {
+        free(tmp);
+        return sticky(c, e);
+    }
+    const float *invf = dev_invf(c, inv_freq, a->head_dim / 2);
+    if (!invf || !dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata")) {
+        free(tmp);
+        return sticky(c, e);
+    }
+    if (need != c->bat_n || memcmp(tmp, c->bat_host, sizeof(int) * need)) {
+        memcpy(c->bat_host, tmp, sizeof(int) * need);
+        c->bat_n = need;
+        /* pageable source: staged before the call returns */
+        if (fail_cuda(c, "copy batch metadata",
+                      cudaMemcpyAsync(c->bat.p, c->bat_host, sizeof(int) * need,
+                                      cudaMemcpyHostToDevice, c->stream))) {
+            c->bat_n = 0;
+            free(tmp);
+            return sticky(c, e);
+        }
+    }
+    free(tmp);
+    if (fail_cuda(c, "rope_kv_attention_batch",
+                  cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
+                                              c->bat.p, &g, max_splits, invf, interleaved, ws)))
+        return sticky(c, e);
+    return 0;
+}
+
 static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
     struct cuda_backend *c = cb(be);
@@ -1054,10 +1169,12 @@ static void cu_destroy(struct backend *be)
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
-    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->xh, &c->wf, &c->invf, &c->step};
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->xh, &c->wf, &c->invf, &c->step,
+                           &c->bat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
+    free(c->bat_host);
     free(c->invf_host);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
@@ -1083,6 +1200,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_multi = cu_matmul_multi,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv_store = cu_rope_kv_store,
+    .rope_kv_attention_batch = cu_rope_kv_attention_batch,
     .load_weights = cu_load_weights,
     .finish = cu_finish,
     .upload = cu_upload,

@@ -76,6 +76,28 @@ cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const floa
                           const float *vc, const int *table, const struct cuk_attn *g,
                           const int *dpos, int n_splits, float *ws);
 
+/* One sequence of a batch step (8 ints): rows row0..row0+n-1 of the
+ * concatenated q/k/v are its positions pos0..; splits as cuk_attention
+ * would use for it alone; its block table at meta + tab_off; its attention
+ * workspace (splits > 1) at ws + ws_off. */
+struct cuk_bseg {
+    int row0, n, pos0, splits, tab_off, pad;
+    long long ws_off;
+};
+/* RoPE + K/V store + attention of every sequence of a batch step, with the
+ * results of cuk_rope_kv_store then cuk_attention per sequence. meta
+ * (device ints): [n_seg cuk_bseg][row map: segment of each of g->n rows, at
+ * offset g->pos0][block tables]; g->n = rows in all, g->n_heads,
+ * n_kv_heads, head_dim, window, scale, layer geometry as usual;
+ * max_splits = the largest splits. */
+cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const float *v, float *kc,
+                                    float *vc, const int *meta, const struct cuk_attn *g,
+                                    const float *inv_freq, int interleaved);
+cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
+                                        const float *v, float *kc, float *vc, const int *meta,
+                                        const struct cuk_attn *g, int max_splits,
+                                        const float *inv_freq, int interleaved, float *ws);
+
 /* Largest n the GEMV kernels take. */
 #define CUK_GEMV_MAX 8
 /* out[n][rows] = x[n][cols] . W^T for n <= CUK_GEMV_MAX, f32 accumulation,

@@ -238,6 +238,58 @@ extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, con
     return cudaGetLastError();
 }
 
+/* k_rope_kv_store over every segment of a batch step: g->n rows in all,
+ * row i's segment from the row map (meta + g->pos0), its position and block
+ * table from that segment's cuk_bseg; per element the arithmetic of
+ * k_rope_kv_store. */
+__global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, float *kc, float *vc,
+                                      const int *meta, struct cuk_attn g, const float *inv_freq,
+                                      int interleaved)
+{
+    int n_heads = g.n_heads, head_dim = g.head_dim;
+    int half = head_dim / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t nq = (size_t)g.n * n_heads * half, nk = (size_t)g.n * g.n_kv_heads * half;
+    if (idx >= nq + nk)
+        return;
+    bool is_k = idx >= nq;
+    size_t j = is_k ? idx - nq : idx;
+    int heads = is_k ? g.n_kv_heads : n_heads;
+    int f = (int)(j % half);
+    size_t rh = j / half; /* row * heads + head */
+    int i = (int)(rh / heads);
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + i];
+    int pos = sg->pos0 + (i - sg->row0);
+    float ang = (float)pos * inv_freq[f];
+    float cs = cosf(ang), sn = sinf(ang);
+    float *x = (is_k ? k : q) + rh * head_dim;
+    int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
+    float x0 = x[a], x1 = x[b];
+    float ra = x0 * cs - x1 * sn, rb = x1 * cs + x0 * sn;
+    x[a] = ra;
+    x[b] = rb;
+    if (!is_k)
+        return;
+    int head = (int)(rh % heads);
+    size_t off = cuk_kv_offset(&g, meta + sg->tab_off, pos) + (size_t)head * head_dim;
+    const float *vr = v + rh * head_dim;
+    kc[off + a] = ra;
+    kc[off + b] = rb;
+    vc[off + a] = vr[a];
+    vc[off + b] = vr[b];
+}
+
+extern "C" cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k,
+                                               const float *v, float *kc, float *vc,
+                                               const int *meta, const struct cuk_attn *g,
+                                               const float *inv_freq, int interleaved)
+{
+    size_t total = (size_t)g->n * (g->n_heads + g->n_kv_heads) * (g->head_dim / 2);
+    k_rope_kv_store_batch<<<blocks_for(total, 256), 256, 0, s>>>(q, k, v, kc, vc, meta, *g,
+                                                                 inv_freq, interleaved);
+    return cudaGetLastError();
+}
+
 /* ---- paged KV store ---- */
 
 __global__ void k_kv_store(float *kc, float *vc, const int *table, struct cuk_attn g,
