@@ -15,24 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *jstr(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-static bool jbool(json_t *o, const char *key, bool dflt)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
-}
-
-static char *arena_jstr(struct tokenizer *t, json_t *s, size_t *len)
-{
-    *len = json_string_length(s);
-    return tok_arena_strdup(&t->arena, json_string_value(s), *len);
-}
-
 /* ---- decoder ---- */
 
 /* One step of the decoder chain, applied to every piece at load time. */
@@ -78,7 +60,7 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
 {
     if (!node || json_is_null(node))
         return 0;
-    const char *ty = jstr(node, "type");
+    const char *ty = tok_json_str(node, "type");
     if (!ty)
         return err_set(e, "%s: decoder without a type", t->path);
     struct dec_step st = {0};
@@ -106,26 +88,9 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
         return push_dec(t, d, st, e);
     }
     if (strcmp(ty, "Replace") == 0) {
-        json_t *pat = json_object_get(node, "pattern");
-        json_t *str = json_object_get(pat, "String");
-        json_t *rx = json_object_get(pat, "Regex");
-        json_t *c = json_object_get(node, "content");
-        if (!json_is_string(c))
-            return err_set(e, "%s: decoder Replace without content", t->path);
         st.kind = D_REPLACE;
-        if (!(st.b = arena_jstr(t, c, &st.blen)))
-            return err_set(e, "%s: out of memory", t->path);
-        if (json_is_string(str)) {
-            if (!(st.a = arena_jstr(t, str, &st.alen)))
-                return err_set(e, "%s: out of memory", t->path);
-            if (st.alen == 0)
-                return err_set(e, "%s: decoder Replace with an empty pattern", t->path);
-        } else if (json_is_string(rx)) {
-            if (!(st.re = tok_regex_new(json_string_value(rx), json_string_length(rx), e)))
-                return err_wrap(e, "%s: decoder Replace", t->path);
-        } else {
-            return err_set(e, "%s: decoder Replace without a pattern", t->path);
-        }
+        if (tok_parse_replace(t, node, "decoder", &st.a, &st.alen, &st.b, &st.blen, &st.re, e))
+            return -1;
         return push_dec(t, d, st, e);
     }
     if (strcmp(ty, "Metaspace") == 0) {
@@ -138,7 +103,7 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
         return push_dec(t, d, st, e);
     }
     if (strcmp(ty, "Strip") == 0) {
-        const char *c = jstr(node, "content");
+        const char *c = tok_json_str(node, "content");
         st.kind = D_STRIP;
         st.start = (int)json_integer_value(json_object_get(node, "start"));
         st.stop = (int)json_integer_value(json_object_get(node, "stop"));
@@ -160,13 +125,13 @@ static int parse_decoder(struct tokenizer *t, json_t *node, struct hf_decoder *d
         json_t *p = json_object_get(node, "prefix");
         st.kind = D_WORDPIECE;
         if (json_is_string(p)) {
-            if (!(st.a = arena_jstr(t, p, &st.alen)))
+            if (!(st.a = tok_arena_jstr(t, p, &st.alen)))
                 return err_set(e, "%s: out of memory", t->path);
         } else {
             st.a = "##";
             st.alen = 2;
         }
-        st.cleanup = jbool(node, "cleanup", true);
+        st.cleanup = tok_json_bool(node, "cleanup", true);
         d->strip_start = 1;
         return push_dec(t, d, st, e);
     }
@@ -349,7 +314,7 @@ static int parse_post_processor(struct tokenizer *t, json_t *node, struct err *e
 {
     if (!node || json_is_null(node))
         return 0;
-    const char *ty = jstr(node, "type");
+    const char *ty = tok_json_str(node, "type");
     if (!ty)
         return err_set(e, "%s: post_processor without a type", t->path);
     if (strcmp(ty, "Sequence") == 0) {
@@ -388,7 +353,7 @@ static int parse_post_processor(struct tokenizer *t, json_t *node, struct err *e
         }
         if (!sp)
             continue;
-        const char *name = jstr(sp, "id");
+        const char *name = tok_json_str(sp, "id");
         json_t *def = name ? json_object_get(specials, name) : NULL;
         json_t *ids = json_object_get(def, "ids");
         if (!json_is_array(ids))
@@ -542,15 +507,15 @@ static int parse_added_tokens(struct tokenizer *t, json_t *arr, struct err *e)
         }
         struct tok_added *a = &t->added[t->n_added];
         a->id = (int)json_integer_value(id);
-        if (!(a->content = arena_jstr(t, c, &a->len))) {
+        if (!(a->content = tok_arena_jstr(t, c, &a->len))) {
             rc = err_set(e, "%s: out of memory", t->path);
             break;
         }
-        a->special = jbool(v, "special", false);
-        a->lstrip = jbool(v, "lstrip", false);
-        a->rstrip = jbool(v, "rstrip", false);
-        a->single_word = jbool(v, "single_word", false);
-        a->normalized = jbool(v, "normalized", !a->special);
+        a->special = tok_json_bool(v, "special", false);
+        a->lstrip = tok_json_bool(v, "lstrip", false);
+        a->rstrip = tok_json_bool(v, "rstrip", false);
+        a->single_word = tok_json_bool(v, "single_word", false);
+        a->normalized = tok_json_bool(v, "normalized", !a->special);
         const char *key = a->content;
         size_t klen = a->len;
         if (a->normalized && t->n_norm > 0) {
@@ -654,7 +619,7 @@ static int model_affix(struct tokenizer *t, json_t *model, const char *key, cons
     *len = 0;
     if (!json_is_string(v) || json_string_length(v) == 0)
         return 0;
-    if (!(*s = arena_jstr(t, v, len)))
+    if (!(*s = tok_arena_jstr(t, v, len)))
         return err_set(e, "%s: out of memory", t->path);
     return 0;
 }
@@ -710,7 +675,7 @@ struct tokenizer *tok_load_hf_src(const struct tok_hf_src *src, const char *path
     json_t *vocab = json_object_get(model, "vocab");
     json_t *merges = json_object_get(model, "merges");
     json_t *added = json_object_get(root, "added_tokens");
-    const char *mtype = jstr(model, "type");
+    const char *mtype = tok_json_str(model, "type");
     bool wordpiece = mtype && strcmp(mtype, "WordPiece") == 0;
     if (!src->tokens && !json_is_object(vocab)) {
         err_set(e, "%s: %s model without a vocab object", path, wordpiece ? "WordPiece" : "BPE");
@@ -803,11 +768,11 @@ struct tokenizer *tok_load_hf_src(const struct tok_hf_src *src, const char *path
                 goto fail;
             }
         }
-        t->byte_fallback = jbool(model, "byte_fallback", false);
-        t->ignore_merges = jbool(model, "ignore_merges", false);
-        t->fuse_unk = jbool(model, "fuse_unk", false);
+        t->byte_fallback = tok_json_bool(model, "byte_fallback", false);
+        t->ignore_merges = tok_json_bool(model, "ignore_merges", false);
+        t->fuse_unk = tok_json_bool(model, "fuse_unk", false);
     }
-    const char *unk = jstr(model, "unk_token");
+    const char *unk = tok_json_str(model, "unk_token");
     if (unk) {
         t->unk = tok_strmap_get(&t->vocab, unk, strlen(unk));
         if (t->unk < 0 && wordpiece) {
@@ -896,7 +861,7 @@ struct tokenizer *tok_load_hf_json(const char *tokenizer_json_path, struct err *
     }
     struct tokenizer *t = NULL;
     json_t *model = json_object_get(root, "model");
-    const char *type = jstr(model, "type");
+    const char *type = tok_json_str(model, "type");
     if (!json_is_object(model)) {
         err_set(e, "%s: no \"model\" object (not a tokenizer.json?)", path);
     } else if (type && strcmp(type, "BPE") != 0 && strcmp(type, "WordPiece") != 0) {

@@ -8,18 +8,6 @@
 
 #include "tokenizer/tok_internal.h"
 
-static const char *jstr(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-static bool jbool(json_t *o, const char *key, bool dflt)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
-}
-
 static int push_norm(struct tokenizer *t, struct tok_norm_step st, struct err *e)
 {
     struct tok_norm_step *p = realloc(t->norm, (size_t)(t->n_norm + 1) * sizeof *p);
@@ -32,17 +20,11 @@ static int push_norm(struct tokenizer *t, struct tok_norm_step st, struct err *e
     return 0;
 }
 
-static char *arena_jstr(struct tokenizer *t, json_t *s, size_t *len)
-{
-    *len = json_string_length(s);
-    return tok_arena_strdup(&t->arena, json_string_value(s), *len);
-}
-
 int tok_parse_normalizer(struct tokenizer *t, json_t *node, struct err *e)
 {
     if (!node || json_is_null(node))
         return 0;
-    const char *ty = jstr(node, "type");
+    const char *ty = tok_json_str(node, "type");
     if (!ty)
         return err_set(e, "%s: normalizer without a type", t->path);
     if (strcmp(ty, "Sequence") == 0) {
@@ -61,32 +43,16 @@ int tok_parse_normalizer(struct tokenizer *t, json_t *node, struct err *e)
         if (!json_is_string(p))
             return err_set(e, "%s: normalizer Prepend without a string", t->path);
         st.kind = TOK_NORM_PREPEND;
-        if (!(st.a = arena_jstr(t, p, &st.alen)))
+        if (!(st.a = tok_arena_jstr(t, p, &st.alen)))
             return err_set(e, "%s: out of memory", t->path);
         return push_norm(t, st, e);
     }
     if (strcmp(ty, "Replace") == 0) {
-        json_t *pat = json_object_get(node, "pattern");
-        json_t *str = json_object_get(pat, "String");
-        json_t *rx = json_object_get(pat, "Regex");
-        json_t *c = json_object_get(node, "content");
-        if (!json_is_string(c))
-            return err_set(e, "%s: normalizer Replace without content", t->path);
         st.kind = TOK_NORM_REPLACE;
-        if (!(st.b = arena_jstr(t, c, &st.blen)))
-            return err_set(e, "%s: out of memory", t->path);
-        if (json_is_string(str)) {
-            if (!(st.a = arena_jstr(t, str, &st.alen)))
-                return err_set(e, "%s: out of memory", t->path);
-            if (st.alen == 0)
-                return err_set(e, "%s: normalizer Replace with an empty pattern", t->path);
-        } else if (json_is_string(rx)) {
-            if (!(st.re = tok_regex_new(json_string_value(rx), json_string_length(rx), e)))
-                return err_wrap(e, "%s: normalizer Replace", t->path);
+        if (tok_parse_replace(t, node, "normalizer", &st.a, &st.alen, &st.b, &st.blen, &st.re, e))
+            return -1;
+        if (st.re)
             t->needs_utf8 = true;
-        } else {
-            return err_set(e, "%s: normalizer Replace without a pattern", t->path);
-        }
         return push_norm(t, st, e);
     }
     static const struct {
@@ -108,8 +74,8 @@ int tok_parse_normalizer(struct tokenizer *t, json_t *node, struct err *e)
     }
     if (strcmp(ty, "Strip") == 0) {
         st.kind = TOK_NORM_STRIP;
-        st.left = jbool(node, "strip_left", true);
-        st.right = jbool(node, "strip_right", true);
+        st.left = tok_json_bool(node, "strip_left", true);
+        st.right = tok_json_bool(node, "strip_right", true);
         t->needs_utf8 = true;
         return push_norm(t, st, e);
     }
@@ -120,11 +86,11 @@ int tok_parse_normalizer(struct tokenizer *t, json_t *node, struct err *e)
     }
     if (strcmp(ty, "BertNormalizer") == 0) {
         st.kind = TOK_NORM_BERT;
-        st.clean_text = jbool(node, "clean_text", true);
-        st.chinese_chars = jbool(node, "handle_chinese_chars", true);
-        st.lowercase = jbool(node, "lowercase", true);
+        st.clean_text = tok_json_bool(node, "clean_text", true);
+        st.chinese_chars = tok_json_bool(node, "handle_chinese_chars", true);
+        st.lowercase = tok_json_bool(node, "lowercase", true);
         /* strip_accents: null means "as lowercase" */
-        st.strip_accents = jbool(node, "strip_accents", st.lowercase);
+        st.strip_accents = tok_json_bool(node, "strip_accents", st.lowercase);
         t->needs_utf8 = true;
         return push_norm(t, st, e);
     }

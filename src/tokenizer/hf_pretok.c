@@ -28,18 +28,6 @@ struct seg {
     bool match;
 };
 
-static const char *jstr(json_t *o, const char *key)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-static bool jbool(json_t *o, const char *key, bool dflt)
-{
-    json_t *v = json_object_get(o, key);
-    return json_is_boolean(v) ? json_is_true(v) : dflt;
-}
-
 /* ---- parsing ---- */
 
 static int push_pre(struct tokenizer *t, struct tok_pre_step st, struct err *e)
@@ -71,7 +59,7 @@ int tok_parse_metaspace(struct tokenizer *t, json_t *node, const char **repl, si
         *repl = "\xe2\x96\x81";
         *rlen = 3;
     }
-    const char *scheme = jstr(node, "prepend_scheme");
+    const char *scheme = tok_json_str(node, "prepend_scheme");
     if (scheme) {
         if (strcmp(scheme, "always") == 0)
             *prepend = TOK_PREPEND_ALWAYS;
@@ -83,7 +71,7 @@ int tok_parse_metaspace(struct tokenizer *t, json_t *node, const char **repl, si
             return err_set(e, "%s: Metaspace prepend_scheme \"%s\" not known", t->path, scheme);
     } else {
         /* older files: add_prefix_space */
-        *prepend = jbool(node, "add_prefix_space", true) ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
+        *prepend = tok_json_bool(node, "add_prefix_space", true) ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
     }
     if (*rlen == 0)
         return err_set(e, "%s: Metaspace with an empty replacement", t->path);
@@ -93,7 +81,7 @@ int tok_parse_metaspace(struct tokenizer *t, json_t *node, const char **repl, si
 static int parse_behavior(struct tokenizer *t, json_t *node, enum tok_split_behavior dflt,
                           enum tok_split_behavior *out, struct err *e)
 {
-    const char *b = jstr(node, "behavior");
+    const char *b = tok_json_str(node, "behavior");
     if (!b)
         *out = dflt;
     else if (strcmp(b, "Removed") == 0)
@@ -131,7 +119,7 @@ int tok_parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
 {
     if (!node || json_is_null(node))
         return 0;
-    const char *ty = jstr(node, "type");
+    const char *ty = tok_json_str(node, "type");
     if (!ty)
         return err_set(e, "%s: pre_tokenizer without a type", t->path);
     if (strcmp(ty, "Sequence") == 0) {
@@ -151,7 +139,7 @@ int tok_parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
         if (tok_parse_metaspace(t, node, &st.repl, &st.repl_len, &prepend, e))
             return -1;
         st.prepend = prepend;
-        st.split = jbool(node, "split", true);
+        st.split = tok_json_bool(node, "split", true);
         return push_pre(t, st, e);
     }
     if (strcmp(ty, "Split") == 0) {
@@ -161,7 +149,7 @@ int tok_parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
         enum tok_split_behavior beh;
         if (parse_behavior(t, node, TOK_SPLIT_REMOVED, &beh, e))
             return -1;
-        bool invert = jbool(node, "invert", false);
+        bool invert = tok_json_bool(node, "invert", false);
         if (json_is_string(rx))
             return push_regex(t, json_string_value(rx), json_string_length(rx), invert, beh,
                               "pre_tokenizer Split", e);
@@ -181,8 +169,8 @@ int tok_parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
         if (t->byte_level)
             return err_set(e, "%s: two ByteLevel pre_tokenizers", t->path);
         st.kind = TOK_PRE_BYTELEVEL;
-        st.add_prefix_space = jbool(node, "add_prefix_space", true);
-        if (jbool(node, "use_regex", true)) {
+        st.add_prefix_space = tok_json_bool(node, "add_prefix_space", true);
+        if (tok_json_bool(node, "use_regex", true)) {
             if (!(st.re = tok_regex_new(GPT2_PATTERN, strlen(GPT2_PATTERN), e)))
                 return err_wrap(e, "%s: ByteLevel", t->path);
             t->needs_utf8 = true;
@@ -194,7 +182,7 @@ int tok_parse_pre_tokenizer(struct tokenizer *t, json_t *node, struct err *e)
     }
     if (strcmp(ty, "Digits") == 0)
         return push_chars(t, TOK_CC_DIGIT,
-                          jbool(node, "individual_digits", false) ? TOK_SPLIT_ISOLATED
+                          tok_json_bool(node, "individual_digits", false) ? TOK_SPLIT_ISOLATED
                                                                   : TOK_SPLIT_CONTIGUOUS,
                           e);
     if (strcmp(ty, "Punctuation") == 0) {

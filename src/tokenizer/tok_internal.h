@@ -378,6 +378,19 @@ struct tok_hf_src {
     bool read_config; /* apply tokenizer_config.json next to path */
 };
 struct tokenizer *tok_load_hf_src(const struct tok_hf_src *src, const char *path, struct err *e);
+/* tokenizer.json parsing helpers shared by the normalizer, pre-tokenizer and
+ * decoder parsers. */
+const char *tok_json_str(struct json_t *o, const char *key);
+bool tok_json_bool(struct json_t *o, const char *key, bool dflt);
+/* Copies a JSON string into the tokenizer's arena (NULL when out of memory). */
+char *tok_arena_jstr(struct tokenizer *t, struct json_t *s, size_t *len);
+/* A Replace step (normalizer or decoder, named by `what` in messages):
+ * pattern {String|Regex} -> content. A String pattern goes to a and alen,
+ * a Regex to re; the content goes to b and blen. */
+int tok_parse_replace(struct tokenizer *t, struct json_t *node, const char *what, const char **a,
+                      size_t *alen, const char **b, size_t *blen, struct tok_regex **re,
+                      struct err *e);
+
 int tok_parse_metaspace(struct tokenizer *t, struct json_t *node, const char **repl, size_t *rlen,
                         int *prepend, struct err *e);
 int tok_parse_normalizer(struct tokenizer *t, struct json_t *node, struct err *e);

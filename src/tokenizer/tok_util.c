@@ -1,6 +1,8 @@
 /* tok_util.c - the containers the tokenizer is built from: a string arena,
  * growable buffers, a string->id hash map, an (id,id)->merge hash map and a
  * byte trie for leftmost-longest matching of added tokens. */
+#include <jansson.h>
+
 #include "tokenizer/tok_internal.h"
 
 #include <stdlib.h>
@@ -361,4 +363,50 @@ size_t tok_utf8_seq_len(const unsigned char *s, size_t n)
         if ((s[i] & 0xC0) != 0x80)
             return 1;
     return want;
+}
+
+/* ---- tokenizer.json helpers ---- */
+
+const char *tok_json_str(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+bool tok_json_bool(json_t *o, const char *key, bool dflt)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_boolean(v) ? json_is_true(v) : dflt;
+}
+
+char *tok_arena_jstr(struct tokenizer *t, json_t *s, size_t *len)
+{
+    *len = json_string_length(s);
+    return tok_arena_strdup(&t->arena, json_string_value(s), *len);
+}
+
+int tok_parse_replace(struct tokenizer *t, json_t *node, const char *what, const char **a,
+                      size_t *alen, const char **b, size_t *blen, struct tok_regex **re,
+                      struct err *e)
+{
+    json_t *pat = json_object_get(node, "pattern");
+    json_t *str = json_object_get(pat, "String");
+    json_t *rx = json_object_get(pat, "Regex");
+    json_t *c = json_object_get(node, "content");
+    if (!json_is_string(c))
+        return err_set(e, "%s: %s Replace without content", t->path, what);
+    if (!(*b = tok_arena_jstr(t, c, blen)))
+        return err_set(e, "%s: out of memory", t->path);
+    if (json_is_string(str)) {
+        if (!(*a = tok_arena_jstr(t, str, alen)))
+            return err_set(e, "%s: out of memory", t->path);
+        if (*alen == 0)
+            return err_set(e, "%s: %s Replace with an empty pattern", t->path, what);
+    } else if (json_is_string(rx)) {
+        if (!(*re = tok_regex_new(json_string_value(rx), json_string_length(rx), e)))
+            return err_wrap(e, "%s: %s Replace", t->path, what);
+    } else {
+        return err_set(e, "%s: %s Replace without a pattern", t->path, what);
+    }
+    return 0;
 }
