@@ -60,19 +60,6 @@ static float frand(void) /* uniform in [-1, 1) */
     return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
-static double rel_err(const float *a, const float *ref, size_t n)
-{
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > md || isnan(d))
-            md = isnan(d) ? INFINITY : d;
-        if (fabs(ref[i]) > mr)
-            mr = fabs(ref[i]);
-    }
-    return md / (mr > 0 ? mr : 1);
-}
-
 static float *dev_alloc_copy(struct backend *be, const float *h, size_t n)
 {
     float *d = be->ops->alloc(be, n * sizeof(float));
@@ -156,7 +143,7 @@ static void check_matmul(struct backend *be, const struct test_mat *m, int n, do
     CHECK(rc == 0, "%s: %s", what, e.msg);
     float *out = dev_fetch(be, dout, (size_t)n * rows);
     CHECK(be->ops->finish(be, &e) == 0, "%s: %s", what, e.msg);
-    double re = rel_err(out, ref, (size_t)n * rows);
+    double re = test_rel_err(out, ref, (size_t)n * rows);
     CHECK(re <= tol, "matmul %s %s [%d x %d] n=%d: rel err %.3g > %.3g", what,
           dtype_name(m->t.dtype), rows, cols, n, re, tol);
     be->ops->free(be, dx);
@@ -256,7 +243,7 @@ static void check_norm_rope(struct backend *cpu)
         be->ops->rmsnorm(be, d, d, wv.t.data, n, dim, 1e-6f); /* in place, as for q/k norm */
         float *got = dev_fetch(be, d, (size_t)n * dim);
         CHECK(be->ops->finish(be, &e) == 0, "rmsnorm: %s", e.msg);
-        double re = rel_err(got, ref, (size_t)n * dim);
+        double re = test_rel_err(got, ref, (size_t)n * dim);
         CHECK(re <= 1e-6, "rmsnorm dim %d: rel err %.3g", dim, re);
         be->ops->free(be, d);
         backend_destroy(be);
@@ -281,7 +268,7 @@ static void check_norm_rope(struct backend *cpu)
         cpu->ops->rope(cpu, x, n, heads, hd, pos0, invf, inter);
         be->ops->rope(be, d, n, heads, hd, pos0, invf, inter);
         float *got = dev_fetch(be, d, nel);
-        double re = rel_err(got, x, nel);
+        double re = test_rel_err(got, x, nel);
         CHECK(re <= 1e-5, "rope (interleaved %d) at pos %d: rel err %.3g", inter, pos0, re);
         be->ops->free(be, d);
         free(got);
@@ -343,7 +330,7 @@ static void check_attention_case(struct backend *cpu, struct backend *be, int hd
     CHECK(be->ops->attention(be, dout, dq, &pg, &sg, layer, &a, &e) == 0, "cuda attention: %s", e.msg);
     float *got = dev_fetch(be, dout, qn);
     CHECK(be->ops->finish(be, &e) == 0, "attention: %s", e.msg);
-    double re = rel_err(got, ref, qn);
+    double re = test_rel_err(got, ref, qn);
     CHECK(re <= 1e-5, "attention hd %d heads %d/%d ctx %d n %d window %d: rel err %.3g", hd, heads,
           kv_heads, ctx, n, window, re);
     float *fs[] = {dk, dv, dq, dout};
@@ -416,15 +403,6 @@ static void runner_close(struct runner *r, bool own_be)
     model_free(&r->m);
 }
 
-static int *json_ids(json_t *arr, int *n)
-{
-    *n = (int)json_array_size(arr);
-    int *ids = malloc(sizeof(int) * (size_t)(*n ? *n : 1));
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int)json_integer_value(json_array_get(arr, i));
-    return ids;
-}
-
 /* Greedy decoding; stops at EOS unless ignore_eos. last_logits (optional)
  * gets the logits the last id was chosen from. */
 static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out,
@@ -455,18 +433,6 @@ static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, 
     return got;
 }
 
-static float *read_f32(const char *path, size_t want)
-{
-    size_t len = 0;
-    char *buf = test_read_file(path, &len);
-    CHECK(buf && len == want * 4, "%s: expected %zu floats, file has %zu bytes", path, want, len);
-    if (buf && len != want * 4) {
-        free(buf);
-        return NULL;
-    }
-    return (float *)buf;
-}
-
 static void check_oracle(const char *dir, int batch, bool precise, double tol)
 {
     char path[1024];
@@ -484,11 +450,11 @@ static void check_oracle(const char *dir, int batch, bool precise, double tol)
         for (size_t i = 0; i < json_array_size(cases); i++) {
             json_t *c = json_array_get(cases, i);
             int np, ng;
-            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
-            int *want = json_ids(json_object_get(c, "greedy"), &ng);
+            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *want = test_json_ids(json_object_get(c, "greedy"), &ng);
             snprintf(path, sizeof path, "%s/%s", dir,
                      json_string_value(json_object_get(c, "logits_file")));
-            float *ref = read_f32(path, (size_t)np * vocab);
+            float *ref = test_read_f32(path, (size_t)np * vocab);
             float *ours = malloc(sizeof(float) * (size_t)np * vocab);
             struct kv_seq seq = {0};
             struct err e = {{0}};
@@ -496,7 +462,7 @@ static void check_oracle(const char *dir, int batch, bool precise, double tol)
             CHECK(rc == 0, "%s: %s", dir, e.msg);
             kv_seq_release(&r.pool, &seq);
             if (ref && rc == 0) {
-                double re = rel_err(ours, ref, (size_t)np * vocab);
+                double re = test_rel_err(ours, ref, (size_t)np * vocab);
                 worst = re > worst ? re : worst;
                 CHECK(re <= tol, "%s case %zu (cuda%s, batch %d): logits rel err %.3g > %.3g", dir, i,
                       precise ? " precise" : "", batch, re, tol);
@@ -552,14 +518,14 @@ static void check_gguf_oracle(const char *dir, const char *name)
             json_t *root = json_load_file(ref, 0, &je);
             json_t *c = json_array_get(json_object_get(root, "cases"), 2);
             int np, vocab = r.m.cfg.vocab_size;
-            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
             snprintf(refdir, sizeof refdir, "%s/%s", dir, json_string_value(json_object_get(c, "logits_file")));
-            float *want = read_f32(refdir, (size_t)np * vocab);
+            float *want = test_read_f32(refdir, (size_t)np * vocab);
             float *ours = malloc(sizeof(float) * (size_t)np * vocab);
             struct kv_seq seq = {0};
             CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
             kv_seq_release(&r.pool, &seq);
-            double re = want ? rel_err(ours, want, (size_t)np * vocab) : INFINITY;
+            double re = want ? test_rel_err(ours, want, (size_t)np * vocab) : INFINITY;
             CHECK(re <= tols[k], "%s via GGUF %s on cuda: logits rel err %.3g > %.3g", name,
                   dtype_name(dts[k]), re, tols[k]);
             printf("oracle %-12s cuda gguf %-5s: logits rel err %.2e (tol %.0e)\n", name,
@@ -588,16 +554,16 @@ static void check_tinystories_hf(void)
     struct runner r;
     if (runner_open(&r, path, 64, false, NULL, 64) == 0) {
         int np, ng, vocab = r.m.cfg.vocab_size;
-        int *prompt = json_ids(json_object_get(root, "prompt_ids"), &np);
-        int *want = json_ids(json_object_get(root, "greedy"), &ng);
+        int *prompt = test_json_ids(json_object_get(root, "prompt_ids"), &np);
+        int *want = test_json_ids(json_object_get(root, "greedy"), &ng);
         snprintf(path, sizeof path, "%s/oracle/tinystories_logits.bin", fixtures_dir);
-        float *ref = read_f32(path, (size_t)np * vocab);
+        float *ref = test_read_f32(path, (size_t)np * vocab);
         float *ours = malloc(sizeof(float) * (size_t)np * vocab);
         struct kv_seq seq = {0};
         struct err e = {{0}};
         CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
         kv_seq_release(&r.pool, &seq);
-        double re = ref ? rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
+        double re = ref ? test_rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
         CHECK(re <= 1e-4, "tinystories vs transformers on cuda: logits rel err %.3g", re);
         printf("oracle %-12s cuda: logits rel err %.2e (tol 1e-04)\n", "tinystories", re);
         int *got = calloc((size_t)ng, sizeof(int));
@@ -632,7 +598,7 @@ static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_g
         k++;
     CHECK(na == n_gen && nb == n_gen && k == n_gen, "%s: CPU and CUDA greedy differ at step %d of %d",
           model_dir, k, n_gen);
-    double re = k == n_gen ? rel_err(lb, la, (size_t)vocab) : INFINITY;
+    double re = k == n_gen ? test_rel_err(lb, la, (size_t)vocab) : INFINITY;
     CHECK(re <= 1e-4, "%s: last logits CUDA vs CPU rel err %.3g", model_dir, re);
     printf("cpu vs cuda %s: %d greedy ids identical, last-step logits rel err %.2e\n", model_dir, k, re);
 

@@ -49,15 +49,6 @@ static void runner_close(struct runner *r)
     model_free(&r->m);
 }
 
-static int *json_ids(json_t *arr, int *n)
-{
-    *n = (int)json_array_size(arr);
-    int *ids = malloc(sizeof(int) * (size_t)(*n ? *n : 1));
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int)json_integer_value(json_array_get(arr, i));
-    return ids;
-}
-
 /* Greedy decoding from prompt; out gets n_gen ids (stops early at an EOS id). */
 static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out)
 {
@@ -102,8 +93,8 @@ static void check_expected_greedy(const char *model_dir, int threads)
         for (size_t i = 0; i < json_array_size(cases); i++) {
             json_t *c = json_array_get(cases, i);
             int np, ne;
-            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
-            int *want = json_ids(json_object_get(c, "generated_ids"), &ne);
+            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *want = test_json_ids(json_object_get(c, "generated_ids"), &ne);
             int forced = ne - ((int)json_integer_value(json_object_get(c, "steps")) - np + 1);
             int n_gen = ne - forced;
             int *got = calloc((size_t)ne + 1, sizeof(int));
@@ -125,32 +116,6 @@ static void check_expected_greedy(const char *model_dir, int threads)
     json_decref(root);
 }
 
-static float *read_f32(const char *path, size_t want)
-{
-    size_t len = 0;
-    char *buf = test_read_file(path, &len);
-    CHECK(buf && len == want * 4, "%s: expected %zu floats, file has %zu bytes", path, want, len);
-    if (buf && len != want * 4) {
-        free(buf);
-        return NULL;
-    }
-    return (float *)buf;
-}
-
-/* max|ours - ref| / max|ref|: the contract's relative error. */
-static double rel_err(const float *a, const float *ref, size_t n)
-{
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > md || isnan(d))
-            md = isnan(d) ? INFINITY : d;
-        if (fabs(ref[i]) > mr)
-            mr = fabs(ref[i]);
-    }
-    return md / (mr > 0 ? mr : 1);
-}
-
 /* tol: relative logits error allowed against ref.json's logits. */
 static void check_oracle(const char *dir, int threads, int batch, double tol)
 {
@@ -169,11 +134,11 @@ static void check_oracle(const char *dir, int threads, int batch, double tol)
         for (size_t i = 0; i < json_array_size(cases); i++) {
             json_t *c = json_array_get(cases, i);
             int np, ng;
-            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
-            int *want = json_ids(json_object_get(c, "greedy"), &ng);
+            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *want = test_json_ids(json_object_get(c, "greedy"), &ng);
             snprintf(path, sizeof path, "%s/%s", dir,
                      json_string_value(json_object_get(c, "logits_file")));
-            float *ref = read_f32(path, (size_t)np * vocab);
+            float *ref = test_read_f32(path, (size_t)np * vocab);
             float *ours = malloc(sizeof(float) * (size_t)np * vocab);
             struct kv_seq seq = {0};
             struct err e = {{0}};
@@ -181,7 +146,7 @@ static void check_oracle(const char *dir, int threads, int batch, double tol)
             CHECK(rc == 0, "%s: %s", dir, e.msg);
             kv_seq_release(&r.pool, &seq);
             if (ref && rc == 0) {
-                double re = rel_err(ours, ref, (size_t)np * vocab);
+                double re = test_rel_err(ours, ref, (size_t)np * vocab);
                 CHECK(re <= tol, "%s case %zu (threads %d, batch %d): logits rel err %.3g > %.3g",
                       dir, i, threads, batch, re, tol);
             }
@@ -191,8 +156,8 @@ static void check_oracle(const char *dir, int threads, int batch, double tol)
             const char *f32src = json_string_value(json_object_get(c, "logits_f32src_file"));
             if (f32src && rc == 0) {
                 snprintf(path, sizeof path, "%s/%s", dir, f32src);
-                float *ref32 = read_f32(path, (size_t)np * vocab);
-                double re = ref32 ? rel_err(ours, ref32, (size_t)np * vocab) : INFINITY;
+                float *ref32 = test_read_f32(path, (size_t)np * vocab);
+                double re = ref32 ? test_rel_err(ours, ref32, (size_t)np * vocab) : INFINITY;
                 CHECK(re <= 3e-2, "%s case %zu: bf16 vs f32-model logits rel err %.3g > 3e-2", dir, i, re);
                 if (threads == 1)
                     printf("%s case %zu: bf16 weights vs f32 model: logits rel err %.4f\n", dir, i, re);
@@ -254,14 +219,14 @@ static void check_gguf_oracle(const char *dir, const char *name)
             json_t *root = json_load_file(ref, 0, &je);
             json_t *c = json_array_get(json_object_get(root, "cases"), 2);
             int np, vocab = r.m.cfg.vocab_size;
-            int *prompt = json_ids(json_object_get(c, "prompt_ids"), &np);
+            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
             snprintf(refdir, sizeof refdir, "%s/%s", dir, json_string_value(json_object_get(c, "logits_file")));
-            float *want = read_f32(refdir, (size_t)np * vocab);
+            float *want = test_read_f32(refdir, (size_t)np * vocab);
             float *ours = malloc(sizeof(float) * (size_t)np * vocab);
             struct kv_seq seq = {0};
             CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
             kv_seq_release(&r.pool, &seq);
-            double re = want ? rel_err(ours, want, (size_t)np * vocab) : INFINITY;
+            double re = want ? test_rel_err(ours, want, (size_t)np * vocab) : INFINITY;
             CHECK(re <= tols[k], "%s via GGUF %s: logits rel err %.3g > %.3g", name,
                   dtype_name(dts[k]), re, tols[k]);
             if (dts[k] == DT_Q8_0)
@@ -292,16 +257,16 @@ static void check_tinystories_hf(void)
     struct runner r;
     if (runner_open(&r, path, 2, 64) == 0) {
         int np, ng, vocab = r.m.cfg.vocab_size;
-        int *prompt = json_ids(json_object_get(root, "prompt_ids"), &np);
-        int *want = json_ids(json_object_get(root, "greedy"), &ng);
+        int *prompt = test_json_ids(json_object_get(root, "prompt_ids"), &np);
+        int *want = test_json_ids(json_object_get(root, "greedy"), &ng);
         snprintf(path, sizeof path, "%s/oracle/tinystories_logits.bin", CLLM_FIXTURES_DIR);
-        float *ref = read_f32(path, (size_t)np * vocab);
+        float *ref = test_read_f32(path, (size_t)np * vocab);
         float *ours = malloc(sizeof(float) * (size_t)np * vocab);
         struct kv_seq seq = {0};
         struct err e = {{0}};
         CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
         kv_seq_release(&r.pool, &seq);
-        double re = ref ? rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
+        double re = ref ? test_rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
         CHECK(re <= 1e-4, "tinystories vs transformers: logits rel err %.3g", re);
         int *got = calloc((size_t)ng, sizeof(int));
         int n = greedy(&r, prompt, np, ng, got);

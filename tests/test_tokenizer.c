@@ -62,15 +62,6 @@ static void check_encode(const struct tokenizer *t, const char *what, const char
     free(ids);
 }
 
-static int *json_ids(json_t *arr, int *n)
-{
-    *n = (int)json_array_size(arr);
-    int *ids = malloc(((size_t)*n + 1) * sizeof *ids);
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int)json_integer_value(json_array_get(arr, (size_t)i));
-    return ids;
-}
-
 /* True when s[0, n) is valid UTF-8 (no overlongs, surrogates, > U+10FFFF). */
 static bool valid_utf8(const unsigned char *s, size_t n)
 {
@@ -150,8 +141,8 @@ static void check_greedy_cases(const struct tokenizer *t, const char *json_path,
         const char *prompt = json_string_value(json_object_get(c, "prompt"));
         const char *text = json_string_value(json_object_get(c, "text"));
         int np, ng;
-        int *pids = json_ids(json_object_get(c, "prompt_ids"), &np);
-        int *gids = json_ids(json_object_get(c, "generated_ids"), &ng);
+        int *pids = test_json_ids(json_object_get(c, "prompt_ids"), &np);
+        int *gids = test_json_ids(json_object_get(c, "generated_ids"), &ng);
         char label[256];
         snprintf(label, sizeof label, "%s/%s", what, name);
         check_encode(t, label, prompt, true, pids, np);

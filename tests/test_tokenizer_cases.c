@@ -21,15 +21,6 @@
 #define SHARED CLLM_SHARED_DIR
 #define FIX CLLM_FIXTURES_DIR
 
-static int *json_ids(json_t *arr, int *n)
-{
-    *n = (int)json_array_size(arr);
-    int *ids = malloc(((size_t)*n + 1) * sizeof *ids);
-    for (int i = 0; i < *n; i++)
-        ids[i] = (int)json_integer_value(json_array_get(arr, (size_t)i));
-    return ids;
-}
-
 static void ids_str(const int *ids, int n, char *buf, size_t cap)
 {
     size_t k = 0;
@@ -42,7 +33,7 @@ static bool check_ids(const struct tokenizer *t, const char *what, const char *n
                       const char *text, size_t len, bool special, json_t *want_arr)
 {
     int nw;
-    int *want = json_ids(want_arr, &nw);
+    int *want = test_json_ids(want_arr, &nw);
     struct err e = {{0}};
     int *ids = NULL;
     int n = tok_encode(t, text, len, special, &ids, &e);
@@ -118,7 +109,7 @@ static int run_cases(const struct tokenizer *t, json_t *root, const char *dir)
         /* the pieces of the ids */
         json_t *toks = json_object_get(c, "tokens");
         int nid;
-        int *ids = json_ids(json_object_get(c, "ids"), &nid);
+        int *ids = test_json_ids(json_object_get(c, "ids"), &nid);
         for (int k = 0; k < nid && k < (int)json_array_size(toks); k++) {
             const char *want = json_string_value(json_array_get(toks, (size_t)k));
             const char *got = tok_piece(t, ids[k]);
@@ -137,7 +128,7 @@ static int run_cases(const struct tokenizer *t, json_t *root, const char *dir)
         }
         free(ids);
         /* decode the special ids both ways, whole and streamed */
-        ids = json_ids(json_object_get(c, "ids_special"), &nid);
+        ids = test_json_ids(json_object_get(c, "ids_special"), &nid);
         for (int skip = 0; skip < 2; skip++) {
             const char *want =
                 json_string_value(json_object_get(c, skip ? "decoded_skip_special" : "decoded"));

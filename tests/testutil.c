@@ -1,6 +1,8 @@
 /* testutil.c - counters and helpers for the test programs. */
 #include "testutil.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 
 int test_passed, test_failed;
@@ -31,4 +33,38 @@ char *test_read_file(const char *path, size_t *len)
             *len = (size_t)n;
     }
     return buf;
+}
+
+int *test_json_ids(json_t *arr, int *n)
+{
+    *n = (int)json_array_size(arr);
+    int *ids = malloc(((size_t)*n + 1) * sizeof *ids);
+    for (int i = 0; i < *n; i++)
+        ids[i] = (int)json_integer_value(json_array_get(arr, (size_t)i));
+    return ids;
+}
+
+float *test_read_f32(const char *path, size_t want)
+{
+    size_t len = 0;
+    char *buf = test_read_file(path, &len);
+    CHECK(buf && len == want * 4, "%s: expected %zu floats, file has %zu bytes", path, want, len);
+    if (buf && len != want * 4) {
+        free(buf);
+        return NULL;
+    }
+    return (float *)buf;
+}
+
+double test_rel_err(const float *a, const float *ref, size_t n)
+{
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > md || isnan(d))
+            md = isnan(d) ? INFINITY : d;
+        if (fabs(ref[i]) > mr)
+            mr = fabs(ref[i]);
+    }
+    return md / (mr > 0 ? mr : 1);
 }

@@ -24,4 +24,15 @@ int test_summary(const char *name);
 /* Reads a whole file; returns NULL if missing. Caller frees. */
 char *test_read_file(const char *path, size_t *len);
 
+struct json_t;
+/* A JSON array of integers as a malloc'ed int array (one spare slot); *n
+ * gets its length. */
+int *test_json_ids(struct json_t *arr, int *n);
+/* Reads a raw float32 file that must hold exactly `want` floats (CHECKed);
+ * NULL otherwise. Caller frees. */
+float *test_read_f32(const char *path, size_t want);
+/* max|a - ref| / max|ref| (a NaN counts as infinite error): the oracle
+ * contract's relative logits error. */
+double test_rel_err(const float *a, const float *ref, size_t n);
+
 #endif
