@@ -7,7 +7,13 @@
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        cli_usage(argc < 2 ? stderr : stdout);
+        FILE *f = argc < 2 ? stderr : stdout;
+        cli_usage(f);
+        /* cli_usage (run.c) lists the other verbs and run's options. */
+        fprintf(f, "\nmore commands:\n"
+                   "  bench <model> [options]  prefill and decode tok/s against the memory-bandwidth\n"
+                   "                           floor; --batch S,S,... adds concurrent streams (see\n"
+                   "                           cllm bench --help)\n");
         return argc < 2 ? 2 : 0;
     }
     static const struct {
@@ -18,6 +24,7 @@ int main(int argc, char **argv)
         {"serve", cmd_serve},
         {"tokenize", cmd_tokenize},
         {"template", cmd_template},
+        {"bench", cmd_bench},
     };
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
         if (!strcmp(argv[1], verbs[i].name))

@@ -130,6 +130,8 @@ if start S4 "$P4" "$STORIES" CLLM_PROMPT_CACHE_GB=2 -- --prompt-cache 0; then
     call /v1/chat/completions "$pc_req" "http://127.0.0.1:$P4"
     check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens == 0" <<<"$body" >/dev/null && [ "$(jq -r ".choices[0].message.content" <<<"$body")" = "$(jq -r ".choices[0].message.content" <<<"$pc_first")" ]' "--prompt-cache 0: $body"
     check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".prompt_cache.enabled == false and .prompt_cache.blocks == 0 and .kv.blocks_free == .kv.blocks_total" >/dev/null' "--prompt-cache 0 /stats"
+    # default pool without a prompt cache: exactly --batch (8) x --ctx (512 = 32 blocks)
+    check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".kv.blocks_total == 256" >/dev/null && grep -q "KV pool 256 blocks x 20480 bytes = 5.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 0 prompt-cache blocks" "$tmp/log.$P4"' "default pool without the prompt cache: $(curl -s http://127.0.0.1:$P4/stats | jq -c .kv) $(cat "$tmp/log.$P4")"
     kill -TERM "$S4"
     wait "$S4"
 fi
@@ -145,7 +147,11 @@ P5=$(free_port)
 B5="http://127.0.0.1:$P5"
 if start S5 "$P5" "$STORIES" CLLM_KV_BUDGET_GB=1 -- --kv-budget 0.0002; then
     check 'curl -s $B5/stats | jq -e ".batch.kv_budget_bytes == 200000 and .batch.kv_bytes == 0" >/dev/null' "--kv-budget /stats: $(curl -s $B5/stats | jq -c .batch)"
-    check 'grep -q "KV pool 32 blocks x 20480 bytes" "$tmp/log.$P5" && grep -q "KV budget 200000 bytes" "$tmp/log.$P5"' "--kv-budget start line: $(cat "$tmp/log.$P5")"
+    check 'grep -q "KV budget 200000 bytes" "$tmp/log.$P5"' "--kv-budget start line: $(cat "$tmp/log.$P5")"
+    # no --memory-budget: the default pool (75% of RAM less the weights) is
+    # capped at --batch x --ctx (8 x 32 blocks) plus as much again for the
+    # prompt cache; the start lines say so and name the device
+    check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 512" >/dev/null && grep -q "KV pool 512 blocks x 20480 bytes = 10.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 256 prompt-cache blocks; weights" "$tmp/log.$P5" && grep -q "device cpu, context 512 tokens" "$tmp/log.$P5"' "default KV pool: $(curl -s $B5/stats | jq -c .kv) $(cat "$tmp/log.$P5")"
     # no max_tokens: prompt + the rest of the 512-token context = 32 blocks, over the budget alone
     call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}]}' "$B5"
     check '[ "$code" = 400 ] && jq -e ".error.type == \"memory_admission\" and (.error.message | test(\"655360 bytes\") and test(\"200000 bytes\"))" <<<"$body" >/dev/null' "over-budget request (openai): $code $body"
@@ -169,14 +175,21 @@ fi
 CLLM_KV_BUDGET_GB=0 "$CLLM" serve "$STORIES" --port "$P5" >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 2 ] && grep -q "CLLM_KV_BUDGET_GB" "$tmp/e"' "bad CLLM_KV_BUDGET_GB: $(cat "$tmp/e")"
+# --device / CLLM_DEVICE: a bad value is refused at start (exit 2)
+"$CLLM" serve "$STORIES" --port "$P5" --device gpu0 >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q -- "--device needs cpu, cuda, cuda:N or auto" "$tmp/e"' "bad --device: $rc $(cat "$tmp/e")"
+CLLM_DEVICE=cuda:x "$CLLM" serve "$STORIES" --port "$P5" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "CLLM_DEVICE" "$tmp/e"' "bad CLLM_DEVICE: $rc $(cat "$tmp/e")"
 # --memory-budget under the weights (about 1 MB) refuses to start; a fitting
 # one sizes the pool (2 MB - 1037312 bytes of weights = 47 blocks)
 "$CLLM" serve "$STORIES" --port "$P5" --memory-budget 0.0005 >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 1 ] && grep -q "not enough for the weights" "$tmp/e" && grep -q "1037312 bytes" "$tmp/e"' "--memory-budget under the weights: $rc $(cat "$tmp/e")"
-if start S5 "$P5" "$STORIES" CLLM_MEMORY_BUDGET_GB=0.002 -- --batch 1; then
+if start S5 "$P5" "$STORIES" CLLM_MEMORY_BUDGET_GB=0.002 CLLM_DEVICE=cpu -- --batch 1; then
     check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 47 and .batch.mode == \"off\"" >/dev/null' "--memory-budget pool: $(curl -s $B5/stats | jq -c .kv)"
-    check 'grep -q "KV pool 47 blocks" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
+    check 'grep -q "KV pool 47 blocks x 20480 bytes = 0.9 MiB (--memory-budget; weights" "$tmp/log.$P5" && grep -q "cllm serve: device cpu$" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
     call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":4}' "$B5"
     check '[ "$code" = 200 ] && jq -e ".usage.lane == \"serial\"" <<<"$body" >/dev/null' "--batch 1 usage.lane: $body"
     call /v1/completions '{"prompt":"Zoo","max_tokens":4}' "$B5"

@@ -194,6 +194,11 @@ void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes
         memcpy(dst, src, bytes);
 }
 
+int backend_kv_dtype(struct backend *be)
+{
+    return be->ops->kv_dtype ? be->ops->kv_dtype(be) : DT_F32;
+}
+
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e)
 {
     return be->ops->load_weights ? be->ops->load_weights(be, m, e) : 0;

@@ -135,6 +135,23 @@ struct backend_ops {
      * row (see forward_tokens_greedy). */
     int (*argmax)(struct backend *be, int *out, const float *x, int n, struct err *e);
     void (*mem_info)(struct backend *be, struct backend_mem *out);
+    /* Optional: the element type of the KV cache this backend keeps
+     * (enum dtype; NULL means DT_F32). Its kv_store/attention ops read and
+     * write pools of that type. */
+    int (*kv_dtype)(struct backend *be);
+    /* Optional: measured device memory bandwidth in bytes/s, or < 0 with e
+     * set. CUDA: a device-to-device copy of a large buffer, read + write
+     * counted; CPU: a multi-threaded read of a large buffer, bytes read
+     * counted. Decode streams the weights at about this rate, so `cllm
+     * bench` sets its floor by it. Takes well under a second. */
+    double (*mem_bandwidth)(struct backend *be, struct err *e);
+    /* Optional: argmax over rows consecutive rows of n floats of backend
+     * memory x; out (host) gets rows ids, each by argmax's rules (the lowest
+     * index on ties, NaNs never win, 0 when nothing compares). Waits for
+     * queued work. A batched step copies its greedy sequences' ids instead
+     * of their logits rows (struct forward_seg's next). */
+    int (*argmax_rows)(struct backend *be, int *out, const float *x, int rows, int n,
+                       struct err *e);
 };
 
 struct backend {
@@ -169,6 +186,8 @@ void backend_destroy(struct backend *be);
 
 /* ops->upload, or memcpy for backends whose memory is the host's. */
 void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+/* The KV element type of the backend (ops->kv_dtype, else DT_F32). */
+int backend_kv_dtype(struct backend *be);
 /* ops->load_weights when the backend has one (no-op otherwise). */
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e);
 /* Prints the device allocation plan (weights, activations, KV, free) to f

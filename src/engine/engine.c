@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
@@ -70,6 +71,8 @@ struct engine {
     bool cap_pending;        /* engine_set_prompt_cache while running */
     long long cap_bytes;
     long long block_bytes;   /* bytes of one pool block */
+    char kv_sizing[160];     /* engine_stats.kv_sizing */
+    char device[128];
     long long proj_total;    /* projected KV bytes of run + pre (engine lock) */
     struct engine_stats st;
 };
@@ -443,13 +446,14 @@ static void admit(struct engine *eng)
 struct cand {
     struct seq *s;
     int n;
+    int tok; /* greedy sequences: the id the step took on the device */
 };
 
-/* Samples the sequence's next token from its logits row. */
-static void take_token(struct engine *eng, struct seq *s, const float *logits)
+/* Appends the sequence's next token (sampled from its logits row, or its
+ * greedy id from the step): stop checks, the event, the length limit. */
+static void take_token(struct engine *eng, struct seq *s, int tok)
 {
     struct engine_request *r = s->r;
-    int tok = sampler_sample(&s->smp, logits);
     if (is_stop(eng, r, tok)) {
         retire(eng, s, ENGINE_FINISH_STOP, NULL);
         return;
@@ -496,7 +500,7 @@ static void engine_step(struct engine *eng)
                 continue;
             budget -= k;
         }
-        cands[n_cand++] = (struct cand){s, k};
+        cands[n_cand++] = (struct cand){s, k, -1};
     }
     /* Blocks for every span, oldest first; on exhaustion preempt the
      * youngest running sequence rather than fail. */
@@ -524,13 +528,18 @@ static void engine_step(struct engine *eng)
     }
     if (n_cand == 0)
         return;
+    /* A greedy sequence asks the step for its id, not its logits row: on a
+     * device with argmax_rows only the ids cross to the host, and the
+     * logits buffer holds just the sampled sequences' rows, in order. */
     struct forward_seg *segs = eng->segs;
     for (int i = 0; i < n_cand; i++) {
         struct seq *s = cands[i].s;
         assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
+        bool logits = s->kv.n_tokens + cands[i].n == s->n_toks;
         segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
-                                       .n = cands[i].n,
-                                       .logits = s->kv.n_tokens + cands[i].n == s->n_toks};
+                                       .n = cands[i].n, .logits = logits,
+                                       .next = logits && sampler_is_greedy(&s->smp)
+                                                   ? &cands[i].tok : NULL};
     }
     struct err e = {{0}};
     if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
@@ -554,8 +563,90 @@ static void engine_step(struct engine *eng)
             eng->st.tokens_prompt += (uint64_t)s->r->n_prompt;
             pthread_mutex_unlock(&eng->mu);
         }
-        take_token(eng, s, eng->logits + (size_t)row++ * vocab);
+        int tok = segs[i].next ? cands[i].tok
+                               : sampler_sample(&s->smp, eng->logits + (size_t)row++ * vocab);
+        take_token(eng, s, tok);
     }
+}
+
+/* Physical RAM, or the cgroup's memory limit when that is lower (0 when
+ * unknown). */
+static long long ram_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    long long ram = pages > 0 && psz > 0 ? (long long)pages * psz : 0;
+    const char *lim[] = {"/sys/fs/cgroup/memory.max",
+                         "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+        FILE *f = fopen(lim[i], "r");
+        long long v = 0;
+        if (!f)
+            continue;
+        if (fscanf(f, "%lld", &v) == 1 && v > 0 && (ram == 0 || v < ram))
+            ram = v;
+        fclose(f);
+    }
+    return ram;
+}
+
+#define GIB (1LL << 30)
+
+/* The KV pool's blocks (see engine_config.memory_budget_bytes); fills
+ * eng->kv_sizing. weights: model_weight_bytes_per_token. */
+static long long pool_blocks(struct engine *eng, long long weights, struct err *e)
+{
+    const long long bb = eng->block_bytes, mb = eng->cfg.memory_budget_bytes;
+    long long n;
+    if (mb == 0) {
+        snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "kv_tokens");
+        n = ((long long)eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK;
+    } else if (mb > 0) {
+        snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "--memory-budget");
+        n = (mb - weights) / bb;
+        if (n < 2)
+            return err_set(e, "memory budget %lld bytes leaves %lld bytes for the KV pool after "
+                              "%lld bytes of weights, less than two %lld-byte blocks (%d "
+                              "tokens); raise it", mb, mb - weights, weights, bb, 2 * KV_BLOCK);
+    } else {
+        struct backend_mem bm = {0};
+        bool dev = strcmp(eng->be->ops->name, "cpu") != 0 && eng->be->ops->mem_info;
+        long long avail;
+        if (dev) { /* weights and activations are allocated: what is left, less a margin */
+            eng->be->ops->mem_info(eng->be, &bm);
+            long long fr = (long long)bm.dev_free, keep = fr / 10 > GIB ? fr / 10 : GIB;
+            avail = fr - keep;
+            snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "default: free GPU memory");
+        } else {
+            avail = ram_bytes() / 4 * 3 - weights;
+            snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "default: 75%% of RAM");
+        }
+        n = avail > 0 ? avail / bb : 0;
+        /* No more than can ever be used: every running sequence at a full
+         * context, plus what the prompt cache may keep idle. */
+        long long live = (long long)eng->cfg.max_running *
+                         ((eng->cfg.ctx_len + KV_BLOCK - 1) / KV_BLOCK);
+        long long pc = eng->cfg.prompt_cache_bytes, share;
+        if (pc > 0)
+            share = (pc + bb - 1) / bb;
+        else if (pc < 0)
+            share = 0;
+        else
+            share = live < 8 * GIB / bb ? live : 8 * GIB / bb;
+        if (n > live + share) {
+            n = live + share;
+            size_t len = strlen(eng->kv_sizing);
+            snprintf(eng->kv_sizing + len, sizeof eng->kv_sizing - len,
+                     ", capped at %d x %d tokens + %lld prompt-cache blocks",
+                     eng->cfg.max_running, eng->cfg.ctx_len, share);
+        }
+        if (n < 2)
+            return err_set(e, "no room for a KV pool (%s): %lld bytes left after %lld bytes of "
+                              "weights, less than two %lld-byte blocks; set a memory budget",
+                           dev ? "free device memory" : "75% of RAM", avail > 0 ? avail : 0,
+                           weights, bb);
+    }
+    const long long max_blocks = (1LL << 30) / KV_BLOCK;
+    return n > max_blocks ? max_blocks : n;
 }
 
 static int cap_blocks(const struct engine *eng, long long bytes)
@@ -564,7 +655,8 @@ static int cap_blocks(const struct engine *eng, long long bytes)
         return 0;
     if (bytes == 0)
         return eng->pool.n_blocks;
-    size_t per = kv_pool_bytes_per_block(eng->pool.n_layers, eng->pool.kv_dim, eng->pool.block_size);
+    size_t per = kv_pool_bytes_per_block(eng->pool.n_layers, eng->pool.kv_dim, eng->pool.block_size,
+                                         eng->pool.elt_bytes);
     long long n = bytes / (long long)per;
     return n > eng->pool.n_blocks ? eng->pool.n_blocks : (int)n;
 }
@@ -630,9 +722,6 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     eng->m = m;
     eng->cfg = *cfg;
-    eng->block_bytes = (long long)kv_pool_bytes_per_block(m->cfg.n_layers,
-                                                          m->cfg.n_kv_heads * m->cfg.head_dim,
-                                                          KV_BLOCK);
     if (eng->cfg.ctx_len <= 0 || eng->cfg.ctx_len > m->cfg.max_seq)
         eng->cfg.ctx_len = m->cfg.max_seq;
     if (eng->cfg.kv_tokens < eng->cfg.ctx_len)
@@ -651,34 +740,64 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     if (eng->cfg.max_queue <= 0)
         eng->cfg.max_queue = 64;
     const struct model_config *c = &m->cfg;
+    long long weights = (long long)model_weight_bytes_per_token(m);
+    if (cfg->memory_budget_bytes > 0 && weights >= cfg->memory_budget_bytes) {
+        err_set(e, "memory budget %lld bytes is not enough for the weights alone (%lld bytes); "
+                   "raise it or leave it unset", cfg->memory_budget_bytes, weights);
+        free(eng);
+        return NULL;
+    }
+    bool oom = false;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
+    int kv_dt = eng->be ? backend_kv_dtype(eng->be) : DT_F32;
+    eng->block_bytes = (long long)kv_pool_bytes_per_block(
+        c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK, (int)dtype_row_bytes((enum dtype)kv_dt, 1));
     eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size * (size_t)eng->cfg.max_running);
     size_t mr = (size_t)eng->cfg.max_running;
     eng->run = calloc(mr, sizeof *eng->run);
     eng->pre = calloc(mr, sizeof *eng->pre);
     eng->cands = calloc(mr, sizeof *eng->cands);
     eng->segs = calloc(mr, sizeof *eng->segs);
-    eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / KV_BLOCK + 1));
-    if (!eng->match || !eng->run || !eng->pre || !eng->cands || !eng->segs) {
-        free(eng->logits);
-        eng->logits = NULL;
+    if (eng->be && (!eng->logits || !eng->run || !eng->pre || !eng->cands || !eng->segs)) {
+        oom = true;
+        goto fail;
     }
     /* The model fingerprint seeds every chain key: blocks computed by a
      * different model, weights file or KV scheme can never match. */
     char fp[1400];
     snprintf(fp, sizeof fp,
              "cllm-kv-v1|%s|%s|%s|dim=%d ff=%d L=%d H=%d KV=%d hd=%d V=%d eps=%a theta=%a "
-             "rope=%d/%d/%a/%a/%a/%d bias=%d qkn=%d tied=%d swa=%d|kv=f32|block=%d",
+             "rope=%d/%d/%a/%a/%a/%d bias=%d qkn=%d tied=%d swa=%d|kv=%s|block=%d",
              m->path, m->format, c->arch, c->dim, c->hidden_dim, c->n_layers, c->n_heads,
              c->n_kv_heads, c->head_dim, c->vocab_size, (double)c->norm_eps,
              (double)c->rope_theta, c->rope_interleaved, (int)c->rope_scaling,
              (double)c->rope_factor, (double)c->rope_low_freq_factor,
              (double)c->rope_high_freq_factor, c->rope_orig_max_seq, c->qkv_bias, c->qk_norm,
-             c->tied_embeddings, c->sliding_window, KV_BLOCK);
-    if (!eng->be || !eng->logits || backend_load_weights(eng->be, m, e) ||
-        forward_init(&eng->fs, m, eng->be, fw_tokens, e) ||
-        kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
-                     (eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK, e))
+             c->tied_embeddings, c->sliding_window, dtype_name(kv_dt), KV_BLOCK);
+    if (!eng->be || backend_load_weights(eng->be, m, e) ||
+        forward_init(&eng->fs, m, eng->be, fw_tokens, e))
+        goto fail;
+    snprintf(eng->device, sizeof eng->device, "%s", eng->be->ops->name);
+    if (eng->be->ops->mem_info) {
+        struct backend_mem bm = {0};
+        eng->be->ops->mem_info(eng->be, &bm);
+        if (bm.device[0])
+            snprintf(eng->device, sizeof eng->device, "%s", bm.device);
+    }
+    /* The pool comes last: its size may depend on what the weights and
+     * activations left free on the device. */
+    long long n_blocks = pool_blocks(eng, weights, e);
+    if (n_blocks < 0)
+        goto fail;
+    if (n_blocks * KV_BLOCK < eng->cfg.ctx_len) /* a request must always fit */
+        eng->cfg.ctx_len = (int)(n_blocks * KV_BLOCK);
+    eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / KV_BLOCK + 1));
+    if (!eng->match) {
+        oom = true;
+        goto fail;
+    }
+    if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+                     (int)n_blocks, e))
         goto fail;
     if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))
         goto fail;
@@ -693,7 +812,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     return eng;
 fail:
-    if (!eng->logits)
+    if (oom)
         err_set(e, "out of memory");
     prefix_cache_free(&eng->pc);
     kv_pool_free(&eng->pool);
@@ -799,6 +918,9 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
     out->kv_block_bytes = eng->block_bytes;
+    out->ctx_len = eng->cfg.ctx_len;
+    snprintf(out->kv_sizing, sizeof out->kv_sizing, "%s", eng->kv_sizing);
+    snprintf(out->device, sizeof out->device, "%s", eng->device);
     out->kv_seq_bytes = (long long)(eng->pool.n_blocks - eng->pool.n_free - eng->pc.n_idle) *
                         eng->block_bytes;
     out->kv_budget_bytes = eng->cfg.kv_budget_bytes > 0 ? eng->cfg.kv_budget_bytes : 0;

@@ -29,7 +29,8 @@ struct engine_request;
 struct engine_config {
     int n_threads;       /* CPU threads; <= 0 all cores */
     int ctx_len;         /* max tokens per sequence (prompt + generated) */
-    int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) */
+    int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) when
+                          * memory_budget_bytes is 0 */
     int prefill_chunk;   /* tokens per prefill forward */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
@@ -47,7 +48,26 @@ struct engine_config {
      * total over waits in the queue, and a request over it alone is refused
      * at submit (ENGINE_SUBMIT_ADMISSION). <= 0: no budget. */
     long long kv_budget_bytes;
+    /* How the KV pool is sized (--memory-budget), once the backend exists
+     * and the weights are loaded, in blocks of the backend's KV element
+     * type:
+     *   0: kv_tokens (at least ctx_len): cllm run, tests, benches;
+     *   > 0: a budget for weights + pool: the pool gets what the weights
+     *        (model_weight_bytes_per_token) leave; engine_create fails when
+     *        they alone exceed it or leave less than two blocks;
+     *   ENGINE_MEMORY_DEFAULT: the spec's default: 75% of RAM (the cgroup
+     *        limit when lower) minus the weights on the CPU; the device's
+     *        free memory after weights and activations, less a margin
+     *        (max(1 GiB, 10%)), on CUDA; either capped at what can be used:
+     *        max_running sequences of ctx_len tokens plus the prompt cache's
+     *        share (prompt_cache_bytes; by default as much again, at most
+     *        8 GiB; none when the cache is off).
+     * A pool of fewer than ctx_len tokens lowers ctx_len to what it holds
+     * (engine_get_stats reports both). */
+    long long memory_budget_bytes;
 };
+
+#define ENGINE_MEMORY_DEFAULT (-1LL)
 
 /* engine_submit's result: 0 on success, else one of these (< 0). */
 enum engine_submit_error {
@@ -111,6 +131,12 @@ struct engine_stats {
     uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
     int kv_blocks_total, kv_blocks_free;
     long long kv_block_bytes;      /* bytes of one pool block (all layers, K and V) */
+    int ctx_len;                   /* tokens per sequence (after the pool sizing) */
+    char kv_sizing[160];           /* how the pool was sized: "--memory-budget",
+                                    * "default: 75% of RAM", "default: free GPU
+                                    * memory" (", capped at ..." when the cap
+                                    * applied), "kv_tokens" */
+    char device[128];              /* "cpu" or the device's description */
     long long kv_seq_bytes;        /* bytes of blocks held by sequences (not idle cache) */
     long long kv_budget_bytes;     /* --kv-budget, 0: none */
     long long kv_projected_bytes;  /* projections of the admitted sequences, summed */

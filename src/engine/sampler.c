@@ -70,12 +70,14 @@ void sampler_free(struct sampler *s)
 
 int sample_argmax(const float *logits, int n)
 {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best])
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best]))
             best = i;
-    return best;
+    return best < 0 ? 0 : best;
 }
+
+bool sampler_is_greedy(const struct sampler *s) { return s->p.temperature <= 0; }
 
 static int cmp_desc(const void *a, const void *b, void *keys)
 {
@@ -113,7 +115,7 @@ static void partial_sort(int *idx, int n, int k, const float *key)
 int sampler_sample(struct sampler *s, const float *logits)
 {
     int n = s->vocab;
-    if (s->p.temperature <= 0)
+    if (sampler_is_greedy(s)) /* no RNG draw */
         return sample_argmax(logits, n);
     float *pr = s->probs;
     int *idx = s->idx;

@@ -4,6 +4,7 @@
 #ifndef CLLM_ENGINE_SAMPLER_H
 #define CLLM_ENGINE_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -38,8 +39,12 @@ struct sampler {
 int sampler_init(struct sampler *s, const struct sampler_params *p, int vocab, struct err *e);
 void sampler_free(struct sampler *s);
 
-/* Index of the largest logit; ties go to the lowest id (as torch.argmax). */
+/* Index of the largest logit; ties go to the lowest id (as torch.argmax);
+ * NaNs never win (0 when every logit is NaN), as the device argmax ops. */
 int sample_argmax(const float *logits, int n);
+/* True when sampler_sample is sample_argmax (temperature 0): it then draws
+ * nothing from the RNG, so the engine may take the id from the device. */
+bool sampler_is_greedy(const struct sampler *s);
 /* Draws the next token from logits (not modified). */
 int sampler_sample(struct sampler *s, const float *logits);
 

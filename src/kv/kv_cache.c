@@ -7,14 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size)
+size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size, int elt_bytes)
 {
-    return 2 * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size * sizeof(float);
+    return 2 * (size_t)n_layers * (size_t)kv_dim * (size_t)block_size * (size_t)elt_bytes;
 }
 
 size_t kv_pool_bytes(const struct kv_pool *p)
 {
-    return kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size) * (size_t)p->n_blocks;
+    return kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size, p->elt_bytes) *
+           (size_t)p->n_blocks;
 }
 
 int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
@@ -23,16 +24,18 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim
     memset(p, 0, sizeof *p);
     if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return err_set(e, "kv pool: invalid geometry");
-    size_t per = (size_t)n_layers * kv_dim * block_size;
+    p->dtype = backend_kv_dtype(be);
+    p->elt_bytes = (int)dtype_row_bytes((enum dtype)p->dtype, 1);
+    size_t per = (size_t)n_layers * kv_dim * block_size * (size_t)p->elt_bytes;
     p->be = be;
-    p->k = be->ops->alloc(be, per * n_blocks * sizeof(float));
-    p->v = be->ops->alloc(be, per * n_blocks * sizeof(float));
+    p->k = be->ops->alloc(be, per * n_blocks);
+    p->v = be->ops->alloc(be, per * n_blocks);
     p->free_list = malloc((size_t)n_blocks * sizeof(int));
     p->refcount = calloc((size_t)n_blocks, sizeof(int));
     if (!p->k || !p->v || !p->free_list || !p->refcount) {
         kv_pool_free(p);
         return err_set(e, "kv pool: out of %s memory for %d blocks (%zu MiB)", be->ops->name,
-                       n_blocks, kv_pool_bytes_per_block(n_layers, kv_dim, block_size) * n_blocks >> 20);
+                       n_blocks, per * 2 * (size_t)n_blocks >> 20);
     }
     p->n_layers = n_layers;
     p->kv_dim = kv_dim;

@@ -22,7 +22,10 @@ struct kv_pool {
     int kv_dim;      /* n_kv_heads * head_dim */
     int block_size;  /* tokens per block */
     int n_blocks;
-    float *k, *v;    /* [n_blocks][n_layers][block_size][kv_dim] */
+    int dtype;       /* enum dtype of the elements: DT_F32, or DT_BF16 where the
+                      * backend stores K/V in bf16 (backend_kv_dtype) */
+    int elt_bytes;   /* bytes per element */
+    void *k, *v;     /* [n_blocks][n_layers][block_size][kv_dim] elements */
     int *free_list;  /* stack of free block ids */
     int n_free;
     int *refcount;
@@ -35,6 +38,7 @@ struct kv_seq {
     int n_tokens;    /* positions [0, n_tokens) hold valid K/V */
 };
 
+/* The element type is the backend's choice (backend_kv_dtype). */
 int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
                  int n_blocks, struct err *e);
 /* Frees k/v through the backend they came from; call it before
@@ -42,7 +46,7 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim
 void kv_pool_free(struct kv_pool *p);
 /* Bytes of K/V storage the pool holds. */
 size_t kv_pool_bytes(const struct kv_pool *p);
-size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size);
+size_t kv_pool_bytes_per_block(int n_layers, int kv_dim, int block_size, int elt_bytes);
 
 /* Makes sure the sequence has blocks for positions [0, n_tokens). When the
  * free list runs dry it evicts idle prefix-cache blocks (LRU first). Fails

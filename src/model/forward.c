@@ -45,6 +45,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
     fs->ids = malloc(sizeof(int) * n);
+    fs->greedy = malloc(sizeof(int) * n);
     void *(*al)(struct backend *, size_t) = be->ops->alloc;
     fs->x = al(be, n * c->dim * 4);
     fs->xb = al(be, n * (c->dim > (int)qd ? (size_t)c->dim : qd) * 4);
@@ -55,7 +56,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->hb = al(be, n * c->hidden_dim * 4);
     fs->hb2 = al(be, n * c->hidden_dim * 4);
     fs->logits = al(be, n * c->vocab_size * 4);
-    if (!fs->inv_freq || !fs->ids || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
+    if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
         forward_free(fs);
         return err_set(e, "out of memory for activations of %d tokens", max_tokens);
@@ -78,6 +79,17 @@ void forward_free(struct forward_state *fs)
     fs->inv_freq = NULL;
     free(fs->ids);
     fs->ids = NULL;
+    free(fs->greedy);
+    fs->greedy = NULL;
+}
+
+int forward_argmax(const float *x, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best < 0 ? 0 : best;
 }
 
 /* outs[i] = x . W_i^T, in one fused call when the backend has one. */
@@ -200,7 +212,9 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
 
 /* The ops of one step, from the embedding to the logits in fs->logits:
  * every row when all_rows (one segment), else the last row of each segment
- * with logits set, in segment order. Returns the logits row count. */
+ * with logits set: first those without next (in segment order), then the
+ * greedy ones (in segment order), so each group is one contiguous block.
+ * Returns the logits row count. */
 static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                      const struct forward_seg *segs, int n_seg, const int *tokens, int n,
                      bool all_rows, struct err *e)
@@ -226,13 +240,14 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                     c->dim, c->norm_eps);
         rows = 1;
     } else {
-        for (int s = 0, row = 0; s < n_seg; s++) {
-            row += segs[s].n;
-            if (segs[s].logits)
-                op->rmsnorm(fs->be, fs->xb + (size_t)rows++ * c->dim,
-                            fs->x + (size_t)(row - 1) * c->dim, m->out_norm.data, 1, c->dim,
-                            c->norm_eps);
-        }
+        for (int greedy = 0; greedy < 2; greedy++)
+            for (int s = 0, row = 0; s < n_seg; s++) {
+                row += segs[s].n;
+                if (segs[s].logits && (segs[s].next != NULL) == (greedy == 1))
+                    op->rmsnorm(fs->be, fs->xb + (size_t)rows++ * c->dim,
+                                fs->x + (size_t)(row - 1) * c->dim, m->out_norm.data, 1,
+                                c->dim, c->norm_eps);
+            }
     }
     if (rows > 0 && op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
         return -1;
@@ -240,10 +255,9 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
 }
 
 /* One step over n_seg segments (see forward_batch). all_rows: logits of
- * every row (one segment only). next: when not NULL (one segment with
- * logits), receives the greedy next token. */
+ * every row (one segment only, without next). */
 static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
-                        int n_seg, bool all_rows, float *logits, int *next, struct err *e)
+                        int n_seg, bool all_rows, float *logits, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
@@ -298,25 +312,44 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         segs[s].seq->n_tokens += segs[s].n;
     if (rows == 0)
         return 0;
-    if (next && op->argmax) /* only the id crosses to the host */
-        return op->argmax(fs->be, next, fs->logits, c->vocab_size, e);
-    op->download(fs->be, logits, fs->logits, (size_t)rows * c->vocab_size);
-    if (op->finish && op->finish(fs->be, e))
-        return -1;
-    if (next) {
-        int best = 0;
-        for (int i = 1; i < c->vocab_size; i++)
-            if (logits[i] > logits[best])
-                best = i;
-        *next = best;
+    /* fs->logits: the rows without next, then the greedy rows. */
+    const size_t vocab = (size_t)c->vocab_size;
+    int n_greedy = 0;
+    for (int s = 0; s < n_seg && !all_rows; s++)
+        n_greedy += segs[s].logits && segs[s].next;
+    int n_plain = rows - n_greedy;
+    bool dev = n_greedy > 0 && (op->argmax_rows || (n_greedy == 1 && op->argmax));
+    /* Without a device argmax the greedy rows are downloaded too, behind. */
+    int n_down = dev ? n_plain : rows;
+    if (n_down > 0) {
+        op->download(fs->be, logits, fs->logits, (size_t)n_down * vocab);
+        if (op->finish && op->finish(fs->be, e))
+            return -1;
     }
+    if (n_greedy == 0)
+        return 0;
+    int *ids = fs->greedy;
+    if (dev) { /* only the ids cross to the host */
+        const float *g = fs->logits + (size_t)n_plain * vocab;
+        int rc = n_greedy == 1 && op->argmax
+                     ? op->argmax(fs->be, ids, g, c->vocab_size, e)
+                     : op->argmax_rows(fs->be, ids, g, n_greedy, c->vocab_size, e);
+        if (rc)
+            return -1;
+    } else {
+        for (int i = 0; i < n_greedy; i++)
+            ids[i] = forward_argmax(logits + (size_t)(n_plain + i) * vocab, c->vocab_size);
+    }
+    for (int s = 0, i = 0; s < n_seg; s++)
+        if (segs[s].logits && segs[s].next)
+            *segs[s].next = ids[i++];
     return 0;
 }
 
 int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
                   int n_seg, float *logits, struct err *e)
 {
-    return step_forward(fs, pool, segs, n_seg, false, logits, NULL, e);
+    return step_forward(fs, pool, segs, n_seg, false, logits, e);
 }
 
 static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
@@ -324,8 +357,9 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
                          int *next, struct err *e)
 {
     struct forward_seg seg = {.seq = seq, .tokens = tokens, .n = n,
-                              .logits = mode != LOGITS_NONE};
-    return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, logits, next, e);
+                              .logits = mode != LOGITS_NONE,
+                              .next = mode == LOGITS_LAST ? next : NULL};
+    return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, logits, e);
 }
 
 static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,

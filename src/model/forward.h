@@ -18,6 +18,7 @@ struct forward_state {
     int max_tokens;
     float *inv_freq; /* host, head_dim/2, rope scaling applied */
     int *ids;        /* host, max_tokens: the step's token ids, concatenated */
+    int *greedy;     /* host, max_tokens: greedy ids of a step's segments */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
 };
 
@@ -45,21 +46,34 @@ int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct
 
 /* One sequence's part of a ragged step: n new tokens at positions
  * seq->n_tokens.. (a decode token or a prefill chunk). logits: the step
- * returns the logits of its last row. */
+ * returns the logits of its last row, or, when next is set too, only its
+ * greedy token: *next = the index of the largest last-row logit (the lowest
+ * on ties, NaNs never win: sample_argmax's rule), taken on the device when
+ * the backend can (argmax_rows / argmax), so that row never crosses to the
+ * host. */
 struct forward_seg {
     struct kv_seq *seq;
     const int *tokens;
     int n;
     bool logits;
+    int *next; /* host; NULL: return the logits row */
 };
+
+/* The host argmax the greedy paths use when the backend has no device op:
+ * the first index of the largest non-NaN value; 0 when every value is NaN. */
+int forward_argmax(const float *x, int n);
 
 /* One step over n_seg segments of distinct sequences; their tokens total at
  * most fs->max_tokens. The matmuls run once over all rows; RoPE, the K/V
  * store and attention run per segment. Reserves K/V blocks (fails with a
  * message when the pool is exhausted; the caller may reserve first), appends
- * every segment's K/V, and writes the logits of the segments with logits
- * set, in segment order, to logits (host, [rows][vocab]): the LM head runs
- * over just those rows. */
+ * every segment's K/V, writes the greedy id of each segment with logits and
+ * next set to *next, and the logits rows of the segments with logits set and
+ * next NULL, in segment order, to logits (host, [rows][vocab]): the LM head
+ * runs over just the rows with logits. logits must have room for one row
+ * per segment with logits set (greedy ones included: without a device
+ * argmax their rows are downloaded behind the others and reduced on the
+ * host); rows past the returned ones are scratch. */
 int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
                   int n_seg, float *logits, struct err *e);
 

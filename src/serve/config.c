@@ -28,6 +28,8 @@ void serve_usage(FILE *f)
             "  --thinking true|false    default enable_thinking for chat templates\n"
             "  --ctx N                  context tokens per request (default: the model's)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --device D               cpu, cuda, cuda:N or auto (the first GPU if there is\n"
+            "                           one, else the CPU; default cpu)\n"
             "  --batch N                sequences decoded together (default 8; 1 = strict\n"
             "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
@@ -36,12 +38,15 @@ void serve_usage(FILE *f)
             "                           requests; joiners over it queue, a request over it\n"
             "                           alone is refused (400 memory_admission; default off)\n"
             "  --memory-budget GB       weights + KV pool; the pool gets what the weights\n"
-            "                           leave (default: a pool of one --ctx)\n"
+            "                           leave (default: 75%% of RAM on the CPU, the free GPU\n"
+            "                           memory on CUDA, capped at --batch x --ctx tokens plus\n"
+            "                           the prompt cache)\n"
             "  --no-open                accepted for compatibility (cllm opens no browser)\n"
             "\n"
             "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
             "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
-            "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB, CLLM_KV_BUDGET_GB, CLLM_MEMORY_BUDGET_GB\n"
+            "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB, CLLM_KV_BUDGET_GB, CLLM_MEMORY_BUDGET_GB,\n"
+            "CLLM_DEVICE\n"
             "(see docs/config.md)\n");
 }
 
@@ -61,6 +66,28 @@ static int env_long(const char *name, long lo, long hi, long *out, struct err *e
     return 0;
 }
 
+/* --device values: cpu, auto, cuda, cuda:N (N decimal). */
+static bool device_ok(const char *v)
+{
+    if (!strcmp(v, "cpu") || !strcmp(v, "auto") || !strcmp(v, "cuda"))
+        return true;
+    if (strncmp(v, "cuda:", 5) || !v[5] || strlen(v) > 9)
+        return false;
+    for (const char *p = v + 5; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    return true;
+}
+
+static int set_device(struct serve_config *c, bool env, const char *v, struct err *e)
+{
+    if (!device_ok(v))
+        return env ? err_set(e, "CLLM_DEVICE=\"%s\": needs cpu, cuda, cuda:N or auto", v)
+                   : err_set(e, "--device needs cpu, cuda, cuda:N or auto (got \"%s\")", v);
+    snprintf(c->device, sizeof c->device, "%s", v);
+    return 0;
+}
+
 /* Boolean levers: "1" on, "0" off, anything else unset (the spec's flagOn). */
 static void env_bool(const char *name, bool *out)
 {
@@ -75,6 +102,7 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->host, sizeof c->host, "127.0.0.1");
+    snprintf(c->device, sizeof c->device, "cpu");
     c->port = 8080;
     c->thinking = -1;
     c->shutdown_timeout_ms = 120000;
@@ -110,6 +138,9 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         return -1;
     c->responses_store = (int)v;
     env_bool("CLLM_LOG_REQUESTS", &c->log_requests);
+    const char *dv = getenv("CLLM_DEVICE");
+    if (dv && *dv && set_device(c, true, dv, e))
+        return -1;
     const char *pcv = getenv("CLLM_PROMPT_CACHE_GB");
     if (pcv && *pcv) {
         char *end;
@@ -175,7 +206,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
-       F_KV_BUDGET, F_MEMORY_BUDGET };
+       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE };
 
 static const struct {
     const char *name, *alias;
@@ -190,6 +221,7 @@ static const struct {
     {"--prompt-cache", NULL, F_PROMPT_CACHE},
     {"--batch", NULL, F_BATCH},         {"--decode-concurrency", NULL, F_DECODE_CONC},
     {"--kv-budget", NULL, F_KV_BUDGET}, {"--memory-budget", NULL, F_MEMORY_BUDGET},
+    {"--device", NULL, F_DEVICE},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -279,6 +311,7 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             rc = parse_f(a, v, 1e-9, 1e6, &c->kv_budget_gb.v, e);
             c->kv_budget_gb.set = true;
             break;
+        case F_DEVICE: rc = set_device(c, false, v, e); break;
         case F_MEMORY_BUDGET:
             rc = parse_f(a, v, 1e-9, 1e6, &c->memory_budget_gb.v, e);
             c->memory_budget_gb.set = true;

@@ -45,6 +45,7 @@ struct serve_config {
     int thinking;            /* --thinking: -1 the model's own, 0 off, 1 on */
 
     /* engine */
+    char device[32];         /* --device / CLLM_DEVICE: cpu | cuda | cuda:N | auto [cpu] */
     int ctx;                 /* --ctx: tokens per sequence; 0 = the model's own */
     int threads;             /* -t/--threads: 0 = all cores */
     struct opt_i batch;      /* --batch N / --decode-concurrency: running sequences;
@@ -54,7 +55,8 @@ struct serve_config {
     struct opt_f kv_budget_gb;    /* --kv-budget GB / CLLM_KV_BUDGET_GB (decimal): aggregate
                                    * projected KV of admitted requests; unset = off */
     struct opt_f memory_budget_gb; /* --memory-budget GB / CLLM_MEMORY_BUDGET_GB (decimal):
-                                    * weights + KV pool; unset = pool sized by --ctx */
+                                    * weights + KV pool; unset = the engine's default
+                                    * (75% of RAM / free GPU memory, capped) */
 
     /* environment levers (CLLM_*) */
     int shutdown_timeout_ms; /* CLLM_SHUTDOWN_TIMEOUT_MS [120000] */

@@ -226,41 +226,6 @@ static bool wait_idle(struct server *srv, const sigset_t *sigs, double deadline,
     return true;
 }
 
-/* --memory-budget: the KV pool gets what the weights leave of the budget,
- * in whole 16-token blocks. Refuses when the weights alone exceed it or the
- * rest holds less than two blocks; a pool smaller than --ctx shrinks the
- * context (with a warning) so a request can always fit. */
-static int size_pool(struct server *srv, const struct serve_config *cfg,
-                     struct engine_config *ec, struct err *e)
-{
-    const struct model_config *mc = &srv->sm.m.cfg;
-    double budget = (double)cfg->memory_budget_gb.v * 1e9;
-    double weights = (double)model_weight_bytes_per_token(&srv->sm.m);
-    double block = 16.0 * mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0;
-    if (weights >= budget)
-        return err_set(e, "--memory-budget %g GB (%.0f bytes) is not enough for the weights "
-                          "alone (%.0f bytes); raise it or leave it unset",
-                       (double)cfg->memory_budget_gb.v, budget, weights);
-    double blocks = (budget - weights) / block;
-    if (blocks < 2)
-        return err_set(e, "--memory-budget %g GB leaves %.0f bytes for the KV pool after "
-                          "%.0f bytes of weights, less than two %.0f-byte blocks (32 tokens); "
-                          "raise it", (double)cfg->memory_budget_gb.v, budget - weights, weights,
-                       block);
-    long long tokens = (long long)blocks * 16;
-    if (tokens > (1LL << 30))
-        tokens = 1LL << 30;
-    if (tokens < srv->sm.ctx_len) {
-        fprintf(stderr, "cllm serve: warning: --memory-budget leaves KV for %lld tokens, less "
-                        "than the %d-token context; the context is %lld tokens\n",
-                tokens, srv->sm.ctx_len, tokens);
-        srv->sm.ctx_len = (int)tokens;
-        ec->ctx_len = (int)tokens;
-    }
-    ec->kv_tokens = (int)tokens;
-    return 0;
-}
-
 int serve_main(const struct serve_config *cfg, struct err *e)
 {
     if (serve_port_in_use(cfg->host, cfg->port))
@@ -295,32 +260,44 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     /* From here signals go to sigwait below, never to a worker thread: block
      * them before any thread exists so every thread inherits the mask. */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* The engine sizes the KV pool once the backend holds the weights:
+     * --memory-budget, else the default (75% of RAM / free GPU memory,
+     * capped at what --batch sequences of --ctx and the prompt cache use). */
     struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
-                               .kv_tokens = srv->sm.ctx_len, .max_queue = cfg->max_queue,
-                               .max_running = cfg->batch.set ? cfg->batch.v : 8};
+                               .max_queue = cfg->max_queue, .device = cfg->device,
+                               .max_running = cfg->batch.set ? cfg->batch.v : 8,
+                               .memory_budget_bytes = ENGINE_MEMORY_DEFAULT};
     if (cfg->kv_budget_gb.set)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
-    if (cfg->memory_budget_gb.set && size_pool(srv, cfg, &ec, e))
-        goto out;
+    if (cfg->memory_budget_gb.set)
+        ec.memory_budget_bytes = llround((double)cfg->memory_budget_gb.v * 1e9);
     if (cfg->prompt_cache_gb.set) /* 0 disables; unset keeps the default (the whole pool) */
         ec.prompt_cache_bytes = cfg->prompt_cache_gb.v > 0
                                     ? (long long)((double)cfg->prompt_cache_gb.v * 1e9) + 1
                                     : -1;
+    fprintf(stderr, "cllm serve: device %s\n", cfg->device);
     srv->eng = engine_create(&srv->sm.m, &ec, e);
+    if (!srv->eng && cfg->memory_budget_gb.set)
+        err_wrap(e, "--memory-budget %g GB", (double)cfg->memory_budget_gb.v);
     srv->store = response_store_new(cfg->responses_store);
     if (!srv->eng || !srv->store) {
         if (srv->eng && !srv->store)
             err_set(e, "out of memory");
         goto out;
     }
+    struct engine_stats es;
+    engine_get_stats(srv->eng, &es);
+    if (es.ctx_len < srv->sm.ctx_len) { /* the pool holds less than one context */
+        fprintf(stderr, "cllm serve: warning: the KV pool (%s) holds %d tokens, less than the "
+                        "%d-token context; the context is %d tokens\n", es.kv_sizing,
+                es.ctx_len, srv->sm.ctx_len, es.ctx_len);
+        srv->sm.ctx_len = es.ctx_len;
+    }
     h = http_start(srv, fd, e);
     if (!h)
         goto out;
     fd = -1; /* the daemon owns it now */
-    struct engine_stats es;
-    engine_get_stats(srv->eng, &es);
-    const struct model_config *mc = &srv->sm.m.cfg;
-    double block_mib = 16.0 * mc->n_layers * 2.0 * mc->n_kv_heads * mc->head_dim * 4.0 / 1048576.0;
+    double block_mib = (double)es.kv_block_bytes / 1048576.0;
     char pcache[64];
     if (es.cache_max_blocks > 0)
         snprintf(pcache, sizeof pcache, "prompt cache up to %.1f MiB", es.cache_max_blocks * block_mib);
@@ -331,11 +308,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         snprintf(kvb, sizeof kvb, ", KV budget %lld bytes", es.kv_budget_bytes);
     fprintf(stderr, "cllm serve: KV pool %d blocks x %lld bytes = %.1f MiB (%s; weights %.1f "
             "MiB)\n", es.kv_blocks_total, es.kv_block_bytes, es.kv_blocks_total * block_mib,
-            cfg->memory_budget_gb.set ? "--memory-budget" : "one --ctx",
-            (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
-    fprintf(stderr, "cllm serve: serving %s on http://%s:%d (context %d tokens, queue %d, KV %d "
-            "blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port, srv->sm.ctx_len,
-            cfg->max_queue, es.kv_blocks_total, es.kv_blocks_total * block_mib, pcache, kvb);
+            es.kv_sizing, (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
+    fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
+            "%d, batch %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port,
+            es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running, es.kv_blocks_total,
+            es.kv_blocks_total * block_mib, pcache, kvb);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
@@ -133,8 +134,8 @@ static void cpu_kv_store(struct backend *be, struct kv_pool *pool, const struct 
     size_t d = (size_t)pool->kv_dim;
     for (int i = 0; i < n; i++) {
         size_t off = kv_offset(pool, seq, layer, pos0 + i);
-        memcpy(pool->k + off, k + i * d, d * sizeof(float));
-        memcpy(pool->v + off, v + i * d, d * sizeof(float));
+        memcpy((float *)pool->k + off, k + i * d, d * sizeof(float));
+        memcpy((float *)pool->v + off, v + i * d, d * sizeof(float));
     }
 }
 
@@ -159,7 +160,7 @@ static void attn_one(const struct attn_job *j, float *scores, int i, int h)
     const float *q = j->q + ((size_t)i * a->n_heads + h) * hd;
     float mx = -INFINITY;
     for (int t = start; t <= pos; t++) {
-        const float *k = j->pool->k + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        const float *k = (const float *)j->pool->k + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
         float s = 0;
         for (int d = 0; d < hd; d++)
             s += q[d] * k[d];
@@ -178,7 +179,7 @@ static void attn_one(const struct attn_job *j, float *scores, int i, int h)
     float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
     memset(o, 0, (size_t)hd * sizeof(float));
     for (int t = start; t <= pos; t++) {
-        const float *v = j->pool->v + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        const float *v = (const float *)j->pool->v + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
         float p = scores[t - start] * inv;
         for (int d = 0; d < hd; d++)
             o[d] += p * v[d];
@@ -229,6 +230,78 @@ static void cpu_add(struct backend *be, float *x, const float *y, size_t n)
         x[i] += y[i];
 }
 
+/* ---- memory bandwidth ---- */
+
+#define BW_BYTES ((size_t)256 << 20) /* far past any last-level cache */
+#define BW_REPS 3
+
+typedef uint64_t bw_vec __attribute__((vector_size(16)));
+
+struct bw_job {
+    uint8_t *buf;
+    size_t part;      /* bytes per worker, a multiple of 64 */
+    uint64_t sums[64]; /* per worker (mod 64): the sums are kept, so the reads are too */
+    bool fill;
+};
+
+/* Each worker first-touches (fill) or sums (read) its own slice; four
+ * independent vector accumulators keep enough loads in flight. */
+static void bw_worker(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct bw_job *j = ctx;
+    uint8_t *p = j->buf + j->part * (size_t)ith;
+    if (j->fill) {
+        memset(p, ith + 1, j->part);
+        return;
+    }
+    bw_vec a0 = {0, 0}, a1 = a0, a2 = a0, a3 = a0, t;
+    for (size_t i = 0; i < j->part; i += 64) {
+        memcpy(&t, p + i, 16);
+        a0 += t;
+        memcpy(&t, p + i + 16, 16);
+        a1 += t;
+        memcpy(&t, p + i + 32, 16);
+        a2 += t;
+        memcpy(&t, p + i + 48, 16);
+        a3 += t;
+    }
+    bw_vec s = a0 + a1 + a2 + a3;
+    j->sums[ith & 63] = s[0] + s[1];
+}
+
+/* Read bandwidth of all workers over a 256 MiB buffer, best of 3: decode
+ * on the CPU reads weights and hardly writes, so bytes read is the rate
+ * that bounds it (bench/bench_matmul measures the same with 1 GiB). */
+static double cpu_mem_bandwidth(struct backend *be, struct err *e)
+{
+    struct cpu_backend *c = cpu(be);
+    int nth = tp_size(c->tp);
+    struct bw_job j = {.part = BW_BYTES / (size_t)nth / 64 * 64, .fill = true};
+    if (posix_memalign((void **)&j.buf, 64, j.part * (size_t)nth)) {
+        err_set(e, "out of memory for the %zu MiB bandwidth buffer", BW_BYTES >> 20);
+        return -1;
+    }
+    tp_run(c->tp, bw_worker, &j); /* pages land near the worker that reads them */
+    j.fill = false;
+    double best = 0;
+    for (int rep = 0; rep < BW_REPS; rep++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        tp_run(c->tp, bw_worker, &j);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double bw = dt > 0 ? (double)(j.part * (size_t)nth) / dt : 0;
+        best = bw > best ? bw : best;
+    }
+    free(j.buf);
+    if (best <= 0) {
+        err_set(e, "memory bandwidth measurement took no measurable time");
+        return -1;
+    }
+    return best;
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -244,6 +317,7 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
+    .mem_bandwidth = cpu_mem_bandwidth,
 };
 
 struct backend *backend_cpu_create(int n_threads, struct err *e)

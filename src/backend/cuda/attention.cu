@@ -24,9 +24,9 @@ static __device__ __forceinline__ int meta_seg(const int *meta, const struct cuk
 }
 
 /* One block's work of k_attention: query i (of g.n) of head h, split sp. */
-template <int DPL> /* head dims per lane: ceil(head_dim / 32) */
-__device__ __forceinline__ void att_block(float *out, const float *q, const float *kc,
-                                          const float *vc, const int *table,
+template <int DPL, typename T> /* head dims per lane: ceil(head_dim / 32); KV type */
+__device__ __forceinline__ void att_block(float *out, const float *q, const T *kc,
+                                          const T *vc, const int *table,
                                           const struct cuk_attn &g, int pos0, int i, int h,
                                           int sp, int n_splits, float *ws)
 {
@@ -60,12 +60,12 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const floa
             off[u] = 0;
             if (t < ke) { /* uniform across the warp */
                 off[u] = cuk_kv_offset(&g, table, t) + head_off;
-                const float *kp = kc + off[u];
+                const T *kp = kc + off[u];
 #pragma unroll
                 for (int d = 0; d < DPL; d++) {
                     int dd = lane + 32 * d;
                     if (dd < hd)
-                        dot += qr[d] * kp[dd];
+                        dot += qr[d] * kv_ld(kp, dd);
                 }
             }
             s[u] = dot;
@@ -92,12 +92,12 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const floa
             if (t0 + u < ke) {
                 float p = expf(s[u] - mnew);
                 l += p;
-                const float *vp = vc + off[u];
+                const T *vp = vc + off[u];
 #pragma unroll
                 for (int d = 0; d < DPL; d++) {
                     int dd = lane + 32 * d;
                     if (dd < hd)
-                        acc[d] += p * vp[dd];
+                        acc[d] += p * kv_ld(vp, dd);
                 }
             }
         m = mnew;
@@ -141,31 +141,33 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const floa
     }
 }
 
-template <int DPL>
+template <int DPL, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    k_attention(float *out, const float *q, const float *kc, const float *vc, const int *table,
+    k_attention(float *out, const float *q, const T *kc, const T *vc, const int *table,
                 struct cuk_attn g, const int *dpos, int n_splits, float *ws)
 {
-    att_block<DPL>(out, q, kc, vc, table, g, dpos ? *dpos : g.pos0, blockIdx.x, blockIdx.y,
+    cuk_pdl_start();
+    att_block<DPL, T>(out, q, kc, vc, table, g, dpos ? *dpos : g.pos0, blockIdx.x, blockIdx.y,
                    blockIdx.z, n_splits, ws);
 }
 
 /* Every sequence of a batch step in one launch: blockIdx.x is the row of
  * the concatenated batch, its segment (from row_seg) gives the sequence's
  * geometry, so each block does exactly what k_attention does for it. */
-template <int DPL>
+template <int DPL, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    k_attention_batch(float *out, const float *q, const float *kc, const float *vc,
+    k_attention_batch(float *out, const float *q, const T *kc, const T *vc,
                       const int *meta, struct cuk_attn g, float *ws)
 {
+    cuk_pdl_start();
     const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
-    if ((int)blockIdx.z >= sg->splits)
+    if ((int)blockIdx.z >= sg->splits || sg->tiled)
         return;
     size_t qd = (size_t)g.n_heads * g.head_dim;
     struct cuk_attn gs = g;
     gs.n = sg->n;
     gs.pos0 = sg->pos0;
-    att_block<DPL>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
+    att_block<DPL, T>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
                    sg->pos0, blockIdx.x - sg->row0, blockIdx.y, blockIdx.z, sg->splits,
                    ws + sg->ws_off);
 }
@@ -195,14 +197,16 @@ static __device__ __forceinline__ void merge_block(float *out, const struct cuk_
 
 __global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, const float *ws)
 {
+    cuk_pdl_start();
     merge_block(out, g, blockIdx.x, blockIdx.y, n_splits, ws);
 }
 
 __global__ void k_attention_merge_batch(float *out, const int *meta, struct cuk_attn g,
                                         float *ws)
 {
+    cuk_pdl_start();
     const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
-    if (sg->splits <= 1)
+    if (sg->splits <= 1 || sg->tiled)
         return;
     struct cuk_attn gs = g;
     gs.n = sg->n;
@@ -232,36 +236,68 @@ extern "C" size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits
     return rows * (size_t)g->head_dim + 2 * rows;
 }
 
-extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const float *kc,
-                                     const float *vc, const int *table, const struct cuk_attn *g,
+template <typename T>
+static void launch_attention(cudaStream_t s, float *out, const float *q, const T *kc,
+                             const T *vc, const int *table, const struct cuk_attn *g,
+                             const int *dpos, int n_splits, float *ws)
+{
+    dim3 grid(g->n, g->n_heads, n_splits);
+    int dpl = (g->head_dim + 31) / 32;
+    if (dpl == 1)
+        cuk_launch(k_attention<1, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
+                                                          n_splits, ws);
+    else if (dpl == 2)
+        cuk_launch(k_attention<2, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
+                                                          n_splits, ws);
+    else if (dpl <= 4)
+        cuk_launch(k_attention<4, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
+                                                          n_splits, ws);
+    else
+        cuk_launch(k_attention<8, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
+                                                          n_splits, ws);
+}
+
+extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const void *kc,
+                                     const void *vc, const int *table, const struct cuk_attn *g,
                                      const int *dpos, int n_splits, float *ws)
 {
     if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
         g->n_heads % g->n_kv_heads)
         return cudaErrorInvalidValue;
-    dim3 grid(g->n, g->n_heads, n_splits);
-    int dpl = (g->head_dim + 31) / 32;
-    if (dpl == 1)
-        k_attention<1><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
-                                                            ws);
-    else if (dpl == 2)
-        k_attention<2><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
-                                                            ws);
-    else if (dpl <= 4)
-        k_attention<4><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
-                                                            ws);
+    if (n_splits == 1 && !dpos && cuk_attention_tiled_ok(g))
+        return cuk_attention_tiled(s, out, q, kc, vc, table, g);
+    if (g->kv_bf16)
+        launch_attention(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g, dpos,
+                         n_splits, ws);
     else
-        k_attention<8><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, table, *g, dpos, n_splits,
-                                                            ws);
+        launch_attention(s, out, q, (const float *)kc, (const float *)vc, table, g, dpos,
+                         n_splits, ws);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess || n_splits == 1)
         return err;
-    k_attention_merge<<<dim3(g->n, g->n_heads), 128, 0, s>>>(out, *g, n_splits, ws);
+    cuk_launch(k_attention_merge, dim3(g->n, g->n_heads), 128, 0, s, out, *g, n_splits, ws);
     return cudaGetLastError();
 }
 
+template <typename T>
+static void launch_attention_batch(cudaStream_t s, float *out, const float *q, const T *kc,
+                                   const T *vc, const int *meta, const struct cuk_attn *g,
+                                   int max_splits, float *ws)
+{
+    dim3 grid(g->n, g->n_heads, max_splits);
+    int dpl = (g->head_dim + 31) / 32;
+    if (dpl == 1)
+        cuk_launch(k_attention_batch<1, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+    else if (dpl == 2)
+        cuk_launch(k_attention_batch<2, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+    else if (dpl <= 4)
+        cuk_launch(k_attention_batch<4, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+    else
+        cuk_launch(k_attention_batch<8, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+}
+
 extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
-                                                   const float *v, float *kc, float *vc,
+                                                   const float *v, void *kc, void *vc,
                                                    const int *meta, const struct cuk_attn *g,
                                                    int max_splits, const float *inv_freq,
                                                    int interleaved, float *ws)
@@ -272,19 +308,15 @@ extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, f
     cudaError_t err = cuk_rope_kv_store_batch(s, q, k, v, kc, vc, meta, g, inv_freq, interleaved);
     if (err != cudaSuccess)
         return err;
-    dim3 grid(g->n, g->n_heads, max_splits);
-    int dpl = (g->head_dim + 31) / 32;
-    if (dpl == 1)
-        k_attention_batch<1><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
-    else if (dpl == 2)
-        k_attention_batch<2><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
-    else if (dpl <= 4)
-        k_attention_batch<4><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+    if (g->kv_bf16)
+        launch_attention_batch(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, meta, g,
+                               max_splits, ws);
     else
-        k_attention_batch<8><<<grid, ATT_WARPS * 32, 0, s>>>(out, q, kc, vc, meta, *g, ws);
+        launch_attention_batch(s, out, q, (const float *)kc, (const float *)vc, meta, g,
+                               max_splits, ws);
     err = cudaGetLastError();
     if (err != cudaSuccess || max_splits == 1)
         return err;
-    k_attention_merge_batch<<<dim3(g->n, g->n_heads), 128, 0, s>>>(out, meta, *g, ws);
+    cuk_launch(k_attention_merge_batch, dim3(g->n, g->n_heads), 128, 0, s, out, meta, *g, ws);
     return cudaGetLastError();
 }

@@ -90,6 +90,8 @@ struct cuda_backend {
     cublasHandle_t blas;
     bool precise;
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
+                        * CLLM_KV_DTYPE=f32) */
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
     size_t map_cap, map_n;
@@ -123,6 +125,8 @@ struct cuda_backend {
     void *blas_ws;
     void *am_ws;       /* cuk_argmax workspace + the result id (device) */
     int *am_host;      /* pinned: the id copied back */
+    int *amr_dev, *amr_host; /* cu_argmax_rows: ids on the device, pinned copy */
+    int amr_cap;             /* ids both hold */
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
     bool timing, t_open;
@@ -366,6 +370,43 @@ static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct
     if (timed)
         timing_done(c);
     *out = *c->am_host;
+    return 0;
+}
+
+/* A batched step's greedy sequences: one launch over their logits rows and
+ * one copy of rows ids to pinned memory, instead of rows x n floats. */
+static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                          struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (rows > c->amr_cap) { /* grows rarely: the batch size bounds rows */
+        int cap = rows > 64 ? rows : 64;
+        if (fail_cuda(c, "synchronize before argmax rows", cudaStreamSynchronize(c->stream)))
+            return sticky(c, e);
+        if (c->amr_dev)
+            cudaFree(c->amr_dev);
+        if (c->amr_host)
+            cudaFreeHost(c->amr_host);
+        c->amr_dev = NULL;
+        c->amr_host = NULL;
+        c->amr_cap = 0;
+        if (fail_cuda(c, "allocate argmax rows", cudaMalloc((void **)&c->amr_dev,
+                                                           sizeof(int) * (size_t)cap)) ||
+            fail_cuda(c, "allocate argmax rows (host)",
+                      cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap, 0)))
+            return sticky(c, e);
+        c->amr_cap = cap;
+    }
+    if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n)) ||
+        fail_cuda(c, "copy argmax rows",
+                  cudaMemcpyAsync(c->amr_host, c->amr_dev, sizeof(int) * (size_t)rows,
+                                  cudaMemcpyDeviceToHost, c->stream)) ||
+        fail_cuda(c, "synchronize after argmax rows", cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
     return 0;
 }
 
@@ -786,6 +827,7 @@ static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
 static struct cuk_attn attn_geom(const struct kv_pool *pool, int layer, int n, int pos0)
 {
     struct cuk_attn g = {0};
+    g.kv_bf16 = pool->dtype == DT_BF16;
     g.n = n;
     g.pos0 = pos0;
     g.n_layers = pool->n_layers;
@@ -953,17 +995,19 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         if (a->sliding_window > 0 && a->sliding_window < kv_cap)
             kv_cap = a->sliding_window;
         int splits = cuk_attention_splits(segs[s].n, a->n_heads, kv_cap, c->n_sms);
+        struct cuk_attn gs = g;
+        gs.n = segs[s].n;
+        gs.pos0 = segs[s].pos0;
+        int tiled = splits == 1 && cuk_attention_tiled_ok(&gs);
         struct cuk_bseg b = {.row0 = row, .n = segs[s].n, .pos0 = segs[s].pos0,
-                             .splits = splits, .tab_off = toff, .ws_off = ws_off};
+                             .splits = splits, .tab_off = toff, .tiled = tiled,
+                             .ws_off = ws_off};
         memcpy(tmp + (size_t)s * 8, &b, sizeof b);
         for (int i = 0; i < segs[s].n; i++)
             tmp[n_seg * 8 + row + i] = s;
         memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
-        if (splits > 1) {
-            struct cuk_attn gs = g;
-            gs.n = segs[s].n;
+        if (splits > 1)
             ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
-        }
         if (splits > max_splits)
             max_splits = splits;
         row += segs[s].n;
@@ -991,11 +1035,32 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             return sticky(c, e);
         }
     }
-    free(tmp);
     if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
-                                              c->bat.p, &g, max_splits, invf, interleaved, ws)))
+                                              c->bat.p, &g, max_splits, invf, interleaved, ws))) {
+        free(tmp);
         return sticky(c, e);
+    }
+    /* Prefill chunks: the tiled kernel, one launch per chunk (the batch
+     * kernel skipped them). */
+    size_t qd = (size_t)a->n_heads * a->head_dim;
+    for (int s = 0; s < n_seg; s++) {
+        struct cuk_bseg b;
+        memcpy(&b, tmp + (size_t)s * 8, sizeof b);
+        if (!b.tiled)
+            continue;
+        struct cuk_attn gs = g;
+        gs.n = b.n;
+        gs.pos0 = b.pos0;
+        if (fail_cuda(c, "attention (prefill chunk)",
+                      cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
+                                          q + (size_t)b.row0 * qd, pool->k, pool->v,
+                                          (const int *)c->bat.p + b.tab_off, &gs))) {
+            free(tmp);
+            return sticky(c, e);
+        }
+    }
+    free(tmp);
     return 0;
 }
 
@@ -1134,6 +1199,11 @@ static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
     return 0;
 }
 
+static int cu_kv_dtype(struct backend *be)
+{
+    return cb(be)->kv_bf16 ? DT_BF16 : DT_F32;
+}
+
 static void cu_destroy(struct backend *be)
 {
     struct cuda_backend *c = cb(be);
@@ -1165,6 +1235,10 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->am_ws);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    if (c->amr_dev)
+        cudaFree(c->amr_dev);
+    if (c->amr_host)
+        cudaFreeHost(c->amr_host);
     /* Buffers callers did not free (they should have) go with the backend. */
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
@@ -1179,6 +1253,65 @@ static void cu_destroy(struct backend *be)
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
+}
+
+/* Device-to-device copies of up to 1 GiB on the backend's stream, timed
+ * with events, best of 5 after one untimed copy; each copy reads and writes
+ * its size, so 2 x size bytes are counted. A failure here is reported
+ * through e and leaves the backend usable (no sticky error). */
+static double cu_mem_bandwidth(struct backend *be, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    size_t dev_free = 0, dev_total = 0, bytes = (size_t)1 << 30;
+    cudaMemGetInfo(&dev_free, &dev_total);
+    if (bytes > dev_free / 4)
+        bytes = dev_free / 4 / (1 << 20) * (1 << 20);
+    if (bytes < ((size_t)64 << 20)) {
+        err_set(e, "%s: too little free device memory to measure bandwidth (%zu MiB free)",
+                c->name, dev_free >> 20);
+        return -1;
+    }
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t ev0 = NULL, ev1 = NULL;
+    double best = -1;
+    float ms = 0;
+    cudaError_t err;
+    if ((err = cudaMalloc(&src, bytes)) != cudaSuccess ||
+        (err = cudaMalloc(&dst, bytes)) != cudaSuccess ||
+        (err = cudaMemsetAsync(src, 1, bytes, c->stream)) != cudaSuccess ||
+        (err = cudaEventCreate(&ev0)) != cudaSuccess ||
+        (err = cudaEventCreate(&ev1)) != cudaSuccess ||
+        (err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream)) != cudaSuccess)
+        goto out;
+    for (int rep = 0; rep < 5; rep++) {
+        if ((err = cudaEventRecord(ev0, c->stream)) != cudaSuccess ||
+            (err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream)) !=
+                cudaSuccess ||
+            (err = cudaEventRecord(ev1, c->stream)) != cudaSuccess ||
+            (err = cudaEventSynchronize(ev1)) != cudaSuccess ||
+            (err = cudaEventElapsedTime(&ms, ev0, ev1)) != cudaSuccess)
+            goto out;
+        double bw = ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) : 0;
+        best = bw > best ? bw : best;
+    }
+out:
+    if (err != cudaSuccess) {
+        err_set(e, "%s: bandwidth measurement: %s", c->name, cudaGetErrorString(err));
+        cudaGetLastError(); /* not sticky: the backend stays usable */
+        best = -1;
+    } else if (best <= 0) {
+        err_set(e, "%s: bandwidth measurement took no measurable time", c->name);
+        best = -1;
+    }
+    cudaStreamSynchronize(c->stream);
+    if (ev0)
+        cudaEventDestroy(ev0);
+    if (ev1)
+        cudaEventDestroy(ev1);
+    cudaFree(src);
+    cudaFree(dst);
+    return best;
 }
 
 static const struct backend_ops cuda_ops = {
@@ -1207,6 +1340,9 @@ static const struct backend_ops cuda_ops = {
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .mem_info = cu_mem_info,
+    .kv_dtype = cu_kv_dtype,
+    .mem_bandwidth = cu_mem_bandwidth,
+    .argmax_rows = cu_argmax_rows,
 };
 
 static int cuda_device_count(struct err *e)
@@ -1296,6 +1432,10 @@ static struct backend *cuda_create(int device, struct err *e)
     }
     const char *p = getenv("CLLM_CUDA_PRECISE");
     c->precise = p && *p && strcmp(p, "0") != 0;
+    p = getenv("CLLM_CUDA_PDL");
+    cuk_set_pdl(!(p && !strcmp(p, "0")));
+    p = getenv("CLLM_KV_DTYPE");
+    c->kv_bf16 = !c->precise && !(p && !strcmp(p, "f32"));
     p = getenv("CLLM_COMPILED_DECODE");
     c->graphs = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_FUSE");

@@ -26,14 +26,22 @@ struct cuk_weight {
 };
 
 /* Geometry of one attention call over the paged cache
- * ([n_blocks][n_layers][block_size][kv_dim] floats for K and for V). */
+ * ([n_blocks][n_layers][block_size][kv_dim] elements for K and for V: f32,
+ * or bf16 when kv_bf16; the kernels round K/V to bf16 when storing and
+ * widen them exactly when reading). */
 struct cuk_attn {
     int n, pos0;
     int n_heads, n_kv_heads, head_dim;
     int window; /* 0 = unlimited */
     float scale;
     int n_layers, layer, block_size, kv_dim;
+    int kv_bf16;
 };
+
+/* Process-wide: launch kernels with programmatic dependent launch (on by
+ * default in the backend; CLLM_CUDA_PDL=0 turns it off). Results do not
+ * depend on it. */
+void cuk_set_pdl(int on);
 
 /* out[i][:] = row ids[i] of table as f32 (ids on the device). */
 cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table, const int *ids,
@@ -53,14 +61,14 @@ cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n);
 cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim, int pos0,
                      const int *dpos, const float *inv_freq, int interleaved);
 /* Writes k/v rows [n][kv_dim] of positions pos0.. through the block table. */
-cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const int *table,
+cudaError_t cuk_kv_store(cudaStream_t s, void *kc, void *vc, const int *table,
                          const struct cuk_attn *g, const int *dpos, const float *k,
                          const float *v);
 /* cuk_rope of q (n_heads) and k (g->n_kv_heads heads of head_dim) at
  * positions g->pos0.. (or *dpos..), then cuk_kv_store of the rotated k and
  * v, in one launch with the same results. */
-cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v, float *kc,
-                              float *vc, const int *table, const struct cuk_attn *g, int n_heads,
+cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v, void *kc,
+                              void *vc, const int *table, const struct cuk_attn *g, int n_heads,
                               int head_dim, const int *dpos, const float *inv_freq,
                               int interleaved);
 
@@ -71,17 +79,32 @@ cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v
 int cuk_attention_splits(int n, int n_heads, int kv_cap, int n_sms);
 /* Floats of workspace cuk_attention needs for n_splits > 1. */
 size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits);
-/* out[n][n_heads*head_dim] = causal softmax(q k^T * scale) v; head_dim <= 256. */
-cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const float *kc,
-                          const float *vc, const int *table, const struct cuk_attn *g,
+/* out[n][n_heads*head_dim] = causal softmax(q k^T * scale) v; head_dim <= 256.
+ * Uses cuk_attention_tiled when n_splits == 1 and cuk_attention_tiled_ok. */
+cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const void *kc,
+                          const void *vc, const int *table, const struct cuk_attn *g,
                           const int *dpos, int n_splits, float *ws);
+
+/* Whether cuk_attention_tiled takes g: prefill-sized n (>= 8 queries),
+ * head_dim 64 or 128, at most 64 query heads per KV head. */
+int cuk_attention_tiled_ok(const struct cuk_attn *g);
+/* cuk_attention for prefill chunks, without splits: a block takes a tile of
+ * queries of every query head that shares one KV head, stages K/V tiles in
+ * shared memory once for all of them and keeps an online softmax per row.
+ * Per row the arithmetic does not depend on how queries are tiled (key
+ * tiles are aligned to multiples of 32 positions), so a row's result is the
+ * same whatever chunk it is computed in. */
+cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, const void *kc,
+                                const void *vc, const int *table, const struct cuk_attn *g);
 
 /* One sequence of a batch step (8 ints): rows row0..row0+n-1 of the
  * concatenated q/k/v are its positions pos0..; splits as cuk_attention
  * would use for it alone; its block table at meta + tab_off; its attention
  * workspace (splits > 1) at ws + ws_off. */
 struct cuk_bseg {
-    int row0, n, pos0, splits, tab_off, pad;
+    int row0, n, pos0, splits, tab_off;
+    int tiled; /* 1: cuk_rope_kv_attention_batch leaves its attention to the
+                * caller (cuk_attention_tiled), it only stores its K/V */
     long long ws_off;
 };
 /* RoPE + K/V store + attention of every sequence of a batch step, with the
@@ -90,11 +113,11 @@ struct cuk_bseg {
  * offset g->pos0][block tables]; g->n = rows in all, g->n_heads,
  * n_kv_heads, head_dim, window, scale, layer geometry as usual;
  * max_splits = the largest splits. */
-cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const float *v, float *kc,
-                                    float *vc, const int *meta, const struct cuk_attn *g,
+cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const float *v, void *kc,
+                                    void *vc, const int *meta, const struct cuk_attn *g,
                                     const float *inv_freq, int interleaved);
 cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
-                                        const float *v, float *kc, float *vc, const int *meta,
+                                        const float *v, void *kc, void *vc, const int *meta,
                                         const struct cuk_attn *g, int max_splits,
                                         const float *inv_freq, int interleaved, float *ws);
 
@@ -123,6 +146,9 @@ cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const vo
 /* *out (device) = index of the largest of x[0..n), the lowest on ties; NaNs
  * are skipped (0 when nothing compares). One launch. */
 cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws);
+/* out[r] (device) = cuk_argmax of row r of x[rows][n], for every row; one
+ * launch, no workspace. */
+cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,11 @@
 #ifndef CLLM_BACKEND_CUDA_COMMON_CUH
 #define CLLM_BACKEND_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/tensor.h"
@@ -47,13 +50,60 @@ static __device__ __forceinline__ double cuk_warp_sum_d(double v)
     return v;
 }
 
-/* Float offset of position pos of layer g->layer in the K (or V) pool. */
+/* K/V cache elements: T is float (f32 pool) or uint16_t (bf16 pool);
+ * stores round to nearest even, loads widen exactly. */
+static __device__ __forceinline__ float kv_ld(const float *p, size_t i) { return p[i]; }
+static __device__ __forceinline__ float kv_ld(const uint16_t *p, size_t i) { return cuk_bf16(p[i]); }
+static __device__ __forceinline__ void kv_st(float *p, size_t i, float v) { p[i] = v; }
+static __device__ __forceinline__ void kv_st(uint16_t *p, size_t i, float v)
+{
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+/* Element offset of position pos of layer g->layer in the K (or V) pool. */
 static __device__ __forceinline__ size_t cuk_kv_offset(const struct cuk_attn *g, const int *table,
                                                        int pos)
 {
     size_t blk = (size_t)table[pos / g->block_size];
     return ((blk * g->n_layers + g->layer) * g->block_size + pos % g->block_size) *
            (size_t)g->kv_dim;
+}
+
+/* Programmatic dependent launch (Hopper): with it on (cuk_set_pdl), each
+ * kernel is launched while its predecessor in the stream still runs, so
+ * launch latency and block start-up overlap the predecessor's tail. Every
+ * kernel must begin with cuk_pdl_start(): it waits until the preceding
+ * grid has completed and its writes are visible (a no-op when launched
+ * without the attribute), then lets the next kernel launch. Waiting first,
+ * in every thread, keeps stream order for all reads and writes. */
+static __device__ __forceinline__ void cuk_pdl_start()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Whether launches carry the programmatic-serialization attribute. */
+int cuk_pdl_enabled(void);
+
+/* k<<<grid, block, smem, s>>>(args...), with programmatic dependent launch
+ * when enabled. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, Args &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = cuk_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
 }
 
 #endif

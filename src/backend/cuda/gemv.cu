@@ -1,160 +1,295 @@
 /* gemv.cu - matrix-vector products for decode and short prefill chunks
  * (n <= CUK_GEMV_MAX tokens): out[n][rows] = x[n][cols] . W^T with f32
- * activations and f32 accumulation, reading each weight byte once. One
- * warp per output row; each lane streams 16-byte weight vectors (8 f16/bf16
- * or 16 int8 quants) and multiplies them with the n activation rows (which
- * stay in L1/L2). A scalar fallback handles shapes the vector path cannot. */
+ * activations and f32 accumulation, reading each weight byte once.
+ *
+ * Vector path (bf16/f16 with cols % 8 == 0, Q8_0 with cols % 32 == 0):
+ * blocks of 8 warps; each warp owns R consecutive rows of one matrix (a
+ * "row group") and streams them in lock step, so every activation value it
+ * fetches serves R rows. The block stages x (all n rows, f32, exact) in
+ * shared memory one column tile at a time (tiles of whole steps, <= 48 KB,
+ * so no opt-in attribute is needed and graph capture is unaffected); lanes
+ * read it conflict-free through a swizzled layout. Weights come through
+ * ld.global.nc.L1::no_allocate as 16-byte vectors (8 f16/bf16 or 16 int8
+ * quants), U per row per lane per step, double-buffered so the next step's
+ * loads (also across a tile barrier) are in flight while this step computes.
+ *
+ * Arithmetic of one output (r, j), the same for every grouping, tiling,
+ * launch shape and for cuk_gemv / cuk_gemv_multi: lane l accumulates the
+ * 16-byte vectors c = l, l+32, l+64, ... in increasing order into one f32
+ * acc, element by element with fmaf (Q8_0: s = the vector's 16 products
+ * chained with fmaf, then acc = fmaf(scale, s, acc)); then a fixed xor
+ * butterfly sums the 32 lanes. No atomics: deterministic run to run.
+ *
+ * A scalar fallback handles shapes the vector path cannot. */
 #include <math.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
 #define GEMV_WARPS 8
+#define GEMV_THREADS (GEMV_WARPS * 32)
+/* Shared memory for one x tile (n rows): at most the default 48 KB. */
+#define GEMV_SMEM_MAX (48 * 1024)
 
-static __device__ __forceinline__ void unpack8_bf16(uint4 p, float *f)
-{
-    uint32_t u[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = __uint_as_float(u[k] << 16);
-        f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-    }
-}
+enum { WT_BF16, WT_F16, WT_Q8 };
 
-static __device__ __forceinline__ void unpack8_f16(uint4 p, float *f)
-{
-    uint32_t u[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = cuk_f16((uint16_t)(u[k] & 0xffffu));
-        f[2 * k + 1] = cuk_f16((uint16_t)(u[k] >> 16));
-    }
-}
-
-static __device__ __forceinline__ float dot8(const float *w, const float *x)
-{
-    float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
-    float s = w[0] * a.x;
-    s = fmaf(w[1], a.y, s);
-    s = fmaf(w[2], a.z, s);
-    s = fmaf(w[3], a.w, s);
-    s = fmaf(w[4], b.x, s);
-    s = fmaf(w[5], b.y, s);
-    s = fmaf(w[6], b.z, s);
-    s = fmaf(w[7], b.w, s);
-    return s;
-}
-
-/* One output row of a 2-byte-weight GEMV (BF: bf16, else f16), computed by
- * one warp; cols % 8 == 0, 16-byte aligned rows. */
-template <bool BF, int NT>
-static __device__ __forceinline__ void gemv_row_h(float *out, const float *x, const uint16_t *w,
-                                                  int rows, int cols, int row, int lane)
-{
-    const uint4 *wr = (const uint4 *)(w + (size_t)row * cols);
-    int nv = cols / 8;
-    float acc[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-        acc[j] = 0.0f;
-#pragma unroll 4
-    for (int c = lane; c < nv; c += 32) {
-        uint4 p = __ldcs(wr + c);
-        float f[8];
-        if (BF)
-            unpack8_bf16(p, f);
-        else
-            unpack8_f16(p, f);
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            acc[j] += dot8(f, x + (size_t)j * cols + 8 * c);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        float v = cuk_warp_sum(acc[j]);
-        if (lane == 0)
-            out[(size_t)j * rows + row] = v;
-    }
-}
-
-template <bool BF, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_h(float *out, const float *x, const uint16_t *w, int rows, int cols)
-{
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= rows)
-        return;
-    gemv_row_h<BF, NT>(out, x, w, rows, cols, row, lane);
-}
-
-/* Up to 3 matrices of the same cols and dtype over the same x in one launch
- * (q/k/v, gate/up): warps take rows of the concatenation. */
-struct gemv3 {
+/* Up to 3 matrices of one dtype and one cols over the same x: warps take
+ * row groups of matrix 0, then 1, then 2 (a group never straddles two). */
+struct gemvp {
     float *out[3];
-    const uint16_t *w[3];
+    const void *w[3];
+    const uint16_t *sc[3]; /* Q8_0 scales */
     int rows[3];
+    int groups[3]; /* ceil(rows / R) */
 };
 
-template <bool BF, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_h3(struct gemv3 p, const float *x, int cols)
+/* Streaming 16-byte weight load: read-only, no L1 allocation, 256-byte L2
+ * prefetch (the warp's 32 lanes read 512 contiguous bytes anyway). */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row < p.rows[0]) {
-        gemv_row_h<BF, NT>(p.out[0], x, p.w[0], p.rows[0], cols, row, lane);
-        return;
-    }
-    row -= p.rows[0];
-    if (row < p.rows[1]) {
-        gemv_row_h<BF, NT>(p.out[1], x, p.w[1], p.rows[1], cols, row, lane);
-        return;
-    }
-    row -= p.rows[1];
-    if (row < p.rows[2])
-        gemv_row_h<BF, NT>(p.out[2], x, p.w[2], p.rows[2], cols, row, lane);
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
 }
 
-/* Q8_0 repacked: int8 quants [rows][cols], f16 scales [rows][cols/32]. */
-template <int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_q8(float *out, const float *x, const int8_t *qs, const uint16_t *sc, int rows, int cols)
+/* The VE elements of a weight vector widened to f32 (exact). */
+template <int WT>
+static __device__ __forceinline__ void unpack(uint4 p, float *f)
 {
-    int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= rows)
-        return;
-    const uint4 *wr = (const uint4 *)(qs + (size_t)row * cols);
-    const uint16_t *sr = sc + (size_t)row * (cols / Q8_0_BLOCK);
-    int nv = cols / 16;
-    float acc[NT];
+    uint32_t u[4] = {p.x, p.y, p.z, p.w};
+    if (WT == WT_BF16) {
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-        acc[j] = 0.0f;
-#pragma unroll 4
-    for (int c = lane; c < nv; c += 32) {
-        uint4 p = __ldcs(wr + c);
-        float d = cuk_f16(sr[c / 2]);
-        uint32_t u[4] = {p.x, p.y, p.z, p.w};
-        float f[16];
+        for (int k = 0; k < 4; k++) {
+            f[2 * k] = __uint_as_float(u[k] << 16);
+            f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+        }
+    } else if (WT == WT_F16) {
 #pragma unroll
-        for (int k = 0; k < 16; k++)
-            f[k] = (float)(int8_t)(u[k / 4] >> (8 * (k % 4)));
+        for (int k = 0; k < 4; k++) {
+            f[2 * k] = cuk_f16((uint16_t)(u[k] & 0xffffu));
+            f[2 * k + 1] = cuk_f16((uint16_t)(u[k] >> 16));
+        }
+    } else {
+        /* int8 q -> f32 exactly: the float 2^23 + (q + 128), minus 2^23 + 128. */
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const float *xr = x + (size_t)j * cols + 16 * c;
-            acc[j] = fmaf(d, dot8(f, xr) + dot8(f + 8, xr + 8), acc[j]);
+        for (int k = 0; k < 16; k++) {
+            uint32_t b = __byte_perm(u[k / 4] ^ 0x80808080u, 0x4B00u, 0x5440u | (k % 4));
+            f[k] = __uint_as_float(b) - 8388736.0f;
         }
     }
+}
+
+template <int WT> struct gemv_cfg;
+template <> struct gemv_cfg<WT_BF16> { static constexpr int VE = 8, BYTES = 2; };
+template <> struct gemv_cfg<WT_F16> { static constexpr int VE = 8, BYTES = 2; };
+template <> struct gemv_cfg<WT_Q8> { static constexpr int VE = 16, BYTES = 1; };
+
+/* Rows per warp and vectors per row per lane per step. */
+#ifndef GEMV_RS
+#define GEMV_RS 2
+#endif
+#ifndef GEMV_US
+#define GEMV_US 4
+#endif
+#ifndef GEMV_RB
+#define GEMV_RB 4
+#endif
+#ifndef GEMV_UB
+#define GEMV_UB 2
+#endif
+#ifndef GEMV_MINB
+#define GEMV_MINB 1
+#endif
+template <int WT, int NT> struct gemv_shape {
+    static constexpr int R = WT == WT_Q8 ? 2 : (NT <= 2 ? GEMV_RS : GEMV_RB);
+    static constexpr int U = NT <= 2 ? GEMV_US : GEMV_UB;
+    static constexpr int STEP_COLS = 32 * U * gemv_cfg<WT>::VE;
+};
+
+/* Loads step s's weight vectors (and Q8_0 scales) of the warp's R rows. */
+template <int WT, int R, int U>
+static __device__ __forceinline__ void gemv_load(uint4 (&b)[R][U], uint32_t (&d)[R][U],
+                                                 const uint4 *const (&wr)[R],
+                                                 const uint16_t *const (&sr)[R], int s, int nv,
+                                                 int lane)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = s * 32 * U + 32 * u + lane;
+        bool ok = c < nv;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            b[r][u] = ok ? ld_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
+            if (WT == WT_Q8)
+                d[r][u] = ok ? (uint32_t)__ldg(sr[r] + (c >> 1)) : 0u;
+        }
+    }
+}
+
+/* acc[r][j] += step s of the warp's rows against the staged x tile. */
+template <int WT, int NT, int R, int U>
+static __device__ __forceinline__ void gemv_step(float (&acc)[R][NT], const uint4 (&b)[R][U],
+                                                 const uint32_t (&d)[R][U], const float4 *xs,
+                                                 int s, int nv, int tile_vecs, int tile_f4,
+                                                 int t_base, int lane)
+{
+    constexpr int VE = gemv_cfg<WT>::VE;
+    (void)tile_vecs;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int c = s * 32 * U + 32 * u + lane;
+        if (c >= nv)
+            continue;
+        int cl = c - t_base; /* vector index in the tile; cl % 32 == lane */
+        const float4 *xp = xs + (cl >> 5) * (8 * VE) + lane;
+        float f[R][VE];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            unpack<WT>(b[r][u], f[r]);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            float xv[VE];
+#pragma unroll
+            for (int q = 0; q < VE / 4; q++) {
+                float4 t = xp[j * tile_f4 + q * 32];
+                xv[4 * q] = t.x;
+                xv[4 * q + 1] = t.y;
+                xv[4 * q + 2] = t.z;
+                xv[4 * q + 3] = t.w;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (WT == WT_Q8) {
+                    float sum = f[r][0] * xv[0];
+#pragma unroll
+                    for (int e = 1; e < VE; e++)
+                        sum = fmaf(f[r][e], xv[e], sum);
+                    acc[r][j] = fmaf(cuk_f16((uint16_t)d[r][u]), sum, acc[r][j]);
+                } else {
+                    float a = acc[r][j];
+#pragma unroll
+                    for (int e = 0; e < VE; e++)
+                        a = fmaf(f[r][e], xv[e], a);
+                    acc[r][j] = a;
+                }
+            }
+        }
+    }
+}
+
+/* Stages columns [t*tile_cols, +tile_cols) of the n x rows into xs:
+ * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
+ * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
+ * 32 consecutive float4 per quarter (no bank conflicts). */
+template <int WT, int NT>
+static __device__ __forceinline__ void gemv_stage(float4 *xs, const float *x, int cols, int t,
+                                                  int tile_cols)
+{
+    constexpr int VE = gemv_cfg<WT>::VE;
+    int c0 = t * tile_cols, tw = min(cols - c0, tile_cols), nf = tw / 4, tile_f4 = tile_cols / 4;
+    __syncthreads(); /* every warp is done with the previous tile */
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        float v = cuk_warp_sum(acc[j]);
-        if (lane == 0)
-            out[(size_t)j * rows + row] = v;
+        const float4 *src = (const float4 *)(x + (size_t)j * cols + c0);
+        for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
+            int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
+            xs[j * tile_f4 + (cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = __ldg(src + f);
+        }
     }
+    __syncthreads();
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
+    k_gemv_vec(const struct gemvp p, const float *__restrict__ x, int cols, int tile_cols)
+{
+    constexpr int VE = gemv_cfg<WT>::VE, BYTES = gemv_cfg<WT>::BYTES;
+    constexpr int R = gemv_shape<WT, NT>::R, U = gemv_shape<WT, NT>::U;
+    extern __shared__ float4 gemv_xs[];
+    const int lane = threadIdx.x & 31;
+    int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    /* Warps past the last group still stage x (block barriers), nothing else. */
+    const bool active = g < p.groups[0] + p.groups[1] + p.groups[2];
+    int m = 0;
+    if (g >= p.groups[0]) {
+        g -= p.groups[0];
+        m = 1;
+        if (g >= p.groups[1]) {
+            g -= p.groups[1];
+            m = 2;
+        }
+    }
+    if (!active) {
+        m = 0;
+        g = 0;
+    }
+    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    const char *wbase = (const char *)(m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]);
+    const uint16_t *sbase = m == 0 ? p.sc[0] : m == 1 ? p.sc[1] : p.sc[2];
+    const int row0 = g * R;
+    const uint4 *wr[R];
+    const uint16_t *sr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        /* rows past the end (last group) re-read the last row; not written */
+        int rr = min(row0 + r, rows - 1);
+        wr[r] = (const uint4 *)(wbase + (size_t)rr * cols * BYTES);
+        sr[r] = WT == WT_Q8 ? sbase + (size_t)rr * (cols / Q8_0_BLOCK) : nullptr;
+    }
+    const int nv = cols / VE, nsteps = (nv + 32 * U - 1) / (32 * U);
+    const int tile_vecs = tile_cols / VE, spt = tile_vecs / (32 * U), tile_f4 = tile_cols / 4;
+
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            acc[r][j] = 0.0f;
+    uint4 b0[R][U], b1[R][U];
+    uint32_t d0[R][U], d1[R][U];
+    if (active && nsteps > 0)
+        gemv_load<WT, R, U>(b0, d0, wr, sr, 0, nv, lane);
+    /* Two steps per trip so the buffers swap roles without copies. */
+    for (int s = 0; s < nsteps; s += 2) {
+        int t = s / spt;
+        if (s % spt == 0)
+            gemv_stage<WT, NT>(gemv_xs, x, cols, t, tile_cols);
+        if (active) {
+            if (s + 1 < nsteps)
+                gemv_load<WT, R, U>(b1, d1, wr, sr, s + 1, nv, lane);
+            gemv_step<WT, NT, R, U>(acc, b0, d0, gemv_xs, s, nv, tile_vecs, tile_f4,
+                                    t * tile_vecs, lane);
+        }
+        if (s + 1 >= nsteps)
+            break;
+        t = (s + 1) / spt;
+        if ((s + 1) % spt == 0)
+            gemv_stage<WT, NT>(gemv_xs, x, cols, t, tile_cols);
+        if (active) {
+            if (s + 2 < nsteps)
+                gemv_load<WT, R, U>(b0, d0, wr, sr, s + 2, nv, lane);
+            gemv_step<WT, NT, R, U>(acc, b1, d1, gemv_xs, s + 1, nv, tile_vecs, tile_f4,
+                                    t * tile_vecs, lane);
+        }
+    }
+    if (!active)
+        return;
+    float *out = m == 0 ? p.out[0] : m == 1 ? p.out[1] : p.out[2];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            float v = cuk_warp_sum(acc[r][j]);
+            if (lane == 0 && row0 + r < rows)
+                out[(size_t)j * rows + row0 + r] = v;
+        }
 }
 
 /* Any dtype, any shape: scalar loads. */
 template <int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_THREADS)
     k_gemv_any(float *out, const float *x, struct cuk_weight w)
 {
     int row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -178,23 +313,43 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
+/* Fills the groups of p (k matrices) and launches the vector kernel. */
+template <int WT, int NT>
+static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k, const float *x, int cols)
+{
+    constexpr int R = gemv_shape<WT, NT>::R, STEP = gemv_shape<WT, NT>::STEP_COLS;
+    long long total = 0;
+    for (int i = 0; i < 3; i++) {
+        p->groups[i] = i < k ? (p->rows[i] + R - 1) / R : 0;
+        total += p->groups[i];
+    }
+    if (total == 0)
+        return cudaSuccess;
+    /* Tile: whole steps, as many as fit GEMV_SMEM_MAX (>= 1: NT * STEP * 4 <= 32 KB). */
+    int steps = (cols + STEP - 1) / STEP;
+    int fit = GEMV_SMEM_MAX / (NT * 4 * STEP);
+    int tile_cols = (steps < fit ? (steps > 0 ? steps : 1) : fit) * STEP;
+    size_t smem = (size_t)NT * tile_cols * 4;
+    unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
+    k_gemv_vec<WT, NT><<<grid, GEMV_THREADS, smem, s>>>(*p, x, cols, tile_cols);
+    return cudaSuccess;
+}
+
 template <int NT>
 static void launch(cudaStream_t s, float *out, const float *x, const struct cuk_weight *w,
                    bool vec)
 {
-    unsigned grid = (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
-    int threads = GEMV_WARPS * 32;
+    struct gemvp p = {{out, NULL, NULL}, {w->data, NULL, NULL}, {w->scales, NULL, NULL},
+                      {w->rows, 0, 0}, {0, 0, 0}};
     if (vec && w->dtype == DT_BF16)
-        k_gemv_h<true, NT><<<grid, threads, 0, s>>>(out, x, (const uint16_t *)w->data, w->rows,
-                                                    w->cols);
+        launch_vec<WT_BF16, NT>(s, &p, 1, x, w->cols);
     else if (vec && w->dtype == DT_F16)
-        k_gemv_h<false, NT><<<grid, threads, 0, s>>>(out, x, (const uint16_t *)w->data, w->rows,
-                                                     w->cols);
+        launch_vec<WT_F16, NT>(s, &p, 1, x, w->cols);
     else if (vec && w->dtype == DT_Q8_0)
-        k_gemv_q8<NT><<<grid, threads, 0, s>>>(out, x, (const int8_t *)w->data, w->scales, w->rows,
-                                               w->cols);
-    else
-        k_gemv_any<NT><<<grid, threads, 0, s>>>(out, x, *w);
+        launch_vec<WT_Q8, NT>(s, &p, 1, x, w->cols);
+    else if (w->rows > 0)
+        k_gemv_any<NT><<<(unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_THREADS, 0,
+                         s>>>(out, x, *w);
 }
 
 extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int n,
@@ -202,11 +357,11 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
 {
     if (n < 1 || n > CUK_GEMV_MAX)
         return cudaErrorInvalidValue;
-    /* The vector paths need 16-byte aligned weight rows and activation rows. */
-    int per_vec = w->dtype == DT_Q8_0 ? 16 : 8;
-    bool vec = (w->dtype == DT_BF16 || w->dtype == DT_F16 || w->dtype == DT_Q8_0) &&
-               w->cols % per_vec == 0 && w->cols % 4 == 0 && ((uintptr_t)x & 15) == 0 &&
-               ((uintptr_t)w->data & 15) == 0;
+    /* The vector paths need 16-byte aligned weight rows and activation rows;
+     * Q8_0 also whole 32-element scale blocks per row. */
+    bool vec = ((w->dtype == DT_BF16 || w->dtype == DT_F16) && w->cols % 8 == 0) ||
+               (w->dtype == DT_Q8_0 && w->cols % Q8_0_BLOCK == 0 && w->scales);
+    vec = vec && w->cols > 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
     switch (n) {
     case 1: launch<1>(s, out, x, w, vec); break;
     case 2: launch<2>(s, out, x, w, vec); break;
@@ -221,14 +376,12 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
 }
 
 template <int NT>
-static void launch3(cudaStream_t s, const struct gemv3 *p, const float *x, int cols, bool bf)
+static void launch3(cudaStream_t s, struct gemvp *p, int k, const float *x, int cols, bool bf)
 {
-    long total = (long)p->rows[0] + p->rows[1] + p->rows[2];
-    unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
     if (bf)
-        k_gemv_h3<true, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(*p, x, cols);
+        launch_vec<WT_BF16, NT>(s, p, k, x, cols);
     else
-        k_gemv_h3<false, NT><<<grid, GEMV_WARPS * 32, 0, s>>>(*p, x, cols);
+        launch_vec<WT_F16, NT>(s, p, k, x, cols);
 }
 
 extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
@@ -236,27 +389,29 @@ extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const 
 {
     if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3)
         return cudaErrorInvalidValue;
-    struct gemv3 p = {{NULL, NULL, NULL}, {NULL, NULL, NULL}, {0, 0, 0}};
+    struct gemvp p = {{NULL, NULL, NULL}, {NULL, NULL, NULL}, {NULL, NULL, NULL}, {0, 0, 0},
+                      {0, 0, 0}};
     int dt = ws[0]->dtype, cols = ws[0]->cols;
-    if ((dt != DT_BF16 && dt != DT_F16) || cols % 8 || ((uintptr_t)x & 15))
+    /* exactly the shapes cuk_gemv sends to the vector path */
+    if ((dt != DT_BF16 && dt != DT_F16) || cols % 8 || cols <= 0 || ((uintptr_t)x & 15))
         return cudaErrorNotSupported;
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ((uintptr_t)ws[i]->data & 15))
             return cudaErrorNotSupported;
         p.out[i] = outs[i];
-        p.w[i] = (const uint16_t *)ws[i]->data;
+        p.w[i] = ws[i]->data;
         p.rows[i] = ws[i]->rows;
     }
     bool bf = dt == DT_BF16;
     switch (n) {
-    case 1: launch3<1>(s, &p, x, cols, bf); break;
-    case 2: launch3<2>(s, &p, x, cols, bf); break;
-    case 3: launch3<3>(s, &p, x, cols, bf); break;
-    case 4: launch3<4>(s, &p, x, cols, bf); break;
-    case 5: launch3<5>(s, &p, x, cols, bf); break;
-    case 6: launch3<6>(s, &p, x, cols, bf); break;
-    case 7: launch3<7>(s, &p, x, cols, bf); break;
-    default: launch3<8>(s, &p, x, cols, bf); break;
+    case 1: launch3<1>(s, &p, k, x, cols, bf); break;
+    case 2: launch3<2>(s, &p, k, x, cols, bf); break;
+    case 3: launch3<3>(s, &p, k, x, cols, bf); break;
+    case 4: launch3<4>(s, &p, k, x, cols, bf); break;
+    case 5: launch3<5>(s, &p, k, x, cols, bf); break;
+    case 6: launch3<6>(s, &p, k, x, cols, bf); break;
+    case 7: launch3<7>(s, &p, k, x, cols, bf); break;
+    default: launch3<8>(s, &p, k, x, cols, bf); break;
     }
     return cudaGetLastError();
 }

@@ -11,10 +11,18 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
+/* ---- launch mode ---- */
+
+static int pdl_on;
+
+extern "C" void cuk_set_pdl(int on) { pdl_on = on; }
+int cuk_pdl_enabled(void) { return pdl_on; }
+
 /* ---- embedding gather ---- */
 
 __global__ void k_embed(float *out, struct cuk_weight t, const int *ids)
 {
+    cuk_pdl_start();
     size_t r = (size_t)ids[blockIdx.x];
     int cols = t.cols;
     float *o = out + (size_t)blockIdx.x * cols;
@@ -25,7 +33,7 @@ __global__ void k_embed(float *out, struct cuk_weight t, const int *ids)
 extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table,
                                  const int *ids, int n)
 {
-    k_embed<<<n, 256, 0, s>>>(out, *table, ids);
+    cuk_launch(k_embed, n, 256, 0, s, out, *table, ids);
     return cudaGetLastError();
 }
 
@@ -37,6 +45,7 @@ extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_we
 __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float *w, int n,
                                int dim, float eps)
 {
+    cuk_pdl_start();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= n)
         return;
@@ -60,6 +69,7 @@ __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float
 __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const float *w, int dim,
                                 float eps)
 {
+    cuk_pdl_start();
     __shared__ double part[32];
     float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
@@ -92,9 +102,9 @@ extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, c
                                    int n, int dim, float eps)
 {
     if (dim <= 512)
-        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, (float *)x, NULL, w, n, dim, eps);
+        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, (float *)x, (const float *)nullptr, w, n, dim, eps);
     else
-        k_rmsnorm_block<<<n, 256, 0, s>>>(out, (float *)x, NULL, w, dim, eps);
+        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, (float *)x, (const float *)nullptr, w, dim, eps);
     return cudaGetLastError();
 }
 
@@ -102,9 +112,9 @@ extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, con
                                        const float *w, int n, int dim, float eps)
 {
     if (dim <= 512)
-        k_rmsnorm_warp<<<(n + 3) / 4, 128, 0, s>>>(out, x, y, w, n, dim, eps);
+        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps);
     else
-        k_rmsnorm_block<<<n, 256, 0, s>>>(out, x, y, w, dim, eps);
+        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, x, y, w, dim, eps);
     return cudaGetLastError();
 }
 
@@ -112,6 +122,7 @@ extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, con
 
 __global__ void k_add_bias(float *x, const float *b, size_t total, int dim)
 {
+    cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         x[i] += b[i % dim];
@@ -119,6 +130,7 @@ __global__ void k_add_bias(float *x, const float *b, size_t total, int dim)
 
 __global__ void k_silu_mul(float *g, const float *u, size_t n)
 {
+    cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = g[i];
@@ -128,6 +140,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n)
 
 __global__ void k_add(float *x, const float *y, size_t n)
 {
+    cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         x[i] += y[i];
@@ -138,19 +151,19 @@ static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threa
 extern "C" cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, int n, int dim)
 {
     size_t total = (size_t)n * dim;
-    k_add_bias<<<blocks_for(total, 256), 256, 0, s>>>(x, b, total, dim);
+    cuk_launch(k_add_bias, blocks_for(total, 256), 256, 0, s, x, b, total, dim);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n)
 {
-    k_silu_mul<<<blocks_for(n, 256), 256, 0, s>>>(g, u, n);
+    cuk_launch(k_silu_mul, blocks_for(n, 256), 256, 0, s, g, u, n);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n)
 {
-    k_add<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+    cuk_launch(k_add, blocks_for(n, 256), 256, 0, s, x, y, n);
     return cudaGetLastError();
 }
 
@@ -159,6 +172,7 @@ extern "C" cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t 
 __global__ void k_rope(float *x, size_t total, int n_heads, int head_dim, int pos0,
                        const int *dpos, const float *inv_freq, int interleaved)
 {
+    cuk_pdl_start();
     if (dpos)
         pos0 = *dpos;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -182,7 +196,7 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
                                 int pos0, const int *dpos, const float *inv_freq, int interleaved)
 {
     size_t total = (size_t)n * n_heads * (head_dim / 2);
-    k_rope<<<blocks_for(total, 256), 256, 0, s>>>(x, total, n_heads, head_dim, pos0, dpos,
+    cuk_launch(k_rope, blocks_for(total, 256), 256, 0, s, x, total, n_heads, head_dim, pos0, dpos,
                                                   inv_freq, interleaved);
     return cudaGetLastError();
 }
@@ -190,10 +204,12 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
 /* RoPE of q and k in one launch (the arithmetic of k_rope), and the rotated
  * k with v written into the paged cache (what k_kv_store writes). Threads
  * [0, nq) take q pairs, the rest k pairs (and the same two entries of v). */
-__global__ void k_rope_kv_store(float *q, float *k, const float *v, float *kc, float *vc,
+template <typename T>
+__global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc,
                                 const int *table, struct cuk_attn g, int n_heads, int head_dim,
                                 int pos0, const int *dpos, const float *inv_freq, int interleaved)
 {
+    cuk_pdl_start();
     if (dpos)
         pos0 = *dpos;
     int half = head_dim / 2;
@@ -220,21 +236,26 @@ __global__ void k_rope_kv_store(float *q, float *k, const float *v, float *kc, f
     int head = (int)(rh % heads);
     size_t off = cuk_kv_offset(&g, table, pos0 + i) + (size_t)head * head_dim;
     const float *vr = v + rh * head_dim;
-    kc[off + a] = ra;
-    kc[off + b] = rb;
-    vc[off + a] = vr[a];
-    vc[off + b] = vr[b];
+    kv_st(kc, off + a, ra);
+    kv_st(kc, off + b, rb);
+    kv_st(vc, off + a, vr[a]);
+    kv_st(vc, off + b, vr[b]);
 }
 
 extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v,
-                                         float *kc, float *vc, const int *table,
+                                         void *kc, void *vc, const int *table,
                                          const struct cuk_attn *g, int n_heads, int head_dim,
                                          const int *dpos, const float *inv_freq, int interleaved)
 {
     size_t total = (size_t)g->n * (n_heads + g->n_kv_heads) * (head_dim / 2);
-    k_rope_kv_store<<<blocks_for(total, 256), 256, 0, s>>>(q, k, v, kc, vc, table, *g, n_heads,
-                                                           head_dim, g->pos0, dpos, inv_freq,
-                                                           interleaved);
+    if (g->kv_bf16)
+        cuk_launch(k_rope_kv_store<uint16_t>, blocks_for(total, 256), 256, 0, s,
+            q, k, v, (uint16_t *)kc, (uint16_t *)vc, table, *g, n_heads, head_dim, g->pos0, dpos,
+            inv_freq, interleaved);
+    else
+        cuk_launch(k_rope_kv_store<float>, blocks_for(total, 256), 256, 0, s,
+            q, k, v, (float *)kc, (float *)vc, table, *g, n_heads, head_dim, g->pos0, dpos,
+            inv_freq, interleaved);
     return cudaGetLastError();
 }
 
@@ -242,10 +263,12 @@ extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, con
  * row i's segment from the row map (meta + g->pos0), its position and block
  * table from that segment's cuk_bseg; per element the arithmetic of
  * k_rope_kv_store. */
-__global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, float *kc, float *vc,
+template <typename T>
+__global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, T *kc, T *vc,
                                       const int *meta, struct cuk_attn g, const float *inv_freq,
                                       int interleaved)
 {
+    cuk_pdl_start();
     int n_heads = g.n_heads, head_dim = g.head_dim;
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -273,42 +296,51 @@ __global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, float 
     int head = (int)(rh % heads);
     size_t off = cuk_kv_offset(&g, meta + sg->tab_off, pos) + (size_t)head * head_dim;
     const float *vr = v + rh * head_dim;
-    kc[off + a] = ra;
-    kc[off + b] = rb;
-    vc[off + a] = vr[a];
-    vc[off + b] = vr[b];
+    kv_st(kc, off + a, ra);
+    kv_st(kc, off + b, rb);
+    kv_st(vc, off + a, vr[a]);
+    kv_st(vc, off + b, vr[b]);
 }
 
 extern "C" cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k,
-                                               const float *v, float *kc, float *vc,
+                                               const float *v, void *kc, void *vc,
                                                const int *meta, const struct cuk_attn *g,
                                                const float *inv_freq, int interleaved)
 {
     size_t total = (size_t)g->n * (g->n_heads + g->n_kv_heads) * (g->head_dim / 2);
-    k_rope_kv_store_batch<<<blocks_for(total, 256), 256, 0, s>>>(q, k, v, kc, vc, meta, *g,
-                                                                 inv_freq, interleaved);
+    if (g->kv_bf16)
+        cuk_launch(k_rope_kv_store_batch<uint16_t>, blocks_for(total, 256), 256, 0, s,
+            q, k, v, (uint16_t *)kc, (uint16_t *)vc, meta, *g, inv_freq, interleaved);
+    else
+        cuk_launch(k_rope_kv_store_batch<float>, blocks_for(total, 256), 256, 0, s,
+            q, k, v, (float *)kc, (float *)vc, meta, *g, inv_freq, interleaved);
     return cudaGetLastError();
 }
 
 /* ---- paged KV store ---- */
 
-__global__ void k_kv_store(float *kc, float *vc, const int *table, struct cuk_attn g,
-                           const int *dpos, const float *k, const float *v)
+template <typename T>
+__global__ void k_kv_store(T *kc, T *vc, const int *table, struct cuk_attn g, const int *dpos,
+                           const float *k, const float *v)
 {
+    cuk_pdl_start();
     int i = blockIdx.x, pos = (dpos ? *dpos : g.pos0) + i;
     size_t off = cuk_kv_offset(&g, table, pos);
     const float *kr = k + (size_t)i * g.kv_dim, *vr = v + (size_t)i * g.kv_dim;
     for (int j = threadIdx.x; j < g.kv_dim; j += blockDim.x) {
-        kc[off + j] = kr[j];
-        vc[off + j] = vr[j];
+        kv_st(kc, off + j, kr[j]);
+        kv_st(vc, off + j, vr[j]);
     }
 }
 
-extern "C" cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const int *table,
+extern "C" cudaError_t cuk_kv_store(cudaStream_t s, void *kc, void *vc, const int *table,
                                     const struct cuk_attn *g, const int *dpos, const float *k,
                                     const float *v)
 {
-    k_kv_store<<<g->n, 256, 0, s>>>(kc, vc, table, *g, dpos, k, v);
+    if (g->kv_bf16)
+        cuk_launch(k_kv_store<uint16_t>, g->n, 256, 0, s, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, k, v);
+    else
+        cuk_launch(k_kv_store<float>, g->n, 256, 0, s, (float *)kc, (float *)vc, table, *g, dpos, k, v);
     return cudaGetLastError();
 }
 
@@ -316,6 +348,7 @@ extern "C" cudaError_t cuk_kv_store(cudaStream_t s, float *kc, float *vc, const 
 
 __global__ void k_dequant(float *dst, struct cuk_weight w, int row0, size_t total)
 {
+    cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         dst[i] = cuk_load_weight(&w, (size_t)row0 + i / w.cols, (int)(i % w.cols));
@@ -325,12 +358,13 @@ extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct 
                                        int row0, int nrows)
 {
     size_t total = (size_t)nrows * w->cols;
-    k_dequant<<<blocks_for(total, 256), 256, 0, s>>>(dst, *w, row0, total);
+    cuk_launch(k_dequant, blocks_for(total, 256), 256, 0, s, dst, *w, row0, total);
     return cudaGetLastError();
 }
 
 __global__ void k_to_half(uint16_t *dst, const float *x, size_t n, int bf16)
 {
+    cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -343,13 +377,14 @@ __global__ void k_to_half(uint16_t *dst, const float *x, size_t n, int bf16)
 extern "C" cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_t n,
                                        int bf16)
 {
-    k_to_half<<<blocks_for(n, 256), 256, 0, s>>>(dst, x, n, bf16);
+    cuk_launch(k_to_half, blocks_for(n, 256), 256, 0, s, dst, x, n, bf16);
     return cudaGetLastError();
 }
 
 /* GGUF Q8_0 block: f16 scale then 32 int8 (34 bytes, 2-byte aligned). */
 __global__ void k_q8_repack(int8_t *qs, uint16_t *scales, const uint8_t *src, size_t n_blocks)
 {
+    cuk_pdl_start();
     size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= n_blocks)
         return;
@@ -362,7 +397,7 @@ __global__ void k_q8_repack(int8_t *qs, uint16_t *scales, const uint8_t *src, si
 extern "C" cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales,
                                      const void *src, size_t n_blocks)
 {
-    k_q8_repack<<<blocks_for(n_blocks, 256), 256, 0, s>>>(qs, scales, (const uint8_t *)src,
+    cuk_launch(k_q8_repack, blocks_for(n_blocks, 256), 256, 0, s, qs, scales, (const uint8_t *)src,
                                                           n_blocks);
     return cudaGetLastError();
 }
@@ -446,5 +481,33 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
     int *pi = (int *)(pv + AM_BLOCKS);
     unsigned *count = (unsigned *)(pi + AM_BLOCKS);
     k_argmax<<<blocks, AM_THREADS, 0, s>>>(out, x, n, pv, pi, count);
+    return cudaGetLastError();
+}
+
+/* Several rows at once (a batched step's greedy sequences): one block per
+ * row, the same comparison as k_argmax, so each id is the one k_argmax
+ * would give for that row alone. */
+#define AMR_THREADS 512
+
+__global__ void __launch_bounds__(AMR_THREADS)
+    k_argmax_rows(int *out, const float *x, int n)
+{
+    __shared__ float sv[AMR_THREADS / 32];
+    __shared__ int si[AMR_THREADS / 32];
+    const float *row = x + (size_t)blockIdx.x * (size_t)n;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        am_better(bv, bi, row[i], i);
+    am_block(bv, bi, sv, si);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+}
+
+extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n)
+{
+    if (n < 1 || rows < 1)
+        return cudaErrorInvalidValue;
+    k_argmax_rows<<<rows, AMR_THREADS, 0, s>>>(out, x, n);
     return cudaGetLastError();
 }

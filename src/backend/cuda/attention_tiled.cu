@@ -1,0 +1,248 @@
+/* attention_tiled.cu - causal attention over the paged KV cache for prefill
+ * chunks. The per-query kernel (attention.cu) reads every key once per
+ * query and head, which makes a long prefill read K/V n x group times; here
+ * a block takes a tile of queries of all the query heads that share one KV
+ * head, stages 32-key tiles of K and V in shared memory once for all of
+ * them, and keeps an online softmax per (query, head) row. Each warp owns
+ * RPW rows outright (a lane holds one key's score per row and a slice of
+ * head dims of each row's output), so the softmax needs no block-wide
+ * synchronisation. */
+#include <math.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#define TA_WARPS 8
+#define TA_KEYS 32 /* keys per tile: one per lane */
+#define TA_MIN_N 8 /* fewer queries: the per-query kernel */
+
+template <int HD, int RPW>
+static constexpr size_t ta_smem_bytes()
+{
+    return sizeof(float) * ((size_t)TA_WARPS * RPW * HD      /* q tile */
+                            + (size_t)TA_KEYS * (HD + 4)     /* k tile, padded rows */
+                            + (size_t)TA_KEYS * HD           /* v tile */
+                            + (size_t)TA_WARPS * RPW * TA_KEYS); /* probabilities */
+}
+
+template <int HD, int RPW, typename T>
+__global__ void __launch_bounds__(TA_WARPS * 32)
+    k_attention_tiled(float *out, const float *q, const T *kc, const T *vc, const int *table,
+                      struct cuk_attn g, int bq)
+{
+    cuk_pdl_start();
+    constexpr int R = TA_WARPS * RPW; /* rows of the block: (query, head) pairs */
+    constexpr int KS = HD + 4;        /* k row stride: float4 reads by 8 lanes hit 32 banks */
+    constexpr int DPL = HD / 32;      /* output dims per lane */
+    extern __shared__ float4 ta_smem[];
+    float *qs = (float *)ta_smem;   /* [R][HD] */
+    float *ks = qs + R * HD;        /* [TA_KEYS][KS] */
+    float *vs = ks + TA_KEYS * KS;  /* [TA_KEYS][HD] */
+    float *ps = vs + TA_KEYS * HD;  /* [R][TA_KEYS] */
+
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int G = g.n_heads / g.n_kv_heads, kvh = blockIdx.y;
+    int q0 = blockIdx.x * bq, nq = min(bq, g.n - q0), rows = nq * G;
+    /* row r = qi * G + hh: query q0 + qi, head kvh * G + hh */
+
+    for (int idx = threadIdx.x; idx < R * HD / 4; idx += blockDim.x) {
+        int r = idx / (HD / 4), d4 = idx % (HD / 4);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < rows) {
+            int qi = r / G, hh = r % G;
+            v = ((const float4 *)(q + ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * HD))[d4];
+        }
+        ((float4 *)qs)[idx] = v;
+    }
+
+    float m[RPW], l[RPW], acc[RPW][DPL];
+    int pos[RPW], start[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp * RPW + i;
+        pos[i] = r < rows ? g.pos0 + q0 + r / G : -1; /* -1: no query, all keys masked */
+        start[i] = 0;
+        if (g.window > 0 && pos[i] - g.window + 1 > 0)
+            start[i] = pos[i] - g.window + 1;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            acc[i][d] = 0.0f;
+    }
+
+    int p_first = g.pos0 + q0, p_last = g.pos0 + q0 + nq - 1;
+    int k_lo = 0;
+    if (g.window > 0 && p_first - g.window + 1 > 0)
+        k_lo = p_first - g.window + 1;
+    k_lo &= ~(TA_KEYS - 1); /* tiles at multiples of 32 whatever the query tiling */
+    size_t head_off = (size_t)kvh * HD;
+
+    for (int t0 = k_lo; t0 <= p_last; t0 += TA_KEYS) {
+        __syncthreads(); /* the previous tile (and the q tile) are in place / consumed */
+        for (int idx = threadIdx.x; idx < TA_KEYS * HD; idx += blockDim.x) {
+            int j = idx / HD, d = idx % HD, t = t0 + j;
+            float kv = 0.0f, vv = 0.0f;
+            if (t <= p_last) {
+                size_t off = cuk_kv_offset(&g, table, t) + head_off + d;
+                kv = kv_ld(kc, off);
+                vv = kv_ld(vc, off);
+            }
+            ks[j * KS + d] = kv;
+            vs[j * HD + d] = vv;
+        }
+        __syncthreads();
+
+        float s[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
+            s[i] = 0.0f;
+        const float4 *kr = (const float4 *)(ks + lane * KS);
+#pragma unroll 4
+        for (int d4 = 0; d4 < HD / 4; d4++) {
+            float4 kk = kr[d4];
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                float4 qq = ((const float4 *)(qs + (warp * RPW + i) * HD))[d4];
+                float a = s[i];
+                a = fmaf(qq.x, kk.x, a);
+                a = fmaf(qq.y, kk.y, a);
+                a = fmaf(qq.z, kk.z, a);
+                a = fmaf(qq.w, kk.w, a);
+                s[i] = a;
+            }
+        }
+        int t = t0 + lane;
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            bool ok = t <= pos[i] && t >= start[i];
+            float sc = ok ? s[i] * g.scale : -INFINITY;
+            float mx = sc;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mnew = fmaxf(m[i], mx), p = 0.0f, corr = 1.0f;
+            if (mnew != -INFINITY) { /* warp-uniform */
+                p = ok ? expf(sc - mnew) : 0.0f;
+                corr = expf(m[i] - mnew); /* 0 when m was -inf (acc and l are 0 then) */
+            }
+            l[i] = l[i] * corr + p; /* this lane's share; summed over lanes at the end */
+#pragma unroll
+            for (int d = 0; d < DPL; d++)
+                acc[i][d] *= corr;
+            m[i] = mnew;
+            ps[(warp * RPW + i) * TA_KEYS + lane] = p;
+        }
+        __syncwarp();
+#pragma unroll 2
+        for (int j = 0; j < TA_KEYS; j += 4) {
+            float v[4][DPL];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float *vr = vs + (j + u) * HD + lane * DPL;
+                if constexpr (DPL == 4) {
+                    float4 x = *(const float4 *)vr;
+                    v[u][0] = x.x;
+                    v[u][1] = x.y;
+                    v[u][2] = x.z;
+                    v[u][3] = x.w;
+                } else {
+                    float2 x = *(const float2 *)vr;
+                    v[u][0] = x.x;
+                    v[u][1] = x.y;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                float4 pp = ((const float4 *)(ps + (warp * RPW + i) * TA_KEYS))[j / 4];
+#pragma unroll
+                for (int d = 0; d < DPL; d++) {
+                    float a = acc[i][d];
+                    a = fmaf(pp.x, v[0][d], a);
+                    a = fmaf(pp.y, v[1][d], a);
+                    a = fmaf(pp.z, v[2][d], a);
+                    a = fmaf(pp.w, v[3][d], a);
+                    acc[i][d] = a;
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        float L = cuk_warp_sum(l[i]);
+        int r = warp * RPW + i;
+        if (r >= rows)
+            continue;
+        int qi = r / G, hh = r % G;
+        float *o = out + ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * HD + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            o[d] = acc[i][d] / L;
+    }
+}
+
+extern "C" int cuk_attention_tiled_ok(const struct cuk_attn *g)
+{
+    return g->n >= TA_MIN_N && (g->head_dim == 64 || g->head_dim == 128) && g->n_kv_heads > 0 &&
+           g->n_heads % g->n_kv_heads == 0 && g->n_heads / g->n_kv_heads <= TA_WARPS * 8;
+}
+
+template <int HD, int RPW, typename T>
+static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, const T *kc,
+                                const T *vc, const int *table, const struct cuk_attn *g)
+{
+    int G = g->n_heads / g->n_kv_heads, bq = TA_WARPS * RPW / G;
+    size_t smem = ta_smem_bytes<HD, RPW>();
+    /* Above the default 48 KB a kernel must opt in; cheap, and prefill
+     * launches are never recorded into graphs. */
+    cudaError_t err = cudaFuncSetAttribute(k_attention_tiled<HD, RPW, T>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
+    cuk_launch(k_attention_tiled<HD, RPW, T>, grid, TA_WARPS * 32, smem, s, out, q, kc, vc, table, *g,
+                                                                     bq);
+    return cudaGetLastError();
+}
+
+/* Rows per warp: 8 (more reuse of each K/V tile) unless that leaves fewer
+ * blocks than two per multiprocessor, then 4. */
+template <int HD, typename T>
+static cudaError_t launch_tiled_hd(cudaStream_t s, float *out, const float *q, const T *kc,
+                                   const T *vc, const int *table, const struct cuk_attn *g)
+{
+    static int n_sms;
+    if (!n_sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
+            n_sms = v;
+        if (n_sms <= 0)
+            n_sms = 1;
+    }
+    int G = g->n_heads / g->n_kv_heads;
+    long blocks8 = (long)((g->n + TA_WARPS * 8 / G - 1) / (TA_WARPS * 8 / G)) * g->n_kv_heads;
+    if (G <= TA_WARPS * 4 && blocks8 < 2L * n_sms)
+        return launch_tiled<HD, 4, T>(s, out, q, kc, vc, table, g);
+    return launch_tiled<HD, 8, T>(s, out, q, kc, vc, table, g);
+}
+
+extern "C" cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q,
+                                           const void *kc, const void *vc, const int *table,
+                                           const struct cuk_attn *g)
+{
+    if (!cuk_attention_tiled_ok(g))
+        return cudaErrorInvalidValue;
+    if (g->head_dim == 64)
+        return g->kv_bf16 ? launch_tiled_hd<64>(s, out, q, (const uint16_t *)kc,
+                                                (const uint16_t *)vc, table, g)
+                          : launch_tiled_hd<64>(s, out, q, (const float *)kc, (const float *)vc,
+                                                table, g);
+    return g->kv_bf16 ? launch_tiled_hd<128>(s, out, q, (const uint16_t *)kc,
+                                             (const uint16_t *)vc, table, g)
+                      : launch_tiled_hd<128>(s, out, q, (const float *)kc, (const float *)vc,
+                                             table, g);
+}

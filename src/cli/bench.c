@@ -1,0 +1,593 @@
+/* bench.c - `cllm bench`: prefill and decode speed of a model on a device,
+ * each next to the floor that the device's memory bandwidth sets (bytes a
+ * token must read ÷ bandwidth), and with --batch the aggregate decode speed
+ * of S concurrent streams through the continuous-batching engine, the path
+ * `cllm serve` takes.
+ *
+ * Prompts are made-up token ids (deterministic, distinct per stream so no
+ * prefix is shared), decoding is greedy with EOS ignored: speed does not
+ * depend on the text, and every run generates exactly the asked tokens. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+#define KV_BLOCK 16
+#define MAX_BATCHES 32
+#define MAX_STREAMS 1024
+#define MIN_BATCH_TOKENS 2048
+
+struct bench_opts {
+    const char *model, *device;
+    int threads, n_prompt, n_gen, reps;
+    int batch[MAX_BATCHES], n_batch;
+    double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: cllm bench <model> [options]\n"
+            "\n"
+            "Prefill and decode tokens/s of <model> next to the floor the device's memory\n"
+            "bandwidth sets: (weight bytes per token + KV bytes at the mean context) /\n"
+            "bandwidth. Prompts are synthetic token ids; decoding is greedy, EOS ignored.\n"
+            "\n"
+            "options:\n"
+            "  -p, --prompt-tokens P    prompt length (default 512); prefill is one forward\n"
+            "                           pass over all P tokens\n"
+            "  -n, --n-predict N        tokens to decode after the prompt (default 128)\n"
+            "  --batch S,S,...          also run S concurrent streams (P-token prompts, N\n"
+            "                           tokens each) through the batching engine and report\n"
+            "                           aggregate decode tok/s while all S decode, and TTFT\n"
+            "  --reps R                 repeat each measurement R times, report the median\n"
+            "                           (default 1)\n"
+            "  --bandwidth GBPS         memory bandwidth for the floor in GB/s (default:\n"
+            "                           measured on the device)\n"
+            "  -t, --threads N          CPU threads (default: all cores)\n"
+            "  --device D               cpu, cuda, cuda:N or auto (default cpu)\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "cllm bench: %s needs an integer in [%d, %d] (got \"%s\")\n", flag, lo, hi,
+                v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* "1,8,32" into o->batch; every entry a stream count in [1, MAX_STREAMS]. */
+static int parse_batch_list(const char *v, struct bench_opts *o)
+{
+    const char *p = v;
+    bool ok = v && *v;
+    o->n_batch = 0;
+    while (ok && *p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        ok = isdigit((unsigned char)*p) && end != p && !errno && x >= 1 && x <= MAX_STREAMS && (*end == ',' || !*end) &&
+             o->n_batch < MAX_BATCHES && !(*end == ',' && !end[1]);
+        if (ok)
+            o->batch[o->n_batch++] = (int)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!ok) {
+        fprintf(stderr, "cllm bench: --batch needs a comma-separated list of at most %d stream "
+                        "counts in [1, %d] (got \"%s\")\n", MAX_BATCHES, MAX_STREAMS, v ? v : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* 0 ok, 1 --help, -1 usage error (already reported). */
+static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0, takes = 1;
+        if (!strcmp(a, "--device")) o->device = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) rc = parse_int(a, v, 1, 1 << 24, &o->n_prompt);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 1, 1 << 24, &o->n_gen);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--reps")) rc = parse_int(a, v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
+        else if (!strcmp(a, "--bandwidth")) {
+            char *end;
+            double x = v ? strtod(v, &end) : 0;
+            if (!v || *end || end == v || !(x > 0 && x < 1e6)) {
+                fprintf(stderr, "cllm bench: --bandwidth needs a positive number of GB/s (got "
+                                "\"%s\")\n", v ? v : "");
+                return -1;
+            }
+            o->bandwidth = x * 1e9;
+        } else {
+            takes = 0;
+            if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+                bench_usage(stdout);
+                return 1;
+            } else if (a[0] == '-' && a[1]) {
+                fprintf(stderr, "cllm bench: unknown option %s (see cllm bench --help)\n", a);
+                return -1;
+            } else if (!o->model) {
+                o->model = a;
+            } else {
+                fprintf(stderr, "cllm bench: unexpected argument \"%s\"\n", a);
+                return -1;
+            }
+        }
+        if (rc)
+            return -1;
+        if (takes) {
+            if (!v) {
+                fprintf(stderr, "cllm bench: %s needs a value\n", a);
+                return -1;
+            }
+            i++;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "cllm bench: no model given (cllm bench <model> [-p P] [-n N])\n");
+        return -1;
+    }
+    return 0;
+}
+
+static size_t tensor_bytes(const struct tensor *t)
+{
+    return tensor_present(t) ? (size_t)t->rows * dtype_row_bytes(t->dtype, t->cols) : 0;
+}
+
+/* Bytes of weights one decode token reads: every layer matrix, the LM
+ * head, the norm vectors and biases (f32 after load), and one row of the
+ * embedding table (a tied head is read in full as the LM head anyway). */
+static size_t weight_bytes_per_token(const struct model *m)
+{
+    size_t b = model_weight_bytes_per_token(m) + tensor_bytes(&m->out_norm) +
+               dtype_row_bytes(m->tok_embd.dtype, m->tok_embd.cols);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        b += tensor_bytes(&w->attn_norm) + tensor_bytes(&w->ffn_norm) + tensor_bytes(&w->q_norm) +
+             tensor_bytes(&w->k_norm) + tensor_bytes(&w->bq) + tensor_bytes(&w->bk) +
+             tensor_bytes(&w->bv);
+    }
+    return b;
+}
+
+/* "q8_0 97.1%, f32 2.9%": the dtypes of the matrices read per token, by bytes. */
+static void dtype_summary(const struct model *m, char *out, size_t cap)
+{
+    size_t by[DT_COUNT] = {0}, total = 0;
+    by[m->lm_head.dtype] += tensor_bytes(&m->lm_head);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        const struct tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            by[ts[i]->dtype] += tensor_bytes(ts[i]);
+    }
+    for (int d = 0; d < DT_COUNT; d++)
+        total += by[d];
+    size_t len = 0;
+    out[0] = 0;
+    for (int d = 0; d < DT_COUNT; d++)
+        if (by[d] == total) { /* one dtype */
+            snprintf(out, cap, "%s (every matrix)", dtype_name((enum dtype)d));
+            return;
+        }
+    for (int d = 0; d < DT_COUNT && len < cap; d++)
+        if (by[d])
+            len += (size_t)snprintf(out + len, cap - len, "%s%s %.1f%%", len ? ", " : "",
+                                    dtype_name((enum dtype)d), 100.0 * (double)by[d] / (double)total);
+}
+
+/* Distinct, deterministic ids away from the low (often special) ids. */
+static void make_prompt(int *ids, int n, int stream, int vocab)
+{
+    int base = vocab > 400 ? 100 : 0, range = vocab - 2 * base;
+    for (int i = 0; i < n; i++)
+        ids[i] = base + (int)(((int64_t)stream * 7919 + (int64_t)i * 104729) % range);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Nearest rank of sorted v. */
+static double percentile(const double *v, int n, double p)
+{
+    int k = (int)((p / 100.0) * n + 0.999999) - 1;
+    return v[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+/* The decode floor in tok/s: per step, the weights once plus every stream's
+ * K/V at the mean context, for s tokens. 0 when the bandwidth is unknown. */
+static double floor_tps(double bw, double weight_bytes, double kv_bytes_ctx, int s)
+{
+    return bw > 0 ? s * bw / (weight_bytes + s * kv_bytes_ctx) : 0;
+}
+
+static void print_floor(double tps, double floor)
+{
+    if (floor > 0)
+        printf("  floor %10.1f tok/s %5.1f%%\n", floor, 100.0 * tps / floor);
+    else
+        printf("  floor - (bandwidth unknown)\n");
+}
+
+struct single_result {
+    double prefill_tps, decode_tps;
+    double kv_bytes_per_token; /* of the pool this backend keeps */
+    double bandwidth;          /* measured bytes/s, or <= 0 */
+    char bw_err[256];
+    char device[160];
+};
+
+/* One sequence on a backend of its own: measures the bandwidth (unless
+ * given), warms up, then times reps × (prefill of P tokens in one forward,
+ * N greedy decode steps). */
+static int run_single(const struct model *m, const struct bench_opts *o, struct single_result *r,
+                      struct err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const int P = o->n_prompt, N = o->n_gen;
+    struct backend *be = NULL;
+    struct forward_state fs = {0};
+    struct kv_pool pool = {0};
+    int *prompt = malloc(sizeof(int) * (size_t)P);
+    float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    double *pre = calloc((size_t)o->reps, sizeof(double)), *dec = calloc((size_t)o->reps, sizeof(double));
+    int rc = -1;
+    if (!prompt || !logits || !pre || !dec) {
+        err_set(e, "out of memory");
+        goto out;
+    }
+    make_prompt(prompt, P, 0, c->vocab_size);
+    /* forward_init with P: the whole prompt is one forward pass (cllm run
+     * --batch P); the pool holds one sequence of P + N at a time. */
+    be = backend_create(o->device, o->threads, e);
+    if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, P, e) ||
+        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+                     (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e))
+        goto out;
+    r->kv_bytes_per_token = (double)kv_pool_bytes(&pool) / ((double)pool.n_blocks * pool.block_size);
+    if (be->ops->mem_info) {
+        struct backend_mem mi;
+        be->ops->mem_info(be, &mi);
+        snprintf(r->device, sizeof r->device, "%s", mi.device);
+    } else if (o->threads) {
+        snprintf(r->device, sizeof r->device, "%s, %d threads", be->ops->name, o->threads);
+    } else {
+        snprintf(r->device, sizeof r->device, "%s, all cores", be->ops->name);
+    }
+    if (o->bandwidth > 0) {
+        r->bandwidth = o->bandwidth;
+    } else if (be->ops->mem_bandwidth) {
+        struct err be_err = {{0}};
+        r->bandwidth = be->ops->mem_bandwidth(be, &be_err);
+        if (r->bandwidth <= 0)
+            snprintf(r->bw_err, sizeof r->bw_err, "%s", be_err.msg);
+    } else {
+        snprintf(r->bw_err, sizeof r->bw_err, "the %s backend cannot measure it", be->ops->name);
+    }
+
+    /* Warmup, untimed: first-use costs (kernel loading, CUDA graph capture,
+     * page faults on the weights) are not prefill or decode speed. */
+    struct kv_seq seq = {0};
+    int next = 0, tok;
+    int wrc = forward_tokens_greedy(&fs, &pool, &seq, prompt, P, logits, &next, e);
+    for (int i = 0; i < 2 && !wrc && i < N; i++) {
+        tok = next;
+        wrc = forward_tokens_greedy(&fs, &pool, &seq, &tok, 1, logits, &next, e);
+    }
+    kv_seq_release(&pool, &seq);
+    if (wrc)
+        goto out;
+    for (int rep = 0; rep < o->reps; rep++) {
+        seq = (struct kv_seq){0};
+        double t0 = now_s();
+        int frc = forward_tokens_greedy(&fs, &pool, &seq, prompt, P, logits, &next, e);
+        double t1 = now_s();
+        for (int i = 0; i < N && !frc; i++) {
+            tok = next;
+            frc = forward_tokens_greedy(&fs, &pool, &seq, &tok, 1, logits, &next, e);
+        }
+        double t2 = now_s();
+        kv_seq_release(&pool, &seq);
+        if (frc)
+            goto out;
+        pre[rep] = P / (t1 - t0);
+        dec[rep] = N / (t2 - t1);
+    }
+    r->prefill_tps = median(pre, o->reps);
+    r->decode_tps = median(dec, o->reps);
+    rc = 0;
+out:
+    free(prompt);
+    free(logits);
+    free(pre);
+    free(dec);
+    if (pool.k)
+        kv_pool_free(&pool);
+    forward_free(&fs);
+    backend_destroy(be);
+    return rc;
+}
+
+struct batch_result {
+    double agg_tps;           /* median over reps; 0 when no window */
+    double ttft_p50, ttft_p99; /* seconds, over every stream of every rep */
+    uint64_t preemptions;
+};
+
+/* Records one event of stream s: a token's arrival time in times[s][i], or
+ * the end of the stream. */
+static int on_event(const struct engine_event *ev, int s, int N, double *times, int *got,
+                    bool *done, int *n_done, struct err *e)
+{
+    if (ev->finish == ENGINE_FINISH_NONE) {
+        if (got[s] < N)
+            times[(size_t)s * N + got[s]] = now_s();
+        got[s]++;
+        return 0;
+    }
+    done[s] = true;
+    ++*n_done;
+    if (ev->finish == ENGINE_FINISH_ERROR)
+        return err_set(e, "%s", ev->error);
+    if (got[s] != N)
+        return err_set(e, "a stream ended after %d of %d tokens", got[s], N);
+    return 0;
+}
+
+/* Waits for every stream to end, recording when each token arrived. */
+static int collect(struct engine_request **rs, int S, int N, double *times, int *got, struct err *e)
+{
+    bool *done = calloc((size_t)S, sizeof(bool));
+    if (!done)
+        return err_set(e, "out of memory");
+    int n_done = 0, rc = 0;
+    memset(got, 0, sizeof(int) * (size_t)S);
+    while (n_done < S && !rc) {
+        bool any = false;
+        struct engine_event ev;
+        for (int s = 0; s < S && !rc; s++)
+            while (!rc && !done[s] && engine_request_next(rs[s], &ev, 0) == 1) {
+                any = true;
+                rc = on_event(&ev, s, N, times, got, done, &n_done, e);
+            }
+        /* A pass found nothing: block on one unfinished stream (the engine
+         * emits every stream's token at the end of the same step) rather
+         * than spin on the cores the engine computes on. */
+        if (!any && !rc && n_done < S) {
+            int s = 0;
+            while (done[s])
+                s++;
+            if (engine_request_next(rs[s], &ev, 5) == 1)
+                rc = on_event(&ev, s, N, times, got, done, &n_done, e);
+        }
+    }
+    free(done);
+    return rc;
+}
+
+/* S streams through the engine, as `cllm serve` runs them: max_running S,
+ * every prompt prefilled in one chunk, enough batch tokens that all
+ * prefills go in the first steps, no prompt cache, a pool that fits all. */
+static int run_batch(const struct model *m, const struct bench_opts *o, int S,
+                     struct batch_result *r, struct err *e)
+{
+    const int P = o->n_prompt, N = o->n_gen, R = o->reps;
+    int batch_tokens = P + S > MIN_BATCH_TOKENS ? P + S : MIN_BATCH_TOKENS;
+    struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + N,
+                                .kv_tokens = (S + 2) * (P + N + KV_BLOCK),
+                                .prefill_chunk = P, .batch_tokens = batch_tokens,
+                                .max_queue = S + 8, .max_running = S,
+                                .prompt_cache_bytes = -1, .device = o->device};
+    struct engine *eng = engine_create(m, &cfg, e);
+    if (!eng)
+        return -1;
+    struct engine_request **rs = calloc((size_t)S, sizeof *rs);
+    int *prompt = malloc(sizeof(int) * (size_t)P), *got = calloc((size_t)S, sizeof(int));
+    double *times = malloc(sizeof(double) * (size_t)S * (size_t)N);
+    double *t_sub = malloc(sizeof(double) * (size_t)S);
+    double *ttft = malloc(sizeof(double) * (size_t)S * (size_t)R), *agg = calloc((size_t)R, sizeof(double));
+    int rc = -1, n_req = 0;
+    if (!rs || !prompt || !got || !times || !t_sub || !ttft || !agg) {
+        err_set(e, "out of memory");
+        goto out;
+    }
+    struct engine_params par = {.sp = {.temperature = 0, .top_p = 1}, .ignore_eos = true};
+    /* Warmup, untimed: up to two streams of the same prompt length and a
+     * few tokens, so kernel loading and first-shape costs stay out. */
+    n_req = S < 2 ? S : 2;
+    par.max_tokens = N < 3 ? N : 3;
+    for (int s = 0; s < n_req; s++) {
+        make_prompt(prompt, P, 1 + R * S + s, m->cfg.vocab_size);
+        if (!(rs[s] = engine_request_new(prompt, P, &par, e)) || engine_submit(eng, rs[s], e) < 0)
+            goto out;
+    }
+    if (collect(rs, n_req, par.max_tokens, times, got, e))
+        goto out;
+    for (int s = 0; s < n_req; s++) {
+        engine_request_release(rs[s]);
+        rs[s] = NULL;
+    }
+    n_req = 0;
+
+    par.max_tokens = N;
+    for (int rep = 0; rep < R; rep++) {
+        for (int s = 0; s < S; s++) { /* stream 0 is single-sequence run's prompt: distinct */
+            make_prompt(prompt, P, 1 + rep * S + s, m->cfg.vocab_size);
+            if (!(rs[s] = engine_request_new(prompt, P, &par, e)))
+                goto out;
+            t_sub[s] = now_s();
+            if (engine_submit(eng, rs[s], e) < 0) {
+                engine_request_release(rs[s]);
+                rs[s] = NULL;
+                goto out;
+            }
+            n_req = s + 1;
+        }
+        if (collect(rs, S, N, times, got, e))
+            goto out;
+        /* The window in which all S streams decode: from the last stream's
+         * first token (its prefill done, none left in the batch) to the
+         * first stream's last token (from then on fewer than S decode). */
+        double t_start = 0, t_end = 1e300;
+        for (int s = 0; s < S; s++) {
+            const double *ts = times + (size_t)s * N;
+            ttft[rep * S + s] = ts[0] - t_sub[s];
+            t_start = ts[0] > t_start ? ts[0] : t_start;
+            t_end = ts[N - 1] < t_end ? ts[N - 1] : t_end;
+        }
+        int in_window = 0;
+        for (size_t i = 0; i < (size_t)S * N; i++)
+            in_window += times[i] > t_start && times[i] <= t_end;
+        agg[rep] = t_end > t_start && in_window ? in_window / (t_end - t_start) : 0;
+        for (int s = 0; s < S; s++) {
+            engine_request_release(rs[s]);
+            rs[s] = NULL;
+        }
+        n_req = 0;
+    }
+    r->agg_tps = median(agg, R);
+    qsort(ttft, (size_t)S * R, sizeof *ttft, cmp_double);
+    r->ttft_p50 = percentile(ttft, S * R, 50);
+    r->ttft_p99 = percentile(ttft, S * R, 99);
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    r->preemptions = st.preemptions;
+    rc = 0;
+out:
+    for (int s = 0; s < n_req && rs; s++)
+        if (rs[s])
+            engine_request_release(rs[s]);
+    engine_destroy(eng);
+    free(rs);
+    free(prompt);
+    free(got);
+    free(times);
+    free(t_sub);
+    free(ttft);
+    free(agg);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o;
+    int prc = parse_bench_args(argc, argv, &o);
+    if (prc)
+        return prc > 0 ? 0 : 2;
+    struct err e = {{0}};
+    struct model m;
+    if (model_load(&m, o.model, &e)) {
+        fprintf(stderr, "cllm bench: %s\n", e.msg);
+        return 2;
+    }
+    const struct model_config *c = &m.cfg;
+    const int P = o.n_prompt, N = o.n_gen;
+    if ((long)P + N > c->max_seq) {
+        fprintf(stderr, "cllm bench: -p %d + -n %d = %ld tokens exceeds the model's context of %d\n",
+                P, N, (long)P + N, c->max_seq);
+        model_free(&m);
+        return 2;
+    }
+    struct single_result sr = {0};
+    if (run_single(&m, &o, &sr, &e)) {
+        fprintf(stderr, "cllm bench: %s\n", e.msg);
+        model_free(&m);
+        return 1;
+    }
+    double wb = (double)weight_bytes_per_token(&m);
+    /* Decode step i attends to P + i + 1 positions: P + (N + 1) / 2 on
+     * average (capped by a sliding window). */
+    double ctx = P + (N + 1) / 2.0;
+    if (c->sliding_window > 0 && ctx > c->sliding_window)
+        ctx = c->sliding_window;
+    double kv_ctx = sr.kv_bytes_per_token * ctx;
+    char dts[160];
+    dtype_summary(&m, dts, sizeof dts);
+
+    printf("model:      %s (%s, %s, %d layers, dim %d, vocab %d)\n", o.model, m.format, c->arch,
+           c->n_layers, c->dim, c->vocab_size);
+    printf("device:     %s\n", sr.device);
+    printf("weights:    %s; %.2f MB read per token (layer matrices, LM head,\n"
+           "            norms, one embedding row)\n", dts, wb / 1e6);
+    printf("kv cache:   %.1f KB per token of context; %.2f MB read per decode token at the mean\n"
+           "            context %.1f\n", sr.kv_bytes_per_token / 1e3, kv_ctx / 1e6, ctx);
+    if (sr.bandwidth > 0)
+        printf("bandwidth:  %.1f GB/s (%s)\n", sr.bandwidth / 1e9,
+               o.bandwidth > 0 ? "--bandwidth" : "measured");
+    else
+        printf("bandwidth:  unknown (%s); no floor (give --bandwidth GBPS)\n", sr.bw_err);
+    printf("floor:      S x bandwidth / (weight bytes + S x KV bytes at the mean context), S streams\n");
+    if (o.n_batch)
+        printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, P+S),\n"
+               "            distinct prompts, no prompt cache; agg = tokens produced while all S\n"
+               "            streams decode / that time; TTFT from submit\n", P, MIN_BATCH_TOKENS);
+    printf("runs:       %d rep%s, median\n\n", o.reps, o.reps > 1 ? "s" : "");
+
+    printf("prefill p%-6d    %10.1f tok/s\n", P, sr.prefill_tps);
+    printf("decode  tg%-5d    %10.1f tok/s%*s", N, sr.decode_tps, 54, "");
+    print_floor(sr.decode_tps, floor_tps(sr.bandwidth, wb, kv_ctx, 1));
+    fflush(stdout);
+
+    int rc = 0;
+    for (int i = 0; i < o.n_batch; i++) {
+        int S = o.batch[i];
+        struct batch_result br = {0};
+        if (run_batch(&m, &o, S, &br, &e)) {
+            fprintf(stderr, "cllm bench: --batch %d: %s\n", S, e.msg);
+            rc = 1;
+            break;
+        }
+        printf("batch   %-5d agg %10.1f tok/s  per-stream %8.1f  ttft p50/p99 %7.1f /%7.1f ms", S,
+               br.agg_tps, br.agg_tps / S, br.ttft_p50 * 1e3, br.ttft_p99 * 1e3);
+        print_floor(br.agg_tps, floor_tps(sr.bandwidth, wb, kv_ctx, S));
+        if (br.agg_tps <= 0)
+            printf("        (no window in which all %d streams decode: raise -n or lower -p)\n", S);
+        if (br.preemptions)
+            printf("        (%llu preemptions: the pool ran short; the figure includes recompute)\n",
+                   (unsigned long long)br.preemptions);
+        fflush(stdout);
+    }
+    model_free(&m);
+    return rc;
+}

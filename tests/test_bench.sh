@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# test_bench.sh - `cllm bench` end to end on the CPU with the llama2.c sample
+# model: the prefill, decode and --batch rows carry positive speeds and
+# floors, the CPU backend's bandwidth measurement runs when --bandwidth is
+# absent, and bad input gives one line naming the flag and exit 2. Speeds are
+# not compared with anything (the host is shared). Usage: test_bench.sh
+# <cllm binary> [shared dir, default $CLLM_SHARED_DIR or ../shared] [fixtures dir]
+set -u
+CLLM=$1
+SHARED=${2:-${CLLM_SHARED_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared}}
+MODEL=$SHARED/models/stories260K
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+num='[0-9]+\.[0-9]+'
+# positive: a number with a non-zero digit
+pos() { [[ "$1" =~ [1-9] ]]; }
+field() { # args: line pattern, sed expression -> the number it captures
+    grep -E "$1" "$tmp/out" | head -1 | sed -E "$2"
+}
+
+# 1. Prefill, decode and two batch rows with the floor from --bandwidth.
+"$CLLM" bench "$MODEL" -p 32 -n 16 --batch 1,4 -t 2 --bandwidth 20 >"$tmp/out" 2>"$tmp/err"
+check '[ $? -eq 0 ]' "bench --batch 1,4 failed: $(cat "$tmp/err")"
+check 'grep -q "^bandwidth: *20.0 GB/s (--bandwidth)" "$tmp/out"' "no --bandwidth line: $(cat "$tmp/out")"
+check 'grep -q "prefill_chunk 32, batch_tokens max(2048, P+S)" "$tmp/out"' "engine settings not in the header"
+v=$(field "^prefill p32 " "s/^prefill p32 +($num) tok\/s.*/\1/")
+check 'pos "$v"' "prefill row: '$(grep prefill "$tmp/out")'"
+v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
+check 'pos "$v"' "decode row: '$(grep ^decode "$tmp/out")'"
+v=$(field "^decode  tg16 " "s/.*floor +($num) tok\/s +$num%$/\1/")
+check 'pos "$v"' "decode floor: '$(grep ^decode "$tmp/out")'"
+for s in 1 4; do
+    row=$(grep -E "^batch +$s " "$tmp/out")
+    agg=$(sed -E "s/.* agg +($num) tok\/s .*/\1/" <<<"$row")
+    flo=$(sed -E "s/.*floor +($num) tok\/s +$num%$/\1/" <<<"$row")
+    ttft=$(sed -E "s/.*ttft p50\/p99 +($num) \/ *$num ms.*/\1/" <<<"$row")
+    check 'pos "$agg" && [[ "$agg" =~ ^$num$ ]]' "batch $s aggregate: '$row'"
+    check 'pos "$flo" && [[ "$flo" =~ ^$num$ ]]' "batch $s floor: '$row'"
+    check '[[ "$ttft" =~ ^$num$ ]]' "batch $s ttft: '$row'"
+done
+# The floor for 4 streams is higher than for 1: the weights are read once per step.
+f1=$(grep -E "^batch +1 " "$tmp/out" | sed -E "s/.*floor +($num) tok\/s.*/\1/")
+f4=$(grep -E "^batch +4 " "$tmp/out" | sed -E "s/.*floor +($num) tok\/s.*/\1/")
+check 'awk -v a="$f1" -v b="$f4" "BEGIN { exit !(b > a) }"' "floor 4 ($f4) not above floor 1 ($f1)"
+
+# 2. Without --bandwidth the CPU backend measures it.
+"$CLLM" bench "$MODEL" -p 16 -n 8 -t 2 >"$tmp/out" 2>"$tmp/err"
+check '[ $? -eq 0 ]' "bench (measured bandwidth) failed: $(cat "$tmp/err")"
+v=$(field "^bandwidth:" "s/^bandwidth: +($num) GB\/s \(measured\)$/\1/")
+check 'pos "$v" && [[ "$v" =~ ^$num$ ]]' "measured bandwidth: '$(grep ^bandwidth "$tmp/out")'"
+check '! grep -q "^batch" "$tmp/out"' "batch rows without --batch"
+check 'grep -qE "^decode  tg8 .*floor +$num tok/s" "$tmp/out"' "decode floor with measured bandwidth"
+
+# 3. Bad input: one line naming the problem, exit 2.
+expect_err() { # args: pattern, command...
+    local pat=$1; shift
+    "$@" >"$tmp/o" 2>"$tmp/e"; local rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$tmp/e")" -eq 1 ] && grep -q -- "$pat" "$tmp/e" &&
+        grep -q "^cllm bench: " "$tmp/e"; then ok; else
+        bad "expected exit 2 and /$pat/ from: $* -> rc $rc: $(cat "$tmp/e")"; fi
+}
+expect_err "--batch" "$CLLM" bench "$MODEL" --batch 0
+expect_err "--batch" "$CLLM" bench "$MODEL" --batch x
+expect_err "--batch" "$CLLM" bench "$MODEL" --batch 1,,4
+expect_err "--batch" "$CLLM" bench "$MODEL" --batch 1,
+expect_err "--batch" "$CLLM" bench "$MODEL" --batch " 4"
+expect_err "-p" "$CLLM" bench "$MODEL" -p 0
+expect_err "-n" "$CLLM" bench "$MODEL" -n abc
+expect_err "--bandwidth" "$CLLM" bench "$MODEL" --bandwidth -3
+expect_err "/nonexistent/model" "$CLLM" bench /nonexistent/model
+expect_err "exceeds the model's context" "$CLLM" bench "$MODEL" -p 500 -n 100
+expect_err "unknown option --bogus" "$CLLM" bench "$MODEL" --bogus
+expect_err "no model" "$CLLM" bench
+"$CLLM" bench --help >"$tmp/o" 2>&1
+check '[ $? -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"
+
+echo "test_bench: $pass passed, $fail failed"
+[ $fail -eq 0 ]
