@@ -4,7 +4,8 @@
  * keys in groups of 4 and keep an online softmax (running max, sum and
  * weighted V sum, one head-dim slice per lane). With several splits
  * ("flash-decoding", for long contexts with few queries) each block writes
- * its unnormalized partial result and a second kernel merges them. */
+ * its unnormalized partial result and the last block of a (query, head) to
+ * finish merges them. */
 #include <math.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -13,6 +14,7 @@
 #define ATT_WARPS 4
 #define ATT_KEYS 4 /* keys per warp per step */
 #define ATT_MAX_HD 256
+#define ATT_MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
 
 /* Workspace layout for n_splits > 1: o[rows][hd], then m[rows], then l[rows]
  * with rows = n * n_heads * n_splits, row = (i * n_heads + h) * n_splits + sp. */
@@ -23,12 +25,48 @@ static __device__ __forceinline__ int meta_seg(const int *meta, const struct cuk
     return meta[g.pos0 + row];
 }
 
+/* Merges the n_splits partial results of (query i, head h). The partials
+ * were written by other blocks of this grid: read through L2 (__ldcg),
+ * never a stale L1 line. */
+static __device__ __forceinline__ void merge_block(float *out, const struct cuk_attn &g, int i,
+                                                   int h, int n_splits, const float *ws)
+{
+    __shared__ float cw[ATT_MAX_SPLITS], sL;
+    __shared__ bool cv[ATT_MAX_SPLITS]; /* split saw a key */
+    int hd = g.head_dim;
+    size_t rows = (size_t)g.n * g.n_heads * n_splits;
+    size_t row0 = ((size_t)i * g.n_heads + h) * n_splits;
+    const float *wm = ws + rows * hd + row0, *wl = ws + rows * hd + rows + row0;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < n_splits; s++)
+            M = fmaxf(M, __ldcg(wm + s));
+        float L = 0.0f;
+        for (int s = 0; s < n_splits; s++) {
+            float m = __ldcg(wm + s);
+            cv[s] = m != -INFINITY;
+            cw[s] = cv[s] ? expf(m - M) : 0.0f;
+            if (cv[s])
+                L += __ldcg(wl + s) * cw[s];
+        }
+        sL = L;
+    }
+    __syncthreads();
+    for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            if (cv[s])
+                o += __ldcg(ws + (row0 + s) * hd + dd) * cw[s];
+        out[((size_t)i * g.n_heads + h) * hd + dd] = o / sL;
+    }
+}
+
 /* One block's work of k_attention: query i (of g.n) of head h, split sp. */
 template <int DPL, typename T> /* head dims per lane: ceil(head_dim / 32); KV type */
 __device__ __forceinline__ void att_block(float *out, const float *q, const T *kc,
                                           const T *vc, const int *table,
                                           const struct cuk_attn &g, int pos0, int i, int h,
-                                          int sp, int n_splits, float *ws)
+                                          int sp, int n_splits, float *ws, unsigned *cnt)
 {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int hd = g.head_dim, kvh = h / (g.n_heads / g.n_kv_heads);
@@ -134,21 +172,40 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const T *k
         else
             ws[row * hd + dd] = o;
     }
-    if (n_splits > 1 && threadIdx.x == 0) {
+    if (n_splits == 1)
+        return;
+    if (threadIdx.x == 0) {
         size_t rows = (size_t)g.n * g.n_heads * n_splits;
         ws[rows * hd + row] = M;
         ws[rows * hd + rows + row] = L;
+    }
+    /* The last split of (i, h) to finish merges all of them (what a
+     * separate merge launch would do, in the same order), then re-arms the
+     * counter for the next call. */
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = cnt + (size_t)i * g.n_heads + h;
+        last = atomicAdd(c, 1u) == (unsigned)n_splits - 1;
+        if (last)
+            *c = 0;
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        merge_block(out, g, i, h, n_splits, ws);
     }
 }
 
 template <int DPL, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention(float *out, const float *q, const T *kc, const T *vc, const int *table,
-                struct cuk_attn g, const int *dpos, int n_splits, float *ws)
+                struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt)
 {
     cuk_pdl_start();
     att_block<DPL, T>(out, q, kc, vc, table, g, dpos ? *dpos : g.pos0, blockIdx.x, blockIdx.y,
-                   blockIdx.z, n_splits, ws);
+                      blockIdx.z, n_splits, ws, cnt);
 }
 
 /* Every sequence of a batch step in one launch: blockIdx.x is the row of
@@ -157,7 +214,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 template <int DPL, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_attention_batch(float *out, const float *q, const T *kc, const T *vc,
-                      const int *meta, struct cuk_attn g, float *ws)
+                      const int *meta, struct cuk_attn g, float *ws, unsigned *cnt)
 {
     cuk_pdl_start();
     const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
@@ -168,51 +225,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     gs.n = sg->n;
     gs.pos0 = sg->pos0;
     att_block<DPL, T>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
-                   sg->pos0, blockIdx.x - sg->row0, blockIdx.y, blockIdx.z, sg->splits,
-                   ws + sg->ws_off);
-}
-
-static __device__ __forceinline__ void merge_block(float *out, const struct cuk_attn &g, int i,
-                                                   int h, int n_splits, const float *ws)
-{
-    int hd = g.head_dim;
-    size_t rows = (size_t)g.n * g.n_heads * n_splits;
-    size_t row0 = ((size_t)i * g.n_heads + h) * n_splits;
-    const float *wm = ws + rows * hd + row0, *wl = ws + rows * hd + rows + row0;
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++)
-        M = fmaxf(M, wm[s]);
-    float L = 0.0f;
-    for (int s = 0; s < n_splits; s++)
-        if (wm[s] != -INFINITY)
-            L += wl[s] * expf(wm[s] - M);
-    for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; s++)
-            if (wm[s] != -INFINITY)
-                o += ws[(row0 + s) * hd + dd] * expf(wm[s] - M);
-        out[((size_t)i * g.n_heads + h) * hd + dd] = o / L;
-    }
-}
-
-__global__ void k_attention_merge(float *out, struct cuk_attn g, int n_splits, const float *ws)
-{
-    cuk_pdl_start();
-    merge_block(out, g, blockIdx.x, blockIdx.y, n_splits, ws);
-}
-
-__global__ void k_attention_merge_batch(float *out, const int *meta, struct cuk_attn g,
-                                        float *ws)
-{
-    cuk_pdl_start();
-    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta_seg(meta, g, blockIdx.x);
-    if (sg->splits <= 1 || sg->tiled)
-        return;
-    struct cuk_attn gs = g;
-    gs.n = sg->n;
-    gs.pos0 = sg->pos0;
-    merge_block(out + sg->row0 * (size_t)g.n_heads * g.head_dim, gs, blockIdx.x - sg->row0,
-                blockIdx.y, sg->splits, ws + sg->ws_off);
+                      sg->pos0, blockIdx.x - sg->row0, blockIdx.y, blockIdx.z, sg->splits,
+                      ws + sg->ws_off, cnt + (size_t)sg->row0 * g.n_heads);
 }
 
 extern "C" int cuk_attention_splits(int n, int n_heads, int kv_len, int n_sms)
@@ -239,27 +253,27 @@ extern "C" size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits
 template <typename T>
 static void launch_attention(cudaStream_t s, float *out, const float *q, const T *kc,
                              const T *vc, const int *table, const struct cuk_attn *g,
-                             const int *dpos, int n_splits, float *ws)
+                             const int *dpos, int n_splits, float *ws, unsigned *cnt)
 {
     dim3 grid(g->n, g->n_heads, n_splits);
     int dpl = (g->head_dim + 31) / 32;
     if (dpl == 1)
         cuk_launch(k_attention<1, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
-                                                          n_splits, ws);
+                                                          n_splits, ws, cnt);
     else if (dpl == 2)
         cuk_launch(k_attention<2, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
-                                                          n_splits, ws);
+                                                          n_splits, ws, cnt);
     else if (dpl <= 4)
         cuk_launch(k_attention<4, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
-                                                          n_splits, ws);
+                                                          n_splits, ws, cnt);
     else
         cuk_launch(k_attention<8, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, table, *g, dpos,
-                                                          n_splits, ws);
+                                                          n_splits, ws, cnt);
 }
 
 extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const void *kc,
                                      const void *vc, const int *table, const struct cuk_attn *g,
-                                     const int *dpos, int n_splits, float *ws)
+                                     const int *dpos, int n_splits, float *ws, unsigned *cnt)
 {
     if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
         g->n_heads % g->n_kv_heads)
@@ -268,39 +282,35 @@ extern "C" cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q,
         return cuk_attention_tiled(s, out, q, kc, vc, table, g);
     if (g->kv_bf16)
         launch_attention(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g, dpos,
-                         n_splits, ws);
+                         n_splits, ws, cnt);
     else
         launch_attention(s, out, q, (const float *)kc, (const float *)vc, table, g, dpos,
-                         n_splits, ws);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || n_splits == 1)
-        return err;
-    cuk_launch(k_attention_merge, dim3(g->n, g->n_heads), 128, 0, s, out, *g, n_splits, ws);
+                         n_splits, ws, cnt);
     return cudaGetLastError();
 }
 
 template <typename T>
 static void launch_attention_batch(cudaStream_t s, float *out, const float *q, const T *kc,
                                    const T *vc, const int *meta, const struct cuk_attn *g,
-                                   int max_splits, float *ws)
+                                   int max_splits, float *ws, unsigned *cnt)
 {
     dim3 grid(g->n, g->n_heads, max_splits);
     int dpl = (g->head_dim + 31) / 32;
     if (dpl == 1)
-        cuk_launch(k_attention_batch<1, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+        cuk_launch(k_attention_batch<1, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws, cnt);
     else if (dpl == 2)
-        cuk_launch(k_attention_batch<2, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+        cuk_launch(k_attention_batch<2, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws, cnt);
     else if (dpl <= 4)
-        cuk_launch(k_attention_batch<4, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+        cuk_launch(k_attention_batch<4, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws, cnt);
     else
-        cuk_launch(k_attention_batch<8, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws);
+        cuk_launch(k_attention_batch<8, T>, grid, ATT_WARPS * 32, 0, s, out, q, kc, vc, meta, *g, ws, cnt);
 }
 
 extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
                                                    const float *v, void *kc, void *vc,
                                                    const int *meta, const struct cuk_attn *g,
                                                    int max_splits, const float *inv_freq,
-                                                   int interleaved, float *ws)
+                                                   int interleaved, float *ws, unsigned *cnt)
 {
     if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
         g->n_heads % g->n_kv_heads)
@@ -310,13 +320,9 @@ extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, f
         return err;
     if (g->kv_bf16)
         launch_attention_batch(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, meta, g,
-                               max_splits, ws);
+                               max_splits, ws, cnt);
     else
         launch_attention_batch(s, out, q, (const float *)kc, (const float *)vc, meta, g,
-                               max_splits, ws);
-    err = cudaGetLastError();
-    if (err != cudaSuccess || max_splits == 1)
-        return err;
-    cuk_launch(k_attention_merge_batch, dim3(g->n, g->n_heads), 128, 0, s, out, meta, *g, ws);
+                               max_splits, ws, cnt);
     return cudaGetLastError();
 }

@@ -101,6 +101,7 @@ struct cuda_backend {
     size_t n_allocs, cap_allocs, alloc_bytes;
 
     struct dbuf ids, table, ws, xh, wf, invf;
+    struct dbuf cnt;   /* attention split counters, kept zero between calls */
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
     size_t bat_n, bat_cap; /* ints */
@@ -170,7 +171,7 @@ static int sticky(struct cuda_backend *c, struct err *e)
 
 static size_t dbuf_bytes(const struct cuda_backend *c)
 {
-    return c->ids.cap + c->table.cap + c->ws.cap + c->xh.cap + c->wf.cap + c->invf.cap +
+    return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->xh.cap + c->wf.cap + c->invf.cap +
            c->step.cap + (c->blas_ws ? BLAS_WS_BYTES : 0);
 }
 
@@ -824,6 +825,19 @@ static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
     return c->table.p;
 }
 
+/* The split counters of count (query, head) rows; zeroed when (re)made,
+ * and the attention kernels leave them zero. */
+static unsigned *att_counters(struct cuda_backend *c, size_t count)
+{
+    size_t bytes = (count ? count : 1) * sizeof(unsigned);
+    if (c->cnt.p && c->cnt.cap >= bytes)
+        return c->cnt.p;
+    void *p = dbuf_get(c, &c->cnt, bytes, "attention split counters");
+    if (p && fail_cuda(c, "zero split counters", cudaMemsetAsync(p, 0, c->cnt.cap, c->stream)))
+        return NULL;
+    return p;
+}
+
 static struct cuk_attn attn_geom(const struct kv_pool *pool, int layer, int n, int pos0)
 {
     struct cuk_attn g = {0};
@@ -922,9 +936,12 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     if (splits > 1 && !(ws = dbuf_get(c, &c->ws, cuk_attention_ws_floats(&g, splits) * 4,
                                       "attention workspace")))
         return sticky(c, e);
+    unsigned *cnt = NULL;
+    if (splits > 1 && !(cnt = att_counters(c, (size_t)a->n * (size_t)a->n_heads)))
+        return sticky(c, e);
     if (fail_cuda(c, "attention",
                   cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g,
-                                c->capturing ? (const int *)c->step.p : NULL, splits, ws)))
+                                c->capturing ? (const int *)c->step.p : NULL, splits, ws, cnt)))
         return sticky(c, e);
     return 0;
 }
@@ -1018,6 +1035,11 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         free(tmp);
         return sticky(c, e);
     }
+    unsigned *cnt = NULL;
+    if (max_splits > 1 && !(cnt = att_counters(c, rows * (size_t)a->n_heads))) {
+        free(tmp);
+        return sticky(c, e);
+    }
     const float *invf = dev_invf(c, inv_freq, a->head_dim / 2);
     if (!invf || !dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata")) {
         free(tmp);
@@ -1037,7 +1059,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     }
     if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
-                                              c->bat.p, &g, max_splits, invf, interleaved, ws))) {
+                                              c->bat.p, &g, max_splits, invf, interleaved, ws,
+                                              cnt))) {
         free(tmp);
         return sticky(c, e);
     }
@@ -1149,7 +1172,8 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
     }
     /* Size what the recording will use while synchronizing is still allowed. */
     size_t ws = (size_t)c->att_heads * MAX_SPLITS * (size_t)(c->att_hd + 2) * sizeof(float);
-    if (!dbuf_get(c, &c->ws, ws, "attention workspace"))
+    if (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
+        !att_counters(c, (size_t)c->att_heads))
         return sticky(c, e);
     if (fail_cuda(c, "begin graph capture",
                   cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
@@ -1243,7 +1267,7 @@ static void cu_destroy(struct backend *be)
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
-    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->xh, &c->wf, &c->invf, &c->step,
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->xh, &c->wf, &c->invf, &c->step,
                            &c->bat};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);

@@ -77,13 +77,15 @@ cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v
  * split, no workspace). Callers pass a capacity (not the exact length) so
  * that eager and graph-replayed decode steps split the same way. */
 int cuk_attention_splits(int n, int n_heads, int kv_cap, int n_sms);
-/* Floats of workspace cuk_attention needs for n_splits > 1. */
+/* Floats of workspace cuk_attention needs for n_splits > 1, and its split
+ * counters: cnt holds g->n * g->n_heads unsigned ints, zero before the call
+ * and zero again after it (the last split of a row merges and re-arms). */
 size_t cuk_attention_ws_floats(const struct cuk_attn *g, int n_splits);
 /* out[n][n_heads*head_dim] = causal softmax(q k^T * scale) v; head_dim <= 256.
  * Uses cuk_attention_tiled when n_splits == 1 and cuk_attention_tiled_ok. */
 cudaError_t cuk_attention(cudaStream_t s, float *out, const float *q, const void *kc,
                           const void *vc, const int *table, const struct cuk_attn *g,
-                          const int *dpos, int n_splits, float *ws);
+                          const int *dpos, int n_splits, float *ws, unsigned *cnt);
 
 /* Whether cuk_attention_tiled takes g: prefill-sized n (>= 8 queries),
  * head_dim 64 or 128, at most 64 query heads per KV head. */
@@ -119,7 +121,8 @@ cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const fl
 cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
                                         const float *v, void *kc, void *vc, const int *meta,
                                         const struct cuk_attn *g, int max_splits,
-                                        const float *inv_freq, int interleaved, float *ws);
+                                        const float *inv_freq, int interleaved, float *ws,
+                                        unsigned *cnt);
 
 /* Largest n the GEMV kernels take. */
 #define CUK_GEMV_MAX 8
