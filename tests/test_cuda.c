@@ -393,6 +393,138 @@ static void check_attention(struct backend *cpu)
     }
 }
 
+/* rope_kv_attention_batch over many sequences of mixed lengths (decodes,
+ * 2-token and 5-token chunks, prefill chunks: every kernel the batch path
+ * chooses, the short-segment one included since 48 sequences x 8 KV heads
+ * fill the GPU) against the per-sequence ops on the same GPU, and for f32
+ * K/V against the CPU backend too. */
+static void check_attention_batch(struct backend *cpu, bool kv_bf16)
+{
+    enum { S = 48, HD = 128, HEADS = 32, KVH = 8, LAYERS = 2, LAYER = 1 };
+    static const int pattern[] = {1, 2, 1, 5, 20, 1};
+    struct err e = {{0}};
+    kv_bf16_next = kv_bf16;
+    struct backend *be = gpu_create(false);
+    if (!be)
+        return;
+    int kvd = KVH * HD, qd = HEADS * HD, blocks = 0, rows = 0;
+    int len[S], n[S];
+    for (int s = 0; s < S; s++) {
+        len[s] = 40 + 13 * s + (s % 7) * 5; /* cached prefix */
+        n[s] = pattern[s % 6];
+        blocks += (len[s] + n[s] + 15) / 16;
+        rows += n[s];
+    }
+    struct kv_pool pa, pb, pc;
+    if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
+        kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e) ||
+        kv_pool_init(&pc, cpu, LAYERS, kvd, 16, blocks, &e)) {
+        CHECK(0, "pools: %s", e.msg);
+        backend_destroy(be);
+        return;
+    }
+    float inv_freq[HD / 2];
+    for (int i = 0; i < HD / 2; i++)
+        inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / HD);
+    struct kv_seq sa[S], sb[S], sc[S];
+    struct batch_seg segs[S];
+    memset(sa, 0, sizeof sa);
+    memset(sb, 0, sizeof sb);
+    memset(sc, 0, sizeof sc);
+    size_t kvn = (size_t)rows * kvd, qn = (size_t)rows * qd;
+    float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kvn),
+          *v = malloc(sizeof(float) * kvn), *ref = calloc(qn, sizeof(float));
+    for (int s = 0, row = 0; s < S; row += n[s], s++) {
+        kv_seq_reserve(&pa, &sa[s], len[s] + n[s], &e);
+        kv_seq_reserve(&pb, &sb[s], len[s] + n[s], &e);
+        kv_seq_reserve(&pc, &sc[s], len[s] + n[s], &e);
+        /* the prefix: stored as it is (already rotated, as it would be) */
+        size_t pn = (size_t)len[s] * kvd;
+        float *pk = malloc(sizeof(float) * pn), *pv = malloc(sizeof(float) * pn);
+        for (size_t i = 0; i < pn; i++) {
+            pk[i] = frand();
+            pv[i] = frand();
+            if (kv_bf16) {
+                pk[i] = bf16_to_f32(f32_to_bf16(pk[i]));
+                pv[i] = bf16_to_f32(f32_to_bf16(pv[i]));
+            }
+        }
+        float *dk = dev_alloc_copy(be, pk, pn), *dv = dev_alloc_copy(be, pv, pn);
+        be->ops->kv_store(be, &pa, &sa[s], LAYER, dk, dv, len[s], 0);
+        be->ops->kv_store(be, &pb, &sb[s], LAYER, dk, dv, len[s], 0);
+        cpu->ops->kv_store(cpu, &pc, &sc[s], LAYER, pk, pv, len[s], 0);
+        CHECK(be->ops->finish(be, &e) == 0, "prefix store: %s", e.msg);
+        be->ops->free(be, dk);
+        be->ops->free(be, dv);
+        free(pk);
+        free(pv);
+        segs[s] = (struct batch_seg){.seq = &sa[s], .n = n[s], .pos0 = len[s]};
+        (void)row;
+    }
+    for (size_t i = 0; i < qn; i++)
+        q[i] = frand() * 2;
+    for (size_t i = 0; i < kvn; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    struct attn_args a = {.n_heads = HEADS, .n_kv_heads = KVH, .head_dim = HD,
+                          .scale = 1.0f / sqrtf((float)HD)};
+    /* the batch op on pool pa */
+    float *dq = dev_alloc_copy(be, q, qn), *dk = dev_alloc_copy(be, k, kvn),
+          *dv = dev_alloc_copy(be, v, kvn), *dout = dev_alloc_copy(be, NULL, qn);
+    CHECK(be->ops->rope_kv_attention_batch(be, dout, dq, dk, dv, segs, S, inv_freq, false, &pa,
+                                           LAYER, &a, &e) == 0,
+          "batch op: %s", e.msg);
+    float *got = dev_fetch(be, dout, qn);
+    /* per sequence on pool pb (GPU) and pc (CPU) */
+    float *dq2 = dev_alloc_copy(be, q, qn), *dk2 = dev_alloc_copy(be, k, kvn),
+          *dout2 = dev_alloc_copy(be, NULL, qn);
+    for (int s = 0, row = 0; s < S; row += n[s], s++) {
+        struct attn_args as = a;
+        as.n = n[s];
+        as.pos0 = len[s];
+        size_t qo = (size_t)row * qd, ko = (size_t)row * kvd;
+        be->ops->rope_kv_store(be, dq2 + qo, dk2 + ko, dv + ko, n[s], HEADS, KVH, HD, len[s],
+                               inv_freq, false, &pb, &sb[s], LAYER);
+        CHECK(be->ops->attention(be, dout2 + qo, dq2 + qo, &pb, &sb[s], LAYER, &as, &e) == 0,
+              "attention: %s", e.msg);
+        if (!kv_bf16) {
+            cpu->ops->rope(cpu, q + qo, n[s], HEADS, HD, len[s], inv_freq, false);
+            cpu->ops->rope(cpu, k + ko, n[s], KVH, HD, len[s], inv_freq, false);
+            cpu->ops->kv_store(cpu, &pc, &sc[s], LAYER, k + ko, v + ko, n[s], len[s]);
+            CHECK(cpu->ops->attention(cpu, ref + qo, q + qo, &pc, &sc[s], LAYER, &as, &e) == 0,
+                  "cpu attention: %s", e.msg);
+        }
+    }
+    float *want = dev_fetch(be, dout2, qn);
+    CHECK(be->ops->finish(be, &e) == 0, "batch attention: %s", e.msg);
+    double re = test_rel_err(got, want, qn);
+    CHECK(re <= 1e-5, "batch attention (kv %s, %d sequences) vs per sequence: rel err %.3g",
+          kv_bf16 ? "bf16" : "f32", S, re);
+    double rc = kv_bf16 ? 0 : test_rel_err(got, ref, qn);
+    CHECK(rc <= 1e-5, "batch attention (kv f32) vs the CPU: rel err %.3g", rc);
+    printf("attention batch (kv %s, %d sequences, %d rows): vs per sequence %.2e, vs cpu %.2e\n",
+           kv_bf16 ? "bf16" : "f32", S, rows, re, rc);
+    float *fs[] = {dq, dk, dv, dout, dq2, dk2, dout2};
+    for (int i = 0; i < 7; i++)
+        be->ops->free(be, fs[i]);
+    free(got);
+    free(want);
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    for (int s = 0; s < S; s++) {
+        kv_seq_release(&pa, &sa[s]);
+        kv_seq_release(&pb, &sb[s]);
+        kv_seq_release(&pc, &sc[s]);
+    }
+    kv_pool_free(&pa);
+    kv_pool_free(&pb);
+    kv_pool_free(&pc);
+    backend_destroy(be);
+}
+
 /* ---- 2. oracles (test_models.c's structure, on the GPU) ---- */
 
 struct runner {
@@ -899,6 +1031,8 @@ int main(void)
     check_matmul_all();
     check_norm_rope(cpu);
     check_attention(cpu);
+    check_attention_batch(cpu, false);
+    check_attention_batch(cpu, true);
 
     char path[1024];
     snprintf(path, sizeof path, "%s/oracle", fixtures_dir);

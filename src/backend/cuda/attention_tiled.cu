@@ -16,6 +16,27 @@
 #define TA_KEYS 32 /* keys per tile: one per lane */
 #define TA_MIN_N 8 /* fewer queries: the per-query kernel */
 
+/* 16 bytes of K/V cache widened to f32: 4 f32 or 8 bf16 elements. */
+static __device__ __forceinline__ void kv_ld_vec(const float *p, float *f)
+{
+    float4 x = *(const float4 *)p;
+    f[0] = x.x;
+    f[1] = x.y;
+    f[2] = x.z;
+    f[3] = x.w;
+}
+
+static __device__ __forceinline__ void kv_ld_vec(const uint16_t *p, float *f)
+{
+    uint4 x = *(const uint4 *)p;
+    uint32_t u[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = __uint_as_float(u[k] << 16);
+        f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+    }
+}
+
 template <int HD, int RPW>
 static constexpr size_t ta_smem_bytes()
 {
@@ -25,12 +46,14 @@ static constexpr size_t ta_smem_bytes()
                             + (size_t)TA_WARPS * RPW * TA_KEYS); /* probabilities */
 }
 
+/* One block's work: queries q0 .. q0+bq-1 (of g.n) of every query head of
+ * KV head kvh. */
 template <int HD, int RPW, typename T>
-__global__ void __launch_bounds__(TA_WARPS * 32)
-    k_attention_tiled(float *out, const float *q, const T *kc, const T *vc, const int *table,
-                      struct cuk_attn g, int bq)
+static __device__ __forceinline__ void tiled_block(float *out, const float *q, const T *kc,
+                                                   const T *vc, const int *table,
+                                                   const struct cuk_attn &g, int bq, int q0,
+                                                   int kvh)
 {
-    cuk_pdl_start();
     constexpr int R = TA_WARPS * RPW; /* rows of the block: (query, head) pairs */
     constexpr int KS = HD + 4;        /* k row stride: float4 reads by 8 lanes hit 32 banks */
     constexpr int DPL = HD / 32;      /* output dims per lane */
@@ -41,8 +64,8 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
     float *ps = vs + TA_KEYS * HD;  /* [R][TA_KEYS] */
 
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int G = g.n_heads / g.n_kv_heads, kvh = blockIdx.y;
-    int q0 = blockIdx.x * bq, nq = min(bq, g.n - q0), rows = nq * G;
+    int G = g.n_heads / g.n_kv_heads;
+    int nq = min(bq, g.n - q0), rows = nq * G;
     /* row r = qi * G + hh: query q0 + qi, head kvh * G + hh */
 
     for (int idx = threadIdx.x; idx < R * HD / 4; idx += blockDim.x) {
@@ -80,16 +103,25 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
 
     for (int t0 = k_lo; t0 <= p_last; t0 += TA_KEYS) {
         __syncthreads(); /* the previous tile (and the q tile) are in place / consumed */
-        for (int idx = threadIdx.x; idx < TA_KEYS * HD; idx += blockDim.x) {
-            int j = idx / HD, d = idx % HD, t = t0 + j;
-            float kv = 0.0f, vv = 0.0f;
+        /* 16-byte loads: VEC elements of one key's head slice each */
+        constexpr int VEC = 16 / sizeof(T), NV = HD / VEC;
+        for (int idx = threadIdx.x; idx < TA_KEYS * NV; idx += blockDim.x) {
+            int j = idx / NV, c = idx % NV, t = t0 + j;
+            float kf[VEC], vf[VEC];
             if (t <= p_last) {
-                size_t off = cuk_kv_offset(&g, table, t) + head_off + d;
-                kv = kv_ld(kc, off);
-                vv = kv_ld(vc, off);
+                size_t off = cuk_kv_offset(&g, table, t) + head_off + (size_t)c * VEC;
+                kv_ld_vec(kc + off, kf);
+                kv_ld_vec(vc + off, vf);
+            } else {
+#pragma unroll
+                for (int u = 0; u < VEC; u++)
+                    kf[u] = vf[u] = 0.0f;
             }
-            ks[j * KS + d] = kv;
-            vs[j * HD + d] = vv;
+#pragma unroll
+            for (int u = 0; u < VEC; u += 4) {
+                *(float4 *)(ks + j * KS + c * VEC + u) = make_float4(kf[u], kf[u + 1], kf[u + 2], kf[u + 3]);
+                *(float4 *)(vs + j * HD + c * VEC + u) = make_float4(vf[u], vf[u + 1], vf[u + 2], vf[u + 3]);
+            }
         }
         __syncthreads();
 
@@ -183,6 +215,35 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
     }
 }
 
+template <int HD, int RPW, typename T>
+__global__ void __launch_bounds__(TA_WARPS * 32)
+    k_attention_tiled(float *out, const float *q, const T *kc, const T *vc, const int *table,
+                      struct cuk_attn g, int bq)
+{
+    cuk_pdl_start();
+    tiled_block<HD, RPW, T>(out, q, kc, vc, table, g, bq, blockIdx.x * bq, blockIdx.y);
+}
+
+/* The short segments of a batch step (cuk_bseg.tiled == 2: at most bq
+ * rows), one block per (segment, KV head): blockIdx.x runs over the rows
+ * of the step and the block of a segment's first row does its work. */
+template <int HD, int RPW, typename T>
+__global__ void __launch_bounds__(TA_WARPS * 32)
+    k_attention_tiled_batch(float *out, const float *q, const T *kc, const T *vc,
+                            const int *meta, struct cuk_attn g, int bq)
+{
+    cuk_pdl_start();
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
+    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0)
+        return;
+    size_t qd = (size_t)g.n_heads * HD;
+    struct cuk_attn gs = g;
+    gs.n = sg->n;
+    gs.pos0 = sg->pos0;
+    tiled_block<HD, RPW, T>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off,
+                            gs, bq, 0, blockIdx.y);
+}
+
 extern "C" int cuk_attention_tiled_ok(const struct cuk_attn *g)
 {
     return g->n >= TA_MIN_N && (g->head_dim == 64 || g->head_dim == 128) && g->n_kv_heads > 0 &&
@@ -245,4 +306,47 @@ extern "C" cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const flo
                                              (const uint16_t *)vc, table, g)
                       : launch_tiled_hd<128>(s, out, q, (const float *)kc, (const float *)vc,
                                              table, g);
+}
+
+/* Rows per warp 1: a block holds 8 (query, head) rows, the query heads of
+ * one KV head for up to 8 / group queries. */
+extern "C" int cuk_attention_short_rows(const struct cuk_attn *g)
+{
+    if ((g->head_dim != 64 && g->head_dim != 128) || g->n_kv_heads <= 0 ||
+        g->n_heads % g->n_kv_heads)
+        return 0;
+    int G = g->n_heads / g->n_kv_heads;
+    return G <= TA_WARPS ? TA_WARPS / G : 0;
+}
+
+template <int HD, typename T>
+static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, const T *kc,
+                                const T *vc, const int *meta, const struct cuk_attn *g)
+{
+    int bq = cuk_attention_short_rows(g);
+    size_t smem = ta_smem_bytes<HD, 1>();
+    cudaError_t err = cudaFuncSetAttribute(k_attention_tiled_batch<HD, 1, T>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem);
+    if (err != cudaSuccess)
+        return err;
+    return cuk_launch(k_attention_tiled_batch<HD, 1, T>, dim3((unsigned)g->n, (unsigned)g->n_kv_heads),
+                      TA_WARPS * 32, smem, s, out, q, kc, vc, meta, *g, bq);
+}
+
+extern "C" cudaError_t cuk_attention_short_batch(cudaStream_t s, float *out, const float *q,
+                                                 const void *kc, const void *vc,
+                                                 const int *meta, const struct cuk_attn *g)
+{
+    if (!cuk_attention_short_rows(g))
+        return cudaErrorInvalidValue;
+    if (g->head_dim == 64)
+        return g->kv_bf16 ? launch_short<64>(s, out, q, (const uint16_t *)kc,
+                                             (const uint16_t *)vc, meta, g)
+                          : launch_short<64>(s, out, q, (const float *)kc, (const float *)vc,
+                                             meta, g);
+    return g->kv_bf16 ? launch_short<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc,
+                                          meta, g)
+                      : launch_short<128>(s, out, q, (const float *)kc, (const float *)vc, meta,
+                                          g);
 }

@@ -1006,6 +1006,13 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     g.scale = a->scale;
     int max_splits = 1, row = 0, toff = n_seg * 8 + (int)rows;
     long long ws_off = 0;
+    /* Many short segments (decodes): one block per (segment, KV head)
+     * without key splits reads each K/V row once for its whole query-head
+     * group; worth it once those blocks alone fill the GPU. */
+    int short_rows = c->fuse ? cuk_attention_short_rows(&g) : 0, n_short = 0;
+    for (int s = 0; s < n_seg && short_rows; s++)
+        n_short += segs[s].n <= short_rows;
+    bool use_short = short_rows && (long)n_short * a->n_kv_heads >= c->n_sms;
     for (int s = 0; s < n_seg; s++) {
         const struct kv_seq *seq = segs[s].seq;
         int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
@@ -1016,6 +1023,10 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         gs.n = segs[s].n;
         gs.pos0 = segs[s].pos0;
         int tiled = splits == 1 && cuk_attention_tiled_ok(&gs);
+        if (use_short && segs[s].n <= short_rows) {
+            tiled = 2;
+            splits = 1;
+        }
         struct cuk_bseg b = {.row0 = row, .n = segs[s].n, .pos0 = segs[s].pos0,
                              .splits = splits, .tab_off = toff, .tiled = tiled,
                              .ws_off = ws_off};
@@ -1064,13 +1075,19 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         free(tmp);
         return sticky(c, e);
     }
+    if (use_short && n_short > 0 &&
+        fail_cuda(c, "attention (short segments)",
+                  cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v, c->bat.p, &g))) {
+        free(tmp);
+        return sticky(c, e);
+    }
     /* Prefill chunks: the tiled kernel, one launch per chunk (the batch
      * kernel skipped them). */
     size_t qd = (size_t)a->n_heads * a->head_dim;
     for (int s = 0; s < n_seg; s++) {
         struct cuk_bseg b;
         memcpy(&b, tmp + (size_t)s * 8, sizeof b);
-        if (!b.tiled)
+        if (b.tiled != 1)
             continue;
         struct cuk_attn gs = g;
         gs.n = b.n;

@@ -99,14 +99,27 @@ int cuk_attention_tiled_ok(const struct cuk_attn *g);
 cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, const void *kc,
                                 const void *vc, const int *table, const struct cuk_attn *g);
 
+/* Queries per segment cuk_attention_short_batch takes for g's geometry
+ * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */
+int cuk_attention_short_rows(const struct cuk_attn *g);
+/* Attention of the short segments of a batch step (cuk_bseg.tiled == 2,
+ * n <= cuk_attention_short_rows): one block per (segment, KV head) with
+ * the arithmetic of cuk_attention_tiled and no key splits, so each K/V row
+ * is read once for all query heads that share it. g and meta as for
+ * cuk_rope_kv_attention_batch, which must have stored the K/V first. */
+cudaError_t cuk_attention_short_batch(cudaStream_t s, float *out, const float *q, const void *kc,
+                                      const void *vc, const int *meta, const struct cuk_attn *g);
+
 /* One sequence of a batch step (8 ints): rows row0..row0+n-1 of the
  * concatenated q/k/v are its positions pos0..; splits as cuk_attention
  * would use for it alone; its block table at meta + tab_off; its attention
  * workspace (splits > 1) at ws + ws_off. */
 struct cuk_bseg {
     int row0, n, pos0, splits, tab_off;
-    int tiled; /* 1: cuk_rope_kv_attention_batch leaves its attention to the
-                * caller (cuk_attention_tiled), it only stores its K/V */
+    int tiled; /* 0: cuk_rope_kv_attention_batch does its attention; 1: the
+                * caller runs cuk_attention_tiled for it, 2: the caller runs
+                * cuk_attention_short_batch (the batch kernel only stores
+                * its K/V) */
     long long ws_off;
 };
 /* RoPE + K/V store + attention of every sequence of a batch step, with the
