@@ -594,7 +594,10 @@ static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, 
     return got;
 }
 
-static void check_oracle(const char *dir, int batch, bool precise, double tol)
+/* min_match < 0: the greedy ids must equal the reference's; else at least
+ * the first min_match of them (bf16 K/V moves logits by ~1e-2 relative,
+ * and the random-weight fixtures have near-ties that then flip). */
+static void check_oracle(const char *dir, int batch, bool precise, double tol, int min_match)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/ref.json", dir);
@@ -633,9 +636,18 @@ static void check_oracle(const char *dir, int batch, bool precise, double tol)
             int k = 0;
             while (k < n && got[k] == want[k])
                 k++;
-            CHECK(k == n && (n == ng || k > 0),
-                  "%s case %zu (cuda%s, batch %d): greedy differs at step %d (got %d, want %d)", dir,
-                  i, precise ? " precise" : "", batch, k, k < n ? got[k] : -1, k < ng ? want[k] : -1);
+            if (min_match < 0)
+                CHECK(k == n && (n == ng || k > 0),
+                      "%s case %zu (cuda%s, batch %d): greedy differs at step %d (got %d, want %d)",
+                      dir, i, precise ? " precise" : "", batch, k, k < n ? got[k] : -1,
+                      k < ng ? want[k] : -1);
+            else
+                CHECK(k >= (min_match < n ? min_match : n),
+                      "%s case %zu (cuda, bf16 K/V): greedy differs at step %d, before %d", dir, i,
+                      k, min_match);
+            if (min_match >= 0)
+                printf("oracle %s case %zu, bf16 K/V: greedy equal for %d of %d steps\n",
+                       strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, i, k, n);
             free(got);
             free(ref);
             free(ours);
@@ -1052,12 +1064,12 @@ int main(void)
         fclose(f);
         n_models++;
         bool bf16 = strstr(de->d_name, "bf16") != NULL;
-        check_oracle(dir, 64, false, bf16 ? BF16_FAST_TOL : 1e-4);
-        check_oracle(dir, 5, false, 1e-4); /* n <= 8: GEMV with f32 activations */
-        check_oracle(dir, 64, true, 1e-4);
+        check_oracle(dir, 64, false, bf16 ? BF16_FAST_TOL : 1e-4, -1);
+        check_oracle(dir, 5, false, 1e-4, -1); /* n <= 8: GEMV with f32 activations */
+        check_oracle(dir, 64, true, 1e-4, -1);
         printf("(next: bf16 K/V cache, the default)\n");
         kv_bf16_next = true;
-        check_oracle(dir, 64, false, KV_BF16_TOL);
+        check_oracle(dir, 64, false, KV_BF16_TOL, 4);
         check_gguf_oracle(dir, de->d_name);
     }
     if (d)

@@ -102,6 +102,17 @@ struct cuda_backend {
 
     struct dbuf ids, table, ws, xh, wf, invf;
     struct dbuf cnt;   /* attention split counters, kept zero between calls */
+    /* xh holds xh_src (xh_n elements) rounded to xh_type, valid while
+     * op_seq == xh_valid_at: every op bumps op_seq, so a copy made by an op
+     * for its successor (half_out) or by a matmul for the rest of its own
+     * call never outlives a change of xh_src. */
+    const float *xh_src;
+    size_t xh_n;
+    int xh_type;
+    unsigned long op_seq, xh_valid_at;
+    int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
+    int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
+    int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
     size_t bat_n, bat_cap; /* ints */
@@ -270,6 +281,7 @@ static const float *dev_vec(struct cuda_backend *c, const float *host, const cha
 
 static void *cu_alloc(struct backend *be, size_t bytes)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (c->n_allocs == c->cap_allocs) {
@@ -297,6 +309,7 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 
 static void cu_free(struct backend *be, void *p)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     for (size_t i = 0; i < c->n_allocs; i++)
@@ -354,6 +367,7 @@ static void cu_download(struct backend *be, float *dst, const float *src, size_t
  * back (to pinned memory), instead of the [vocab] f32 logits row. */
 static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (sticky(c, e))
@@ -379,6 +393,7 @@ static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct
 static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
                           struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (sticky(c, e))
@@ -413,6 +428,7 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
 
 static void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (!fail_cuda(c, "upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream)))
@@ -524,6 +540,12 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     use_device(c);
     if (c->map_n)
         return err_set(e, "%s: weights are already loaded (one model per backend)", c->name);
+    /* What half_out needs to know: which activations feed which GEMMs. */
+    c->model_dim = m->cfg.dim;
+    c->ffn_dim = m->cfg.hidden_dim;
+    c->half_type = -1;
+    if (m->cfg.n_layers > 0 && (m->layers[0].wq.dtype == DT_BF16 || m->layers[0].wq.dtype == DT_F16))
+        c->half_type = m->layers[0].wq.dtype;
     const struct tensor **ts = NULL;
     int n = collect_tensors(m, &ts, e);
     if (n < 0)
@@ -613,6 +635,7 @@ static const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct 
 
 static void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (!c->capturing)
         use_device(c);
@@ -645,8 +668,47 @@ static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, cons
     return 0;
 }
 
-static int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
-                     struct err *e)
+/* x rounded to w's half type for a tensor-core GEMM: the copy the
+ * previous op made (half_out) or the previous matmul of this call made
+ * (q/k/v, gate/up share x), else a conversion now. */
+static const uint16_t *half_x(struct cuda_backend *c, const float *x, int n,
+                              const struct cuk_weight *w)
+{
+    size_t nel = (size_t)n * (size_t)w->cols;
+    if (c->xh_src == x && c->xh_n == nel && c->xh_type == w->dtype &&
+        c->xh_valid_at == c->op_seq && c->xh.p)
+        return c->xh.p;
+    uint16_t *xh = dbuf_get(c, &c->xh, nel * 2, "half activations");
+    c->xh_src = NULL;
+    if (!xh || fail_cuda(c, "convert activations",
+                         cuk_f32_to_half(c->stream, xh, x, nel, w->dtype == DT_BF16)))
+        return NULL;
+    c->xh_src = x;
+    c->xh_n = nel;
+    c->xh_type = w->dtype;
+    c->xh_valid_at = c->op_seq;
+    return xh;
+}
+
+/* Where an op's f32 result (nel elements at out) will feed a tensor-core
+ * GEMM (more than gemv_max rows, 2-byte weights, not precise): a buffer
+ * for its half copy, valid for the next op; NULL when not worth it. */
+static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, bool gemm_next)
+{
+    if (!gemm_next || c->precise || c->half_type < 0 || c->capturing || c->err[0])
+        return NULL;
+    uint16_t *h = dbuf_get(c, &c->xh, nel * 2, "half activations");
+    if (!h)
+        return NULL;
+    c->xh_src = out;
+    c->xh_n = nel;
+    c->xh_type = c->half_type;
+    c->xh_valid_at = c->op_seq + 1;
+    return h;
+}
+
+static int matmul_x(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
+                    struct err *e)
 {
     struct cuda_backend *c = cb(be);
     const struct cuk_weight *w = dev_weight(c, t, "matmul");
@@ -654,16 +716,14 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
         return -1;
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, e);
-    if (n <= CUK_GEMV_MAX) {
+    if (n <= c->gemv_max) {
         if (fail_cuda(c, "gemv", cuk_gemv(c->stream, out, x, n, w)))
             return sticky(c, e);
         return 0;
     }
     if (!c->precise && (w->dtype == DT_BF16 || w->dtype == DT_F16)) {
-        size_t nel = (size_t)n * (size_t)w->cols;
-        uint16_t *xh = dbuf_get(c, &c->xh, nel * 2, "half activations");
-        if (!xh || fail_cuda(c, "convert activations",
-                             cuk_f32_to_half(c->stream, xh, x, nel, w->dtype == DT_BF16)))
+        const uint16_t *xh = half_x(c, x, n, w);
+        if (!xh)
             return sticky(c, e);
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, e);
@@ -687,13 +747,21 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
     return 0;
 }
 
+static int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
+                     struct err *e)
+{
+    cb(be)->op_seq++; /* see half_x */
+    return matmul_x(be, out, x, n, t, e);
+}
+
 /* Several matmuls over the same x (q/k/v, gate/up): one GEMV launch for
  * decode-sized n and 2-byte weights, else one matmul each. */
 static int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
                            const struct tensor *const *ts, int k, struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
-    if (c->fuse && n <= CUK_GEMV_MAX && k >= 1 && k <= 3) {
+    if (c->fuse && n <= c->gemv_max && k >= 1 && k <= 3) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -708,7 +776,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
         }
     }
     for (int i = 0; i < k; i++)
-        if (cu_matmul(be, outs[i], x, n, ts[i], e))
+        if (matmul_x(be, outs[i], x, n, ts[i], e))
             return -1;
     return 0;
 }
@@ -717,27 +785,36 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
 static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
                            const float *w, int n, int dim, float eps)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     const float *dw = dev_vec(c, w, "rmsnorm");
     if (!dw || c->err[0])
         return;
+    /* A model-width norm of a GEMM-sized chunk feeds q/k/v or gate/up. */
+    uint16_t *oh = half_out(c, out, (size_t)n * dim, dim == c->model_dim && n > c->gemv_max);
+    int bf = c->half_type == DT_BF16;
     if (c->fuse)
-        fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps));
+        fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps, oh, bf));
     else if (!fail_cuda(c, "add", cuk_add(c->stream, x, y, (size_t)n * dim)))
-        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps));
+        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps, oh, bf));
 }
 
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
                        int dim, float eps)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     const float *dw = dev_vec(c, w, "rmsnorm");
-    if (dw && !c->err[0])
-        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps));
+    if (!dw || c->err[0])
+        return;
+    uint16_t *oh = half_out(c, out, (size_t)n * dim, dim == c->model_dim && n > c->gemv_max);
+    fail_cuda(c, "rmsnorm",
+              cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps, oh, c->half_type == DT_BF16));
 }
 
 static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     const float *db = dev_vec(c, b, "add_bias");
     if (db && !c->err[0])
@@ -772,6 +849,7 @@ static const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int 
 static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
                     const float *inv_freq, bool interleaved)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
         return;
@@ -854,6 +932,7 @@ static struct cuk_attn attn_geom(const struct kv_pool *pool, int layer, int n, i
 static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
                         int layer, const float *k, const float *v, int n, int pos0)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
         return;
@@ -874,6 +953,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
                              const float *inv_freq, bool interleaved, struct kv_pool *pool,
                              const struct kv_seq *seq, int layer)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
         return;
@@ -903,6 +983,7 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
                         const struct kv_seq *seq, int layer, const struct attn_args *a,
                         struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (sticky(c, e))
         return -1;
@@ -955,6 +1036,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
                                       struct kv_pool *pool, int layer, const struct attn_args *a,
                                       struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (sticky(c, e))
         return -1;
@@ -1106,13 +1188,20 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
 
 static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
-    if (!c->err[0])
-        fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n));
+    if (c->err[0])
+        return;
+    /* gate of a GEMM-sized chunk: the input of the down projection */
+    bool gemm_next = c->ffn_dim > 0 && n % (size_t)c->ffn_dim == 0 &&
+                     n / (size_t)c->ffn_dim > (size_t)c->gemv_max;
+    uint16_t *gh = half_out(c, g, n, gemm_next);
+    fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n, gh, c->half_type == DT_BF16));
 }
 
 static void cu_add(struct backend *be, float *x, const float *y, size_t n)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (!c->err[0])
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
@@ -1152,6 +1241,7 @@ static int step_reserve(struct cuda_backend *c, int cap)
 
 static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
 {
+    cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (sticky(c, e))
@@ -1473,6 +1563,11 @@ static struct backend *cuda_create(int device, struct err *e)
     }
     const char *p = getenv("CLLM_CUDA_PRECISE");
     c->precise = p && *p && strcmp(p, "0") != 0;
+    /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
+     * than a tensor-core GEMM (activations rounded to bf16/f16). */
+    p = getenv("CLLM_CUDA_GEMV_MAX");
+    c->gemv_max = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX ? atoi(p) : CUK_GEMV_MAX;
+    c->half_type = -1;
     p = getenv("CLLM_CUDA_PDL");
     cuk_set_pdl(!(p && !strcmp(p, "0")));
     p = getenv("CLLM_KV_DTYPE");

@@ -46,15 +46,19 @@ void cuk_set_pdl(int on);
 /* out[i][:] = row ids[i] of table as f32 (ids on the device). */
 cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table, const int *ids,
                       int n);
-/* out = x / rms(x) * w row-wise; out may equal x. */
+/* out = x / rms(x) * w row-wise; out may equal x. out_half (may be NULL):
+ * out rounded to nearest-even bf16 (bf16 != 0) or f16 too, exactly what
+ * cuk_f32_to_half would make of it. */
 cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w, int n,
-                        int dim, float eps);
+                        int dim, float eps, uint16_t *out_half, int bf16);
 /* x += y, then out = x / rms(x) * w, in one launch (the same arithmetic as
  * cuk_add then cuk_rmsnorm); out may equal y, not x. */
 cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *y, const float *w,
-                            int n, int dim, float eps);
+                            int n, int dim, float eps, uint16_t *out_half, int bf16);
 cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, int n, int dim);
-cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n);
+/* g_half (may be NULL): the result rounded to bf16/f16 as well. */
+cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n, uint16_t *g_half,
+                         int bf16);
 cudaError_t cuk_add(cudaStream_t s, float *x, const float *y, size_t n);
 /* dpos (device, may be NULL): when given, *dpos replaces pos0 / g->pos0 at
  * run time, so a recorded graph serves every decode position. */

@@ -39,11 +39,19 @@ extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_we
 
 /* ---- RMSNorm ---- */
 
+/* v rounded to nearest-even bf16 (bf16 != 0) or f16: what k_to_half writes. */
+static __device__ __forceinline__ uint16_t to_half(float v, int bf16)
+{
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+
 /* One warp per row (small rows: q/k norm over a head). */
 /* y (may be NULL): x += y first (the residual add fused in); each thread
  * reads y[j] before it writes out[j], so out may equal y (or x). */
+/* oh (may be NULL): out rounded to bf16/f16 as well, for a following
+ * tensor-core GEMM (saves its conversion launch). */
 __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float *w, int n,
-                               int dim, float eps)
+                               int dim, float eps, uint16_t *oh, int bf16)
 {
     cuk_pdl_start();
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -61,26 +69,35 @@ __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float
         ss += (double)xr[j] * xr[j];
     ss = cuk_warp_sum_d(ss);
     float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
-    for (int j = lane; j < dim; j += 32)
-        o[j] = w[j] * (xr[j] * inv);
+    uint16_t *ohr = oh ? oh + (size_t)row * dim : NULL;
+    for (int j = lane; j < dim; j += 32) {
+        float v = w[j] * (xr[j] * inv);
+        o[j] = v;
+        if (ohr)
+            ohr[j] = to_half(v, bf16);
+    }
 }
 
 /* One block per row (hidden-size rows). */
 __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const float *w, int dim,
-                                float eps)
+                                float eps, uint16_t *oh, int bf16)
 {
     cuk_pdl_start();
     __shared__ double part[32];
     float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     double ss = 0;
-    if (y) {
+    if (y) { /* the sum and its square in one pass */
         const float *yr = y + (size_t)blockIdx.x * dim;
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+            float v = xr[j] + yr[j];
+            xr[j] = v;
+            ss += (double)v * v;
+        }
+    } else {
         for (int j = threadIdx.x; j < dim; j += blockDim.x)
-            xr[j] += yr[j];
+            ss += (double)xr[j] * xr[j];
     }
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
-        ss += (double)xr[j] * xr[j];
     ss = cuk_warp_sum_d(ss);
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     if (lane == 0)
@@ -94,27 +111,36 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
     }
     __syncthreads();
     float inv = 1.0f / sqrtf((float)(part[0] / dim) + eps);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
-        o[j] = w[j] * (xr[j] * inv);
+    uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = w[j] * (xr[j] * inv);
+        o[j] = v;
+        if (ohr)
+            ohr[j] = to_half(v, bf16);
+    }
 }
 
 extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w,
-                                   int n, int dim, float eps)
+                                   int n, int dim, float eps, uint16_t *out_half, int bf16)
 {
     if (dim <= 512)
-        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, (float *)x, (const float *)nullptr, w, n, dim, eps);
+        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, (float *)x,
+                   (const float *)nullptr, w, n, dim, eps, out_half, bf16);
     else
-        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, (float *)x, (const float *)nullptr, w, dim, eps);
+        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, (float *)x, (const float *)nullptr, w, dim,
+                   eps, out_half, bf16);
     return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *y,
-                                       const float *w, int n, int dim, float eps)
+                                       const float *w, int n, int dim, float eps,
+                                       uint16_t *out_half, int bf16)
 {
     if (dim <= 512)
-        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps);
+        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps, out_half,
+                   bf16);
     else
-        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, x, y, w, dim, eps);
+        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, x, y, w, dim, eps, out_half, bf16);
     return cudaGetLastError();
 }
 
@@ -128,13 +154,16 @@ __global__ void k_add_bias(float *x, const float *b, size_t total, int dim)
         x[i] += b[i % dim];
 }
 
-__global__ void k_silu_mul(float *g, const float *u, size_t n)
+__global__ void k_silu_mul(float *g, const float *u, size_t n, uint16_t *gh, int bf16)
 {
     cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
+        v = v / (1.0f + expf(-v)) * u[i];
+        g[i] = v;
+        if (gh)
+            gh[i] = to_half(v, bf16);
     }
 }
 
@@ -155,9 +184,10 @@ extern "C" cudaError_t cuk_add_bias(cudaStream_t s, float *x, const float *b, in
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n)
+extern "C" cudaError_t cuk_silu_mul(cudaStream_t s, float *g, const float *u, size_t n,
+                                    uint16_t *g_half, int bf16)
 {
-    cuk_launch(k_silu_mul, blocks_for(n, 256), 256, 0, s, g, u, n);
+    cuk_launch(k_silu_mul, blocks_for(n, 256), 256, 0, s, g, u, n, g_half, bf16);
     return cudaGetLastError();
 }
 
