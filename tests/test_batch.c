@@ -139,12 +139,16 @@ static int pool_idle(const struct engine_stats *st)
 
 /* Runs specs on eng with staggered arrivals (a new request every few
  * polls), cancelling those with cancel_at, and compares each with ref. */
+/* burst: submit all at once (they compete for the pool however fast the
+ * device is), else staggered arrivals. */
 static void run_batched(struct engine *eng, const struct req_spec *specs, int n,
-                        const struct live *ref, const char *what)
+                        const struct live *ref, const char *what, bool burst)
 {
     struct live *l = calloc((size_t)n, sizeof *l);
     int submitted = 0, done = 0;
     for (int it = 0; done < n; it++) {
+        while (burst && submitted < n)
+            l[submitted].r = submit(eng, &specs[submitted]), submitted++;
         if (submitted < n && (it % 3 == 0 || submitted < 4))
             l[submitted].r = submit(eng, &specs[submitted]), submitted++;
         done = 0;
@@ -235,13 +239,13 @@ static void equivalence(const char *name, const struct model *m)
         return;
     char what[128];
     snprintf(what, sizeof what, "%s batch of 16", name);
-    run_batched(eng, specs, NREQ, ref, what);
+    run_batched(eng, specs, NREQ, ref, what, false);
     for (int i = 0; i < NREQ; i++)
         specs[i].cancel_at = 0;
     snprintf(what, sizeof what, "%s after prefix hits", name);
     struct engine_stats st0, st;
     engine_get_stats(eng, &st0);
-    run_batched(eng, specs, NREQ, ref, what);
+    run_batched(eng, specs, NREQ, ref, what, false);
     wait_idle(eng, &st);
     CHECK(st.cache_hits > st0.cache_hits && st.cache_tokens > st0.cache_tokens,
           "%s: no prefix hits (%llu)", name, (unsigned long long)st.cache_hits);
@@ -260,7 +264,7 @@ static void equivalence(const char *name, const struct model *m)
     if (!eng)
         return;
     snprintf(what, sizeof what, "%s with preemption", name);
-    run_batched(eng, specs, 6, ref, what);
+    run_batched(eng, specs, 6, ref, what, true);
     wait_idle(eng, &st);
     CHECK(st.preemptions > 0, "%s: no preemption happened", name);
     CHECK(pool_idle(&st), "%s: blocks leaked after preemption", name);
@@ -289,7 +293,7 @@ static void equivalence(const char *name, const struct model *m)
     if (!eng)
         return;
     snprintf(what, sizeof what, "%s greedy + sampled batch", name);
-    run_batched(eng, specs, 12, ref, what);
+    run_batched(eng, specs, 12, ref, what, false);
     wait_idle(eng, &st);
     CHECK(pool_idle(&st), "%s: blocks leaked in the mixed batch", name);
     printf("%s: mixed greedy/sampled batch of 12 checked against alone (%.2f sequences per step)\n",

@@ -4,7 +4,8 @@
 #   1. bench_gemv (GEMV kernels alone: GB/s per shape, n = 1..8),
 #   2. `cllm bench` on random-weight Qwen3-0.6B and Llama-3.1-8B shapes
 #      (prefill pp512, decode tg128, batched decode at 1/8/32/64 streams),
-#   3. ncu per-kernel GPU time of one 8B prefill (512 tokens) when NCU=1.
+#   3. ncu per-kernel GPU time of one 8B prefill (512 tokens) when NCU=1,
+#      and of one decode step of each shape when NCU_DECODE=1.
 # Usage: tests/gpu/perf.sh BIN_DIR [SHAPES]
 #   BIN_DIR: cllm, gen_model, libcllm_cuda.so (and bench_gemv when built);
 #   SHAPES: gen_model shapes (default "qwen3-0.6b llama3-8b");
@@ -44,6 +45,27 @@ tot = sum(t for _, t in agg.values())
 print(f"all kernels: {sum(n for n, _ in agg.values())}, {tot/1e3:.2f} ms of kernel time")
 for k, (n, t) in sorted(agg.items(), key=lambda x: -x[1][1])[:25]:
     print(f"{t/1e3:9.3f} ms {n:5d}x  {t/n:8.1f} us/each  {k}")
+PY
+    fi
+    if [ "${NCU_DECODE:-0}" = 1 ] && command -v ncu >/dev/null; then
+        echo "== ncu $shape: one eager decode step after a 5-token prompt"
+        CLLM_COMPILED_DECODE=0 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            --log-file "$OUT/ncu_decode_$shape.csv" "$BIN/cllm" run "$f" --device cuda \
+            --prompt-ids 1000,1001,1002,1003,1004 -n 3 --temp 0 --ignore-eos >/dev/null 2>&1
+        python3 - "$OUT/ncu_decode_$shape.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+ki, vi, ui = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3}
+ks = [(r[ki], float(r[vi].replace(",", "")) * scale.get(r[ui], 1)) for r in rows]
+last = ks[[i for i, (k, _) in enumerate(ks) if "embed" in k][-1]:]
+agg = collections.defaultdict(lambda: [0, 0.0])
+for k, t in last:
+    a = agg[k.split("(")[0][:80]]; a[0] += 1; a[1] += t
+print(f"last decode step: {len(last)} kernels, {sum(t for _, t in last):.1f} us of kernel time")
+for k, (n, t) in sorted(agg.items(), key=lambda x: -x[1][1])[:20]:
+    print(f"{t:9.1f} us {n:5d}x  {t/n:7.2f} us/each  {k}")
 PY
     fi
     [ "${KEEP:-0}" = 1 ] || rm -f "$f"

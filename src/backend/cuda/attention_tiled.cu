@@ -8,6 +8,7 @@
  * head dims of each row's output), so the softmax needs no block-wide
  * synchronisation. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -284,9 +285,16 @@ static cudaError_t launch_tiled_hd(cudaStream_t s, float *out, const float *q, c
         if (n_sms <= 0)
             n_sms = 1;
     }
+    static int rpw = -1; /* CLLM_ATT_RPW=4|8 fixes it (measurement) */
+    if (rpw < 0) {
+        const char *p = getenv("CLLM_ATT_RPW");
+        rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
+    }
     int G = g->n_heads / g->n_kv_heads;
     long blocks8 = (long)((g->n + TA_WARPS * 8 / G - 1) / (TA_WARPS * 8 / G)) * g->n_kv_heads;
-    if (G <= TA_WARPS * 4 && blocks8 < 2L * n_sms)
+    if (rpw == 8 && G <= TA_WARPS * 8)
+        return launch_tiled<HD, 8, T>(s, out, q, kc, vc, table, g);
+    if (G <= TA_WARPS * 4 && (rpw == 4 || blocks8 < 2L * n_sms))
         return launch_tiled<HD, 4, T>(s, out, q, kc, vc, table, g);
     return launch_tiled<HD, 8, T>(s, out, q, kc, vc, table, g);
 }
