@@ -240,7 +240,17 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                     c->dim, c->norm_eps);
         rows = 1;
     } else {
-        for (int greedy = 0; greedy < 2; greedy++)
+        /* A batch of decodes all sampled the same way: its rows are already
+         * the gathered rows, one norm launch instead of one per sequence. */
+        bool uniform = true;
+        for (int s = 0; s < n_seg && uniform; s++)
+            uniform = segs[s].n == 1 && segs[s].logits &&
+                      (segs[s].next != NULL) == (segs[0].next != NULL);
+        if (uniform) {
+            op->rmsnorm(fs->be, fs->xb, fs->x, m->out_norm.data, n, c->dim, c->norm_eps);
+            rows = n;
+        }
+        for (int greedy = 0; greedy < 2 && !uniform; greedy++)
             for (int s = 0, row = 0; s < n_seg; s++) {
                 row += segs[s].n;
                 if (segs[s].logits && (segs[s].next != NULL) == (greedy == 1))

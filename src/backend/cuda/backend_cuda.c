@@ -142,10 +142,12 @@ struct cuda_backend {
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
     bool timing, t_open;
+    int t_b;                 /* bucket of the open step: 0 one row (decode), 1 more rows */
+    double t_mark;           /* host clock when the step's last op was issued */
     cudaEvent_t ev[3];       /* step start, logits copy start, copy end */
     double t_begin, t_end;   /* host clock at step_begin / after download */
-    long t_steps, t_gaps;
-    double t_gpu, t_copy, t_wall, t_gap; /* sums, ms */
+    long t_steps[2], t_gaps;
+    double t_gpu[2], t_copy[2], t_wall[2], t_enq[2], t_gap; /* sums, ms */
 };
 
 static double now_s(void)
@@ -328,8 +330,10 @@ static void cu_free(struct backend *be, void *p)
 static bool timing_mark(struct cuda_backend *c)
 {
     bool timed = c->timing && c->t_open;
-    if (timed)
+    if (timed) {
+        c->t_mark = now_s();
         cudaEventRecord(c->ev[1], c->stream);
+    }
     return timed;
 }
 
@@ -339,10 +343,12 @@ static void timing_done(struct cuda_backend *c)
     cudaEventElapsedTime(&a, c->ev[0], c->ev[1]);
     cudaEventElapsedTime(&b, c->ev[1], c->ev[2]);
     c->t_end = now_s();
-    c->t_gpu += a;
-    c->t_copy += b;
-    c->t_wall += (c->t_end - c->t_begin) * 1e3;
-    c->t_steps++;
+    int k = c->t_b;
+    c->t_gpu[k] += a;
+    c->t_copy[k] += b;
+    c->t_wall[k] += (c->t_end - c->t_begin) * 1e3;
+    c->t_enq[k] += (c->t_mark - c->t_begin) * 1e3;
+    c->t_steps[k]++;
     c->t_open = false;
 }
 
@@ -416,12 +422,18 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
             return sticky(c, e);
         c->amr_cap = cap;
     }
+    bool timed = timing_mark(c);
     if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n)) ||
         fail_cuda(c, "copy argmax rows",
                   cudaMemcpyAsync(c->amr_host, c->amr_dev, sizeof(int) * (size_t)rows,
-                                  cudaMemcpyDeviceToHost, c->stream)) ||
-        fail_cuda(c, "synchronize after argmax rows", cudaStreamSynchronize(c->stream)))
+                                  cudaMemcpyDeviceToHost, c->stream)))
         return sticky(c, e);
+    if (timed)
+        cudaEventRecord(c->ev[2], c->stream);
+    if (fail_cuda(c, "synchronize after argmax rows", cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    if (timed)
+        timing_done(c);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
     return 0;
 }
@@ -1246,15 +1258,15 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
     use_device(c);
     if (sticky(c, e))
         return -1;
-    if (c->timing && st->n == 1 && st->logits) {
+    if (c->timing) {
         c->t_begin = now_s();
-        if (c->t_end > 0) { /* only from one decode step to the next */
+        c->t_b = st->n == 1 && st->logits ? 0 : 1;
+        if (c->t_end > 0 && c->t_b == 0) { /* only from one decode step to the next */
             c->t_gap += (c->t_begin - c->t_end) * 1e3;
             c->t_gaps++;
         }
-        c->t_open = cudaEventRecord(c->ev[0], c->stream) == cudaSuccess;
-    } else if (c->timing) {
         c->t_end = 0;
+        c->t_open = cudaEventRecord(c->ev[0], c->stream) == cudaSuccess;
     }
     if (!c->graphs || st->n != 1 || !st->logits)
         return 0;
@@ -1341,12 +1353,18 @@ static void cu_destroy(struct backend *be)
     use_device(c);
     cudaStreamSynchronize(c->stream);
     if (c->timing) {
-        long k = c->t_steps > 0 ? c->t_steps : 1;
-        fprintf(stderr, "%s: timing of %ld decode steps, per step: %.1f us on the GPU before "
-                        "the logits copy, %.1f us logits copy, %.1f us host wall (step_begin to "
-                        "after download), %.1f us host between steps (sampling, loop)\n",
-                c->name, c->t_steps, 1e3 * c->t_gpu / k, 1e3 * c->t_copy / k,
-                1e3 * c->t_wall / k, 1e3 * c->t_gap / (c->t_gaps > 0 ? c->t_gaps : 1));
+        for (int b = 0; b < 2; b++) {
+            long k = c->t_steps[b] > 0 ? c->t_steps[b] : 1;
+            fprintf(stderr, "%s: timing of %ld %s steps, per step: %.1f us on the GPU before "
+                            "the result copy, %.1f us copy, %.1f us host wall (step_begin to "
+                            "after the copy), %.1f us host issuing the ops%s",
+                    c->name, c->t_steps[b], b ? "multi-row" : "decode", 1e3 * c->t_gpu[b] / k,
+                    1e3 * c->t_copy[b] / k, 1e3 * c->t_wall[b] / k, 1e3 * c->t_enq[b] / k,
+                    b ? "\n" : "");
+            if (!b)
+                fprintf(stderr, ", %.1f us host between steps (sampling, loop)\n",
+                        1e3 * c->t_gap / (c->t_gaps > 0 ? c->t_gaps : 1));
+        }
         for (int i = 0; i < 3; i++)
             cudaEventDestroy(c->ev[i]);
     }

@@ -120,15 +120,176 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
     }
 }
 
+/* The same norm with every load issued before any arithmetic: VPT float4
+ * per thread held in registers (dim % 4 == 0, dim <= 4 * VPT * threads).
+ * A row is thousands of floats and the loops above wait on one load at a
+ * time; this is what a decode step's hidden-size norms need. */
+template <int VPT>
+__global__ void __launch_bounds__(256) k_rmsnorm_vec(float *out, float *x, const float *y,
+                                                     const float *w, int dim, float eps,
+                                                     uint16_t *oh, int bf16)
+{
+    cuk_pdl_start();
+    __shared__ double part[32];
+    int nv = dim / 4;
+    float4 *xr = (float4 *)(x + (size_t)blockIdx.x * dim);
+    float4 v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (y) {
+        const float4 *yr = (const float4 *)(y + (size_t)blockIdx.x * dim);
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < nv) {
+                float4 b = yr[i];
+                v[k].x += b.x;
+                v[k].y += b.y;
+                v[k].z += b.z;
+                v[k].w += b.w;
+                xr[i] = v[k];
+            }
+        }
+    }
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z +
+              (double)v[k].w * v[k].w;
+    ss = cuk_warp_sum_d(ss);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    if (lane == 0)
+        part[warp] = ss;
+    __syncthreads();
+    if (warp == 0) {
+        ss = lane < nw ? part[lane] : 0.0;
+        ss = cuk_warp_sum_d(ss);
+        if (lane == 0)
+            part[0] = ss;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf((float)(part[0] / dim) + eps);
+    float4 *o = (float4 *)(out + (size_t)blockIdx.x * dim);
+    const float4 *w4 = (const float4 *)w;
+    uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= nv)
+            continue;
+        float4 ww = w4[i], r;
+        r.x = ww.x * (v[k].x * inv);
+        r.y = ww.y * (v[k].y * inv);
+        r.z = ww.z * (v[k].z * inv);
+        r.w = ww.w * (v[k].w * inv);
+        o[i] = r;
+        if (ohr) {
+            ohr[4 * i] = to_half(r.x, bf16);
+            ohr[4 * i + 1] = to_half(r.y, bf16);
+            ohr[4 * i + 2] = to_half(r.z, bf16);
+            ohr[4 * i + 3] = to_half(r.w, bf16);
+        }
+    }
+}
+
+/* k_rmsnorm_warp with its loads issued up front: VPL float4 per lane
+ * (dim == 128 * VPL); for the per-head q/k norms. */
+template <int VPL>
+__global__ void k_rmsnorm_warp_vec(float *out, float *x, const float *y, const float *w, int n,
+                                   int dim, float eps, uint16_t *oh, int bf16)
+{
+    cuk_pdl_start();
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= n)
+        return;
+    float4 *xr = (float4 *)(x + (size_t)row * dim);
+    float4 v[VPL];
+#pragma unroll
+    for (int k = 0; k < VPL; k++)
+        v[k] = xr[lane + 32 * k];
+    if (y) {
+        const float4 *yr = (const float4 *)(y + (size_t)row * dim);
+#pragma unroll
+        for (int k = 0; k < VPL; k++) {
+            float4 b = yr[lane + 32 * k];
+            v[k].x += b.x;
+            v[k].y += b.y;
+            v[k].z += b.z;
+            v[k].w += b.w;
+            xr[lane + 32 * k] = v[k];
+        }
+    }
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < VPL; k++)
+        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z +
+              (double)v[k].w * v[k].w;
+    ss = cuk_warp_sum_d(ss);
+    float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+    float4 *o = (float4 *)(out + (size_t)row * dim);
+    const float4 *w4 = (const float4 *)w;
+    uint16_t *ohr = oh ? oh + (size_t)row * dim : NULL;
+#pragma unroll
+    for (int k = 0; k < VPL; k++) {
+        int i = lane + 32 * k;
+        float4 ww = w4[i], r;
+        r.x = ww.x * (v[k].x * inv);
+        r.y = ww.y * (v[k].y * inv);
+        r.z = ww.z * (v[k].z * inv);
+        r.w = ww.w * (v[k].w * inv);
+        o[i] = r;
+        if (ohr) {
+            ohr[4 * i] = to_half(r.x, bf16);
+            ohr[4 * i + 1] = to_half(r.y, bf16);
+            ohr[4 * i + 2] = to_half(r.z, bf16);
+            ohr[4 * i + 3] = to_half(r.w, bf16);
+        }
+    }
+}
+
+/* k_rmsnorm_vec, k_rmsnorm_block or k_rmsnorm_warp for the shape. Vector
+ * loads need 16-byte aligned rows and weights. */
+static void launch_rmsnorm(cudaStream_t s, float *out, float *x, const float *y, const float *w,
+                           int n, int dim, float eps, uint16_t *oh, int bf16)
+{
+    bool vec = dim % 4 == 0 && dim > 512 && ((uintptr_t)x & 15) == 0 &&
+               ((uintptr_t)out & 15) == 0 && ((uintptr_t)w & 15) == 0 &&
+               (!y || ((uintptr_t)y & 15) == 0);
+    int nv = dim / 4;
+    if (vec && nv <= 256 * 2)
+        cuk_launch(k_rmsnorm_vec<2>, n, 256, 0, s, out, x, y, w, dim, eps, oh, bf16);
+    else if (vec && nv <= 256 * 4)
+        cuk_launch(k_rmsnorm_vec<4>, n, 256, 0, s, out, x, y, w, dim, eps, oh, bf16);
+    else if (vec && nv <= 256 * 8)
+        cuk_launch(k_rmsnorm_vec<8>, n, 256, 0, s, out, x, y, w, dim, eps, oh, bf16);
+    else if (dim % 128 == 0 && dim <= 512 && ((uintptr_t)x & 15) == 0 &&
+             ((uintptr_t)out & 15) == 0 && ((uintptr_t)w & 15) == 0 &&
+             (!y || ((uintptr_t)y & 15) == 0)) {
+        if (dim == 128)
+            cuk_launch(k_rmsnorm_warp_vec<1>, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps,
+                       oh, bf16);
+        else if (dim == 256)
+            cuk_launch(k_rmsnorm_warp_vec<2>, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps,
+                       oh, bf16);
+        else if (dim == 384)
+            cuk_launch(k_rmsnorm_warp_vec<3>, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps,
+                       oh, bf16);
+        else
+            cuk_launch(k_rmsnorm_warp_vec<4>, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps,
+                       oh, bf16);
+    } else if (dim <= 512)
+        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps, oh, bf16);
+    else
+        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, x, y, w, dim, eps, oh, bf16);
+}
+
 extern "C" cudaError_t cuk_rmsnorm(cudaStream_t s, float *out, const float *x, const float *w,
                                    int n, int dim, float eps, uint16_t *out_half, int bf16)
 {
-    if (dim <= 512)
-        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, (float *)x,
-                   (const float *)nullptr, w, n, dim, eps, out_half, bf16);
-    else
-        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, (float *)x, (const float *)nullptr, w, dim,
-                   eps, out_half, bf16);
+    launch_rmsnorm(s, out, (float *)x, nullptr, w, n, dim, eps, out_half, bf16);
     return cudaGetLastError();
 }
 
@@ -136,11 +297,7 @@ extern "C" cudaError_t cuk_add_rmsnorm(cudaStream_t s, float *out, float *x, con
                                        const float *w, int n, int dim, float eps,
                                        uint16_t *out_half, int bf16)
 {
-    if (dim <= 512)
-        cuk_launch(k_rmsnorm_warp, (n + 3) / 4, 128, 0, s, out, x, y, w, n, dim, eps, out_half,
-                   bf16);
-    else
-        cuk_launch(k_rmsnorm_block, n, 256, 0, s, out, x, y, w, dim, eps, out_half, bf16);
+    launch_rmsnorm(s, out, x, y, w, n, dim, eps, out_half, bf16);
     return cudaGetLastError();
 }
 
