@@ -1584,7 +1584,7 @@ static struct backend *cuda_create(int device, struct err *e)
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
     p = getenv("CLLM_CUDA_GEMV_MAX");
-    c->gemv_max = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX ? atoi(p) : CUK_GEMV_MAX;
+    c->gemv_max = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX ? atoi(p) : CUK_GEMV_DEFAULT;
     c->half_type = -1;
     p = getenv("CLLM_CUDA_PDL");
     cuk_set_pdl(!(p && !strcmp(p, "0")));
