@@ -316,7 +316,7 @@ extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, f
         g->n_heads % g->n_kv_heads)
         return cudaErrorInvalidValue;
     cudaError_t err = cuk_rope_kv_store_batch(s, q, k, v, kc, vc, meta, g, inv_freq, interleaved);
-    if (err != cudaSuccess)
+    if (err != cudaSuccess || max_splits == 0) /* 0: every segment's attention is the caller's */
         return err;
     if (g->kv_bf16)
         launch_attention_batch(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, meta, g,

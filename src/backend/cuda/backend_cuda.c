@@ -77,6 +77,16 @@ struct dbuf { /* a growable device buffer */
     size_t cap;
 };
 
+/* Pinned staging for host-to-device copies of per-step inputs: a copy
+ * from pageable memory makes the host wait for the stream, which would
+ * serialize issuing a step's ops with running the previous ones. */
+struct pinned {
+    void *p;
+    size_t cap;
+    cudaEvent_t ev;  /* recorded after the last copy out of p */
+    bool pending;
+};
+
 struct alloc_rec {
     void *p;
     size_t bytes;
@@ -113,6 +123,7 @@ struct cuda_backend {
     int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
+    struct pinned up_ids, up_tab, up_bat; /* staging of ids, block table, batch metadata */
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
     size_t bat_n, bat_cap; /* ints */
@@ -232,6 +243,53 @@ static void dbuf_free(struct dbuf *b)
         cudaFree(b->p);
     b->p = NULL;
     b->cap = 0;
+}
+
+/* Copies bytes of host memory to dst on the stream through pin: waits for
+ * pin's previous copy only (usually long done), never for the stream. */
+static bool upload_async(struct cuda_backend *c, struct pinned *pin, void *dst, const void *src,
+                         size_t bytes, const char *what)
+{
+    if (pin->pending) {
+        cudaEventSynchronize(pin->ev);
+        pin->pending = false;
+    }
+    if (!pin->ev && cudaEventCreateWithFlags(&pin->ev, cudaEventDisableTiming) != cudaSuccess)
+        pin->ev = NULL;
+    if (bytes > pin->cap || !pin->p) {
+        if (pin->p)
+            cudaFreeHost(pin->p);
+        pin->p = NULL;
+        pin->cap = 0;
+        size_t cap = 4096;
+        while (cap < bytes)
+            cap *= 2;
+        if (cudaHostAlloc(&pin->p, cap, 0) == cudaSuccess)
+            pin->cap = cap;
+        else
+            pin->p = NULL;
+    }
+    if (!pin->p || !pin->ev) /* no pinned memory: the synchronous way */
+        return !fail_cuda(c, what, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                                                   c->stream));
+    memcpy(pin->p, src, bytes);
+    if (fail_cuda(c, what, cudaMemcpyAsync(dst, pin->p, bytes, cudaMemcpyHostToDevice, c->stream)))
+        return false;
+    pin->pending = cudaEventRecord(pin->ev, c->stream) == cudaSuccess;
+    if (!pin->pending)
+        cudaStreamSynchronize(c->stream); /* the copy must be done before p is reused */
+    return true;
+}
+
+static void pinned_free(struct pinned *pin)
+{
+    if (pin->pending)
+        cudaEventSynchronize(pin->ev);
+    if (pin->p)
+        cudaFreeHost(pin->p);
+    if (pin->ev)
+        cudaEventDestroy(pin->ev);
+    memset(pin, 0, sizeof *pin);
 }
 
 /* ---- weight map ---- */
@@ -661,8 +719,7 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
     int *dids = dbuf_get(c, &c->ids, (size_t)n * sizeof(int), "token ids");
     if (!dids)
         return;
-    if (!fail_cuda(c, "copy token ids", cudaMemcpyAsync(dids, ids, (size_t)n * sizeof(int),
-                                                        cudaMemcpyHostToDevice, c->stream)))
+    if (upload_async(c, &c->up_ids, dids, ids, (size_t)n * sizeof(int), "copy token ids"))
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
 }
 
@@ -906,11 +963,8 @@ static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
         return NULL;
     memcpy(c->tab_host, seq->blocks, sizeof(int) * (size_t)nb);
     c->tab_n = nb;
-    /* From pageable memory the copy is staged before the call returns, so
-     * tab_host may change afterwards. */
-    if (fail_cuda(c, "copy block table", cudaMemcpyAsync(c->table.p, c->tab_host,
-                                                         sizeof(int) * (size_t)nb,
-                                                         cudaMemcpyHostToDevice, c->stream)))
+    if (!upload_async(c, &c->up_tab, c->table.p, c->tab_host, sizeof(int) * (size_t)nb,
+                      "copy block table"))
         return NULL;
     return c->table.p;
 }
@@ -1098,7 +1152,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     g.head_dim = a->head_dim;
     g.window = a->sliding_window;
     g.scale = a->scale;
-    int max_splits = 1, row = 0, toff = n_seg * 8 + (int)rows;
+    int max_splits = 0, row = 0, toff = n_seg * 8 + (int)rows;
     long long ws_off = 0;
     /* Many short segments (decodes): one block per (segment, KV head)
      * without key splits reads each K/V row once for its whole query-head
@@ -1130,7 +1184,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
         if (splits > 1)
             ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
-        if (splits > max_splits)
+        if (!tiled && splits > max_splits)
             max_splits = splits;
         row += segs[s].n;
         toff += seq->n_blocks;
@@ -1153,10 +1207,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     if (need != c->bat_n || memcmp(tmp, c->bat_host, sizeof(int) * need)) {
         memcpy(c->bat_host, tmp, sizeof(int) * need);
         c->bat_n = need;
-        /* pageable source: staged before the call returns */
-        if (fail_cuda(c, "copy batch metadata",
-                      cudaMemcpyAsync(c->bat.p, c->bat_host, sizeof(int) * need,
-                                      cudaMemcpyHostToDevice, c->stream))) {
+        if (!upload_async(c, &c->up_bat, c->bat.p, c->bat_host, sizeof(int) * need,
+                          "copy batch metadata")) {
             c->bat_n = 0;
             free(tmp);
             return sticky(c, e);
@@ -1398,6 +1450,9 @@ static void cu_destroy(struct backend *be)
         dbuf_free(bufs[i]);
     free(c->tab_host);
     free(c->bat_host);
+    pinned_free(&c->up_ids);
+    pinned_free(&c->up_tab);
+    pinned_free(&c->up_bat);
     free(c->invf_host);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);

@@ -131,7 +131,8 @@ struct cuk_bseg {
  * (device ints): [n_seg cuk_bseg][row map: segment of each of g->n rows, at
  * offset g->pos0][block tables]; g->n = rows in all, g->n_heads,
  * n_kv_heads, head_dim, window, scale, layer geometry as usual;
- * max_splits = the largest splits. */
+ * max_splits = the largest splits of the segments it does attention for,
+ * 0 when it does none (every segment tiled: it only stores K/V). */
 cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const float *v, void *kc,
                                     void *vc, const int *meta, const struct cuk_attn *g,
                                     const float *inv_freq, int interleaved);

@@ -628,6 +628,7 @@ static __device__ __forceinline__ void am_block(float &bv, int &bi, float *sv, i
 __global__ void __launch_bounds__(AM_THREADS)
     k_argmax(int *out, const float *x, int n, float *pv, int *pi, unsigned *count)
 {
+    cuk_pdl_start();
     __shared__ float sv[AM_THREADS / 32];
     __shared__ int si[AM_THREADS / 32];
     __shared__ bool last;
@@ -667,7 +668,7 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
     float *pv = (float *)ws;
     int *pi = (int *)(pv + AM_BLOCKS);
     unsigned *count = (unsigned *)(pi + AM_BLOCKS);
-    k_argmax<<<blocks, AM_THREADS, 0, s>>>(out, x, n, pv, pi, count);
+    cuk_launch(k_argmax, blocks, AM_THREADS, 0, s, out, x, n, pv, pi, count);
     return cudaGetLastError();
 }
 
@@ -679,12 +680,21 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
 __global__ void __launch_bounds__(AMR_THREADS)
     k_argmax_rows(int *out, const float *x, int n)
 {
+    cuk_pdl_start();
     __shared__ float sv[AMR_THREADS / 32];
     __shared__ int si[AMR_THREADS / 32];
     const float *row = x + (size_t)blockIdx.x * (size_t)n;
     float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
+    int bi = INT_MAX, i = threadIdx.x, bd = blockDim.x;
+    /* four loads in flight per thread (am_better does not depend on order) */
+    for (; i + 3 * bd < n; i += 4 * bd) {
+        float v0 = row[i], v1 = row[i + bd], v2 = row[i + 2 * bd], v3 = row[i + 3 * bd];
+        am_better(bv, bi, v0, i);
+        am_better(bv, bi, v1, i + bd);
+        am_better(bv, bi, v2, i + 2 * bd);
+        am_better(bv, bi, v3, i + 3 * bd);
+    }
+    for (; i < n; i += bd)
         am_better(bv, bi, row[i], i);
     am_block(bv, bi, sv, si);
     if (threadIdx.x == 0)
@@ -695,6 +705,6 @@ extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x,
 {
     if (n < 1 || rows < 1)
         return cudaErrorInvalidValue;
-    k_argmax_rows<<<rows, AMR_THREADS, 0, s>>>(out, x, n);
+    cuk_launch(k_argmax_rows, rows, AMR_THREADS, 0, s, out, x, n);
     return cudaGetLastError();
 }
