@@ -46,6 +46,9 @@ void cli_usage(FILE *f)
             "run options:\n"
             "  -p, --prompt TEXT        prompt text (tokenized with the model's tokenizer)\n"
             "  --prompt-ids I,J,...     prompt as token ids (no tokenizer needed)\n"
+            "  --tokenizer PATH         a directory with tokenizer.json or a tokenizer.json\n"
+            "                           file, in place of the model's own (for GGUF files\n"
+            "                           without one; also for cllm serve)\n"
             "  -n, --n-predict N        tokens to generate (default 128; 0 = prompt only)\n"
             "  --temp T                 temperature (default 0.8; 0 = greedy)\n"
             "  --top-k K                (default 40; 0 = off)\n"
@@ -66,7 +69,7 @@ void cli_usage(FILE *f)
 }
 
 struct run_opts {
-    const char *model, *prompt, *prompt_ids, *logits_out, *device;
+    const char *model, *prompt, *prompt_ids, *logits_out, *device, *tokenizer;
     int n_predict, threads, ctx, batch;
     bool print_ids, ignore_eos, seed_set, warmup;
     struct sampler_params sp;
@@ -111,6 +114,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
         else if (!strcmp(a, "--device")) o->device = v;
+        else if (!strcmp(a, "--tokenizer")) o->tokenizer = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 0, 1 << 24, &o->n_predict);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) rc = parse_int(a, v, 1, 1 << 24, &o->ctx);
@@ -163,6 +167,12 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
     }
     if (!o->seed_set)
         o->sp.seed = (uint64_t)time(NULL);
+    struct err e = {{0}};
+    char dir[4096];
+    if (o->tokenizer && tok_override_dir(o->tokenizer, dir, sizeof dir, &e)) {
+        fprintf(stderr, "cllm run: %s\n", e.msg);
+        return -1;
+    }
     return 0;
 }
 
@@ -244,8 +254,9 @@ int cmd_run(int argc, char **argv)
     const struct model_config *c = &m.cfg;
     bool need_tok = !o.prompt_ids || !o.print_ids;
     if (need_tok) {
-        tok = tok_load_for_model(o.model, &e);
-        if (!tok && !o.prompt_ids)
+        tok = o.tokenizer ? tok_load_override(o.tokenizer, c->vocab_size, &e)
+                          : tok_load_for_model(o.model, &e);
+        if (!tok && (!o.prompt_ids || o.tokenizer))
             goto fail;
         if (!tok) { /* ids in, text out impossible: fall back to printing ids */
             fprintf(stderr, "cllm: no tokenizer (%s); printing ids\n", e.msg);

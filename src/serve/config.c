@@ -1,6 +1,7 @@
 /* config.c - builds the serve config snapshot: defaults, then CLLM_*
  * environment variables, then `cllm serve` flags (see config.h). */
 #include "serve/config.h"
+#include "tokenizer/tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,6 +18,9 @@ void serve_usage(FILE *f)
             "\n"
             "options (value flags are `--name value`; unknown flags are ignored with a warning):\n"
             "  --model PATH             the model (wins over the positional)\n"
+            "  --tokenizer PATH         a directory with tokenizer.json (+ tokenizer_config.json\n"
+            "                           with the chat template) or a tokenizer.json file, in\n"
+            "                           place of the model's own (for GGUF files without one)\n"
             "  --host ADDR              interface to bind (default 127.0.0.1)\n"
             "  --port N                 port (default 8080)\n"
             "  --max-tokens N           completion cap when a request gives none (default: none)\n"
@@ -46,7 +50,7 @@ void serve_usage(FILE *f)
             "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
             "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
             "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB, CLLM_KV_BUDGET_GB, CLLM_MEMORY_BUDGET_GB,\n"
-            "CLLM_DEVICE\n"
+            "CLLM_DEVICE, CLLM_TOKENIZER\n"
             "(see docs/config.md)\n");
 }
 
@@ -141,6 +145,9 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
     const char *dv = getenv("CLLM_DEVICE");
     if (dv && *dv && set_device(c, true, dv, e))
         return -1;
+    const char *tv = getenv("CLLM_TOKENIZER");
+    if (tv && *tv)
+        c->tokenizer = tv;
     const char *pcv = getenv("CLLM_PROMPT_CACHE_GB");
     if (pcv && *pcv) {
         char *end;
@@ -206,7 +213,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
-       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE };
+       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER };
 
 static const struct {
     const char *name, *alias;
@@ -221,7 +228,7 @@ static const struct {
     {"--prompt-cache", NULL, F_PROMPT_CACHE},
     {"--batch", NULL, F_BATCH},         {"--decode-concurrency", NULL, F_DECODE_CONC},
     {"--kv-budget", NULL, F_KV_BUDGET}, {"--memory-budget", NULL, F_MEMORY_BUDGET},
-    {"--device", NULL, F_DEVICE},
+    {"--device", NULL, F_DEVICE},       {"--tokenizer", NULL, F_TOKENIZER},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -312,6 +319,7 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             c->kv_budget_gb.set = true;
             break;
         case F_DEVICE: rc = set_device(c, false, v, e); break;
+        case F_TOKENIZER: c->tokenizer = v; break;
         case F_MEMORY_BUDGET:
             rc = parse_f(a, v, 1e-9, 1e6, &c->memory_budget_gb.v, e);
             c->memory_budget_gb.set = true;
@@ -327,5 +335,8 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
     c->model = model_flag ? model_flag : positional;
     if (!c->model)
         return err_set(e, "no model given (cllm serve <model>)");
+    char dir[4096]; /* a missing --tokenizer is a usage error, before the model loads */
+    if (c->tokenizer && tok_override_dir(c->tokenizer, dir, sizeof dir, e))
+        return -1;
     return 0;
 }

@@ -30,6 +30,9 @@ struct opt_i {
 struct serve_config {
     /* what to serve */
     const char *model;       /* path (positional or --model; --model wins) */
+    const char *tokenizer;   /* --tokenizer / CLLM_TOKENIZER: a directory with tokenizer.json
+                              * (+ tokenizer_config.json) or a tokenizer.json file, in place
+                              * of the model's tokenizer and chat template; NULL = the model's */
 
     /* network */
     char host[256];          /* --host [127.0.0.1] */

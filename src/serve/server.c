@@ -173,14 +173,19 @@ static int load_model(struct served_model *sm, const struct serve_config *cfg, s
     if (model_load(&sm->m, cfg->model, e))
         return -1;
     sm->loaded = true;
-    sm->tok = tok_load_for_model(cfg->model, e);
-    if (!sm->tok)
+    char tdir[4096];
+    if (cfg->tokenizer) { /* --tokenizer replaces the model's tokenizer and chat template */
+        if (tok_override_dir(cfg->tokenizer, tdir, sizeof tdir, e) ||
+            !(sm->tok = tok_load_override(cfg->tokenizer, sm->m.cfg.vocab_size, e)))
+            return -1;
+    } else if (!(sm->tok = tok_load_for_model(cfg->model, e))) {
         return err_wrap(e, "the model's tokenizer");
+    }
     if (read_generation_config(sm, e))
         return -1;
     add_stop_id(sm, tok_eos_id(sm->tok));
     struct err te = {{0}};
-    sm->tmpl = chat_template_load(cfg->model, &te);
+    sm->tmpl = chat_template_load(cfg->tokenizer ? tdir : cfg->model, &te);
     if (!sm->tmpl)
         fprintf(stderr, "cllm serve: %s; chat requests use a plain \"role: content\" "
                         "transcript\n", te.msg);

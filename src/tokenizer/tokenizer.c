@@ -526,3 +526,53 @@ struct tokenizer *tok_load_for_model(const char *model_path, struct err *e)
             model_path, dir);
     return NULL;
 }
+
+int tok_override_dir(const char *path, char *dir, size_t cap, struct err *e)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return err_set(e, "--tokenizer %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        char json[4200];
+        snprintf(json, sizeof json, "%s/tokenizer.json", path);
+        if (!is_file(json))
+            return err_set(e, "--tokenizer %s: no tokenizer.json in this directory", path);
+        if ((size_t)snprintf(dir, cap, "%s", path) >= cap)
+            return err_set(e, "--tokenizer %.200s...: path too long", path);
+        return 0;
+    }
+    if (!ends_with(path, "tokenizer.json"))
+        return err_set(e, "--tokenizer %s: not a tokenizer.json file or a directory holding one",
+                       path);
+    const char *slash = strrchr(path, '/');
+    if ((size_t)snprintf(dir, cap, "%.*s", slash ? (int)(slash - path) : 1,
+                         slash ? path : ".") >= cap)
+        return err_set(e, "--tokenizer %.200s...: path too long", path);
+    if (!dir[0]) /* "/tokenizer.json" */
+        snprintf(dir, cap, "/");
+    return 0;
+}
+
+struct tokenizer *tok_load_override(const char *path, int model_vocab, struct err *e)
+{
+    char dir[4096], json[4200];
+    if (tok_override_dir(path, dir, sizeof dir, e))
+        return NULL;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        snprintf(json, sizeof json, "%s/tokenizer.json", path);
+    else
+        snprintf(json, sizeof json, "%s", path);
+    struct tokenizer *t = tok_load_hf_json(json, e);
+    if (!t) {
+        err_wrap(e, "--tokenizer %s", path);
+        return NULL;
+    }
+    if (t->n_vocab > model_vocab) {
+        err_set(e, "--tokenizer %s: its vocabulary has %d tokens, more than the model's "
+                   "vocab_size %d", path, t->n_vocab, model_vocab);
+        tok_free(t);
+        return NULL;
+    }
+    return t;
+}

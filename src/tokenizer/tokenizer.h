@@ -26,6 +26,16 @@ struct tokenizer *tok_load_llama2c(const char *tok_bin_path, int vocab_size, str
 struct tokenizer *tok_load_gguf_file(const char *gguf_path, struct err *e);
 void tok_free(struct tokenizer *t);
 
+/* --tokenizer PATH (`cllm serve`, `cllm run`): a directory holding
+ * tokenizer.json (and optionally tokenizer_config.json with the chat
+ * template) or a tokenizer.json file, used instead of the model's own.
+ * tok_override_dir checks the path and writes the directory to look for the
+ * chat template in to dir; tok_load_override loads the tokenizer and refuses
+ * a vocabulary larger than model_vocab (a smaller one is fine: models pad
+ * their embedding tables). Messages start with "--tokenizer PATH". */
+int tok_override_dir(const char *path, char *dir, size_t cap, struct err *e);
+struct tokenizer *tok_load_override(const char *path, int model_vocab, struct err *e);
+
 int tok_vocab_size(const struct tokenizer *t);
 int tok_bos_id(const struct tokenizer *t); /* -1 when none */
 int tok_eos_id(const struct tokenizer *t); /* -1 when none */
