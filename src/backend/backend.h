@@ -47,6 +47,7 @@ struct batch_seg {
 struct backend_step {
     const void *owner;          /* the forward state whose buffers the ops use */
     int n, pos0;                /* tokens and the position of the first */
+    int n_seg;                  /* sequences in the step (n == n_seg: all decodes) */
     const int *tokens;          /* host, n ids */
     const struct kv_pool *pool;
     const struct kv_seq *seq;

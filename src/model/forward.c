@@ -294,7 +294,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
     /* A backend may record the step's ops and replay them for later steps
      * of the same shape (CUDA graphs for single-sequence decode); see
      * backend.h. Multi-sequence steps run eagerly. */
-    struct backend_step st = {.owner = fs, .n = n, .pos0 = segs[0].seq->n_tokens,
+    struct backend_step st = {.owner = fs, .n = n, .n_seg = n_seg, .pos0 = segs[0].seq->n_tokens,
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
                               .logits = n_seg == 1 && !all_rows && segs[0].logits};
     int rows = 0;

@@ -20,6 +20,10 @@ for lib in $(ldd "$BUILD/cllm" "$BUILD/libcllm_cuda.so" | awk '/=>/ {print $3}' 
     cp -L "$lib" .carry/lib/
 done
 cp -r "$SHARED/models/stories260K" "$SHARED/models/tinystories-656k" .carry/shared/models/
+# real tokenizers for serving the random-weight bench shapes over HTTP
+# (cllm serve --tokenizer; their vocabularies fit the llama3-8b / qwen3 shapes)
+mkdir -p .carry/shared/tokenizers
+cp -r "$SHARED/tokenizers/llama3_1" "$SHARED/tokenizers/qwen3" .carry/shared/tokenizers/
 # env.sh: puts only the libraries the GPU machine lacks on LD_LIBRARY_PATH.
 cat > .carry/bin/env.sh <<'EOS'
 #!/usr/bin/env bash

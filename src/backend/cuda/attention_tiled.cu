@@ -257,13 +257,17 @@ static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, cons
 {
     int G = g->n_heads / g->n_kv_heads, bq = TA_WARPS * RPW / G;
     size_t smem = ta_smem_bytes<HD, RPW>();
-    /* Above the default 48 KB a kernel must opt in; cheap, and prefill
-     * launches are never recorded into graphs. */
-    cudaError_t err = cudaFuncSetAttribute(k_attention_tiled<HD, RPW, T>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem);
-    if (err != cudaSuccess)
-        return err;
+    /* Above the default 48 KB a kernel must opt in, once: setting it may
+     * wait for the device, which would stall issuing every step. */
+    static bool opted_in;
+    if (!opted_in) {
+        cudaError_t err = cudaFuncSetAttribute(k_attention_tiled<HD, RPW, T>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem);
+        if (err != cudaSuccess)
+            return err;
+        opted_in = true;
+    }
     dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
     cuk_launch(k_attention_tiled<HD, RPW, T>, grid, TA_WARPS * 32, smem, s, out, q, kc, vc, table, *g,
                                                                      bq);
@@ -333,11 +337,15 @@ static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, cons
 {
     int bq = cuk_attention_short_rows(g);
     size_t smem = ta_smem_bytes<HD, 1>();
-    cudaError_t err = cudaFuncSetAttribute(k_attention_tiled_batch<HD, 1, T>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem);
-    if (err != cudaSuccess)
-        return err;
+    static bool opted_in; /* once, as in launch_tiled */
+    if (!opted_in) {
+        cudaError_t err = cudaFuncSetAttribute(k_attention_tiled_batch<HD, 1, T>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem);
+        if (err != cudaSuccess)
+            return err;
+        opted_in = true;
+    }
     return cuk_launch(k_attention_tiled_batch<HD, 1, T>, dim3((unsigned)g->n, (unsigned)g->n_kv_heads),
                       TA_WARPS * 32, smem, s, out, q, kc, vc, meta, *g, bq);
 }

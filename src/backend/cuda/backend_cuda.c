@@ -153,12 +153,13 @@ struct cuda_backend {
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
     bool timing, t_open;
-    int t_b;                 /* bucket of the open step: 0 one row (decode), 1 more rows */
+    int t_b;                 /* bucket of the open step: 0 one row (decode), 1 several
+                              * decodes, 2 steps with prefill */
     double t_mark;           /* host clock when the step's last op was issued */
     cudaEvent_t ev[3];       /* step start, logits copy start, copy end */
     double t_begin, t_end;   /* host clock at step_begin / after download */
-    long t_steps[2], t_gaps;
-    double t_gpu[2], t_copy[2], t_wall[2], t_enq[2], t_gap; /* sums, ms */
+    long t_steps[3], t_gaps;
+    double t_gpu[3], t_copy[3], t_wall[3], t_enq[3], t_gap; /* sums, ms */
 };
 
 static double now_s(void)
@@ -1312,7 +1313,7 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
         return -1;
     if (c->timing) {
         c->t_begin = now_s();
-        c->t_b = st->n == 1 && st->logits ? 0 : 1;
+        c->t_b = st->n == 1 && st->logits ? 0 : st->n == st->n_seg ? 1 : 2;
         if (c->t_end > 0 && c->t_b == 0) { /* only from one decode step to the next */
             c->t_gap += (c->t_begin - c->t_end) * 1e3;
             c->t_gaps++;
@@ -1405,12 +1406,15 @@ static void cu_destroy(struct backend *be)
     use_device(c);
     cudaStreamSynchronize(c->stream);
     if (c->timing) {
-        for (int b = 0; b < 2; b++) {
+        static const char *what[] = {"decode", "batched decode", "prefill"};
+        for (int b = 0; b < 3; b++) {
             long k = c->t_steps[b] > 0 ? c->t_steps[b] : 1;
+            if (!c->t_steps[b])
+                continue;
             fprintf(stderr, "%s: timing of %ld %s steps, per step: %.1f us on the GPU before "
                             "the result copy, %.1f us copy, %.1f us host wall (step_begin to "
                             "after the copy), %.1f us host issuing the ops%s",
-                    c->name, c->t_steps[b], b ? "multi-row" : "decode", 1e3 * c->t_gpu[b] / k,
+                    c->name, c->t_steps[b], what[b], 1e3 * c->t_gpu[b] / k,
                     1e3 * c->t_copy[b] / k, 1e3 * c->t_wall[b] / k, 1e3 * c->t_enq[b] / k,
                     b ? "\n" : "");
             if (!b)
