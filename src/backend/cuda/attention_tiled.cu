@@ -47,13 +47,23 @@ static constexpr size_t ta_smem_bytes()
                             + (size_t)TA_WARPS * RPW * TA_KEYS); /* probabilities */
 }
 
+/* Key splits of a block's rows (n_splits > 1, short segments of a batch
+ * step): split sp takes the keys of 32-aligned chunk sp, writes its
+ * unnormalized partial (acc, max, sum) to ws, and the last split of the
+ * block to finish merges them in split order. */
+struct ta_split {
+    int n_splits, sp;
+    float *ws;     /* [g.n * n_heads * n_splits][HD], then max, then sum */
+    unsigned *cnt; /* this block's counter (zero before, re-armed after) */
+};
+
 /* One block's work: queries q0 .. q0+bq-1 (of g.n) of every query head of
- * KV head kvh. */
+ * KV head kvh (all keys, or one split of them). */
 template <int HD, int RPW, typename T>
 static __device__ __forceinline__ void tiled_block(float *out, const float *q, const T *kc,
                                                    const T *vc, const int *table,
                                                    const struct cuk_attn &g, int bq, int q0,
-                                                   int kvh)
+                                                   int kvh, struct ta_split sp)
 {
     constexpr int R = TA_WARPS * RPW; /* rows of the block: (query, head) pairs */
     constexpr int KS = HD + 4;        /* k row stride: float4 reads by 8 lanes hit 32 banks */
@@ -101,15 +111,23 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
         k_lo = p_first - g.window + 1;
     k_lo &= ~(TA_KEYS - 1); /* tiles at multiples of 32 whatever the query tiling */
     size_t head_off = (size_t)kvh * HD;
+    int k_end = p_last + 1; /* keys [k_lo, k_end) */
+    if (sp.n_splits > 1) {
+        int chunk = (k_end - k_lo + sp.n_splits - 1) / sp.n_splits;
+        chunk = (chunk + TA_KEYS - 1) & ~(TA_KEYS - 1);
+        k_lo += sp.sp * chunk;
+        k_end = min(k_end, k_lo + chunk);
+    }
+    int t_max = k_end - 1; /* last key of this block's range */
 
-    for (int t0 = k_lo; t0 <= p_last; t0 += TA_KEYS) {
+    for (int t0 = k_lo; t0 <= t_max; t0 += TA_KEYS) {
         __syncthreads(); /* the previous tile (and the q tile) are in place / consumed */
         /* 16-byte loads: VEC elements of one key's head slice each */
         constexpr int VEC = 16 / sizeof(T), NV = HD / VEC;
         for (int idx = threadIdx.x; idx < TA_KEYS * NV; idx += blockDim.x) {
             int j = idx / NV, c = idx % NV, t = t0 + j;
             float kf[VEC], vf[VEC];
-            if (t <= p_last) {
+            if (t <= t_max) {
                 size_t off = cuk_kv_offset(&g, table, t) + head_off + (size_t)c * VEC;
                 kv_ld_vec(kc + off, kf);
                 kv_ld_vec(vc + off, vf);
@@ -148,7 +166,7 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
         int t = t0 + lane;
 #pragma unroll
         for (int i = 0; i < RPW; i++) {
-            bool ok = t <= pos[i] && t >= start[i];
+            bool ok = t <= pos[i] && t >= start[i] && t <= t_max;
             float sc = ok ? s[i] * g.scale : -INFINITY;
             float mx = sc;
 #pragma unroll
@@ -202,6 +220,25 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
         __syncwarp();
     }
 
+    if (sp.n_splits <= 1) {
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            float L = cuk_warp_sum(l[i]);
+            int r = warp * RPW + i;
+            if (r >= rows)
+                continue;
+            int qi = r / G, hh = r % G;
+            float *o = out + ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * HD + lane * DPL;
+#pragma unroll
+            for (int d = 0; d < DPL; d++)
+                o[d] = acc[i][d] / L;
+        }
+        return;
+    }
+    /* partial of (query, head) row qh = (q0 + qi) * n_heads + h, split s:
+     * ws[(qh * n_splits + s) * HD + d], max at wm[qh * n_splits + s] */
+    size_t nrow = (size_t)g.n * g.n_heads * sp.n_splits;
+    float *wm = sp.ws + nrow * HD, *wl = wm + nrow;
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         float L = cuk_warp_sum(l[i]);
@@ -209,10 +246,55 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
         if (r >= rows)
             continue;
         int qi = r / G, hh = r % G;
-        float *o = out + ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * HD + lane * DPL;
+        size_t rs = ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * sp.n_splits + sp.sp;
 #pragma unroll
         for (int d = 0; d < DPL; d++)
-            o[d] = acc[i][d] / L;
+            sp.ws[rs * HD + lane * DPL + d] = acc[i][d];
+        if (lane == 0) {
+            wm[rs] = m[i];
+            wl[rs] = L;
+        }
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(sp.cnt, 1u) == (unsigned)sp.n_splits - 1;
+        if (last)
+            *sp.cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp * RPW + i;
+        if (r >= rows)
+            continue;
+        int qi = r / G, hh = r % G;
+        size_t qh = (size_t)(q0 + qi) * g.n_heads + kvh * G + hh, r0 = qh * sp.n_splits;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < sp.n_splits; s2++)
+            M = fmaxf(M, __ldcg(wm + r0 + s2));
+        float L = 0.0f, o[DPL];
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            o[d] = 0.0f;
+        for (int s2 = 0; s2 < sp.n_splits; s2++) {
+            float ms = __ldcg(wm + r0 + s2);
+            if (ms == -INFINITY) /* a split that saw no key of this row */
+                continue;
+            float c = expf(ms - M);
+            L += __ldcg(wl + r0 + s2) * c;
+#pragma unroll
+            for (int d = 0; d < DPL; d++)
+                o[d] += __ldcg(sp.ws + (r0 + s2) * HD + lane * DPL + d) * c;
+        }
+        float *out_r = out + qh * HD + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++)
+            out_r[d] = o[d] / L;
     }
 }
 
@@ -222,7 +304,8 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
                       struct cuk_attn g, int bq)
 {
     cuk_pdl_start();
-    tiled_block<HD, RPW, T>(out, q, kc, vc, table, g, bq, blockIdx.x * bq, blockIdx.y);
+    tiled_block<HD, RPW, T>(out, q, kc, vc, table, g, bq, blockIdx.x * bq, blockIdx.y,
+                            ta_split{1, 0, nullptr, nullptr});
 }
 
 /* The short segments of a batch step (cuk_bseg.tiled == 2: at most bq
@@ -231,18 +314,25 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
 template <int HD, int RPW, typename T>
 __global__ void __launch_bounds__(TA_WARPS * 32)
     k_attention_tiled_batch(float *out, const float *q, const T *kc, const T *vc,
-                            const int *meta, struct cuk_attn g, int bq)
+                            const int *meta, struct cuk_attn g, int bq, float *ws,
+                            unsigned *cnt, int max_splits)
 {
     cuk_pdl_start();
     const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
-    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0)
+    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0 || (int)blockIdx.z >= sg->splits)
         return;
     size_t qd = (size_t)g.n_heads * HD;
     struct cuk_attn gs = g;
     gs.n = sg->n;
     gs.pos0 = sg->pos0;
+    /* the segment's partials: its rows of a [g.n rows][n_heads][max_splits]
+     * layout, each at stride max_splits (so segments never overlap) */
+    struct ta_split sp = {sg->splits, (int)blockIdx.z, nullptr,
+                          cnt + (size_t)sg->row0 * g.n_kv_heads + blockIdx.y};
+    if (sg->splits > 1)
+        sp.ws = ws + (size_t)sg->row0 * g.n_heads * max_splits * (HD + 2);
     tiled_block<HD, RPW, T>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off,
-                            gs, bq, 0, blockIdx.y);
+                            gs, bq, 0, blockIdx.y, sp);
 }
 
 extern "C" int cuk_attention_tiled_ok(const struct cuk_attn *g)
@@ -333,7 +423,8 @@ extern "C" int cuk_attention_short_rows(const struct cuk_attn *g)
 
 template <int HD, typename T>
 static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, const T *kc,
-                                const T *vc, const int *meta, const struct cuk_attn *g)
+                                const T *vc, const int *meta, const struct cuk_attn *g,
+                                int max_splits, float *ws, unsigned *cnt)
 {
     int bq = cuk_attention_short_rows(g);
     size_t smem = ta_smem_bytes<HD, 1>();
@@ -346,23 +437,31 @@ static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, cons
             return err;
         opted_in = true;
     }
-    return cuk_launch(k_attention_tiled_batch<HD, 1, T>, dim3((unsigned)g->n, (unsigned)g->n_kv_heads),
-                      TA_WARPS * 32, smem, s, out, q, kc, vc, meta, *g, bq);
+    return cuk_launch(k_attention_tiled_batch<HD, 1, T>,
+                      dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
+                      TA_WARPS * 32, smem, s, out, q, kc, vc, meta, *g, bq, ws, cnt,
+                      max_splits);
+}
+
+extern "C" size_t cuk_attention_short_ws_floats(const struct cuk_attn *g, int max_splits)
+{
+    return max_splits > 1 ? (size_t)g->n * g->n_heads * max_splits * (g->head_dim + 2) : 0;
 }
 
 extern "C" cudaError_t cuk_attention_short_batch(cudaStream_t s, float *out, const float *q,
                                                  const void *kc, const void *vc,
-                                                 const int *meta, const struct cuk_attn *g)
+                                                 const int *meta, const struct cuk_attn *g,
+                                                 int max_splits, float *ws, unsigned *cnt)
 {
-    if (!cuk_attention_short_rows(g))
+    if (!cuk_attention_short_rows(g) || max_splits < 1 || (max_splits > 1 && (!ws || !cnt)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
         return g->kv_bf16 ? launch_short<64>(s, out, q, (const uint16_t *)kc,
-                                             (const uint16_t *)vc, meta, g)
+                                             (const uint16_t *)vc, meta, g, max_splits, ws, cnt)
                           : launch_short<64>(s, out, q, (const float *)kc, (const float *)vc,
-                                             meta, g);
+                                             meta, g, max_splits, ws, cnt);
     return g->kv_bf16 ? launch_short<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc,
-                                          meta, g)
+                                          meta, g, max_splits, ws, cnt)
                       : launch_short<128>(s, out, q, (const float *)kc, (const float *)vc, meta,
-                                          g);
+                                          g, max_splits, ws, cnt);
 }

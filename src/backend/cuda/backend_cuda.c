@@ -1162,6 +1162,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     for (int s = 0; s < n_seg && short_rows; s++)
         n_short += segs[s].n <= short_rows;
     bool use_short = short_rows && (long)n_short * a->n_kv_heads >= c->n_sms;
+    int short_splits = 1;
     for (int s = 0; s < n_seg; s++) {
         const struct kv_seq *seq = segs[s].seq;
         int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
@@ -1173,8 +1174,17 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         gs.pos0 = segs[s].pos0;
         int tiled = splits == 1 && cuk_attention_tiled_ok(&gs);
         if (use_short && segs[s].n <= short_rows) {
+            /* key splits of >= 128 keys: a long context is read by several
+             * blocks at once (one block per sequence and KV head alone
+             * walks it tile by tile, far from the bandwidth) */
+            int keys = segs[s].pos0 + segs[s].n;
+            if (a->sliding_window > 0 && a->sliding_window < keys)
+                keys = a->sliding_window;
             tiled = 2;
-            splits = 1;
+            splits = (keys + 127) / 128;
+            splits = splits < 1 ? 1 : splits > 8 ? 8 : splits;
+            if (splits > short_splits)
+                short_splits = splits;
         }
         struct cuk_bseg b = {.row0 = row, .n = segs[s].n, .pos0 = segs[s].pos0,
                              .splits = splits, .tab_off = toff, .tiled = tiled,
@@ -1183,20 +1193,28 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         for (int i = 0; i < segs[s].n; i++)
             tmp[n_seg * 8 + row + i] = s;
         memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
-        if (splits > 1)
+        if (splits > 1 && tiled != 2)
             ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
         if (!tiled && splits > max_splits)
             max_splits = splits;
         row += segs[s].n;
         toff += seq->n_blocks;
     }
+    /* The batch kernel and then the short-segment kernel use the same
+     * workspace and counters, one after the other. */
+    size_t ws_need = (size_t)ws_off, ws_short = 0;
+    if (use_short && n_short > 0)
+        ws_short = cuk_attention_short_ws_floats(&g, short_splits);
+    if (ws_short > ws_need)
+        ws_need = ws_short;
     float *ws = NULL;
-    if (ws_off > 0 && !(ws = dbuf_get(c, &c->ws, (size_t)ws_off * 4, "attention workspace"))) {
+    if (ws_need > 0 && !(ws = dbuf_get(c, &c->ws, ws_need * 4, "attention workspace"))) {
         free(tmp);
         return sticky(c, e);
     }
     unsigned *cnt = NULL;
-    if (max_splits > 1 && !(cnt = att_counters(c, rows * (size_t)a->n_heads))) {
+    if ((max_splits > 1 || short_splits > 1) &&
+        !(cnt = att_counters(c, rows * (size_t)a->n_heads))) {
         free(tmp);
         return sticky(c, e);
     }
@@ -1224,7 +1242,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     }
     if (use_short && n_short > 0 &&
         fail_cuda(c, "attention (short segments)",
-                  cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v, c->bat.p, &g))) {
+                  cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v, c->bat.p, &g,
+                                            short_splits, ws, cnt))) {
         free(tmp);
         return sticky(c, e);
     }

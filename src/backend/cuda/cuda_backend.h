@@ -107,12 +107,18 @@ cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, cons
  * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */
 int cuk_attention_short_rows(const struct cuk_attn *g);
 /* Attention of the short segments of a batch step (cuk_bseg.tiled == 2,
- * n <= cuk_attention_short_rows): one block per (segment, KV head) with
- * the arithmetic of cuk_attention_tiled and no key splits, so each K/V row
- * is read once for all query heads that share it. g and meta as for
+ * n <= cuk_attention_short_rows): one block per (segment, KV head, key
+ * split) with the arithmetic of cuk_attention_tiled, so each K/V row is
+ * read once for all query heads that share it; a segment's key range is
+ * split in cuk_bseg.splits 32-aligned chunks whose partials the last
+ * block merges. g and meta as for
  * cuk_rope_kv_attention_batch, which must have stored the K/V first. */
 cudaError_t cuk_attention_short_batch(cudaStream_t s, float *out, const float *q, const void *kc,
-                                      const void *vc, const int *meta, const struct cuk_attn *g);
+                                      const void *vc, const int *meta, const struct cuk_attn *g,
+                                      int max_splits, float *ws, unsigned *cnt);
+/* Its workspace for the largest key split count of its segments
+ * (cuk_bseg.splits; 1: none); cnt as for cuk_attention (g->n * n_heads). */
+size_t cuk_attention_short_ws_floats(const struct cuk_attn *g, int max_splits);
 
 /* One sequence of a batch step (8 ints): rows row0..row0+n-1 of the
  * concatenated q/k/v are its positions pos0..; splits as cuk_attention
