@@ -1,7 +1,7 @@
 /* test_batch.c - continuous batching never changes results: the greedy
  * output of every request is the same run alone (--batch 1) and inside a
  * batch of 16 with staggered arrivals, departures and cancellations, after a
- * prefix-cache hit and after preemption in a tiny KV pool; ~500 randomized
+ * prefix-cache hit and after preemption in a tiny KV pool; 1,000 randomized
  * requests with random cancellations leak no block; --batch 1 is strictly
  * serial; greedy and seeded sampled requests mixed in one batch match their
  * runs alone. Also measures whether the CPU matmul kernels give a row the same
@@ -301,7 +301,7 @@ static void equivalence(const char *name, const struct model *m)
     engine_destroy(eng);
 }
 
-/* ~500 random requests, random cancellations, small pool: no leaks. */
+/* 1,000 random requests, random cancellations, small pool: no leaks. */
 static void churn(const struct model *m)
 {
     struct err e = {{0}};
@@ -312,7 +312,7 @@ static void churn(const struct model *m)
     CHECK(eng != NULL, "engine_create: %s", e.msg);
     if (!eng)
         return;
-    enum { TOTAL = 500, LIVE = 24 };
+    enum { TOTAL = 1000, LIVE = 24 };
     struct live *l = calloc(LIVE, sizeof *l);
     int cancel_at[LIVE] = {0};
     int submitted = 0, finished = 0;
