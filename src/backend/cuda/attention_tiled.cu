@@ -17,19 +17,18 @@
 #define TA_KEYS 32 /* keys per tile: one per lane */
 #define TA_MIN_N 8 /* fewer queries: the per-query kernel */
 
-/* 16 bytes of K/V cache widened to f32: 4 f32 or 8 bf16 elements. */
-static __device__ __forceinline__ void kv_ld_vec(const float *p, float *f)
+/* 16 bytes of K/V cache (raw) widened to f32: 4 f32 or 8 bf16 elements;
+ * the pointer only selects the element type. */
+static __device__ __forceinline__ void kv_cvt(const float *, uint4 x, float *f)
 {
-    float4 x = *(const float4 *)p;
-    f[0] = x.x;
-    f[1] = x.y;
-    f[2] = x.z;
-    f[3] = x.w;
+    f[0] = __uint_as_float(x.x);
+    f[1] = __uint_as_float(x.y);
+    f[2] = __uint_as_float(x.z);
+    f[3] = __uint_as_float(x.w);
 }
 
-static __device__ __forceinline__ void kv_ld_vec(const uint16_t *p, float *f)
+static __device__ __forceinline__ void kv_cvt(const uint16_t *, uint4 x, float *f)
 {
-    uint4 x = *(const uint4 *)p;
     uint32_t u[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -120,29 +119,47 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
     }
     int t_max = k_end - 1; /* last key of this block's range */
 
+    /* 16-byte loads, VEC elements of one key's head slice each; a thread
+     * holds LPT of them per tile. The next tile's loads are issued before
+     * the current tile is computed, so the wait for memory (block table,
+     * then K/V) overlaps the arithmetic instead of following it. */
+    constexpr int VEC = 16 / sizeof(T), NV = HD / VEC;
+    constexpr int LPT = (TA_KEYS * NV + TA_WARPS * 32 - 1) / (TA_WARPS * 32);
+    uint4 kraw[LPT], vraw[LPT];
+    auto load_tile = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < LPT; u++) {
+            int idx = threadIdx.x + u * TA_WARPS * 32, j = idx / NV, c = idx % NV, t = t0 + j;
+            kraw[u] = vraw[u] = make_uint4(0, 0, 0, 0);
+            if (idx < TA_KEYS * NV && t <= t_max) {
+                size_t off = cuk_kv_offset(&g, table, t) + head_off + (size_t)c * VEC;
+                kraw[u] = *(const uint4 *)(kc + off);
+                vraw[u] = *(const uint4 *)(vc + off);
+            }
+        }
+    };
+    if (k_lo <= t_max)
+        load_tile(k_lo);
+
     for (int t0 = k_lo; t0 <= t_max; t0 += TA_KEYS) {
         __syncthreads(); /* the previous tile (and the q tile) are in place / consumed */
-        /* 16-byte loads: VEC elements of one key's head slice each */
-        constexpr int VEC = 16 / sizeof(T), NV = HD / VEC;
-        for (int idx = threadIdx.x; idx < TA_KEYS * NV; idx += blockDim.x) {
-            int j = idx / NV, c = idx % NV, t = t0 + j;
+#pragma unroll
+        for (int u = 0; u < LPT; u++) {
+            int idx = threadIdx.x + u * TA_WARPS * 32, j = idx / NV, c = idx % NV;
+            if (idx >= TA_KEYS * NV)
+                continue;
             float kf[VEC], vf[VEC];
-            if (t <= t_max) {
-                size_t off = cuk_kv_offset(&g, table, t) + head_off + (size_t)c * VEC;
-                kv_ld_vec(kc + off, kf);
-                kv_ld_vec(vc + off, vf);
-            } else {
+            kv_cvt(kc, kraw[u], kf); /* zeros stay zeros */
+            kv_cvt(vc, vraw[u], vf);
 #pragma unroll
-                for (int u = 0; u < VEC; u++)
-                    kf[u] = vf[u] = 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < VEC; u += 4) {
-                *(float4 *)(ks + j * KS + c * VEC + u) = make_float4(kf[u], kf[u + 1], kf[u + 2], kf[u + 3]);
-                *(float4 *)(vs + j * HD + c * VEC + u) = make_float4(vf[u], vf[u + 1], vf[u + 2], vf[u + 3]);
+            for (int e = 0; e < VEC; e += 4) {
+                *(float4 *)(ks + j * KS + c * VEC + e) = make_float4(kf[e], kf[e + 1], kf[e + 2], kf[e + 3]);
+                *(float4 *)(vs + j * HD + c * VEC + e) = make_float4(vf[e], vf[e + 1], vf[e + 2], vf[e + 3]);
             }
         }
         __syncthreads();
+        if (t0 + TA_KEYS <= t_max)
+            load_tile(t0 + TA_KEYS);
 
         float s[RPW];
 #pragma unroll
