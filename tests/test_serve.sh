@@ -10,48 +10,11 @@
 set -u
 CLLM=$1 SHARED=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-pass=0 fail=0 skipped=()
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
 for t in curl jq; do
     command -v $t >/dev/null || { echo "test_serve: FAIL: $t is required (apt-get install $t)"; exit 1; }
 done
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-free_port() {
-    local p
-    for _ in $(seq 1 100); do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-    done
-}
-
-# start VAR PORT MODEL [ENV=VALUE...] [-- FLAGS...]: runs a server, waits for /health.
-start() {
-    local var=$1 port=$2 model=$3
-    shift 3
-    local envs=() flags=()
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    [ "${1:-}" = "--" ] && shift && flags=("$@")
-    env "${envs[@]}" "$CLLM" serve "$model" --port "$port" "${flags[@]}" >"$tmp/log.$port" 2>&1 &
-    local pid=$!
-    pids+=("$pid")
-    printf -v "$var" '%s' "$pid"
-    for _ in $(seq 1 600); do
-        curl -sf -m 1 "http://127.0.0.1:$port/health" >/dev/null && return 0
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    bad "server on $port did not start: $(cat "$tmp/log.$port")"
-    return 1
-}
+SERVE_FLAGS=()
+. "$(dirname "$0")/serve_lib.sh"
 
 # call PATH JSON [URL-BASE]: sets $code and $body
 call() {

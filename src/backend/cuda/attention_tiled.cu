@@ -358,23 +358,30 @@ extern "C" int cuk_attention_tiled_ok(const struct cuk_attn *g)
            g->n_heads % g->n_kv_heads == 0 && g->n_heads / g->n_kv_heads <= TA_WARPS * 8;
 }
 
+/* Above the default 48 KB a kernel must opt in to its dynamic shared
+ * memory, once per kernel: setting it may wait for the device, which would
+ * stall issuing every step. */
+template <typename K>
+static cudaError_t opt_in_smem(K kernel, size_t smem, bool *done)
+{
+    if (*done)
+        return cudaSuccess;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    *done = err == cudaSuccess;
+    return err;
+}
+
 template <int HD, int RPW, typename T>
 static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, const T *kc,
                                 const T *vc, const int *table, const struct cuk_attn *g)
 {
     int G = g->n_heads / g->n_kv_heads, bq = TA_WARPS * RPW / G;
     size_t smem = ta_smem_bytes<HD, RPW>();
-    /* Above the default 48 KB a kernel must opt in, once: setting it may
-     * wait for the device, which would stall issuing every step. */
     static bool opted_in;
-    if (!opted_in) {
-        cudaError_t err = cudaFuncSetAttribute(k_attention_tiled<HD, RPW, T>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem);
-        if (err != cudaSuccess)
-            return err;
-        opted_in = true;
-    }
+    cudaError_t err = opt_in_smem(k_attention_tiled<HD, RPW, T>, smem, &opted_in);
+    if (err != cudaSuccess)
+        return err;
     dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
     cuk_launch(k_attention_tiled<HD, RPW, T>, grid, TA_WARPS * 32, smem, s, out, q, kc, vc, table, *g,
                                                                      bq);
@@ -445,15 +452,10 @@ static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, cons
 {
     int bq = cuk_attention_short_rows(g);
     size_t smem = ta_smem_bytes<HD, 1>();
-    static bool opted_in; /* once, as in launch_tiled */
-    if (!opted_in) {
-        cudaError_t err = cudaFuncSetAttribute(k_attention_tiled_batch<HD, 1, T>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem);
-        if (err != cudaSuccess)
-            return err;
-        opted_in = true;
-    }
+    static bool opted_in;
+    cudaError_t err = opt_in_smem(k_attention_tiled_batch<HD, 1, T>, smem, &opted_in);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k_attention_tiled_batch<HD, 1, T>,
                       dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
                       TA_WARPS * 32, smem, s, out, q, kc, vc, meta, *g, bq, ws, cnt,

@@ -120,6 +120,40 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
     }
 }
 
+/* Pieces of the vector RMSNorms: the residual add of element i (written
+ * back to x), its sum of squares, and its normalized output (and half copy). */
+static __device__ __forceinline__ void rms_add(float4 &v, float4 *xr, const float4 *yr, int i)
+{
+    float4 b = yr[i];
+    v.x += b.x;
+    v.y += b.y;
+    v.z += b.z;
+    v.w += b.w;
+    xr[i] = v;
+}
+
+static __device__ __forceinline__ double rms_sq(float4 v)
+{
+    return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+}
+
+static __device__ __forceinline__ void rms_out(float4 v, float inv, const float4 *w4, float4 *o,
+                                               uint16_t *ohr, int i, int bf16)
+{
+    float4 ww = w4[i], r;
+    r.x = ww.x * (v.x * inv);
+    r.y = ww.y * (v.y * inv);
+    r.z = ww.z * (v.z * inv);
+    r.w = ww.w * (v.w * inv);
+    o[i] = r;
+    if (ohr) {
+        ohr[4 * i] = to_half(r.x, bf16);
+        ohr[4 * i + 1] = to_half(r.y, bf16);
+        ohr[4 * i + 2] = to_half(r.z, bf16);
+        ohr[4 * i + 3] = to_half(r.w, bf16);
+    }
+}
+
 /* The same norm with every load issued before any arithmetic: VPT float4
  * per thread held in registers (dim % 4 == 0, dim <= 4 * VPT * threads).
  * A row is thousands of floats and the loops above wait on one load at a
@@ -144,21 +178,14 @@ __global__ void __launch_bounds__(256) k_rmsnorm_vec(float *out, float *x, const
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
             int i = threadIdx.x + k * blockDim.x;
-            if (i < nv) {
-                float4 b = yr[i];
-                v[k].x += b.x;
-                v[k].y += b.y;
-                v[k].z += b.z;
-                v[k].w += b.w;
-                xr[i] = v[k];
-            }
+            if (i < nv)
+                rms_add(v[k], xr, yr, i);
         }
     }
     double ss = 0;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
-        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z +
-              (double)v[k].w * v[k].w;
+        ss += rms_sq(v[k]);
     ss = cuk_warp_sum_d(ss);
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     if (lane == 0)
@@ -178,20 +205,8 @@ __global__ void __launch_bounds__(256) k_rmsnorm_vec(float *out, float *x, const
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         int i = threadIdx.x + k * blockDim.x;
-        if (i >= nv)
-            continue;
-        float4 ww = w4[i], r;
-        r.x = ww.x * (v[k].x * inv);
-        r.y = ww.y * (v[k].y * inv);
-        r.z = ww.z * (v[k].z * inv);
-        r.w = ww.w * (v[k].w * inv);
-        o[i] = r;
-        if (ohr) {
-            ohr[4 * i] = to_half(r.x, bf16);
-            ohr[4 * i + 1] = to_half(r.y, bf16);
-            ohr[4 * i + 2] = to_half(r.z, bf16);
-            ohr[4 * i + 3] = to_half(r.w, bf16);
-        }
+        if (i < nv)
+            rms_out(v[k], inv, w4, o, ohr, i, bf16);
     }
 }
 
@@ -213,41 +228,21 @@ __global__ void k_rmsnorm_warp_vec(float *out, float *x, const float *y, const f
     if (y) {
         const float4 *yr = (const float4 *)(y + (size_t)row * dim);
 #pragma unroll
-        for (int k = 0; k < VPL; k++) {
-            float4 b = yr[lane + 32 * k];
-            v[k].x += b.x;
-            v[k].y += b.y;
-            v[k].z += b.z;
-            v[k].w += b.w;
-            xr[lane + 32 * k] = v[k];
-        }
+        for (int k = 0; k < VPL; k++)
+            rms_add(v[k], xr, yr, lane + 32 * k);
     }
     double ss = 0;
 #pragma unroll
     for (int k = 0; k < VPL; k++)
-        ss += (double)v[k].x * v[k].x + (double)v[k].y * v[k].y + (double)v[k].z * v[k].z +
-              (double)v[k].w * v[k].w;
+        ss += rms_sq(v[k]);
     ss = cuk_warp_sum_d(ss);
     float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
     float4 *o = (float4 *)(out + (size_t)row * dim);
     const float4 *w4 = (const float4 *)w;
     uint16_t *ohr = oh ? oh + (size_t)row * dim : NULL;
 #pragma unroll
-    for (int k = 0; k < VPL; k++) {
-        int i = lane + 32 * k;
-        float4 ww = w4[i], r;
-        r.x = ww.x * (v[k].x * inv);
-        r.y = ww.y * (v[k].y * inv);
-        r.z = ww.z * (v[k].z * inv);
-        r.w = ww.w * (v[k].w * inv);
-        o[i] = r;
-        if (ohr) {
-            ohr[4 * i] = to_half(r.x, bf16);
-            ohr[4 * i + 1] = to_half(r.y, bf16);
-            ohr[4 * i + 2] = to_half(r.z, bf16);
-            ohr[4 * i + 3] = to_half(r.w, bf16);
-        }
-    }
+    for (int k = 0; k < VPL; k++)
+        rms_out(v[k], inv, w4, o, ohr, lane + 32 * k, bf16);
 }
 
 /* k_rmsnorm_vec, k_rmsnorm_block or k_rmsnorm_warp for the shape. Vector
