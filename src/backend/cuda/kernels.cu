@@ -78,6 +78,25 @@ __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float
     }
 }
 
+/* The sum of every thread's v over the block (part: 32 doubles of shared
+ * memory), the same in every thread. */
+static __device__ __forceinline__ double block_sum_d(double v, double *part)
+{
+    v = cuk_warp_sum_d(v);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? part[lane] : 0.0;
+        v = cuk_warp_sum_d(v);
+        if (lane == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
 /* One block per row (hidden-size rows). */
 __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const float *w, int dim,
                                 float eps, uint16_t *oh, int bf16)
@@ -98,19 +117,7 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
         for (int j = threadIdx.x; j < dim; j += blockDim.x)
             ss += (double)xr[j] * xr[j];
     }
-    ss = cuk_warp_sum_d(ss);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    if (lane == 0)
-        part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        ss = lane < nw ? part[lane] : 0.0;
-        ss = cuk_warp_sum_d(ss);
-        if (lane == 0)
-            part[0] = ss;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf((float)(part[0] / dim) + eps);
+    float inv = 1.0f / sqrtf((float)(block_sum_d(ss, part) / dim) + eps);
     uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
         float v = w[j] * (xr[j] * inv);
@@ -186,19 +193,7 @@ __global__ void __launch_bounds__(256) k_rmsnorm_vec(float *out, float *x, const
 #pragma unroll
     for (int k = 0; k < VPT; k++)
         ss += rms_sq(v[k]);
-    ss = cuk_warp_sum_d(ss);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    if (lane == 0)
-        part[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        ss = lane < nw ? part[lane] : 0.0;
-        ss = cuk_warp_sum_d(ss);
-        if (lane == 0)
-            part[0] = ss;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf((float)(part[0] / dim) + eps);
+    float inv = 1.0f / sqrtf((float)(block_sum_d(ss, part) / dim) + eps);
     float4 *o = (float4 *)(out + (size_t)blockIdx.x * dim);
     const float4 *w4 = (const float4 *)w;
     uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
