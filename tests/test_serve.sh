@@ -94,7 +94,7 @@ if start S4 "$P4" "$STORIES" CLLM_PROMPT_CACHE_GB=2 -- --prompt-cache 0; then
     check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens == 0" <<<"$body" >/dev/null && [ "$(jq -r ".choices[0].message.content" <<<"$body")" = "$(jq -r ".choices[0].message.content" <<<"$pc_first")" ]' "--prompt-cache 0: $body"
     check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".prompt_cache.enabled == false and .prompt_cache.blocks == 0 and .kv.blocks_free == .kv.blocks_total" >/dev/null' "--prompt-cache 0 /stats"
     # default pool without a prompt cache: exactly --batch (8) x --ctx (512 = 32 blocks)
-    check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".kv.blocks_total == 256" >/dev/null && grep -q "KV pool 256 blocks x 20480 bytes = 5.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 0 prompt-cache blocks" "$tmp/log.$P4"' "default pool without the prompt cache: $(curl -s http://127.0.0.1:$P4/stats | jq -c .kv) $(cat "$tmp/log.$P4")"
+    check 'curl -s http://127.0.0.1:$P4/stats | jq -e ".kv.blocks_total == 256" >/dev/null && grep -q "KV pool 256 blocks of 16 tokens x 20480 bytes = 5.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 0 prompt-cache blocks" "$tmp/log.$P4"' "default pool without the prompt cache: $(curl -s http://127.0.0.1:$P4/stats | jq -c .kv) $(cat "$tmp/log.$P4")"
     kill -TERM "$S4"
     wait "$S4"
 fi
@@ -114,7 +114,7 @@ if start S5 "$P5" "$STORIES" CLLM_KV_BUDGET_GB=1 -- --kv-budget 0.0002; then
     # no --memory-budget: the default pool (75% of RAM less the weights) is
     # capped at --batch x --ctx (8 x 32 blocks) plus as much again for the
     # prompt cache; the start lines say so and name the device
-    check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 512" >/dev/null && grep -q "KV pool 512 blocks x 20480 bytes = 10.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 256 prompt-cache blocks; weights" "$tmp/log.$P5" && grep -q "device cpu, context 512 tokens" "$tmp/log.$P5"' "default KV pool: $(curl -s $B5/stats | jq -c .kv) $(cat "$tmp/log.$P5")"
+    check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 512" >/dev/null && grep -q "KV pool 512 blocks of 16 tokens x 20480 bytes = 10.0 MiB (default: 75% of RAM, capped at 8 x 512 tokens + 256 prompt-cache blocks; weights" "$tmp/log.$P5" && grep -q "device cpu, context 512 tokens" "$tmp/log.$P5"' "default KV pool: $(curl -s $B5/stats | jq -c .kv) $(cat "$tmp/log.$P5")"
     # no max_tokens: prompt + the rest of the 512-token context = 32 blocks, over the budget alone
     call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}]}' "$B5"
     check '[ "$code" = 400 ] && jq -e ".error.type == \"memory_admission\" and (.error.message | test(\"655360 bytes\") and test(\"200000 bytes\"))" <<<"$body" >/dev/null' "over-budget request (openai): $code $body"
@@ -145,6 +145,23 @@ check '[ $rc -eq 2 ] && grep -q -- "--device needs cpu, cuda, cuda:N or auto" "$
 CLLM_DEVICE=cuda:x "$CLLM" serve "$STORIES" --port "$P5" >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 2 ] && grep -q "CLLM_DEVICE" "$tmp/e"' "bad CLLM_DEVICE: $rc $(cat "$tmp/e")"
+# --kv-block-size / CLLM_KV_BLOCK_SIZE: a bad value is refused at start (exit 2);
+# a good one sets the pool's unit (/stats) and a repeated prompt still hits
+"$CLLM" serve "$STORIES" --port "$P5" --kv-block-size 24 >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q -- "--kv-block-size 24: needs a power of two from 8 to 256" "$tmp/e"' "bad --kv-block-size: $rc $(cat "$tmp/e")"
+CLLM_KV_BLOCK_SIZE=512 "$CLLM" serve "$STORIES" --port "$P5" >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "CLLM_KV_BLOCK_SIZE" "$tmp/e"' "bad CLLM_KV_BLOCK_SIZE: $rc $(cat "$tmp/e")"
+if start S5 "$P5" "$STORIES" -- --kv-block-size 32; then
+    kb_req='{"messages":[{"role":"user","content":"Once upon a time there was a little girl who liked to play in the park with her friends every day"}],"max_tokens":4,"temperature":0}'
+    call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"
+    call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"
+    check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens > 0 and .usage.prompt_tokens_details.cached_tokens % 32 == 0" <<<"$body" >/dev/null' "--kv-block-size 32 prefix hit: $body"
+    check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".kv.block_tokens == 32" >/dev/null && grep -q "blocks of 32 tokens" "$tmp/log.$P5"' "--kv-block-size 32 /stats: $(curl -s http://127.0.0.1:$P5/stats | jq -c .kv)"
+    kill -TERM "$S5"
+    wait "$S5"
+fi
 # --memory-budget under the weights (about 1 MB) refuses to start; a fitting
 # one sizes the pool (2 MB - 1037312 bytes of weights = 47 blocks)
 "$CLLM" serve "$STORIES" --port "$P5" --memory-budget 0.0005 >"$tmp/o" 2>"$tmp/e"
@@ -152,7 +169,7 @@ rc=$?
 check '[ $rc -eq 1 ] && grep -q "not enough for the weights" "$tmp/e" && grep -q "1037312 bytes" "$tmp/e"' "--memory-budget under the weights: $rc $(cat "$tmp/e")"
 if start S5 "$P5" "$STORIES" CLLM_MEMORY_BUDGET_GB=0.002 CLLM_DEVICE=cpu -- --batch 1; then
     check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 47 and .batch.mode == \"off\"" >/dev/null' "--memory-budget pool: $(curl -s $B5/stats | jq -c .kv)"
-    check 'grep -q "KV pool 47 blocks x 20480 bytes = 0.9 MiB (--memory-budget; weights" "$tmp/log.$P5" && grep -q "cllm serve: device cpu$" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
+    check 'grep -q "KV pool 47 blocks of 16 tokens x 20480 bytes = 0.9 MiB (--memory-budget; weights" "$tmp/log.$P5" && grep -q "cllm serve: device cpu$" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
     call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":4}' "$B5"
     check '[ "$code" = 200 ] && jq -e ".usage.lane == \"serial\"" <<<"$body" >/dev/null' "--batch 1 usage.lane: $body"
     call /v1/completions '{"prompt":"Zoo","max_tokens":4}' "$B5"

@@ -31,6 +31,7 @@
 struct bench_opts {
     const char *model, *device;
     int threads, n_prompt, n_gen, reps;
+    int kv_block; /* --kv-block-size for the batched runs (0: the engine's default) */
     int batch[MAX_BATCHES], n_batch;
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
 };
@@ -60,6 +61,8 @@ static void bench_usage(FILE *f)
             "                           aggregate decode tok/s while all S decode, and TTFT\n"
             "  --reps R                 repeat each measurement R times, report the median\n"
             "                           (default 1)\n"
+            "  --kv-block-size N        tokens per KV block in the --batch runs (a power of\n"
+            "                           two, 8..256; default the engine's, 16)\n"
             "  --bandwidth GBPS         memory bandwidth for the floor in GB/s (default:\n"
             "                           measured on the device)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
@@ -119,6 +122,14 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 1, 1 << 24, &o->n_gen);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--reps")) rc = parse_int(a, v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "--kv-block-size")) {
+            rc = parse_int(a, v, 8, 256, &o->kv_block);
+            if (!rc && (o->kv_block & (o->kv_block - 1))) {
+                fprintf(stderr, "cllm bench: --kv-block-size %s: needs a power of two from 8 to "
+                                "256\n", v);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
         else if (!strcmp(a, "--bandwidth")) {
             char *end;
@@ -418,7 +429,8 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                                 .kv_tokens = (S + 2) * (P + N + KV_BLOCK),
                                 .prefill_chunk = P, .batch_tokens = batch_tokens,
                                 .max_queue = S + 8, .max_running = S,
-                                .prompt_cache_bytes = -1, .device = o->device};
+                                .prompt_cache_bytes = -1, .device = o->device,
+                                .kv_block_size = o->kv_block};
     struct engine *eng = engine_create(m, &cfg, e);
     if (!eng)
         return -1;

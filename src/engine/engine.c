@@ -20,7 +20,6 @@
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 
-#define KV_BLOCK 16
 
 struct engine_request {
     int *prompt;
@@ -71,6 +70,7 @@ struct engine {
     bool cap_pending;        /* engine_set_prompt_cache while running */
     long long cap_bytes;
     long long block_bytes;   /* bytes of one pool block */
+    int bs;                  /* tokens per pool block (engine_config.kv_block_size) */
     char kv_sizing[160];     /* engine_stats.kv_sizing */
     char device[128];
     long long proj_total;    /* projected KV bytes of run + pre (engine lock) */
@@ -391,7 +391,7 @@ static void admit(struct engine *eng)
         int n = resumed ? s->n_toks : r->n_prompt;
         /* Start on the longest cached chain of full blocks, but compute at
          * least the last known token (its logits are needed). */
-        int n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / KV_BLOCK, eng->match);
+        int n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match);
         int avail = eng->pool.n_free + eng->pc.n_idle - blocks_outstanding(eng);
         if (eng->n_run > 0 && blocks_for(eng, n + 1) - n_match > avail)
             return; /* wait for blocks */
@@ -599,14 +599,14 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
     long long n;
     if (mb == 0) {
         snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "kv_tokens");
-        n = ((long long)eng->cfg.kv_tokens + KV_BLOCK - 1) / KV_BLOCK;
+        n = ((long long)eng->cfg.kv_tokens + eng->bs - 1) / eng->bs;
     } else if (mb > 0) {
         snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "--memory-budget");
         n = (mb - weights) / bb;
         if (n < 2)
             return err_set(e, "memory budget %lld bytes leaves %lld bytes for the KV pool after "
                               "%lld bytes of weights, less than two %lld-byte blocks (%d "
-                              "tokens); raise it", mb, mb - weights, weights, bb, 2 * KV_BLOCK);
+                              "tokens); raise it", mb, mb - weights, weights, bb, 2 * eng->bs);
     } else {
         struct backend_mem bm = {0};
         bool dev = strcmp(eng->be->ops->name, "cpu") != 0 && eng->be->ops->mem_info;
@@ -624,7 +624,7 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
         /* No more than can ever be used: every running sequence at a full
          * context, plus what the prompt cache may keep idle. */
         long long live = (long long)eng->cfg.max_running *
-                         ((eng->cfg.ctx_len + KV_BLOCK - 1) / KV_BLOCK);
+                         ((eng->cfg.ctx_len + eng->bs - 1) / eng->bs);
         long long pc = eng->cfg.prompt_cache_bytes, share;
         if (pc > 0)
             share = (pc + bb - 1) / bb;
@@ -645,7 +645,7 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
                            dev ? "free device memory" : "75% of RAM", avail > 0 ? avail : 0,
                            weights, bb);
     }
-    const long long max_blocks = (1LL << 30) / KV_BLOCK;
+    const long long max_blocks = (1LL << 30) / eng->bs;
     return n > max_blocks ? max_blocks : n;
 }
 
@@ -730,6 +730,12 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
         eng->cfg.max_running = 8;
     if (eng->cfg.max_queue <= 0)
         eng->cfg.max_queue = 64;
+    eng->bs = eng->cfg.kv_block_size > 0 ? eng->cfg.kv_block_size : ENGINE_KV_BLOCK_DEFAULT;
+    if (eng->bs < 8 || eng->bs > 256 || (eng->bs & (eng->bs - 1))) {
+        err_set(e, "KV block size %d: it must be a power of two from 8 to 256", eng->bs);
+        free(eng);
+        return NULL;
+    }
     const struct model_config *c = &m->cfg;
     long long weights = (long long)model_weight_bytes_per_token(m);
     if (cfg->memory_budget_bytes > 0 && weights >= cfg->memory_budget_bytes) {
@@ -754,7 +760,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
                                                                    : eng->cfg.prefill_chunk;
     int kv_dt = eng->be ? backend_kv_dtype(eng->be) : DT_F32;
     eng->block_bytes = (long long)kv_pool_bytes_per_block(
-        c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK, (int)dtype_row_bytes((enum dtype)kv_dt, 1));
+        c->n_layers, c->n_kv_heads * c->head_dim, eng->bs, (int)dtype_row_bytes((enum dtype)kv_dt, 1));
     eng->logits = malloc(sizeof(float) * (size_t)c->vocab_size * (size_t)eng->cfg.max_running);
     size_t mr = (size_t)eng->cfg.max_running;
     eng->run = calloc(mr, sizeof *eng->run);
@@ -776,7 +782,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
              (double)c->rope_theta, c->rope_interleaved, (int)c->rope_scaling,
              (double)c->rope_factor, (double)c->rope_low_freq_factor,
              (double)c->rope_high_freq_factor, c->rope_orig_max_seq, c->qkv_bias, c->qk_norm,
-             c->tied_embeddings, c->sliding_window, dtype_name(kv_dt), KV_BLOCK);
+             c->tied_embeddings, c->sliding_window, dtype_name(kv_dt), eng->bs);
     if (!eng->be || backend_load_weights(eng->be, m, e) ||
         forward_init(&eng->fs, m, eng->be, fw_tokens, e))
         goto fail;
@@ -792,14 +798,14 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     long long n_blocks = pool_blocks(eng, weights, e);
     if (n_blocks < 0)
         goto fail;
-    if (n_blocks * KV_BLOCK < eng->cfg.ctx_len) /* a request must always fit */
-        eng->cfg.ctx_len = (int)(n_blocks * KV_BLOCK);
-    eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / KV_BLOCK + 1));
+    if (n_blocks * eng->bs < eng->cfg.ctx_len) /* a request must always fit */
+        eng->cfg.ctx_len = (int)(n_blocks * eng->bs);
+    eng->match = malloc(sizeof(int) * (size_t)(eng->cfg.ctx_len / eng->bs + 1));
     if (!eng->match) {
         oom = true;
         goto fail;
     }
-    if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+    if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, eng->bs,
                      (int)n_blocks, e))
         goto fail;
     if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))
@@ -921,6 +927,7 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
     out->kv_block_bytes = eng->block_bytes;
+    out->kv_block_tokens = eng->bs;
     out->ctx_len = eng->cfg.ctx_len;
     snprintf(out->kv_sizing, sizeof out->kv_sizing, "%s", eng->kv_sizing);
     snprintf(out->device, sizeof out->device, "%s", eng->device);

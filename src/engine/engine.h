@@ -65,9 +65,17 @@ struct engine_config {
      * A pool of fewer than ctx_len tokens lowers ctx_len to what it holds
      * (engine_get_stats reports both). */
     long long memory_budget_bytes;
+    /* Tokens per KV block (--kv-block-size): the unit of the pool, of
+     * prefix sharing and of admission; <= 0: ENGINE_KV_BLOCK_DEFAULT. A
+     * power of two, 8..256 (engine_create refuses others). */
+    int kv_block_size;
 };
 
 #define ENGINE_MEMORY_DEFAULT (-1LL)
+/* Measured with `cllm bench --batch` (docs/benchmarks.md): no block size
+ * from 8 to 64 changed the CPU's aggregate decode speed beyond noise, and
+ * 16 loses the fewest tokens to a prefix match's last partial block. */
+#define ENGINE_KV_BLOCK_DEFAULT 16
 
 /* engine_submit's result: 0 on success, else one of these (< 0). */
 enum engine_submit_error {
@@ -130,6 +138,7 @@ struct engine_stats {
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
     int kv_blocks_total, kv_blocks_free;
+    int kv_block_tokens;           /* tokens per block */
     long long kv_block_bytes;      /* bytes of one pool block (all layers, K and V) */
     int ctx_len;                   /* tokens per sequence (after the pool sizing) */
     char kv_sizing[160];           /* how the pool was sized: "--memory-budget",

@@ -41,6 +41,7 @@ void serve_usage(FILE *f)
             "  --kv-budget GB           aggregate projected KV (prompt + max_tokens) of running\n"
             "                           requests; joiners over it queue, a request over it\n"
             "                           alone is refused (400 memory_admission; default off)\n"
+            "  --kv-block-size N        tokens per KV block (8..256, a power of two; 16)\n"
             "  --memory-budget GB       weights + KV pool; the pool gets what the weights\n"
             "                           leave (default: 75%% of RAM on the CPU, the free GPU\n"
             "                           memory on CUDA, capped at --batch x --ctx tokens plus\n"
@@ -137,6 +138,12 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
     if (env_long("CLLM_MAX_CONNECTIONS", 4, 65536, &v, e))
         return -1;
     c->max_connections = (int)v;
+    v = 16;
+    if (env_long("CLLM_KV_BLOCK_SIZE", 8, 256, &v, e))
+        return -1;
+    if (v & (v - 1))
+        return err_set(e, "CLLM_KV_BLOCK_SIZE=%ld: needs a power of two from 8 to 256", v);
+    c->kv_block_size = (int)v;
     v = c->responses_store;
     if (env_long("CLLM_RESPONSES_STORE", 0, 1 << 20, &v, e))
         return -1;
@@ -213,7 +220,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
-       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER };
+       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK };
 
 static const struct {
     const char *name, *alias;
@@ -229,6 +236,7 @@ static const struct {
     {"--batch", NULL, F_BATCH},         {"--decode-concurrency", NULL, F_DECODE_CONC},
     {"--kv-budget", NULL, F_KV_BUDGET}, {"--memory-budget", NULL, F_MEMORY_BUDGET},
     {"--device", NULL, F_DEVICE},       {"--tokenizer", NULL, F_TOKENIZER},
+    {"--kv-block-size", NULL, F_KV_BLOCK},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -320,6 +328,11 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             break;
         case F_DEVICE: rc = set_device(c, false, v, e); break;
         case F_TOKENIZER: c->tokenizer = v; break;
+        case F_KV_BLOCK:
+            rc = parse_i(a, v, 8, 256, &c->kv_block_size, e);
+            if (!rc && (c->kv_block_size & (c->kv_block_size - 1)))
+                rc = err_set(e, "%s %s: needs a power of two from 8 to 256", a, v);
+            break;
         case F_MEMORY_BUDGET:
             rc = parse_f(a, v, 1e-9, 1e6, &c->memory_budget_gb.v, e);
             c->memory_budget_gb.set = true;

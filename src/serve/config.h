@@ -51,6 +51,7 @@ struct serve_config {
     char device[32];         /* --device / CLLM_DEVICE: cpu | cuda | cuda:N | auto [cpu] */
     int ctx;                 /* --ctx: tokens per sequence; 0 = the model's own */
     int threads;             /* -t/--threads: 0 = all cores */
+    int kv_block_size;       /* --kv-block-size / CLLM_KV_BLOCK_SIZE (16) */
     struct opt_i batch;      /* --batch N / --decode-concurrency: running sequences;
                               * unset = 8, 1 = strict serial */
     struct opt_f prompt_cache_gb; /* --prompt-cache GB / CLLM_PROMPT_CACHE_GB: cap on idle

@@ -270,6 +270,7 @@ int serve_main(const struct serve_config *cfg, struct err *e)
      * capped at what --batch sequences of --ctx and the prompt cache use). */
     struct engine_config ec = {.n_threads = cfg->threads, .ctx_len = srv->sm.ctx_len,
                                .max_queue = cfg->max_queue, .device = cfg->device,
+                               .kv_block_size = cfg->kv_block_size,
                                .max_running = cfg->batch.set ? cfg->batch.v : 8,
                                .memory_budget_bytes = ENGINE_MEMORY_DEFAULT};
     if (cfg->kv_budget_gb.set)
@@ -311,8 +312,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     char kvb[96] = "";
     if (es.kv_budget_bytes > 0)
         snprintf(kvb, sizeof kvb, ", KV budget %lld bytes", es.kv_budget_bytes);
-    fprintf(stderr, "cllm serve: KV pool %d blocks x %lld bytes = %.1f MiB (%s; weights %.1f "
-            "MiB)\n", es.kv_blocks_total, es.kv_block_bytes, es.kv_blocks_total * block_mib,
+    fprintf(stderr, "cllm serve: KV pool %d blocks of %d tokens x %lld bytes = %.1f MiB (%s; "
+            "weights %.1f MiB)\n", es.kv_blocks_total, es.kv_block_tokens, es.kv_block_bytes,
+            es.kv_blocks_total * block_mib,
             es.kv_sizing, (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
             "%d, batch %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port,

@@ -57,7 +57,7 @@ json_t *stats_json(struct server *srv)
         "rejected_queue_full", (json_int_t)ctr.rejected_queue_full,
         "tokens", "prompt", (json_int_t)es.tokens_prompt, "generated",
         (json_int_t)es.tokens_generated,
-        "kv", "block_tokens", 16, "blocks_total", es.kv_blocks_total, "blocks_free",
+        "kv", "block_tokens", es.kv_block_tokens, "blocks_total", es.kv_blocks_total, "blocks_free",
         es.kv_blocks_free, "bytes_used", (json_int_t)(used * block_bytes),
         "prompt_cache", "enabled", es.cache_max_blocks > 0, "max_bytes",
         (json_int_t)(es.cache_max_blocks * block_bytes),
