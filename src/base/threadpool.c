@@ -48,6 +48,8 @@ struct threadpool {
     cpu_set_t caller_cpus; /* for whichever thread calls tp_run */
     int caller_pinned;     /* `caller` is the thread pinned last */
     pthread_t caller;
+    cpu_set_t caller_before; /* its affinity before we pinned it */
+    int caller_saved;
     struct tp_worker *workers; /* n - 1 of them: the caller is worker 0 */
     pthread_mutex_t mu;
     pthread_cond_t cv_work;
@@ -241,6 +243,13 @@ void tp_destroy(struct threadpool *tp)
         return;
     if (tp->workers)
         tp_stop_workers(tp);
+    /* A caller pinned for this pool's sake gets its CPUs back: a process
+     * that goes on with another pool on another thread (cllm bench's engine
+     * runs after its direct runs) must not keep this thread on the CPU that
+     * pool's caller is pinned to. Only the caller itself can be trusted to
+     * still exist, so only it is restored. */
+    if (tp->caller_pinned && tp->caller_saved && pthread_equal(tp->caller, pthread_self()))
+        tp_pin_self(&tp->caller_before);
     free(tp->workers);
     pthread_cond_destroy(&tp->cv_done);
     pthread_cond_destroy(&tp->cv_work);
@@ -257,6 +266,8 @@ void tp_run(struct threadpool *tp, tp_fn fn, void *ctx)
         return;
     }
     if (tp->pin && !(tp->caller_pinned && pthread_equal(tp->caller, pthread_self()))) {
+        tp->caller_saved = pthread_getaffinity_np(pthread_self(), sizeof tp->caller_before,
+                                                  &tp->caller_before) == 0;
         tp_pin_self(&tp->caller_cpus);
         tp->caller = pthread_self();
         tp->caller_pinned = 1;
