@@ -217,9 +217,23 @@ static void make_specs(struct req_spec *s, int n, int vocab, int shared, int max
     }
 }
 
-static void equivalence(const char *name, const struct model *m)
+/* The n specs alone (into ref), then an engine of base with max_running
+ * sequences for them batched; NULL (checked) when it cannot start. */
+static struct engine *alone_then_engine(const struct model *m, const struct engine_config *base,
+                                        int max_running, const struct req_spec *specs, int n,
+                                        struct live *ref)
 {
     struct err e = {{0}};
+    run_alone(m, base, specs, n, ref);
+    struct engine_config cfg = *base;
+    cfg.max_running = max_running;
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    return eng;
+}
+
+static void equivalence(const char *name, const struct model *m)
+{
     int vocab = m->cfg.vocab_size;
     static struct req_spec specs[NREQ];
     static struct live ref[NREQ];
@@ -230,11 +244,7 @@ static void equivalence(const char *name, const struct model *m)
     /* 1. Batch of 16, staggered, cancellations; then the same prompts again
      * (prefix-cache hits) on the same engine. */
     make_specs(specs, NREQ, vocab, 40, 90, 60, true);
-    run_alone(m, &base, specs, NREQ, ref);
-    struct engine_config cfg = base;
-    cfg.max_running = 16;
-    struct engine *eng = engine_create(m, &cfg, &e);
-    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    struct engine *eng = alone_then_engine(m, &base, 16, specs, NREQ, ref);
     if (!eng)
         return;
     char what[128];
@@ -256,12 +266,7 @@ static void equivalence(const char *name, const struct model *m)
     make_specs(specs, 6, vocab, 16, 40, 60, false);
     base.ctx_len = 128;
     base.kv_tokens = 160;
-    run_alone(m, &base, specs, 6, ref);
-    cfg = base;
-    cfg.max_running = 4;
-    eng = engine_create(m, &cfg, &e);
-    CHECK(eng != NULL, "engine_create: %s", e.msg);
-    if (!eng)
+    if (!(eng = alone_then_engine(m, &base, 4, specs, 6, ref)))
         return;
     snprintf(what, sizeof what, "%s with preemption", name);
     run_batched(eng, specs, 6, ref, what, true);
@@ -285,12 +290,7 @@ static void equivalence(const char *name, const struct model *m)
         }
     base.ctx_len = 256;
     base.kv_tokens = 4096;
-    run_alone(m, &base, specs, 12, ref);
-    cfg = base;
-    cfg.max_running = 12;
-    eng = engine_create(m, &cfg, &e);
-    CHECK(eng != NULL, "engine_create: %s", e.msg);
-    if (!eng)
+    if (!(eng = alone_then_engine(m, &base, 12, specs, 12, ref)))
         return;
     snprintf(what, sizeof what, "%s greedy + sampled batch", name);
     run_batched(eng, specs, 12, ref, what, false);
