@@ -712,6 +712,24 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+/* Everything engine_create allocates (the pool through the backend that
+ * made it, so before the backend), then the engine itself; any part may be
+ * missing (a failed create). The thread and its lock are the caller's. */
+static void engine_free_parts(struct engine *eng)
+{
+    prefix_cache_free(&eng->pc);
+    kv_pool_free(&eng->pool);
+    forward_free(&eng->fs);
+    backend_destroy(eng->be);
+    free(eng->logits);
+    free(eng->match);
+    free(eng->run);
+    free(eng->pre);
+    free(eng->cands);
+    free(eng->segs);
+    free(eng);
+}
+
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,
                              struct err *e)
 {
@@ -823,17 +841,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
 fail:
     if (oom)
         err_set(e, "out of memory");
-    prefix_cache_free(&eng->pc);
-    kv_pool_free(&eng->pool);
-    forward_free(&eng->fs);
-    backend_destroy(eng->be);
-    free(eng->logits);
-    free(eng->match);
-    free(eng->run);
-    free(eng->pre);
-    free(eng->cands);
-    free(eng->segs);
-    free(eng);
+    engine_free_parts(eng);
     return NULL;
 }
 
@@ -851,17 +859,7 @@ void engine_destroy(struct engine *eng)
     pthread_join(eng->thread, NULL);
     pthread_mutex_destroy(&eng->mu);
     pthread_cond_destroy(&eng->cv);
-    prefix_cache_free(&eng->pc);
-    kv_pool_free(&eng->pool);
-    forward_free(&eng->fs);
-    backend_destroy(eng->be);
-    free(eng->logits);
-    free(eng->match);
-    free(eng->run);
-    free(eng->pre);
-    free(eng->cands);
-    free(eng->segs);
-    free(eng);
+    engine_free_parts(eng);
 }
 
 int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
