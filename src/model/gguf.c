@@ -20,8 +20,7 @@ static const char *const vtype_names[GGUF_VT_COUNT] = {
     "bool", "string", "array", "uint64", "int64", "float64",
 };
 
-/* Size of one scalar of type t, 0 for string/array/unknown. */
-static size_t vtype_size(uint32_t t)
+size_t gguf_vtype_size(uint32_t t)
 {
     switch (t) {
     case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: return 1;
@@ -157,7 +156,7 @@ static int rd_str(struct rd *r, struct gguf_str *s)
 static int rd_value(struct rd *r, uint32_t type, struct gguf_value *out, int depth)
 {
     out->type = (enum gguf_vtype)type;
-    size_t sz = vtype_size(type);
+    size_t sz = gguf_vtype_size(type);
     if (sz) {
         if (rd_need(r, sz))
             return -1;
@@ -195,7 +194,7 @@ static int rd_value(struct rd *r, uint32_t type, struct gguf_value *out, int dep
     out->v.arr.type = (enum gguf_vtype)et;
     out->v.arr.n = n;
     out->v.arr.data = r->p;
-    size_t esz = vtype_size(et);
+    size_t esz = gguf_vtype_size(et);
     if (esz) {
         if (n > left / esz)
             return err_set(r->e, "%s: %s: array of %llu %s values extends past end of file "
@@ -563,23 +562,10 @@ int gguf_parse(struct gguf_file *g, const void *buf, size_t size, const char *na
 int gguf_open(struct gguf_file *g, const char *path, struct err *e)
 {
     memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return err_set(e, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(e, "%s: not a regular file", path);
-    }
-    if (st.st_size < 4) {
-        close(fd);
-        return err_set(e, "%s: not a GGUF file (only %lld bytes)", path, (long long)st.st_size);
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED)
-        return err_set(e, "%s: mmap failed: %s", path, strerror(errno));
+    void *map;
+    size_t size;
+    if (model_map_file(path, 4, "not a GGUF file (too short)", &map, &size, e))
+        return -1;
     if (gguf_parse(g, map, size, path, e)) {
         munmap(map, size);
         return -1;

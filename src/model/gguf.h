@@ -139,6 +139,8 @@ void gguf_arr_iter_init(struct gguf_arr_iter *it, const struct gguf_value *arr);
 int gguf_arr_next(struct gguf_arr_iter *it, struct gguf_value *out);
 
 const char *gguf_vtype_name(uint32_t t);
+/* Bytes of one scalar of type t; 0 for string, array or unknown. */
+size_t gguf_vtype_size(uint32_t t);
 /* "Q4_K" etc.; "unknown" for ids that are not ggml types. */
 const char *gguf_ttype_name(uint32_t t);
 /* Elements per block and bytes per block of a ggml type; 0 when unknown. */

@@ -93,17 +93,6 @@ static int put_str(struct gguf_writer *w, const char *s, struct err *e)
     return put_u64(w, n, e) || put(w, s, n, e);
 }
 
-static size_t scalar_size(enum gguf_vtype t)
-{
-    switch (t) {
-    case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: return 1;
-    case GGUF_VT_UINT16: case GGUF_VT_INT16: return 2;
-    case GGUF_VT_UINT32: case GGUF_VT_INT32: case GGUF_VT_FLOAT32: return 4;
-    case GGUF_VT_UINT64: case GGUF_VT_INT64: case GGUF_VT_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 /* Starts a metadata entry: checks the key and writes it with the type. */
 static int begin_kv(struct gguf_writer *w, const char *key, enum gguf_vtype type, struct err *e)
 {
@@ -128,7 +117,7 @@ static int begin_kv(struct gguf_writer *w, const char *key, enum gguf_vtype type
 int gguf_writer_kv_scalar(struct gguf_writer *w, const char *key, enum gguf_vtype type,
                           const void *val, struct err *e)
 {
-    size_t sz = scalar_size(type);
+    size_t sz = gguf_vtype_size(type);
     if (!sz)
         return err_set(e, "gguf writer: '%s': %s is not a scalar type", key, gguf_vtype_name(type));
     if (!strcmp(key, "general.alignment")) {
@@ -171,7 +160,7 @@ int gguf_writer_kv_str(struct gguf_writer *w, const char *key, const char *val, 
 int gguf_writer_kv_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem_type,
                        const void *elems, uint64_t n, struct err *e)
 {
-    size_t sz = scalar_size(elem_type);
+    size_t sz = gguf_vtype_size(elem_type);
     if (!sz)
         return err_set(e, "gguf writer: '%s': use the string/raw writers for %s arrays", key,
                        gguf_vtype_name(elem_type));

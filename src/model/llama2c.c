@@ -53,18 +53,10 @@ int model_load_llama2c(struct model *m, const char *path, struct err *e)
     } else {
         snprintf(file, sizeof file, "%s", path);
     }
-    int fd = open(file, O_RDONLY);
-    if (fd < 0)
-        return err_set(e, "%s: %s", file, strerror(errno));
-    if (fstat(fd, &st) != 0 || st.st_size < 28) {
-        close(fd);
-        return err_set(e, "%s: too small for a llama2.c checkpoint", file);
-    }
-    size_t size = (size_t)st.st_size;
-    void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED)
-        return err_set(e, "%s: mmap failed: %s", file, strerror(errno));
+    void *base;
+    size_t size;
+    if (model_map_file(file, 28, "too small for a llama2.c checkpoint", &base, &size, e))
+        return -1;
     if (model_own_map(m, base, size, e)) {
         munmap(base, size);
         return -1;

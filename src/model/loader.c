@@ -2,11 +2,14 @@
  * by every model loader. */
 #include "model/model.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/half.h"
 
@@ -22,6 +25,29 @@ static int grow(void **arr, int *cap, int need, size_t elem)
         return -1;
     *arr = p;
     *cap = ncap;
+    return 0;
+}
+
+int model_map_file(const char *file, size_t min_size, const char *what, void **base,
+                   size_t *size, struct err *e)
+{
+    int fd = open(file, O_RDONLY);
+    if (fd < 0)
+        return err_set(e, "%s: %s", file, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(e, "%s: not a regular file", file);
+    }
+    if ((size_t)st.st_size < min_size) {
+        close(fd);
+        return err_set(e, "%s: %s (%lld bytes)", file, what, (long long)st.st_size);
+    }
+    *size = (size_t)st.st_size;
+    *base = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (*base == MAP_FAILED)
+        return err_set(e, "%s: mmap failed: %s", file, strerror(errno));
     return 0;
 }
 

@@ -93,6 +93,11 @@ int model_config_parse_hf(struct model_config *c, const char *json_path, struct 
 /* Bytes read from weights per generated token (all matrices incl. lm_head). */
 size_t model_weight_bytes_per_token(const struct model *m);
 
+/* Internal to model/: maps file read-only; fails naming the file when it
+ * cannot be opened, is not a regular file, or is under min_size bytes
+ * ("<file>: <what> (<n> bytes)"). */
+int model_map_file(const char *file, size_t min_size, const char *what, void **base,
+                   size_t *size, struct err *e);
 /* Internal to model/: loaders register what they own. */
 int model_own_map(struct model *m, void *addr, size_t len, struct err *e);
 void *model_own_alloc(struct model *m, size_t bytes, struct err *e);

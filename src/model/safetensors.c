@@ -71,20 +71,10 @@ static int parse_dtype(const char *s, enum dtype *out)
 
 static int load_file(struct model *m, const char *file, struct err *e)
 {
-    int fd = open(file, O_RDONLY);
-    if (fd < 0)
-        return err_set(e, "%s: %s", file, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < 8) {
-        close(fd);
-        return err_set(e, "%s: file too small to be safetensors (%lld bytes)", file,
-                       (long long)st.st_size);
-    }
-    size_t size = (size_t)st.st_size;
-    void *base = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED)
-        return err_set(e, "%s: mmap failed: %s", file, strerror(errno));
+    void *base;
+    size_t size;
+    if (model_map_file(file, 8, "file too small to be safetensors", &base, &size, e))
+        return -1;
     if (model_own_map(m, base, size, e)) {
         munmap(base, size);
         return -1;
