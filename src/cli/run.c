@@ -176,42 +176,6 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
     return 0;
 }
 
-static int parse_id_list(const char *s, int **out, struct err *e)
-{
-    int n = 0, cap = 16;
-    int *ids = malloc(cap * sizeof(int));
-    if (!ids)
-        return err_set(e, "out of memory");
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > (1L << 30)) {
-            free(ids);
-            return err_set(e, "--prompt-ids: \"%s\" is not a comma-separated list of token ids", s);
-        }
-        if (n == cap) {
-            int *ni = realloc(ids, (cap *= 2) * sizeof(int));
-            if (!ni) {
-                free(ids);
-                return err_set(e, "out of memory");
-            }
-            ids = ni;
-        }
-        ids[n++] = (int)v;
-        p = end;
-        while (*p == ',' || *p == ' ')
-            p++;
-    }
-    if (n == 0) {
-        free(ids);
-        return err_set(e, "--prompt-ids: empty list");
-    }
-    *out = ids;
-    return n;
-}
-
 static int is_eos(const struct model_config *c, int id)
 {
     for (int i = 0; i < c->n_eos; i++)
@@ -264,7 +228,12 @@ int cmd_run(int argc, char **argv)
         }
     }
     if (o.prompt_ids) {
-        n_prompt = parse_id_list(o.prompt_ids, &prompt, &e);
+        n_prompt = cli_parse_ids("--prompt-ids", o.prompt_ids, c->vocab_size, &prompt, &e);
+        if (n_prompt == 0) {
+            free(prompt);
+            prompt = NULL;
+            n_prompt = err_set(&e, "--prompt-ids: empty list");
+        }
     } else {
         const char *text = o.prompt ? o.prompt : "";
         n_prompt = tok_encode(tok, text, strlen(text), true, &prompt, &e);

@@ -165,44 +165,6 @@ static void put_json_string(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
-static int parse_ids(const char *s, int vocab, int **out, struct err *e)
-{
-    size_t cap = 16;
-    int n = 0;
-    int *ids = malloc(cap * sizeof *ids);
-    if (!ids)
-        return err_set(e, "out of memory");
-    for (const char *p = s; *p;) {
-        while (*p == ',' || *p == ' ')
-            p++;
-        if (!*p)
-            break;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > 0x7fffffffL) {
-            free(ids);
-            return err_set(e, "--decode: \"%s\" is not a comma-separated list of token ids", s);
-        }
-        if (v >= vocab) {
-            free(ids);
-            return err_set(e, "--decode: id %ld is outside the vocabulary (%d tokens)", v, vocab);
-        }
-        if ((size_t)n == cap) {
-            int *ni = realloc(ids, (cap *= 2) * sizeof *ni);
-            if (!ni) {
-                free(ids);
-                return err_set(e, "out of memory");
-            }
-            ids = ni;
-        }
-        ids[n++] = (int)v;
-        p = end;
-    }
-    *out = ids;
-    return n;
-}
-
 int cmd_tokenize(int argc, char **argv)
 {
     struct tok_opts o;
@@ -218,7 +180,7 @@ int cmd_tokenize(int argc, char **argv)
     int *ids = NULL;
     char *text = NULL;
     if (o.decode) {
-        int n = parse_ids(o.decode, tok_vocab_size(t), &ids, &e);
+        int n = cli_parse_ids("--decode", o.decode, tok_vocab_size(t), &ids, &e);
         char *s = n >= 0 ? tok_decode(t, ids, n, o.skip_special, &e) : NULL;
         if (s) {
             if (o.json) {
