@@ -25,6 +25,7 @@
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "oracle.h"
 #include "testutil.h"
 
 /* bf16 weights through the fast path (prefill activations rounded to bf16
@@ -528,71 +529,12 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
 
 /* ---- 2. oracles (test_models.c's structure, on the GPU) ---- */
 
-struct runner {
-    struct model m;
-    struct backend *be;
-    struct forward_state fs;
-    struct kv_pool pool;
-};
-
-/* be: NULL for a GPU backend (precise or not), else that backend. */
-static int runner_open(struct runner *r, const char *path, int batch, bool precise,
-                       struct backend *cpu_be, int kv_blocks)
+/* A runner on a new GPU backend (precise or not, honouring no_graphs and
+ * kv_bf16_next), or on cpu_be when given (not destroyed with the runner). */
+static int gpu_runner(struct runner *r, const char *path, int batch, bool precise,
+                      struct backend *cpu_be, int kv_blocks)
 {
-    struct err e = {{0}};
-    memset(r, 0, sizeof *r);
-    if (model_load(&r->m, path, &e)) {
-        CHECK(0, "load %s: %s", path, e.msg);
-        return -1;
-    }
-    const struct model_config *c = &r->m.cfg;
-    r->be = cpu_be ? cpu_be : gpu_create(precise);
-    if (!r->be || backend_load_weights(r->be, &r->m, &e) ||
-        forward_init(&r->fs, &r->m, r->be, batch, &e) ||
-        kv_pool_init(&r->pool, r->be, c->n_layers, c->n_kv_heads * c->head_dim, 16, kv_blocks, &e)) {
-        CHECK(0, "init %s: %s", path, e.msg);
-        return -1;
-    }
-    return 0;
-}
-
-static void runner_close(struct runner *r, bool own_be)
-{
-    kv_pool_free(&r->pool);
-    forward_free(&r->fs);
-    if (own_be)
-        backend_destroy(r->be);
-    model_free(&r->m);
-}
-
-/* Greedy decoding; stops at EOS unless ignore_eos. last_logits (optional)
- * gets the logits the last id was chosen from. */
-static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out,
-                  bool ignore_eos, float *last_logits)
-{
-    struct err e = {{0}};
-    struct kv_seq seq = {0};
-    int vocab = r->m.cfg.vocab_size, got = 0;
-    float *logits = malloc(sizeof(float) * vocab);
-    if (forward_tokens(&r->fs, &r->pool, &seq, prompt, n_prompt, false, logits, &e) == 0) {
-        while (got < n_gen) {
-            int next = sample_argmax(logits, vocab);
-            out[got++] = next;
-            if (last_logits)
-                memcpy(last_logits, logits, sizeof(float) * vocab);
-            int stop = 0;
-            for (int i = 0; i < r->m.cfg.n_eos && !ignore_eos; i++)
-                stop |= next == r->m.cfg.eos_ids[i];
-            if (stop || got == n_gen)
-                break;
-            if (forward_tokens(&r->fs, &r->pool, &seq, &next, 1, false, logits, &e))
-                break;
-        }
-    }
-    CHECK(e.msg[0] == 0, "forward: %s", e.msg);
-    kv_seq_release(&r->pool, &seq);
-    free(logits);
-    return got;
+    return runner_open(r, path, cpu_be ? cpu_be : gpu_create(precise), !cpu_be, batch, kv_blocks);
 }
 
 /* min_match < 0: the greedy ids must equal the reference's; else at least
@@ -600,67 +542,18 @@ static int greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, 
  * and the random-weight fixtures have near-ties that then flip). */
 static void check_oracle(const char *dir, int batch, bool precise, double tol, int min_match)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/ref.json", dir);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    CHECK(root != NULL, "%s: %s", path, je.text);
-    if (!root)
-        return;
+    bool kv_bf16 = kv_bf16_next;
     struct runner r;
-    if (runner_open(&r, dir, batch, precise, NULL, 64) == 0) {
-        int vocab = r.m.cfg.vocab_size;
-        json_t *cases = json_object_get(root, "cases");
-        double worst = 0;
-        for (size_t i = 0; i < json_array_size(cases); i++) {
-            json_t *c = json_array_get(cases, i);
-            int np, ng;
-            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
-            int *want = test_json_ids(json_object_get(c, "greedy"), &ng);
-            snprintf(path, sizeof path, "%s/%s", dir,
-                     json_string_value(json_object_get(c, "logits_file")));
-            float *ref = test_read_f32(path, (size_t)np * vocab);
-            float *ours = malloc(sizeof(float) * (size_t)np * vocab);
-            struct kv_seq seq = {0};
-            struct err e = {{0}};
-            int rc = forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e);
-            CHECK(rc == 0, "%s: %s", dir, e.msg);
-            kv_seq_release(&r.pool, &seq);
-            if (ref && rc == 0) {
-                double re = test_rel_err(ours, ref, (size_t)np * vocab);
-                worst = re > worst ? re : worst;
-                CHECK(re <= tol, "%s case %zu (cuda%s, batch %d): logits rel err %.3g > %.3g", dir, i,
-                      precise ? " precise" : "", batch, re, tol);
-            }
-            int *got = calloc((size_t)ng, sizeof(int));
-            int n = greedy(&r, prompt, np, ng, got, false, NULL);
-            int k = 0;
-            while (k < n && got[k] == want[k])
-                k++;
-            if (min_match < 0)
-                CHECK(k == n && (n == ng || k > 0),
-                      "%s case %zu (cuda%s, batch %d): greedy differs at step %d (got %d, want %d)",
-                      dir, i, precise ? " precise" : "", batch, k, k < n ? got[k] : -1,
-                      k < ng ? want[k] : -1);
-            else
-                CHECK(k >= (min_match < n ? min_match : n),
-                      "%s case %zu (cuda, bf16 K/V): greedy differs at step %d, before %d", dir, i,
-                      k, min_match);
-            if (min_match >= 0)
-                printf("oracle %s case %zu, bf16 K/V: greedy equal for %d of %d steps\n",
-                       strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir, i, k, n);
-            free(got);
-            free(ref);
-            free(ours);
-            free(prompt);
-            free(want);
-        }
-        const char *slash = strrchr(dir, '/');
-        printf("oracle %-12s cuda%-8s batch %2d: max logits rel err %.2e (tol %.0e)\n",
-               slash ? slash + 1 : dir, precise ? " precise" : "", batch, worst, tol);
-        runner_close(&r, true);
-    }
-    json_decref(root);
+    if (gpu_runner(&r, dir, batch, precise, NULL, 64))
+        return;
+    char label[64];
+    snprintf(label, sizeof label, "cuda%s%s, batch %d", precise ? " precise" : "",
+             kv_bf16 ? ", bf16 K/V" : "", batch);
+    double worst = oracle_check(&r, dir, tol, min_match, false, label);
+    const char *slash = strrchr(dir, '/');
+    printf("oracle %-12s %s: max logits rel err %.2e (tol %.0e)\n", slash ? slash + 1 : dir,
+           label, worst, tol);
+    runner_close(&r);
 }
 
 /* GGUF round trips: f32 (interleaved rope for llama/mistral) and Q8_0. */
@@ -679,36 +572,20 @@ static void check_gguf_oracle(const char *dir, const char *name)
     enum dtype dts[] = {DT_F32, DT_Q8_0};
     double tols[] = {1e-4, 8e-2};
     for (int k = 0; k < 2; k++) {
-        char out[1100], ref[1300], refdir[1400];
+        char out[1100];
         snprintf(out, sizeof out, "/tmp/cllm_cuda_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
         if (gguf_write_model(&m, dts[k], out, &e)) {
             CHECK(0, "%s -> gguf: %s", name, e.msg);
             continue;
         }
         struct runner r;
-        if (runner_open(&r, out, 16, false, NULL, 64) == 0) {
-            snprintf(ref, sizeof ref, "%s/ref.json", dir);
-            json_error_t je;
-            json_t *root = json_load_file(ref, 0, &je);
-            json_t *c = json_array_get(json_object_get(root, "cases"), 2);
-            int np, vocab = r.m.cfg.vocab_size;
-            int *prompt = test_json_ids(json_object_get(c, "prompt_ids"), &np);
-            snprintf(refdir, sizeof refdir, "%s/%s", dir, json_string_value(json_object_get(c, "logits_file")));
-            float *want = test_read_f32(refdir, (size_t)np * vocab);
-            float *ours = malloc(sizeof(float) * (size_t)np * vocab);
-            struct kv_seq seq = {0};
-            CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
-            kv_seq_release(&r.pool, &seq);
-            double re = want ? test_rel_err(ours, want, (size_t)np * vocab) : INFINITY;
+        if (gpu_runner(&r, out, 16, false, NULL, 64) == 0) {
+            double re = oracle_case_err(&r, dir, 2);
             CHECK(re <= tols[k], "%s via GGUF %s on cuda: logits rel err %.3g > %.3g", name,
                   dtype_name(dts[k]), re, tols[k]);
             printf("oracle %-12s cuda gguf %-5s: logits rel err %.2e (tol %.0e)\n", name,
                    dtype_name(dts[k]), re, tols[k]);
-            free(want);
-            free(ours);
-            free(prompt);
-            json_decref(root);
-            runner_close(&r, true);
+            runner_close(&r);
         }
         unlink(out);
     }
@@ -718,40 +595,12 @@ static void check_gguf_oracle(const char *dir, const char *name)
 static void check_tinystories_hf(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/oracle/tinystories_hf.json", fixtures_dir);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    CHECK(root != NULL, "%s: %s", path, je.text);
-    if (!root)
-        return;
     snprintf(path, sizeof path, "%s/models/tinystories-656k", shared_dir);
     struct runner r;
-    if (runner_open(&r, path, 64, false, NULL, 64) == 0) {
-        int np, ng, vocab = r.m.cfg.vocab_size;
-        int *prompt = test_json_ids(json_object_get(root, "prompt_ids"), &np);
-        int *want = test_json_ids(json_object_get(root, "greedy"), &ng);
-        snprintf(path, sizeof path, "%s/oracle/tinystories_logits.bin", fixtures_dir);
-        float *ref = test_read_f32(path, (size_t)np * vocab);
-        float *ours = malloc(sizeof(float) * (size_t)np * vocab);
-        struct kv_seq seq = {0};
-        struct err e = {{0}};
-        CHECK(forward_tokens(&r.fs, &r.pool, &seq, prompt, np, true, ours, &e) == 0, "%s", e.msg);
-        kv_seq_release(&r.pool, &seq);
-        double re = ref ? test_rel_err(ours, ref, (size_t)np * vocab) : INFINITY;
-        CHECK(re <= 1e-4, "tinystories vs transformers on cuda: logits rel err %.3g", re);
-        printf("oracle %-12s cuda: logits rel err %.2e (tol 1e-04)\n", "tinystories", re);
-        int *got = calloc((size_t)ng, sizeof(int));
-        int n = greedy(&r, prompt, np, ng, got, false, NULL);
-        CHECK(n == ng && !memcmp(got, want, sizeof(int) * (size_t)ng),
-              "tinystories greedy on cuda differs from transformers");
-        free(got);
-        free(ref);
-        free(ours);
-        free(prompt);
-        free(want);
-        runner_close(&r, true);
+    if (gpu_runner(&r, path, 64, false, NULL, 64) == 0) {
+        oracle_tinystories(&r, fixtures_dir, "cuda");
+        runner_close(&r);
     }
-    json_decref(root);
 }
 
 /* ---- 3. CPU vs GPU on the sample models ---- */
@@ -759,14 +608,14 @@ static void check_tinystories_hf(void)
 static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_gen)
 {
     struct runner rc, rg;
-    if (runner_open(&rc, model_dir, 7, false, cpu, 64) || runner_open(&rg, model_dir, 7, false, NULL, 64))
+    if (gpu_runner(&rc, model_dir, 7, false, cpu, 64) || gpu_runner(&rg, model_dir, 7, false, NULL, 64))
         return;
     int vocab = rc.m.cfg.vocab_size;
     int prompt[] = {1, 400, 20, 300, 7};
     int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
     float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
-    int na = greedy(&rc, prompt, 5, n_gen, a, true, la);
-    int nb = greedy(&rg, prompt, 5, n_gen, b, true, lb);
+    int na = runner_greedy(&rc, prompt, 5, n_gen, a, true, la);
+    int nb = runner_greedy(&rg, prompt, 5, n_gen, b, true, lb);
     int k = 0;
     while (k < na && k < nb && a[k] == b[k])
         k++;
@@ -780,8 +629,8 @@ static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_g
     free(b);
     free(la);
     free(lb);
-    runner_close(&rc, false);
-    runner_close(&rg, true);
+    runner_close(&rc);
+    runner_close(&rg);
 }
 
 /* Decode through CUDA graphs against eager decode: bit-identical ids and
@@ -790,19 +639,19 @@ static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16
 {
     struct runner rg, rn;
     kv_bf16_next = kv_bf16;
-    if (runner_open(&rg, model_dir, 7, false, NULL, 96))
+    if (gpu_runner(&rg, model_dir, 7, false, NULL, 96))
         return;
     no_graphs = true;
     kv_bf16_next = kv_bf16;
-    if (runner_open(&rn, model_dir, 7, false, NULL, 96)) {
-        runner_close(&rg, true);
+    if (gpu_runner(&rn, model_dir, 7, false, NULL, 96)) {
+        runner_close(&rg);
         return;
     }
     int vocab = rg.m.cfg.vocab_size, prompt[] = {1, 400, 20, 300, 7};
     int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
     float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
-    int na = greedy(&rg, prompt, 5, n_gen, a, true, la);
-    int nb = greedy(&rn, prompt, 5, n_gen, b, true, lb);
+    int na = runner_greedy(&rg, prompt, 5, n_gen, a, true, la);
+    int nb = runner_greedy(&rn, prompt, 5, n_gen, b, true, lb);
     bool same = na == n_gen && nb == n_gen && !memcmp(a, b, sizeof(int) * (size_t)n_gen) &&
                 !memcmp(la, lb, sizeof(float) * (size_t)vocab);
     CHECK(same, "%s: decode with CUDA graphs differs from eager decode", model_dir);
@@ -812,8 +661,8 @@ static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16
     free(b);
     free(la);
     free(lb);
-    runner_close(&rg, true);
-    runner_close(&rn, true);
+    runner_close(&rg);
+    runner_close(&rn);
 }
 
 /* The device argmax (greedy decoding's only copy to the host) against the
@@ -921,21 +770,21 @@ static void check_argmax_rows(void)
 static void check_device_greedy(const char *model_dir, int n_gen)
 {
     struct runner rf, ru;
-    if (runner_open(&rf, model_dir, 7, false, NULL, 96))
+    if (gpu_runner(&rf, model_dir, 7, false, NULL, 96))
         return;
     setenv("CLLM_CUDA_FUSE", "0", 1);
-    int rc = runner_open(&ru, model_dir, 7, false, NULL, 96);
+    int rc = gpu_runner(&ru, model_dir, 7, false, NULL, 96);
     unsetenv("CLLM_CUDA_FUSE");
     if (rc) {
-        runner_close(&rf, true);
+        runner_close(&rf);
         return;
     }
     int vocab = rf.m.cfg.vocab_size, prompt[] = {1, 400, 20, 300, 7};
     int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
     int *c = calloc((size_t)n_gen, sizeof(int));
     float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
-    int na = greedy(&rf, prompt, 5, n_gen, a, true, la);
-    int nb = greedy(&ru, prompt, 5, n_gen, b, true, lb);
+    int na = runner_greedy(&rf, prompt, 5, n_gen, a, true, la);
+    int nb = runner_greedy(&ru, prompt, 5, n_gen, b, true, lb);
     /* device argmax, fused */
     struct err e = {{0}};
     struct kv_seq seq = {0};
@@ -966,8 +815,8 @@ static void check_device_greedy(const char *model_dir, int n_gen)
     free(la);
     free(lb);
     free(logits);
-    runner_close(&rf, true);
-    runner_close(&ru, true);
+    runner_close(&rf);
+    runner_close(&ru);
 }
 
 static void check_errors(void)
