@@ -194,6 +194,11 @@ void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes
         memcpy(dst, src, bytes);
 }
 
+bool backend_on_device(const struct backend *be)
+{
+    return be->ops->mem_info != NULL;
+}
+
 int backend_kv_dtype(struct backend *be)
 {
     return be->ops->kv_dtype ? be->ops->kv_dtype(be) : DT_F32;
@@ -208,7 +213,7 @@ static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void backend_print_plan(struct backend *be, size_t kv_bytes, FILE *f)
 {
-    if (!be->ops->mem_info)
+    if (!backend_on_device(be))
         return;
     struct backend_mem mi;
     memset(&mi, 0, sizeof mi);

@@ -187,6 +187,9 @@ void backend_destroy(struct backend *be);
 
 /* ops->upload, or memcpy for backends whose memory is the host's. */
 void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+/* Whether the backend computes in memory of its own (a GPU: it reports
+ * ops->mem_info), rather than the host's. */
+bool backend_on_device(const struct backend *be);
 /* The KV element type of the backend (ops->kv_dtype, else DT_F32). */
 int backend_kv_dtype(struct backend *be);
 /* ops->load_weights when the backend has one (no-op otherwise). */

@@ -609,7 +609,7 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
                               "tokens); raise it", mb, mb - weights, weights, bb, 2 * eng->bs);
     } else {
         struct backend_mem bm = {0};
-        bool dev = strcmp(eng->be->ops->name, "cpu") != 0 && eng->be->ops->mem_info;
+        bool dev = backend_on_device(eng->be);
         long long avail;
         if (dev) { /* weights and activations are allocated: what is left, less a margin */
             eng->be->ops->mem_info(eng->be, &bm);
@@ -768,7 +768,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
      * of 128 does relative to a decode (8B on the H200: ~20 ms), so running
      * streams stall about as long either way. */
     if (eng->cfg.prefill_chunk <= 0)
-        eng->cfg.prefill_chunk = eng->be && !strcmp(eng->be->ops->name, "cuda") ? 512 : 128;
+        eng->cfg.prefill_chunk = eng->be && backend_on_device(eng->be) ? 512 : 128;
     /* Room for every decode plus one full prefill chunk. */
     if (eng->cfg.batch_tokens <= 0)
         eng->cfg.batch_tokens = eng->cfg.prefill_chunk + eng->cfg.max_running;

@@ -31,7 +31,8 @@ struct engine_config {
     int ctx_len;         /* max tokens per sequence (prompt + generated) */
     int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) when
                           * memory_budget_bytes is 0 */
-    int prefill_chunk;   /* tokens per prefill forward (<= 0: 512 on CUDA, 128 on the CPU) */
+    int prefill_chunk;   /* tokens per prefill forward (<= 0: 512 on a device backend such as
+                          * CUDA, 128 on the CPU) */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
     /* Prompt (prefix) cache: bytes of K/V that idle cached blocks may keep.
