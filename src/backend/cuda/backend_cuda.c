@@ -428,6 +428,24 @@ static void cu_download(struct backend *be, float *dst, const float *src, size_t
         timing_done(c);
 }
 
+/* Copies rows greedy ids from the device to pinned host memory and waits:
+ * the one wait of a greedy step (its copy timed under CLLM_CUDA_TIMING).
+ * Returns -1 with the failure kept (sticky). */
+static int fetch_ids(struct cuda_backend *c, int *host, const int *dev, int rows, bool timed,
+                     struct err *e)
+{
+    if (fail_cuda(c, "copy greedy ids", cudaMemcpyAsync(host, dev, sizeof(int) * (size_t)rows,
+                                                        cudaMemcpyDeviceToHost, c->stream)))
+        return sticky(c, e);
+    if (timed)
+        cudaEventRecord(c->ev[2], c->stream);
+    if (fail_cuda(c, "synchronize after the greedy ids", cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    if (timed)
+        timing_done(c);
+    return 0;
+}
+
 /* Greedy decoding: the argmax runs on the device and only the id is copied
  * back (to pinned memory), instead of the [vocab] f32 logits row. */
 static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e)
@@ -440,15 +458,8 @@ static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct
     bool timed = timing_mark(c);
     int *dout = (int *)((char *)c->am_ws + CUK_ARGMAX_WS_BYTES - sizeof(int));
     if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
-        fail_cuda(c, "copy argmax", cudaMemcpyAsync(c->am_host, dout, sizeof(int),
-                                                    cudaMemcpyDeviceToHost, c->stream)))
+        fetch_ids(c, c->am_host, dout, 1, timed, e))
         return sticky(c, e);
-    if (timed)
-        cudaEventRecord(c->ev[2], c->stream);
-    if (fail_cuda(c, "synchronize after argmax", cudaStreamSynchronize(c->stream)))
-        return sticky(c, e);
-    if (timed)
-        timing_done(c);
     *out = *c->am_host;
     return 0;
 }
@@ -483,16 +494,8 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
     }
     bool timed = timing_mark(c);
     if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n)) ||
-        fail_cuda(c, "copy argmax rows",
-                  cudaMemcpyAsync(c->amr_host, c->amr_dev, sizeof(int) * (size_t)rows,
-                                  cudaMemcpyDeviceToHost, c->stream)))
+        fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
         return sticky(c, e);
-    if (timed)
-        cudaEventRecord(c->ev[2], c->stream);
-    if (fail_cuda(c, "synchronize after argmax rows", cudaStreamSynchronize(c->stream)))
-        return sticky(c, e);
-    if (timed)
-        timing_done(c);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
     return 0;
 }

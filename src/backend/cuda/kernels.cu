@@ -378,17 +378,17 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
     return cudaGetLastError();
 }
 
-/* RoPE of q and k in one launch (the arithmetic of k_rope), and the rotated
- * k with v written into the paged cache (what k_kv_store writes). Threads
- * [0, nq) take q pairs, the rest k pairs (and the same two entries of v). */
-template <typename T>
-__global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc,
-                                const int *table, struct cuk_attn g, int n_heads, int head_dim,
-                                int pos0, const int *dpos, const float *inv_freq, int interleaved)
+/* One thread's share of RoPE + K/V store: element idx runs over the
+ * rotation pairs of q (g.n rows of n_heads heads), then of k (n_kv_heads
+ * heads); a k pair is stored rotated, with the same two entries of v,
+ * through the block table. where(row, pos, table) gives a row's position
+ * and block table. The arithmetic of k_rope, then what k_kv_store writes. */
+template <typename T, typename Where>
+static __device__ __forceinline__ void rope_kv_pair(float *q, float *k, const float *v, T *kc,
+                                                    T *vc, const struct cuk_attn &g, int n_heads,
+                                                    int head_dim, const float *inv_freq,
+                                                    int interleaved, Where where)
 {
-    cuk_pdl_start();
-    if (dpos)
-        pos0 = *dpos;
     int half = head_dim / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t nq = (size_t)g.n * n_heads * half, nk = (size_t)g.n * g.n_kv_heads * half;
@@ -399,8 +399,10 @@ __global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc
     int heads = is_k ? g.n_kv_heads : n_heads;
     int f = (int)(j % half);
     size_t rh = j / half; /* row * heads + head */
-    int i = (int)(rh / heads);
-    float ang = (float)(pos0 + i) * inv_freq[f];
+    int i = (int)(rh / heads), pos;
+    const int *table;
+    where(i, pos, table);
+    float ang = (float)pos * inv_freq[f];
     float cs = cosf(ang), sn = sinf(ang);
     float *x = (is_k ? k : q) + rh * head_dim;
     int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
@@ -411,12 +413,29 @@ __global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc
     if (!is_k)
         return;
     int head = (int)(rh % heads);
-    size_t off = cuk_kv_offset(&g, table, pos0 + i) + (size_t)head * head_dim;
+    size_t off = cuk_kv_offset(&g, table, pos) + (size_t)head * head_dim;
     const float *vr = v + rh * head_dim;
     kv_st(kc, off + a, ra);
     kv_st(kc, off + b, rb);
     kv_st(vc, off + a, vr[a]);
     kv_st(vc, off + b, vr[b]);
+}
+
+/* RoPE of q and k of one sequence in one launch, and the rotated k with v
+ * written into the paged cache. */
+template <typename T>
+__global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc,
+                                const int *table, struct cuk_attn g, int n_heads, int head_dim,
+                                int pos0, const int *dpos, const float *inv_freq, int interleaved)
+{
+    cuk_pdl_start();
+    if (dpos)
+        pos0 = *dpos;
+    rope_kv_pair(q, k, v, kc, vc, g, n_heads, head_dim, inv_freq, interleaved,
+                 [&](int i, int &pos, const int *&tab) {
+                     pos = pos0 + i;
+                     tab = table;
+                 });
 }
 
 extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v,
@@ -438,45 +457,19 @@ extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, con
 
 /* k_rope_kv_store over every segment of a batch step: g->n rows in all,
  * row i's segment from the row map (meta + g->pos0), its position and block
- * table from that segment's cuk_bseg; per element the arithmetic of
- * k_rope_kv_store. */
+ * table from that segment's cuk_bseg. */
 template <typename T>
 __global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, T *kc, T *vc,
                                       const int *meta, struct cuk_attn g, const float *inv_freq,
                                       int interleaved)
 {
     cuk_pdl_start();
-    int n_heads = g.n_heads, head_dim = g.head_dim;
-    int half = head_dim / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t nq = (size_t)g.n * n_heads * half, nk = (size_t)g.n * g.n_kv_heads * half;
-    if (idx >= nq + nk)
-        return;
-    bool is_k = idx >= nq;
-    size_t j = is_k ? idx - nq : idx;
-    int heads = is_k ? g.n_kv_heads : n_heads;
-    int f = (int)(j % half);
-    size_t rh = j / half; /* row * heads + head */
-    int i = (int)(rh / heads);
-    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + i];
-    int pos = sg->pos0 + (i - sg->row0);
-    float ang = (float)pos * inv_freq[f];
-    float cs = cosf(ang), sn = sinf(ang);
-    float *x = (is_k ? k : q) + rh * head_dim;
-    int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
-    float x0 = x[a], x1 = x[b];
-    float ra = x0 * cs - x1 * sn, rb = x1 * cs + x0 * sn;
-    x[a] = ra;
-    x[b] = rb;
-    if (!is_k)
-        return;
-    int head = (int)(rh % heads);
-    size_t off = cuk_kv_offset(&g, meta + sg->tab_off, pos) + (size_t)head * head_dim;
-    const float *vr = v + rh * head_dim;
-    kv_st(kc, off + a, ra);
-    kv_st(kc, off + b, rb);
-    kv_st(vc, off + a, vr[a]);
-    kv_st(vc, off + b, vr[b]);
+    rope_kv_pair(q, k, v, kc, vc, g, g.n_heads, g.head_dim, inv_freq, interleaved,
+                 [&](int i, int &pos, const int *&tab) {
+                     const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + i];
+                     pos = sg->pos0 + (i - sg->row0);
+                     tab = meta + sg->tab_off;
+                 });
 }
 
 extern "C" cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k,
