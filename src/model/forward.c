@@ -46,6 +46,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
     fs->ids = malloc(sizeof(int) * n);
     fs->greedy = malloc(sizeof(int) * n);
+    fs->bsegs = malloc(sizeof *fs->bsegs * n);
     void *(*al)(struct backend *, size_t) = be->ops->alloc;
     fs->x = al(be, n * c->dim * 4);
     fs->xb = al(be, n * (c->dim > (int)qd ? (size_t)c->dim : qd) * 4);
@@ -56,7 +57,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->hb = al(be, n * c->hidden_dim * 4);
     fs->hb2 = al(be, n * c->hidden_dim * 4);
     fs->logits = al(be, n * c->vocab_size * 4);
-    if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
+    if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->bsegs || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
         forward_free(fs);
         return err_set(e, "out of memory for activations of %d tokens", max_tokens);
@@ -81,6 +82,8 @@ void forward_free(struct forward_state *fs)
     fs->ids = NULL;
     free(fs->greedy);
     fs->greedy = NULL;
+    free(fs->bsegs);
+    fs->bsegs = NULL;
 }
 
 int forward_argmax(const float *x, int n)
@@ -150,22 +153,14 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    if (n_seg > 1 && op->rope_kv_attention_batch) {
-        struct batch_seg *bs = malloc(sizeof *bs * (size_t)n_seg);
-        if (!bs)
-            return err_set(e, "forward: out of memory");
-        for (int s = 0; s < n_seg; s++)
-            bs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
-                                       .pos0 = segs[s].seq->n_tokens};
+    if (n_seg > 1 && op->rope_kv_attention_batch) { /* fs->bsegs: filled by batch_ops */
         struct attn_args a = {
             .n = n, .pos0 = 0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
             .head_dim = c->head_dim, .sliding_window = c->sliding_window,
             .scale = 1.0f / sqrtf((float)c->head_dim),
         };
-        int rc = op->rope_kv_attention_batch(be, fs->att, fs->q, fs->k, fs->v, bs, n_seg,
-                                             fs->inv_freq, c->rope_interleaved, pool, l, &a, e);
-        free(bs);
-        if (rc)
+        if (op->rope_kv_attention_batch(be, fs->att, fs->q, fs->k, fs->v, fs->bsegs, n_seg,
+                                        fs->inv_freq, c->rope_interleaved, pool, l, &a, e))
             return -1;
         n_seg = 0; /* done: skip the per-sequence loop */
     }
@@ -223,6 +218,9 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = fs->be->ops;
     op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
+    for (int s = 0; s < n_seg && n_seg > 1; s++) /* once per step, for every layer */
+        fs->bsegs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
+                                          .pos0 = segs[s].seq->n_tokens};
     bool normed = false;
     for (int l = 0; l < c->n_layers; l++)
         if (layer_forward(fs, pool, segs, n_seg, l, n, &normed, e))

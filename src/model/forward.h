@@ -19,6 +19,8 @@ struct forward_state {
     float *inv_freq; /* host, head_dim/2, rope scaling applied */
     int *ids;        /* host, max_tokens: the step's token ids, concatenated */
     int *greedy;     /* host, max_tokens: greedy ids of a step's segments */
+    struct batch_seg *bsegs; /* host, max_tokens: a multi-sequence step's segments
+                              * as rope_kv_attention_batch takes them */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
 };
 
