@@ -1137,13 +1137,7 @@ static const struct jbuiltin filters[] = {
     {NULL, NULL},
 };
 
-const struct jbuiltin *jfilter_find(const char *name)
-{
-    for (const struct jbuiltin *f = filters; f->name; f++)
-        if (!strcmp(f->name, name))
-            return f;
-    return NULL;
-}
+const struct jbuiltin *jfilter_find(const char *name) { return jbuiltin_find(filters, name); }
 
 jv jcall_filter(struct jrender *r, int line, const char *name, jv v, const struct jargs *a)
 {
@@ -1419,13 +1413,7 @@ static const struct jbuiltin tests[] = {
     {NULL, NULL},
 };
 
-const struct jbuiltin *jtest_find(const char *name)
-{
-    for (const struct jbuiltin *t = tests; t->name; t++)
-        if (!strcmp(t->name, name))
-            return t;
-    return NULL;
-}
+const struct jbuiltin *jtest_find(const char *name) { return jbuiltin_find(tests, name); }
 
 bool jcall_test(struct jrender *r, int line, const char *name, jv v, const struct jargs *a)
 {

@@ -438,6 +438,8 @@ void jbind(struct jrender *r, int line, const char *fname, const char *const *pa
 
 /* ---- builtins (jinja_filters.c, jinja_methods.c) ---- */
 
+/* The entry called name of a {NULL, NULL}-terminated table, or NULL. */
+const struct jbuiltin *jbuiltin_find(const struct jbuiltin *t, const char *name);
 const struct jbuiltin *jfilter_find(const char *name);
 const struct jbuiltin *jtest_find(const char *name);
 const struct jbuiltin *jglobal_find(const char *name);

@@ -1512,7 +1512,7 @@ static const char *const dict_unsafe[] = {"clear", "pop", "popitem", "setdefault
 static const char *const list_unsafe[] = {"append", "clear",  "pop",    "reverse", "insert",
                                           "sort",   "extend", "remove", NULL};
 
-static const struct jbuiltin *find_in(const struct jbuiltin *t, const char *name)
+const struct jbuiltin *jbuiltin_find(const struct jbuiltin *t, const char *name)
 {
     for (; t->name; t++)
         if (!strcmp(t->name, name))
@@ -1532,23 +1532,23 @@ const struct jbuiltin *jmethod_find(jv recv, const char *name, bool *unsafe)
 {
     *unsafe = false;
     switch (recv.k) {
-    case JV_STR: return find_in(str_methods, name);
+    case JV_STR: return jbuiltin_find(str_methods, name);
     case JV_DICT:
         if (in_list(dict_unsafe, name)) {
             *unsafe = true;
             return NULL;
         }
-        return find_in(dict_methods, name);
+        return jbuiltin_find(dict_methods, name);
     case JV_LIST:
         if (recv.u.l->kind == JL_LIST) {
             if (in_list(list_unsafe, name)) {
                 *unsafe = true;
                 return NULL;
             }
-            return find_in(list_methods, name);
+            return jbuiltin_find(list_methods, name);
         }
         if (recv.u.l->kind == JL_TUPLE)
-            return find_in(tuple_methods, name);
+            return jbuiltin_find(tuple_methods, name);
         return NULL;
     default: return NULL;
     }
@@ -1699,4 +1699,4 @@ static const struct jbuiltin globals[] = {
     {NULL, NULL},
 };
 
-const struct jbuiltin *jglobal_find(const char *name) { return find_in(globals, name); }
+const struct jbuiltin *jglobal_find(const char *name) { return jbuiltin_find(globals, name); }
