@@ -120,23 +120,6 @@ static void run_alone(const struct model *m, const struct engine_config *base,
     engine_destroy(eng);
 }
 
-static void wait_idle(struct engine *eng, struct engine_stats *st)
-{
-    for (int i = 0; i < 3000; i++) {
-        engine_get_stats(eng, st);
-        if (st->queued == 0 && st->running == 0 && st->pending == 0)
-            return;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    CHECK(0, "engine never went idle");
-}
-
-static int pool_idle(const struct engine_stats *st)
-{
-    return st->kv_blocks_free + st->cache_blocks_idle == st->kv_blocks_total &&
-           st->cache_blocks == st->cache_blocks_idle;
-}
-
 /* Runs specs on eng with staggered arrivals (a new request every few
  * polls), cancelling those with cancel_at, and compares each with ref. */
 /* burst: submit all at once (they compete for the pool however fast the
@@ -256,10 +239,10 @@ static void equivalence(const char *name, const struct model *m)
     struct engine_stats st0, st;
     engine_get_stats(eng, &st0);
     run_batched(eng, specs, NREQ, ref, what, false);
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     CHECK(st.cache_hits > st0.cache_hits && st.cache_tokens > st0.cache_tokens,
           "%s: no prefix hits (%llu)", name, (unsigned long long)st.cache_hits);
-    CHECK(pool_idle(&st), "%s: blocks leaked", name);
+    CHECK(test_pool_idle(&st), "%s: blocks leaked", name);
     engine_destroy(eng);
 
     /* 2. Preemption: a pool of 10 blocks for 4 sequences that need ~6 each. */
@@ -270,9 +253,9 @@ static void equivalence(const char *name, const struct model *m)
         return;
     snprintf(what, sizeof what, "%s with preemption", name);
     run_batched(eng, specs, 6, ref, what, true);
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     CHECK(st.preemptions > 0, "%s: no preemption happened", name);
-    CHECK(pool_idle(&st), "%s: blocks leaked after preemption", name);
+    CHECK(test_pool_idle(&st), "%s: blocks leaked after preemption", name);
     printf("%s: 16-batch, prefix-hit and preemption runs identical to alone (%llu preemptions)\n",
            name, (unsigned long long)st.preemptions);
     engine_destroy(eng);
@@ -294,8 +277,8 @@ static void equivalence(const char *name, const struct model *m)
         return;
     snprintf(what, sizeof what, "%s greedy + sampled batch", name);
     run_batched(eng, specs, 12, ref, what, false);
-    wait_idle(eng, &st);
-    CHECK(pool_idle(&st), "%s: blocks leaked in the mixed batch", name);
+    test_wait_idle(eng, &st);
+    CHECK(test_pool_idle(&st), "%s: blocks leaked in the mixed batch", name);
     printf("%s: mixed greedy/sampled batch of 12 checked against alone (%.2f sequences per step)\n",
            name, st.batch_steps ? (double)st.batch_rows / (double)st.batch_steps : 0.0);
     engine_destroy(eng);
@@ -349,8 +332,8 @@ static void churn(const struct model *m)
     }
     free(l);
     struct engine_stats st;
-    wait_idle(eng, &st);
-    CHECK(pool_idle(&st), "churn: kv blocks leaked: %d of %d free, %d cached (%d idle)",
+    test_wait_idle(eng, &st);
+    CHECK(test_pool_idle(&st), "churn: kv blocks leaked: %d of %d free, %d cached (%d idle)",
           st.kv_blocks_free, st.kv_blocks_total, st.cache_blocks, st.cache_blocks_idle);
     CHECK(st.requests_total == TOTAL, "churn: %llu requests", (unsigned long long)st.requests_total);
     printf("churn: %d requests, %llu cancelled, %llu preemptions, %.2f sequences per step\n", TOTAL,

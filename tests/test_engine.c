@@ -50,24 +50,6 @@ static int run_one(struct engine *eng, const int *prompt, int n_prompt, int max_
     return n;
 }
 
-static void wait_idle(struct engine *eng, struct engine_stats *st)
-{
-    for (int i = 0; i < 3000; i++) {
-        engine_get_stats(eng, st);
-        if (st->queued == 0 && st->running == 0)
-            return;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-    CHECK(0, "engine never went idle");
-}
-
-/* Every block is free or held only by the prefix index. */
-static int pool_idle(const struct engine_stats *st)
-{
-    return st->kv_blocks_free + st->cache_blocks_idle == st->kv_blocks_total &&
-           st->cache_blocks == st->cache_blocks_idle;
-}
-
 /* The prefix cache through the engine: reuse counts, identical greedy
  * output with and without it, eviction, and no leaks under churn. */
 static void prefix_cache_tests(const struct model *m, const int *want)
@@ -105,14 +87,14 @@ static void prefix_cache_tests(const struct model *m, const int *want)
     for (int i = 32; i < 52; i++)
         Q[i] = 100 + 7 * i % 300;
     struct engine_stats st;
-    wait_idle(eng, &st); /* the cap applies at once only when idle */
+    test_wait_idle(eng, &st); /* the cap applies at once only when idle */
     engine_set_prompt_cache(eng, -1);
     engine_get_stats(eng, &st);
     CHECK(st.cache_blocks == 0 && st.cache_max_blocks == 0 && st.kv_blocks_free == st.kv_blocks_total,
           "disabled: %d cached, %d of %d free", st.cache_blocks, st.kv_blocks_free, st.kv_blocks_total);
     int nq = run_one(eng, Q, 52, 40, a, &last);
     CHECK(last.n_cached == 0 && nq > 0, "uncached Q: %d", last.n_cached);
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     CHECK(st.kv_blocks_free == st.kv_blocks_total, "disabled cache keeps nothing");
     engine_set_prompt_cache(eng, 0);
     run_one(eng, P, 51, 30, b, &last);
@@ -152,8 +134,8 @@ static void prefix_cache_tests(const struct model *m, const int *want)
         if (j == 1 || j == 6)
             CHECK(last.n_cached == 32, "run %d cached %d, want 32", j, last.n_cached);
     }
-    wait_idle(eng, &st);
-    CHECK(st.cache_evictions > 0 && pool_idle(&st), "small pool: %llu evictions, %d free %d idle",
+    test_wait_idle(eng, &st);
+    CHECK(st.cache_evictions > 0 && test_pool_idle(&st), "small pool: %llu evictions, %d free %d idle",
           (unsigned long long)st.cache_evictions, st.kv_blocks_free, st.cache_blocks_idle);
     engine_destroy(eng);
 
@@ -207,16 +189,16 @@ static void prefix_cache_tests(const struct model *m, const int *want)
         }
         done += nr;
     }
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     CHECK(cancelled > 10 && st.cache_hits > 20 && st.cache_evictions > 0,
           "churn: %d cancelled, %llu hits, %llu evictions", cancelled,
           (unsigned long long)st.cache_hits, (unsigned long long)st.cache_evictions);
-    CHECK(pool_idle(&st), "churn leak: %d of %d free, %d cached, %d idle", st.kv_blocks_free,
+    CHECK(test_pool_idle(&st), "churn leak: %d of %d free, %d cached, %d idle", st.kv_blocks_free,
           st.kv_blocks_total, st.cache_blocks, st.cache_blocks_idle);
     /* still correct after the churn */
     na = run_one(eng, P, 51, 30, a, &last);
     CHECK(na == 30 && !memcmp(a, want + 50, sizeof(int) * 30), "greedy after churn");
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     engine_set_prompt_cache(eng, -1);
     engine_get_stats(eng, &st);
     CHECK(st.kv_blocks_free == st.kv_blocks_total && st.cache_blocks == 0,
@@ -266,7 +248,7 @@ static void kv_budget_tests(const struct model *m, const int *want)
               "budgeted request %d: %d tokens, finish %d", i, n, (int)last.finish);
         engine_request_release(rs[i]);
     }
-    wait_idle(eng, &st);
+    test_wait_idle(eng, &st);
     CHECK(st.batch_rows == st.batch_steps && st.kv_projected_bytes == 0 && st.kv_seq_bytes == 0,
           "one at a time under the budget: %llu rows over %llu steps, projected %lld, held %lld",
           (unsigned long long)st.batch_rows, (unsigned long long)st.batch_steps,

@@ -4,6 +4,9 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
+
+#include "engine/engine.h"
 
 int test_passed, test_failed;
 
@@ -67,4 +70,21 @@ double test_rel_err(const float *a, const float *ref, size_t n)
             mr = fabs(ref[i]);
     }
     return md / (mr > 0 ? mr : 1);
+}
+
+void test_wait_idle(struct engine *eng, struct engine_stats *st)
+{
+    for (int i = 0; i < 3000; i++) {
+        engine_get_stats(eng, st);
+        if (st->queued == 0 && st->running == 0 && st->pending == 0)
+            return;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    CHECK(0, "engine never went idle");
+}
+
+int test_pool_idle(const struct engine_stats *st)
+{
+    return st->kv_blocks_free + st->cache_blocks_idle == st->kv_blocks_total &&
+           st->cache_blocks == st->cache_blocks_idle;
 }

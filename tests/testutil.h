@@ -35,4 +35,12 @@ float *test_read_f32(const char *path, size_t want);
  * contract's relative logits error. */
 double test_rel_err(const float *a, const float *ref, size_t n);
 
+struct engine;
+struct engine_stats;
+/* Polls the engine's stats (into st) until nothing is queued, running or
+ * preempted; CHECKs that it got there within 30 s. */
+void test_wait_idle(struct engine *eng, struct engine_stats *st);
+/* Every KV block is free or held only by the prefix index. */
+int test_pool_idle(const struct engine_stats *st);
+
 #endif
