@@ -238,24 +238,30 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                     c->dim, c->norm_eps);
         rows = 1;
     } else {
-        /* A batch of decodes all sampled the same way: its rows are already
-         * the gathered rows, one norm launch instead of one per sequence. */
-        bool uniform = true;
-        for (int s = 0; s < n_seg && uniform; s++)
-            uniform = segs[s].n == 1 && segs[s].logits &&
-                      (segs[s].next != NULL) == (segs[0].next != NULL);
-        if (uniform) {
-            op->rmsnorm(fs->be, fs->xb, fs->x, m->out_norm.data, n, c->dim, c->norm_eps);
-            rows = n;
-        }
-        for (int greedy = 0; greedy < 2 && !uniform; greedy++)
+        /* Gathered rows that are also consecutive in x (neighbouring
+         * one-token segments, e.g. a batch of decodes) go through one norm
+         * launch per run instead of one per sequence. */
+        int run_src = 0, run_len = 0;
+        for (int greedy = 0; greedy < 2; greedy++)
             for (int s = 0, row = 0; s < n_seg; s++) {
                 row += segs[s].n;
-                if (segs[s].logits && (segs[s].next != NULL) == (greedy == 1))
-                    op->rmsnorm(fs->be, fs->xb + (size_t)rows++ * c->dim,
-                                fs->x + (size_t)(row - 1) * c->dim, m->out_norm.data, 1,
+                if (!segs[s].logits || (segs[s].next != NULL) != (greedy == 1))
+                    continue;
+                if (run_len > 0 && row - 1 != run_src + run_len) {
+                    op->rmsnorm(fs->be, fs->xb + (size_t)(rows - run_len) * c->dim,
+                                fs->x + (size_t)run_src * c->dim, m->out_norm.data, run_len,
                                 c->dim, c->norm_eps);
+                    run_len = 0;
+                }
+                if (run_len == 0)
+                    run_src = row - 1;
+                run_len++;
+                rows++;
             }
+        if (run_len > 0)
+            op->rmsnorm(fs->be, fs->xb + (size_t)(rows - run_len) * c->dim,
+                        fs->x + (size_t)run_src * c->dim, m->out_norm.data, run_len, c->dim,
+                        c->norm_eps);
     }
     if (rows > 0 && op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
         return -1;
