@@ -16,19 +16,6 @@ static const char *stop_reason(const struct gen_result *res)
     return res->stop_index >= 0 ? "stop_sequence" : "end_turn";
 }
 
-static bool failed(const struct gen_result *res, struct api_error *ae)
-{
-    if (res->finish == GEN_FINISH_CANCELLED) {
-        api_fail(ae, 503, NULL, NULL, "the generation was cancelled (the server is shutting down)");
-        return true;
-    }
-    if (res->finish == GEN_FINISH_ERROR) {
-        api_fail(ae, 500, NULL, NULL, "generation failed: %s", res->error);
-        return true;
-    }
-    return false;
-}
-
 static json_t *usage_json(int in, int out, int cached)
 {
     return json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", in, "output_tokens", out,
@@ -248,7 +235,7 @@ static void ant_delta(struct stream *s, const char *text, size_t n)
 static void ant_end(struct stream *s, const struct gen_result *res)
 {
     struct api_error ae;
-    if (failed(res, &ae)) {
+    if (gen_failed(res, NULL, &ae)) {
         ev(s, "error", api_error_body(&ae, SHAPE_ANTHROPIC));
         return;
     }
@@ -319,7 +306,7 @@ void anthropic_messages(struct server *srv, const json_t *req, const struct clie
     struct gen_result res;
     if (gen_collect(g, &text, &res, cl)) {
         rp->status = 0; /* the client left */
-    } else if (failed(&res, &ae)) {
+    } else if (gen_failed(&res, NULL, &ae)) {
         reply_error(rp, &ae, SHAPE_ANTHROPIC);
     } else {
         json_t *content =

@@ -454,3 +454,16 @@ void stream_free(struct stream *s)
     sbuf_free(&s->out);
     free(s);
 }
+
+bool gen_failed(const struct gen_result *res, const char *type, struct api_error *ae)
+{
+    if (res->finish == GEN_FINISH_CANCELLED) {
+        api_fail(ae, 503, type, NULL, "the generation was cancelled (the server is shutting down)");
+        return true;
+    }
+    if (res->finish == GEN_FINISH_ERROR) {
+        api_fail(ae, 500, type, NULL, "generation failed: %s", res->error);
+        return true;
+    }
+    return false;
+}

@@ -226,6 +226,10 @@ struct client {
  * left (the generation is cancelled). */
 int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
                 const struct client *cl);
+/* A generation that did not finish normally (cancelled at shutdown: 503;
+ * failed: 500) as an API error of `type` (NULL for the Anthropic shape,
+ * which sets its own); false when it finished normally. */
+bool gen_failed(const struct gen_result *res, const char *type, struct api_error *ae);
 
 /* ---- streams (chat.c drives, adapters format) ---- */
 

@@ -41,21 +41,6 @@ static const char *finish_reason(const struct gen_result *res)
     return res->finish == GEN_FINISH_LENGTH ? "length" : "stop";
 }
 
-/* The outcome of a generation that did not finish normally, as an error. */
-static bool failed(const struct gen_result *res, struct api_error *ae)
-{
-    if (res->finish == GEN_FINISH_CANCELLED) {
-        api_fail(ae, 503, "server_error", NULL,
-                 "the generation was cancelled (the server is shutting down)");
-        return true;
-    }
-    if (res->finish == GEN_FINISH_ERROR) {
-        api_fail(ae, 500, "server_error", NULL, "generation failed: %s", res->error);
-        return true;
-    }
-    return false;
-}
-
 /* Fields shared by both endpoints. */
 static int parse_common(const json_t *req, struct chat_req *r, bool *include_usage,
                         struct api_error *ae)
@@ -132,7 +117,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
 {
     struct oai_stream *o = s->st;
     struct api_error ae;
-    if (failed(res, &ae)) { /* a terminal error event; the SDKs raise it */
+    if (gen_failed(res, "server_error", &ae)) { /* a terminal error event; the SDKs raise it */
         json_t *e = api_error_body(&ae, SHAPE_OPENAI);
         emit(s, e);
         return;
@@ -197,7 +182,7 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         return;
     }
     gen_free(g);
-    if (failed(&res, &ae) || text.oom) {
+    if (gen_failed(&res, "server_error", &ae) || text.oom) {
         if (text.oom)
             api_fail(&ae, 500, "server_error", NULL, "out of memory");
         sbuf_free(&text);

@@ -323,20 +323,6 @@ static void remember(struct resp_ctx *c, const char *text, size_t n, const json_
     store_put(c->srv->store, c->id, conv, json_deep_copy(response));
 }
 
-static bool failed(const struct gen_result *res, struct api_error *ae)
-{
-    if (res->finish == GEN_FINISH_CANCELLED) {
-        api_fail(ae, 503, "server_error", NULL,
-                 "the generation was cancelled (the server is shutting down)");
-        return true;
-    }
-    if (res->finish == GEN_FINISH_ERROR) {
-        api_fail(ae, 500, "server_error", NULL, "generation failed: %s", res->error);
-        return true;
-    }
-    return false;
-}
-
 /* ---- SSE ---- */
 
 static void ev(struct stream *s, const char *name, json_t *data)
@@ -378,7 +364,7 @@ static void rs_end(struct stream *s, const struct gen_result *res)
 {
     struct resp_ctx *c = s->st;
     struct api_error ae;
-    if (failed(res, &ae)) {
+    if (gen_failed(res, "server_error", &ae)) {
         ev(s, "response.failed",
            json_pack("{s:o}", "response",
                      response_json(c, "failed", json_array(), res,
@@ -448,7 +434,7 @@ void responses_create(struct server *srv, const json_t *req, const struct client
     struct gen_result res;
     if (gen_collect(g, &text, &res, cl)) {
         rp->status = 0; /* the client left */
-    } else if (failed(&res, &ae)) {
+    } else if (gen_failed(&res, "server_error", &ae)) {
         reply_error(rp, &ae, SHAPE_OPENAI);
     } else {
         const char *t = text.p ? text.p : "";
