@@ -8,7 +8,6 @@
  * head dims of each row's output), so the softmax needs no block-wide
  * synchronisation. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -389,25 +388,12 @@ static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, cons
 }
 
 /* Rows per warp: 8 (more reuse of each K/V tile) unless that leaves fewer
- * blocks than two per multiprocessor, then 4. */
+ * blocks than two per multiprocessor, then 4; g->rows_per_warp fixes it. */
 template <int HD, typename T>
 static cudaError_t launch_tiled_hd(cudaStream_t s, float *out, const float *q, const T *kc,
                                    const T *vc, const int *table, const struct cuk_attn *g)
 {
-    static int n_sms;
-    if (!n_sms) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess)
-            n_sms = v;
-        if (n_sms <= 0)
-            n_sms = 1;
-    }
-    static int rpw = -1; /* CLLM_ATT_RPW=4|8 fixes it (measurement) */
-    if (rpw < 0) {
-        const char *p = getenv("CLLM_ATT_RPW");
-        rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
-    }
+    int n_sms = g->n_sms > 0 ? g->n_sms : 1, rpw = g->rows_per_warp;
     int G = g->n_heads / g->n_kv_heads;
     long blocks8 = (long)((g->n + TA_WARPS * 8 / G - 1) / (TA_WARPS * 8 / G)) * g->n_kv_heads;
     if (rpw == 8 && G <= TA_WARPS * 8)

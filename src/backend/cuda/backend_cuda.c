@@ -123,6 +123,7 @@ struct cuda_backend {
     int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
+    int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     struct pinned up_ids, up_tab, up_bat; /* staging of ids, block table, batch metadata */
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
@@ -986,9 +987,12 @@ static unsigned *att_counters(struct cuda_backend *c, size_t count)
     return p;
 }
 
-static struct cuk_attn attn_geom(const struct kv_pool *pool, int layer, int n, int pos0)
+static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool,
+                                 int layer, int n, int pos0)
 {
     struct cuk_attn g = {0};
+    g.n_sms = c->n_sms;
+    g.rows_per_warp = c->att_rpw;
     g.kv_bf16 = pool->dtype == DT_BF16;
     g.n = n;
     g.pos0 = pos0;
@@ -1011,7 +1015,7 @@ static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct k
         return;
     }
     const int *tab = dev_table(c, seq);
-    struct cuk_attn g = attn_geom(pool, layer, n, pos0);
+    struct cuk_attn g = attn_geom(c, pool, layer, n, pos0);
     if (tab)
         fail_cuda(c, "kv_store", cuk_kv_store(c->stream, pool->k, pool->v, tab, &g,
                                               c->capturing ? (const int *)c->step.p : NULL, k, v));
@@ -1041,7 +1045,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
     const int *tab = invf ? dev_table(c, seq) : NULL;
     if (!tab)
         return;
-    struct cuk_attn g = attn_geom(pool, layer, n, pos0);
+    struct cuk_attn g = attn_geom(c, pool, layer, n, pos0);
     g.n_kv_heads = n_kv_heads;
     fail_cuda(c, "rope_kv_store",
               cuk_rope_kv_store(c->stream, q, k, v, pool->k, pool->v, tab, &g, n_heads, head_dim,
@@ -1067,7 +1071,7 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     const int *tab = dev_table(c, seq);
     if (!tab)
         return sticky(c, e);
-    struct cuk_attn g = attn_geom(pool, layer, a->n, a->pos0);
+    struct cuk_attn g = attn_geom(c, pool, layer, a->n, a->pos0);
     g.n_heads = a->n_heads;
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
@@ -1150,7 +1154,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     int *tmp = malloc(sizeof(int) * need);
     if (!tmp)
         return err_set(e, "%s: batch metadata: out of memory", c->name);
-    struct cuk_attn g = attn_geom(pool, layer, (int)rows, n_seg * 8);
+    struct cuk_attn g = attn_geom(c, pool, layer, (int)rows, n_seg * 8);
     g.n_heads = a->n_heads;
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
@@ -1667,6 +1671,8 @@ static struct backend *cuda_create(int device, struct err *e)
     p = getenv("CLLM_CUDA_GEMV_MAX");
     c->gemv_max = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX ? atoi(p) : CUK_GEMV_DEFAULT;
     c->half_type = -1;
+    p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
+    c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
     p = getenv("CLLM_CUDA_PDL");
     cuk_set_pdl(!(p && !strcmp(p, "0")));
     p = getenv("CLLM_KV_DTYPE");

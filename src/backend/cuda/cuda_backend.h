@@ -36,6 +36,9 @@ struct cuk_attn {
     float scale;
     int n_layers, layer, block_size, kv_dim;
     int kv_bf16;
+    /* launch choices: the GPU's multiprocessors, and the tiled kernel's
+     * rows per warp (4 or 8; 0: chosen by size) */
+    int n_sms, rows_per_warp;
 };
 
 /* Process-wide: launch kernels with programmatic dependent launch (on by
