@@ -1,6 +1,7 @@
 /* oracle.c - see oracle.h. */
 #include "oracle.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -216,4 +217,30 @@ void oracle_tinystories(struct runner *r, const char *fixtures_dir, const char *
     free(prompt);
     free(want);
     json_decref(root);
+}
+
+int oracle_each(const char *fixtures_dir, void (*fn)(const char *dir, const char *name))
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/oracle", fixtures_dir);
+    DIR *d = opendir(path);
+    CHECK(d != NULL, "%s: fixtures missing", path);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char dir[1300], ref[1400];
+        snprintf(dir, sizeof dir, "%s/%s", path, de->d_name);
+        snprintf(ref, sizeof ref, "%s/ref.json", dir);
+        FILE *f = fopen(ref, "r");
+        if (!f)
+            continue;
+        fclose(f);
+        n++;
+        fn(dir, de->d_name);
+    }
+    if (d)
+        closedir(d);
+    return n;
 }

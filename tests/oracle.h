@@ -47,4 +47,8 @@ double oracle_case_err(struct runner *r, const char *dir, int index);
  * and greedy ids (fixtures_dir/oracle/tinystories_*): logits within 1e-4. */
 void oracle_tinystories(struct runner *r, const char *fixtures_dir, const char *label);
 
+/* Calls fn(dir, name) for every fixture under fixtures_dir/oracle (a
+ * folder holding a ref.json); returns how many (CHECKs the folder exists). */
+int oracle_each(const char *fixtures_dir, void (*fn)(const char *dir, const char *name));
+
 #endif

@@ -12,7 +12,6 @@
  * Without a GPU (CI) it prints "skipped: no GPU" and passes. Paths can be
  * overridden with CLLM_FIXTURES_DIR / CLLM_SHARED_DIR in the environment
  * (the GPU machine runs a binary built elsewhere). */
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -869,6 +868,21 @@ static void check_module(void)
 #endif
 }
 
+/* Every oracle fixture, on the GPU: the fast path (bf16 fixtures at the
+ * tensor-core tolerance), the GEMV path, precise mode, the bf16 K/V cache,
+ * then through GGUF. */
+static void check_fixture(const char *dir, const char *name)
+{
+    bool bf16 = strstr(name, "bf16") != NULL;
+    check_oracle(dir, 64, false, bf16 ? BF16_FAST_TOL : 1e-4, -1);
+    check_oracle(dir, 2, false, 1e-4, -1); /* n <= 2: GEMV with f32 activations */
+    check_oracle(dir, 64, true, 1e-4, -1);
+    printf("(next: bf16 K/V cache, the default)\n");
+    kv_bf16_next = true;
+    check_oracle(dir, 64, false, KV_BF16_TOL, 4);
+    check_gguf_oracle(dir, name);
+}
+
 int main(void)
 {
     fixtures_dir = getenv("CLLM_FIXTURES_DIR") ? getenv("CLLM_FIXTURES_DIR") : CLLM_FIXTURES_DIR;
@@ -896,37 +910,11 @@ int main(void)
     check_attention_batch(cpu, false);
     check_attention_batch(cpu, true);
 
-    char path[1024];
-    snprintf(path, sizeof path, "%s/oracle", fixtures_dir);
-    DIR *d = opendir(path);
-    CHECK(d != NULL, "%s: fixtures missing", path);
-    int n_models = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char dir[1300], ref[1400];
-        snprintf(dir, sizeof dir, "%s/%s", path, de->d_name);
-        snprintf(ref, sizeof ref, "%s/ref.json", dir);
-        FILE *f = fopen(ref, "r");
-        if (!f)
-            continue;
-        fclose(f);
-        n_models++;
-        bool bf16 = strstr(de->d_name, "bf16") != NULL;
-        check_oracle(dir, 64, false, bf16 ? BF16_FAST_TOL : 1e-4, -1);
-        check_oracle(dir, 2, false, 1e-4, -1); /* n <= 2: GEMV with f32 activations */
-        check_oracle(dir, 64, true, 1e-4, -1);
-        printf("(next: bf16 K/V cache, the default)\n");
-        kv_bf16_next = true;
-        check_oracle(dir, 64, false, KV_BF16_TOL, 4);
-        check_gguf_oracle(dir, de->d_name);
-    }
-    if (d)
-        closedir(d);
+    int n_models = oracle_each(fixtures_dir, check_fixture);
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);
     check_tinystories_hf();
 
+    char path[1024];
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_cpu_vs_gpu(path, cpu, 400); /* past 256 positions: split-K decode */
     snprintf(path, sizeof path, "%s/models/tinystories-656k", shared_dir);

@@ -2,7 +2,6 @@
  * models in ../shared/models reproduce their recorded greedy ids, and the
  * random-weight fixtures made with Hugging Face transformers
  * (tests/fixtures/gen_oracle.py) match its float32 logits and greedy ids. */
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -202,6 +201,15 @@ static void check_load_errors(void)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* Every oracle fixture: 1 thread, whole prompt; 2 threads, chunks of 5
+ * (prefill in chunks must not change results); then through GGUF. */
+static void check_fixture(const char *dir, const char *name)
+{
+    check_oracle(dir, 1, 64, 1e-4);
+    check_oracle(dir, 2, 5, 1e-4);
+    check_gguf_oracle(dir, name);
+}
+
 int main(void)
 {
     char path[1024];
@@ -211,28 +219,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/models/tinystories-656k", CLLM_SHARED_DIR);
     check_expected_greedy(path, 2);
 
-    snprintf(path, sizeof path, "%s/oracle", CLLM_FIXTURES_DIR);
-    DIR *d = opendir(path);
-    CHECK(d != NULL, "%s: fixtures missing", path);
-    int n_models = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char dir[1300], ref[1400];
-        snprintf(dir, sizeof dir, "%s/%s", path, de->d_name);
-        snprintf(ref, sizeof ref, "%s/ref.json", dir);
-        FILE *f = fopen(ref, "r");
-        if (!f)
-            continue;
-        fclose(f);
-        n_models++;
-        check_oracle(dir, 1, 64, 1e-4);
-        check_oracle(dir, 2, 5, 1e-4); /* prefill in chunks must not change results */
-        check_gguf_oracle(dir, de->d_name);
-    }
-    if (d)
-        closedir(d);
+    int n_models = oracle_each(CLLM_FIXTURES_DIR, check_fixture);
     CHECK(n_models >= 5, "expected oracle fixtures for llama, llama3, mistral, qwen2, qwen3 (found %d)",
           n_models);
     check_tinystories_hf();
