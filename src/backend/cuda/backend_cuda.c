@@ -124,6 +124,7 @@ struct cuda_backend {
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
+    int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
     struct pinned up_ids, up_tab, up_bat; /* staging of ids, block table, batch metadata */
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
@@ -993,6 +994,7 @@ static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_p
     struct cuk_attn g = {0};
     g.n_sms = c->n_sms;
     g.rows_per_warp = c->att_rpw;
+    g.mma = c->att_mma;
     g.kv_bf16 = pool->dtype == DT_BF16;
     g.n = n;
     g.pos0 = pos0;
@@ -1673,6 +1675,8 @@ static struct backend *cuda_create(int device, struct err *e)
     c->half_type = -1;
     p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
     c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
+    p = getenv("CLLM_CUDA_ATT_MMA");
+    c->att_mma = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_PDL");
     cuk_set_pdl(!(p && !strcmp(p, "0")));
     p = getenv("CLLM_KV_DTYPE");

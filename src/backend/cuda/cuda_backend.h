@@ -39,6 +39,9 @@ struct cuk_attn {
     /* launch choices: the GPU's multiprocessors, and the tiled kernel's
      * rows per warp (4 or 8; 0: chosen by size) */
     int n_sms, rows_per_warp;
+    /* 1: cuk_attention_tiled hands bf16-cache prefill to the tensor-core
+     * kernel (cuk_attention_mma) */
+    int mma;
 };
 
 /* Process-wide: launch kernels with programmatic dependent launch (on by
@@ -105,6 +108,16 @@ int cuk_attention_tiled_ok(const struct cuk_attn *g);
  * same whatever chunk it is computed in. */
 cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, const void *kc,
                                 const void *vc, const int *table, const struct cuk_attn *g);
+/* Whether cuk_attention_mma takes g: a bf16 cache, n >= 8, head_dim 64 or
+ * 128, at most 64 query heads per KV head. */
+int cuk_attention_mma_ok(const struct cuk_attn *g);
+/* cuk_attention_tiled on tensor cores (bf16 cache only; q and the softmax
+ * probabilities are rounded to bf16 for the products, f32 accumulation).
+ * Key tiles are aligned to multiples of 64 positions, so a row's result
+ * does not depend on the chunk it is computed in either. cuk_attention_tiled
+ * calls it when g->mma and cuk_attention_mma_ok. */
+cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
+                              const void *vc, const int *table, const struct cuk_attn *g);
 
 /* Queries per segment cuk_attention_short_batch takes for g's geometry
  * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */

@@ -1,0 +1,309 @@
+/* attention_mma.cu - causal prefill attention on tensor cores, for a bf16
+ * K/V cache. The FlashAttention-2 scheme with mma.sync m16n8k16 (bf16 in,
+ * f32 accumulate): a block owns 64 (query, head) rows of the query heads
+ * that share one KV head, each warp 16 of them; 64-key tiles of K and V are
+ * copied from the paged cache into shared memory with cp.async, double
+ * buffered so the next tile's copy overlaps this tile's arithmetic. Scores
+ * and the output stay in registers: S = Q K^T (Q pre-scaled by
+ * scale * log2 e and rounded to bf16, held as A fragments for the whole
+ * kernel), the online softmax runs in base 2, and P (rounded to bf16) is
+ * fed back as the A operand of O += P V.
+ *
+ * Rounding Q and P to bf16 is what makes this path differ from the f32
+ * tiled kernel (attention_tiled.cu): about 2^-9 relative per product, the
+ * same order as the bf16 cache itself; an f32 cache (CLLM_KV_DTYPE=f32,
+ * CLLM_CUDA_PRECISE) never comes here. */
+#include <math.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#define AM_WARPS 4
+#define AM_ROWS (AM_WARPS * 16) /* (query, head) rows of a block */
+#define AM_KEYS 64              /* keys per tile */
+#define AM_MIN_N 8              /* fewer queries: the per-query kernel */
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (lo) in the low half */
+    return *(uint32_t *)&v;
+}
+
+/* D += A B: A 16x16 (row), B 16x8 (col), bf16 in, f32 accumulators. */
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* 16 bytes global -> shared, bypassing registers; zero-filled when !ok
+ * (keys past the range: V rows must be zeros, as 0 * garbage may be NaN). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* A K or V tile is [AM_KEYS][HD] bf16 with 16-byte chunk c of key row j
+ * stored at chunk c ^ (j & 7): the 8 rows an ldmatrix reads (8 consecutive
+ * keys, one logical chunk) then sit in 8 distinct bank groups. */
+template <int HD>
+static __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int key, int chunk)
+{
+    return base + (uint32_t)(key * HD * 2 + ((chunk ^ (key & 7)) << 4));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attention_mma(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+                    const int *table, struct cuk_attn g, int bq)
+{
+    constexpr int NCH = HD / 8;          /* 16-byte chunks per key row */
+    constexpr int TILE = AM_KEYS * HD * 2; /* bytes of one K or V tile */
+    constexpr int KT = AM_KEYS / 8;      /* n-tiles of S */
+    constexpr int DT = HD / 8;           /* n-tiles of O */
+    constexpr int QK = HD / 16;          /* k-steps of Q K^T */
+    extern __shared__ float4 am_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
+    /* [buffer][K, V] */
+    auto ktile = [&](int b) { return sbase + (uint32_t)(2 * b * TILE); };
+    auto vtile = [&](int b) { return sbase + (uint32_t)((2 * b + 1) * TILE); };
+
+    cuk_pdl_start();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int G = g.n_heads / g.n_kv_heads, kvh = blockIdx.y;
+    /* the causal diagonal makes later query tiles longer: start them first */
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
+    const int nq = min(bq, g.n - q0), rows = nq * G;
+
+    /* This thread's two rows (gid and gid + 8 of the warp's 16): row r is
+     * query q0 + r / G, head kvh * G + r % G; -1: no such row. */
+    int pos[2], start[2];
+    const float *qrow[2];
+    float *orow[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = warp * 16 + gid + 8 * h;
+        pos[h] = -1;
+        start[h] = 0;
+        qrow[h] = nullptr;
+        orow[h] = nullptr;
+        if (r < rows) {
+            size_t qh = (size_t)(q0 + r / G) * g.n_heads + kvh * G + r % G;
+            pos[h] = g.pos0 + q0 + r / G;
+            if (g.window > 0 && pos[h] - g.window + 1 > 0)
+                start[h] = pos[h] - g.window + 1;
+            qrow[h] = q + qh * HD;
+            orow[h] = out + qh * HD;
+        }
+    }
+    /* Q as A fragments: k-step s covers dims 16s..16s+15; register 0/1 are
+     * rows gid / gid+8 at dims 2 tig, +1; 2/3 the same 8 dims later. */
+    const float qscale = g.scale * 1.4426950408889634f;
+    uint32_t qf[QK][4];
+#pragma unroll
+    for (int s = 0; s < QK; s++)
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2 v = make_float2(0.0f, 0.0f);
+                if (qrow[h])
+                    v = *(const float2 *)(qrow[h] + 16 * s + 8 * half + 2 * tig);
+                qf[s][2 * half + h] = pack_bf16(v.x * qscale, v.y * qscale);
+            }
+
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    const int p_first = g.pos0 + q0, p_last = g.pos0 + q0 + nq - 1;
+    int k_lo = 0;
+    if (g.window > 0 && p_first - g.window + 1 > 0)
+        k_lo = p_first - g.window + 1;
+    k_lo &= ~(AM_KEYS - 1);
+    const int t_max = p_last, n_tiles = (t_max - k_lo) / AM_KEYS + 1;
+    const size_t head_off = (size_t)kvh * HD;
+
+    auto load_tile = [&](int t0, int b) {
+#pragma unroll
+        for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
+            int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
+            bool ok = t <= t_max;
+            size_t off = ok ? cuk_kv_offset(&g, table, t) + head_off + (size_t)c * 8 : 0;
+            cp_async16(tile_addr<HD>(ktile(b), j, c), kc + off, ok);
+            cp_async16(tile_addr<HD>(vtile(b), j, c), vc + off, ok);
+        }
+        cp_async_commit();
+    };
+    load_tile(k_lo, 0);
+
+    for (int it = 0; it < n_tiles; it++) {
+        const int t0 = k_lo + it * AM_KEYS, b = it & 1;
+        if (it + 1 < n_tiles) {
+            load_tile(t0 + AM_KEYS, b ^ 1); /* its buffer was released at the end of it-1 */
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        /* S = Q K^T for the warp's 16 rows and the tile's 64 keys */
+        float s[KT][4];
+#pragma unroll
+        for (int j = 0; j < KT; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < QK; ks += 2)
+#pragma unroll
+            for (int j = 0; j < KT; j++) {
+                /* matrices: keys 8j..8j+7 at dims 16ks + 8 * (0..3) */
+                uint32_t kb[4];
+                ldsm_x4(kb, tile_addr<HD>(ktile(b), 8 * j + (lane & 7), 2 * ks + (lane >> 3)));
+                mma_bf16(s[j], qf[ks], kb[0], kb[1]);
+                mma_bf16(s[j], qf[ks + 1], kb[2], kb[3]);
+            }
+
+        /* mask, online softmax (base 2) for rows gid (h 0) and gid+8 (h 1) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < KT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1, t = t0 + 8 * j + 2 * tig + (e & 1);
+                bool ok = t <= pos[h] && t >= start[h];
+                s[j][e] = ok ? s[j][e] : -INFINITY;
+                mx[h] = fmaxf(mx[h], s[j][e]);
+            }
+        float corr[2], mnew[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            mnew[h] = fmaxf(m[h], mx[h]);
+            /* a row that has seen no key yet keeps m = -inf, l = 0, o = 0 */
+            corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
+            m[h] = mnew[h];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            l[h] *= corr[h]; /* this thread's share; summed over the 4 lanes of a row at the end */
+#pragma unroll
+        for (int j = 0; j < KT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - mnew[h]);
+                s[j][e] = p;
+                l[h] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+
+        /* O += P V: P's S accumulators become A fragments (k-step kk =
+         * keys 16kk..16kk+15 = S n-tiles 2kk, 2kk+1) */
+#pragma unroll
+        for (int kk = 0; kk < AM_KEYS / 16; kk++) {
+            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int j2 = 0; j2 < DT / 2; j2++) {
+                /* matrices (transposed): keys 16kk + 8 * (0, 1) at dims
+                 * 16 j2 .. +7, then the same keys at dims 16 j2 + 8 .. +15 */
+                int mi = lane >> 3, key = 16 * kk + (mi & 1) * 8 + (lane & 7);
+                uint32_t vb[4];
+                ldsm_x4_trans(vb, tile_addr<HD>(vtile(b), key, 2 * j2 + (mi >> 1)));
+                mma_bf16(o[2 * j2], pa, vb[0], vb[1]);
+                mma_bf16(o[2 * j2 + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with buffer b before it is refilled */
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float L = l[h];
+        L += __shfl_xor_sync(0xffffffffu, L, 1);
+        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        if (!orow[h])
+            continue;
+        float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(float2 *)(orow[h] + 8 * j + 2 * tig) =
+                make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+}
+
+extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
+{
+    return g->kv_bf16 && g->n >= AM_MIN_N && (g->head_dim == 64 || g->head_dim == 128) &&
+           g->n_kv_heads > 0 && g->n_heads % g->n_kv_heads == 0 &&
+           g->n_heads / g->n_kv_heads <= AM_ROWS && g->kv_dim % 8 == 0;
+}
+
+template <int HD>
+static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const uint16_t *kc,
+                              const uint16_t *vc, const int *table, const struct cuk_attn *g)
+{
+    int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
+    size_t smem = 4 * (size_t)AM_KEYS * HD * 2; /* K and V, two buffers each */
+    static bool opted_in;
+    if (!opted_in) { /* above 48 KB a kernel must opt in, once */
+        cudaError_t err = cudaFuncSetAttribute(
+            k_attention_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess)
+            return err;
+        opted_in = true;
+    }
+    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
+    return cuk_launch(k_attention_mma<HD>, grid, AM_WARPS * 32, smem, s, out, q, kc, vc, table,
+                      *g, bq);
+}
+
+extern "C" cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q,
+                                         const void *kc, const void *vc, const int *table,
+                                         const struct cuk_attn *g)
+{
+    if (!cuk_attention_mma_ok(g))
+        return cudaErrorInvalidValue;
+    if (g->head_dim == 64)
+        return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
+    return launch_mma<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
+}
