@@ -307,3 +307,394 @@ extern "C" cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float
         return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
     return launch_mma<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
 }
+
+/* ---- decode: a few queries per sequence over a long key range ----------
+ * One block per (sequence, KV head, key split), reading each K/V row once
+ * for all the query heads that share it: the rows (query, head) of the
+ * sequence's n queries fill one m16 tile (n * group <= 16). The block's
+ * threads copy 64-key tiles as above; each warp computes a 16-key quarter
+ * of every tile with its own online softmax, and the warps (then the
+ * splits, by the last block to finish) are merged at the end. Decode is
+ * bound by reading K/V, so the products are done at about f32 precision
+ * for free: q and p are each split into a bf16 high part and a bf16
+ * remainder, two mma each (K and V are exact in bf16). */
+
+/* A 16x16 A fragment from its four f32 pairs: x = hi + lo in bf16. */
+static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    float2 hf = __bfloat1622float2(h);
+    *hi = *(uint32_t *)&h;
+    *lo = pack_bf16(a - hf.x, b - hf.y);
+}
+
+/* The block's work for one sequence: g.n queries at positions g.pos0..;
+ * out and q point at its first row; ws (n_splits > 1) holds its partials
+ * laid out as cuk_attention's workspace for g.n queries and n_splits
+ * splits (m and l in base 2), cnt is its counter for this KV head. */
+template <int HD>
+static __device__ __forceinline__ void dec_block(float *out, const float *q, const uint16_t *kc,
+                                                 const uint16_t *vc, const int *table,
+                                                 const struct cuk_attn &g, int kvh, int sp,
+                                                 int n_splits, float *ws, unsigned *cnt)
+{
+    constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
+    extern __shared__ float4 am_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
+    auto ktile = [&](int b) { return sbase + (uint32_t)(2 * b * TILE); };
+    auto vtile = [&](int b) { return sbase + (uint32_t)((2 * b + 1) * TILE); };
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int G = g.n_heads / g.n_kv_heads, rows = g.n * G;
+
+    int pos[2], start[2];
+    uint32_t qhi[QK][4], qlo[QK][4];
+    const float qscale = g.scale * 1.4426950408889634f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = gid + 8 * h;
+        pos[h] = -1;
+        start[h] = 0;
+        const float *qr = nullptr;
+        if (r < rows) {
+            pos[h] = g.pos0 + r / G;
+            if (g.window > 0 && pos[h] - g.window + 1 > 0)
+                start[h] = pos[h] - g.window + 1;
+            qr = q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
+        }
+#pragma unroll
+        for (int s = 0; s < QK; s++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float2 v = make_float2(0.0f, 0.0f);
+                if (qr)
+                    v = *(const float2 *)(qr + 16 * s + 8 * half + 2 * tig);
+                split_pair(v.x * qscale, v.y * qscale, &qhi[s][2 * half + h],
+                           &qlo[s][2 * half + h]);
+            }
+    }
+
+    /* keys [k_lo, k_end): every query's range, in 64-key tiles; this
+     * split takes a run of whole tiles */
+    const int k_end = g.pos0 + g.n;
+    int k_lo = 0;
+    if (g.window > 0 && g.pos0 - g.window + 1 > 0)
+        k_lo = g.pos0 - g.window + 1;
+    k_lo &= ~(AM_KEYS - 1);
+    const int n_tiles = (k_end - k_lo + AM_KEYS - 1) / AM_KEYS;
+    const int per = (n_tiles + n_splits - 1) / n_splits;
+    const int tb = min(n_tiles, sp * per), te = min(n_tiles, tb + per);
+    const size_t head_off = (size_t)kvh * HD;
+
+    auto load_tile = [&](int t0, int b) {
+#pragma unroll
+        for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
+            int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
+            bool ok = t < k_end;
+            size_t off = ok ? cuk_kv_offset(&g, table, t) + head_off + (size_t)c * 8 : 0;
+            cp_async16(tile_addr<HD>(ktile(b), j, c), kc + off, ok);
+            cp_async16(tile_addr<HD>(vtile(b), j, c), vc + off, ok);
+        }
+        cp_async_commit();
+    };
+
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    if (tb < te)
+        load_tile(k_lo + tb * AM_KEYS, 0);
+    for (int it = tb; it < te; it++) {
+        const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
+        if (it + 1 < te) {
+            load_tile(t0 + AM_KEYS, b ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        /* this warp's keys: t0 + 16 warp .. +15 (S n-tiles jj = 0, 1) */
+        float s[2][4];
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+            s[jj][0] = s[jj][1] = s[jj][2] = s[jj][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < QK; ks += 2)
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                uint32_t kb[4];
+                ldsm_x4(kb, tile_addr<HD>(ktile(b), 16 * warp + 8 * jj + (lane & 7),
+                                          2 * ks + (lane >> 3)));
+                mma_bf16(s[jj], qhi[ks], kb[0], kb[1]);
+                mma_bf16(s[jj], qlo[ks], kb[0], kb[1]);
+                mma_bf16(s[jj], qhi[ks + 1], kb[2], kb[3]);
+                mma_bf16(s[jj], qlo[ks + 1], kb[2], kb[3]);
+            }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1, t = t0 + 16 * warp + 8 * jj + 2 * tig + (e & 1);
+                bool ok = t <= pos[h] && t >= start[h];
+                s[jj][e] = ok ? s[jj][e] : -INFINITY;
+                mx[h] = fmaxf(mx[h], s[jj][e]);
+            }
+        float corr[2], mnew[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            mnew[h] = fmaxf(m[h], mx[h]);
+            corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
+            m[h] = mnew[h];
+            l[h] *= corr[h];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[jj][e] - mnew[h]);
+                s[jj][e] = p;
+                l[h] += p;
+            }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        uint32_t phi[4], plo[4];
+        split_pair(s[0][0], s[0][1], &phi[0], &plo[0]);
+        split_pair(s[0][2], s[0][3], &phi[1], &plo[1]);
+        split_pair(s[1][0], s[1][1], &phi[2], &plo[2]);
+        split_pair(s[1][2], s[1][3], &phi[3], &plo[3]);
+#pragma unroll
+        for (int j2 = 0; j2 < DT / 2; j2++) {
+            int mi = lane >> 3, key = 16 * warp + (mi & 1) * 8 + (lane & 7);
+            uint32_t vb[4];
+            ldsm_x4_trans(vb, tile_addr<HD>(vtile(b), key, 2 * j2 + (mi >> 1)));
+            mma_bf16(o[2 * j2], phi, vb[0], vb[1]);
+            mma_bf16(o[2 * j2], plo, vb[0], vb[1]);
+            mma_bf16(o[2 * j2 + 1], phi, vb[2], vb[3]);
+            mma_bf16(o[2 * j2 + 1], plo, vb[2], vb[3]);
+        }
+        __syncthreads();
+    }
+
+    /* merge the warps (their key quarters) through shared memory, which
+     * the tiles no longer use */
+    float *so = (float *)am_smem;              /* [warp][16][HD] */
+    float *sm = so + AM_WARPS * 16 * HD;       /* [warp][16] */
+    float *sl = sm + AM_WARPS * 16;            /* [warp][16] */
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = gid + 8 * h;
+        float L = l[h];
+        L += __shfl_xor_sync(0xffffffffu, L, 1);
+        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        if (tig == 0) {
+            sm[warp * 16 + r] = m[h];
+            sl[warp * 16 + r] = L;
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(float2 *)(so + (warp * 16 + r) * HD + 8 * j + 2 * tig) =
+                make_float2(o[j][2 * h], o[j][2 * h + 1]);
+    }
+    __syncthreads();
+    const size_t nrow = (size_t)g.n * g.n_heads * n_splits;
+    float *wm = ws + nrow * HD, *wl = wm + nrow; /* valid when n_splits > 1 */
+    for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++)
+            M = fmaxf(M, sm[w * 16 + r]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < AM_WARPS; w++) {
+            float mw = sm[w * 16 + r];
+            float c = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+            L += sl[w * 16 + r] * c;
+            O += so[(w * 16 + r) * HD + d] * c;
+        }
+        size_t qh = (size_t)(r / G) * g.n_heads + kvh * G + r % G;
+        if (n_splits == 1) {
+            out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
+        } else {
+            size_t pr = qh * n_splits + sp;
+            ws[pr * HD + d] = O;
+            if (d == 0) {
+                wm[pr] = M;
+                wl[pr] = L;
+            }
+        }
+    }
+    if (n_splits == 1)
+        return;
+    /* the last split of this (sequence, KV head) to finish merges them all */
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == (unsigned)n_splits - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD;
+        size_t qh = (size_t)(r / G) * g.n_heads + kvh * G + r % G, r0 = qh * n_splits;
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < n_splits; s2++)
+            M = fmaxf(M, __ldcg(wm + r0 + s2));
+        float L = 0.0f, O = 0.0f;
+        for (int s2 = 0; s2 < n_splits; s2++) {
+            float ms = __ldcg(wm + r0 + s2);
+            if (ms == -INFINITY) /* a split that saw no key of this row */
+                continue;
+            float c = exp2f(ms - M);
+            L += __ldcg(wl + r0 + s2) * c;
+            O += __ldcg(ws + (r0 + s2) * HD + d) * c;
+        }
+        out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attention_dec(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+                    const int *table, struct cuk_attn g, const int *dpos, int n_splits,
+                    float *ws, unsigned *cnt)
+{
+    cuk_pdl_start();
+    if (dpos)
+        g.pos0 = *dpos;
+    dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
+                  cnt + blockIdx.x);
+}
+
+/* The decode segments of a batch step (cuk_bseg.tiled == 2), laid out as
+ * for cuk_attention_short_batch: blockIdx.x runs over the step's rows and
+ * the block of a segment's first row does its work. */
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attention_dec_batch(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+                          const int *meta, struct cuk_attn g, float *ws, unsigned *cnt,
+                          int max_splits)
+{
+    cuk_pdl_start();
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
+    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0 || (int)blockIdx.z >= sg->splits)
+        return;
+    size_t qd = (size_t)g.n_heads * HD;
+    struct cuk_attn gs = g;
+    gs.n = sg->n;
+    gs.pos0 = sg->pos0;
+    float *sws = sg->splits > 1 ? ws + (size_t)sg->row0 * g.n_heads * max_splits * (HD + 2)
+                                : nullptr;
+    dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
+                  blockIdx.y, blockIdx.z, sg->splits, sws,
+                  cnt + (size_t)sg->row0 * g.n_kv_heads + blockIdx.y);
+}
+
+extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
+{
+    if (!g->kv_bf16 || (g->head_dim != 64 && g->head_dim != 128) || g->n_kv_heads <= 0 ||
+        g->n_heads % g->n_kv_heads || g->kv_dim % 8)
+        return 0;
+    int G = g->n_heads / g->n_kv_heads;
+    return G <= 16 ? 16 / G : 0;
+}
+
+extern "C" int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, int n_seqs)
+{
+    long blocks = (long)n_kv_heads * (n_seqs > 0 ? n_seqs : 1), target = 2L * n_sms;
+    long s = (target + blocks - 1) / blocks, by_len = (kv_cap + AM_KEYS - 1) / AM_KEYS;
+    if (s > by_len)
+        s = by_len;
+    if (s > 64)
+        s = 64;
+    return s < 1 ? 1 : (int)s;
+}
+
+/* Shared memory of the decode kernels: the double-buffered tiles, which
+ * the warp merge reuses (it needs less). */
+template <int HD> static constexpr size_t dec_smem() { return 4 * (size_t)AM_KEYS * HD * 2; }
+static_assert(AM_WARPS * 16 * 128 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 128 * 2,
+              "the warp merge fits in the tiles' shared memory");
+static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64 * 2,
+              "the warp merge fits in the tiles' shared memory");
+
+template <int HD>
+static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, const void *kc,
+                              const void *vc, const int *table, const struct cuk_attn *g,
+                              const int *dpos, int n_splits, float *ws, unsigned *cnt)
+{
+    static bool opted_in;
+    if (!opted_in) {
+        cudaError_t err = cudaFuncSetAttribute(
+            k_attention_dec<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem<HD>());
+        if (err != cudaSuccess)
+            return err;
+        opted_in = true;
+    }
+    return cuk_launch(k_attention_dec<HD>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
+                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (const uint16_t *)kc,
+                      (const uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt);
+}
+
+extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q,
+                                         const void *kc, const void *vc, const int *table,
+                                         const struct cuk_attn *g, const int *dpos, int n_splits,
+                                         float *ws, unsigned *cnt)
+{
+    int qmax = cuk_attention_dec_rows(g);
+    if (!qmax || g->n < 1 || g->n > qmax || n_splits < 1 || n_splits > 64 ||
+        (n_splits > 1 && (!ws || !cnt)))
+        return cudaErrorInvalidValue;
+    if (g->head_dim == 64)
+        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt);
+    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt);
+}
+
+template <int HD>
+static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
+                                    const void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt)
+{
+    static bool opted_in;
+    if (!opted_in) {
+        cudaError_t err = cudaFuncSetAttribute(k_attention_dec_batch<HD>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)dec_smem<HD>());
+        if (err != cudaSuccess)
+            return err;
+        opted_in = true;
+    }
+    return cuk_launch(k_attention_dec_batch<HD>,
+                      dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
+                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (const uint16_t *)kc,
+                      (const uint16_t *)vc, meta, *g, ws, cnt, max_splits);
+}
+
+extern "C" cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q,
+                                               const void *kc, const void *vc, const int *meta,
+                                               const struct cuk_attn *g, int max_splits,
+                                               float *ws, unsigned *cnt)
+{
+    if (!cuk_attention_dec_rows(g) || max_splits < 1 || max_splits > 64 ||
+        (max_splits > 1 && (!ws || !cnt)))
+        return cudaErrorInvalidValue;
+    if (g->head_dim == 64)
+        return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
+    return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
+}

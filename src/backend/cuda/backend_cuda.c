@@ -1084,7 +1084,10 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
     if (a->sliding_window > 0 && a->sliding_window < kv_cap)
         kv_cap = a->sliding_window;
-    int splits = cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
+    /* a few queries over a bf16 cache: the tensor-core decode kernel */
+    bool dec = c->att_mma && a->n <= cuk_attention_dec_rows(&g);
+    int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->n_sms, 1)
+                     : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
     if (a->n == 1) {
         c->att_heads = a->n_heads;
         c->att_hd = a->head_dim;
@@ -1096,9 +1099,12 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     unsigned *cnt = NULL;
     if (splits > 1 && !(cnt = att_counters(c, (size_t)a->n * (size_t)a->n_heads)))
         return sticky(c, e);
+    const int *dpos = c->capturing ? (const int *)c->step.p : NULL;
     if (fail_cuda(c, "attention",
-                  cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g,
-                                c->capturing ? (const int *)c->step.p : NULL, splits, ws, cnt)))
+                  dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
+                                          splits, ws, cnt)
+                      : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
+                                      ws, cnt)))
         return sticky(c, e);
     return 0;
 }
@@ -1167,10 +1173,15 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     /* Many short segments (decodes): one block per (segment, KV head)
      * without key splits reads each K/V row once for its whole query-head
      * group; worth it once those blocks alone fill the GPU. */
-    int short_rows = c->fuse ? cuk_attention_short_rows(&g) : 0, n_short = 0;
+    /* On a bf16 cache the tensor-core decode kernel takes them instead,
+     * however few: its key splits fill the GPU. */
+    int dec_rows = c->fuse && c->att_mma ? cuk_attention_dec_rows(&g) : 0;
+    int short_rows = dec_rows ? dec_rows : c->fuse ? cuk_attention_short_rows(&g) : 0;
+    int n_short = 0;
     for (int s = 0; s < n_seg && short_rows; s++)
         n_short += segs[s].n <= short_rows;
-    bool use_short = short_rows && (long)n_short * a->n_kv_heads >= c->n_sms;
+    bool use_short = short_rows && (dec_rows ? n_short > 0
+                                             : (long)n_short * a->n_kv_heads >= c->n_sms);
     int short_splits = 1;
     for (int s = 0; s < n_seg; s++) {
         const struct kv_seq *seq = segs[s].seq;
@@ -1190,8 +1201,12 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             if (a->sliding_window > 0 && a->sliding_window < keys)
                 keys = a->sliding_window;
             tiled = 2;
-            splits = (keys + 127) / 128;
-            splits = splits < 1 ? 1 : splits > 8 ? 8 : splits;
+            if (dec_rows) {
+                splits = cuk_attention_dec_splits(a->n_kv_heads, keys, c->n_sms, n_short);
+            } else {
+                splits = (keys + 127) / 128;
+                splits = splits < 1 ? 1 : splits > 8 ? 8 : splits;
+            }
             if (splits > short_splits)
                 short_splits = splits;
         }
@@ -1251,8 +1266,10 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     }
     if (use_short && n_short > 0 &&
         fail_cuda(c, "attention (short segments)",
-                  cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v, c->bat.p, &g,
-                                            short_splits, ws, cnt))) {
+                  dec_rows ? cuk_attention_dec_batch(c->stream, out, q, pool->k, pool->v,
+                                                     c->bat.p, &g, short_splits, ws, cnt)
+                           : cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v,
+                                                       c->bat.p, &g, short_splits, ws, cnt))) {
         free(tmp);
         return sticky(c, e);
     }

@@ -119,6 +119,28 @@ int cuk_attention_mma_ok(const struct cuk_attn *g);
 cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
                               const void *vc, const int *table, const struct cuk_attn *g);
 
+/* Decode on tensor cores (bf16 cache): one block per (sequence, KV head,
+ * key split) reads each K/V row once for every query head sharing it; the
+ * products are done as bf16 high + remainder pairs, about f32 precision.
+ * cuk_attention_dec_rows: the most queries per sequence it takes for g's
+ * geometry (16 / group), 0 when it cannot (f32 cache, head_dim not 64/128,
+ * group > 16). cuk_attention_dec_splits: its key splits for n_seqs
+ * sequences of at most kv_cap keys (<= 64). */
+int cuk_attention_dec_rows(const struct cuk_attn *g);
+int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, int n_seqs);
+/* cuk_attention for g->n <= cuk_attention_dec_rows queries (positions
+ * g->pos0.., or *dpos.. when dpos); ws and cnt as for cuk_attention with
+ * n_splits (cnt: one counter per KV head used). */
+cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, const void *kc,
+                              const void *vc, const int *table, const struct cuk_attn *g,
+                              const int *dpos, int n_splits, float *ws, unsigned *cnt);
+/* cuk_attention_short_batch's job (segments with cuk_bseg.tiled == 2, the
+ * same meta, workspace and counter layout) on tensor cores, for segments of
+ * at most cuk_attention_dec_rows queries. */
+cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
+                                    const void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt);
+
 /* Queries per segment cuk_attention_short_batch takes for g's geometry
  * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */
 int cuk_attention_short_rows(const struct cuk_attn *g);
