@@ -300,9 +300,9 @@ static void check_norm_rope(struct backend *cpu)
 static void check_attention_case(struct backend *cpu, struct backend *be, int hd, int heads,
                                  int kv_heads, int ctx, int n, int window)
 {
-    /* The tensor-core prefill kernel (bf16 cache, n >= 8, head_dim 64/128)
+    /* The tensor-core prefill kernel (bf16 cache, head_dim 64/128)
      * rounds q and the probabilities to bf16: its stated tolerance. */
-    bool mma = att_mma_on && n >= 8 && (hd == 64 || hd == 128) && heads / kv_heads <= 64;
+    bool mma = att_mma_on && (hd == 64 || hd == 128) && heads / kv_heads <= 64;
     /* Few queries take the tensor-core decode kernel, whose products are
      * bf16 pairs (about f32 precision). */
     bool dec = att_mma_on && (hd == 64 || hd == 128) && n * (heads / kv_heads) <= 16;
@@ -420,6 +420,10 @@ static void check_attention(struct backend *cpu)
         check_attention_case(cpu, be, 64, 8, 8, 300, 16, 0);      /* group 1, 16 queries */
         check_attention_case(cpu, be, 64, 16, 1, 1500, 1, 200);   /* group 16, window */
         check_attention_case(cpu, be, 128, 16, 8, 2100, 3, 70);   /* window across tiles */
+        check_attention_case(cpu, be, 128, 32, 8, 500, 6, 0);     /* 6 queries: prefill kernel */
+        /* a short chunk over a long context: the prefill kernel's key splits */
+        check_attention_case(cpu, be, 128, 32, 8, 5000, 12, 0);
+        check_attention_case(cpu, be, 64, 8, 2, 3000, 40, 300);
         backend_destroy(be);
     }
 }

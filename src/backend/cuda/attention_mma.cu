@@ -21,7 +21,7 @@
 #define AM_WARPS 4
 #define AM_ROWS (AM_WARPS * 16) /* (query, head) rows of a block */
 #define AM_KEYS 64              /* keys per tile */
-#define AM_MIN_N 8              /* fewer queries: the per-query kernel */
+#define AM_MMA_MAX_SPLITS 32    /* key splits of the prefill kernel */
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -80,10 +80,75 @@ static __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int key, int
     return base + (uint32_t)(key * HD * 2 + ((chunk ^ (key & 7)) << 4));
 }
 
+/* The key splits of one block's rows (n_splits > 1): each block has
+ * written its rows' unnormalized partials to ws, laid out as
+ * cuk_attention's workspace (o[nrow][HD], then m, then l, nrow = queries x
+ * heads x n_splits; partial of (query qi, head h, split sp) at row
+ * (qi * n_heads + h) * n_splits + sp; m and l in base 2). The last block of
+ * the set to arrive at cnt merges them into out and re-arms cnt. Rows r <
+ * rows are query q0 + r / G, head kvh * G + r % G. Uses shared memory of
+ * (2 * rows * n_splits + rows) floats at smem. */
+template <int HD>
+static __device__ __forceinline__ void split_merge(float *out, const float *ws, size_t nrow,
+                                                   int rows, int n_splits, int q0, int G, int kvh,
+                                                   int n_heads, unsigned *cnt, float *smem)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == (unsigned)n_splits - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    /* Each split's weight per row first (every (row, split) pair loaded at
+     * once, not one split after another), then every output element sums
+     * its splits with independent loads. The partials were written by
+     * other blocks: read through L2 (__ldcg). */
+    const float *wm = ws + nrow * HD, *wl = wm + nrow;
+    float *cw = smem, *cl = cw + rows * n_splits, *cL = cl + rows * n_splits;
+    auto qh_of = [&](int r) { return (size_t)(q0 + r / G) * n_heads + kvh * G + r % G; };
+    for (int i = threadIdx.x; i < rows * n_splits; i += blockDim.x) {
+        size_t pr = qh_of(i / n_splits) * n_splits + i % n_splits;
+        cw[i] = __ldcg(wm + pr);
+        cl[i] = __ldcg(wl + pr);
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        float M = -INFINITY, L = 0.0f;
+        for (int s2 = 0; s2 < n_splits; s2++)
+            M = fmaxf(M, cw[r * n_splits + s2]);
+        for (int s2 = 0; s2 < n_splits; s2++) {
+            float ms = cw[r * n_splits + s2]; /* a split that saw no key of this row: weight 0 */
+            float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+            cw[r * n_splits + s2] = c;
+            L += cl[r * n_splits + s2] * c;
+        }
+        cL[r] = L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD;
+        size_t qh = qh_of(r);
+        const float *src = ws + qh * n_splits * HD + d;
+        float O = 0.0f;
+#pragma unroll 8
+        for (int s2 = 0; s2 < n_splits; s2++)
+            O += __ldcg(src + (size_t)s2 * HD) * cw[r * n_splits + s2];
+        float L = cL[r];
+        out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_mma(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
-                    const int *table, struct cuk_attn g, int bq)
+                    const int *table, struct cuk_attn g, int bq, int n_splits, float *ws,
+                    unsigned *cnt)
 {
     constexpr int NCH = HD / 8;          /* 16-byte chunks per key row */
     constexpr int TILE = AM_KEYS * HD * 2; /* bytes of one K or V tile */
@@ -151,7 +216,10 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (g.window > 0 && p_first - g.window + 1 > 0)
         k_lo = p_first - g.window + 1;
     k_lo &= ~(AM_KEYS - 1);
+    /* split blockIdx.z (of n_splits) takes a run of whole tiles */
     const int t_max = p_last, n_tiles = (t_max - k_lo) / AM_KEYS + 1;
+    const int per = (n_tiles + n_splits - 1) / n_splits, sp = blockIdx.z;
+    const int tb = min(n_tiles, sp * per), te = min(n_tiles, tb + per);
     const size_t head_off = (size_t)kvh * HD;
 
     auto load_tile = [&](int t0, int b) {
@@ -165,11 +233,12 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         }
         cp_async_commit();
     };
-    load_tile(k_lo, 0);
+    if (tb < te)
+        load_tile(k_lo + tb * AM_KEYS, 0);
 
-    for (int it = 0; it < n_tiles; it++) {
-        const int t0 = k_lo + it * AM_KEYS, b = it & 1;
-        if (it + 1 < n_tiles) {
+    for (int it = tb; it < te; it++) {
+        const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
+        if (it + 1 < te) {
             load_tile(t0 + AM_KEYS, b ^ 1); /* its buffer was released at the end of it-1 */
             cp_async_wait<1>();
         } else {
@@ -256,6 +325,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         __syncthreads(); /* every warp is done with buffer b before it is refilled */
     }
 
+    const size_t nrow = (size_t)g.n * g.n_heads * n_splits;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float L = l[h];
@@ -263,24 +333,39 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         L += __shfl_xor_sync(0xffffffffu, L, 2);
         if (!orow[h])
             continue;
+        if (n_splits > 1) { /* this split's partial of the row */
+            size_t pr = (size_t)(orow[h] - out) / HD * n_splits + sp;
+#pragma unroll
+            for (int j = 0; j < DT; j++)
+                *(float2 *)(ws + pr * HD + 8 * j + 2 * tig) = make_float2(o[j][2 * h], o[j][2 * h + 1]);
+            if (tig == 0) {
+                ws[nrow * HD + pr] = m[h];
+                ws[nrow * HD + nrow + pr] = L;
+            }
+            continue;
+        }
         float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
         for (int j = 0; j < DT; j++)
             *(float2 *)(orow[h] + 8 * j + 2 * tig) =
                 make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     }
+    if (n_splits > 1) /* the tiles' shared memory is free: the last loop trip synced */
+        split_merge<HD>(out, ws, nrow, rows, n_splits, q0, G, kvh, g.n_heads,
+                        cnt + (size_t)blockIdx.x * g.n_kv_heads + kvh, (float *)am_smem);
 }
 
 extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
 {
-    return g->kv_bf16 && g->n >= AM_MIN_N && (g->head_dim == 64 || g->head_dim == 128) &&
+    return g->kv_bf16 && g->n >= 1 && (g->head_dim == 64 || g->head_dim == 128) &&
            g->n_kv_heads > 0 && g->n_heads % g->n_kv_heads == 0 &&
            g->n_heads / g->n_kv_heads <= AM_ROWS && g->kv_dim % 8 == 0;
 }
 
 template <int HD>
 static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const uint16_t *kc,
-                              const uint16_t *vc, const int *table, const struct cuk_attn *g)
+                              const uint16_t *vc, const int *table, const struct cuk_attn *g,
+                              int n_splits, float *ws, unsigned *cnt)
 {
     int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
     size_t smem = 4 * (size_t)AM_KEYS * HD * 2; /* K and V, two buffers each */
@@ -292,20 +377,40 @@ static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const 
             return err;
         opted_in = true;
     }
-    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
+    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads, (unsigned)n_splits);
     return cuk_launch(k_attention_mma<HD>, grid, AM_WARPS * 32, smem, s, out, q, kc, vc, table,
-                      *g, bq);
+                      *g, bq, n_splits, ws, cnt);
+}
+static_assert((2 * AM_ROWS * AM_MMA_MAX_SPLITS + AM_ROWS) * 4 <= 4 * AM_KEYS * 64 * 2,
+              "the split merge fits in the tiles' shared memory");
+
+extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms)
+{
+    if (!cuk_attention_mma_ok(g))
+        return 1;
+    int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
+    long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
+    if (blocks >= n_sms)
+        return 1;
+    long s = (2L * n_sms + blocks - 1) / blocks, by_len = (kv_len + AM_KEYS - 1) / AM_KEYS;
+    s = s < by_len ? s : by_len;
+    s = s < AM_MMA_MAX_SPLITS ? s : AM_MMA_MAX_SPLITS;
+    return s < 1 ? 1 : (int)s;
 }
 
 extern "C" cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q,
                                          const void *kc, const void *vc, const int *table,
-                                         const struct cuk_attn *g)
+                                         const struct cuk_attn *g, int n_splits, float *ws,
+                                         unsigned *cnt)
 {
-    if (!cuk_attention_mma_ok(g))
+    if (!cuk_attention_mma_ok(g) || n_splits < 1 || n_splits > AM_MMA_MAX_SPLITS ||
+        (n_splits > 1 && (!ws || !cnt)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
-    return launch_mma<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g);
+        return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g,
+                              n_splits, ws, cnt);
+    return launch_mma<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g,
+                           n_splits, ws, cnt);
 }
 
 /* ---- decode: a few queries per sequence over a long key range ----------
@@ -535,38 +640,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             }
         }
     }
-    if (n_splits == 1)
-        return;
-    /* the last split of this (sequence, KV head) to finish merges them all */
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == (unsigned)n_splits - 1;
-        if (last)
-            *cnt = 0;
-    }
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
-        int r = idx / HD, d = idx % HD;
-        size_t qh = (size_t)(r / G) * g.n_heads + kvh * G + r % G, r0 = qh * n_splits;
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < n_splits; s2++)
-            M = fmaxf(M, __ldcg(wm + r0 + s2));
-        float L = 0.0f, O = 0.0f;
-        for (int s2 = 0; s2 < n_splits; s2++) {
-            float ms = __ldcg(wm + r0 + s2);
-            if (ms == -INFINITY) /* a split that saw no key of this row */
-                continue;
-            float c = exp2f(ms - M);
-            L += __ldcg(wl + r0 + s2) * c;
-            O += __ldcg(ws + (r0 + s2) * HD + d) * c;
-        }
-        out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
-    }
+    if (n_splits > 1) /* the last split of this (sequence, KV head) merges them all */
+        split_merge<HD>(out, ws, nrow, rows, n_splits, 0, G, kvh, g.n_heads, cnt, so);
 }
 
 template <int HD>
@@ -633,6 +708,8 @@ static_assert(AM_WARPS * 16 * 128 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 1
               "the warp merge fits in the tiles' shared memory");
 static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64 * 2,
               "the warp merge fits in the tiles' shared memory");
+static_assert((2 * 16 * 64 + 16) * 4 <= 4 * AM_KEYS * 64 * 2,
+              "the decode split merge fits in the tiles' shared memory");
 
 template <int HD>
 static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, const void *kc,

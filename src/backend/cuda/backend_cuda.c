@@ -1086,8 +1086,12 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
         kv_cap = a->sliding_window;
     /* a few queries over a bf16 cache: the tensor-core decode kernel */
     bool dec = c->att_mma && a->n <= cuk_attention_dec_rows(&g);
+    /* more: the tensor-core prefill kernel, which needs no key splits
+     * (never a decode step, which graph replays must split alike) */
+    bool pre = !dec && a->n > 1 && c->att_mma && cuk_attention_mma_ok(&g);
     int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->n_sms, 1)
-                     : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
+                 : pre ? cuk_attention_mma_splits(&g, a->pos0 + a->n, c->n_sms)
+                       : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
     if (a->n == 1) {
         c->att_heads = a->n_heads;
         c->att_hd = a->head_dim;
@@ -1103,6 +1107,8 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     if (fail_cuda(c, "attention",
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
                                           splits, ws, cnt)
+                  : pre ? cuk_attention_mma(c->stream, out, q, pool->k, pool->v, tab, &g, splits,
+                                            ws, cnt)
                       : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
                                       ws, cnt)))
         return sticky(c, e);
@@ -1182,7 +1188,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         n_short += segs[s].n <= short_rows;
     bool use_short = short_rows && (dec_rows ? n_short > 0
                                              : (long)n_short * a->n_kv_heads >= c->n_sms);
-    int short_splits = 1;
+    int short_splits = 1, pre_splits = 1;
+    size_t ws_pre = 0;
     for (int s = 0; s < n_seg; s++) {
         const struct kv_seq *seq = segs[s].seq;
         int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
@@ -1192,7 +1199,13 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         struct cuk_attn gs = g;
         gs.n = segs[s].n;
         gs.pos0 = segs[s].pos0;
-        int tiled = splits == 1 && cuk_attention_tiled_ok(&gs);
+        /* chunks of more than one query: the tensor-core prefill kernel on
+         * a bf16 cache, split as the single-sequence path splits it (so the
+         * results are the same bits), else the tiled one */
+        bool mma = c->att_mma && segs[s].n > 1 && cuk_attention_mma_ok(&gs);
+        if (mma)
+            splits = cuk_attention_mma_splits(&gs, gs.pos0 + gs.n, c->n_sms);
+        int tiled = mma || (splits == 1 && cuk_attention_tiled_ok(&gs));
         if (use_short && segs[s].n <= short_rows) {
             /* key splits of >= 128 keys: a long context is read by several
              * blocks at once (one block per sequence and KV head alone
@@ -1217,27 +1230,33 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         for (int i = 0; i < segs[s].n; i++)
             tmp[n_seg * 8 + row + i] = s;
         memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
-        if (splits > 1 && tiled != 2)
+        if (splits > 1 && tiled == 1 && cuk_attention_ws_floats(&gs, splits) > ws_pre)
+            ws_pre = cuk_attention_ws_floats(&gs, splits); /* one chunk at a time */
+        if (splits > 1 && tiled == 1 && splits > pre_splits)
+            pre_splits = splits;
+        if (splits > 1 && !tiled)
             ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
         if (!tiled && splits > max_splits)
             max_splits = splits;
         row += segs[s].n;
         toff += seq->n_blocks;
     }
-    /* The batch kernel and then the short-segment kernel use the same
-     * workspace and counters, one after the other. */
+    /* The batch kernel, the short-segment kernel and the prefill chunks
+     * use the same workspace and counters, one after the other. */
     size_t ws_need = (size_t)ws_off, ws_short = 0;
     if (use_short && n_short > 0)
         ws_short = cuk_attention_short_ws_floats(&g, short_splits);
     if (ws_short > ws_need)
         ws_need = ws_short;
+    if (ws_pre > ws_need)
+        ws_need = ws_pre;
     float *ws = NULL;
     if (ws_need > 0 && !(ws = dbuf_get(c, &c->ws, ws_need * 4, "attention workspace"))) {
         free(tmp);
         return sticky(c, e);
     }
     unsigned *cnt = NULL;
-    if ((max_splits > 1 || short_splits > 1) &&
+    if ((max_splits > 1 || short_splits > 1 || pre_splits > 1) &&
         !(cnt = att_counters(c, rows * (size_t)a->n_heads))) {
         free(tmp);
         return sticky(c, e);
@@ -1284,10 +1303,15 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         struct cuk_attn gs = g;
         gs.n = b.n;
         gs.pos0 = b.pos0;
+        const int *tab = (const int *)c->bat.p + b.tab_off;
         if (fail_cuda(c, "attention (prefill chunk)",
-                      cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
-                                          q + (size_t)b.row0 * qd, pool->k, pool->v,
-                                          (const int *)c->bat.p + b.tab_off, &gs))) {
+                      c->att_mma && cuk_attention_mma_ok(&gs)
+                          ? cuk_attention_mma(c->stream, out + (size_t)b.row0 * qd,
+                                              q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
+                                              &gs, b.splits, ws, cnt)
+                          : cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
+                                                q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
+                                                &gs))) {
             free(tmp);
             return sticky(c, e);
         }

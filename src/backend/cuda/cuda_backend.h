@@ -108,16 +108,24 @@ int cuk_attention_tiled_ok(const struct cuk_attn *g);
  * same whatever chunk it is computed in. */
 cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, const void *kc,
                                 const void *vc, const int *table, const struct cuk_attn *g);
-/* Whether cuk_attention_mma takes g: a bf16 cache, n >= 8, head_dim 64 or
- * 128, at most 64 query heads per KV head. */
+/* Whether cuk_attention_mma takes g: a bf16 cache, head_dim 64 or 128, at
+ * most 64 query heads per KV head (any n; cuk_attention_tiled hands it
+ * n >= 8, the backend smaller chunks the decode kernel does not take). */
 int cuk_attention_mma_ok(const struct cuk_attn *g);
 /* cuk_attention_tiled on tensor cores (bf16 cache only; q and the softmax
  * probabilities are rounded to bf16 for the products, f32 accumulation).
- * Key tiles are aligned to multiples of 64 positions, so a row's result
- * does not depend on the chunk it is computed in either. cuk_attention_tiled
- * calls it when g->mma and cuk_attention_mma_ok. */
+ * Key tiles are aligned to multiples of 64 positions, so without splits a
+ * row's result does not depend on the chunk it is computed in either.
+ * n_splits > 1 (a short chunk over a long context, too few blocks to fill
+ * the GPU): each block takes a run of key tiles; ws and cnt as for
+ * cuk_attention. cuk_attention_tiled calls it (unsplit) when g->mma and
+ * cuk_attention_mma_ok. */
 cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
-                              const void *vc, const int *table, const struct cuk_attn *g);
+                              const void *vc, const int *table, const struct cuk_attn *g,
+                              int n_splits, float *ws, unsigned *cnt);
+/* Its key splits for g (g->n queries over kv_len keys): 1 unless its
+ * blocks would leave multiprocessors idle; at most 32. */
+int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
 
 /* Decode on tensor cores (bf16 cache): one block per (sequence, KV head,
  * key split) reads each K/V row once for every query head sharing it; the
