@@ -58,8 +58,11 @@ if [ "${SANITIZE:-1}" = 0 ]; then
     :
 elif command -v compute-sanitizer >/dev/null; then
     ids=$(seq -s, 5 24)
+    # qwen3_hd128: head_dim 128, so the tensor-core attention kernels run
+    # (a 150-token prompt: prefill tiles; then decode steps)
+    long=$(seq -s, 100 249)
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-        for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8"; do
+        for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8" "$ROOT/tests/fixtures/oracle/qwen3_hd128 --prompt-ids $long -n 40"; do
             if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
                 note "compute-sanitizer $tool $(basename ${args%% *}): clean"
             else
