@@ -94,10 +94,19 @@ static __device__ __forceinline__ float cuk_rms_scale(float w, float x, float in
     return w * (x * inv);
 }
 
-/* silu(g) * u, as HF computes SwiGLU in f32. */
+/* silu(g) * u, as HF computes SwiGLU in f32. The _rn operations are never
+ * contracted into an FMA with a neighbour (here: expf's last multiply), so
+ * every kernel that inlines this gives the same bits. */
 static __device__ __forceinline__ float cuk_silu_mul1(float g, float u)
 {
-    return g / (1.0f + expf(-g)) * u;
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* The RoPE angle of position pos for frequency f, rounded in f32 as HF
+ * computes it (pos * inv_freq), never contracted into cosf/sinf. */
+static __device__ __forceinline__ float cuk_rope_angle(int pos, float f)
+{
+    return __fmul_rn((float)pos, f);
 }
 
 /* One RoPE rotation of the pair (x0, x1) by (cs, sn), every product

@@ -337,8 +337,7 @@ __global__ void k_rope(float *x, size_t total, int n_heads, int head_dim, int po
     int f = (int)(idx % half);
     size_t rh = idx / half; /* row * n_heads + head */
     int i = (int)(rh / n_heads);
-    /* HF computes the angle in f32 (pos * inv_freq), then cos/sin. */
-    float ang = (float)(pos0 + i) * inv_freq[f];
+    float ang = cuk_rope_angle(pos0 + i, inv_freq[f]);
     float cs = cosf(ang), sn = sinf(ang);
     float *v = x + rh * head_dim;
     int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
@@ -409,8 +408,7 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
     const float *vr = is_k ? v + rh * head_dim : v;
     int half = head_dim / 2;
     for (int f = lane; f < half; f += 32) {
-        /* HF computes the angle in f32 (pos * inv_freq), then cos/sin. */
-        float ang = (float)pos * inv_freq[f];
+        float ang = cuk_rope_angle(pos, inv_freq[f]);
         float cs = cosf(ang), sn = sinf(ang);
         int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
         float x0 = x[a], x1 = x[b], ra, rb;
