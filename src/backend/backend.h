@@ -51,8 +51,8 @@ struct qk_norm {
     float eps;
 };
 
-/* The input rows of matmul_fused, made from x by the op that consumed
- * them before it was fused in. */
+/* The input rows of matmul_fused: x itself, or what the op that comes
+ * before the matmul in a layer (RMSNorm, SwiGLU) makes of it. */
 enum matmul_in_kind {
     MATMUL_IN_X,       /* x as it is */
     MATMUL_IN_RMSNORM, /* rmsnorm(x) with norm (cols floats, a host pointer of
