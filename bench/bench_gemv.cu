@@ -2,13 +2,19 @@
  * and Qwen3-0.6B, bf16; Q8_0 for a few) for n = 1, 2, 4, 8 tokens, checks
  * every result against a double-precision reference kernel, and prints
  * weight bandwidth, % of --bw, and the GEMV time of one whole decode step.
+ * Then, per shape, cuk_gemv_fused with the neighbour a decode layer fuses
+ * into it (rmsnorm before q/k/v and gate/up, the residual add after o,
+ * SwiGLU before and the residual add after down) against the kernels it
+ * replaces (cuk_rmsnorm / cuk_silu_mul, cuk_gemv, cuk_add): bit for bit,
+ * and the time of both.
  *
  *   bench_gemv [--bw BYTES_PER_S] [--reps N] [--quick]
  *
  * Timing replays a CUDA graph of --reps calls (as decode runs). Each
  * timed matrix is cycled through enough copies (>= 256 MB in all)
  * that the weights do not stay in the 50 MB L2. Exit status 1 on a CUDA error,
- * a relative error above 1e-5, or fused (multi) != unfused bit for bit. */
+ * a relative error above 1e-5, or fused (multi, fused neighbours) != unfused
+ * bit for bit. */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -168,9 +174,41 @@ static struct cuk_weight mat_w(const struct mat *m, int c)
 struct shape {
     const char *name;
     int k, rows[3], cols, q8;
+    int in, add; /* the neighbours a decode layer fuses into it (CUK_IN_*, residual add) */
 };
 
 static int g_fail = 0;
+
+/* Microseconds per call of issue(stream, copy) replayed reps times from a
+ * CUDA graph (one warm-up replay first). */
+template <typename F> static double time_graph(int reps, int copies, F issue)
+{
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int it = 0; it < reps; it++)
+        issue(st, it % copies);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaEventRecord(e0, st));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms_el = 0;
+    CK(cudaEventElapsedTime(&ms_el, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(st));
+    return ms_el * 1000.0 / reps;
+}
 
 /* Runs shape sh (k matrices over one x) for n tokens: check, then time.
  * Returns microseconds per call. */
@@ -189,7 +227,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
         w[i] = mat_w(&ms[i], 0);
         wp[i] = &w[i];
     }
-    bool multi = k > 1 && !sh->q8;
+    bool multi = k > 1;
     if (multi)
         CK(cuk_gemv_multi(0, douts, dx, n, wp, k));
     else
@@ -237,14 +275,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     }
     /* timing: reps calls cycling the copies, recorded into one CUDA graph
      * (as decode runs); one warm-up replay, then one timed replay */
-    int copies = ms[0].copies;
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int it = 0; it < reps; it++) {
-        int c = it % copies;
+    double us = time_graph(reps, ms[0].copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++) {
             w[i] = mat_w(&ms[i], c);
             wp[i] = &w[i];
@@ -254,30 +285,97 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
         else
             for (int i = 0; i < k; i++)
                 CK(cuk_gemv(st, douts[i], dx, n, wp[i]));
-    }
-    CK(cudaStreamEndCapture(st, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms_el = 0;
-    CK(cudaEventElapsedTime(&ms_el, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-    CK(cudaStreamDestroy(st));
-    double us = ms_el * 1000.0 / reps;
+    });
     double gbs = bytes / (us * 1e-6) / 1e9;
     printf("%-22s n=%d %9.2f us %8.1f GB/s %5.1f%%  maxrel %.2e%s\n", sh->name, n, us, gbs,
            100.0 * gbs * 1e9 / bw, maxrel, multi ? "  (multi)" : "");
     fflush(stdout);
     return us;
+}
+
+/* Work buffers of run_fused: x2 (SwiGLU's up), the norm weights, the
+ * plain kernels' intermediate rows and products, the fused and the plain
+ * outputs (which start from the same values when added to). */
+struct fbufs {
+    float *x2, *nw, *mid, *prod, *init[3], *ref[3];
+};
+
+/* The plain kernels sh's fused call replaces, into outs: for SwiGLU the
+ * gate is fb->mid (silu_mul works in place; the caller puts x there). */
+static void plain_issue(cudaStream_t st, const struct shape *sh, const struct cuk_weight *const *wp,
+                        int n, const float *dx, float *const *outs, const struct fbufs *fb)
+{
+    const float eps = 1e-6f;
+    size_t nx = (size_t)n * sh->cols;
+    const float *in = dx;
+    if (sh->in == CUK_IN_RMSNORM) {
+        CK(cuk_rmsnorm(st, fb->mid, dx, fb->nw, n, sh->cols, eps, NULL, 0));
+        in = fb->mid;
+    } else if (sh->in == CUK_IN_SWIGLU) {
+        CK(cuk_silu_mul(st, fb->mid, fb->x2, nx, NULL, 0));
+        in = fb->mid;
+    }
+    for (int i = 0; i < sh->k; i++) {
+        CK(cuk_gemv(st, sh->add ? fb->prod : outs[i], in, n, wp[i]));
+        if (sh->add)
+            CK(cuk_add(st, outs[i], fb->prod, (size_t)n * sh->rows[i]));
+    }
+}
+
+/* cuk_gemv_fused with sh's neighbours against the plain kernels: bit for
+ * bit, then the time of each. plain_us / fused_us get the times. */
+static void run_fused(const struct shape *sh, struct mat *ms, int n, const float *dx,
+                      float **douts, const struct fbufs *fb, int reps, double *plain_us,
+                      double *fused_us)
+{
+    int k = sh->k;
+    struct cuk_weight w[3];
+    const struct cuk_weight *wp[3];
+    for (int i = 0; i < k; i++) {
+        w[i] = mat_w(&ms[i], 0);
+        wp[i] = &w[i];
+    }
+    struct cuk_gemv_in in = {sh->in, dx, fb->x2, fb->nw, 1e-6f};
+    for (int i = 0; i < k; i++) {
+        size_t no = (size_t)n * sh->rows[i];
+        CK(cudaMemcpy(douts[i], fb->init[i], no * 4, cudaMemcpyDeviceToDevice));
+        CK(cudaMemcpy(fb->ref[i], fb->init[i], no * 4, cudaMemcpyDeviceToDevice));
+    }
+    CK(cuk_gemv_fused(0, douts, &in, n, wp, k, sh->add));
+    CK(cudaMemcpy(fb->mid, dx, (size_t)n * sh->cols * 4, cudaMemcpyDeviceToDevice));
+    plain_issue(0, sh, wp, n, dx, fb->ref, fb);
+    CK(cudaDeviceSynchronize());
+    for (int i = 0; i < k; i++) {
+        size_t no = (size_t)n * sh->rows[i];
+        float *a = (float *)malloc(no * 4), *b = (float *)malloc(no * 4);
+        CK(cudaMemcpy(a, douts[i], no * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b, fb->ref[i], no * 4, cudaMemcpyDeviceToHost));
+        if (memcmp(a, b, no * 4)) {
+            size_t bad = 0;
+            for (size_t e = 0; e < no; e++)
+                bad += a[e] != b[e];
+            printf("FAIL %s n=%d fused: %zu of %zu outputs of matrix %d differ from the plain "
+                   "kernels\n", sh->name, n, bad, no, i);
+            g_fail = 1;
+        }
+        free(a);
+        free(b);
+    }
+    int copies = ms[0].copies;
+    *fused_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+        for (int i = 0; i < k; i++)
+            w[i] = mat_w(&ms[i], c);
+        CK(cuk_gemv_fused(st, douts, &in, n, wp, k, sh->add));
+    });
+    *plain_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+        for (int i = 0; i < k; i++)
+            w[i] = mat_w(&ms[i], c);
+        plain_issue(st, sh, wp, n, dx, fb->ref, fb);
+    });
+    static const char *what[] = {"", "+rmsnorm", "+swiglu"};
+    printf("%-22s n=%d fused%s%s %9.2f us, plain kernels %9.2f us (%+.2f us)\n", sh->name, n,
+           what[sh->in], sh->add ? "+add" : "", *fused_us, *plain_us, *fused_us - *plain_us);
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
@@ -311,24 +409,26 @@ int main(int argc, char **argv)
         struct shape s;
         int model, per_step;
     } shapes[] = {
-        {{"8B qkv", 3, {4096, 1024, 1024}, 4096, 0}, 0, 32},
-        {{"8B o", 1, {4096, 0, 0}, 4096, 0}, 0, 32},
-        {{"8B gate/up", 2, {14336, 14336, 0}, 4096, 0}, 0, 32},
-        {{"8B down", 1, {4096, 0, 0}, 14336, 0}, 0, 32},
-        {{"8B lm_head", 1, {128256, 0, 0}, 4096, 0}, 0, 1},
-        {{"0.6B qkv", 3, {2048, 1024, 1024}, 1024, 0}, 1, 28},
-        {{"0.6B o", 1, {1024, 0, 0}, 2048, 0}, 1, 28},
-        {{"0.6B gate/up", 2, {3072, 3072, 0}, 1024, 0}, 1, 28},
-        {{"0.6B down", 1, {1024, 0, 0}, 3072, 0}, 1, 28},
-        {{"0.6B lm_head", 1, {151936, 0, 0}, 1024, 0}, 1, 1},
-        {{"Q8 8B gate/up", 2, {14336, 14336, 0}, 4096, 1}, 2, 0},
-        {{"Q8 8B down", 1, {4096, 0, 0}, 14336, 1}, 2, 0},
-        {{"Q8 0.6B o", 1, {1024, 0, 0}, 2048, 1}, 2, 0},
+        {{"8B qkv", 3, {4096, 1024, 1024}, 4096, 0, CUK_IN_RMSNORM, 0}, 0, 32},
+        {{"8B o", 1, {4096, 0, 0}, 4096, 0, CUK_IN_X, 1}, 0, 32},
+        {{"8B gate/up", 2, {14336, 14336, 0}, 4096, 0, CUK_IN_RMSNORM, 0}, 0, 32},
+        {{"8B down", 1, {4096, 0, 0}, 14336, 0, CUK_IN_SWIGLU, 1}, 0, 32},
+        {{"8B lm_head", 1, {128256, 0, 0}, 4096, 0, CUK_IN_X, 0}, 0, 1},
+        {{"0.6B qkv", 3, {2048, 1024, 1024}, 1024, 0, CUK_IN_RMSNORM, 0}, 1, 28},
+        {{"0.6B o", 1, {1024, 0, 0}, 2048, 0, CUK_IN_X, 1}, 1, 28},
+        {{"0.6B gate/up", 2, {3072, 3072, 0}, 1024, 0, CUK_IN_RMSNORM, 0}, 1, 28},
+        {{"0.6B down", 1, {1024, 0, 0}, 3072, 0, CUK_IN_SWIGLU, 1}, 1, 28},
+        {{"0.6B lm_head", 1, {151936, 0, 0}, 1024, 0, CUK_IN_X, 0}, 1, 1},
+        {{"Q8 8B qkv", 3, {4096, 1024, 1024}, 4096, 1, CUK_IN_RMSNORM, 0}, 2, 0},
+        {{"Q8 8B gate/up", 2, {14336, 14336, 0}, 4096, 1, CUK_IN_RMSNORM, 0}, 2, 0},
+        {{"Q8 8B down", 1, {4096, 0, 0}, 14336, 1, CUK_IN_SWIGLU, 1}, 2, 0},
+        {{"Q8 0.6B o", 1, {1024, 0, 0}, 2048, 1, CUK_IN_X, 1}, 2, 0},
     };
     const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
     int ns[] = {1, 2, 4, 8};
     const int nn = 4;
     double step_us[2][4] = {{0}}, step_bytes[2] = {0};
+    double step_fused[2][4] = {{0}}, step_plain[2][4] = {{0}};
 
     float *dx, *douts[3];
     double *dref;
@@ -337,6 +437,19 @@ int main(int argc, char **argv)
     for (int i = 0; i < 3; i++)
         CK(cudaMalloc((void **)&douts[i], (size_t)8 * maxrows * 4));
     CK(cudaMalloc((void **)&dref, (size_t)8 * maxrows * 8));
+    struct fbufs fb;
+    CK(cudaMalloc((void **)&fb.x2, (size_t)8 * maxcols * 4));
+    CK(cudaMalloc((void **)&fb.nw, (size_t)maxcols * 4));
+    CK(cudaMalloc((void **)&fb.mid, (size_t)8 * maxcols * 4));
+    CK(cudaMalloc((void **)&fb.prod, (size_t)8 * maxrows * 4));
+    for (int i = 0; i < 3; i++) {
+        CK(cudaMalloc((void **)&fb.init[i], (size_t)8 * maxrows * 4));
+        CK(cudaMalloc((void **)&fb.ref[i], (size_t)8 * maxrows * 4));
+        k_fill_f32<<<256, 256>>>(fb.init[i], (size_t)8 * maxrows, 7u + i);
+    }
+    k_fill_f32<<<256, 256>>>(fb.x2, (size_t)8 * maxcols, 5u);
+    k_fill_f32<<<256, 256>>>(fb.nw, (size_t)maxcols, 6u);
+    CK(cudaGetLastError());
 
     for (int si = 0; si < nshapes; si++) {
         const struct shape *sh = &shapes[si].s;
@@ -362,6 +475,15 @@ int main(int argc, char **argv)
             if (md < 2)
                 step_us[md][ni] += us * shapes[si].per_step;
         }
+        for (int ni = 0; ni < nn && (sh->in != CUK_IN_X || sh->add); ni++) {
+            double pu = 0, fu = 0;
+            run_fused(sh, ms, ns[ni], dx, douts, &fb, reps, &pu, &fu);
+            int md = shapes[si].model;
+            if (md < 2) {
+                step_plain[md][ni] += pu * shapes[si].per_step;
+                step_fused[md][ni] += fu * shapes[si].per_step;
+            }
+        }
         int md = shapes[si].model;
         if (md < 2)
             for (int i = 0; i < sh->k; i++)
@@ -377,11 +499,19 @@ int main(int argc, char **argv)
             printf("%s n=%d: %.3f ms GEMV, floor %.3f ms (%.2f GB), %.1f%% of floor\n", mname[md],
                    ns[ni], step_us[md][ni] / 1e3, floor_ms, step_bytes[md] / 1e9,
                    100.0 * floor_ms / (step_us[md][ni] / 1e3));
+        for (int ni = 0; ni < nn; ni++)
+            printf("%s n=%d: layer GEMVs with their neighbours fused %.3f ms, as plain kernels "
+                   "%.3f ms\n", mname[md], ns[ni], step_fused[md][ni] / 1e3,
+                   step_plain[md][ni] / 1e3);
     }
     CK(cudaFree(dx));
     for (int i = 0; i < 3; i++)
         CK(cudaFree(douts[i]));
     CK(cudaFree(dref));
+    float *fbb[] = {fb.x2, fb.nw, fb.mid, fb.prod, fb.init[0], fb.init[1], fb.init[2], fb.ref[0],
+                    fb.ref[1], fb.ref[2]};
+    for (size_t i = 0; i < sizeof fbb / sizeof fbb[0]; i++)
+        CK(cudaFree(fbb[i]));
     printf(g_fail ? "RESULT: FAIL\n" : "RESULT: OK\n");
     return g_fail;
 }

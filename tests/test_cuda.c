@@ -3,7 +3,9 @@
  *   1. ops one by one (matmul for every dtype and path, attention over a
  *      scattered paged cache with GQA, sliding windows and split-K,
  *      RMSNorm, RoPE, embed) against double-precision references or the
- *      CPU backend;
+ *      CPU backend, and the fused ops (matmul_fused, rope_kv_store and
+ *      rope_kv_attention_batch with q/k norm) against the plain ops they
+ *      are defined as;
  *   2. the transformers oracle fixtures: f32 logits within 1e-4, greedy ids
  *      identical; bf16 within 1e-4 with CLLM_CUDA_PRECISE=1 and within the
  *      stated fast-path tolerance (BF16_FAST_TOL) by default; GGUF f32/Q8_0;
@@ -432,8 +434,9 @@ static void check_attention(struct backend *cpu)
  * 2-token and 5-token chunks, prefill chunks: every kernel the batch path
  * chooses, the short-segment one included since 48 sequences x 8 KV heads
  * fill the GPU) against the per-sequence ops on the same GPU, and for f32
- * K/V against the CPU backend too. */
-static void check_attention_batch(struct backend *cpu, bool kv_bf16)
+ * K/V against the CPU backend too; with qk_norm, Qwen3's q/k norm in the
+ * ops (the CPU: rmsnorm first). */
+static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_norm)
 {
     enum { S = 48, HD = 128, HEADS = 32, KVH = 8, LAYERS = 2, LAYER = 1 };
     static const int pattern[] = {1, 2, 1, 5, 20, 1};
@@ -442,6 +445,27 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
     struct backend *be = gpu_create(false);
     if (!be)
         return;
+    /* the norm weights, uploaded as a model's */
+    float qnw[HD], knw[HD];
+    for (int i = 0; i < HD; i++) {
+        qnw[i] = 1.0f + 0.5f * frand();
+        knw[i] = 1.0f + 0.5f * frand();
+    }
+    struct layer_weights lw;
+    memset(&lw, 0, sizeof lw);
+    lw.q_norm = (struct tensor){.dtype = DT_F32, .rows = 1, .cols = HD, .data = qnw};
+    lw.k_norm = (struct tensor){.dtype = DT_F32, .rows = 1, .cols = HD, .data = knw};
+    struct model md;
+    memset(&md, 0, sizeof md);
+    md.cfg.n_layers = 1;
+    md.layers = &lw;
+    if (qk_norm && backend_load_weights(be, &md, &e)) {
+        CHECK(0, "batch attention: norms: %s", e.msg);
+        backend_destroy(be);
+        return;
+    }
+    struct qk_norm qkn = {.q = qnw, .k = knw, .eps = 1e-6f};
+    const struct qk_norm *norm = qk_norm ? &qkn : NULL;
     int kvd = KVH * HD, qd = HEADS * HD, blocks = 0, rows = 0;
     int len[S], n[S];
     for (int s = 0; s < S; s++) {
@@ -507,8 +531,8 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
     /* the batch op on pool pa */
     float *dq = dev_alloc_copy(be, q, qn), *dk = dev_alloc_copy(be, k, kvn),
           *dv = dev_alloc_copy(be, v, kvn), *dout = dev_alloc_copy(be, NULL, qn);
-    CHECK(be->ops->rope_kv_attention_batch(be, dout, dq, dk, dv, segs, S, inv_freq, false, &pa,
-                                           LAYER, &a, &e) == 0,
+    CHECK(be->ops->rope_kv_attention_batch(be, dout, dq, dk, dv, segs, S, inv_freq, false, norm,
+                                           &pa, LAYER, &a, &e) == 0,
           "batch op: %s", e.msg);
     float *got = dev_fetch(be, dout, qn);
     /* per sequence on pool pb (GPU) and pc (CPU) */
@@ -520,10 +544,14 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
         as.pos0 = len[s];
         size_t qo = (size_t)row * qd, ko = (size_t)row * kvd;
         be->ops->rope_kv_store(be, dq2 + qo, dk2 + ko, dv + ko, n[s], HEADS, KVH, HD, len[s],
-                               inv_freq, false, &pb, &sb[s], LAYER);
+                               inv_freq, false, norm, &pb, &sb[s], LAYER);
         CHECK(be->ops->attention(be, dout2 + qo, dq2 + qo, &pb, &sb[s], LAYER, &as, &e) == 0,
               "attention: %s", e.msg);
         if (!kv_bf16) {
+            if (qk_norm) {
+                cpu->ops->rmsnorm(cpu, q + qo, q + qo, qnw, n[s] * HEADS, HD, qkn.eps);
+                cpu->ops->rmsnorm(cpu, k + ko, k + ko, knw, n[s] * KVH, HD, qkn.eps);
+            }
             cpu->ops->rope(cpu, q + qo, n[s], HEADS, HD, len[s], inv_freq, false);
             cpu->ops->rope(cpu, k + ko, n[s], KVH, HD, len[s], inv_freq, false);
             cpu->ops->kv_store(cpu, &pc, &sc[s], LAYER, k + ko, v + ko, n[s], len[s]);
@@ -534,12 +562,13 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
     float *want = dev_fetch(be, dout2, qn);
     CHECK(be->ops->finish(be, &e) == 0, "batch attention: %s", e.msg);
     double re = test_rel_err(got, want, qn);
-    CHECK(re <= 1e-5, "batch attention (kv %s, %d sequences) vs per sequence: rel err %.3g",
-          kv_bf16 ? "bf16" : "f32", S, re);
+    const char *nm = qk_norm ? ", q/k norm" : "";
+    CHECK(re <= 1e-5, "batch attention (kv %s%s, %d sequences) vs per sequence: rel err %.3g",
+          kv_bf16 ? "bf16" : "f32", nm, S, re);
     double rc = kv_bf16 ? 0 : test_rel_err(got, ref, qn);
-    CHECK(rc <= 1e-5, "batch attention (kv f32) vs the CPU: rel err %.3g", rc);
-    printf("attention batch (kv %s, %d sequences, %d rows): vs per sequence %.2e, vs cpu %.2e\n",
-           kv_bf16 ? "bf16" : "f32", S, rows, re, rc);
+    CHECK(rc <= 1e-5, "batch attention (kv f32%s) vs the CPU: rel err %.3g", nm, rc);
+    printf("attention batch (kv %s%s, %d sequences, %d rows): vs per sequence %.2e, vs cpu "
+           "%.2e\n", kv_bf16 ? "bf16" : "f32", nm, S, rows, re, rc);
     float *fs[] = {dq, dk, dv, dout, dq2, dk2, dout2};
     for (int i = 0; i < 7; i++)
         be->ops->free(be, fs[i]);
@@ -558,6 +587,339 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16)
     kv_pool_free(&pb);
     kv_pool_free(&pc);
     backend_destroy(be);
+}
+
+/* rope_kv_store with Qwen3's q/k norm (folded into the RoPE + K/V store
+ * kernel) against rmsnorm, rope, rope and kv_store on the same GPU: q, k
+ * and the cache (expected bit-identical, printed; checked at 1e-5, the
+ * bf16 cache at one bf16 rounding), and q and k against the CPU backend's
+ * ops. head_dim 32 and 64 sum a head's squares in the warp's scalar order,
+ * 128 and 256 in its float4 order; one token and chunks; both RoPE
+ * conventions. */
+static void check_rope_norm(struct backend *cpu)
+{
+    static const int hds[] = {32, 64, 128, 256}, ns[] = {1, 5, 40};
+    enum { H = 8, KVH = 2, LAYERS = 2, LAYER = 1 };
+    const float eps = 1e-6f;
+    int same = 0, total = 0;
+    double worst = 0, worst_cpu = 0;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+        for (int kvb = 0; kvb < 2; kvb++) {
+            int hd = hds[hi], kvd = KVH * hd;
+            struct test_mat qn, kn;
+            mat_make(&qn, DT_F32, 1, hd);
+            mat_make(&kn, DT_F32, 1, hd);
+            for (int i = 0; i < hd; i++) {
+                qn.wide[i] += 1.0f;
+                kn.wide[i] += 1.0f;
+                ((float *)qn.mem)[i] = qn.wide[i];
+                ((float *)kn.mem)[i] = kn.wide[i];
+            }
+            struct layer_weights lw;
+            memset(&lw, 0, sizeof lw);
+            lw.q_norm = qn.t;
+            lw.k_norm = kn.t;
+            struct model md;
+            memset(&md, 0, sizeof md);
+            md.cfg.n_layers = 1;
+            md.layers = &lw;
+            kv_bf16_next = kvb == 1;
+            struct backend *be = gpu_create(false);
+            struct err e = {{0}};
+            if (!be || backend_load_weights(be, &md, &e)) {
+                CHECK(0, "rope norm: load norms: %s", e.msg);
+                backend_destroy(be);
+                mat_free(&qn);
+                mat_free(&kn);
+                continue;
+            }
+            float invf[128];
+            for (int i = 0; i < hd / 2; i++)
+                invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / hd);
+            struct qk_norm norm = {.q = qn.t.data, .k = kn.t.data, .eps = eps};
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (int inter = 0; inter < 2; inter++) {
+                    int n = ns[ni], pos0 = n == 1 ? 1000 : 37;
+                    int blocks = (pos0 + n + 15) / 16 + 1;
+                    struct kv_pool pa, pb;
+                    if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
+                        kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e)) {
+                        CHECK(0, "rope norm: pools: %s", e.msg);
+                        continue;
+                    }
+                    struct kv_seq sa = {0}, sb = {0};
+                    kv_seq_reserve(&pa, &sa, pos0 + n, &e);
+                    kv_seq_reserve(&pb, &sb, pos0 + n, &e);
+                    CHECK(sa.n_blocks == sb.n_blocks &&
+                              !memcmp(sa.blocks, sb.blocks, sizeof(int) * (size_t)sa.n_blocks),
+                          "rope norm: same block tables");
+                    size_t nq = (size_t)n * H * hd, nk = (size_t)n * kvd;
+                    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
+                          *v = malloc(sizeof(float) * nk);
+                    for (size_t i = 0; i < nq; i++)
+                        q[i] = frand() * 3;
+                    for (size_t i = 0; i < nk; i++) {
+                        k[i] = frand() * 3;
+                        v[i] = frand();
+                    }
+                    float *dq = dev_alloc_copy(be, q, nq), *dk = dev_alloc_copy(be, k, nk),
+                          *dv = dev_alloc_copy(be, v, nk), *dq2 = dev_alloc_copy(be, q, nq),
+                          *dk2 = dev_alloc_copy(be, k, nk);
+                    be->ops->rope_kv_store(be, dq, dk, dv, n, H, KVH, hd, pos0, invf, inter,
+                                           &norm, &pa, &sa, LAYER);
+                    be->ops->rmsnorm(be, dq2, dq2, qn.t.data, n * H, hd, eps);
+                    be->ops->rmsnorm(be, dk2, dk2, kn.t.data, n * KVH, hd, eps);
+                    be->ops->rope(be, dq2, n, H, hd, pos0, invf, inter);
+                    be->ops->rope(be, dk2, n, KVH, hd, pos0, invf, inter);
+                    be->ops->kv_store(be, &pb, &sb, LAYER, dk2, dv, n, pos0);
+                    /* the CPU's ops on the host copies */
+                    cpu->ops->rmsnorm(cpu, q, q, qn.t.data, n * H, hd, eps);
+                    cpu->ops->rmsnorm(cpu, k, k, kn.t.data, n * KVH, hd, eps);
+                    cpu->ops->rope(cpu, q, n, H, hd, pos0, invf, inter);
+                    cpu->ops->rope(cpu, k, n, KVH, hd, pos0, invf, inter);
+                    float *gq = dev_fetch(be, dq, nq), *wq = dev_fetch(be, dq2, nq);
+                    float *gk = dev_fetch(be, dk, nk), *wk = dev_fetch(be, dk2, nk);
+                    size_t pool_words = (size_t)pa.n_blocks * LAYERS * 16 * kvd *
+                                        (size_t)pa.elt_bytes / 4;
+                    float *gkc = dev_fetch(be, pa.k, pool_words), *wkc = dev_fetch(be, pb.k, pool_words);
+                    float *gvc = dev_fetch(be, pa.v, pool_words), *wvc = dev_fetch(be, pb.v, pool_words);
+                    CHECK(be->ops->finish(be, &e) == 0, "rope norm: %s", e.msg);
+                    double rq = test_rel_err(gq, wq, nq), rk = test_rel_err(gk, wk, nk);
+                    double cq = test_rel_err(gq, q, nq), ck = test_rel_err(gk, k, nk);
+                    /* the caches, widened (a bf16 cache: one rounding of a last-bit difference) */
+                    size_t nel = pool_words * 4 / (size_t)pa.elt_bytes;
+                    float *a = malloc(sizeof(float) * nel * 4);
+                    float *b = a + nel, *c = a + 2 * nel, *d = a + 3 * nel;
+                    for (size_t i = 0; i < nel; i++) {
+                        if (kvb) {
+                            a[i] = bf16_to_f32(((uint16_t *)gkc)[i]);
+                            b[i] = bf16_to_f32(((uint16_t *)wkc)[i]);
+                            c[i] = bf16_to_f32(((uint16_t *)gvc)[i]);
+                            d[i] = bf16_to_f32(((uint16_t *)wvc)[i]);
+                        } else {
+                            a[i] = gkc[i];
+                            b[i] = wkc[i];
+                            c[i] = gvc[i];
+                            d[i] = wvc[i];
+                        }
+                    }
+                    double rkc = test_rel_err(a, b, nel), rvc = test_rel_err(c, d, nel);
+                    double tol_c = kvb ? 1e-2 : 1e-5;
+                    CHECK(rq <= 1e-5 && rk <= 1e-5 && rkc <= tol_c && rvc <= tol_c,
+                          "rope_kv_store with q/k norm, head_dim %d, n %d, interleaved %d, %s K/V: "
+                          "rel err vs the plain ops q %.3g k %.3g, cache k %.3g v %.3g",
+                          hd, n, inter, kvb ? "bf16" : "f32", rq, rk, rkc, rvc);
+                    CHECK(cq <= 1e-5 && ck <= 1e-5,
+                          "rope_kv_store with q/k norm, head_dim %d, n %d, interleaved %d: rel "
+                          "err vs the CPU q %.3g k %.3g", hd, n, inter, cq, ck);
+                    bool id = !memcmp(gq, wq, sizeof(float) * nq) &&
+                              !memcmp(gk, wk, sizeof(float) * nk) &&
+                              !memcmp(gkc, wkc, sizeof(float) * pool_words) &&
+                              !memcmp(gvc, wvc, sizeof(float) * pool_words);
+                    same += id;
+                    total++;
+                    double w = rq > rk ? rq : rk;
+                    worst = w > worst ? w : worst;
+                    w = cq > ck ? cq : ck;
+                    worst_cpu = w > worst_cpu ? w : worst_cpu;
+                    float *hs[] = {gq, wq, gk, wk, gkc, wkc, gvc, wvc, a, q, k, v};
+                    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                        free(hs[i]);
+                    float *ds[] = {dq, dk, dv, dq2, dk2};
+                    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+                        be->ops->free(be, ds[i]);
+                    kv_seq_release(&pa, &sa);
+                    kv_seq_release(&pb, &sb);
+                    kv_pool_free(&pa);
+                    kv_pool_free(&pb);
+                }
+            backend_destroy(be);
+            mat_free(&qn);
+            mat_free(&kn);
+        }
+    printf("rope_kv_store with q/k norm vs the plain ops: %d of %d cases bit-identical (q, k, "
+           "cache), worst rel err %.2e; vs the CPU %.2e\n", same, total, worst, worst_cpu);
+}
+
+/* matmul_fused, every input kind with and without the residual add,
+ * against the plain ops backend.h defines it as, on the same GPU. With
+ * CLLM_CUDA_GEMV_MAX=8, n <= 8 runs the fused GEMV (the norm's sum of
+ * squares in the warp orders at widths <= 512, the block orders above,
+ * the scalar one past 8192), n = 40 and 600 the plain ops through the GEMM
+ * paths; f32 weights and cols % 8 != 0 always take the plain ops. The
+ * fused kernel follows the plain kernels' arithmetic, so the outputs are
+ * expected to be bit-identical (printed); the check is 1e-5 relative. */
+struct mmf_case {
+    const char *what;
+    enum matmul_in_kind kind;
+    int k;
+    bool add;
+};
+
+static void check_matmul_fused_cols(int cols)
+{
+    enum { NDT = 4, NMAX = 600 };
+    static const enum dtype dts[NDT] = {DT_BF16, DT_F16, DT_Q8_0, DT_F32};
+    static const int rows[3] = {300, 64, 72};
+    static const struct mmf_case cases[] = {
+        {"outs = rmsnorm(x) . W, 3 matrices (q/k/v)", MATMUL_IN_RMSNORM, 3, false},
+        {"x += a . W (o_proj)", MATMUL_IN_X, 1, true},
+        {"x += swiglu(g, u) . W (down_proj)", MATMUL_IN_SWIGLU, 1, true},
+        {"outs += rmsnorm(x) . W, 2 matrices", MATMUL_IN_RMSNORM, 2, true},
+        {"outs = x . W, 2 matrices", MATMUL_IN_X, 2, false},
+    };
+    const int ncase = (int)(sizeof cases / sizeof cases[0]);
+    struct test_mat m[NDT][3], normw;
+    struct layer_weights lw[NDT];
+    struct model md;
+    memset(&md, 0, sizeof md);
+    memset(lw, 0, sizeof lw);
+    int ndt = 0;
+    for (int d = 0; d < NDT; d++) {
+        if (dts[d] == DT_Q8_0 && cols % 32)
+            continue;
+        for (int i = 0; i < 3; i++)
+            mat_make(&m[ndt][i], dts[d], rows[i], cols);
+        lw[ndt].wq = m[ndt][0].t;
+        lw[ndt].wk = m[ndt][1].t;
+        lw[ndt].wv = m[ndt][2].t;
+        ndt++;
+    }
+    mat_make(&normw, DT_F32, 1, cols);
+    for (int i = 0; i < cols; i++) { /* norm weights around 1, as trained ones are */
+        normw.wide[i] += 1.0f;
+        ((float *)normw.mem)[i] = normw.wide[i];
+    }
+    lw[0].attn_norm = normw.t;
+    md.cfg.n_layers = ndt;
+    md.cfg.dim = cols; /* what the backend's half-precision copies key on */
+    md.cfg.hidden_dim = cols;
+    md.layers = lw;
+    setenv("CLLM_CUDA_GEMV_MAX", "8", 1);
+    struct backend *be = gpu_create(false);
+    unsetenv("CLLM_CUDA_GEMV_MAX");
+    struct err e = {{0}};
+    int nmax = cols == 1024 || cols == 4096 ? NMAX : 40;
+    size_t nxm = (size_t)nmax * cols;
+    float *dx = NULL, *dx2 = NULL, *dxr = NULL, *dnx = NULL, *outs[3] = {0}, *refs[3] = {0},
+          *tmp[3] = {0};
+    float *hx = malloc(sizeof(float) * nxm), *hx2 = malloc(sizeof(float) * nxm),
+          *hinit = malloc(sizeof(float) * (size_t)nmax * rows[0]);
+    if (!be || !be->ops->matmul_fused || backend_load_weights(be, &md, &e)) {
+        CHECK(0, "matmul_fused cols %d: %s", cols, be ? e.msg : "no backend");
+        goto out;
+    }
+    dx = dev_alloc_copy(be, NULL, nxm);
+    dx2 = dev_alloc_copy(be, NULL, nxm);
+    dxr = dev_alloc_copy(be, NULL, nxm); /* the plain ops' copy of x (silu_mul writes it) */
+    dnx = dev_alloc_copy(be, NULL, nxm);
+    for (int i = 0; i < 3; i++) {
+        outs[i] = dev_alloc_copy(be, NULL, (size_t)nmax * rows[i]);
+        refs[i] = dev_alloc_copy(be, NULL, (size_t)nmax * rows[i]);
+        tmp[i] = dev_alloc_copy(be, NULL, (size_t)nmax * rows[i]);
+    }
+    const float eps = 1e-6f;
+    static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 40, NMAX};
+    int same = 0, total = 0, fused_seen = 0;
+    double worst = 0;
+    for (int d = 0; d < ndt; d++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0] && ns[ni] <= nmax; ni++)
+            for (int ci = 0; ci < ncase; ci++) {
+                const struct mmf_case *cs = &cases[ci];
+                int n = ns[ni], k = cs->k;
+                enum dtype dt = m[d][0].t.dtype;
+                size_t nx = (size_t)n * cols;
+                for (size_t i = 0; i < nx; i++) {
+                    hx[i] = frand() * (cs->kind == MATMUL_IN_SWIGLU ? 4.0f : 3.0f);
+                    hx2[i] = frand();
+                }
+                backend_upload(be, dx, hx, sizeof(float) * nx);
+                backend_upload(be, dxr, hx, sizeof(float) * nx);
+                backend_upload(be, dx2, hx2, sizeof(float) * nx);
+                const struct tensor *ws[3];
+                for (int i = 0; i < k; i++) {
+                    size_t no = (size_t)n * rows[i];
+                    for (size_t j = 0; j < no; j++)
+                        hinit[j] = cs->add ? frand() * 2.0f : 0.0f;
+                    backend_upload(be, outs[i], hinit, sizeof(float) * no);
+                    backend_upload(be, refs[i], hinit, sizeof(float) * no);
+                    ws[i] = &m[d][i].t;
+                }
+                /* the plain ops */
+                const float *in = dxr;
+                if (cs->kind == MATMUL_IN_RMSNORM) {
+                    be->ops->rmsnorm(be, dnx, dxr, normw.t.data, n, cols, eps);
+                    in = dnx;
+                } else if (cs->kind == MATMUL_IN_SWIGLU) {
+                    be->ops->silu_mul(be, dxr, dx2, nx);
+                }
+                for (int i = 0; i < k; i++) {
+                    CHECK(be->ops->matmul(be, cs->add ? tmp[i] : refs[i], in, n, ws[i], &e) == 0,
+                          "matmul: %s", e.msg);
+                    if (cs->add)
+                        be->ops->add(be, refs[i], tmp[i], (size_t)n * rows[i]);
+                }
+                /* the fused op */
+                struct matmul_in mi = {.kind = cs->kind, .x = dx, .x2 = dx2,
+                                       .norm = normw.t.data, .eps = eps};
+                CHECK(be->ops->matmul_fused(be, outs, &mi, n, ws, k, cs->add, &e) == 0,
+                      "matmul_fused: %s", e.msg);
+                for (int i = 0; i < k; i++) {
+                    size_t no = (size_t)n * rows[i];
+                    float *got = dev_fetch(be, outs[i], no), *want = dev_fetch(be, refs[i], no);
+                    double re = test_rel_err(got, want, no);
+                    CHECK(re <= 1e-5, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "
+                                      "%.3g vs the plain ops", cs->what, dtype_name(dt), rows[i],
+                          cols, n, i, re);
+                    worst = re > worst ? re : worst;
+                    same += !memcmp(got, want, sizeof(float) * no);
+                    total++;
+                    free(got);
+                    free(want);
+                }
+                /* The fused GEMV leaves SwiGLU's gate as it was (the plain
+                 * ops write silu(g) * u into it): where the GEMV path takes
+                 * the shape, it must have run. */
+                if (cs->kind == MATMUL_IN_SWIGLU) {
+                    float *g = dev_fetch(be, dx, nx);
+                    bool untouched = !memcmp(g, hx, sizeof(float) * nx);
+                    bool want_fused = n <= 8 && dt != DT_F32 && cols % 8 == 0;
+                    CHECK(untouched == want_fused, "matmul_fused swiglu %s cols %d n=%d: the "
+                                                   "fused GEMV %s", dtype_name(dt), cols, n,
+                          want_fused ? "did not run" : "ran where it should not");
+                    fused_seen += untouched;
+                    free(g);
+                }
+                CHECK(be->ops->finish(be, &e) == 0, "matmul_fused: %s", e.msg);
+            }
+    printf("matmul_fused cols %d vs the plain ops: %d of %d outputs bit-identical, worst rel err "
+           "%.2e; fused GEMV ran for %d SwiGLU cases\n", cols, same, total, worst, fused_seen);
+out:
+    if (be) {
+        float *bufs[] = {dx, dx2, dxr, dnx, outs[0], outs[1], outs[2], refs[0], refs[1], refs[2],
+                         tmp[0], tmp[1], tmp[2]};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i])
+                be->ops->free(be, bufs[i]);
+    }
+    backend_destroy(be);
+    free(hx);
+    free(hx2);
+    free(hinit);
+    for (int d = 0; d < ndt; d++)
+        for (int i = 0; i < 3; i++)
+            mat_free(&m[d][i]);
+    mat_free(&normw);
+}
+
+static void check_matmul_fused(void)
+{
+    /* 100: no vector path (plain ops); 64, 96: the norm over one warp in
+     * scalar order; 512: in float4 order; 1024, 4096: the block's float4
+     * order; 8224: the block's scalar order (wider than k_rmsnorm_vec) */
+    static const int cols[] = {64, 96, 100, 512, 1024, 4096, 8224};
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
+        check_matmul_fused_cols(cols[i]);
 }
 
 /* ---- 2. oracles (test_models.c's structure, on the GPU) ---- */
@@ -798,8 +1160,10 @@ static void check_argmax_rows(void)
 
 /* Greedy decoding with the device argmax (forward_tokens_greedy, as cllm run
  * does) against the host's argmax over downloaded logits, and the fused
- * launches (matmul_multi, add_rmsnorm) against CLLM_CUDA_FUSE=0: identical
- * ids. */
+ * launches (matmul_fused's GEMV with the norm, SwiGLU and residual add in
+ * it, rope_kv_store with the q/k norm, matmul_multi) against
+ * CLLM_CUDA_FUSE=0, where those ops issue the plain kernels they are
+ * defined as: identical ids and last logits. */
 static void check_device_greedy(const char *model_dir, int n_gen)
 {
     struct runner rf, ru;
@@ -941,8 +1305,12 @@ int main(void)
     check_matmul_all();
     check_norm_rope(cpu);
     check_attention(cpu);
-    check_attention_batch(cpu, false);
-    check_attention_batch(cpu, true);
+    check_attention_batch(cpu, false, false);
+    check_attention_batch(cpu, true, false);
+    check_attention_batch(cpu, false, true);
+    check_attention_batch(cpu, true, true);
+    check_rope_norm(cpu);
+    check_matmul_fused();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);
@@ -957,8 +1325,12 @@ int main(void)
     check_graphs_vs_eager(path, 1100, false);
     check_graphs_vs_eager(path, 300, true);
     check_device_greedy(path, 300);
+    /* bf16 weights: decode through the fused GEMV kernels (norm, SwiGLU and
+     * residual add in the matmuls) and the q/k norm in RoPE + K/V store */
     snprintf(path, sizeof path, "%s/oracle/qwen3_bf16", fixtures_dir);
-    check_device_greedy(path, 32); /* bf16 weights: the fused GEMV path */
+    check_device_greedy(path, 32);
+    check_graphs_vs_eager(path, 300, true);
+    check_graphs_vs_eager(path, 300, false);
     backend_destroy(cpu);
     return test_summary("test_cuda");
 }

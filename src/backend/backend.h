@@ -43,6 +43,31 @@ struct batch_seg {
     int n, pos0;
 };
 
+/* Per-head RMSNorm of q and k before RoPE (Qwen3's q_norm/k_norm):
+ * weights of head_dim floats (host pointers of struct model; either may be
+ * NULL: that one is not normalized). */
+struct qk_norm {
+    const float *q, *k;
+    float eps;
+};
+
+/* The input rows of matmul_fused: x itself, or what the op that comes
+ * before the matmul in a layer (RMSNorm, SwiGLU) makes of it. */
+enum matmul_in_kind {
+    MATMUL_IN_X,       /* x as it is */
+    MATMUL_IN_RMSNORM, /* rmsnorm(x) with norm (cols floats, a host pointer of
+                        * struct model) and eps */
+    MATMUL_IN_SWIGLU   /* silu(x) * x2; x may be left holding it (silu_mul's
+                        * in-place result) or as it was */
+};
+struct matmul_in {
+    enum matmul_in_kind kind;
+    float *x;         /* [n][cols] */
+    const float *x2;  /* MATMUL_IN_SWIGLU: [n][cols] */
+    const float *norm;
+    float eps;
+};
+
 /* One forward step of one sequence, as model/forward.c issues it. */
 struct backend_step {
     const void *owner;          /* the forward state whose buffers the ops use */
@@ -96,20 +121,40 @@ struct backend_ops {
     void (*add_rmsnorm)(struct backend *be, float *out, float *x, const float *y, const float *w,
                         int n, int dim, float eps);
 
-    /* rope(q), rope(k), then kv_store(k, v), as those three ops: */
+    /* With norm (NULL: none): rmsnorm of each head of q with norm->q and of
+     * k with norm->k (rows of head_dim, in place); then rope(q), rope(k),
+     * then kv_store(k, v), as those ops: */
     void (*rope_kv_store)(struct backend *be, float *q, float *k, const float *v, int n,
                           int n_heads, int n_kv_heads, int head_dim, int pos0,
-                          const float *inv_freq, bool interleaved, struct kv_pool *pool,
-                          const struct kv_seq *seq, int layer);
+                          const float *inv_freq, bool interleaved, const struct qk_norm *norm,
+                          struct kv_pool *pool, const struct kv_seq *seq, int layer);
 
     /* Several sequences of one step: segment s is rows segs[s].n of the
      * concatenated q/k/v/out, at positions segs[s].pos0.. of segs[s].seq.
-     * Does, for every segment in order, rope_kv_store then attention (with
-     * a's geometry; a->n and a->pos0 are ignored), with the same results. */
+     * Does, for every segment in order, rope_kv_store (with norm) then
+     * attention (with a's geometry; a->n and a->pos0 are ignored), with the
+     * same results. */
     int (*rope_kv_attention_batch)(struct backend *be, float *out, float *q, float *k,
                                    const float *v, const struct batch_seg *segs, int n_seg,
-                                   const float *inv_freq, bool interleaved, struct kv_pool *pool,
-                                   int layer, const struct attn_args *a, struct err *e);
+                                   const float *inv_freq, bool interleaved,
+                                   const struct qk_norm *norm, struct kv_pool *pool, int layer,
+                                   const struct attn_args *a, struct err *e);
+
+    /* A matmul that brings its neighbours in the layer along, so a decode
+     * step launches one kernel where it launched two or three:
+     *   outs[i] = in . W_i^T        (add false), or
+     *   outs[i] += in . W_i^T       (add true: the residual add)
+     * for k <= 3 weights of one cols, where the rows `in` are made from
+     * in->x as struct matmul_in says. It is defined as the plain ops it
+     * replaces: rmsnorm (MATMUL_IN_RMSNORM) into a temporary or silu_mul
+     * (MATMUL_IN_SWIGLU) in place, then matmul (matmul_multi) into outs, or
+     * for add into a temporary that add() adds to outs. One op with an
+     * input kind and an add flag, rather than one op per pairing, because
+     * the pairings are one kernel with a prologue and an epilogue. A
+     * layer: [q,k,v] = rmsnorm(x).W; x += att.Wo; [gate,up] = rmsnorm(x).W;
+     * x += swiglu(gate,up).Wdown. Outputs must not overlap inputs. */
+    int (*matmul_fused)(struct backend *be, float *const *outs, const struct matmul_in *in,
+                        int n, const struct tensor *const *ws, int k, bool add, struct err *e);
 
     /* Optional (NULL on the CPU, whose memory is the host's). */
     /* Copies every tensor of m to the device once, before the first op that

@@ -123,11 +123,32 @@ static void add_norm(struct forward_state *fs, const float *y, const float *w, i
 
 enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
 
-/* *normed: on entry, xb already holds rmsnorm(x) with this layer's
- * attn_norm; on return, the same for the next layer's (backends with
- * add_rmsnorm fuse the closing residual add with it). Every matmul runs
- * once over all n rows of the batch; RoPE, the K/V store and attention run
- * per segment (its own sequence, positions and block table). */
+/* The matmuls of the fused path (backends with matmul_fused), one call
+ * each: outs = rmsnorm(x) . W (q/k/v, gate/up), and x += in . W (o_proj
+ * over att, down_proj over swiglu(gate, up)). */
+static int fused_norm_matmul(struct forward_state *fs, float *const *outs, const float *norm,
+                             const struct tensor *const *ws, int k, int n, struct err *e)
+{
+    struct matmul_in in = {.kind = MATMUL_IN_RMSNORM, .x = fs->x, .norm = norm,
+                           .eps = fs->m->cfg.norm_eps};
+    return fs->be->ops->matmul_fused(fs->be, outs, &in, n, ws, k, false, e);
+}
+
+static int fused_residual_matmul(struct forward_state *fs, struct matmul_in in,
+                                 const struct tensor *w, int n, struct err *e)
+{
+    float *x[] = {fs->x};
+    return fs->be->ops->matmul_fused(fs->be, x, &in, n, &w, 1, true, e);
+}
+
+/* *normed (plain path only): on entry, xb already holds rmsnorm(x) with
+ * this layer's attn_norm; on return, the same for the next layer's
+ * (backends with add_rmsnorm fuse the closing residual add with it). A
+ * backend with matmul_fused takes the norms, SwiGLU and residual adds into
+ * its matmuls instead (the same results: backend.h defines it as these
+ * ops). Every matmul runs once over all n rows of the batch; RoPE, the K/V
+ * store and attention run per segment (its own sequence, positions and
+ * block table). */
 static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
                          const struct forward_seg *segs, int n_seg, int l, int n, bool *normed,
                          struct err *e)
@@ -137,30 +158,41 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
     const struct backend_ops *op = fs->be->ops;
     struct backend *be = fs->be;
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    bool fused = op->matmul_fused != NULL;
 
-    if (!*normed)
-        op->rmsnorm(be, fs->xb, fs->x, w->attn_norm.data, n, c->dim, c->norm_eps);
     float *qkv[] = {fs->q, fs->k, fs->v};
     const struct tensor *wqkv[] = {&w->wq, &w->wk, &w->wv};
-    if (matmuls(fs, qkv, fs->xb, n, wqkv, 3, e))
-        return -1;
+    if (fused) {
+        if (fused_norm_matmul(fs, qkv, w->attn_norm.data, wqkv, 3, n, e))
+            return -1;
+    } else {
+        if (!*normed)
+            op->rmsnorm(be, fs->xb, fs->x, w->attn_norm.data, n, c->dim, c->norm_eps);
+        if (matmuls(fs, qkv, fs->xb, n, wqkv, 3, e))
+            return -1;
+    }
     if (c->qkv_bias) {
         op->add_bias(be, fs->q, w->bq.data, n, qd);
         op->add_bias(be, fs->k, w->bk.data, n, kvd);
         op->add_bias(be, fs->v, w->bv.data, n, kvd);
     }
-    if (c->qk_norm) {
+    /* Qwen3's per-head q/k norm: inside the RoPE op when the backend has
+     * the op this step uses, else its own rmsnorms first. */
+    bool batch = n_seg > 1 && op->rope_kv_attention_batch;
+    struct qk_norm qkn = {.q = w->q_norm.data, .k = w->k_norm.data, .eps = c->norm_eps};
+    const struct qk_norm *norm = c->qk_norm ? &qkn : NULL;
+    if (norm && !batch && !op->rope_kv_store) {
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    if (n_seg > 1 && op->rope_kv_attention_batch) { /* fs->bsegs: filled by batch_ops */
+    if (batch) { /* fs->bsegs: filled by batch_ops */
         struct attn_args a = {
             .n = n, .pos0 = 0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
             .head_dim = c->head_dim, .sliding_window = c->sliding_window,
             .scale = 1.0f / sqrtf((float)c->head_dim),
         };
         if (op->rope_kv_attention_batch(be, fs->att, fs->q, fs->k, fs->v, fs->bsegs, n_seg,
-                                        fs->inv_freq, c->rope_interleaved, pool, l, &a, e))
+                                        fs->inv_freq, c->rope_interleaved, norm, pool, l, &a, e))
             return -1;
         n_seg = 0; /* done: skip the per-sequence loop */
     }
@@ -171,7 +203,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         const float *v = fs->v + (size_t)row * kvd;
         if (op->rope_kv_store) {
             op->rope_kv_store(be, q, k, v, m, c->n_heads, c->n_kv_heads, c->head_dim, pos0,
-                              fs->inv_freq, c->rope_interleaved, pool, seq, l);
+                              fs->inv_freq, c->rope_interleaved, norm, pool, seq, l);
         } else {
             op->rope(be, q, m, c->n_heads, c->head_dim, pos0, fs->inv_freq, c->rope_interleaved);
             op->rope(be, k, m, c->n_kv_heads, c->head_dim, pos0, fs->inv_freq,
@@ -186,12 +218,20 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         if (op->attention(be, fs->att + (size_t)row * qd, q, pool, seq, l, &a, e))
             return -1;
     }
+    float *gu[] = {fs->hb, fs->hb2};
+    const struct tensor *wgu[] = {&w->w_gate, &w->w_up};
+    if (fused) {
+        struct matmul_in att = {.kind = MATMUL_IN_X, .x = fs->att};
+        struct matmul_in swiglu = {.kind = MATMUL_IN_SWIGLU, .x = fs->hb, .x2 = fs->hb2};
+        if (fused_residual_matmul(fs, att, &w->wo, n, e) ||
+            fused_norm_matmul(fs, gu, w->ffn_norm.data, wgu, 2, n, e) ||
+            fused_residual_matmul(fs, swiglu, &w->w_down, n, e))
+            return -1;
+        return 0;
+    }
     if (op->matmul(be, fs->xb, fs->att, n, &w->wo, e))
         return -1;
     add_norm(fs, fs->xb, w->ffn_norm.data, n);
-
-    float *gu[] = {fs->hb, fs->hb2};
-    const struct tensor *wgu[] = {&w->w_gate, &w->w_up};
     if (matmuls(fs, gu, fs->xb, n, wgu, 2, e))
         return -1;
     op->silu_mul(be, fs->hb, fs->hb2, (size_t)n * c->hidden_dim);

@@ -310,12 +310,15 @@ extern "C" cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, f
                                                    const float *v, void *kc, void *vc,
                                                    const int *meta, const struct cuk_attn *g,
                                                    int max_splits, const float *inv_freq,
-                                                   int interleaved, float *ws, unsigned *cnt)
+                                                   int interleaved, const float *q_norm,
+                                                   const float *k_norm, float eps, float *ws,
+                                                   unsigned *cnt)
 {
     if (g->head_dim > ATT_MAX_HD || g->head_dim <= 0 || g->n_kv_heads <= 0 ||
         g->n_heads % g->n_kv_heads)
         return cudaErrorInvalidValue;
-    cudaError_t err = cuk_rope_kv_store_batch(s, q, k, v, kc, vc, meta, g, inv_freq, interleaved);
+    cudaError_t err = cuk_rope_kv_store_batch(s, q, k, v, kc, vc, meta, g, inv_freq, interleaved,
+                                              q_norm, k_norm, eps);
     if (err != cudaSuccess || max_splits == 0) /* 0: every segment's attention is the caller's */
         return err;
     if (g->kv_bf16)

@@ -33,9 +33,12 @@
  *
  * Decode fixed costs: greedy decoding takes the argmax on the device
  * (argmax op) and copies one id to pinned memory instead of the logits row;
- * the optional fused ops (matmul_multi: q/k/v or gate/up in one GEMV launch;
- * add_rmsnorm; rope_kv_store) cut the launches of a step, with the same
- * arithmetic as the plain ops (CLLM_CUDA_FUSE=0 issues the plain kernels).
+ * the optional fused ops cut the launches of a step, with the same
+ * arithmetic as the plain ops (CLLM_CUDA_FUSE=0 issues the plain kernels):
+ * matmul_fused at GEMV sizes is one launch that normalizes its input
+ * (q/k/v, gate/up), applies SwiGLU to it (down) and adds its result into
+ * the residual (o, down); rope_kv_store does Qwen3's q/k norm, RoPE and the
+ * K/V store in one; matmul_multi and add_rmsnorm serve the plain path.
  * CLLM_CUDA_TIMING=1 prints where decode steps spent their time at exit.
  *
  * Void ops cannot return errors: the first CUDA failure is kept ("sticky")
@@ -111,6 +114,7 @@ struct cuda_backend {
     size_t n_allocs, cap_allocs, alloc_bytes;
 
     struct dbuf ids, table, ws, xh, wf, invf;
+    struct dbuf mm_in, mm_out; /* matmul_fused's temporaries when it issues the plain ops */
     struct dbuf cnt;   /* attention split counters, kept zero between calls */
     /* xh holds xh_src (xh_n elements) rounded to xh_type, valid while
      * op_seq == xh_valid_at: every op bumps op_seq, so a copy made by an op
@@ -199,7 +203,7 @@ static int sticky(struct cuda_backend *c, struct err *e)
 static size_t dbuf_bytes(const struct cuda_backend *c)
 {
     return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->xh.cap + c->wf.cap + c->invf.cap +
-           c->step.cap + (c->blas_ws ? BLAS_WS_BYTES : 0);
+           c->step.cap + c->mm_in.cap + c->mm_out.cap + (c->blas_ws ? BLAS_WS_BYTES : 0);
 }
 
 static void graphs_flush(struct cuda_backend *c)
@@ -830,7 +834,7 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
 }
 
 /* Several matmuls over the same x (q/k/v, gate/up): one GEMV launch for
- * decode-sized n and 2-byte weights, else one matmul each. */
+ * decode-sized n and f16/bf16/Q8_0 weights, else one matmul each. */
 static int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
                            const struct tensor *const *ts, int k, struct err *e)
 {
@@ -1023,17 +1027,24 @@ static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct k
                                               c->capturing ? (const int *)c->step.p : NULL, k, v));
 }
 
-/* rope(q), rope(k), kv_store(k, v) in one launch. */
+/* q/k norm, rope(q), rope(k), kv_store(k, v) in one launch. */
 static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float *v, int n,
                              int n_heads, int n_kv_heads, int head_dim, int pos0,
-                             const float *inv_freq, bool interleaved, struct kv_pool *pool,
-                             const struct kv_seq *seq, int layer)
+                             const float *inv_freq, bool interleaved, const struct qk_norm *norm,
+                             struct kv_pool *pool, const struct kv_seq *seq, int layer)
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
         return;
-    if (!c->fuse || n_kv_heads * head_dim != pool->kv_dim) {
+    const float *qn = norm ? norm->q : NULL, *kn = norm ? norm->k : NULL;
+    float eps = norm ? norm->eps : 0.0f;
+    /* the kernel's norm follows the rmsnorm kernels of rows <= 512 */
+    if (!c->fuse || n_kv_heads * head_dim != pool->kv_dim || ((qn || kn) && head_dim > 512)) {
+        if (qn)
+            cu_rmsnorm(be, q, q, qn, n * n_heads, head_dim, eps);
+        if (kn)
+            cu_rmsnorm(be, k, k, kn, n * n_kv_heads, head_dim, eps);
         cu_rope(be, q, n, n_heads, head_dim, pos0, inv_freq, interleaved);
         cu_rope(be, k, n, n_kv_heads, head_dim, pos0, inv_freq, interleaved);
         cu_kv_store(be, pool, seq, layer, k, v, n, pos0);
@@ -1043,6 +1054,10 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
         fail_msg(c, "kv_store: positions beyond the sequence's blocks");
         return;
     }
+    const float *dqn = qn ? dev_vec(c, qn, "rope_kv_store") : NULL;
+    const float *dkn = kn ? dev_vec(c, kn, "rope_kv_store") : NULL;
+    if ((qn && !dqn) || (kn && !dkn))
+        return;
     const float *invf = dev_invf(c, inv_freq, head_dim / 2);
     const int *tab = invf ? dev_table(c, seq) : NULL;
     if (!tab)
@@ -1052,7 +1067,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
     fail_cuda(c, "rope_kv_store",
               cuk_rope_kv_store(c->stream, q, k, v, pool->k, pool->v, tab, &g, n_heads, head_dim,
                                 c->capturing ? (const int *)c->step.p : NULL, invf,
-                                interleaved));
+                                interleaved, dqn, dkn, eps));
 }
 
 static int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
@@ -1121,8 +1136,8 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
 static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
                                       const float *v, const struct batch_seg *segs, int n_seg,
                                       const float *inv_freq, bool interleaved,
-                                      struct kv_pool *pool, int layer, const struct attn_args *a,
-                                      struct err *e)
+                                      const struct qk_norm *norm, struct kv_pool *pool,
+                                      int layer, const struct attn_args *a, struct err *e)
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
@@ -1138,8 +1153,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             as.n = segs[s].n;
             as.pos0 = segs[s].pos0;
             cu_rope_kv_store(be, q + row * qd, k + row * kvd, v + row * kvd, as.n, a->n_heads,
-                             a->n_kv_heads, a->head_dim, as.pos0, inv_freq, interleaved, pool,
-                             segs[s].seq, layer);
+                             a->n_kv_heads, a->head_dim, as.pos0, inv_freq, interleaved, norm,
+                             pool, segs[s].seq, layer);
             if (cu_attention(be, out + row * qd, q + row * qd, pool, segs[s].seq, layer, &as, e))
                 return -1;
         }
@@ -1262,7 +1277,10 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         return sticky(c, e);
     }
     const float *invf = dev_invf(c, inv_freq, a->head_dim / 2);
-    if (!invf || !dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata")) {
+    const float *qn = norm && norm->q ? dev_vec(c, norm->q, "rope_kv_attention_batch") : NULL;
+    const float *kn = norm && norm->k ? dev_vec(c, norm->k, "rope_kv_attention_batch") : NULL;
+    if (!invf || (norm && norm->q && !qn) || (norm && norm->k && !kn) ||
+        !dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata")) {
         free(tmp);
         return sticky(c, e);
     }
@@ -1278,8 +1296,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     }
     if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
-                                              c->bat.p, &g, max_splits, invf, interleaved, ws,
-                                              cnt))) {
+                                              c->bat.p, &g, max_splits, invf, interleaved, qn, kn,
+                                              norm ? norm->eps : 0.0f, ws, cnt))) {
         free(tmp);
         return sticky(c, e);
     }
@@ -1339,6 +1357,67 @@ static void cu_add(struct backend *be, float *x, const float *y, size_t n)
     struct cuda_backend *c = cb(be);
     if (!c->err[0])
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
+}
+
+/* A matmul with its input's op (rmsnorm, SwiGLU) and the residual add
+ * fused in: one GEMV launch at decode sizes (cuk_gemv_fused), else the
+ * plain ops it is defined as, through the same functions, so the prefill
+ * GEMM path keeps its half-precision copies (half_out / half_x). */
+static int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_in *in,
+                           int n, const struct tensor *const *ts, int k, bool add, struct err *e)
+{
+    cb(be)->op_seq++; /* see half_x */
+    struct cuda_backend *c = cb(be);
+    if (sticky(c, e))
+        return -1;
+    if (k < 1 || k > 3 || n < 1 || in->kind < MATMUL_IN_X || in->kind > MATMUL_IN_SWIGLU)
+        return err_set(e, "%s: matmul_fused of %d matrices over %d rows (input kind %d)",
+                       c->name, k, n, (int)in->kind);
+    size_t cols = (size_t)ts[0]->cols;
+    if (c->fuse && n <= c->gemv_max) {
+        const struct cuk_weight *ws[3];
+        for (int i = 0; i < k; i++)
+            if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
+                return sticky(c, e);
+        struct cuk_gemv_in gi = {.kind = in->kind == MATMUL_IN_RMSNORM  ? CUK_IN_RMSNORM
+                                         : in->kind == MATMUL_IN_SWIGLU ? CUK_IN_SWIGLU
+                                                                        : CUK_IN_X,
+                                 .x = in->x, .x2 = in->x2, .eps = in->eps};
+        if (in->kind == MATMUL_IN_RMSNORM && !(gi.nw = dev_vec(c, in->norm, "rmsnorm")))
+            return sticky(c, e);
+        cudaError_t err = cuk_gemv_fused(c->stream, outs, &gi, n, ws, k, add);
+        if (err != cudaErrorNotSupported) {
+            if (fail_cuda(c, "gemv", err))
+                return sticky(c, e);
+            return 0;
+        }
+    }
+    float *x = in->x;
+    if (in->kind == MATMUL_IN_RMSNORM) {
+        if (!(x = dbuf_get(c, &c->mm_in, (size_t)n * cols * 4, "normed activations")))
+            return sticky(c, e);
+        cu_rmsnorm(be, x, in->x, in->norm, n, (int)cols, in->eps);
+    } else if (in->kind == MATMUL_IN_SWIGLU) {
+        cu_silu_mul(be, in->x, in->x2, (size_t)n * cols);
+    }
+    if (!add)
+        return cu_matmul_multi(be, outs, x, n, ts, k, e);
+    size_t total = 0;
+    for (int i = 0; i < k; i++)
+        total += (size_t)n * (size_t)ts[i]->rows;
+    float *t = dbuf_get(c, &c->mm_out, total * 4, "matmul products");
+    if (!t)
+        return sticky(c, e);
+    float *tmp[3];
+    for (int i = 0; i < k; i++) {
+        tmp[i] = t;
+        t += (size_t)n * (size_t)ts[i]->rows;
+    }
+    if (cu_matmul_multi(be, tmp, x, n, ts, k, e))
+        return -1;
+    for (int i = 0; i < k; i++)
+        cu_add(be, outs[i], tmp[i], (size_t)n * (size_t)ts[i]->rows);
+    return sticky(c, e);
 }
 
 /* ---- decode graphs ---- */
@@ -1518,7 +1597,7 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
     struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->xh, &c->wf, &c->invf, &c->step,
-                           &c->bat};
+                           &c->bat, &c->mm_in, &c->mm_out};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -1611,6 +1690,7 @@ static const struct backend_ops cuda_ops = {
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv_store = cu_rope_kv_store,
     .rope_kv_attention_batch = cu_rope_kv_attention_batch,
+    .matmul_fused = cu_matmul_fused,
     .load_weights = cu_load_weights,
     .finish = cu_finish,
     .upload = cu_upload,

@@ -76,11 +76,15 @@ cudaError_t cuk_kv_store(cudaStream_t s, void *kc, void *vc, const int *table,
                          const float *v);
 /* cuk_rope of q (n_heads) and k (g->n_kv_heads heads of head_dim) at
  * positions g->pos0.. (or *dpos..), then cuk_kv_store of the rotated k and
- * v, in one launch with the same results. */
+ * v, in one launch with the same results. q_norm / k_norm (head_dim
+ * floats, may be NULL; then head_dim <= 512): each head of q / k is first
+ * normalized in place as cuk_rmsnorm over rows of head_dim would (Qwen3's
+ * q/k norm), to the bit. */
 cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v, void *kc,
                               void *vc, const int *table, const struct cuk_attn *g, int n_heads,
                               int head_dim, const int *dpos, const float *inv_freq,
-                              int interleaved);
+                              int interleaved, const float *q_norm, const float *k_norm,
+                              float eps);
 
 /* Splits of the key range attention uses for n queries of n_heads heads
  * over at most kv_cap keys on a GPU with n_sms multiprocessors (1 = no
@@ -178,8 +182,9 @@ struct cuk_bseg {
                 * its K/V) */
     long long ws_off;
 };
-/* RoPE + K/V store + attention of every sequence of a batch step, with the
- * results of cuk_rope_kv_store then cuk_attention per sequence. meta
+/* (q/k norm +) RoPE + K/V store + attention of every sequence of a batch
+ * step, with the results of cuk_rope_kv_store then cuk_attention per
+ * sequence. meta
  * (device ints): [n_seg cuk_bseg][row map: segment of each of g->n rows, at
  * offset g->pos0][block tables]; g->n = rows in all, g->n_heads,
  * n_kv_heads, head_dim, window, scale, layer geometry as usual;
@@ -187,12 +192,14 @@ struct cuk_bseg {
  * 0 when it does none (every segment tiled: it only stores K/V). */
 cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k, const float *v, void *kc,
                                     void *vc, const int *meta, const struct cuk_attn *g,
-                                    const float *inv_freq, int interleaved);
+                                    const float *inv_freq, int interleaved, const float *q_norm,
+                                    const float *k_norm, float eps);
 cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, float *k,
                                         const float *v, void *kc, void *vc, const int *meta,
                                         const struct cuk_attn *g, int max_splits,
-                                        const float *inv_freq, int interleaved, float *ws,
-                                        unsigned *cnt);
+                                        const float *inv_freq, int interleaved,
+                                        const float *q_norm, const float *k_norm, float eps,
+                                        float *ws, unsigned *cnt);
 
 /* Largest n the GEMV kernels take. */
 #define CUK_GEMV_MAX 8
@@ -206,10 +213,34 @@ cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, fl
  * any weight dtype. */
 cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int n, const struct cuk_weight *w);
 /* outs[i][n][ws[i]->rows] = x[n][cols] . W_i^T for k <= 3 matrices of one
- * f16/bf16 dtype and one cols, in one launch, with cuk_gemv's arithmetic;
- * cudaErrorNotSupported (nothing launched) for other shapes or dtypes. */
+ * f16/bf16/Q8_0 dtype and one cols, in one launch, with cuk_gemv's
+ * arithmetic; cudaErrorNotSupported (nothing launched) for other shapes or
+ * dtypes. cuk_gemv_fused with the rows of x as they are. */
 cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
                            const struct cuk_weight *const *ws, int k);
+
+/* The input rows of a fused GEMV, made from x as the kernel stages it. */
+enum {
+    CUK_IN_X,       /* x as it is */
+    CUK_IN_RMSNORM, /* rmsnorm(x) with weights nw (cols floats) and eps: what
+                     * cuk_rmsnorm would write, to the bit */
+    CUK_IN_SWIGLU   /* silu(x) * x2: what cuk_silu_mul would write, to the bit */
+};
+struct cuk_gemv_in {
+    int kind;            /* CUK_IN_* */
+    const float *x, *x2; /* [n][cols]; x2 only for CUK_IN_SWIGLU */
+    const float *nw;     /* CUK_IN_RMSNORM */
+    float eps;
+};
+/* outs[i][n][ws[i]->rows] = in . W_i^T, or += with add != 0 (the residual
+ * add: each output is read and written by the one warp that computes it,
+ * so no atomics), for n <= CUK_GEMV_MAX rows and k <= 3 matrices of one
+ * f16/bf16/Q8_0 dtype and one cols, in one launch with cuk_gemv's
+ * arithmetic on the rows `in` describes. Outputs must not overlap inputs.
+ * cudaErrorNotSupported (nothing launched) for shapes, dtypes or alignments
+ * the vector path does not take; the caller then issues the plain kernels. */
+cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
+                           int n, const struct cuk_weight *const *ws, int k, int add);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include <utility>
@@ -48,6 +49,74 @@ static __device__ __forceinline__ double cuk_warp_sum_d(double v)
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* ---- RMSNorm and SwiGLU arithmetic, shared by the plain kernels
+ * (kernels.cu) and the launches that fuse them into a neighbour (gemv.cu's
+ * input prologues, the q/k norm of RoPE + K/V store), so that fused and
+ * plain launches give the same bits. The order in which a row's squares
+ * are summed is the other half of that; see launch_rmsnorm in kernels.cu. */
+
+/* The squares of a float4 summed in double (each square is exact). */
+static __device__ __forceinline__ double cuk_rms_sq(float4 v)
+{
+    return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+}
+
+/* The sum of every thread's v over the block (part: 32 doubles of shared
+ * memory), the same in every thread. */
+static __device__ __forceinline__ double cuk_block_sum_d(double v, double *part)
+{
+    v = cuk_warp_sum_d(v);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? part[lane] : 0.0;
+        v = cuk_warp_sum_d(v);
+        if (lane == 0)
+            part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+/* 1 / rms of a row of dim elements whose squares sum to ss. */
+static __device__ __forceinline__ float cuk_rms_inv(double ss, int dim, float eps)
+{
+    return 1.0f / sqrtf((float)(ss / dim) + eps);
+}
+
+/* One normalized element: weight w, input x, inv from cuk_rms_inv. */
+static __device__ __forceinline__ float cuk_rms_scale(float w, float x, float inv)
+{
+    return w * (x * inv);
+}
+
+/* silu(g) * u, as HF computes SwiGLU in f32. The _rn operations are never
+ * contracted into an FMA with a neighbour (here: expf's last multiply), so
+ * every kernel that inlines this gives the same bits. */
+static __device__ __forceinline__ float cuk_silu_mul1(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* The RoPE angle of position pos for frequency f, rounded in f32 as HF
+ * computes it (pos * inv_freq), never contracted into cosf/sinf. */
+static __device__ __forceinline__ float cuk_rope_angle(int pos, float f)
+{
+    return __fmul_rn((float)pos, f);
+}
+
+/* One RoPE rotation of the pair (x0, x1) by (cs, sn), every product
+ * rounded on its own (no FMA contraction), so every kernel that rotates
+ * gives the same bits whatever the compiler makes of its surroundings. */
+static __device__ __forceinline__ void cuk_rope_rot(float x0, float x1, float cs, float sn,
+                                                   float &ra, float &rb)
+{
+    ra = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+    rb = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
 }
 
 /* K/V cache elements: T is float (f32 pool) or uint16_t (bf16 pool);

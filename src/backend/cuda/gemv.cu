@@ -20,6 +20,15 @@
  * chained with fmaf, then acc = fmaf(scale, s, acc)); then a fixed xor
  * butterfly sums the 32 lanes. No atomics: deterministic run to run.
  *
+ * Fused neighbours (cuk_gemv_fused): the staged rows may be rmsnorm(x) or
+ * silu(gate) * up instead of x, computed while staging with the plain
+ * kernels' arithmetic (the norm's sum of squares in cuk_rmsnorm's order,
+ * taken by every block before its first tile, while its first weight
+ * loads are in flight), so the staged values, and with them the outputs,
+ * are those of the plain kernels followed by cuk_gemv. The result may be
+ * added to the output instead of stored (the residual add): out + v, as
+ * cuk_add would.
+ *
  * A scalar fallback handles shapes the vector path cannot. */
 #include <math.h>
 
@@ -28,8 +37,10 @@
 
 #define GEMV_WARPS 8
 #define GEMV_THREADS (GEMV_WARPS * 32)
-/* Shared memory for one x tile (n rows): at most the default 48 KB. */
+/* Shared memory for one x tile (n rows) and the norm's 1/rms per row: at
+ * most the default 48 KB. */
 #define GEMV_SMEM_MAX (48 * 1024)
+#define GEMV_INV_BYTES (CUK_GEMV_MAX * 4)
 
 enum { WT_BF16, WT_F16, WT_Q8 };
 
@@ -41,6 +52,7 @@ struct gemvp {
     const uint16_t *sc[3]; /* Q8_0 scales */
     int rows[3];
     int groups[3]; /* ceil(rows / R) */
+    int add;       /* out += result instead of out = result */
 };
 
 /* Streaming 16-byte weight load: read-only, no L1 allocation, 256-byte L2
@@ -168,12 +180,70 @@ static __device__ __forceinline__ void gemv_step(float (&acc)[R][NT], const uint
     }
 }
 
-/* Stages columns [t*tile_cols, +tile_cols) of the n x rows into xs:
+/* sinv[j] = 1 / rms of row j of x (cols floats, 16-byte aligned rows), the
+ * squares summed in the order launch_rmsnorm (kernels.cu) gives a row of
+ * cols with aligned x, out and weights, so the staged rmsnorm(x) is
+ * cuk_rmsnorm's output to the bit: one warp per row for cols <= 512
+ * (k_rmsnorm_warp_vec for multiples of 128, else k_rmsnorm_warp; here each
+ * warp sums for itself), else one block of 256 threads per row
+ * (k_rmsnorm_vec up to 8192, else k_rmsnorm_block). part: NT * 32 doubles
+ * of shared memory (the x tile's), sinv: NT floats of shared memory past
+ * the tile (registers are what the GEMV is short of); staging begins with
+ * a barrier, so both are safe to use until then. Every thread of the
+ * block calls it. */
+template <int NT>
+static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x, int cols,
+                                                    float eps, double *part)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float *xr = x + (size_t)j * cols;
+        const float4 *x4 = (const float4 *)xr;
+        double ss = 0;
+        /* unroll 4: loads in flight together, and no spills at the
+         * 128-register cap of the n <= 2 kernels (the default unrolling
+         * spills while the first weight loads are held) */
+        if (cols <= 512) {
+            if (cols % 128 == 0) {
+#pragma unroll 4
+                for (int i = lane; i < cols / 4; i += 32)
+                    ss += cuk_rms_sq(__ldg(x4 + i));
+            } else {
+#pragma unroll 4
+                for (int i = lane; i < cols; i += 32) {
+                    float v = __ldg(xr + i);
+                    ss += (double)v * v;
+                }
+            }
+            ss = cuk_warp_sum_d(ss);
+        } else {
+            if (cols <= 8192) {
+#pragma unroll 4
+                for (int i = threadIdx.x; i < cols / 4; i += GEMV_THREADS)
+                    ss += cuk_rms_sq(__ldg(x4 + i));
+            } else {
+#pragma unroll 4
+                for (int i = threadIdx.x; i < cols; i += GEMV_THREADS) {
+                    float v = __ldg(xr + i);
+                    ss += (double)v * v;
+                }
+            }
+            ss = cuk_block_sum_d(ss, part + 32 * j); /* a region per row: no reuse race */
+        }
+        if (threadIdx.x == 0) /* every thread has the same ss */
+            sinv[j] = cuk_rms_inv(ss, cols, eps);
+    }
+}
+
+/* Stages columns [t*tile_cols, +tile_cols) of the n input rows into xs:
  * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
  * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
- * 32 consecutive float4 per quarter (no bank conflicts). */
-template <int WT, int NT>
-static __device__ __forceinline__ void gemv_stage(float4 *xs, const float *x, int cols, int t,
+ * 32 consecutive float4 per quarter (no bank conflicts). The rows are x,
+ * rmsnorm(x) (sinv from gemv_rms_inv) or silu(x) * x2, as IN says. */
+template <int WT, int NT, int IN>
+static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_gemv_in &in,
+                                                  const float *sinv, int cols, int t,
                                                   int tile_cols)
 {
     constexpr int VE = gemv_cfg<WT>::VE;
@@ -181,19 +251,40 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const float *x, in
     __syncthreads(); /* every warp is done with the previous tile */
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        const float4 *src = (const float4 *)(x + (size_t)j * cols + c0);
+        const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
+        /* the second operand: the norm's weights or SwiGLU's up */
+        const float4 *src2 = IN == CUK_IN_RMSNORM ? (const float4 *)(in.nw + c0)
+                             : IN == CUK_IN_SWIGLU ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
+                                                   : nullptr;
+        const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
         for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
             int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
-            xs[j * tile_f4 + (cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = __ldg(src + f);
+            float4 v = __ldg(src + f);
+            if (IN == CUK_IN_RMSNORM) {
+                float4 w = __ldg(src2 + f);
+                v.x = cuk_rms_scale(w.x, v.x, inv);
+                v.y = cuk_rms_scale(w.y, v.y, inv);
+                v.z = cuk_rms_scale(w.z, v.z, inv);
+                v.w = cuk_rms_scale(w.w, v.w, inv);
+            } else if (IN == CUK_IN_SWIGLU) {
+                float4 u = __ldg(src2 + f);
+                v.x = cuk_silu_mul1(v.x, u.x);
+                v.y = cuk_silu_mul1(v.y, u.y);
+                v.z = cuk_silu_mul1(v.z, u.z);
+                v.w = cuk_silu_mul1(v.w, u.w);
+            }
+            xs[j * tile_f4 + (cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = v;
         }
     }
     __syncthreads();
 }
 
-template <int WT, int NT>
+template <int WT, int NT, int IN>
 __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS))
-    k_gemv_vec(const struct gemvp p, const float *__restrict__ x, int cols, int tile_cols)
+    k_gemv_vec(const struct gemvp p, const struct cuk_gemv_in in, int cols, int tile_cols)
 {
+    /* the norm's reduction borrows the x tile: NT * 32 doubles */
+    static_assert(gemv_shape<WT, NT>::STEP_COLS * 4 >= 32 * 8, "tile smaller than the norm's part");
     constexpr int VE = gemv_cfg<WT>::VE, BYTES = gemv_cfg<WT>::BYTES;
     constexpr int R = gemv_shape<WT, NT>::R, U = gemv_shape<WT, NT>::U;
     extern __shared__ float4 gemv_xs[];
@@ -243,11 +334,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     /* Weights never change, so their first loads may overlap the previous
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
+    float *sinv = (float *)(gemv_xs + NT * tile_f4); /* past the tile: GEMV_INV_BYTES (norm only) */
+    if (IN == CUK_IN_RMSNORM) /* while the first weight loads are in flight */
+        gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gemv_xs);
     /* Two steps per trip so the buffers swap roles without copies. */
     for (int s = 0; s < nsteps; s += 2) {
         int t = s / spt;
         if (s % spt == 0)
-            gemv_stage<WT, NT>(gemv_xs, x, cols, t, tile_cols);
+            gemv_stage<WT, NT, IN>(gemv_xs, in, sinv, cols, t, tile_cols);
         if (active) {
             if (s + 1 < nsteps)
                 gemv_load<WT, R, U>(b1, d1, wr, sr, s + 1, nv, lane);
@@ -258,7 +352,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
             break;
         t = (s + 1) / spt;
         if ((s + 1) % spt == 0)
-            gemv_stage<WT, NT>(gemv_xs, x, cols, t, tile_cols);
+            gemv_stage<WT, NT, IN>(gemv_xs, in, sinv, cols, t, tile_cols);
         if (active) {
             if (s + 2 < nsteps)
                 gemv_load<WT, R, U>(b0, d0, wr, sr, s + 2, nv, lane);
@@ -274,8 +368,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             float v = cuk_warp_sum(acc[r][j]);
-            if (lane == 0 && row0 + r < rows)
-                out[(size_t)j * rows + row0 + r] = v;
+            if (lane == 0 && row0 + r < rows) {
+                float *o = out + (size_t)j * rows + row0 + r;
+                *o = p.add ? *o + v : v;
+            }
         }
 }
 
@@ -306,9 +402,11 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     }
 }
 
+
 /* Fills the groups of p (k matrices) and launches the vector kernel. */
-template <int WT, int NT>
-static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k, const float *x, int cols)
+template <int WT, int NT, int IN>
+static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k,
+                              const struct cuk_gemv_in *in, int cols)
 {
     constexpr int R = gemv_shape<WT, NT>::R, STEP = gemv_shape<WT, NT>::STEP_COLS;
     long long total = 0;
@@ -320,28 +418,99 @@ static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k, const floa
         return cudaSuccess;
     /* Tile: whole steps, as many as fit GEMV_SMEM_MAX (>= 1: NT * STEP * 4 <= 32 KB). */
     int steps = (cols + STEP - 1) / STEP;
-    int fit = GEMV_SMEM_MAX / (NT * 4 * STEP);
+    constexpr int INV = IN == CUK_IN_RMSNORM ? GEMV_INV_BYTES : 0;
+    int fit = (GEMV_SMEM_MAX - INV) / (NT * 4 * STEP);
     int tile_cols = (steps < fit ? (steps > 0 ? steps : 1) : fit) * STEP;
-    size_t smem = (size_t)NT * tile_cols * 4;
+    size_t smem = (size_t)NT * tile_cols * 4 + INV;
     unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
-    return cuk_launch(k_gemv_vec<WT, NT>, grid, GEMV_THREADS, smem, s, *p, x, cols, tile_cols);
+    return cuk_launch(k_gemv_vec<WT, NT, IN>, grid, GEMV_THREADS, smem, s, *p, *in, cols,
+                      tile_cols);
+}
+
+/* launch_vec for the run-time input kind, dtype and row count. */
+template <int WT, int NT>
+static cudaError_t launch_in(cudaStream_t s, struct gemvp *p, int k,
+                             const struct cuk_gemv_in *in, int cols)
+{
+    if (in->kind == CUK_IN_RMSNORM)
+        return launch_vec<WT, NT, CUK_IN_RMSNORM>(s, p, k, in, cols);
+    if (in->kind == CUK_IN_SWIGLU)
+        return launch_vec<WT, NT, CUK_IN_SWIGLU>(s, p, k, in, cols);
+    return launch_vec<WT, NT, CUK_IN_X>(s, p, k, in, cols);
 }
 
 template <int NT>
-static void launch(cudaStream_t s, float *out, const float *x, const struct cuk_weight *w,
-                   bool vec)
+static cudaError_t launch_dt(cudaStream_t s, struct gemvp *p, int k,
+                             const struct cuk_gemv_in *in, int cols, int dt)
 {
-    struct gemvp p = {{out, NULL, NULL}, {w->data, NULL, NULL}, {w->scales, NULL, NULL},
-                      {w->rows, 0, 0}, {0, 0, 0}};
-    if (vec && w->dtype == DT_BF16)
-        launch_vec<WT_BF16, NT>(s, &p, 1, x, w->cols);
-    else if (vec && w->dtype == DT_F16)
-        launch_vec<WT_F16, NT>(s, &p, 1, x, w->cols);
-    else if (vec && w->dtype == DT_Q8_0)
-        launch_vec<WT_Q8, NT>(s, &p, 1, x, w->cols);
-    else if (w->rows > 0)
-        cuk_launch(k_gemv_any<NT>, (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS),
-                   GEMV_THREADS, 0, s, out, x, *w);
+    if (dt == DT_BF16)
+        return launch_in<WT_BF16, NT>(s, p, k, in, cols);
+    if (dt == DT_F16)
+        return launch_in<WT_F16, NT>(s, p, k, in, cols);
+    return launch_in<WT_Q8, NT>(s, p, k, in, cols);
+}
+
+/* Whether the vector path takes w over activation rows at x: 16-byte
+ * aligned weight and activation rows; Q8_0 also whole 32-element scale
+ * blocks per row. */
+static bool vec_ok(const struct cuk_weight *w, const float *x)
+{
+    bool ok = ((w->dtype == DT_BF16 || w->dtype == DT_F16) && w->cols % 8 == 0) ||
+              (w->dtype == DT_Q8_0 && w->cols % Q8_0_BLOCK == 0 && w->scales);
+    return ok && w->cols > 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
+}
+
+extern "C" cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs,
+                                      const struct cuk_gemv_in *in, int n,
+                                      const struct cuk_weight *const *ws, int k, int add)
+{
+    if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3 || !in || in->kind < CUK_IN_X ||
+        in->kind > CUK_IN_SWIGLU)
+        return cudaErrorInvalidValue;
+    /* the prologue's second operand (norm weights, up) is read as float4 too */
+    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
+                      : in->kind == CUK_IN_SWIGLU ? in->x2
+                                                  : NULL;
+    if (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15)))
+        return cudaErrorNotSupported;
+    int dt = ws[0]->dtype, cols = ws[0]->cols;
+    struct gemvp p = {};
+    p.add = add != 0;
+    for (int i = 0; i < k; i++) {
+        if (!vec_ok(ws[i], in->x) || ws[i]->dtype != dt || ws[i]->cols != cols)
+            return cudaErrorNotSupported;
+        p.out[i] = outs[i];
+        p.w[i] = ws[i]->data;
+        p.sc[i] = ws[i]->scales;
+        p.rows[i] = ws[i]->rows;
+    }
+    cudaError_t err;
+    switch (n) {
+    case 1: err = launch_dt<1>(s, &p, k, in, cols, dt); break;
+    case 2: err = launch_dt<2>(s, &p, k, in, cols, dt); break;
+    case 3: err = launch_dt<3>(s, &p, k, in, cols, dt); break;
+    case 4: err = launch_dt<4>(s, &p, k, in, cols, dt); break;
+    case 5: err = launch_dt<5>(s, &p, k, in, cols, dt); break;
+    case 6: err = launch_dt<6>(s, &p, k, in, cols, dt); break;
+    case 7: err = launch_dt<7>(s, &p, k, in, cols, dt); break;
+    default: err = launch_dt<8>(s, &p, k, in, cols, dt); break;
+    }
+    cudaError_t last = cudaGetLastError();
+    return err != cudaSuccess ? err : last;
+}
+
+extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
+                                      const struct cuk_weight *const *ws, int k)
+{
+    struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
+    return cuk_gemv_fused(s, outs, &in, n, ws, k, 0);
+}
+
+template <int NT>
+static void launch_any(cudaStream_t s, float *out, const float *x, const struct cuk_weight *w)
+{
+    cuk_launch(k_gemv_any<NT>, (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS),
+               GEMV_THREADS, 0, s, out, x, *w);
 }
 
 extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int n,
@@ -349,61 +518,21 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
 {
     if (n < 1 || n > CUK_GEMV_MAX)
         return cudaErrorInvalidValue;
-    /* The vector paths need 16-byte aligned weight rows and activation rows;
-     * Q8_0 also whole 32-element scale blocks per row. */
-    bool vec = ((w->dtype == DT_BF16 || w->dtype == DT_F16) && w->cols % 8 == 0) ||
-               (w->dtype == DT_Q8_0 && w->cols % Q8_0_BLOCK == 0 && w->scales);
-    vec = vec && w->cols > 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0;
-    switch (n) {
-    case 1: launch<1>(s, out, x, w, vec); break;
-    case 2: launch<2>(s, out, x, w, vec); break;
-    case 3: launch<3>(s, out, x, w, vec); break;
-    case 4: launch<4>(s, out, x, w, vec); break;
-    case 5: launch<5>(s, out, x, w, vec); break;
-    case 6: launch<6>(s, out, x, w, vec); break;
-    case 7: launch<7>(s, out, x, w, vec); break;
-    default: launch<8>(s, out, x, w, vec); break;
+    if (vec_ok(w, x)) {
+        struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
+        return cuk_gemv_fused(s, &out, &in, n, &w, 1, 0);
     }
-    return cudaGetLastError();
-}
-
-template <int NT>
-static void launch3(cudaStream_t s, struct gemvp *p, int k, const float *x, int cols, bool bf)
-{
-    if (bf)
-        launch_vec<WT_BF16, NT>(s, p, k, x, cols);
-    else
-        launch_vec<WT_F16, NT>(s, p, k, x, cols);
-}
-
-extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
-                                      const struct cuk_weight *const *ws, int k)
-{
-    if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3)
-        return cudaErrorInvalidValue;
-    struct gemvp p = {{NULL, NULL, NULL}, {NULL, NULL, NULL}, {NULL, NULL, NULL}, {0, 0, 0},
-                      {0, 0, 0}};
-    int dt = ws[0]->dtype, cols = ws[0]->cols;
-    /* exactly the shapes cuk_gemv sends to the vector path */
-    if ((dt != DT_BF16 && dt != DT_F16) || cols % 8 || cols <= 0 || ((uintptr_t)x & 15))
-        return cudaErrorNotSupported;
-    for (int i = 0; i < k; i++) {
-        if (ws[i]->dtype != dt || ws[i]->cols != cols || ((uintptr_t)ws[i]->data & 15))
-            return cudaErrorNotSupported;
-        p.out[i] = outs[i];
-        p.w[i] = ws[i]->data;
-        p.rows[i] = ws[i]->rows;
-    }
-    bool bf = dt == DT_BF16;
+    if (w->rows <= 0)
+        return cudaGetLastError();
     switch (n) {
-    case 1: launch3<1>(s, &p, k, x, cols, bf); break;
-    case 2: launch3<2>(s, &p, k, x, cols, bf); break;
-    case 3: launch3<3>(s, &p, k, x, cols, bf); break;
-    case 4: launch3<4>(s, &p, k, x, cols, bf); break;
-    case 5: launch3<5>(s, &p, k, x, cols, bf); break;
-    case 6: launch3<6>(s, &p, k, x, cols, bf); break;
-    case 7: launch3<7>(s, &p, k, x, cols, bf); break;
-    default: launch3<8>(s, &p, k, x, cols, bf); break;
+    case 1: launch_any<1>(s, out, x, w); break;
+    case 2: launch_any<2>(s, out, x, w); break;
+    case 3: launch_any<3>(s, out, x, w); break;
+    case 4: launch_any<4>(s, out, x, w); break;
+    case 5: launch_any<5>(s, out, x, w); break;
+    case 6: launch_any<6>(s, out, x, w); break;
+    case 7: launch_any<7>(s, out, x, w); break;
+    default: launch_any<8>(s, out, x, w); break;
     }
     return cudaGetLastError();
 }

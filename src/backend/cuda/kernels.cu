@@ -68,33 +68,14 @@ __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float
     for (int j = lane; j < dim; j += 32)
         ss += (double)xr[j] * xr[j];
     ss = cuk_warp_sum_d(ss);
-    float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+    float inv = cuk_rms_inv(ss, dim, eps);
     uint16_t *ohr = oh ? oh + (size_t)row * dim : NULL;
     for (int j = lane; j < dim; j += 32) {
-        float v = w[j] * (xr[j] * inv);
+        float v = cuk_rms_scale(w[j], xr[j], inv);
         o[j] = v;
         if (ohr)
             ohr[j] = to_half(v, bf16);
     }
-}
-
-/* The sum of every thread's v over the block (part: 32 doubles of shared
- * memory), the same in every thread. */
-static __device__ __forceinline__ double block_sum_d(double v, double *part)
-{
-    v = cuk_warp_sum_d(v);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    if (lane == 0)
-        part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? part[lane] : 0.0;
-        v = cuk_warp_sum_d(v);
-        if (lane == 0)
-            part[0] = v;
-    }
-    __syncthreads();
-    return part[0];
 }
 
 /* One block per row (hidden-size rows). */
@@ -117,10 +98,10 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
         for (int j = threadIdx.x; j < dim; j += blockDim.x)
             ss += (double)xr[j] * xr[j];
     }
-    float inv = 1.0f / sqrtf((float)(block_sum_d(ss, part) / dim) + eps);
+    float inv = cuk_rms_inv(cuk_block_sum_d(ss, part), dim, eps);
     uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-        float v = w[j] * (xr[j] * inv);
+        float v = cuk_rms_scale(w[j], xr[j], inv);
         o[j] = v;
         if (ohr)
             ohr[j] = to_half(v, bf16);
@@ -139,19 +120,14 @@ static __device__ __forceinline__ void rms_add(float4 &v, float4 *xr, const floa
     xr[i] = v;
 }
 
-static __device__ __forceinline__ double rms_sq(float4 v)
-{
-    return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-}
-
 static __device__ __forceinline__ void rms_out(float4 v, float inv, const float4 *w4, float4 *o,
                                                uint16_t *ohr, int i, int bf16)
 {
     float4 ww = w4[i], r;
-    r.x = ww.x * (v.x * inv);
-    r.y = ww.y * (v.y * inv);
-    r.z = ww.z * (v.z * inv);
-    r.w = ww.w * (v.w * inv);
+    r.x = cuk_rms_scale(ww.x, v.x, inv);
+    r.y = cuk_rms_scale(ww.y, v.y, inv);
+    r.z = cuk_rms_scale(ww.z, v.z, inv);
+    r.w = cuk_rms_scale(ww.w, v.w, inv);
     o[i] = r;
     if (ohr) {
         ohr[4 * i] = to_half(r.x, bf16);
@@ -192,8 +168,8 @@ __global__ void __launch_bounds__(256) k_rmsnorm_vec(float *out, float *x, const
     double ss = 0;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
-        ss += rms_sq(v[k]);
-    float inv = 1.0f / sqrtf((float)(block_sum_d(ss, part) / dim) + eps);
+        ss += cuk_rms_sq(v[k]);
+    float inv = cuk_rms_inv(cuk_block_sum_d(ss, part), dim, eps);
     float4 *o = (float4 *)(out + (size_t)blockIdx.x * dim);
     const float4 *w4 = (const float4 *)w;
     uint16_t *ohr = oh ? oh + (size_t)blockIdx.x * dim : NULL;
@@ -229,9 +205,9 @@ __global__ void k_rmsnorm_warp_vec(float *out, float *x, const float *y, const f
     double ss = 0;
 #pragma unroll
     for (int k = 0; k < VPL; k++)
-        ss += rms_sq(v[k]);
+        ss += cuk_rms_sq(v[k]);
     ss = cuk_warp_sum_d(ss);
-    float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+    float inv = cuk_rms_inv(ss, dim, eps);
     float4 *o = (float4 *)(out + (size_t)row * dim);
     const float4 *w4 = (const float4 *)w;
     uint16_t *ohr = oh ? oh + (size_t)row * dim : NULL;
@@ -241,7 +217,10 @@ __global__ void k_rmsnorm_warp_vec(float *out, float *x, const float *y, const f
 }
 
 /* k_rmsnorm_vec, k_rmsnorm_block or k_rmsnorm_warp for the shape. Vector
- * loads need 16-byte aligned rows and weights. */
+ * loads need 16-byte aligned rows and weights. The choice fixes the order
+ * in which a row's squares are summed, and the fused norms reproduce it to
+ * give the same bits (gemv.cu's gemv_rms_inv for model-width rows,
+ * warp_rms_inv below for q/k heads): change them together. */
 static void launch_rmsnorm(cudaStream_t s, float *out, float *x, const float *y, const float *w,
                            int n, int dim, float eps, uint16_t *oh, int bf16)
 {
@@ -306,8 +285,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n, uint16_t *gh, int
     cuk_pdl_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        float v = g[i];
-        v = v / (1.0f + expf(-v)) * u[i];
+        float v = cuk_silu_mul1(g[i], u[i]);
         g[i] = v;
         if (gh)
             gh[i] = to_half(v, bf16);
@@ -359,14 +337,14 @@ __global__ void k_rope(float *x, size_t total, int n_heads, int head_dim, int po
     int f = (int)(idx % half);
     size_t rh = idx / half; /* row * n_heads + head */
     int i = (int)(rh / n_heads);
-    /* HF computes the angle in f32 (pos * inv_freq), then cos/sin. */
-    float ang = (float)(pos0 + i) * inv_freq[f];
+    float ang = cuk_rope_angle(pos0 + i, inv_freq[f]);
     float cs = cosf(ang), sn = sinf(ang);
     float *v = x + rh * head_dim;
     int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
-    float x0 = v[a], x1 = v[b];
-    v[a] = x0 * cs - x1 * sn;
-    v[b] = x1 * cs + x0 * sn;
+    float ra, rb;
+    cuk_rope_rot(v[a], v[b], cs, sn, ra, rb);
+    v[a] = ra;
+    v[b] = rb;
 }
 
 extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim,
@@ -378,60 +356,96 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
     return cudaGetLastError();
 }
 
-/* One thread's share of RoPE + K/V store: element idx runs over the
- * rotation pairs of q (g.n rows of n_heads heads), then of k (n_kv_heads
- * heads); a k pair is stored rotated, with the same two entries of v,
- * through the block table. where(row, pos, table) gives a row's position
- * and block table. The arithmetic of k_rope, then what k_kv_store writes. */
+/* 1 / rms of one head (dim <= 512 floats at x, weights w) for the calling
+ * warp, with the squares summed in the order launch_rmsnorm gives rows of
+ * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
+ * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
+static __device__ __forceinline__ float warp_rms_inv(const float *x, const float *w, int dim,
+                                                     float eps, int lane)
+{
+    double ss = 0;
+    if (dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0) {
+        for (int i = lane; i < dim / 4; i += 32)
+            ss += cuk_rms_sq(((const float4 *)x)[i]);
+    } else {
+        for (int i = lane; i < dim; i += 32)
+            ss += (double)x[i] * x[i];
+    }
+    return cuk_rms_inv(cuk_warp_sum_d(ss), dim, eps);
+}
+
+/* One warp's share of q/k norm + RoPE + K/V store: warp number
+ * wid runs over the heads of q (g.n rows of n_heads heads), then of k
+ * (n_kv_heads heads). With norm weights (qn for q heads, kn for k heads;
+ * NULL: none) the head is first normalized as cuk_rmsnorm over head_dim
+ * rows would (the sum of squares is read before any lane writes: every
+ * lane's loads feed the warp sum, and the writes come after it). Each lane
+ * then rotates the pairs f = lane, lane + 32, ... as k_rope does; a k pair
+ * is stored rotated, with the same two entries of v, through the block
+ * table. where(row, pos, table) gives a row's position and block table. */
 template <typename T, typename Where>
-static __device__ __forceinline__ void rope_kv_pair(float *q, float *k, const float *v, T *kc,
+static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const float *v, T *kc,
                                                     T *vc, const struct cuk_attn &g, int n_heads,
                                                     int head_dim, const float *inv_freq,
-                                                    int interleaved, Where where)
+                                                    int interleaved, const float *qn,
+                                                    const float *kn, float eps, Where where)
 {
-    int half = head_dim / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t nq = (size_t)g.n * n_heads * half, nk = (size_t)g.n * g.n_kv_heads * half;
-    if (idx >= nq + nk)
+    size_t wid = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x & 31;
+    size_t nq = (size_t)g.n * n_heads, nk = (size_t)g.n * g.n_kv_heads;
+    if (wid >= nq + nk) /* whole warps: blockDim is a multiple of 32 */
         return;
-    bool is_k = idx >= nq;
-    size_t j = is_k ? idx - nq : idx;
+    bool is_k = wid >= nq;
+    size_t rh = is_k ? wid - nq : wid; /* row * heads + head */
     int heads = is_k ? g.n_kv_heads : n_heads;
-    int f = (int)(j % half);
-    size_t rh = j / half; /* row * heads + head */
     int i = (int)(rh / heads), pos;
     const int *table;
     where(i, pos, table);
-    float ang = (float)pos * inv_freq[f];
-    float cs = cosf(ang), sn = sinf(ang);
     float *x = (is_k ? k : q) + rh * head_dim;
-    int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
-    float x0 = x[a], x1 = x[b];
-    float ra = x0 * cs - x1 * sn, rb = x1 * cs + x0 * sn;
-    x[a] = ra;
-    x[b] = rb;
-    if (!is_k)
-        return;
-    int head = (int)(rh % heads);
-    size_t off = cuk_kv_offset(&g, table, pos) + (size_t)head * head_dim;
-    const float *vr = v + rh * head_dim;
-    kv_st(kc, off + a, ra);
-    kv_st(kc, off + b, rb);
-    kv_st(vc, off + a, vr[a]);
-    kv_st(vc, off + b, vr[b]);
+    const float *nw = is_k ? kn : qn;
+    float inv = nw ? warp_rms_inv(x, nw, head_dim, eps, lane) : 0.0f;
+    size_t off = is_k ? cuk_kv_offset(&g, table, pos) + (size_t)(rh % heads) * head_dim : 0;
+    const float *vr = is_k ? v + rh * head_dim : v;
+    int half = head_dim / 2;
+    for (int f = lane; f < half; f += 32) {
+        float ang = cuk_rope_angle(pos, inv_freq[f]);
+        float cs = cosf(ang), sn = sinf(ang);
+        int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
+        float x0 = x[a], x1 = x[b], ra, rb;
+        if (nw) {
+            x0 = cuk_rms_scale(nw[a], x0, inv);
+            x1 = cuk_rms_scale(nw[b], x1, inv);
+        }
+        cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+        x[a] = ra;
+        x[b] = rb;
+        if (is_k) {
+            kv_st(kc, off + a, ra);
+            kv_st(kc, off + b, rb);
+            kv_st(vc, off + a, vr[a]);
+            kv_st(vc, off + b, vr[b]);
+        }
+    }
 }
 
-/* RoPE of q and k of one sequence in one launch, and the rotated k with v
- * written into the paged cache. */
+/* Threads of the RoPE + K/V store kernels: a warp per head of q and k. */
+static unsigned rope_kv_blocks(int n, int n_heads, int n_kv_heads)
+{
+    return blocks_for((size_t)n * (size_t)(n_heads + n_kv_heads) * 32, 256);
+}
+
+/* q/k norm and RoPE of one sequence in one launch, and the rotated k with
+ * v written into the paged cache. */
 template <typename T>
 __global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc,
                                 const int *table, struct cuk_attn g, int n_heads, int head_dim,
-                                int pos0, const int *dpos, const float *inv_freq, int interleaved)
+                                int pos0, const int *dpos, const float *inv_freq, int interleaved,
+                                const float *qn, const float *kn, float eps)
 {
     cuk_pdl_start();
     if (dpos)
         pos0 = *dpos;
-    rope_kv_pair(q, k, v, kc, vc, g, n_heads, head_dim, inv_freq, interleaved,
+    rope_kv_head(q, k, v, kc, vc, g, n_heads, head_dim, inv_freq, interleaved, qn, kn, eps,
                  [&](int i, int &pos, const int *&tab) {
                      pos = pos0 + i;
                      tab = table;
@@ -441,17 +455,20 @@ __global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc
 extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v,
                                          void *kc, void *vc, const int *table,
                                          const struct cuk_attn *g, int n_heads, int head_dim,
-                                         const int *dpos, const float *inv_freq, int interleaved)
+                                         const int *dpos, const float *inv_freq, int interleaved,
+                                         const float *q_norm, const float *k_norm, float eps)
 {
-    size_t total = (size_t)g->n * (n_heads + g->n_kv_heads) * (head_dim / 2);
+    if ((q_norm || k_norm) && head_dim > 512)
+        return cudaErrorInvalidValue;
+    unsigned blocks = rope_kv_blocks(g->n, n_heads, g->n_kv_heads);
     if (g->kv_bf16)
-        cuk_launch(k_rope_kv_store<uint16_t>, blocks_for(total, 256), 256, 0, s,
-            q, k, v, (uint16_t *)kc, (uint16_t *)vc, table, *g, n_heads, head_dim, g->pos0, dpos,
-            inv_freq, interleaved);
+        cuk_launch(k_rope_kv_store<uint16_t>, blocks, 256, 0, s, q, k, v, (uint16_t *)kc,
+                   (uint16_t *)vc, table, *g, n_heads, head_dim, g->pos0, dpos, inv_freq,
+                   interleaved, q_norm, k_norm, eps);
     else
-        cuk_launch(k_rope_kv_store<float>, blocks_for(total, 256), 256, 0, s,
-            q, k, v, (float *)kc, (float *)vc, table, *g, n_heads, head_dim, g->pos0, dpos,
-            inv_freq, interleaved);
+        cuk_launch(k_rope_kv_store<float>, blocks, 256, 0, s, q, k, v, (float *)kc, (float *)vc,
+                   table, *g, n_heads, head_dim, g->pos0, dpos, inv_freq, interleaved, q_norm,
+                   k_norm, eps);
     return cudaGetLastError();
 }
 
@@ -461,10 +478,11 @@ extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, con
 template <typename T>
 __global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, T *kc, T *vc,
                                       const int *meta, struct cuk_attn g, const float *inv_freq,
-                                      int interleaved)
+                                      int interleaved, const float *qn, const float *kn,
+                                      float eps)
 {
     cuk_pdl_start();
-    rope_kv_pair(q, k, v, kc, vc, g, g.n_heads, g.head_dim, inv_freq, interleaved,
+    rope_kv_head(q, k, v, kc, vc, g, g.n_heads, g.head_dim, inv_freq, interleaved, qn, kn, eps,
                  [&](int i, int &pos, const int *&tab) {
                      const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + i];
                      pos = sg->pos0 + (i - sg->row0);
@@ -475,15 +493,19 @@ __global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, T *kc,
 extern "C" cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *k,
                                                const float *v, void *kc, void *vc,
                                                const int *meta, const struct cuk_attn *g,
-                                               const float *inv_freq, int interleaved)
+                                               const float *inv_freq, int interleaved,
+                                               const float *q_norm, const float *k_norm,
+                                               float eps)
 {
-    size_t total = (size_t)g->n * (g->n_heads + g->n_kv_heads) * (g->head_dim / 2);
+    if ((q_norm || k_norm) && g->head_dim > 512)
+        return cudaErrorInvalidValue;
+    unsigned blocks = rope_kv_blocks(g->n, g->n_heads, g->n_kv_heads);
     if (g->kv_bf16)
-        cuk_launch(k_rope_kv_store_batch<uint16_t>, blocks_for(total, 256), 256, 0, s,
-            q, k, v, (uint16_t *)kc, (uint16_t *)vc, meta, *g, inv_freq, interleaved);
+        cuk_launch(k_rope_kv_store_batch<uint16_t>, blocks, 256, 0, s, q, k, v, (uint16_t *)kc,
+                   (uint16_t *)vc, meta, *g, inv_freq, interleaved, q_norm, k_norm, eps);
     else
-        cuk_launch(k_rope_kv_store_batch<float>, blocks_for(total, 256), 256, 0, s,
-            q, k, v, (float *)kc, (float *)vc, meta, *g, inv_freq, interleaved);
+        cuk_launch(k_rope_kv_store_batch<float>, blocks, 256, 0, s, q, k, v, (float *)kc,
+                   (float *)vc, meta, *g, inv_freq, interleaved, q_norm, k_norm, eps);
     return cudaGetLastError();
 }
 
