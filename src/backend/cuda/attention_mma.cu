@@ -80,24 +80,26 @@ static __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int key, int
     return base + (uint32_t)(key * HD * 2 + ((chunk ^ (key & 7)) << 4));
 }
 
-/* The key splits of one block's rows (n_splits > 1): each block has
- * written its rows' unnormalized partials to ws, laid out as
+/* The key splits of one block's rows (n_used > 1 of n_splits): each block
+ * has written its rows' unnormalized partials to ws, laid out as
  * cuk_attention's workspace (o[nrow][HD], then m, then l, nrow = queries x
  * heads x n_splits; partial of (query qi, head h, split sp) at row
- * (qi * n_heads + h) * n_splits + sp; m and l in base 2). The last block of
- * the set to arrive at cnt merges them into out and re-arms cnt. Rows r <
- * rows are query q0 + r / G, head kvh * G + r % G. Uses shared memory of
- * (2 * rows * n_splits + rows) floats at smem. */
+ * (qi * n_heads + h) * n_splits + sp; m and l in base 2); splits n_used and
+ * up had no keys and wrote nothing. The last block of the set to arrive at
+ * cnt merges them into out and re-arms cnt. Rows r < rows are query q0 +
+ * r / G, head kvh * G + r % G. Uses shared memory of (2 * rows * n_used +
+ * rows) floats at smem. */
 template <int HD>
 static __device__ __forceinline__ void split_merge(float *out, const float *ws, size_t nrow,
-                                                   int rows, int n_splits, int q0, int G, int kvh,
+                                                   int rows, int n_splits, int n_used, int q0,
+                                                   int G, int kvh,
                                                    int n_heads, unsigned *cnt, float *smem)
 {
     __shared__ bool last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == (unsigned)n_splits - 1;
+        last = atomicAdd(cnt, 1u) == (unsigned)n_used - 1;
         if (last)
             *cnt = 0;
     }
@@ -110,23 +112,23 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
      * its splits with independent loads. The partials were written by
      * other blocks: read through L2 (__ldcg). */
     const float *wm = ws + nrow * HD, *wl = wm + nrow;
-    float *cw = smem, *cl = cw + rows * n_splits, *cL = cl + rows * n_splits;
+    float *cw = smem, *cl = cw + rows * n_used, *cL = cl + rows * n_used;
     auto qh_of = [&](int r) { return (size_t)(q0 + r / G) * n_heads + kvh * G + r % G; };
-    for (int i = threadIdx.x; i < rows * n_splits; i += blockDim.x) {
-        size_t pr = qh_of(i / n_splits) * n_splits + i % n_splits;
+    for (int i = threadIdx.x; i < rows * n_used; i += blockDim.x) {
+        size_t pr = qh_of(i / n_used) * n_splits + i % n_used;
         cw[i] = __ldcg(wm + pr);
         cl[i] = __ldcg(wl + pr);
     }
     __syncthreads();
     for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float M = -INFINITY, L = 0.0f;
-        for (int s2 = 0; s2 < n_splits; s2++)
-            M = fmaxf(M, cw[r * n_splits + s2]);
-        for (int s2 = 0; s2 < n_splits; s2++) {
-            float ms = cw[r * n_splits + s2]; /* a split that saw no key of this row: weight 0 */
+        for (int s2 = 0; s2 < n_used; s2++)
+            M = fmaxf(M, cw[r * n_used + s2]);
+        for (int s2 = 0; s2 < n_used; s2++) {
+            float ms = cw[r * n_used + s2]; /* a split that saw no key of this row: weight 0 */
             float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
-            cw[r * n_splits + s2] = c;
-            L += cl[r * n_splits + s2] * c;
+            cw[r * n_used + s2] = c;
+            L += cl[r * n_used + s2] * c;
         }
         cL[r] = L;
     }
@@ -137,8 +139,8 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
         const float *src = ws + qh * n_splits * HD + d;
         float O = 0.0f;
 #pragma unroll 8
-        for (int s2 = 0; s2 < n_splits; s2++)
-            O += __ldcg(src + (size_t)s2 * HD) * cw[r * n_splits + s2];
+        for (int s2 = 0; s2 < n_used; s2++)
+            O += __ldcg(src + (size_t)s2 * HD) * cw[r * n_used + s2];
         float L = cL[r];
         out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
     }
@@ -218,8 +220,12 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     k_lo &= ~(AM_KEYS - 1);
     /* split blockIdx.z (of n_splits) takes a run of whole tiles */
     const int t_max = p_last, n_tiles = (t_max - k_lo) / AM_KEYS + 1;
+    /* splits past the last tile (a short causal range) have nothing */
     const int per = (n_tiles + n_splits - 1) / n_splits, sp = blockIdx.z;
-    const int tb = min(n_tiles, sp * per), te = min(n_tiles, tb + per);
+    const int n_used = (n_tiles + per - 1) / per;
+    if (sp >= n_used)
+        return;
+    const int tb = sp * per, te = min(n_tiles, tb + per);
     const size_t head_off = (size_t)kvh * HD;
 
     auto load_tile = [&](int t0, int b) {
@@ -333,7 +339,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         L += __shfl_xor_sync(0xffffffffu, L, 2);
         if (!orow[h])
             continue;
-        if (n_splits > 1) { /* this split's partial of the row */
+        if (n_used > 1) { /* this split's partial of the row */
             size_t pr = (size_t)(orow[h] - out) / HD * n_splits + sp;
 #pragma unroll
             for (int j = 0; j < DT; j++)
@@ -350,8 +356,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             *(float2 *)(orow[h] + 8 * j + 2 * tig) =
                 make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     }
-    if (n_splits > 1) /* the tiles' shared memory is free: the last loop trip synced */
-        split_merge<HD>(out, ws, nrow, rows, n_splits, q0, G, kvh, g.n_heads,
+    if (n_used > 1) /* the tiles' shared memory is free: the last loop trip synced */
+        split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, q0, G, kvh, g.n_heads,
                         cnt + (size_t)blockIdx.x * g.n_kv_heads + kvh, (float *)am_smem);
 }
 
@@ -486,9 +492,15 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
     if (g.window > 0 && g.pos0 - g.window + 1 > 0)
         k_lo = g.pos0 - g.window + 1;
     k_lo &= ~(AM_KEYS - 1);
+    /* The split count comes from the block-table bucket (graph replays
+     * split like eager steps); splits past the last tile have nothing and
+     * leave at once, the merge waits only for those that do. */
     const int n_tiles = (k_end - k_lo + AM_KEYS - 1) / AM_KEYS;
     const int per = (n_tiles + n_splits - 1) / n_splits;
-    const int tb = min(n_tiles, sp * per), te = min(n_tiles, tb + per);
+    const int n_used = (n_tiles + per - 1) / per;
+    if (sp >= n_used)
+        return;
+    const int tb = sp * per, te = min(n_tiles, tb + per);
     const size_t head_off = (size_t)kvh * HD;
 
     auto load_tile = [&](int t0, int b) {
@@ -629,7 +641,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             O += so[(w * 16 + r) * HD + d] * c;
         }
         size_t qh = (size_t)(r / G) * g.n_heads + kvh * G + r % G;
-        if (n_splits == 1) {
+        if (n_used == 1) {
             out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
         } else {
             size_t pr = qh * n_splits + sp;
@@ -640,8 +652,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             }
         }
     }
-    if (n_splits > 1) /* the last split of this (sequence, KV head) merges them all */
-        split_merge<HD>(out, ws, nrow, rows, n_splits, 0, G, kvh, g.n_heads, cnt, so);
+    if (n_used > 1) /* the last split of this (sequence, KV head) merges them all */
+        split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so);
 }
 
 template <int HD>
