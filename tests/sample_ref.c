@@ -165,7 +165,7 @@ void sample_test_row(float *x, int n, int shape, int variant, uint64_t *rng)
     if (shape == 5 && variant == 3) {
         for (int i = 0; i < n; i++)
             x[i] = i % 2 ? NAN : -INFINITY;
-        x[n - 2] = 1.5f;
+        x[n > 1 ? n - 2 : 0] = 1.5f;
     }
 }
 
