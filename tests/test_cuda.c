@@ -10,7 +10,13 @@
  *      identical; bf16 within 1e-4 with CLLM_CUDA_PRECISE=1 and within the
  *      stated fast-path tolerance (BF16_FAST_TOL) by default; GGUF f32/Q8_0;
  *   3. CPU and GPU greedy outputs (and last logits) agree on both sample
- *      models over a context long enough for split-K decode.
+ *      models over a context long enough for split-K decode;
+ *   4. the device sampler (sample_rows) against the host's (sampler_pick):
+ *      the same pick for the same draw in >= 99.5% of 2000 draws per row
+ *      shape and parameter set, only tokens the host keeps, frequencies
+ *      within 5 sigma of the host's probabilities; sampled requests through
+ *      the engine give the same ids sampled on the device as on the host,
+ *      and a batch mixing greedy and sampled requests runs.
  * Without a GPU (CI) it prints "skipped: no GPU" and passes. Paths can be
  * overridden with CLLM_FIXTURES_DIR / CLLM_SHARED_DIR in the environment
  * (the GPU machine runs a binary built elsewhere). */
@@ -18,15 +24,18 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "base/half.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "oracle.h"
+#include "sample_ref.h"
 #include "testutil.h"
 
 /* bf16 weights through the fast path (prefill activations rounded to bf16
@@ -1217,6 +1226,375 @@ static void check_device_greedy(const char *model_dir, int n_gen)
     runner_close(&ru);
 }
 
+/* ---- 4. the device sampler ---- */
+
+/* sample_rows against the host sampler for 2000 draws per (vocabulary, row
+ * shape, parameter set): the pick must equal sampler_pick's for the same u
+ * (the reference is sample_ref, equal to sampler_pick bit for bit:
+ * test_sampler; spot-checked here too) in >= 99.5% of them, and be a token
+ * the host keeps in all. Rows of 32000 and 151936 tokens take the kernel's
+ * walks in global memory and its gathers into shared memory; the shapes
+ * bring ties, -0, -inf, NaN, +inf, all-NaN and all -inf rows. */
+static void check_sample_rows(void)
+{
+    struct backend *be = gpu_create(false);
+    if (!be)
+        return;
+    CHECK(be->ops->sample_rows != NULL, "cuda backend has no sample_rows op");
+    enum { ROWS = 250, CALLS = 8 };
+    int vocabs[] = {32000, 151936};
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0] && be->ops->sample_rows; vi++) {
+        const int n = vocabs[vi];
+        float *row = malloc(sizeof(float) * (size_t)n), *pr = malloc(sizeof(float) * (size_t)n);
+        float *rep = malloc(sizeof(float) * (size_t)n * ROWS);
+        int *idx = malloc(sizeof(int) * (size_t)n);
+        float *d = dev_alloc_copy(be, NULL, (size_t)n * ROWS);
+        long draws = 0, same = 0, unkept = 0;
+        int worst = ROWS * CALLS;
+        bool failed = false;
+        for (int shape = 0; shape < SAMPLE_TEST_SHAPES && !failed; shape++)
+            for (int variant = 0; variant < (shape == 5 ? 4 : 1) && !failed; variant++) {
+                sample_test_row(row, n, shape, variant, &rng);
+                for (int r = 0; r < ROWS; r++)
+                    memcpy(rep + (size_t)r * n, row, sizeof(float) * (size_t)n);
+                backend_upload(be, d, rep, sizeof(float) * (size_t)n * ROWS);
+                const int calls = shape == 5 ? 1 : CALLS; /* the special rows are forced */
+                for (int c = 0; c < sample_test_n_combos && !failed; c++) {
+                    const struct sampler_params *p = &sample_test_combos[c];
+                    struct sample_ref ref;
+                    sample_ref_init(&ref, p, row, n);
+                    int case_same = 0, case_draws = 0;
+                    for (int call = 0; call < calls && !failed; call++) {
+                        struct sample_params sp[ROWS];
+                        int got[ROWS];
+                        for (int r = 0; r < ROWS; r++) {
+                            double u = call == 0 && r == 0   ? 0
+                                       : call == 0 && r == 1 ? 1 - 0x1p-53
+                                                             : sample_test_u(&rng);
+                            sp[r] = (struct sample_params){p->temperature, p->top_k, p->top_p,
+                                                           p->min_p, u};
+                        }
+                        struct err e = {{0}};
+                        if (be->ops->sample_rows(be, got, d, ROWS, n, sp, &e)) {
+                            CHECK(0, "sample_rows: %s", e.msg);
+                            failed = true;
+                            break;
+                        }
+                        for (int r = 0; r < ROWS; r++) {
+                            int want = sample_ref_pick(&ref, sp[r].u);
+                            if (call == 0 && r == 2)
+                                CHECK(want == sampler_pick(p, row, n, sp[r].u, pr, idx),
+                                      "sample_ref differs from sampler_pick");
+                            case_draws++;
+                            case_same += got[r] == want;
+                            if (got[r] < 0 || got[r] >= n || sample_ref_prob(&ref, got[r]) <= 0) {
+                                if (unkept++ < 5)
+                                    CHECK(0, "n %d shape %d/%d params %d u %.17g: the device "
+                                             "picked %d, a token the host never picks", n, shape,
+                                          variant, c, sp[r].u, got[r]);
+                            }
+                        }
+                    }
+                    CHECK(case_same * 1000L >= case_draws * 995L,
+                          "n %d shape %d/%d params %d: %d of %d device picks equal the host's", n,
+                          shape, variant, c, case_same, case_draws);
+                    if (case_draws == ROWS * CALLS && case_same < worst)
+                        worst = case_same;
+                    draws += case_draws;
+                    same += case_same;
+                    sample_ref_free(&ref);
+                }
+            }
+        CHECK(unkept == 0, "n %d: %ld device picks the host never makes", n, unkept);
+        printf("cuda sample_rows vs host sampler, vocab %d: %ld draws, %ld equal (%.3f%%; worst "
+               "case %d of %d), %ld not kept by the host\n", n, draws, same,
+               draws ? 100.0 * (double)same / (double)draws : 0.0, worst, ROWS * CALLS, unkept);
+        be->ops->free(be, d);
+        free(row);
+        free(pr);
+        free(rep);
+        free(idx);
+    }
+    backend_destroy(be);
+}
+
+/* Frequencies of device picks over 50000 uniform draws against the host's
+ * probabilities: every token expected 20+ times within 5 sigma, and no pick
+ * of a token of probability 0. A descending walk (top-k, top-p, min-p) and
+ * an id-order one (temperature alone). */
+static void check_sample_distribution(void)
+{
+    struct backend *be = gpu_create(false);
+    if (!be || !be->ops->sample_rows) {
+        backend_destroy(be);
+        return;
+    }
+    enum { ROWS = 250, CALLS = 200 };
+    const int n = 32000;
+    const struct sampler_params ps[] = {{1.5f, 30, 0.97f, 0.01f, 0}, {1.0f, 0, 1.0f, 0, 0}};
+    uint64_t rng = 4242;
+    float *row = malloc(sizeof(float) * (size_t)n), *rep = malloc(sizeof(float) * (size_t)n * ROWS);
+    int *count = malloc(sizeof(int) * (size_t)n);
+    sample_test_row(row, n, 2, 0, &rng);
+    for (int r = 0; r < ROWS; r++)
+        memcpy(rep + (size_t)r * n, row, sizeof(float) * (size_t)n);
+    float *d = dev_alloc_copy(be, rep, (size_t)n * ROWS);
+    struct rng u;
+    rng_seed(&u, 99);
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        struct sample_ref ref;
+        sample_ref_init(&ref, &ps[k], row, n);
+        memset(count, 0, sizeof(int) * (size_t)n);
+        struct sample_params sp[ROWS];
+        int got[ROWS];
+        struct err e = {{0}};
+        for (int call = 0; call < CALLS; call++) {
+            for (int r = 0; r < ROWS; r++)
+                sp[r] = (struct sample_params){ps[k].temperature, ps[k].top_k, ps[k].top_p,
+                                               ps[k].min_p, rng_uniform(&u)};
+            if (be->ops->sample_rows(be, got, d, ROWS, n, sp, &e)) {
+                CHECK(0, "sample_rows: %s", e.msg);
+                break;
+            }
+            for (int r = 0; r < ROWS; r++)
+                if (got[r] >= 0 && got[r] < n)
+                    count[got[r]]++;
+        }
+        int checked = 0, outside = 0;
+        const double draws = (double)ROWS * CALLS;
+        for (int i = 0; i < n; i++) {
+            double q = sample_ref_prob(&ref, i), mean = q * draws, sd = sqrt(mean * (1 - q));
+            if (q == 0 ? count[i] != 0 : mean >= 20 && fabs(count[i] - mean) > 5 * sd + 1) {
+                if (outside++ < 5)
+                    CHECK(0, "params %zu token %d: %d device picks, expected %.1f +- %.1f", k, i,
+                          count[i], mean, sd);
+            }
+            checked += mean >= 20;
+        }
+        CHECK(outside == 0 && checked >= 3, "params %zu: %d of %d tokens outside 5 sigma", k,
+              outside, checked);
+        printf("cuda sample_rows distribution, params %zu: %d tokens within 5 sigma over %.0f "
+               "draws\n", k, checked - outside, draws);
+        sample_ref_free(&ref);
+    }
+    be->ops->free(be, d);
+    free(row);
+    free(rep);
+    free(count);
+    backend_destroy(be);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* How long a sampled step's token takes: sample_rows (parameters up,
+ * kernel, ids back, one wait) for 1 and 64 rows of Qwen's 151936 tokens,
+ * against downloading one row and sampler_pick on the host. Printed only. */
+static void check_sample_speed(void)
+{
+    struct backend *be = gpu_create(false);
+    if (!be || !be->ops->sample_rows) {
+        backend_destroy(be);
+        return;
+    }
+    enum { ROWS = 64 };
+    const int n = 151936;
+    const struct sampler_params ps[] = {{0.8f, 0, 1.0f, 0, 0},    {0.7f, 20, 0.8f, 0, 0},
+                                        {0.6f, 0, 0.9f, 0, 0},    {1.0f, 50, 0.95f, 0.05f, 0},
+                                        {1.5f, 0, 0.99f, 0, 0}};
+    const char *names[] = {"temperature", "top-k 20 + top-p 0.8", "top-p 0.9",
+                           "top-k 50 + top-p + min-p", "top-p 0.99 at T 1.5"};
+    uint64_t rng = 77;
+    float *row = malloc(sizeof(float) * (size_t)n * ROWS), *pr = malloc(sizeof(float) * (size_t)n);
+    float *h = malloc(sizeof(float) * (size_t)n);
+    int *idx = malloc(sizeof(int) * (size_t)n);
+    for (int r = 0; r < ROWS; r++)
+        sample_test_row(row + (size_t)r * n, n, 0, 0, &rng);
+    float *d = dev_alloc_copy(be, row, (size_t)n * ROWS);
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        struct sample_params sp[ROWS];
+        int got[ROWS];
+        double t[2] = {0, 0};
+        struct err e = {{0}};
+        const int counts[2] = {1, ROWS};
+        for (int w = 0; w < 2; w++) {
+            const int rows = counts[w];
+            for (int rep = 0; rep < 6; rep++) { /* the first warms up */
+                for (int r = 0; r < rows; r++)
+                    sp[r] = (struct sample_params){ps[k].temperature, ps[k].top_k, ps[k].top_p,
+                                                   ps[k].min_p, sample_test_u(&rng)};
+                double t0 = now_ms();
+                if (be->ops->sample_rows(be, got, d, rows, n, sp, &e)) {
+                    CHECK(0, "sample_rows: %s", e.msg);
+                    break;
+                }
+                if (rep > 0)
+                    t[w] += (now_ms() - t0) / 5;
+            }
+        }
+        double t0 = now_ms();
+        be->ops->download(be, h, d, (size_t)n);
+        sampler_pick(&ps[k], h, n, 0.5, pr, idx);
+        double th = now_ms() - t0;
+        printf("cuda sample_rows, %s, %d tokens: %.0f us for 1 row, %.0f us for %d rows (host: "
+               "%.0f us a row, download + sampler_pick)\n", names[k], n, t[0] * 1e3, t[1] * 1e3,
+               ROWS, th * 1e3);
+    }
+    be->ops->free(be, d);
+    free(row);
+    free(pr);
+    free(h);
+    free(idx);
+    backend_destroy(be);
+}
+
+/* Submits every request at once and drains them; out[i] gets request i's
+ * ids (max_tokens each), n_out[i] their count. false if one failed. */
+static bool engine_run_all(struct engine *eng, const int *prompt, int n_prompt,
+                           const struct engine_params *ps, int n_req, int *out, int *n_out)
+{
+    struct engine_request *r[16];
+    struct err e = {{0}};
+    bool ok = true;
+    for (int i = 0; i < n_req; i++) {
+        int pr[16];
+        memcpy(pr, prompt, sizeof(int) * (size_t)n_prompt);
+        pr[n_prompt - 1] += i; /* requests of one batch differ */
+        r[i] = engine_request_new(pr, n_prompt, &ps[i], &e);
+        if (!r[i] || engine_submit(eng, r[i], &e)) {
+            CHECK(0, "engine submit: %s", e.msg);
+            engine_request_release(r[i]);
+            r[i] = NULL;
+            ok = false;
+        }
+    }
+    for (int i = 0; i < n_req; i++) {
+        struct engine_event ev = {0};
+        n_out[i] = 0;
+        while (r[i] && engine_request_next(r[i], &ev, 60000) == 1 &&
+               ev.finish == ENGINE_FINISH_NONE)
+            if (n_out[i] < ps[i].max_tokens)
+                out[i * ps[i].max_tokens + n_out[i]++] = ev.token;
+        if (r[i] && ev.finish != ENGINE_FINISH_LENGTH) {
+            CHECK(0, "request %d ended with %d: %s", i, (int)ev.finish, ev.error);
+            ok = false;
+        }
+        engine_request_release(r[i]);
+    }
+    return ok;
+}
+
+/* Sampled requests through the engine on the GPU: seeded, each alone, the
+ * ids sampled on the device equal those the host samples from the same
+ * GPU's logits (CLLM_CUDA_SAMPLE=0) with the same draws; a batch mixing
+ * greedy and sampled requests runs to the end with valid ids and the
+ * greedy ones equal to their runs alone (greedy_exact; a random-weight
+ * model has near-ties that batch shapes may flip). */
+static void check_engine_sampling(const char *path, bool greedy_exact)
+{
+    struct model m;
+    struct err e = {{0}};
+    if (model_load(&m, path, &e)) {
+        CHECK(0, "load %s: %s", path, e.msg);
+        return;
+    }
+    struct engine_config cfg = {.device = "cuda", .ctx_len = 256, .max_running = 8,
+                                .prefill_chunk = 16};
+    struct engine *dev = engine_create(&m, &cfg, &e);
+    CHECK(dev != NULL, "engine on cuda: %s", e.msg);
+    setenv("CLLM_CUDA_SAMPLE", "0", 1);
+    struct engine *host = dev ? engine_create(&m, &cfg, &e) : NULL;
+    unsetenv("CLLM_CUDA_SAMPLE");
+    CHECK(!dev || host != NULL, "engine on cuda, host sampling: %s", e.msg);
+    enum { N = 48 };
+    const int vocab = m.cfg.vocab_size, prompt[] = {1, 40 % vocab, 300 % vocab, 7, 99 % vocab};
+    const struct sampler_params sps[] = {
+        {0.8f, 40, 0.95f, 0.05f, 11}, {1.0f, 0, 1.0f, 0, 12},   {1.2f, 0, 0.9f, 0, 13},
+        {0.7f, 0, 1.0f, 0.1f, 14},    {1.0f, 1, 1.0f, 0, 15},   {1.5f, 5000, 1.0f, 0, 16},
+    };
+    const int n_sp = (int)(sizeof sps / sizeof sps[0]);
+    int a[N], b[N], na, nb, same = 0;
+    for (int i = 0; i < n_sp && dev && host; i++) {
+        struct engine_params p = {.sp = sps[i], .max_tokens = N, .ignore_eos = true};
+        bool ok = engine_run_all(dev, prompt, 5, &p, 1, a, &na) &
+                  engine_run_all(host, prompt, 5, &p, 1, b, &nb);
+        bool valid = true;
+        for (int j = 0; j < na; j++)
+            valid &= a[j] >= 0 && a[j] < vocab;
+        int k = 0;
+        while (k < na && k < nb && a[k] == b[k])
+            k++;
+        CHECK(ok && valid && na == N && nb == N && k == N,
+              "%s params %d: device-sampled ids leave the host-sampled ones at %d of %d", path,
+              i, k, N);
+        same += ok && k == N;
+    }
+    /* a batch: greedy and sampled, submitted together */
+    enum { R = 6 };
+    struct engine_params ps[R];
+    for (int i = 0; i < R; i++)
+        ps[i] = (struct engine_params){.sp = i % 2 ? sps[i] : (struct sampler_params){0, 0, 1, 0,
+                                                                                       0},
+                                       .max_tokens = N, .ignore_eos = true};
+    int out[R * N], n_out[R], alone[N], n_alone, greedy_same = 0;
+    bool ok = dev && engine_run_all(dev, prompt, 5, ps, R, out, n_out);
+    for (int i = 0; i < R && ok; i++) {
+        for (int j = 0; j < n_out[i]; j++)
+            CHECK(out[i * N + j] >= 0 && out[i * N + j] < vocab, "batch: id %d",
+                  out[i * N + j]);
+        if (i % 2)
+            continue;
+        int pr[5];
+        memcpy(pr, prompt, sizeof pr);
+        pr[4] += i;
+        if (!engine_run_all(dev, pr, 5, &ps[i], 1, alone, &n_alone))
+            continue;
+        bool eq = n_alone == n_out[i] && !memcmp(alone, out + i * N, sizeof(int) * (size_t)N);
+        greedy_same += eq;
+        CHECK(eq || !greedy_exact, "%s: greedy request %d in a batch with sampled ones differs "
+                                   "from its run alone", path, i);
+    }
+    CHECK(ok, "%s: the mixed batch failed", path);
+    printf("cuda engine sampling %s (vocab %d): %d of %d sampled requests identical sampled on "
+           "the device and on the host; mixed batch %s, %d of %d greedy requests as alone\n",
+           path, vocab, same, n_sp, ok ? "ran" : "FAILED", greedy_same, (R + 1) / 2);
+    engine_destroy(host);
+    engine_destroy(dev);
+    model_free(&m);
+}
+
+/* The same on a random-weight model with a 128256-token vocabulary
+ * (gen_model's tiny-llama3, made next to this binary's gen_model), where
+ * the device sampler walks rows in global memory. */
+static void check_engine_sampling_large(void)
+{
+    char exe[1024], cmd[3072], path[256];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0)
+        return;
+    exe[k] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return;
+    *slash = 0;
+    snprintf(path, sizeof path, "/tmp/cllm-test-sample-%d.gguf", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s/gen_model", exe);
+    if (access(cmd, X_OK) != 0) {
+        printf("cuda engine sampling, large vocabulary: skipped (no %s)\n", cmd);
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "%s/gen_model --shape tiny-llama3 --dtype bf16 -o %s >/dev/null",
+             exe, path);
+    CHECK(system(cmd) == 0, "%s failed", cmd);
+    check_engine_sampling(path, false);
+    unlink(path);
+}
+
 static void check_errors(void)
 {
     struct err e = {{0}};
@@ -1303,6 +1681,9 @@ int main(void)
     check_errors();
     check_argmax();
     check_argmax_rows();
+    check_sample_rows();
+    check_sample_distribution();
+    check_sample_speed();
     check_matmul_all();
     check_norm_rope(cpu);
     check_attention(cpu);
@@ -1332,6 +1713,9 @@ int main(void)
     check_device_greedy(path, 32);
     check_graphs_vs_eager(path, 300, true);
     check_graphs_vs_eager(path, 300, false);
+    snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
+    check_engine_sampling(path, true);
+    check_engine_sampling_large();
     backend_destroy(cpu);
     return test_summary("test_cuda");
 }

@@ -79,6 +79,17 @@ struct backend_step {
     bool logits;                /* ends with the logits of its last row */
 };
 
+/* How one row of a step's logits becomes a token on the device
+ * (sample_rows): the sampler's parameters (engine/sampler.h) and the
+ * request's uniform draw u in [0, 1). temperature <= 0 asks for the argmax. */
+struct sample_params {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    double u;
+};
+
 struct backend_ops {
     const char *name;
     void (*destroy)(struct backend *be);
@@ -198,6 +209,18 @@ struct backend_ops {
      * of their logits rows (struct forward_seg's next). */
     int (*argmax_rows)(struct backend *be, int *out, const float *x, int rows, int n,
                        struct err *e);
+    /* Optional: out[r] (host) = the token sampler_pick (engine/sampler.c)
+     * picks from row r of rows consecutive rows of n floats of backend
+     * memory x with p[r]'s parameters and draw p[r].u (argmax's rules for
+     * temperature <= 0), for every row; one launch, one copy of the ids, one
+     * wait. Sums are formed in another order (and exp may round the other
+     * way), so a pick may differ from the host's where u, a top_p or a
+     * min_p falls within rounding of a boundary between two tokens
+     * (test_cuda measures it). A batched step copies its sampled (and
+     * greedy) sequences' ids instead of their logits rows (struct
+     * forward_seg's sample). */
+    int (*sample_rows)(struct backend *be, int *out, const float *x, int rows, int n,
+                       const struct sample_params *p, struct err *e);
 };
 
 struct backend {

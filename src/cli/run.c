@@ -296,12 +296,21 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     int n_gen = 0, n_fwd = 0;
-    /* Greedy on a backend with a device argmax: each decode step returns the
-     * next id and no logits row crosses to the host. */
+    /* On a backend with a device argmax (greedy) or sampler, each decode
+     * step returns the next id and no logits row crosses to the host. A
+     * sampled step takes the token's uniform draw before it runs: one draw
+     * per token in the same order as sampler_sample, so a seed gives the
+     * same ids either way. */
     bool dev_greedy = o.sp.temperature <= 0 && be->ops->argmax;
+    bool dev_sample = o.sp.temperature > 0 && be->ops->sample_rows;
+    struct sample_params sp = {.temperature = o.sp.temperature, .top_k = o.sp.top_k,
+                               .top_p = o.sp.top_p, .min_p = o.sp.min_p, .u = -1};
     int pending = -1;
     while (n_gen < o.n_predict) {
-        int next = pending >= 0 ? pending : sampler_sample(&smp, last);
+        int next = pending >= 0 ? pending
+                   : sp.u >= 0 ? sampler_pick(&smp.p, last, c->vocab_size, sp.u, smp.probs,
+                                              smp.idx)
+                               : sampler_sample(&smp, last);
         if (!o.ignore_eos && is_eos(c, next))
             break;
         if (o.print_ids) {
@@ -314,8 +323,16 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
         if (++n_gen == o.n_predict)
             break; /* the last token needs no forward pass */
-        if (dev_greedy ? forward_tokens_greedy(&fs, &pool, &seq, &next, 1, logits, &pending, &e)
-                       : forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e))
+        int frc;
+        if (dev_greedy) {
+            frc = forward_tokens_greedy(&fs, &pool, &seq, &next, 1, logits, &pending, &e);
+        } else if (dev_sample) {
+            sp.u = rng_uniform(&smp.rng);
+            frc = forward_tokens_sampled(&fs, &pool, &seq, &next, 1, logits, &sp, &pending, &e);
+        } else {
+            frc = forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e);
+        }
+        if (frc)
             goto fail;
         n_fwd++;
         last = logits;

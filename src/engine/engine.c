@@ -446,7 +446,8 @@ static void admit(struct engine *eng)
 struct cand {
     struct seq *s;
     int n;
-    int tok; /* greedy sequences: the id the step took on the device */
+    int tok;                  /* the id the step took (greedy or sampled), -1: none */
+    struct sample_params sp;  /* a sampled sequence's parameters and draw */
 };
 
 /* Appends the sequence's next token (sampled from its logits row, or its
@@ -500,7 +501,7 @@ static void engine_step(struct engine *eng)
                 continue;
             budget -= k;
         }
-        cands[n_cand++] = (struct cand){s, k, -1};
+        cands[n_cand++] = (struct cand){.s = s, .n = k, .tok = -1};
     }
     /* Blocks for every span, oldest first; on exhaustion preempt the
      * youngest running sequence rather than fail. */
@@ -528,18 +529,29 @@ static void engine_step(struct engine *eng)
     }
     if (n_cand == 0)
         return;
-    /* A greedy sequence asks the step for its id, not its logits row: on a
-     * device with argmax_rows only the ids cross to the host, and the
-     * logits buffer holds just the sampled sequences' rows, in order. */
+    /* Every sequence whose token this step yields asks for the token, not
+     * its logits row: a device with argmax_rows / sample_rows copies only
+     * the ids to the host. A sampled sequence draws its uniform now, once
+     * per token as the host sampler always has, so the device and the host
+     * (a backend without sample_rows returns the row: sampler_pick below,
+     * same draw) give the same token for the same seed. */
     struct forward_seg *segs = eng->segs;
     for (int i = 0; i < n_cand; i++) {
         struct seq *s = cands[i].s;
         assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
         bool logits = s->kv.n_tokens + cands[i].n == s->n_toks;
+        bool sampled = logits && !sampler_is_greedy(&s->smp);
+        if (sampled) {
+            const struct sampler_params *p = &s->smp.p;
+            cands[i].sp = (struct sample_params){.temperature = p->temperature,
+                                                 .top_k = p->top_k, .top_p = p->top_p,
+                                                 .min_p = p->min_p,
+                                                 .u = rng_uniform(&s->smp.rng)};
+        }
         segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
                                        .n = cands[i].n, .logits = logits,
-                                       .next = logits && sampler_is_greedy(&s->smp)
-                                                   ? &cands[i].tok : NULL};
+                                       .next = logits ? &cands[i].tok : NULL,
+                                       .sample = sampled ? &cands[i].sp : NULL};
     }
     struct err e = {{0}};
     if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
@@ -563,8 +575,10 @@ static void engine_step(struct engine *eng)
             eng->st.tokens_prompt += (uint64_t)s->r->n_prompt;
             pthread_mutex_unlock(&eng->mu);
         }
-        int tok = segs[i].next ? cands[i].tok
-                               : sampler_sample(&s->smp, eng->logits + (size_t)row++ * vocab);
+        int tok = cands[i].tok;
+        if (tok < 0) /* sampled from its logits row on the host, with the step's draw */
+            tok = sampler_pick(&s->smp.p, eng->logits + (size_t)row++ * vocab, vocab,
+                               cands[i].sp.u, s->smp.probs, s->smp.idx);
         take_token(eng, s, tok);
     }
 }

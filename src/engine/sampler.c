@@ -79,26 +79,33 @@ int sample_argmax(const float *logits, int n)
 
 bool sampler_is_greedy(const struct sampler *s) { return s->p.temperature <= 0; }
 
+/* The order kept tokens are walked in when anything is sorted: larger value
+ * first, the lower id on ties. A total order, so the top k of any row are
+ * one set (ties at the k-th value go to the lower ids). */
+static bool ranks_before(const float *key, int a, int b)
+{
+    return key[a] > key[b] || (key[a] == key[b] && a < b);
+}
+
 static int cmp_desc(const void *a, const void *b, void *keys)
 {
     const float *key = keys;
-    float x = key[*(const int *)a], y = key[*(const int *)b];
-    if (x != y)
-        return x < y ? 1 : -1;
-    return *(const int *)a - *(const int *)b;
+    int x = *(const int *)a, y = *(const int *)b;
+    return ranks_before(key, x, y) ? -1 : ranks_before(key, y, x) ? 1 : 0;
 }
 
-/* Moves the k largest entries of idx (by key) to the front, sorted. */
+/* Moves the k largest entries of idx (by ranks_before) to the front,
+ * sorted. The keys must not be NaN. */
 static void partial_sort(int *idx, int n, int k, const float *key)
 {
     if (k < n) { /* quickselect so only k entries get sorted */
         int lo = 0, hi = n - 1;
         while (lo < hi) {
-            float pivot = key[idx[(lo + hi) / 2]];
+            int pivot = idx[(lo + hi) / 2];
             int i = lo, j = hi;
             while (i <= j) {
-                while (key[idx[i]] > pivot) i++;
-                while (key[idx[j]] < pivot) j--;
+                while (ranks_before(key, idx[i], pivot)) i++;
+                while (ranks_before(key, pivot, idx[j])) j--;
                 if (i <= j) {
                     int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
                     i++; j--;
@@ -112,67 +119,84 @@ static void partial_sort(int *idx, int n, int k, const float *key)
     qsort_r(idx, (size_t)(k < n ? k : n), sizeof(int), cmp_desc, (void *)key);
 }
 
-int sampler_sample(struct sampler *s, const float *logits)
+int sampler_pick(const struct sampler_params *p, const float *logits, int n, double u,
+                 float *pr, int *idx)
 {
-    int n = s->vocab;
-    if (sampler_is_greedy(s)) /* no RNG draw */
+    if (p->temperature <= 0)
         return sample_argmax(logits, n);
-    float *pr = s->probs;
-    int *idx = s->idx;
-    float inv_t = 1.0f / s->p.temperature;
+    float inv_t = 1.0f / p->temperature;
+    /* NaN logits are no candidates; best: the first of the largest value. */
+    int m = 0, best = -1;
     for (int i = 0; i < n; i++) {
         pr[i] = logits[i] * inv_t;
-        idx[i] = i;
+        if (isnan(pr[i]))
+            continue;
+        idx[m++] = i;
+        if (best < 0 || pr[i] > pr[best])
+            best = i;
     }
-    int k = s->p.top_k > 0 && s->p.top_k < n ? s->p.top_k : n;
+    /* Nothing to normalize (every value NaN or -inf, or an infinite
+     * maximum after scaling): the argmax rule decides. */
+    if (best < 0)
+        return 0;
+    if (isinf(pr[best]))
+        return best;
+    int k = p->top_k > 0 && p->top_k < m ? p->top_k : m;
     /* Sorting the whole vocabulary is only needed for top-p; cap it otherwise. */
     int keep = k;
-    if (s->p.top_p < 1 || k < n)
-        partial_sort(idx, n, k, pr);
+    if (p->top_p < 1 || k < m)
+        partial_sort(idx, m, k, pr);
     else
-        keep = n;
-    float mx = -INFINITY;
-    for (int i = 0; i < keep; i++)
-        if (pr[idx[i]] > mx)
-            mx = pr[idx[i]];
+        keep = m;
+    float mx = pr[best];
     double sum = 0;
     for (int i = 0; i < keep; i++) {
-        float p = expf(pr[idx[i]] - mx);
-        pr[idx[i]] = p;
-        sum += p;
+        float e = expf(pr[idx[i]] - mx);
+        pr[idx[i]] = e;
+        sum += e;
     }
-    if (s->p.top_p < 1) {
+    if (p->top_p < 1) {
         /* Smallest prefix whose mass reaches top_p (at least one token). */
         double cum = 0;
         int cut = keep;
         for (int i = 0; i < keep; i++) {
             cum += pr[idx[i]] / sum;
-            if (cum >= s->p.top_p) {
+            if (cum >= p->top_p) {
                 cut = i + 1;
                 break;
             }
         }
         keep = cut;
     }
-    if (s->p.min_p > 0) {
+    if (p->min_p > 0) {
         float top = 0;
         for (int i = 0; i < keep; i++)
             if (pr[idx[i]] > top)
                 top = pr[idx[i]];
         int w = 0;
         for (int i = 0; i < keep; i++)
-            if (pr[idx[i]] >= s->p.min_p * top)
+            if (pr[idx[i]] >= p->min_p * top)
                 idx[w++] = idx[i];
         keep = w;
     }
     sum = 0;
     for (int i = 0; i < keep; i++)
         sum += pr[idx[i]];
-    double r = rng_uniform(&s->rng) * sum, acc = 0;
+    double r = u * sum, acc = 0;
+    int last = best; /* always kept, probability 1 before normalizing */
     for (int i = 0; i < keep; i++) {
         acc += pr[idx[i]];
+        if (pr[idx[i]] > 0)
+            last = idx[i];
         if (r < acc)
             return idx[i];
     }
-    return idx[keep - 1];
+    return last; /* u * sum rounded up to sum */
+}
+
+int sampler_sample(struct sampler *s, const float *logits)
+{
+    if (sampler_is_greedy(s)) /* no RNG draw */
+        return sample_argmax(logits, s->vocab);
+    return sampler_pick(&s->p, logits, s->vocab, rng_uniform(&s->rng), s->probs, s->idx);
 }

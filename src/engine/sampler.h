@@ -45,7 +45,25 @@ int sample_argmax(const float *logits, int n);
 /* True when sampler_sample is sample_argmax (temperature 0): it then draws
  * nothing from the RNG, so the engine may take the id from the device. */
 bool sampler_is_greedy(const struct sampler *s);
-/* Draws the next token from logits (not modified). */
+/* Draws the next token from logits (not modified): sample_argmax when
+ * greedy, else sampler_pick with one rng_uniform draw. */
 int sampler_sample(struct sampler *s, const float *logits);
+
+/* The token a sampled step picks from logits[n] for the uniform draw u in
+ * [0, 1); pure, so the device sampler (the sample_rows op) and this host
+ * path consume the RNG alike and this is the reference. pr and idx are
+ * scratch of n entries. Greedy params (temperature <= 0) give
+ * sample_argmax. Otherwise, with x = logit * (1/temperature) in float:
+ *   - NaN values are no candidates; when nothing is left to normalize (all
+ *     NaN or -inf, or an infinite maximum) the argmax rule decides;
+ *   - top_k: the k largest x, the lower id on ties at the k-th value;
+ *   - p = expf(x - max x) over them; top_p: the shortest prefix, in
+ *     descending x (lower id first on ties), whose cumulative p / sum
+ *     reaches top_p; min_p: then only p >= min_p (the largest p is 1);
+ *   - the first kept token where the running sum of p exceeds u * (sum of
+ *     kept p), walking in descending x when top_k or top_p is active and
+ *     in id order otherwise (the order sampling has always used). */
+int sampler_pick(const struct sampler_params *p, const float *logits, int n, double u,
+                 float *pr, int *idx);
 
 #endif

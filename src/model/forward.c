@@ -46,6 +46,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
     fs->ids = malloc(sizeof(int) * n);
     fs->greedy = malloc(sizeof(int) * n);
+    fs->sparams = malloc(sizeof *fs->sparams * n);
     fs->bsegs = malloc(sizeof *fs->bsegs * n);
     void *(*al)(struct backend *, size_t) = be->ops->alloc;
     fs->x = al(be, n * c->dim * 4);
@@ -57,7 +58,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->hb = al(be, n * c->hidden_dim * 4);
     fs->hb2 = al(be, n * c->hidden_dim * 4);
     fs->logits = al(be, n * c->vocab_size * 4);
-    if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->bsegs || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
+    if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->sparams || !fs->bsegs || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
         forward_free(fs);
         return err_set(e, "out of memory for activations of %d tokens", max_tokens);
@@ -82,6 +83,8 @@ void forward_free(struct forward_state *fs)
     fs->ids = NULL;
     free(fs->greedy);
     fs->greedy = NULL;
+    free(fs->sparams);
+    fs->sparams = NULL;
     free(fs->bsegs);
     fs->bsegs = NULL;
 }
@@ -122,6 +125,20 @@ static void add_norm(struct forward_state *fs, const float *y, const float *w, i
 }
 
 enum logits_mode { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL };
+
+/* Whether the step returns the segment's token (next) rather than its
+ * logits row: greedy ones always, sampled ones when the backend samples. */
+static bool seg_picked(const struct forward_state *fs, const struct forward_seg *s)
+{
+    return s->logits && s->next &&
+           (!s->sample || s->sample->temperature <= 0 || fs->be->ops->sample_rows);
+}
+
+/* Whether a picked segment is sampled rather than greedy. */
+static bool seg_sampled(const struct forward_seg *s)
+{
+    return s->sample && s->sample->temperature > 0;
+}
 
 /* The matmuls of the fused path (backends with matmul_fused), one call
  * each: outs = rmsnorm(x) . W (q/k/v, gate/up), and x += in . W (o_proj
@@ -247,9 +264,10 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
 
 /* The ops of one step, from the embedding to the logits in fs->logits:
  * every row when all_rows (one segment), else the last row of each segment
- * with logits set: first those without next (in segment order), then the
- * greedy ones (in segment order), so each group is one contiguous block.
- * Returns the logits row count. */
+ * with logits set: first those whose rows go to the host (in segment
+ * order), then those whose token the step picks (seg_picked, in segment
+ * order), so each group is one contiguous block. Returns the logits row
+ * count. */
 static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                      const struct forward_seg *segs, int n_seg, const int *tokens, int n,
                      bool all_rows, struct err *e)
@@ -282,10 +300,10 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
          * one-token segments, e.g. a batch of decodes) go through one norm
          * launch per run instead of one per sequence. */
         int run_src = 0, run_len = 0;
-        for (int greedy = 0; greedy < 2; greedy++)
+        for (int picked = 0; picked < 2; picked++)
             for (int s = 0, row = 0; s < n_seg; s++) {
                 row += segs[s].n;
-                if (!segs[s].logits || (segs[s].next != NULL) != (greedy == 1))
+                if (!segs[s].logits || seg_picked(fs, &segs[s]) != (picked == 1))
                     continue;
                 if (run_len > 0 && row - 1 != run_src + run_len) {
                     op->rmsnorm(fs->be, fs->xb + (size_t)(rows - run_len) * c->dim,
@@ -366,13 +384,17 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         segs[s].seq->n_tokens += segs[s].n;
     if (rows == 0)
         return 0;
-    /* fs->logits: the rows without next, then the greedy rows. */
+    /* fs->logits: the rows for the host, then the picked rows. */
     const size_t vocab = (size_t)c->vocab_size;
-    int n_greedy = 0;
+    int n_pick = 0, n_smp = 0;
     for (int s = 0; s < n_seg && !all_rows; s++)
-        n_greedy += segs[s].logits && segs[s].next;
-    int n_plain = rows - n_greedy;
-    bool dev = n_greedy > 0 && (op->argmax_rows || (n_greedy == 1 && op->argmax));
+        if (seg_picked(fs, &segs[s])) {
+            n_pick++;
+            n_smp += seg_sampled(&segs[s]);
+        }
+    int n_plain = rows - n_pick;
+    /* Sampled rows are picked only by a backend with sample_rows. */
+    bool dev = n_pick > 0 && (n_smp > 0 || op->argmax_rows || (n_pick == 1 && op->argmax));
     /* Without a device argmax the greedy rows are downloaded too, behind. */
     int n_down = dev ? n_plain : rows;
     if (n_down > 0) {
@@ -380,22 +402,34 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (op->finish && op->finish(fs->be, e))
             return -1;
     }
-    if (n_greedy == 0)
+    for (int s = 0; s < n_seg && !all_rows; s++) /* sampled by the caller, from its row */
+        if (segs[s].logits && segs[s].next && !seg_picked(fs, &segs[s]))
+            *segs[s].next = -1;
+    if (n_pick == 0)
         return 0;
     int *ids = fs->greedy;
     if (dev) { /* only the ids cross to the host */
         const float *g = fs->logits + (size_t)n_plain * vocab;
-        int rc = n_greedy == 1 && op->argmax
+        int rc;
+        if (n_smp > 0) { /* one launch for all: greedy rows as temperature 0 */
+            for (int s = 0, i = 0; s < n_seg; s++)
+                if (seg_picked(fs, &segs[s]))
+                    fs->sparams[i++] = seg_sampled(&segs[s]) ? *segs[s].sample
+                                                             : (struct sample_params){0};
+            rc = op->sample_rows(fs->be, ids, g, n_pick, c->vocab_size, fs->sparams, e);
+        } else {
+            rc = n_pick == 1 && op->argmax
                      ? op->argmax(fs->be, ids, g, c->vocab_size, e)
-                     : op->argmax_rows(fs->be, ids, g, n_greedy, c->vocab_size, e);
+                     : op->argmax_rows(fs->be, ids, g, n_pick, c->vocab_size, e);
+        }
         if (rc)
             return -1;
     } else {
-        for (int i = 0; i < n_greedy; i++)
+        for (int i = 0; i < n_pick; i++)
             ids[i] = forward_argmax(logits + (size_t)(n_plain + i) * vocab, c->vocab_size);
     }
     for (int s = 0, i = 0; s < n_seg; s++)
-        if (segs[s].logits && segs[s].next)
+        if (seg_picked(fs, &segs[s]))
             *segs[s].next = ids[i++];
     return 0;
 }
@@ -408,17 +442,18 @@ int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward
 
 static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                          const int *tokens, int n, enum logits_mode mode, float *logits,
-                         int *next, struct err *e)
+                         int *next, const struct sample_params *sp, struct err *e)
 {
     struct forward_seg seg = {.seq = seq, .tokens = tokens, .n = n,
                               .logits = mode != LOGITS_NONE,
-                              .next = mode == LOGITS_LAST ? next : NULL};
+                              .next = mode == LOGITS_LAST ? next : NULL,
+                              .sample = mode == LOGITS_LAST ? sp : NULL};
     return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, logits, e);
 }
 
 static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                        const int *tokens, int n, bool all_logits, float *logits, int *next,
-                       struct err *e)
+                       const struct sample_params *sp, struct err *e)
 {
     if (n <= 0)
         return err_set(e, "forward: no tokens");
@@ -427,7 +462,7 @@ static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv
         bool last = done + k == n;
         float *out = all_logits ? logits + (size_t)done * fs->m->cfg.vocab_size : logits;
         enum logits_mode mode = all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;
-        if (chunk_forward(fs, pool, seq, tokens + done, k, mode, out, last ? next : NULL, e))
+        if (chunk_forward(fs, pool, seq, tokens + done, k, mode, out, last ? next : NULL, sp, e))
             return -1;
         done += k;
     }
@@ -437,11 +472,18 @@ static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv
 int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                    const int *tokens, int n, bool all_logits, float *logits, struct err *e)
 {
-    return forward_run(fs, pool, seq, tokens, n, all_logits, logits, NULL, e);
+    return forward_run(fs, pool, seq, tokens, n, all_logits, logits, NULL, NULL, e);
 }
 
 int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                           const int *tokens, int n, float *logits, int *next, struct err *e)
 {
-    return forward_run(fs, pool, seq, tokens, n, false, logits, next, e);
+    return forward_run(fs, pool, seq, tokens, n, false, logits, next, NULL, e);
+}
+
+int forward_tokens_sampled(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                           const int *tokens, int n, float *logits,
+                           const struct sample_params *sp, int *next, struct err *e)
+{
+    return forward_run(fs, pool, seq, tokens, n, false, logits, next, sp, e);
 }

@@ -18,7 +18,8 @@ struct forward_state {
     int max_tokens;
     float *inv_freq; /* host, head_dim/2, rope scaling applied */
     int *ids;        /* host, max_tokens: the step's token ids, concatenated */
-    int *greedy;     /* host, max_tokens: greedy ids of a step's segments */
+    int *greedy;     /* host, max_tokens: greedy or sampled ids of a step's segments */
+    struct sample_params *sparams; /* host, max_tokens: sample_rows' parameters */
     struct batch_seg *bsegs; /* host, max_tokens: a multi-sequence step's segments
                               * as rope_kv_attention_batch takes them */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
@@ -45,20 +46,34 @@ int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq
  * argmax taken on the host. */
 int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                           const int *tokens, int n, float *logits, int *next, struct err *e);
+/* forward_tokens_greedy for sampled decoding: *next = the token the
+ * backend's sample_rows picks from the last row with sp (parameters and
+ * draw), logits left as it was; a backend without sample_rows writes the
+ * last row to logits as forward_tokens does and sets *next = -1 (sample it
+ * on the host: sampler_pick with sp->u). */
+int forward_tokens_sampled(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                           const int *tokens, int n, float *logits,
+                           const struct sample_params *sp, int *next, struct err *e);
 
 /* One sequence's part of a ragged step: n new tokens at positions
  * seq->n_tokens.. (a decode token or a prefill chunk). logits: the step
  * returns the logits of its last row, or, when next is set too, only its
- * greedy token: *next = the index of the largest last-row logit (the lowest
- * on ties, NaNs never win: sample_argmax's rule), taken on the device when
- * the backend can (argmax_rows / argmax), so that row never crosses to the
- * host. */
+ * token, so that row never crosses to the host:
+ *   - sample NULL (or its temperature <= 0): *next = the greedy token, the
+ *     index of the largest last-row logit (the lowest on ties, NaNs never
+ *     win: sample_argmax's rule), taken on the device when the backend can
+ *     (argmax_rows / argmax), else on the host from the downloaded row;
+ *   - sample set: *next = the token the backend's sample_rows picks with
+ *     those parameters and draw. A backend without it returns the logits
+ *     row as for a segment without next and sets *next = -1: the caller
+ *     then samples on the host (sampler_pick, same draw). */
 struct forward_seg {
     struct kv_seq *seq;
     const int *tokens;
     int n;
     bool logits;
-    int *next; /* host; NULL: return the logits row */
+    int *next;                         /* host; NULL: return the logits row */
+    const struct sample_params *sample; /* host; with next: sample, see above */
 };
 
 /* The host argmax the greedy paths use when the backend has no device op:
@@ -69,11 +84,12 @@ int forward_argmax(const float *x, int n);
  * most fs->max_tokens. The matmuls run once over all rows; RoPE, the K/V
  * store and attention run per segment. Reserves K/V blocks (fails with a
  * message when the pool is exhausted; the caller may reserve first), appends
- * every segment's K/V, writes the greedy id of each segment with logits and
- * next set to *next, and the logits rows of the segments with logits set and
- * next NULL, in segment order, to logits (host, [rows][vocab]): the LM head
- * runs over just the rows with logits. logits must have room for one row
- * per segment with logits set (greedy ones included: without a device
+ * every segment's K/V, writes the token of each segment with logits and
+ * next set to *next (see struct forward_seg), and the logits rows of the
+ * other segments with logits set (next NULL, or sampled without
+ * sample_rows), in segment order, to logits (host, [rows][vocab]): the LM
+ * head runs over just the rows with logits. logits must have room for one
+ * row per segment with logits set (greedy ones included: without a device
  * argmax their rows are downloaded behind the others and reduced on the
  * host); rows past the returned ones are scratch. */
 int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,

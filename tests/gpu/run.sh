@@ -3,7 +3,8 @@
 #   1. test_cuda (ops vs references and the CPU backend; oracle fixtures;
 #      CPU vs GPU greedy on the sample models),
 #   2. `cllm run --device cpu` vs `--device cuda` greedy ids on both sample
-#      models, through the CLI,
+#      models, through the CLI, and seeded sampled ids picked on the device
+#      vs on the host (CLLM_CUDA_SAMPLE=0) from the same GPU logits,
 #   3. benchmarks (random-weight models made by gen_model): prefill of a
 #      512-token prompt and batch-1 decode, with --device cuda,
 #   4. compute-sanitizer (memcheck, racecheck) on short runs.
@@ -37,6 +38,12 @@ for m in stories260K tinystories-656k; do
     cat "$WORK/run_$m.err"
     if [ -n "$a" ] && [ "$a" = "$b" ]; then note "cli cpu vs cuda $m (300 greedy ids): identical"
     else note "cli cpu vs cuda $m: DIFFER"; echo "cpu:  $a"; echo "cuda: $b"; fails=$((fails+1)); fi
+    for sp in "--temp 0.8 --top-k 40 --top-p 0.95 --min-p 0.05" "--temp 1 --top-k 0 --top-p 1 --min-p 0" "--temp 1.2 --top-k 0 --top-p 0.9 --min-p 0"; do
+        a=$(CLLM_CUDA_SAMPLE=0 timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cuda -p "Once upon a time" -n 200 $sp --seed 5 --ignore-eos --print-ids 2>/dev/null)
+        b=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cuda -p "Once upon a time" -n 200 $sp --seed 5 --ignore-eos --print-ids 2>"$WORK/run_$m.err")
+        if [ -n "$a" ] && [ "$a" = "$b" ]; then note "cli cuda sampled on host vs device $m ($sp, 200 ids): identical"
+        else cat "$WORK/run_$m.err"; note "cli cuda sampled on host vs device $m ($sp): DIFFER"; echo "host:   $a"; echo "device: $b"; fails=$((fails+1)); fi
+    done
 done
 fi
 
@@ -67,6 +74,18 @@ elif command -v compute-sanitizer >/dev/null; then
                 note "compute-sanitizer $tool $(basename ${args%% *}): clean"
             else
                 tail -30 "$WORK/san.log"; note "compute-sanitizer $tool $(basename ${args%% *}): FAIL"; fails=$((fails+1))
+            fi
+        done
+        # the device sampler: rows in shared memory (stories260K, 512 tokens)
+        # and walked in global memory (a 128256-token random-weight model,
+        # top-p wide enough to keep most of the row)
+        big="$WORK/tiny-llama3-bf16.gguf"
+        [ -f "$big" ] || timeout 120 "$BIN/gen_model" --shape tiny-llama3 --dtype bf16 -o "$big" >/dev/null
+        for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0"; do
+            if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
+                note "compute-sanitizer $tool sampled $(basename ${args%% *}) ${args#* -n }: clean"
+            else
+                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool sampled $(basename ${args%% *}): FAIL"; fails=$((fails+1))
             fi
         done
     done

@@ -97,6 +97,7 @@ struct alloc_rec {
 
 struct cuda_backend {
     struct backend be;
+    struct backend_ops ops; /* cuda_ops, less what the environment turns off */
     int device, n_sms;
     char name[128];
     cudaStream_t stream;
@@ -129,7 +130,11 @@ struct cuda_backend {
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
-    struct pinned up_ids, up_tab, up_bat; /* staging of ids, block table, batch metadata */
+    struct pinned up_ids, up_tab, up_bat, up_smp; /* staging of ids, block table, batch
+                                                   * metadata, sampling parameters */
+    struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
+    struct cuk_sample_param *smp_host; /* their host form */
+    int smp_cap;
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
     size_t bat_n, bat_cap; /* ints */
@@ -154,7 +159,7 @@ struct cuda_backend {
     void *blas_ws;
     void *am_ws;       /* cuk_argmax workspace + the result id (device) */
     int *am_host;      /* pinned: the id copied back */
-    int *amr_dev, *amr_host; /* cu_argmax_rows: ids on the device, pinned copy */
+    int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: ids on the device, pinned copy */
     int amr_cap;             /* ids both hold */
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
@@ -203,7 +208,8 @@ static int sticky(struct cuda_backend *c, struct err *e)
 static size_t dbuf_bytes(const struct cuda_backend *c)
 {
     return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->xh.cap + c->wf.cap + c->invf.cap +
-           c->step.cap + c->mm_in.cap + c->mm_out.cap + (c->blas_ws ? BLAS_WS_BYTES : 0);
+           c->step.cap + c->mm_in.cap + c->mm_out.cap + c->smp.cap +
+           (c->blas_ws ? BLAS_WS_BYTES : 0);
 }
 
 static void graphs_flush(struct cuda_backend *c)
@@ -434,18 +440,18 @@ static void cu_download(struct backend *be, float *dst, const float *src, size_t
         timing_done(c);
 }
 
-/* Copies rows greedy ids from the device to pinned host memory and waits:
- * the one wait of a greedy step (its copy timed under CLLM_CUDA_TIMING).
- * Returns -1 with the failure kept (sticky). */
+/* Copies rows token ids from the device to pinned host memory and waits:
+ * the one wait of a greedy or sampled step (its copy timed under
+ * CLLM_CUDA_TIMING). Returns -1 with the failure kept (sticky). */
 static int fetch_ids(struct cuda_backend *c, int *host, const int *dev, int rows, bool timed,
                      struct err *e)
 {
-    if (fail_cuda(c, "copy greedy ids", cudaMemcpyAsync(host, dev, sizeof(int) * (size_t)rows,
-                                                        cudaMemcpyDeviceToHost, c->stream)))
+    if (fail_cuda(c, "copy token ids", cudaMemcpyAsync(host, dev, sizeof(int) * (size_t)rows,
+                                                       cudaMemcpyDeviceToHost, c->stream)))
         return sticky(c, e);
     if (timed)
         cudaEventRecord(c->ev[2], c->stream);
-    if (fail_cuda(c, "synchronize after the greedy ids", cudaStreamSynchronize(c->stream)))
+    if (fail_cuda(c, "synchronize after the token ids", cudaStreamSynchronize(c->stream)))
         return sticky(c, e);
     if (timed)
         timing_done(c);
@@ -470,19 +476,13 @@ static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct
     return 0;
 }
 
-/* A batched step's greedy sequences: one launch over their logits rows and
- * one copy of rows ids to pinned memory, instead of rows x n floats. */
-static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
-                          struct err *e)
+/* Makes amr_dev / amr_host hold rows ids; -1 with the failure kept. */
+static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
 {
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
-    use_device(c);
-    if (sticky(c, e))
-        return -1;
     if (rows > c->amr_cap) { /* grows rarely: the batch size bounds rows */
         int cap = rows > 64 ? rows : 64;
-        if (fail_cuda(c, "synchronize before argmax rows", cudaStreamSynchronize(c->stream)))
+        if (fail_cuda(c, "synchronize before growing the id buffers",
+                      cudaStreamSynchronize(c->stream)))
             return sticky(c, e);
         if (c->amr_dev)
             cudaFree(c->amr_dev);
@@ -491,15 +491,71 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
         c->amr_dev = NULL;
         c->amr_host = NULL;
         c->amr_cap = 0;
-        if (fail_cuda(c, "allocate argmax rows", cudaMalloc((void **)&c->amr_dev,
-                                                           sizeof(int) * (size_t)cap)) ||
-            fail_cuda(c, "allocate argmax rows (host)",
+        if (fail_cuda(c, "allocate token ids", cudaMalloc((void **)&c->amr_dev,
+                                                         sizeof(int) * (size_t)cap)) ||
+            fail_cuda(c, "allocate token ids (host)",
                       cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap, 0)))
             return sticky(c, e);
         c->amr_cap = cap;
     }
+    return 0;
+}
+
+/* A batched step's greedy sequences: one launch over their logits rows and
+ * one copy of rows ids to pinned memory, instead of rows x n floats. */
+static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                          struct err *e)
+{
+    cb(be)->op_seq++; /* see half_x */
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e) || ids_reserve(c, rows, e))
+        return -1;
     bool timed = timing_mark(c);
     if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n)) ||
+        fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
+        return sticky(c, e);
+    memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
+    return 0;
+}
+
+/* A step's sampled (and greedy) sequences: their parameters go up through
+ * pinned staging, one launch picks every row's token (sample.cu), one copy
+ * brings the ids back, instead of rows x n floats and a host sort. Runs
+ * after step_end, outside any recorded graph, like the argmax. */
+static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                          const struct sample_params *p, struct err *e)
+{
+    cb(be)->op_seq++; /* see half_x */
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (n > CUK_SAMPLE_MAX_N)
+        return err_set(e, "%s: the device sampler takes rows of at most %d tokens, not %d; "
+                          "set CLLM_CUDA_SAMPLE=0 to sample on the host", c->name,
+                       CUK_SAMPLE_MAX_N, n);
+    if (ids_reserve(c, rows, e))
+        return -1;
+    if (rows > c->smp_cap) {
+        struct cuk_sample_param *h = realloc(c->smp_host, sizeof *h * (size_t)rows);
+        if (!h)
+            return err_set(e, "out of memory");
+        c->smp_host = h;
+        c->smp_cap = rows;
+    }
+    for (int r = 0; r < rows; r++) {
+        bool sampled = p[r].temperature > 0;
+        c->smp_host[r] = (struct cuk_sample_param){
+            .u = p[r].u, .inv_t = sampled ? 1.0f / p[r].temperature : 1.0f,
+            .top_p = p[r].top_p, .min_p = p[r].min_p, .top_k = p[r].top_k, .greedy = !sampled};
+    }
+    size_t bytes = sizeof *c->smp_host * (size_t)rows;
+    void *dp = dbuf_get(c, &c->smp, bytes, "sampling parameters");
+    if (!dp || !upload_async(c, &c->up_smp, dp, c->smp_host, bytes, "copy sampling parameters"))
+        return sticky(c, e);
+    bool timed = timing_mark(c);
+    if (fail_cuda(c, "sample rows", cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp)) ||
         fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
@@ -1608,7 +1664,7 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
     struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->xh, &c->wf, &c->invf, &c->step,
-                           &c->bat, &c->mm_in, &c->mm_out};
+                           &c->bat, &c->mm_in, &c->mm_out, &c->smp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -1616,6 +1672,8 @@ static void cu_destroy(struct backend *be)
     pinned_free(&c->up_ids);
     pinned_free(&c->up_tab);
     pinned_free(&c->up_bat);
+    pinned_free(&c->up_smp);
+    free(c->smp_host);
     free(c->invf_host);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
@@ -1711,6 +1769,7 @@ static const struct backend_ops cuda_ops = {
     .kv_dtype = cu_kv_dtype,
     .mem_bandwidth = cu_mem_bandwidth,
     .argmax_rows = cu_argmax_rows,
+    .sample_rows = cu_sample_rows,
 };
 
 static int cuda_device_count(struct err *e)
@@ -1822,7 +1881,11 @@ static struct backend *cuda_create(int device, struct err *e)
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)
             c->timing = false;
-    c->be.ops = &cuda_ops;
+    c->ops = cuda_ops;
+    p = getenv("CLLM_CUDA_SAMPLE"); /* 0: sampled rows go to the host's sampler */
+    if (p && !strcmp(p, "0"))
+        c->ops.sample_rows = NULL;
+    c->be.ops = &c->ops;
     c->be.impl = c;
     return &c->be;
 }

@@ -260,6 +260,25 @@ cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws
  * launch, no workspace. */
 cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n);
 
+/* One row of cuk_sample_rows: the host sampler's parameters as
+ * sampler_pick uses them (engine/sampler.c). */
+struct cuk_sample_param {
+    double u;     /* the uniform draw in [0, 1) */
+    float inv_t;  /* 1.0f / temperature, rounded as the host rounds it */
+    float top_p;  /* >= 1: off */
+    float min_p;  /* <= 0: off */
+    int top_k;    /* <= 0: off */
+    int greedy;   /* the argmax (cuk_argmax's rules); the rest is unused */
+    int pad_;
+};
+/* Largest n cuk_sample_rows takes (its histograms count up to 4095
+ * elements per thread). */
+#define CUK_SAMPLE_MAX_N (4095 * 512)
+/* out[r] (device) = the id sampler_pick gives for row r of x[rows][n] with
+ * ps[r] (device) and its draw; one launch, a block per row. */
+cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
+                            const struct cuk_sample_param *ps);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,564 @@
+/* sample.cu - the sampler on the device (the sample_rows op): one block per
+ * row picks the token sampler_pick (engine/sampler.c) picks for the row's
+ * parameters and uniform draw u, so a sampled step copies ids to the host
+ * instead of its logits rows.
+ *
+ * The host sorts; a block cannot sort a 152k-entry row in shared memory, so
+ * every question the sampler asks becomes "where does a running weight,
+ * walking the candidates in the host's order, first exceed a target":
+ *   - top-k: the k-th candidate in descending order (weight 1 each);
+ *   - top-p: the first where the descending mass reaches top_p * sum;
+ *   - the draw: the first where the running mass exceeds u * sum, walking
+ *     in descending order when top-k or top-p is on, else in id order (the
+ *     host's order then; see sampler_pick).
+ * Descending walks (smp_select) are radix selects over the float's
+ * order-preserving bits, 4-bit digits from the top, each pass a 16-bin
+ * histogram of count and mass over the candidates whose higher digits
+ * match; the ties at the found value then go in id order. Id-order walks
+ * (smp_idscan) split the range into one contiguous chunk per thread, sum
+ * the chunks, scan the sums and recurse into the chunk holding the target.
+ *
+ * Histograms are lane-private (a slot per thread and bin, no atomics:
+ * logits share their top bits, so shared atomics on 16 bins would
+ * serialize). Once the candidates from the top down to the current bin fit
+ * in shared memory (SMP_CAP: a top-k of up to 4096, or a top-p prefix that
+ * short) they are copied there in id order, and the rest of the walk and
+ * every later one read only them.
+ *
+ * Arithmetic matches the host's where it decides: x = logit * (1 /
+ * temperature) rounded as the host rounds it (__fmul_rn, never fused),
+ * ranks by value then id, p = exp(x - max) from the float difference,
+ * rounded to float through double (within an ulp of the host's expf, equal
+ * nearly always). Masses are summed as integers in units of 2^-40 (p <= 1,
+ * at most 2^21 of them: no overflow in 64 bits, and the sum is the same in
+ * any order), where the host sums doubles in its order; so a pick can
+ * differ from the host's only where a target lies within about 1e-12 of a
+ * boundary between two tokens, or where exp rounded the other way.
+ *
+ * Kept to a subset that tests/test_sample_emu.cpp runs on the host (CUDA
+ * C++ without warp intrinsics or atomics: shared memory and barriers only),
+ * so the kernel's logic is tested on machines without a GPU. */
+#ifdef CLLM_CUDA_EMU
+#include "cuda_emu.h"
+#include "backend/cuda/cuda_backend.h"
+#else
+#include "backend/cuda/cuda_common.cuh"
+#endif
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#define SMP_THREADS 512 /* = 16 bins x 32: smp_hist_sum and smp_scan rely on it */
+#define SMP_BINS 16
+#define SMP_CAP 4096
+/* A histogram slot packs count << SMP_CBIT | mass: a thread adds at most
+ * CUK_SAMPLE_MAX_N / SMP_THREADS = 4095 candidates of mass <= 2^40 per pass. */
+#define SMP_CBIT 52
+#define SMP_MMASK ((1ull << SMP_CBIT) - 1)
+
+typedef unsigned long long u64;
+
+/* Where thread i's entry of smp_scan / smp_max sits: one pad entry per 16,
+ * so the 32 threads that each fold 16 consecutive entries hit distinct
+ * banks. */
+#define SMP_PAD(i) ((i) + ((i) >> 4))
+
+/* A position in the host's descending walk: every candidate whose key is
+ * larger, or equal with an id no larger, is at or before it. */
+struct smp_bound {
+    unsigned key;
+    int id;
+};
+
+/* Which candidates a walk or a sum counts. */
+struct smp_filter {
+    smp_bound k, p;   /* at or before both (top-k, top-p); {0, INT_MAX}: all */
+    float min_p;      /* > 0: only p >= min_p */
+    bool tie;         /* only key == tie_key (the id-order walk over ties) */
+    unsigned tie_key;
+};
+
+struct smp_shared {
+    u64 hist[SMP_BINS][SMP_THREADS]; /* [bin][thread]: lane-private slots */
+    u64 scan[SMP_PAD(SMP_THREADS)];
+    u64 seg[32];
+    u64 pw[SMP_BINS][33]; /* rows padded: the 16 folding threads hit distinct banks */
+    unsigned pc[SMP_BINS][33];
+    u64 tot_w[SMP_BINS];
+    unsigned tot_c[SMP_BINS];
+    unsigned key[SMP_CAP]; /* the gathered candidates, in id order */
+    int id[SMP_CAP];
+    u64 total;
+    int loc_lo, loc_hi;    /* smp_idscan: the chunk holding the target */
+    u64 loc_excl, loc_own;
+    int n_sh;              /* < 0: the candidates are the row; else key/id[0, n_sh) */
+};
+
+struct smp_row {
+    const float *x;
+    int n;
+    float inv_t;
+    float max; /* the largest x (once known) */
+};
+
+static __device__ __forceinline__ int smp_min(int a, int b) { return a < b ? a : b; }
+
+static __device__ __forceinline__ bool smp_is_nan(float v)
+{
+    return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+/* Order-preserving bits of a non-NaN float; -0 ranks as +0, as the host's
+ * comparisons have it. */
+static __device__ __forceinline__ unsigned smp_key(float v)
+{
+    unsigned b = __float_as_uint(v);
+    if (b == 0x80000000u)
+        b = 0;
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+
+static __device__ __forceinline__ float smp_value(unsigned key)
+{
+    return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
+}
+
+static __device__ __forceinline__ bool smp_at_or_before(unsigned key, int id, smp_bound b)
+{
+    return key > b.key || (key == b.key && id <= b.id);
+}
+
+/* p = expf(x - max) as the host forms it (see the top of the file). */
+static __device__ __forceinline__ float smp_prob(unsigned key, float mx)
+{
+    return (float)exp((double)__fsub_rn(smp_value(key), mx));
+}
+
+/* p in units of 2^-40; a positive p counts at least 1, so the tokens with
+ * weight are exactly those the host can pick (its u = 0 takes the first
+ * positive p, however small). */
+static __device__ __forceinline__ u64 smp_weight(float p)
+{
+    u64 w = __float2ull_rn(p * 0x1p40f);
+    return w == 0 && p > 0 ? 1 : w;
+}
+
+/* The host's u * sum as a target for "first running sum > target" over
+ * integers: floor, and below the total however the product rounds. */
+static __device__ __forceinline__ u64 smp_target(double u, u64 total)
+{
+    double t = floor(u * (double)total);
+    return t >= (double)(total - 1) ? total - 1 : t > 0 ? (u64)t : 0;
+}
+
+/* Whether a candidate passes F; *p gets its probability when need_p or
+ * min-p asks for it. */
+static __device__ __forceinline__ bool smp_pass(const smp_row &R, const smp_filter &F,
+                                                unsigned key, int id, bool need_p, float *p)
+{
+    if (!smp_at_or_before(key, id, F.k) || !smp_at_or_before(key, id, F.p) ||
+        (F.tie && key != F.tie_key))
+        return false;
+    if (need_p || F.min_p > 0)
+        *p = smp_prob(key, R.max);
+    return !(F.min_p > 0) || *p >= F.min_p;
+}
+
+/* f(key, id) for every candidate, strided over the block (coalesced on the
+ * row, eight loads in flight per thread). */
+template <typename Fn>
+static __device__ __forceinline__ void smp_each(const smp_row &R, const smp_shared *S, Fn f)
+{
+    const int t = threadIdx.x, m = S->n_sh;
+    if (m >= 0) {
+        for (int j = t; j < m; j += SMP_THREADS)
+            f(S->key[j], S->id[j]);
+        return;
+    }
+    int j = t;
+    for (; j + 7 * SMP_THREADS < R.n; j += 8 * SMP_THREADS) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = R.x[j + u * SMP_THREADS];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            float y = __fmul_rn(v[u], R.inv_t);
+            if (!smp_is_nan(y))
+                f(smp_key(y), j + u * SMP_THREADS);
+        }
+    }
+    for (; j < R.n; j += SMP_THREADS) {
+        float y = __fmul_rn(R.x[j], R.inv_t);
+        if (!smp_is_nan(y))
+            f(smp_key(y), j);
+    }
+}
+
+/* f(key, id) for the candidates at positions [a, b) of the source, in
+ * order (one thread's chunk). */
+template <typename Fn>
+static __device__ __forceinline__ void smp_range(const smp_row &R, const smp_shared *S, int a,
+                                                 int b, Fn f)
+{
+    if (S->n_sh >= 0) {
+        for (int j = a; j < b; j++)
+            f(S->key[j], S->id[j]);
+        return;
+    }
+    int j = a;
+    for (; j + 8 <= b; j += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = R.x[j + u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            float y = __fmul_rn(v[u], R.inv_t);
+            if (!smp_is_nan(y))
+                f(smp_key(y), j + u);
+        }
+    }
+    for (; j < b; j++) {
+        float y = __fmul_rn(R.x[j], R.inv_t);
+        if (!smp_is_nan(y))
+            f(smp_key(y), j);
+    }
+}
+
+/* Exclusive prefix sum of v over the block in thread order: *excl gets
+ * this thread's offset; returns the total. Ends on a barrier, so the
+ * scratch may be reused at once. */
+static __device__ u64 smp_scan(smp_shared *S, u64 v, u64 *excl)
+{
+    const int t = threadIdx.x;
+    S->scan[SMP_PAD(t)] = v;
+    __syncthreads();
+    if (t < 32) {
+        u64 run = 0;
+        for (int i = 0; i < 16; i++) {
+            u64 x = S->scan[t * 17 + i];
+            S->scan[t * 17 + i] = run;
+            run += x;
+        }
+        S->seg[t] = run;
+    }
+    __syncthreads();
+    if (t == 0) {
+        u64 run = 0;
+        for (int i = 0; i < 32; i++) {
+            u64 x = S->seg[i];
+            S->seg[i] = run;
+            run += x;
+        }
+        S->total = run;
+    }
+    __syncthreads();
+    *excl = S->scan[SMP_PAD(t)] + S->seg[t >> 4];
+    u64 total = S->total;
+    __syncthreads();
+    return total;
+}
+
+/* The largest v over the block; ends on a barrier. */
+static __device__ u64 smp_max(smp_shared *S, u64 v)
+{
+    const int t = threadIdx.x;
+    S->scan[SMP_PAD(t)] = v;
+    __syncthreads();
+    if (t < 32) {
+        u64 m = 0;
+        for (int i = 0; i < 16; i++)
+            m = S->scan[t * 17 + i] > m ? S->scan[t * 17 + i] : m;
+        S->seg[t] = m;
+    }
+    __syncthreads();
+    if (t == 0) {
+        u64 m = 0;
+        for (int i = 0; i < 32; i++)
+            m = S->seg[i] > m ? S->seg[i] : m;
+        S->total = m;
+    }
+    __syncthreads();
+    u64 r = S->total;
+    __syncthreads();
+    return r;
+}
+
+/* tot_c / tot_w[bin] = the sums of every thread's slot of that bin: the 32
+ * threads of warp b fold bin b's 512 slots. */
+static __device__ void smp_hist_sum(smp_shared *S)
+{
+    const int t = threadIdx.x, b = t >> 5, l = t & 31;
+    u64 w = 0;
+    unsigned c = 0;
+    for (int i = 0; i < SMP_THREADS / 32; i++) {
+        u64 v = S->hist[b][l + 32 * i];
+        w += v & SMP_MMASK;
+        c += (unsigned)(v >> SMP_CBIT);
+    }
+    S->pw[b][l] = w;
+    S->pc[b][l] = c;
+    __syncthreads();
+    if (t < SMP_BINS) {
+        u64 tw = 0;
+        unsigned tc = 0;
+        for (int i = 0; i < 32; i++) {
+            tw += S->pw[t][i];
+            tc += S->pc[t][i];
+        }
+        S->tot_w[t] = tw;
+        S->tot_c[t] = tc;
+    }
+    __syncthreads();
+}
+
+/* Mass of the candidates passing F. */
+static __device__ u64 smp_sum(const smp_row &R, smp_shared *S, const smp_filter &F)
+{
+    u64 own = 0, excl;
+    smp_each(R, S, [&](unsigned key, int id) {
+        float p;
+        if (smp_pass(R, F, key, id, true, &p))
+            own += smp_weight(p);
+    });
+    return smp_scan(S, own, &excl);
+}
+
+/* Copies the candidates of the row that pass F with a key in [lo, hi]
+ * (the caller counted them: at most SMP_CAP) into key/id, in id order;
+ * from then on they are the source. */
+static __device__ void smp_gather(const smp_row &R, smp_shared *S, const smp_filter &F,
+                                  unsigned lo, unsigned hi)
+{
+    const int t = threadIdx.x, c = (R.n + SMP_THREADS - 1) / SMP_THREADS;
+    const int a = smp_min(t * c, R.n), b = smp_min(a + c, R.n);
+    u64 own = 0, excl;
+    smp_range(R, S, a, b, [&](unsigned key, int id) {
+        float p;
+        if (key >= lo && key <= hi && smp_pass(R, F, key, id, false, &p))
+            own++;
+    });
+    u64 total = smp_scan(S, own, &excl);
+    int w = (int)excl;
+    smp_range(R, S, a, b, [&](unsigned key, int id) {
+        float p;
+        if (key >= lo && key <= hi && smp_pass(R, F, key, id, false, &p)) {
+            if (w < SMP_CAP) { /* never false; memory safety if the count were wrong */
+                S->key[w] = key;
+                S->id[w] = id;
+            }
+            w++;
+        }
+    });
+    __syncthreads(); /* every read of the row is done before the source switches */
+    if (t == 0)
+        S->n_sh = total < SMP_CAP ? (int)total : SMP_CAP;
+    __syncthreads();
+}
+
+/* Id-order walk over the candidates passing F: the first at which the
+ * running weight (1 each, or its mass) exceeds target, or, when frac >= 0,
+ * frac * (total weight) as the host's u * sum. false when the total does not
+ * exceed the target; else *id and *cum (the running weight including it). */
+static __device__ bool smp_idscan(const smp_row &R, smp_shared *S, const smp_filter &F,
+                                  bool mass, u64 target, double frac, int *id, u64 *cum)
+{
+    const int t = threadIdx.x;
+    int lo = 0, hi = S->n_sh >= 0 ? S->n_sh : R.n;
+    u64 base = 0;
+    for (bool first = true;; first = false) {
+        const int c = (hi - lo + SMP_THREADS - 1) / SMP_THREADS;
+        const int a = smp_min(lo + t * c, hi), b = smp_min(a + c, hi);
+        u64 own = 0, excl;
+        smp_range(R, S, a, b, [&](unsigned key, int i) {
+            float p;
+            if (smp_pass(R, F, key, i, mass, &p))
+                own += mass ? smp_weight(p) : 1;
+        });
+        u64 total = smp_scan(S, own, &excl);
+        if (first && frac >= 0) {
+            if (total == 0)
+                return false;
+            target = smp_target(frac, total);
+        }
+        if (total <= target)
+            return false;
+        if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+            S->loc_lo = a;
+            S->loc_hi = b;
+            S->loc_excl = excl;
+            S->loc_own = own;
+        }
+        __syncthreads();
+        lo = S->loc_lo;
+        hi = S->loc_hi;
+        target -= S->loc_excl;
+        base += S->loc_excl;
+        const u64 own_loc = S->loc_own;
+        __syncthreads(); /* loc_* are rewritten by the next level */
+        if (hi - lo == 1) {
+            if (S->n_sh >= 0) {
+                *id = S->id[lo];
+            } else {
+                *id = lo;
+            }
+            *cum = base + own_loc;
+            return true;
+        }
+    }
+}
+
+/* Descending walk (key, then id) over the candidates passing F: the first
+ * at which the running weight (1 each, or its mass) exceeds target. false
+ * when the total does not; else *b and *cum (the running weight including
+ * it). While the source is the row, a bin that fits in shared memory is
+ * gathered there: with everything above it for good (see the top), or
+ * alone for the rest of this walk (the row is the source again after). */
+static __device__ bool smp_select(const smp_row &R, smp_shared *S, const smp_filter &F,
+                                  bool mass, u64 target, smp_bound *b, u64 *cum)
+{
+    const int t = threadIdx.x;
+    unsigned prefix = 0;
+    u64 above_w = 0, above_c = 0; /* weight of the bins above the current one */
+    bool found = true, local = false;
+    for (int shift = 28; shift >= 0; shift -= 4) {
+        /* Only this thread reads or writes its slots until the barrier;
+         * the previous pass's smp_hist_sum is past its last read of them. */
+        for (int d = 0; d < SMP_BINS; d++)
+            S->hist[d][t] = 0;
+        smp_each(R, S, [&](unsigned key, int id) {
+            float p;
+            if ((shift < 28 && (key >> (shift + 4)) != prefix) ||
+                !smp_pass(R, F, key, id, mass, &p))
+                return;
+            S->hist[(key >> shift) & (SMP_BINS - 1)][t] +=
+                (1ull << SMP_CBIT) | (mass ? smp_weight(p) : 0);
+        });
+        __syncthreads();
+        smp_hist_sum(S);
+        int sel = -1; /* every thread walks the same totals to the same bin */
+        for (int d = SMP_BINS - 1; d >= 0; d--) {
+            u64 w = mass ? S->tot_w[d] : S->tot_c[d];
+            if ((mass ? above_w : above_c) + w > target) {
+                sel = d;
+                break;
+            }
+            above_w += S->tot_w[d];
+            above_c += S->tot_c[d];
+        }
+        if (sel < 0) {
+            found = false;
+            break;
+        }
+        prefix = prefix << 4 | (unsigned)sel;
+        /* tot_* are rewritten only after two barriers of the next pass */
+        const unsigned lo = prefix << shift, hi = lo | ((1u << shift) - 1);
+        if (S->n_sh < 0 && above_c + S->tot_c[sel] <= SMP_CAP) {
+            smp_gather(R, S, F, lo, 0xffffffffu);
+        } else if (S->n_sh < 0 && S->tot_c[sel] <= SMP_CAP) {
+            smp_gather(R, S, F, lo, hi);
+            local = true;
+        }
+    }
+    if (found) {
+        smp_filter G = F; /* the ties at the found value, in id order */
+        G.tie = true;
+        G.tie_key = prefix;
+        const u64 above = mass ? above_w : above_c;
+        u64 in_tie = 0;
+        found = smp_idscan(R, S, G, mass, target - above, -1.0, &b->id, &in_tie);
+        b->key = prefix;
+        *cum = above + in_tie;
+    }
+    if (local) { /* back to the row */
+        __syncthreads();
+        if (t == 0)
+            S->n_sh = -1;
+        __syncthreads();
+    }
+    return found;
+}
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    k_sample_rows(int *out, const float *x, int n, const struct cuk_sample_param *ps)
+{
+    cuk_pdl_start();
+    extern __shared__ __align__(16) unsigned char smp_smem[];
+    smp_shared *S = (smp_shared *)smp_smem;
+    const struct cuk_sample_param P = ps[blockIdx.x];
+    smp_row R = {x + (size_t)blockIdx.x * (size_t)n, n, P.greedy ? 1.0f : P.inv_t, 0.0f};
+    const int t = threadIdx.x;
+    if (t == 0)
+        S->n_sh = -1;
+    __syncthreads();
+    /* The largest value (the lowest id among equals) and the candidates. */
+    u64 best = 0, cnt = 0, excl;
+    smp_each(R, S, [&](unsigned key, int id) {
+        u64 v = (u64)key << 32 | (0xffffffffu - (unsigned)id);
+        best = v > best ? v : best;
+        cnt++;
+    });
+    best = smp_max(S, best);
+    const u64 m = smp_scan(S, cnt, &excl);
+    const int amax = (int)(0xffffffffu - (unsigned)best);
+    R.max = smp_value((unsigned)(best >> 32));
+    /* All NaN: 0. Greedy, or nothing to normalize (all -inf, or an
+     * infinite maximum): the argmax. As sampler_pick. */
+    if (m == 0 || P.greedy || (__float_as_uint(R.max) & 0x7fffffffu) == 0x7f800000u) {
+        if (t == 0)
+            out[blockIdx.x] = m == 0 ? 0 : amax;
+        return;
+    }
+    smp_filter F = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
+    if (m <= SMP_CAP) /* a small vocabulary: everything in shared memory */
+        smp_gather(R, S, F, 0, 0xffffffffu);
+    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
+    int pick = amax; /* only if a walk found nothing, which the totals rule out */
+    u64 cum;
+    if (!topk && !(P.top_p < 1)) { /* the host walks in id order */
+        F.min_p = P.min_p > 0 ? P.min_p : 0.0f;
+        int id;
+        if (smp_idscan(R, S, F, true, 0, P.u, &id, &cum))
+            pick = id;
+    } else {
+        smp_bound b;
+        if (topk && smp_select(R, S, F, false, (u64)P.top_k - 1, &b, &cum))
+            F.k = b;
+        u64 kept = smp_sum(R, S, F);
+        if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
+            double need = ceil((double)P.top_p * (double)kept);
+            u64 nd = need < 1 ? 1 : (u64)need;
+            if (nd <= kept && smp_select(R, S, F, true, nd - 1, &b, &cum)) {
+                F.p = b;
+                kept = cum;
+            }
+        }
+        if (P.min_p > 0) {
+            F.min_p = P.min_p;
+            kept = smp_sum(R, S, F);
+        }
+        if (kept > 0 && smp_select(R, S, F, true, smp_target(P.u, kept), &b, &cum))
+            pick = b.id;
+    }
+    if (t == 0)
+        out[blockIdx.x] = pick;
+}
+
+#ifndef CLLM_CUDA_EMU
+extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
+                                       const struct cuk_sample_param *ps)
+{
+    if (n < 1 || n > CUK_SAMPLE_MAX_N || rows < 1)
+        return cudaErrorInvalidValue;
+    const int smem = (int)sizeof(smp_shared);
+    /* Over the 48 KiB default: opted into per call (cheap, and per device). */
+    cudaError_t err = cudaFuncSetAttribute(k_sample_rows,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess)
+        return err;
+    cuk_launch(k_sample_rows, rows, SMP_THREADS, (size_t)smem, s, out, x, n, ps);
+    return cudaGetLastError();
+}
+#endif
