@@ -1432,6 +1432,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
         return err_set(e, "%s: matmul_fused of %d matrices over %d rows (input kind %d)",
                        c->name, k, n, (int)in->kind);
     size_t cols = (size_t)ts[0]->cols;
+    enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     if (c->fuse && n <= c->gemv_max) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
@@ -1447,6 +1448,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
          * 14336 columns 3.1 us slower). The same bits either way. */
         if (gi.kind == CUK_IN_SWIGLU && cols > SWIGLU_FUSE_MAX) {
             cu_silu_mul(be, in->x, in->x2, (size_t)n * cols);
+            kind = MATMUL_IN_X;
             gi.kind = CUK_IN_X;
             gi.x2 = NULL;
         }
@@ -1460,11 +1462,11 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
         }
     }
     float *x = in->x;
-    if (in->kind == MATMUL_IN_RMSNORM) {
+    if (kind == MATMUL_IN_RMSNORM) {
         if (!(x = dbuf_get(c, &c->mm_in, (size_t)n * cols * 4, "normed activations")))
             return sticky(c, e);
         cu_rmsnorm(be, x, in->x, in->norm, n, (int)cols, in->eps);
-    } else if (in->kind == MATMUL_IN_SWIGLU) {
+    } else if (kind == MATMUL_IN_SWIGLU) {
         cu_silu_mul(be, in->x, in->x2, (size_t)n * cols);
     }
     if (!add)
