@@ -789,13 +789,15 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
 }
 
+/* out = x . W^T, or out += x . W^T when acc (cuBLAS adds into out in its
+ * f32 epilogue: no scratch, no add launch). */
 static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, const void *x,
-                cudaDataType t, int rows, int n, int cols, struct err *e)
+                cudaDataType t, int rows, int n, int cols, bool acc, struct err *e)
 {
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
     /* Column-major view: out^T[rows x n] = (W^T)^T[rows x cols] . x^T[cols x n]. */
     cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, t,
-                                     cols, x, t, cols, &zero, out, CUDA_R_32F, ldc,
+                                     cols, x, t, cols, &beta, out, CUDA_R_32F, ldc,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
         return err_set(e, "%s: cuBLAS GEMM [%d x %d x %d]: %s", c->name, rows, n, cols,
@@ -842,15 +844,25 @@ static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, 
     return h;
 }
 
+/* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
+ * into its output) rather than a GEMV kernel. */
+static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
+{
+    return t->dtype == DT_F32 || n > c->gemv_max;
+}
+
+/* out = x . W^T; out += x . W^T when acc (only where matmul_is_gemm). */
 static int matmul_x(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
-                    struct err *e)
+                    bool acc, struct err *e)
 {
     struct cuda_backend *c = cb(be);
     const struct cuk_weight *w = dev_weight(c, t, "matmul");
     if (sticky(c, e))
         return -1;
     if (w->dtype == DT_F32)
-        return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, e);
+        return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
+    if (acc && n <= c->gemv_max)
+        return err_set(e, "%s: internal: accumulating GEMV", c->name);
     if (n <= c->gemv_max) {
         if (fail_cuda(c, "gemv", cuk_gemv(c->stream, out, x, n, w)))
             return sticky(c, e);
@@ -861,7 +873,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         if (!xh)
             return sticky(c, e);
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
-                    w->rows, n, w->cols, e);
+                    w->rows, n, w->cols, acc, e);
     }
     /* Widen row chunks of W to f32 and multiply in f32. */
     int chunk = (int)(WIDEN_CHUNK_BYTES / 4 / (size_t)w->cols);
@@ -876,7 +888,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         int nr = w->rows - r0 < chunk ? w->rows - r0 : chunk;
         if (fail_cuda(c, "widen weights", cuk_dequant_f32(c->stream, wf, w, r0, nr)))
             return sticky(c, e);
-        if (gemm(c, out + r0, w->rows, wf, x, CUDA_R_32F, nr, n, w->cols, e))
+        if (gemm(c, out + r0, w->rows, wf, x, CUDA_R_32F, nr, n, w->cols, acc, e))
             return -1;
     }
     return 0;
@@ -886,7 +898,7 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
                      struct err *e)
 {
     cb(be)->op_seq++; /* see half_x */
-    return matmul_x(be, out, x, n, t, e);
+    return matmul_x(be, out, x, n, t, false, e);
 }
 
 /* Several matmuls over the same x (q/k/v, gate/up): one GEMV launch for
@@ -911,7 +923,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
         }
     }
     for (int i = 0; i < k; i++)
-        if (matmul_x(be, outs[i], x, n, ts[i], e))
+        if (matmul_x(be, outs[i], x, n, ts[i], false, e))
             return -1;
     return 0;
 }
@@ -1471,6 +1483,16 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
     }
     if (!add)
         return cu_matmul_multi(be, outs, x, n, ts, k, e);
+    bool gemms = true;
+    for (int i = 0; i < k; i++)
+        gemms = gemms && matmul_is_gemm(c, ts[i], n);
+    if (gemms) { /* cuBLAS adds into the outputs itself */
+        c->op_seq++; /* the input op's half copy is for this, the next op (see half_x) */
+        for (int i = 0; i < k; i++)
+            if (matmul_x(be, outs[i], x, n, ts[i], true, e))
+                return -1;
+        return sticky(c, e);
+    }
     size_t total = 0;
     for (int i = 0; i < k; i++)
         total += (size_t)n * (size_t)ts[i]->rows;
