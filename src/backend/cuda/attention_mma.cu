@@ -80,6 +80,57 @@ static __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int key, int
     return base + (uint32_t)(key * HD * 2 + ((chunk ^ (key & 7)) << 4));
 }
 
+/* One key tile's online-softmax step (base 2) for a thread's two rows
+ * (gid: h 0, gid + 8: h 1) of an m16 tile: the scores of n-tiles j (keys
+ * kb + 8 j + 2 tig + e % 2) outside a row's range [start, pos] are masked,
+ * the running max m moves to the tile's, the running sum l (this thread's
+ * share) and the output accumulators o are rescaled to it, and the scores
+ * become probabilities. A row that has seen no key yet keeps m = -inf,
+ * l = 0, o = 0. */
+template <int NT, int DT>
+static __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4],
+                                                      float (&m)[2], float (&l)[2],
+                                                      const int (&pos)[2], const int (&start)[2],
+                                                      int kb, int tig)
+{
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1, t = kb + 8 * j + 2 * tig + (e & 1);
+            bool ok = t <= pos[h] && t >= start[h];
+            s[j][e] = ok ? s[j][e] : -INFINITY;
+            mx[h] = fmaxf(mx[h], s[j][e]);
+        }
+    float corr[2], mnew[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        mnew[h] = fmaxf(m[h], mx[h]);
+        corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
+        m[h] = mnew[h];
+        l[h] *= corr[h];
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1;
+            float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - mnew[h]);
+            s[j][e] = p;
+            l[h] += p;
+        }
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+    }
+}
+
 /* The key splits of one block's rows (n_used > 1 of n_splits): each block
  * has written its rows' unnormalized partials to ws, laid out as
  * cuk_attention's workspace (o[nrow][HD], then m, then l, nrow = queries x
@@ -268,46 +319,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                 mma_bf16(s[j], qf[ks + 1], kb[2], kb[3]);
             }
 
-        /* mask, online softmax (base 2) for rows gid (h 0) and gid+8 (h 1) */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < KT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1, t = t0 + 8 * j + 2 * tig + (e & 1);
-                bool ok = t <= pos[h] && t >= start[h];
-                s[j][e] = ok ? s[j][e] : -INFINITY;
-                mx[h] = fmaxf(mx[h], s[j][e]);
-            }
-        float corr[2], mnew[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            mnew[h] = fmaxf(m[h], mx[h]);
-            /* a row that has seen no key yet keeps m = -inf, l = 0, o = 0 */
-            corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
-            m[h] = mnew[h];
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            l[h] *= corr[h]; /* this thread's share; summed over the 4 lanes of a row at the end */
-#pragma unroll
-        for (int j = 0; j < KT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - mnew[h]);
-                s[j][e] = p;
-                l[h] += p;
-            }
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
+        online_softmax<KT, DT>(s, o, m, l, pos, start, t0, tig);
 
         /* O += P V: P's S accumulators become A fragments (k-step kk =
          * keys 16kk..16kk+15 = S n-tiles 2kk, 2kk+1) */
@@ -548,42 +560,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
                 mma_bf16(s[jj], qhi[ks + 1], kb[2], kb[3]);
                 mma_bf16(s[jj], qlo[ks + 1], kb[2], kb[3]);
             }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1, t = t0 + 16 * warp + 8 * jj + 2 * tig + (e & 1);
-                bool ok = t <= pos[h] && t >= start[h];
-                s[jj][e] = ok ? s[jj][e] : -INFINITY;
-                mx[h] = fmaxf(mx[h], s[jj][e]);
-            }
-        float corr[2], mnew[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            mnew[h] = fmaxf(m[h], mx[h]);
-            corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
-            m[h] = mnew[h];
-            l[h] *= corr[h];
-        }
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[jj][e] - mnew[h]);
-                s[jj][e] = p;
-                l[h] += p;
-            }
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
-        }
+        online_softmax<2, DT>(s, o, m, l, pos, start, t0 + 16 * warp, tig);
         uint32_t phi[4], plo[4];
         split_pair(s[0][0], s[0][1], &phi[0], &plo[0]);
         split_pair(s[0][2], s[0][3], &phi[1], &plo[1]);
@@ -679,13 +656,11 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                           int max_splits)
 {
     cuk_pdl_start();
-    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
-    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0 || (int)blockIdx.z >= sg->splits)
+    struct cuk_attn gs;
+    const struct cuk_bseg *sg = cuk_bseg_of_block(meta, g, &gs);
+    if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
-    struct cuk_attn gs = g;
-    gs.n = sg->n;
-    gs.pos0 = sg->pos0;
     float *sws = sg->splits > 1 ? ws + (size_t)sg->row0 * g.n_heads * max_splits * (HD + 2)
                                 : nullptr;
     dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,

@@ -334,13 +334,11 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
                             unsigned *cnt, int max_splits)
 {
     cuk_pdl_start();
-    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
-    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0 || (int)blockIdx.z >= sg->splits)
+    struct cuk_attn gs;
+    const struct cuk_bseg *sg = cuk_bseg_of_block(meta, g, &gs);
+    if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
-    struct cuk_attn gs = g;
-    gs.n = sg->n;
-    gs.pos0 = sg->pos0;
     /* the segment's partials: its rows of a [g.n rows][n_heads][max_splits]
      * layout, each at stride max_splits (so segments never overlap) */
     struct ta_split sp = {sg->splits, (int)blockIdx.z, nullptr,

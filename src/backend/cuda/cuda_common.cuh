@@ -138,6 +138,24 @@ static __device__ __forceinline__ size_t cuk_kv_offset(const struct cuk_attn *g,
            (size_t)g->kv_dim;
 }
 
+/* The short segment (cuk_bseg.tiled == 2) whose work this block of a
+ * batch-step attention kernel does: blockIdx.x runs over the step's rows
+ * (the row map at meta + g.pos0) and the block of a segment's first row
+ * takes it, for blockIdx.z below its split count; *gs gets the segment's
+ * geometry. NULL for every other block. */
+static __device__ __forceinline__ const struct cuk_bseg *cuk_bseg_of_block(const int *meta,
+                                                                         const struct cuk_attn &g,
+                                                                         struct cuk_attn *gs)
+{
+    const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + blockIdx.x];
+    if (sg->tiled != 2 || (int)blockIdx.x != sg->row0 || (int)blockIdx.z >= sg->splits)
+        return nullptr;
+    *gs = g;
+    gs->n = sg->n;
+    gs->pos0 = sg->pos0;
+    return sg;
+}
+
 /* Programmatic dependent launch (Hopper): with it on (cuk_set_pdl), each
  * kernel is launched while its predecessor in the stream still runs, so
  * launch latency and block start-up overlap the predecessor's tail. Every
