@@ -57,6 +57,10 @@
 #include "backend/cuda/cuda_module.h"
 #include "model/model.h"
 
+#ifndef CLLM_CUDA_ARCH_MIN
+#define CLLM_CUDA_ARCH_MIN 90 /* CMake passes the lowest of CMAKE_CUDA_ARCHITECTURES */
+#endif
+
 /* Bytes of f32 weights one chunk of the widening path may take. */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
 #define MAX_GRAPHS 8
@@ -1839,10 +1843,19 @@ static struct backend *cuda_create(int device, struct err *e)
         free(c);
         return NULL;
     }
-    if (prop.major < 9)
-        fprintf(stderr, "cuda:%d: %s is compute capability %d.%d; this build targets 9.0 (the "
-                        "driver compiles its PTX, if it can)\n", device, prop.name, prop.major,
-                prop.minor);
+    /* Below the lowest architecture the kernels were built for there is no
+     * code the GPU can run: say so now, not as a CUDA error at the first
+     * kernel of the first request. */
+    if (prop.major * 10 + prop.minor < CLLM_CUDA_ARCH_MIN) {
+        err_set(e, "cuda:%d: %s is compute capability %d.%d; this build's CUDA kernels need "
+                   "%d.%d or newer (they are written and tuned for Hopper): use --device cpu, or "
+                   "rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d (not tested)",
+                device, prop.name, prop.major, prop.minor, CLLM_CUDA_ARCH_MIN / 10,
+                CLLM_CUDA_ARCH_MIN % 10, prop.major, prop.minor);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return NULL;
+    }
     c->n_sms = prop.multiProcessorCount;
     snprintf(c->name, sizeof c->name, "cuda:%d (%s, %.0f GiB, %d SMs)", device, prop.name,
              prop.totalGlobalMem / 1073741824.0, c->n_sms);
