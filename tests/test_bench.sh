@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_bench.sh - `cllm bench` end to end on the CPU with the llama2.c sample
 # model: the prefill, decode and --batch rows carry positive speeds and
-# floors, the CPU backend's bandwidth measurement runs when --bandwidth is
-# absent, and bad input gives one line naming the flag and exit 2. Speeds are
+# floors, sampled decoding (--temp) is reported as such, the CPU backend's
+# bandwidth measurement runs when --bandwidth is absent, and bad input gives
+# one line naming the flag and exit 2. Speeds are
 # not compared with anything (the host is shared). Usage: test_bench.sh
 # <cllm binary> [shared dir, default $CLLM_SHARED_DIR or ../shared] [fixtures dir]
 set -u
@@ -55,7 +56,20 @@ check 'pos "$v" && [[ "$v" =~ ^$num$ ]]' "measured bandwidth: '$(grep ^bandwidth
 check '! grep -q "^batch" "$tmp/out"' "batch rows without --batch"
 check 'grep -qE "^decode  tg8 .*floor +$num tok/s" "$tmp/out"' "decode floor with measured bandwidth"
 
-# 3. Bad input: one line naming the problem, exit 2.
+# 3. Sampled decoding (--temp): the header says so, the rows carry speeds;
+#    without it the header says greedy (section 2's output).
+check 'grep -q "^decoding:   greedy$" "$tmp/out"' "no 'decoding: greedy' line"
+"$CLLM" bench "$MODEL" -p 16 -n 16 -t 2 --bandwidth 20 --temp 0.8 --top-p 0.9 --top-k 40 \
+    --seed 7 --batch 2 >"$tmp/out" 2>"$tmp/err"
+check '[ $? -eq 0 ]' "bench --temp failed: $(cat "$tmp/err")"
+check 'grep -q "^decoding:   sampled: temperature 0.8, top-k 40, top-p 0.9, min-p 0, seed 7$" "$tmp/out"' \
+    "sampled header: '$(grep ^decoding "$tmp/out")'"
+v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
+check 'pos "$v"' "sampled decode row: '$(grep ^decode "$tmp/out")'"
+v=$(grep -E "^batch +2 " "$tmp/out" | sed -E "s/.* agg +($num) tok\/s .*/\1/")
+check 'pos "$v"' "sampled batch row: '$(grep ^batch "$tmp/out")'"
+
+# 4. Bad input: one line naming the problem, exit 2.
 expect_err() { # args: pattern, command...
     local pat=$1; shift
     "$@" >"$tmp/o" 2>"$tmp/e"; local rc=$?
@@ -75,6 +89,9 @@ expect_err "/nonexistent/model" "$CLLM" bench /nonexistent/model
 expect_err "exceeds the model's context" "$CLLM" bench "$MODEL" -p 500 -n 100
 expect_err "unknown option --bogus" "$CLLM" bench "$MODEL" --bogus
 expect_err "no model" "$CLLM" bench
+expect_err "temperature must be >= 0" "$CLLM" bench "$MODEL" --temp -1
+expect_err "top_p must be in" "$CLLM" bench "$MODEL" --top-p 2
+expect_err "--temp needs a number" "$CLLM" bench "$MODEL" --temp abc
 "$CLLM" bench --help >"$tmp/o" 2>&1
 check '[ $? -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"
 

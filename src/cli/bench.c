@@ -19,6 +19,7 @@
 #include "cli/cli.h"
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -34,6 +35,7 @@ struct bench_opts {
     int kv_block; /* --kv-block-size for the batched runs (0: the engine's default) */
     int batch[MAX_BATCHES], n_batch;
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
+    struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
 };
 
 static double now_s(void)
@@ -50,7 +52,8 @@ static void bench_usage(FILE *f)
             "\n"
             "Prefill and decode tokens/s of <model> next to the floor the device's memory\n"
             "bandwidth sets: (weight bytes per token + KV bytes at the mean context) /\n"
-            "bandwidth. Prompts are synthetic token ids; decoding is greedy, EOS ignored.\n"
+            "bandwidth. Prompts are synthetic token ids; decoding is greedy unless --temp\n"
+            "says otherwise; EOS is ignored.\n"
             "\n"
             "options:\n"
             "  -p, --prompt-tokens P    prompt length (default 512); prefill is one forward\n"
@@ -65,6 +68,10 @@ static void bench_usage(FILE *f)
             "                           two, 8..256; default the engine's, 16)\n"
             "  --bandwidth GBPS         memory bandwidth for the floor in GB/s (default:\n"
             "                           measured on the device)\n"
+            "  --temp T                 decode by sampling at temperature T (default 0:\n"
+            "                           greedy); with --top-k K, --top-p P, --min-p M and\n"
+            "                           --seed S as for cllm run (on a GPU the draw is made\n"
+            "                           there, CLLM_CUDA_SAMPLE=0 moves it to the host)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
             "  --device D               cpu, cuda, cuda:N or auto (default cpu)\n");
 }
@@ -114,6 +121,7 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 1;
+    o->sp = (struct sampler_params){.temperature = 0, .top_p = 1, .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0, takes = 1;
@@ -131,6 +139,24 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
             }
         }
         else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
+        else if (!strcmp(a, "--top-k")) rc = parse_int(a, v, 0, 1 << 30, &o->sp.top_k);
+        else if (!strcmp(a, "--seed")) {
+            int seed = 0;
+            rc = parse_int(a, v, 0, 2147483647, &seed);
+            o->sp.seed = (uint64_t)seed;
+        }
+        else if (!strcmp(a, "--temp") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p")) {
+            char *end;
+            double x = v ? strtod(v, &end) : 0;
+            if (!v || *end || end == v) {
+                fprintf(stderr, "cllm bench: %s needs a number (got \"%s\")\n", a, v ? v : "");
+                return -1;
+            }
+            float *dst = !strcmp(a, "--temp")    ? &o->sp.temperature
+                         : !strcmp(a, "--top-p") ? &o->sp.top_p
+                                                 : &o->sp.min_p;
+            *dst = (float)x;
+        }
         else if (!strcmp(a, "--bandwidth")) {
             char *end;
             double x = v ? strtod(v, &end) : 0;
@@ -169,6 +195,32 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "cllm bench: no model given (cllm bench <model> [-p P] [-n N])\n");
         return -1;
     }
+    struct sampler tmp;
+    struct err e = {{0}};
+    if (sampler_init(&tmp, &o->sp, 1, &e)) { /* the sampler's own range checks */
+        fprintf(stderr, "cllm bench: %s\n", e.msg);
+        return -1;
+    }
+    sampler_free(&tmp);
+    return 0;
+}
+
+/* One forward pass over toks that yields the next token: greedy, or drawn
+ * as smp says — by the backend when it samples (one uniform draw per token
+ * either way, as cllm run and the engine do). */
+static int forward_next(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                        const int *toks, int n, float *logits, struct sampler *smp, int *next,
+                        struct err *e)
+{
+    if (sampler_is_greedy(smp))
+        return forward_tokens_greedy(fs, pool, seq, toks, n, logits, next, e);
+    struct sample_params sp = {.temperature = smp->p.temperature, .top_k = smp->p.top_k,
+                               .top_p = smp->p.top_p, .min_p = smp->p.min_p,
+                               .u = rng_uniform(&smp->rng)};
+    if (forward_tokens_sampled(fs, pool, seq, toks, n, logits, &sp, next, e))
+        return -1;
+    if (*next < 0) /* the backend returned the row: draw on the host */
+        *next = sampler_pick(&smp->p, logits, smp->vocab, sp.u, smp->probs, smp->idx);
     return 0;
 }
 
@@ -280,6 +332,7 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     struct backend *be = NULL;
     struct forward_state fs = {0};
     struct kv_pool pool = {0};
+    struct sampler smp = {0};
     int *prompt = malloc(sizeof(int) * (size_t)P);
     float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
     double *pre = calloc((size_t)o->reps, sizeof(double)), *dec = calloc((size_t)o->reps, sizeof(double));
@@ -321,10 +374,12 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
      * page faults on the weights) are not prefill or decode speed. */
     struct kv_seq seq = {0};
     int next = 0, tok;
-    int wrc = forward_tokens_greedy(&fs, &pool, &seq, prompt, P, logits, &next, e);
+    if (sampler_init(&smp, &o->sp, c->vocab_size, e))
+        goto out;
+    int wrc = forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
     for (int i = 0; i < 2 && !wrc && i < N; i++) {
         tok = next;
-        wrc = forward_tokens_greedy(&fs, &pool, &seq, &tok, 1, logits, &next, e);
+        wrc = forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
     }
     kv_seq_release(&pool, &seq);
     if (wrc)
@@ -332,11 +387,11 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     for (int rep = 0; rep < o->reps; rep++) {
         seq = (struct kv_seq){0};
         double t0 = now_s();
-        int frc = forward_tokens_greedy(&fs, &pool, &seq, prompt, P, logits, &next, e);
+        int frc = forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
         double t1 = now_s();
         for (int i = 0; i < N && !frc; i++) {
             tok = next;
-            frc = forward_tokens_greedy(&fs, &pool, &seq, &tok, 1, logits, &next, e);
+            frc = forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
         }
         double t2 = now_s();
         kv_seq_release(&pool, &seq);
@@ -349,6 +404,7 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     r->decode_tps = median(dec, o->reps);
     rc = 0;
 out:
+    sampler_free(&smp);
     free(prompt);
     free(logits);
     free(pre);
@@ -444,7 +500,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         err_set(e, "out of memory");
         goto out;
     }
-    struct engine_params par = {.sp = {.temperature = 0, .top_p = 1}, .ignore_eos = true};
+    struct engine_params par = {.sp = o->sp, .ignore_eos = true};
     /* Warmup, untimed: up to two streams of the same prompt length and a
      * few tokens, so kernel loading and first-shape costs stay out. */
     n_req = S < 2 ? S : 2;
@@ -574,6 +630,12 @@ int cmd_bench(int argc, char **argv)
         printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, P+S),\n"
                "            distinct prompts, no prompt cache; agg = tokens produced while all S\n"
                "            streams decode / that time; TTFT from submit\n", P, MIN_BATCH_TOKENS);
+    if (o.sp.temperature > 0)
+        printf("decoding:   sampled: temperature %g, top-k %d, top-p %g, min-p %g, seed %llu\n",
+               o.sp.temperature, o.sp.top_k, o.sp.top_p, o.sp.min_p,
+               (unsigned long long)o.sp.seed);
+    else
+        printf("decoding:   greedy\n");
     printf("runs:       %d rep%s, median\n\n", o.reps, o.reps > 1 ? "s" : "");
 
     printf("prefill p%-6d    %10.1f tok/s\n", P, sr.prefill_tps);
