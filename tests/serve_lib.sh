@@ -1,13 +1,9 @@
 # serve_lib.sh - what the shell tests that start `cllm serve` share (sourced,
-# not a test): pass/fail counters, a temp dir and server processes cleaned
+# not a test): check_lib.sh's counters and temp dir, server processes cleaned
 # up on exit, a free loopback port, starting a server and waiting for
 # /health. Needs $CLLM (the binary) set, curl on PATH. Servers get
 # $SERVE_FLAGS (an array, may be empty) before the caller's flags.
-pass=0 fail=0 skipped=()
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-tmp=$(mktemp -d)
+. "$(dirname "${BASH_SOURCE[0]}")/check_lib.sh"
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done

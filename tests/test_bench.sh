@@ -10,12 +10,7 @@ set -u
 CLLM=$1
 SHARED=${2:-${CLLM_SHARED_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared}}
 MODEL=$SHARED/models/stories260K
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 num='[0-9]+\.[0-9]+'
 # positive: a number with a non-zero digit
 pos() { [[ "$1" =~ [1-9] ]]; }
@@ -95,5 +90,4 @@ expect_err "--temp needs a number" "$CLLM" bench "$MODEL" --temp abc
 "$CLLM" bench --help >"$tmp/o" 2>&1
 check '[ $? -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"
 
-echo "test_bench: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+check_summary test_bench

@@ -4,12 +4,7 @@
 # tokenizers, logits files, and clear errors for bad input. Usage: test_cli.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
 CLLM=$1 SHARED=$2 FIX=$3
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 
 # 1. Text generation from the llama2.c sample reproduces llama2.c's sample text.
 out=$("$CLLM" run "$SHARED/models/stories260K" -p "Zoo" -n 57 --temp 0 2>"$tmp/err")
@@ -128,5 +123,4 @@ printf '{"messages": ' >"$tmp/cut.json"
 expect_err "cut.json" "$CLLM" template "$TOK/qwen3" --messages "$tmp/cut.json"
 expect_err "no such file" "$CLLM" template /nonexistent/model --messages "$tmp/chat.json"
 
-echo "test_cli: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+check_summary test_cli

@@ -9,12 +9,7 @@
 # Usage: test_cuda_module.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
 CLLM=$1 SHARED=$2
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$1"; then ok; else bad "$2"; fi; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/check_lib.sh"
 MODEL="$SHARED/models/stories260K"
 MOD="$(dirname "$CLLM")/libcllm_cuda.so"
 gpu=0
@@ -63,5 +58,4 @@ if [ "$gpu" = 0 ]; then
     check '[ $rc -ne 0 ] && grep -q "CUDA backend module $tmp/bad.so cannot be loaded" "$tmp/err"' "bad module: $(cat "$tmp/err")"
 fi
 
-echo "test_cuda_module: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+check_summary test_cuda_module

@@ -390,6 +390,4 @@ wait "$S1"
 rc=$?
 check '[ $rc -eq 0 ]' "SIGTERM on an idle server: exit status $rc"
 
-for s in "${skipped[@]}"; do echo "test_serve: SKIP: $s"; done
-echo "test_serve: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+check_summary test_serve

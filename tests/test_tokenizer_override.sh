@@ -128,6 +128,4 @@ if start S2 "$P2" "$M" CLLM_TOKENIZER="$TOK/tokenizer.json"; then
     wait "$S2"
 fi
 
-for s in "${skipped[@]}"; do echo "test_tokenizer_override: SKIP: $s"; done
-echo "test_tokenizer_override: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+check_summary test_tokenizer_override
