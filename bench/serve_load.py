@@ -70,34 +70,32 @@ class Client:
     def conn(self):
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
-    def get_json(self, path):
+    def request_json(self, method, path, body=None):
+        """One request with a JSON reply; StatusError for a non-200 answer,
+        LoadError when the server cannot be reached."""
         c = self.conn()
         try:
-            c.request("GET", self.base + path)
-            r = c.getresponse()
-            body = r.read()
-            if r.status != 200:
-                raise StatusError(f"GET {path}: HTTP {r.status}: {body[:300]!r}")
-            return json.loads(body)
-        except (OSError, http.client.HTTPException) as ex:
-            raise LoadError(f"cannot reach the server at {self.url} ({ex})") from None
-        finally:
-            c.close()
-
-    def post_json(self, path, body):
-        c = self.conn()
-        try:
-            c.request("POST", self.base + path, body=json.dumps(body),
-                      headers={"content-type": "application/json"})
+            if body is None:
+                c.request(method, self.base + path)
+            else:
+                c.request(method, self.base + path, body=json.dumps(body),
+                          headers={"content-type": "application/json"})
             r = c.getresponse()
             data = r.read()
             if r.status != 200:
-                raise LoadError(f"POST {path}: HTTP {r.status}: {data[:300]!r}")
+                raise StatusError(f"{method} {path}: HTTP {r.status}: {data[:300]!r}")
             return json.loads(data)
         except (OSError, http.client.HTTPException) as ex:
-            raise LoadError(f"POST {path} at {self.url}: {ex}") from None
+            raise LoadError(f"{method} {path}: cannot reach the server at {self.url} "
+                            f"({ex})") from None
         finally:
             c.close()
+
+    def get_json(self, path):
+        return self.request_json("GET", path)
+
+    def post_json(self, path, body):
+        return self.request_json("POST", path, body)
 
 
 def request_body(api, prompt, max_tokens):
