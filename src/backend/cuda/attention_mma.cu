@@ -80,6 +80,52 @@ static __device__ __forceinline__ uint32_t tile_addr(uint32_t base, int key, int
     return base + (uint32_t)(key * HD * 2 + ((chunk ^ (key & 7)) << 4));
 }
 
+/* A block's key range in 64-key tiles: keys [k_lo, k_end), k_lo the
+ * first query's window start (p_first - window + 1) rounded down to a
+ * tile, so tiles sit at multiples of 64 positions whatever the chunking;
+ * split sp of n_splits takes the run of whole tiles [tb, te). Splits from
+ * n_used on have none (a short range, or a split count fixed in advance). */
+struct key_run {
+    int k_lo, n_tiles, n_used, tb, te;
+};
+
+static __device__ __forceinline__ struct key_run key_run_of(const struct cuk_attn &g, int p_first,
+                                                            int k_end, int n_splits, int sp)
+{
+    struct key_run kr;
+    kr.k_lo = 0;
+    if (g.window > 0 && p_first - g.window + 1 > 0)
+        kr.k_lo = p_first - g.window + 1;
+    kr.k_lo &= ~(AM_KEYS - 1);
+    kr.n_tiles = (k_end - kr.k_lo + AM_KEYS - 1) / AM_KEYS;
+    int per = (kr.n_tiles + n_splits - 1) / n_splits;
+    kr.n_used = (kr.n_tiles + per - 1) / per;
+    kr.tb = sp * per;
+    kr.te = min(kr.n_tiles, kr.tb + per);
+    return kr;
+}
+
+/* Copies the K and V rows (KV head kvh) of keys t0 .. t0 + 63 from the
+ * paged cache into the tiles at kt and vt, as one cp.async group; keys at
+ * k_end and past are zero-filled. */
+template <int HD>
+static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, const uint16_t *kc,
+                                                    const uint16_t *vc, const int *table,
+                                                    const struct cuk_attn &g, int kvh, int t0,
+                                                    int k_end)
+{
+    constexpr int NCH = HD / 8; /* 16-byte chunks per key row */
+#pragma unroll
+    for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
+        int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
+        bool ok = t < k_end;
+        size_t off = ok ? cuk_kv_offset(&g, table, t) + (size_t)kvh * HD + (size_t)c * 8 : 0;
+        cp_async16(tile_addr<HD>(kt, j, c), kc + off, ok);
+        cp_async16(tile_addr<HD>(vt, j, c), vc + off, ok);
+    }
+    cp_async_commit();
+}
+
 /* One key tile's online-softmax step (base 2) for a thread's two rows
  * (gid: h 0, gid + 8: h 1) of an m16 tile: the scores of n-tiles j (keys
  * kb + 8 j + 2 tig + e % 2) outside a row's range [start, pos] are masked,
@@ -203,7 +249,6 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                     const int *table, struct cuk_attn g, int bq, int n_splits, float *ws,
                     unsigned *cnt)
 {
-    constexpr int NCH = HD / 8;          /* 16-byte chunks per key row */
     constexpr int TILE = AM_KEYS * HD * 2; /* bytes of one K or V tile */
     constexpr int KT = AM_KEYS / 8;      /* n-tiles of S */
     constexpr int DT = HD / 8;           /* n-tiles of O */
@@ -264,31 +309,15 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     for (int j = 0; j < DT; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    const int p_first = g.pos0 + q0, p_last = g.pos0 + q0 + nq - 1;
-    int k_lo = 0;
-    if (g.window > 0 && p_first - g.window + 1 > 0)
-        k_lo = p_first - g.window + 1;
-    k_lo &= ~(AM_KEYS - 1);
-    /* split blockIdx.z (of n_splits) takes a run of whole tiles */
-    const int t_max = p_last, n_tiles = (t_max - k_lo) / AM_KEYS + 1;
-    /* splits past the last tile (a short causal range) have nothing */
-    const int per = (n_tiles + n_splits - 1) / n_splits, sp = blockIdx.z;
-    const int n_used = (n_tiles + per - 1) / per;
+    /* split blockIdx.z takes a run of whole tiles of keys up to the last
+     * query's; splits past the last tile (a short causal range) have none */
+    const int sp = blockIdx.z;
+    const struct key_run kr = key_run_of(g, g.pos0 + q0, g.pos0 + q0 + nq, n_splits, sp);
+    const int k_lo = kr.k_lo, n_used = kr.n_used, tb = kr.tb, te = kr.te;
     if (sp >= n_used)
         return;
-    const int tb = sp * per, te = min(n_tiles, tb + per);
-    const size_t head_off = (size_t)kvh * HD;
-
     auto load_tile = [&](int t0, int b) {
-#pragma unroll
-        for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
-            int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
-            bool ok = t <= t_max;
-            size_t off = ok ? cuk_kv_offset(&g, table, t) + head_off + (size_t)c * 8 : 0;
-            cp_async16(tile_addr<HD>(ktile(b), j, c), kc + off, ok);
-            cp_async16(tile_addr<HD>(vtile(b), j, c), vc + off, ok);
-        }
-        cp_async_commit();
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, g.pos0 + q0 + nq);
     };
     if (tb < te)
         load_tile(k_lo + tb * AM_KEYS, 0);
@@ -375,7 +404,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 
 extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
 {
-    return g->kv_bf16 && g->n >= 1 && (g->head_dim == 64 || g->head_dim == 128) &&
+    return g->mma && g->kv_bf16 && g->n >= 1 && (g->head_dim == 64 || g->head_dim == 128) &&
            g->n_kv_heads > 0 && g->n_heads % g->n_kv_heads == 0 &&
            g->n_heads / g->n_kv_heads <= AM_ROWS && g->kv_dim % 8 == 0;
 }
@@ -461,7 +490,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
                                                  const struct cuk_attn &g, int kvh, int sp,
                                                  int n_splits, float *ws, unsigned *cnt)
 {
-    constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
+    constexpr int TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
     extern __shared__ float4 am_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
     auto ktile = [&](int b) { return sbase + (uint32_t)(2 * b * TILE); };
@@ -497,34 +526,17 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             }
     }
 
-    /* keys [k_lo, k_end): every query's range, in 64-key tiles; this
-     * split takes a run of whole tiles */
-    const int k_end = g.pos0 + g.n;
-    int k_lo = 0;
-    if (g.window > 0 && g.pos0 - g.window + 1 > 0)
-        k_lo = g.pos0 - g.window + 1;
-    k_lo &= ~(AM_KEYS - 1);
-    /* The split count comes from the block-table bucket (graph replays
-     * split like eager steps); splits past the last tile have nothing and
-     * leave at once, the merge waits only for those that do. */
-    const int n_tiles = (k_end - k_lo + AM_KEYS - 1) / AM_KEYS;
-    const int per = (n_tiles + n_splits - 1) / n_splits;
-    const int n_used = (n_tiles + per - 1) / per;
+    /* keys up to the last query's, in 64-key tiles; this split takes a
+     * run of whole tiles. The split count comes from the block-table bucket
+     * (graph replays split like eager steps); splits past the last tile
+     * have nothing and leave at once, the merge waits only for those that
+     * do. */
+    const struct key_run kr = key_run_of(g, g.pos0, g.pos0 + g.n, n_splits, sp);
+    const int k_lo = kr.k_lo, n_used = kr.n_used, tb = kr.tb, te = kr.te;
     if (sp >= n_used)
         return;
-    const int tb = sp * per, te = min(n_tiles, tb + per);
-    const size_t head_off = (size_t)kvh * HD;
-
     auto load_tile = [&](int t0, int b) {
-#pragma unroll
-        for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
-            int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
-            bool ok = t < k_end;
-            size_t off = ok ? cuk_kv_offset(&g, table, t) + head_off + (size_t)c * 8 : 0;
-            cp_async16(tile_addr<HD>(ktile(b), j, c), kc + off, ok);
-            cp_async16(tile_addr<HD>(vtile(b), j, c), vc + off, ok);
-        }
-        cp_async_commit();
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, g.pos0 + g.n);
     };
 
     float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -661,16 +673,14 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
-    float *sws = sg->splits > 1 ? ws + (size_t)sg->row0 * g.n_heads * max_splits * (HD + 2)
-                                : nullptr;
     dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
-                  blockIdx.y, blockIdx.z, sg->splits, sws,
-                  cnt + (size_t)sg->row0 * g.n_kv_heads + blockIdx.y);
+                  blockIdx.y, blockIdx.z, sg->splits, cuk_bseg_ws(sg, g, ws, max_splits, HD),
+                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y));
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
 {
-    if (!g->kv_bf16 || (g->head_dim != 64 && g->head_dim != 128) || g->n_kv_heads <= 0 ||
+    if (!g->mma || !g->kv_bf16 || (g->head_dim != 64 && g->head_dim != 128) || g->n_kv_heads <= 0 ||
         g->n_heads % g->n_kv_heads || g->kv_dim % 8)
         return 0;
     int G = g->n_heads / g->n_kv_heads;

@@ -339,12 +339,8 @@ __global__ void __launch_bounds__(TA_WARPS * 32)
     if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
-    /* the segment's partials: its rows of a [g.n rows][n_heads][max_splits]
-     * layout, each at stride max_splits (so segments never overlap) */
-    struct ta_split sp = {sg->splits, (int)blockIdx.z, nullptr,
-                          cnt + (size_t)sg->row0 * g.n_kv_heads + blockIdx.y};
-    if (sg->splits > 1)
-        sp.ws = ws + (size_t)sg->row0 * g.n_heads * max_splits * (HD + 2);
+    struct ta_split sp = {sg->splits, (int)blockIdx.z, cuk_bseg_ws(sg, g, ws, max_splits, HD),
+                          cuk_bseg_cnt(sg, g, cnt, blockIdx.y)};
     tiled_block<HD, RPW, T>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off,
                             gs, bq, 0, blockIdx.y, sp);
 }
@@ -407,7 +403,7 @@ extern "C" cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const flo
 {
     if (!cuk_attention_tiled_ok(g))
         return cudaErrorInvalidValue;
-    if (g->mma && cuk_attention_mma_ok(g))
+    if (cuk_attention_mma_ok(g))
         return cuk_attention_mma(s, out, q, kc, vc, table, g, 1, nullptr, nullptr);
     if (g->head_dim == 64)
         return g->kv_bf16 ? launch_tiled_hd<64>(s, out, q, (const uint16_t *)kc,

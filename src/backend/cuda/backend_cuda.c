@@ -932,35 +932,39 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
     return 0;
 }
 
-/* x += y; out = rmsnorm(x): one launch instead of add + rmsnorm. */
-static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
-                           const float *w, int n, int dim, float eps)
+/* out = rmsnorm(x), after x += y when y is given (one launch, or add then
+ * rmsnorm with CLLM_CUDA_FUSE=0); x is written only then. A model-width
+ * norm of a GEMM-sized chunk feeds q/k/v or gate/up: its half copy is made
+ * on the way (half_out). */
+static void norm_run(struct backend *be, float *out, float *x, const float *y, const float *w,
+                     int n, int dim, float eps)
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     const float *dw = dev_vec(c, w, "rmsnorm");
     if (!dw || c->err[0])
         return;
-    /* A model-width norm of a GEMM-sized chunk feeds q/k/v or gate/up. */
     uint16_t *oh = half_out(c, out, (size_t)n * dim, dim == c->model_dim && n > c->gemv_max);
     int bf = c->half_type == DT_BF16;
-    if (c->fuse)
+    if (y && c->fuse) {
         fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps, oh, bf));
-    else if (!fail_cuda(c, "add", cuk_add(c->stream, x, y, (size_t)n * dim)))
-        fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps, oh, bf));
+        return;
+    }
+    if (y && fail_cuda(c, "add", cuk_add(c->stream, x, y, (size_t)n * dim)))
+        return;
+    fail_cuda(c, "rmsnorm", cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps, oh, bf));
+}
+
+static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
+                           const float *w, int n, int dim, float eps)
+{
+    norm_run(be, out, x, y, w, n, dim, eps);
 }
 
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
                        int dim, float eps)
 {
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
-    const float *dw = dev_vec(c, w, "rmsnorm");
-    if (!dw || c->err[0])
-        return;
-    uint16_t *oh = half_out(c, out, (size_t)n * dim, dim == c->model_dim && n > c->gemv_max);
-    fail_cuda(c, "rmsnorm",
-              cuk_rmsnorm(c->stream, out, x, dw, n, dim, eps, oh, c->half_type == DT_BF16));
+    norm_run(be, out, (float *)x, NULL, w, n, dim, eps); /* no y: x is not written */
 }
 
 static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
@@ -1172,10 +1176,10 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     if (a->sliding_window > 0 && a->sliding_window < kv_cap)
         kv_cap = a->sliding_window;
     /* a few queries over a bf16 cache: the tensor-core decode kernel */
-    bool dec = c->att_mma && a->n <= cuk_attention_dec_rows(&g);
+    bool dec = a->n <= cuk_attention_dec_rows(&g);
     /* more: the tensor-core prefill kernel, which needs no key splits
      * (never a decode step, which graph replays must split alike) */
-    bool pre = !dec && a->n > 1 && c->att_mma && cuk_attention_mma_ok(&g);
+    bool pre = !dec && a->n > 1 && cuk_attention_mma_ok(&g);
     int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->n_sms, 1)
                  : pre ? cuk_attention_mma_splits(&g, a->pos0 + a->n, c->n_sms)
                        : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
@@ -1268,7 +1272,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
      * group; worth it once those blocks alone fill the GPU. */
     /* On a bf16 cache the tensor-core decode kernel takes them instead,
      * however few: its key splits fill the GPU. */
-    int dec_rows = c->fuse && c->att_mma ? cuk_attention_dec_rows(&g) : 0;
+    int dec_rows = c->fuse ? cuk_attention_dec_rows(&g) : 0;
     int short_rows = dec_rows ? dec_rows : c->fuse ? cuk_attention_short_rows(&g) : 0;
     int n_short = 0;
     for (int s = 0; s < n_seg && short_rows; s++)
@@ -1289,7 +1293,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         /* chunks of more than one query: the tensor-core prefill kernel on
          * a bf16 cache, split as the single-sequence path splits it (so the
          * results are the same bits), else the tiled one */
-        bool mma = c->att_mma && segs[s].n > 1 && cuk_attention_mma_ok(&gs);
+        bool mma = segs[s].n > 1 && cuk_attention_mma_ok(&gs);
         if (mma)
             splits = cuk_attention_mma_splits(&gs, gs.pos0 + gs.n, c->n_sms);
         int tiled = mma || (splits == 1 && cuk_attention_tiled_ok(&gs));
@@ -1395,7 +1399,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         gs.pos0 = b.pos0;
         const int *tab = (const int *)c->bat.p + b.tab_off;
         if (fail_cuda(c, "attention (prefill chunk)",
-                      c->att_mma && cuk_attention_mma_ok(&gs)
+                      cuk_attention_mma_ok(&gs)
                           ? cuk_attention_mma(c->stream, out + (size_t)b.row0 * qd,
                                               q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
                                               &gs, b.splits, ws, cnt)

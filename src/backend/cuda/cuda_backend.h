@@ -39,8 +39,8 @@ struct cuk_attn {
     /* launch choices: the GPU's multiprocessors, and the tiled kernel's
      * rows per warp (4 or 8; 0: chosen by size) */
     int n_sms, rows_per_warp;
-    /* 1: cuk_attention_tiled hands bf16-cache prefill to the tensor-core
-     * kernel (cuk_attention_mma) */
+    /* 1: attention over a bf16 cache may run on tensor cores
+     * (cuk_attention_mma_ok, cuk_attention_dec_rows are 0 without it) */
     int mma;
 };
 
@@ -112,7 +112,7 @@ int cuk_attention_tiled_ok(const struct cuk_attn *g);
  * same whatever chunk it is computed in. */
 cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const float *q, const void *kc,
                                 const void *vc, const int *table, const struct cuk_attn *g);
-/* Whether cuk_attention_mma takes g: a bf16 cache, head_dim 64 or 128, at
+/* Whether cuk_attention_mma takes g: g->mma, a bf16 cache, head_dim 64 or 128, at
  * most 64 query heads per KV head (any n; cuk_attention_tiled hands it
  * n >= 8, the backend smaller chunks the decode kernel does not take). */
 int cuk_attention_mma_ok(const struct cuk_attn *g);
@@ -122,7 +122,7 @@ int cuk_attention_mma_ok(const struct cuk_attn *g);
  * row's result does not depend on the chunk it is computed in either.
  * n_splits > 1 (a short chunk over a long context, too few blocks to fill
  * the GPU): each block takes a run of key tiles; ws and cnt as for
- * cuk_attention. cuk_attention_tiled calls it (unsplit) when g->mma and
+ * cuk_attention. cuk_attention_tiled calls it (unsplit) when
  * cuk_attention_mma_ok. */
 cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
                               const void *vc, const int *table, const struct cuk_attn *g,
@@ -135,8 +135,8 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
  * key split) reads each K/V row once for every query head sharing it; the
  * products are done as bf16 high + remainder pairs, about f32 precision.
  * cuk_attention_dec_rows: the most queries per sequence it takes for g's
- * geometry (16 / group), 0 when it cannot (f32 cache, head_dim not 64/128,
- * group > 16). cuk_attention_dec_splits: its key splits for n_seqs
+ * geometry (16 / group), 0 when it cannot (g->mma off, f32 cache, head_dim
+ * not 64/128, group > 16). cuk_attention_dec_splits: its key splits for n_seqs
  * sequences of at most kv_cap keys (<= 64). */
 int cuk_attention_dec_rows(const struct cuk_attn *g);
 int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, int n_seqs);

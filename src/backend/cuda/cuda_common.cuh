@@ -156,6 +156,24 @@ static __device__ __forceinline__ const struct cuk_bseg *cuk_bseg_of_block(const
     return sg;
 }
 
+/* A short segment's key-split partials (NULL without splits): its rows of
+ * a [g.n rows][n_heads][max_splits] layout of hd + 2 floats each, so
+ * segments never overlap (cuk_attention_short_ws_floats sizes it); and its
+ * split counter for KV head kvh. */
+static __device__ __forceinline__ float *cuk_bseg_ws(const struct cuk_bseg *sg,
+                                                     const struct cuk_attn &g, float *ws,
+                                                     int max_splits, int hd)
+{
+    return sg->splits > 1 ? ws + (size_t)sg->row0 * g.n_heads * max_splits * (hd + 2) : nullptr;
+}
+
+static __device__ __forceinline__ unsigned *cuk_bseg_cnt(const struct cuk_bseg *sg,
+                                                         const struct cuk_attn &g, unsigned *cnt,
+                                                         int kvh)
+{
+    return cnt + (size_t)sg->row0 * g.n_kv_heads + kvh;
+}
+
 /* Programmatic dependent launch (Hopper): with it on (cuk_set_pdl), each
  * kernel is launched while its predecessor in the stream still runs, so
  * launch latency and block start-up overlap the predecessor's tail. Every
