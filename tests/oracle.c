@@ -94,10 +94,7 @@ static json_t *load_ref(const char *dir)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/ref.json", dir);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    CHECK(root != NULL, "%s: %s", path, je.text);
-    return root;
+    return test_json_load(path);
 }
 
 /* Relative error of logits (n positions) against the float32 file named by
@@ -193,9 +190,7 @@ void oracle_tinystories(struct runner *r, const char *fixtures_dir, const char *
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/oracle/tinystories_hf.json", fixtures_dir);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    CHECK(root != NULL, "%s: %s", path, je.text);
+    json_t *root = test_json_load(path);
     if (!root)
         return;
     int np, ng, vocab = r->m.cfg.vocab_size;

@@ -267,8 +267,7 @@ int main(void)
         return test_summary("test_engine");
     }
     snprintf(path, sizeof path, "%s/models/stories260K/expected_greedy.json", CLLM_SHARED_DIR);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = test_json_load(path);
     json_t *c = json_array_get(json_object_get(root, "cases"), 0); /* BOS only, 256 steps */
     int want[256];
     for (int i = 0; i < 256; i++)

@@ -32,9 +32,7 @@ static void check_expected_greedy(const char *model_dir, int threads)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/expected_greedy.json", model_dir);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    CHECK(root != NULL, "%s: %s", path, je.text);
+    json_t *root = test_json_load(path);
     if (!root)
         return;
     struct runner r;

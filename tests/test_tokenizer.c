@@ -127,9 +127,7 @@ static char *stream_decode(const struct tokenizer *t, const int *ids, int n, boo
 
 static void check_greedy_cases(const struct tokenizer *t, const char *json_path, const char *what)
 {
-    json_error_t je;
-    json_t *root = json_load_file(json_path, 0, &je);
-    CHECK(root != NULL, "%s: %s", json_path, je.text);
+    json_t *root = test_json_load(json_path);
     if (!root)
         return;
     size_t i;

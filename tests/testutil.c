@@ -38,6 +38,14 @@ char *test_read_file(const char *path, size_t *len)
     return buf;
 }
 
+json_t *test_json_load(const char *path)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    CHECK(root != NULL, "%s: %s", path, je.text);
+    return root;
+}
+
 int *test_json_ids(json_t *arr, int *n)
 {
     *n = (int)json_array_size(arr);

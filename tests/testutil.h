@@ -28,6 +28,9 @@ struct json_t;
 /* A JSON array of integers as a malloc'ed int array (one spare slot); *n
  * gets its length. */
 int *test_json_ids(struct json_t *arr, int *n);
+/* The JSON file at path, parsed; NULL (a failed CHECK naming the file and
+ * the parser's reason) when it cannot be. Caller json_decref()s. */
+struct json_t *test_json_load(const char *path);
 /* Reads a raw float32 file that must hold exactly `want` floats (CHECKed);
  * NULL otherwise. Caller frees. */
 float *test_read_f32(const char *path, size_t want);
