@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/argmax.h"
+
 static uint64_t splitmix64(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -68,14 +70,7 @@ void sampler_free(struct sampler *s)
     s->idx = NULL;
 }
 
-int sample_argmax(const float *logits, int n)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best]))
-            best = i;
-    return best < 0 ? 0 : best;
-}
+int sample_argmax(const float *logits, int n) { return argmax_f32(logits, n); }
 
 bool sampler_is_greedy(const struct sampler *s) { return s->p.temperature <= 0; }
 

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/argmax.h"
+
 void rope_inv_freq(const struct model_config *c, float *inv_freq)
 {
     int half = c->head_dim / 2;
@@ -87,15 +89,6 @@ void forward_free(struct forward_state *fs)
     fs->sparams = NULL;
     free(fs->bsegs);
     fs->bsegs = NULL;
-}
-
-int forward_argmax(const float *x, int n)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
-            best = i;
-    return best < 0 ? 0 : best;
 }
 
 /* outs[i] = x . W_i^T, in one fused call when the backend has one. */
@@ -426,7 +419,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
             return -1;
     } else {
         for (int i = 0; i < n_pick; i++)
-            ids[i] = forward_argmax(logits + (size_t)(n_plain + i) * vocab, c->vocab_size);
+            ids[i] = argmax_f32(logits + (size_t)(n_plain + i) * vocab, c->vocab_size);
     }
     for (int s = 0, i = 0; s < n_seg; s++)
         if (seg_picked(fs, &segs[s]))

@@ -76,10 +76,6 @@ struct forward_seg {
     const struct sample_params *sample; /* host; with next: sample, see above */
 };
 
-/* The host argmax the greedy paths use when the backend has no device op:
- * the first index of the largest non-NaN value; 0 when every value is NaN. */
-int forward_argmax(const float *x, int n);
-
 /* One step over n_seg segments of distinct sequences; their tokens total at
  * most fs->max_tokens. The matmuls run once over all rows; RoPE, the K/V
  * store and attention run per segment. Reserves K/V blocks (fails with a
