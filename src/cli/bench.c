@@ -205,25 +205,6 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
     return 0;
 }
 
-/* One forward pass over toks that yields the next token: greedy, or drawn
- * as smp says — by the backend when it samples (one uniform draw per token
- * either way, as cllm run and the engine do). */
-static int forward_next(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
-                        const int *toks, int n, float *logits, struct sampler *smp, int *next,
-                        struct err *e)
-{
-    if (sampler_is_greedy(smp))
-        return forward_tokens_greedy(fs, pool, seq, toks, n, logits, next, e);
-    struct sample_params sp = {.temperature = smp->p.temperature, .top_k = smp->p.top_k,
-                               .top_p = smp->p.top_p, .min_p = smp->p.min_p,
-                               .u = rng_uniform(&smp->rng)};
-    if (forward_tokens_sampled(fs, pool, seq, toks, n, logits, &sp, next, e))
-        return -1;
-    if (*next < 0) /* the backend returned the row: draw on the host */
-        *next = sampler_pick(&smp->p, logits, smp->vocab, sp.u, smp->probs, smp->idx);
-    return 0;
-}
-
 static size_t tensor_bytes(const struct tensor *t)
 {
     return tensor_present(t) ? (size_t)t->rows * dtype_row_bytes(t->dtype, t->cols) : 0;
@@ -376,10 +357,10 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     int next = 0, tok;
     if (sampler_init(&smp, &o->sp, c->vocab_size, e))
         goto out;
-    int wrc = forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
+    int wrc = cli_forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
     for (int i = 0; i < 2 && !wrc && i < N; i++) {
         tok = next;
-        wrc = forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
+        wrc = cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
     }
     kv_seq_release(&pool, &seq);
     if (wrc)
@@ -387,11 +368,11 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     for (int rep = 0; rep < o->reps; rep++) {
         seq = (struct kv_seq){0};
         double t0 = now_s();
-        int frc = forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
+        int frc = cli_forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
         double t1 = now_s();
         for (int i = 0; i < N && !frc; i++) {
             tok = next;
-            frc = forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
+            frc = cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
         }
         double t2 = now_s();
         kv_seq_release(&pool, &seq);

@@ -19,4 +19,16 @@ int cmd_bench(int argc, char **argv);
  * empty list) or -1 with e naming flag. */
 int cli_parse_ids(const char *flag, const char *s, long limit, int **out, struct err *e);
 
+struct forward_state;
+struct kv_pool;
+struct kv_seq;
+struct sampler;
+/* One forward pass over n tokens of seq that yields the next token in
+ * *next as smp picks it (greedy, or sampled with one uniform draw from
+ * smp's RNG): on the device when the backend has the op, else from the
+ * last logits row (logits, one row) on the host. 0, or -1 with e set. */
+int cli_forward_next(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                     const int *toks, int n, float *logits, struct sampler *smp, int *next,
+                     struct err *e);
+
 #endif

@@ -296,21 +296,13 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     int n_gen = 0, n_fwd = 0;
-    /* On a backend with a device argmax (greedy) or sampler, each decode
-     * step returns the next id and no logits row crosses to the host. A
-     * sampled step takes the token's uniform draw before it runs: one draw
-     * per token in the same order as sampler_sample, so a seed gives the
-     * same ids either way. */
-    bool dev_greedy = o.sp.temperature <= 0 && be->ops->argmax;
-    bool dev_sample = o.sp.temperature > 0 && be->ops->sample_rows;
-    struct sample_params sp = {.temperature = o.sp.temperature, .top_k = o.sp.top_k,
-                               .top_p = o.sp.top_p, .min_p = o.sp.min_p, .u = -1};
-    int pending = -1;
+    /* The first token from the prompt's last row (on the host: the prompt
+     * pass may have written every row to a file); each decode step then
+     * yields the next (on the device when the backend can pick it: no
+     * logits row crosses to the host). One draw per token in the same
+     * order either way, so a seed gives the same ids. */
+    int next = sampler_sample(&smp, last);
     while (n_gen < o.n_predict) {
-        int next = pending >= 0 ? pending
-                   : sp.u >= 0 ? sampler_pick(&smp.p, last, c->vocab_size, sp.u, smp.probs,
-                                              smp.idx)
-                               : sampler_sample(&smp, last);
         if (!o.ignore_eos && is_eos(c, next))
             break;
         if (o.print_ids) {
@@ -323,19 +315,10 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
         if (++n_gen == o.n_predict)
             break; /* the last token needs no forward pass */
-        int frc;
-        if (dev_greedy) {
-            frc = forward_tokens_greedy(&fs, &pool, &seq, &next, 1, logits, &pending, &e);
-        } else if (dev_sample) {
-            sp.u = rng_uniform(&smp.rng);
-            frc = forward_tokens_sampled(&fs, &pool, &seq, &next, 1, logits, &sp, &pending, &e);
-        } else {
-            frc = forward_tokens(&fs, &pool, &seq, &next, 1, false, logits, &e);
-        }
-        if (frc)
+        int tok = next;
+        if (cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, &e))
             goto fail;
         n_fwd++;
-        last = logits;
     }
     double t2 = now_s();
     if (tok && !o.print_ids) {
