@@ -605,6 +605,138 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_nor
  * ops. head_dim 32 and 64 sum a head's squares in the warp's scalar order,
  * 128 and 256 in its float4 order; one token and chunks; both RoPE
  * conventions. */
+/* rope_kv_attention (one launch on a bf16 cache: the decode kernel does
+ * RoPE + K/V store itself) against rope_kv_store then attention on the same
+ * GPU: the outputs and the caches must be the same bits (the kernel uses
+ * the RoPE kernel's arithmetic), over new positions that straddle a key
+ * tile, a first token, long contexts, q/k norm on and off, both RoPE
+ * conventions; and an f32 cache (the two ops, issued by the op itself). */
+static void check_rope_kv_attention(void)
+{
+    enum { H = 32, KVH = 8, LAYERS = 2, LAYER = 1 };
+    static const int hds[] = {64, 128};
+    static const int cases[][2] = {{1, 0}, {1, 1000}, {4, 62}, {2, 4095}, {3, 200}};
+    const float eps = 1e-6f;
+    int same = 0, total = 0;
+    for (int kvb = 1; kvb >= 0; kvb--)
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+            for (int withnorm = 0; withnorm < 2; withnorm++) {
+                int hd = hds[hi], kvd = KVH * hd;
+                struct test_mat qn, kn;
+                mat_make(&qn, DT_F32, 1, hd);
+                mat_make(&kn, DT_F32, 1, hd);
+                for (int i = 0; i < hd; i++) {
+                    ((float *)qn.mem)[i] = qn.wide[i] += 1.0f;
+                    ((float *)kn.mem)[i] = kn.wide[i] += 1.0f;
+                }
+                struct layer_weights lw;
+                memset(&lw, 0, sizeof lw);
+                lw.q_norm = qn.t;
+                lw.k_norm = kn.t;
+                struct model md;
+                memset(&md, 0, sizeof md);
+                md.cfg.n_layers = 1;
+                md.layers = &lw;
+                kv_bf16_next = kvb == 1;
+                struct backend *be = gpu_create(false);
+                struct err e = {{0}};
+                if (!be || backend_load_weights(be, &md, &e) || !be->ops->rope_kv_attention) {
+                    CHECK(0, "rope_kv_attention: backend: %s", e.msg);
+                    backend_destroy(be);
+                    mat_free(&qn);
+                    mat_free(&kn);
+                    return;
+                }
+                float invf[64];
+                for (int i = 0; i < hd / 2; i++)
+                    invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
+                struct qk_norm norm = {.q = qn.t.data, .k = kn.t.data, .eps = eps};
+                for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+                    for (int inter = 0; inter < 2; inter++) {
+                        int n = cases[ci][0], pos0 = cases[ci][1];
+                        int blocks = (pos0 + n + 15) / 16 + 1;
+                        struct kv_pool pa, pb;
+                        if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
+                            kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e)) {
+                            CHECK(0, "rope_kv_attention: pools: %s", e.msg);
+                            continue;
+                        }
+                        struct kv_seq sa = {0}, sb = {0};
+                        kv_seq_reserve(&pa, &sa, pos0 + n, &e);
+                        kv_seq_reserve(&pb, &sb, pos0 + n, &e);
+                        /* the cached prefix, the same in both pools */
+                        if (pos0 > 0) {
+                            size_t np = (size_t)pos0 * kvd;
+                            float *pk = malloc(sizeof(float) * np), *pv = malloc(sizeof(float) * np);
+                            for (size_t i = 0; i < np; i++) {
+                                pk[i] = frand();
+                                pv[i] = frand();
+                            }
+                            float *dpk = dev_alloc_copy(be, pk, np), *dpv = dev_alloc_copy(be, pv, np);
+                            be->ops->kv_store(be, &pa, &sa, LAYER, dpk, dpv, pos0, 0);
+                            be->ops->kv_store(be, &pb, &sb, LAYER, dpk, dpv, pos0, 0);
+                            CHECK(be->ops->finish(be, &e) == 0, "prefix: %s", e.msg);
+                            be->ops->free(be, dpk);
+                            be->ops->free(be, dpv);
+                            free(pk);
+                            free(pv);
+                        }
+                        size_t nq = (size_t)n * H * hd, nk = (size_t)n * kvd;
+                        float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
+                              *v = malloc(sizeof(float) * nk);
+                        for (size_t i = 0; i < nq; i++)
+                            q[i] = frand() * 2;
+                        for (size_t i = 0; i < nk; i++) {
+                            k[i] = frand() * 2;
+                            v[i] = frand();
+                        }
+                        float *dqa = dev_alloc_copy(be, q, nq), *dka = dev_alloc_copy(be, k, nk),
+                              *dqb = dev_alloc_copy(be, q, nq), *dkb = dev_alloc_copy(be, k, nk),
+                              *dv = dev_alloc_copy(be, v, nk), *oa = dev_alloc_copy(be, NULL, nq),
+                              *ob = dev_alloc_copy(be, NULL, nq);
+                        struct attn_args a = {.n = n, .pos0 = pos0, .n_heads = H, .n_kv_heads = KVH,
+                                              .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+                        const struct qk_norm *nm = withnorm ? &norm : NULL;
+                        be->ops->rope_kv_store(be, dqa, dka, dv, n, H, KVH, hd, pos0, invf, inter,
+                                               nm, &pa, &sa, LAYER);
+                        CHECK(be->ops->attention(be, oa, dqa, &pa, &sa, LAYER, &a, &e) == 0,
+                              "attention: %s", e.msg);
+                        CHECK(be->ops->rope_kv_attention(be, ob, dqb, dkb, dv, invf, inter, nm, &pb,
+                                                         &sb, LAYER, &a, &e) == 0,
+                              "rope_kv_attention: %s", e.msg);
+                        float *ga = dev_fetch(be, oa, nq), *gb = dev_fetch(be, ob, nq);
+                        size_t words = (size_t)pa.n_blocks * LAYERS * 16 * kvd * (size_t)pa.elt_bytes / 4;
+                        float *ka = dev_fetch(be, pa.k, words), *kb = dev_fetch(be, pb.k, words);
+                        float *va = dev_fetch(be, pa.v, words), *vb = dev_fetch(be, pb.v, words);
+                        CHECK(be->ops->finish(be, &e) == 0, "rope_kv_attention: %s", e.msg);
+                        double re = test_rel_err(gb, ga, nq);
+                        bool cache_same = !memcmp(ka, kb, words * 4) && !memcmp(va, vb, words * 4);
+                        CHECK(re <= 1e-6 && cache_same,
+                              "rope_kv_attention vs rope_kv_store + attention, %s K/V, hd %d, norm "
+                              "%d, n %d at %d, interleaved %d: rel err %.3g, caches %s",
+                              kvb ? "bf16" : "f32", hd, withnorm, n, pos0, inter, re,
+                              cache_same ? "equal" : "DIFFER");
+                        same += !memcmp(ga, gb, sizeof(float) * nq) && cache_same;
+                        total++;
+                        float *hs[] = {ga, gb, ka, kb, va, vb, q, k, v};
+                        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+                            free(hs[i]);
+                        float *ds[] = {dqa, dka, dqb, dkb, dv, oa, ob};
+                        for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
+                            be->ops->free(be, ds[i]);
+                        kv_seq_release(&pa, &sa);
+                        kv_seq_release(&pb, &sb);
+                        kv_pool_free(&pa);
+                        kv_pool_free(&pb);
+                    }
+                backend_destroy(be);
+                mat_free(&qn);
+                mat_free(&kn);
+            }
+    printf("rope_kv_attention vs rope_kv_store + attention: %d of %d cases bit-identical "
+           "(outputs and caches)\n", same, total);
+}
+
 static void check_rope_norm(struct backend *cpu)
 {
     static const int hds[] = {32, 64, 128, 256}, ns[] = {1, 5, 40};
@@ -1692,6 +1824,7 @@ int main(void)
     check_attention_batch(cpu, false, true);
     check_attention_batch(cpu, true, true);
     check_rope_norm(cpu);
+    check_rope_kv_attention();
     check_matmul_fused();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);

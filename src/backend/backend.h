@@ -140,6 +140,13 @@ struct backend_ops {
                           const float *inv_freq, bool interleaved, const struct qk_norm *norm,
                           struct kv_pool *pool, const struct kv_seq *seq, int layer);
 
+    /* rope_kv_store (with norm) then attention, for one sequence, with the
+     * same results; q and k are scratch afterwards (rotated or not). */
+    int (*rope_kv_attention)(struct backend *be, float *out, float *q, float *k, const float *v,
+                             const float *inv_freq, bool interleaved, const struct qk_norm *norm,
+                             struct kv_pool *pool, const struct kv_seq *seq, int layer,
+                             const struct attn_args *a, struct err *e);
+
     /* Several sequences of one step: segment s is rows segs[s].n of the
      * concatenated q/k/v/out, at positions segs[s].pos0.. of segs[s].seq.
      * Does, for every segment in order, rope_kv_store (with norm) then

@@ -211,6 +211,17 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         int m = segs[s].n, pos0 = seq->n_tokens;
         float *q = fs->q + (size_t)row * qd, *k = fs->k + (size_t)row * kvd;
         const float *v = fs->v + (size_t)row * kvd;
+        struct attn_args a = {
+            .n = m, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+            .head_dim = c->head_dim, .sliding_window = c->sliding_window,
+            .scale = 1.0f / sqrtf((float)c->head_dim),
+        };
+        if (op->rope_kv_attention) {
+            if (op->rope_kv_attention(be, fs->att + (size_t)row * qd, q, k, v, fs->inv_freq,
+                                      c->rope_interleaved, norm, pool, seq, l, &a, e))
+                return -1;
+            continue;
+        }
         if (op->rope_kv_store) {
             op->rope_kv_store(be, q, k, v, m, c->n_heads, c->n_kv_heads, c->head_dim, pos0,
                               fs->inv_freq, c->rope_interleaved, norm, pool, seq, l);
@@ -220,11 +231,6 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
                      c->rope_interleaved);
             op->kv_store(be, pool, seq, l, k, v, m, pos0);
         }
-        struct attn_args a = {
-            .n = m, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-            .head_dim = c->head_dim, .sliding_window = c->sliding_window,
-            .scale = 1.0f / sqrtf((float)c->head_dim),
-        };
         if (op->attention(be, fs->att + (size_t)row * qd, q, pool, seq, l, &a, e))
             return -1;
     }

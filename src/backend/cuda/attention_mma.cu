@@ -485,12 +485,13 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
  * laid out as cuk_attention's workspace for g.n queries and n_splits
  * splits (m and l in base 2), cnt is its counter for this KV head. */
 template <int HD>
-static __device__ __forceinline__ void dec_block(float *out, const float *q, const uint16_t *kc,
-                                                 const uint16_t *vc, const int *table,
+static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
+                                                 uint16_t *vc, const int *table,
                                                  const struct cuk_attn &g, int kvh, int sp,
-                                                 int n_splits, float *ws, unsigned *cnt)
+                                                 int n_splits, float *ws, unsigned *cnt,
+                                                 const struct cuk_dec_rope *rp)
 {
-    constexpr int TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
+    constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
     extern __shared__ float4 am_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
     auto ktile = [&](int b) { return sbase + (uint32_t)(2 * b * TILE); };
@@ -498,6 +499,60 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int G = g.n_heads / g.n_kv_heads, rows = g.n * G;
+
+    /* keys up to the last query's, in 64-key tiles; this split takes a
+     * run of whole tiles. The split count comes from the block-table bucket
+     * (graph replays split like eager steps); splits past the last tile
+     * have nothing and leave at once, the merge waits only for those that
+     * do. */
+    const int k_end = g.pos0 + g.n;
+    const struct key_run kr = key_run_of(g, g.pos0, k_end, n_splits, sp);
+    const int k_lo = kr.k_lo, n_tiles = kr.n_tiles, n_used = kr.n_used, tb = kr.tb, te = kr.te;
+    if (sp >= n_used)
+        return;
+
+    /* With rp the block first does what RoPE + K/V store would have done
+     * for its KV head (the same arithmetic, so the same bits): its query
+     * rows, normed and rotated, into qs; the new positions' k (normed,
+     * rotated) and v, rounded to bf16 as the cache keeps them, into nks /
+     * nvs. Every block computes them for itself and puts them into its own
+     * tiles, so no block waits for another's cache writes; the block of
+     * the last tile writes them to the cache for later steps. */
+    float *qs = (float *)((char *)am_smem + 4 * TILE); /* [16][HD] */
+    uint16_t *nks = (uint16_t *)(qs + 16 * HD);         /* [16][HD] */
+    uint16_t *nvs = nks + 16 * HD;                      /* [16][HD] */
+    if (rp) {
+        for (int item = warp; item < rows + g.n; item += AM_WARPS) {
+            bool isk = item >= rows;
+            int r = isk ? item - rows : item, qi = isk ? r : r / G, pos = g.pos0 + qi;
+            const float *x = isk ? rp->k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
+                                 : q + ((size_t)qi * g.n_heads + kvh * G + r % G) * HD;
+            const float *vr = rp->v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
+            const float *nw = isk ? rp->kn : rp->qn;
+            float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rp->eps, lane) : 0.0f;
+            for (int f = lane; f < HD / 2; f += 32) {
+                float ang = cuk_rope_angle(pos, rp->inv_freq[f]);
+                float cs = cosf(ang), sn = sinf(ang);
+                int a = rp->interleaved ? 2 * f : f, b = rp->interleaved ? 2 * f + 1 : f + HD / 2;
+                float x0 = x[a], x1 = x[b], ra, rb;
+                if (nw) {
+                    x0 = cuk_rms_scale(nw[a], x0, inv);
+                    x1 = cuk_rms_scale(nw[b], x1, inv);
+                }
+                cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+                if (!isk) {
+                    qs[r * HD + a] = ra;
+                    qs[r * HD + b] = rb;
+                } else {
+                    kv_st(nks, (size_t)r * HD + a, ra);
+                    kv_st(nks, (size_t)r * HD + b, rb);
+                    kv_st(nvs, (size_t)r * HD + a, vr[a]);
+                    kv_st(nvs, (size_t)r * HD + b, vr[b]);
+                }
+            }
+        }
+        __syncthreads();
+    }
 
     int pos[2], start[2];
     uint32_t qhi[QK][4], qlo[QK][4];
@@ -512,7 +567,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             pos[h] = g.pos0 + r / G;
             if (g.window > 0 && pos[h] - g.window + 1 > 0)
                 start[h] = pos[h] - g.window + 1;
-            qr = q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
+            qr = rp ? qs + r * HD : q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
         }
 #pragma unroll
         for (int s = 0; s < QK; s++)
@@ -526,18 +581,17 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             }
     }
 
-    /* keys up to the last query's, in 64-key tiles; this split takes a
-     * run of whole tiles. The split count comes from the block-table bucket
-     * (graph replays split like eager steps); splits past the last tile
-     * have nothing and leave at once, the merge waits only for those that
-     * do. */
-    const struct key_run kr = key_run_of(g, g.pos0, g.pos0 + g.n, n_splits, sp);
-    const int k_lo = kr.k_lo, n_used = kr.n_used, tb = kr.tb, te = kr.te;
-    if (sp >= n_used)
-        return;
-    auto load_tile = [&](int t0, int b) {
-        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, g.pos0 + g.n);
+    const size_t head_off = (size_t)kvh * HD;
+    auto load_tile = [&](int t0, int b) { /* rp: the new keys come from nks/nvs */
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, rp ? g.pos0 : k_end);
     };
+    if (rp && te == n_tiles) /* the last tile's block keeps the cache */
+        for (int idx = threadIdx.x; idx < g.n * NCH; idx += blockDim.x) {
+            int r = idx / NCH, c = idx % NCH;
+            size_t off = cuk_kv_offset(&g, table, g.pos0 + r) + head_off + (size_t)c * 8;
+            *(uint4 *)(kc + off) = *(const uint4 *)(nks + r * HD + c * 8);
+            *(uint4 *)(vc + off) = *(const uint4 *)(nvs + r * HD + c * 8);
+        }
 
     float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -554,6 +608,20 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (rp) { /* the new positions of this tile, from nks / nvs */
+            int lo = max(t0, g.pos0), hi = min(t0 + AM_KEYS, k_end);
+            if (lo < hi) { /* the same in every thread */
+                for (int idx = threadIdx.x; idx < (hi - lo) * NCH; idx += blockDim.x) {
+                    int j = lo - t0 + idx / NCH, c = idx % NCH, r = lo - g.pos0 + idx / NCH;
+                    char *base = (char *)am_smem - sbase;
+                    *(uint4 *)(base + tile_addr<HD>(ktile(b), j, c)) =
+                        *(const uint4 *)(nks + r * HD + c * 8);
+                    *(uint4 *)(base + tile_addr<HD>(vtile(b), j, c)) =
+                        *(const uint4 *)(nvs + r * HD + c * 8);
+                }
+                __syncthreads();
+            }
+        }
 
         /* this warp's keys: t0 + 16 warp .. +15 (S n-tiles jj = 0, 1) */
         float s[2][4];
@@ -647,15 +715,15 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, con
 
 template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
-    k_attention_dec(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
-                    const int *table, struct cuk_attn g, const int *dpos, int n_splits,
-                    float *ws, unsigned *cnt)
+    k_attention_dec(float *out, const float *q, uint16_t *kc, uint16_t *vc, const int *table,
+                    struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt,
+                    struct cuk_dec_rope rope, int with_rope)
 {
     cuk_pdl_start();
     if (dpos)
         g.pos0 = *dpos;
     dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
-                  cnt + blockIdx.x);
+                  cnt + blockIdx.x, with_rope ? &rope : nullptr);
 }
 
 /* The decode segments of a batch step (cuk_bseg.tiled == 2), laid out as
@@ -663,7 +731,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
  * the block of a segment's first row does its work. */
 template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
-    k_attention_dec_batch(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+    k_attention_dec_batch(float *out, const float *q, uint16_t *kc, uint16_t *vc,
                           const int *meta, struct cuk_attn g, float *ws, unsigned *cnt,
                           int max_splits)
 {
@@ -675,7 +743,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     size_t qd = (size_t)g.n_heads * HD;
     dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
                   blockIdx.y, blockIdx.z, sg->splits, cuk_bseg_ws(sg, g, ws, max_splits, HD),
-                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y));
+                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y), nullptr);
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
@@ -700,7 +768,10 @@ extern "C" int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, i
 
 /* Shared memory of the decode kernels: the double-buffered tiles, which
  * the warp merge reuses (it needs less). */
-template <int HD> static constexpr size_t dec_smem() { return 4 * (size_t)AM_KEYS * HD * 2; }
+template <int HD> static constexpr size_t dec_smem()
+{
+    return 4 * (size_t)AM_KEYS * HD * 2 /* tiles */ + 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2;
+}
 static_assert(AM_WARPS * 16 * 128 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 128 * 2,
               "the warp merge fits in the tiles' shared memory");
 static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64 * 2,
@@ -709,9 +780,10 @@ static_assert((2 * 16 * 64 + 16) * 4 <= 4 * AM_KEYS * 64 * 2,
               "the decode split merge fits in the tiles' shared memory");
 
 template <int HD>
-static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, const void *kc,
-                              const void *vc, const int *table, const struct cuk_attn *g,
-                              const int *dpos, int n_splits, float *ws, unsigned *cnt)
+static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
+                              const int *table, const struct cuk_attn *g, const int *dpos,
+                              int n_splits, float *ws, unsigned *cnt,
+                              const struct cuk_dec_rope *rope)
 {
     static bool opted_in;
     if (!opted_in) {
@@ -722,22 +794,23 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, const 
         opted_in = true;
     }
     return cuk_launch(k_attention_dec<HD>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
-                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (const uint16_t *)kc,
-                      (const uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt);
+                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
+                      table, *g, dpos, n_splits, ws, cnt,
+                      rope ? *rope : (struct cuk_dec_rope){}, rope ? 1 : 0);
 }
 
-extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q,
-                                         const void *kc, const void *vc, const int *table,
-                                         const struct cuk_attn *g, const int *dpos, int n_splits,
-                                         float *ws, unsigned *cnt)
+extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc,
+                                         void *vc, const int *table, const struct cuk_attn *g,
+                                         const int *dpos, int n_splits, float *ws, unsigned *cnt,
+                                         const struct cuk_dec_rope *rope)
 {
     int qmax = cuk_attention_dec_rows(g);
     if (!qmax || g->n < 1 || g->n > qmax || n_splits < 1 || n_splits > 64 ||
-        (n_splits > 1 && (!ws || !cnt)))
+        (n_splits > 1 && (!ws || !cnt)) || (rope && g->kv_dim != g->n_kv_heads * g->head_dim))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt);
-    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt);
+        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope);
+    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope);
 }
 
 template <int HD>
@@ -756,8 +829,8 @@ static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, 
     }
     return cuk_launch(k_attention_dec_batch<HD>,
                       dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
-                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (const uint16_t *)kc,
-                      (const uint16_t *)vc, meta, *g, ws, cnt, max_splits);
+                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
+                      meta, *g, ws, cnt, max_splits);
 }
 
 extern "C" cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q,

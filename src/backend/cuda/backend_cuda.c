@@ -1146,9 +1146,13 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
                                 interleaved, dqn, dkn, eps));
 }
 
-static int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
-                        const struct kv_seq *seq, int layer, const struct attn_args *a,
-                        struct err *e)
+/* cu_attention's work; with rope (only where the tensor-core decode
+ * kernel takes the step: rope_dec_ok) that kernel also does the RoPE + K/V
+ * store of the new positions. */
+static int attention_run(struct backend *be, float *out, const float *q,
+                         const struct kv_pool *pool, const struct kv_seq *seq, int layer,
+                         const struct attn_args *a, const struct cuk_dec_rope *rope,
+                         struct err *e)
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
@@ -1194,16 +1198,60 @@ static int cu_attention(struct backend *be, float *out, const float *q, const st
     unsigned *cnt = NULL;
     if (splits > 1 && !(cnt = att_counters(c, (size_t)a->n * (size_t)a->n_heads)))
         return sticky(c, e);
+    if (rope && !dec)
+        return err_set(e, "%s: internal: RoPE in a non-decode attention kernel", c->name);
     const int *dpos = c->capturing ? (const int *)c->step.p : NULL;
     if (fail_cuda(c, "attention",
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
-                                          splits, ws, cnt)
+                                          splits, ws, cnt, rope)
                   : pre ? cuk_attention_mma(c->stream, out, q, pool->k, pool->v, tab, &g, splits,
                                             ws, cnt)
                       : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
                                       ws, cnt)))
         return sticky(c, e);
     return 0;
+}
+
+static int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
+                        const struct kv_seq *seq, int layer, const struct attn_args *a,
+                        struct err *e)
+{
+    return attention_run(be, out, q, pool, seq, layer, a, NULL, e);
+}
+
+/* rope_kv_store then attention of one sequence. A decode-sized step on a
+ * bf16 cache is one launch: the tensor-core decode kernel rotates q and
+ * the new k itself (the same arithmetic as the RoPE + K/V store kernel,
+ * so the same bits) and writes the new K/V to the cache; anything else
+ * issues the two ops. */
+static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float *k,
+                                const float *v, const float *inv_freq, bool interleaved,
+                                const struct qk_norm *norm, struct kv_pool *pool,
+                                const struct kv_seq *seq, int layer, const struct attn_args *a,
+                                struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (sticky(c, e))
+        return -1;
+    struct cuk_attn g = attn_geom(c, pool, layer, a->n, a->pos0);
+    g.n_heads = a->n_heads;
+    g.n_kv_heads = a->n_kv_heads;
+    g.head_dim = a->head_dim;
+    bool one = c->fuse && c->att_mma && a->n_kv_heads >= 1 &&
+               a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim &&
+               a->n <= cuk_attention_dec_rows(&g);
+    if (!one) {
+        cu_rope_kv_store(be, q, k, v, a->n, a->n_heads, a->n_kv_heads, a->head_dim, a->pos0,
+                         inv_freq, interleaved, norm, pool, seq, layer);
+        return attention_run(be, out, q, pool, seq, layer, a, NULL, e);
+    }
+    struct cuk_dec_rope rope = {.k = k, .v = v, .eps = norm ? norm->eps : 0.0f,
+                                .interleaved = interleaved};
+    if ((norm && norm->q && !(rope.qn = dev_vec(c, norm->q, "rope_kv_attention"))) ||
+        (norm && norm->k && !(rope.kn = dev_vec(c, norm->k, "rope_kv_attention"))) ||
+        !(rope.inv_freq = dev_invf(c, inv_freq, a->head_dim / 2)))
+        return sticky(c, e);
+    return attention_run(be, out, q, pool, seq, layer, a, &rope, e);
 }
 
 /* rope_kv_store + attention of every sequence of a batch step in two or
@@ -1790,6 +1838,7 @@ static const struct backend_ops cuda_ops = {
     .matmul_multi = cu_matmul_multi,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv_store = cu_rope_kv_store,
+    .rope_kv_attention = cu_rope_kv_attention,
     .rope_kv_attention_batch = cu_rope_kv_attention_batch,
     .matmul_fused = cu_matmul_fused,
     .load_weights = cu_load_weights,

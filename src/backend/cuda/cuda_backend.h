@@ -140,12 +140,27 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
  * sequences of at most kv_cap keys (<= 64). */
 int cuk_attention_dec_rows(const struct cuk_attn *g);
 int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, int n_seqs);
+/* What cuk_rope_kv_store would do before the decode kernel, for it to do
+ * itself (cuk_attention_dec's rope): the new positions' raw k and v rows
+ * ([g->n][kv_dim]), the RoPE frequencies (head_dim / 2) and convention,
+ * and Qwen3's q/k norm weights (NULL: none). */
+struct cuk_dec_rope {
+    const float *k, *v;
+    const float *inv_freq;
+    const float *qn, *kn;
+    float eps;
+    int interleaved;
+};
 /* cuk_attention for g->n <= cuk_attention_dec_rows queries (positions
  * g->pos0.., or *dpos.. when dpos); ws and cnt as for cuk_attention with
- * n_splits (cnt: one counter per KV head used). */
-cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, const void *kc,
-                              const void *vc, const int *table, const struct cuk_attn *g,
-                              const int *dpos, int n_splits, float *ws, unsigned *cnt);
+ * n_splits (cnt: one counter per KV head used). rope (may be NULL): q is
+ * the raw (un-rotated) query and the new positions' K/V are not in the
+ * cache yet: the kernel does cuk_rope_kv_store's work first, with the same
+ * results (q itself is left as it was), saving its launch. */
+cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
+                              const int *table, const struct cuk_attn *g, const int *dpos,
+                              int n_splits, float *ws, unsigned *cnt,
+                              const struct cuk_dec_rope *rope);
 /* cuk_attention_short_batch's job (segments with cuk_bseg.tiled == 2, the
  * same meta, workspace and counter layout) on tensor cores, for segments of
  * at most cuk_attention_dec_rows queries. */

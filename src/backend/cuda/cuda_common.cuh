@@ -94,6 +94,24 @@ static __device__ __forceinline__ float cuk_rms_scale(float w, float x, float in
     return w * (x * inv);
 }
 
+/* 1 / rms of one head (dim <= 512 floats at x, weights w) for the calling
+ * warp, with the squares summed in the order launch_rmsnorm gives rows of
+ * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
+ * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
+static __device__ __forceinline__ float cuk_warp_rms_inv(const float *x, const float *w, int dim,
+                                                         float eps, int lane)
+{
+    double ss = 0;
+    if (dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0) {
+        for (int i = lane; i < dim / 4; i += 32)
+            ss += cuk_rms_sq(((const float4 *)x)[i]);
+    } else {
+        for (int i = lane; i < dim; i += 32)
+            ss += (double)x[i] * x[i];
+    }
+    return cuk_rms_inv(cuk_warp_sum_d(ss), dim, eps);
+}
+
 /* silu(g) * u, as HF computes SwiGLU in f32. The _rn operations are never
  * contracted into an FMA with a neighbour (here: expf's last multiply), so
  * every kernel that inlines this gives the same bits. */

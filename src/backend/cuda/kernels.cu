@@ -356,24 +356,6 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
     return cudaGetLastError();
 }
 
-/* 1 / rms of one head (dim <= 512 floats at x, weights w) for the calling
- * warp, with the squares summed in the order launch_rmsnorm gives rows of
- * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
- * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
-static __device__ __forceinline__ float warp_rms_inv(const float *x, const float *w, int dim,
-                                                     float eps, int lane)
-{
-    double ss = 0;
-    if (dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0) {
-        for (int i = lane; i < dim / 4; i += 32)
-            ss += cuk_rms_sq(((const float4 *)x)[i]);
-    } else {
-        for (int i = lane; i < dim; i += 32)
-            ss += (double)x[i] * x[i];
-    }
-    return cuk_rms_inv(cuk_warp_sum_d(ss), dim, eps);
-}
-
 /* One warp's share of q/k norm + RoPE + K/V store: warp number
  * wid runs over the heads of q (g.n rows of n_heads heads), then of k
  * (n_kv_heads heads). With norm weights (qn for q heads, kn for k heads;
@@ -403,7 +385,7 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
     where(i, pos, table);
     float *x = (is_k ? k : q) + rh * head_dim;
     const float *nw = is_k ? kn : qn;
-    float inv = nw ? warp_rms_inv(x, nw, head_dim, eps, lane) : 0.0f;
+    float inv = nw ? cuk_warp_rms_inv(x, nw, head_dim, eps, lane) : 0.0f;
     size_t off = is_k ? cuk_kv_offset(&g, table, pos) + (size_t)(rh % heads) * head_dim : 0;
     const float *vr = is_k ? v + rh * head_dim : v;
     int half = head_dim / 2;
