@@ -733,7 +733,7 @@ template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_dec_batch(float *out, const float *q, uint16_t *kc, uint16_t *vc,
                           const int *meta, struct cuk_attn g, float *ws, unsigned *cnt,
-                          int max_splits)
+                          int max_splits, struct cuk_dec_rope rope, int with_rope)
 {
     cuk_pdl_start();
     struct cuk_attn gs;
@@ -741,9 +741,11 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
+    rope.k += (size_t)sg->row0 * g.kv_dim; /* the segment's rows */
+    rope.v += (size_t)sg->row0 * g.kv_dim;
     dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
                   blockIdx.y, blockIdx.z, sg->splits, cuk_bseg_ws(sg, g, ws, max_splits, HD),
-                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y), nullptr);
+                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y), with_rope ? &rope : nullptr);
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
@@ -814,9 +816,10 @@ extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float
 }
 
 template <int HD>
-static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
-                                    const void *vc, const int *meta, const struct cuk_attn *g,
-                                    int max_splits, float *ws, unsigned *cnt)
+static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, void *kc,
+                                    void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt,
+                                    const struct cuk_dec_rope *rope)
 {
     static bool opted_in;
     if (!opted_in) {
@@ -830,18 +833,21 @@ static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, 
     return cuk_launch(k_attention_dec_batch<HD>,
                       dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
                       AM_WARPS * 32, dec_smem<HD>(), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
-                      meta, *g, ws, cnt, max_splits);
+                      meta, *g, ws, cnt, max_splits, rope ? *rope : (struct cuk_dec_rope){},
+                      rope ? 1 : 0);
 }
 
 extern "C" cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q,
-                                               const void *kc, const void *vc, const int *meta,
+                                               void *kc, void *vc, const int *meta,
                                                const struct cuk_attn *g, int max_splits,
-                                               float *ws, unsigned *cnt)
+                                               float *ws, unsigned *cnt,
+                                               const struct cuk_dec_rope *rope)
 {
     if (!cuk_attention_dec_rows(g) || max_splits < 1 || max_splits > 64 ||
-        (max_splits > 1 && (!ws || !cnt)))
+        (max_splits > 1 && (!ws || !cnt)) ||
+        (rope && g->kv_dim != g->n_kv_heads * g->head_dim))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
-    return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
+        return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt, rope);
+    return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt, rope);
 }

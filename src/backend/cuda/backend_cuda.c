@@ -1418,7 +1418,14 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             return sticky(c, e);
         }
     }
-    if (fail_cuda(c, "rope_kv_attention_batch",
+    /* A step of decodes only (every segment the decode kernel's): that
+     * kernel does their RoPE + K/V store too, and the batch kernel (which
+     * would only do that) is not launched. */
+    struct cuk_dec_rope rope = {.k = k, .v = v, .inv_freq = invf, .qn = qn, .kn = kn,
+                                .eps = norm ? norm->eps : 0.0f, .interleaved = interleaved};
+    bool dec_rope = dec_rows && use_short && n_short == n_seg && max_splits == 0;
+    if (!dec_rope &&
+        fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
                                               c->bat.p, &g, max_splits, invf, interleaved, qn, kn,
                                               norm ? norm->eps : 0.0f, ws, cnt))) {
@@ -1428,7 +1435,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     if (use_short && n_short > 0 &&
         fail_cuda(c, "attention (short segments)",
                   dec_rows ? cuk_attention_dec_batch(c->stream, out, q, pool->k, pool->v,
-                                                     c->bat.p, &g, short_splits, ws, cnt)
+                                                     c->bat.p, &g, short_splits, ws, cnt,
+                                                     dec_rope ? &rope : NULL)
                            : cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v,
                                                        c->bat.p, &g, short_splits, ws, cnt))) {
         free(tmp);

@@ -163,10 +163,13 @@ cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *
                               const struct cuk_dec_rope *rope);
 /* cuk_attention_short_batch's job (segments with cuk_bseg.tiled == 2, the
  * same meta, workspace and counter layout) on tensor cores, for segments of
- * at most cuk_attention_dec_rows queries. */
-cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
-                                    const void *vc, const int *meta, const struct cuk_attn *g,
-                                    int max_splits, float *ws, unsigned *cnt);
+ * at most cuk_attention_dec_rows queries. rope (may be NULL; k and v are
+ * the step's rows, every segment must be one of these): the kernel does
+ * the segments' RoPE + K/V store as cuk_attention_dec does. */
+cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q, void *kc,
+                                    void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt,
+                                    const struct cuk_dec_rope *rope);
 
 /* Queries per segment cuk_attention_short_batch takes for g's geometry
  * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */
