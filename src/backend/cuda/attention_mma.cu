@@ -613,10 +613,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             if (lo < hi) { /* the same in every thread */
                 for (int idx = threadIdx.x; idx < (hi - lo) * NCH; idx += blockDim.x) {
                     int j = lo - t0 + idx / NCH, c = idx % NCH, r = lo - g.pos0 + idx / NCH;
-                    char *base = (char *)am_smem - sbase;
-                    *(uint4 *)(base + tile_addr<HD>(ktile(b), j, c)) =
+                    char *smem = (char *)am_smem; /* tile_addr is a shared-window address */
+                    *(uint4 *)(smem + (tile_addr<HD>(ktile(b), j, c) - sbase)) =
                         *(const uint4 *)(nks + r * HD + c * 8);
-                    *(uint4 *)(base + tile_addr<HD>(vtile(b), j, c)) =
+                    *(uint4 *)(smem + (tile_addr<HD>(vtile(b), j, c) - sbase)) =
                         *(const uint4 *)(nvs + r * HD + c * 8);
                 }
                 __syncthreads();
