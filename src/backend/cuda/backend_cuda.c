@@ -1237,7 +1237,7 @@ static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float 
     g.n_heads = a->n_heads;
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
-    bool one = c->fuse && c->att_mma && a->n_kv_heads >= 1 &&
+    bool one = c->fuse && a->n_kv_heads >= 1 &&
                a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim &&
                a->n <= cuk_attention_dec_rows(&g);
     if (!one) {
