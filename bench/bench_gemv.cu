@@ -341,7 +341,7 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         CK(cudaMemcpy(douts[i], fb->init[i], no * 4, cudaMemcpyDeviceToDevice));
         CK(cudaMemcpy(fb->ref[i], fb->init[i], no * 4, cudaMemcpyDeviceToDevice));
     }
-    CK(cuk_gemv_fused(0, douts, &in, n, wp, k, sh->add));
+    CK(cuk_gemv_fused(0, douts, &in, n, wp, k, sh->add ? CUK_OUT_ADD : CUK_OUT_STORE));
     CK(cudaMemcpy(fb->mid, dx, (size_t)n * sh->cols * 4, cudaMemcpyDeviceToDevice));
     plain_issue(0, sh, wp, n, dx, fb->ref, fb);
     CK(cudaDeviceSynchronize());
@@ -365,7 +365,7 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
     *fused_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++)
             w[i] = mat_w(&ms[i], c);
-        CK(cuk_gemv_fused(st, douts, &in, n, wp, k, sh->add));
+        CK(cuk_gemv_fused(st, douts, &in, n, wp, k, sh->add ? CUK_OUT_ADD : CUK_OUT_STORE));
     });
     *plain_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++)

@@ -897,20 +897,26 @@ struct mmf_case {
     const char *what;
     enum matmul_in_kind kind;
     int k;
-    bool add;
+    enum matmul_out out;
+    int w0; /* the first of the k test matrices */
 };
 
 static void check_matmul_fused_cols(int cols)
 {
     enum { NDT = 4, NMAX = 600 };
     static const enum dtype dts[NDT] = {DT_BF16, DT_F16, DT_Q8_0, DT_F32};
-    static const int rows[3] = {300, 64, 72};
+    /* 71: an odd row count, so a paired (SwiGLU) warp's last rows run past
+     * the end */
+    static const int rows[3] = {300, 71, 71};
     static const struct mmf_case cases[] = {
-        {"outs = rmsnorm(x) . W, 3 matrices (q/k/v)", MATMUL_IN_RMSNORM, 3, false},
-        {"x += a . W (o_proj)", MATMUL_IN_X, 1, true},
-        {"x += swiglu(g, u) . W (down_proj)", MATMUL_IN_SWIGLU, 1, true},
-        {"outs += rmsnorm(x) . W, 2 matrices", MATMUL_IN_RMSNORM, 2, true},
-        {"outs = x . W, 2 matrices", MATMUL_IN_X, 2, false},
+        {"outs = rmsnorm(x) . W, 3 matrices (q/k/v)", MATMUL_IN_RMSNORM, 3, MATMUL_OUT_STORE, 0},
+        {"x += a . W (o_proj)", MATMUL_IN_X, 1, MATMUL_OUT_ADD, 0},
+        {"x += swiglu(g, u) . W (down_proj)", MATMUL_IN_SWIGLU, 1, MATMUL_OUT_ADD, 0},
+        {"outs += rmsnorm(x) . W, 2 matrices", MATMUL_IN_RMSNORM, 2, MATMUL_OUT_ADD, 0},
+        {"outs = x . W, 2 matrices", MATMUL_IN_X, 2, MATMUL_OUT_STORE, 0},
+        {"h = swiglu(rmsnorm(x) . Wg, rmsnorm(x) . Wu) (gate/up)", MATMUL_IN_RMSNORM, 2,
+         MATMUL_OUT_SWIGLU, 1},
+        {"h = swiglu(x . Wg, x . Wu)", MATMUL_IN_X, 2, MATMUL_OUT_SWIGLU, 1},
     };
     const int ncase = (int)(sizeof cases / sizeof cases[0]);
     struct test_mat m[NDT][3], normw;
@@ -964,7 +970,7 @@ static void check_matmul_fused_cols(int cols)
     }
     const float eps = 1e-6f;
     static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 40, NMAX};
-    int same = 0, total = 0, fused_seen = 0;
+    int same = 0, total = 0, fused_seen = 0, paired_seen = 0;
     double worst = 0;
     for (int d = 0; d < ndt; d++)
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0] && ns[ni] <= nmax; ni++)
@@ -981,13 +987,16 @@ static void check_matmul_fused_cols(int cols)
                 backend_upload(be, dxr, hx, sizeof(float) * nx);
                 backend_upload(be, dx2, hx2, sizeof(float) * nx);
                 const struct tensor *ws[3];
+                bool add = cs->out == MATMUL_OUT_ADD;
+                int wr[3] = {0}; /* rows of ws[i] */
                 for (int i = 0; i < k; i++) {
-                    size_t no = (size_t)n * rows[i];
+                    ws[i] = &m[d][cs->w0 + i].t;
+                    wr[i] = ws[i]->rows;
+                    size_t no = (size_t)n * wr[i];
                     for (size_t j = 0; j < no; j++)
-                        hinit[j] = cs->add ? frand() * 2.0f : 0.0f;
+                        hinit[j] = add ? frand() * 2.0f : 0.0f;
                     backend_upload(be, outs[i], hinit, sizeof(float) * no);
                     backend_upload(be, refs[i], hinit, sizeof(float) * no);
-                    ws[i] = &m[d][i].t;
                 }
                 /* the plain ops */
                 const float *in = dxr;
@@ -998,22 +1007,26 @@ static void check_matmul_fused_cols(int cols)
                     be->ops->silu_mul(be, dxr, dx2, nx);
                 }
                 for (int i = 0; i < k; i++) {
-                    CHECK(be->ops->matmul(be, cs->add ? tmp[i] : refs[i], in, n, ws[i], &e) == 0,
+                    CHECK(be->ops->matmul(be, add ? tmp[i] : refs[i], in, n, ws[i], &e) == 0,
                           "matmul: %s", e.msg);
-                    if (cs->add)
-                        be->ops->add(be, refs[i], tmp[i], (size_t)n * rows[i]);
+                    if (add)
+                        be->ops->add(be, refs[i], tmp[i], (size_t)n * wr[i]);
                 }
+                if (cs->out == MATMUL_OUT_SWIGLU)
+                    be->ops->silu_mul(be, refs[0], refs[1], (size_t)n * wr[0]);
                 /* the fused op */
                 struct matmul_in mi = {.kind = cs->kind, .x = dx, .x2 = dx2,
                                        .norm = normw.t.data, .eps = eps};
-                CHECK(be->ops->matmul_fused(be, outs, &mi, n, ws, k, cs->add, &e) == 0,
+                CHECK(be->ops->matmul_fused(be, outs, &mi, n, ws, k, cs->out, &e) == 0,
                       "matmul_fused: %s", e.msg);
-                for (int i = 0; i < k; i++) {
-                    size_t no = (size_t)n * rows[i];
+                /* SwiGLU's output is outs[0]; outs[1] is scratch */
+                int nout = cs->out == MATMUL_OUT_SWIGLU ? 1 : k;
+                for (int i = 0; i < nout; i++) {
+                    size_t no = (size_t)n * wr[i];
                     float *got = dev_fetch(be, outs[i], no), *want = dev_fetch(be, refs[i], no);
                     double re = test_rel_err(got, want, no);
                     CHECK(re <= 1e-5, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "
-                                      "%.3g vs the plain ops", cs->what, dtype_name(dt), rows[i],
+                                      "%.3g vs the plain ops", cs->what, dtype_name(dt), wr[i],
                           cols, n, i, re);
                     worst = re > worst ? re : worst;
                     same += !memcmp(got, want, sizeof(float) * no);
@@ -1035,10 +1048,27 @@ static void check_matmul_fused_cols(int cols)
                     fused_seen += untouched;
                     free(g);
                 }
+                /* SwiGLU's output: the paired GEMV (after a norm) leaves
+                 * outs[1] as it was; the plain ops leave up's product there */
+                if (cs->out == MATMUL_OUT_SWIGLU) {
+                    size_t no = (size_t)n * wr[1];
+                    float *u = dev_fetch(be, outs[1], no);
+                    bool untouched = true;
+                    for (size_t j = 0; j < no && untouched; j++)
+                        untouched = u[j] == 0.0f;
+                    bool want_fused = n <= 8 && dt != DT_F32 && cols % 8 == 0 &&
+                                      cs->kind == MATMUL_IN_RMSNORM;
+                    CHECK(untouched == want_fused, "matmul_fused swiglu out %s cols %d n=%d: the "
+                                                   "paired GEMV %s", dtype_name(dt), cols, n,
+                          want_fused ? "did not run" : "ran where it should not");
+                    paired_seen += untouched;
+                    free(u);
+                }
                 CHECK(be->ops->finish(be, &e) == 0, "matmul_fused: %s", e.msg);
             }
     printf("matmul_fused cols %d vs the plain ops: %d of %d outputs bit-identical, worst rel err "
-           "%.2e; fused GEMV ran for %d SwiGLU cases\n", cols, same, total, worst, fused_seen);
+           "%.2e; fused GEMV ran for %d SwiGLU-input and %d SwiGLU-output cases\n", cols, same,
+           total, worst, fused_seen, paired_seen);
 out:
     if (be) {
         float *bufs[] = {dx, dx2, dxr, dnx, outs[0], outs[1], outs[2], refs[0], refs[1], refs[2],

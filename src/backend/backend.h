@@ -60,6 +60,14 @@ enum matmul_in_kind {
     MATMUL_IN_SWIGLU   /* silu(x) * x2; x may be left holding it (silu_mul's
                         * in-place result) or as it was */
 };
+/* What matmul_fused does with its products. */
+enum matmul_out {
+    MATMUL_OUT_STORE, /* outs[i] = in . W_i^T */
+    MATMUL_OUT_ADD,   /* outs[i] += in . W_i^T (the residual add) */
+    MATMUL_OUT_SWIGLU /* k = 2 (gate, up) of equal rows: outs[0] =
+                       * silu(in . W_0^T) * (in . W_1^T); outs[1] is
+                       * scratch (left holding the up product or not) */
+};
 struct matmul_in {
     enum matmul_in_kind kind;
     float *x;         /* [n][cols] */
@@ -160,19 +168,22 @@ struct backend_ops {
 
     /* A matmul that brings its neighbours in the layer along, so a decode
      * step launches one kernel where it launched two or three:
-     *   outs[i] = in . W_i^T        (add false), or
-     *   outs[i] += in . W_i^T       (add true: the residual add)
+     *   outs[i] = in . W_i^T        (MATMUL_OUT_STORE),
+     *   outs[i] += in . W_i^T       (MATMUL_OUT_ADD: the residual add), or
+     *   outs[0] = silu(in . W_0^T) * (in . W_1^T)   (MATMUL_OUT_SWIGLU)
      * for k <= 3 weights of one cols, where the rows `in` are made from
      * in->x as struct matmul_in says. It is defined as the plain ops it
      * replaces: rmsnorm (MATMUL_IN_RMSNORM) into a temporary or silu_mul
      * (MATMUL_IN_SWIGLU) in place, then matmul (matmul_multi) into outs, or
-     * for add into a temporary that add() adds to outs. One op with an
-     * input kind and an add flag, rather than one op per pairing, because
-     * the pairings are one kernel with a prologue and an epilogue. A
-     * layer: [q,k,v] = rmsnorm(x).W; x += att.Wo; [gate,up] = rmsnorm(x).W;
-     * x += swiglu(gate,up).Wdown. Outputs must not overlap inputs. */
+     * for the add into a temporary that add() adds to outs, or for SwiGLU
+     * silu_mul(outs[0], outs[1]). One op with an input kind and an output
+     * kind, rather than one op per pairing, because the pairings are one
+     * kernel with a prologue and an epilogue. A layer: [q,k,v] =
+     * rmsnorm(x).W; x += att.Wo; h = swiglu(rmsnorm(x).Wgate,
+     * rmsnorm(x).Wup); x += h.Wdown. Outputs must not overlap inputs. */
     int (*matmul_fused)(struct backend *be, float *const *outs, const struct matmul_in *in,
-                        int n, const struct tensor *const *ws, int k, bool add, struct err *e);
+                        int n, const struct tensor *const *ws, int k, enum matmul_out out,
+                        struct err *e);
 
     /* Optional (NULL on the CPU, whose memory is the host's). */
     /* Copies every tensor of m to the device once, before the first op that

@@ -134,21 +134,22 @@ static bool seg_sampled(const struct forward_seg *s)
 }
 
 /* The matmuls of the fused path (backends with matmul_fused), one call
- * each: outs = rmsnorm(x) . W (q/k/v, gate/up), and x += in . W (o_proj
- * over att, down_proj over swiglu(gate, up)). */
+ * each: outs = rmsnorm(x) . W (q/k/v; gate/up with SwiGLU's output), and
+ * x += in . W (o_proj over att, down_proj over swiglu(gate, up)). */
 static int fused_norm_matmul(struct forward_state *fs, float *const *outs, const float *norm,
-                             const struct tensor *const *ws, int k, int n, struct err *e)
+                             const struct tensor *const *ws, int k, enum matmul_out out, int n,
+                             struct err *e)
 {
     struct matmul_in in = {.kind = MATMUL_IN_RMSNORM, .x = fs->x, .norm = norm,
                            .eps = fs->m->cfg.norm_eps};
-    return fs->be->ops->matmul_fused(fs->be, outs, &in, n, ws, k, false, e);
+    return fs->be->ops->matmul_fused(fs->be, outs, &in, n, ws, k, out, e);
 }
 
 static int fused_residual_matmul(struct forward_state *fs, struct matmul_in in,
                                  const struct tensor *w, int n, struct err *e)
 {
     float *x[] = {fs->x};
-    return fs->be->ops->matmul_fused(fs->be, x, &in, n, &w, 1, true, e);
+    return fs->be->ops->matmul_fused(fs->be, x, &in, n, &w, 1, MATMUL_OUT_ADD, e);
 }
 
 /* *normed (plain path only): on entry, xb already holds rmsnorm(x) with
@@ -173,7 +174,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
     float *qkv[] = {fs->q, fs->k, fs->v};
     const struct tensor *wqkv[] = {&w->wq, &w->wk, &w->wv};
     if (fused) {
-        if (fused_norm_matmul(fs, qkv, w->attn_norm.data, wqkv, 3, n, e))
+        if (fused_norm_matmul(fs, qkv, w->attn_norm.data, wqkv, 3, MATMUL_OUT_STORE, n, e))
             return -1;
     } else {
         if (!*normed)
@@ -238,10 +239,10 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
     const struct tensor *wgu[] = {&w->w_gate, &w->w_up};
     if (fused) {
         struct matmul_in att = {.kind = MATMUL_IN_X, .x = fs->att};
-        struct matmul_in swiglu = {.kind = MATMUL_IN_SWIGLU, .x = fs->hb, .x2 = fs->hb2};
+        struct matmul_in h = {.kind = MATMUL_IN_X, .x = fs->hb};
         if (fused_residual_matmul(fs, att, &w->wo, n, e) ||
-            fused_norm_matmul(fs, gu, w->ffn_norm.data, wgu, 2, n, e) ||
-            fused_residual_matmul(fs, swiglu, &w->w_down, n, e))
+            fused_norm_matmul(fs, gu, w->ffn_norm.data, wgu, 2, MATMUL_OUT_SWIGLU, n, e) ||
+            fused_residual_matmul(fs, h, &w->w_down, n, e))
             return -1;
         return 0;
     }

@@ -483,7 +483,15 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
 /* The block's work for one sequence: g.n queries at positions g.pos0..;
  * out and q point at its first row; ws (n_splits > 1) holds its partials
  * laid out as cuk_attention's workspace for g.n queries and n_splits
- * splits (m and l in base 2), cnt is its counter for this KV head. */
+ * splits (m and l in base 2), cnt is its counter for this KV head.
+ *
+ * It waits for the previous kernel itself (cuk_pdl_start), after starting
+ * what does not depend on it: the first key tile's loads when that tile
+ * holds only keys of earlier steps (with rp always: the new keys come from
+ * shared memory), and with rp the RoPE cosines and sines of the first
+ * position. Those keys, the block table and *dpos were written before the
+ * previous kernel began (this kernel is launched only once every block of
+ * that one has waited for its own predecessor), so they are visible. */
 template <int HD>
 static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
                                                  uint16_t *vc, const int *table,
@@ -509,7 +517,25 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const struct key_run kr = key_run_of(g, g.pos0, k_end, n_splits, sp);
     const int k_lo = kr.k_lo, n_tiles = kr.n_tiles, n_used = kr.n_used, tb = kr.tb, te = kr.te;
     if (sp >= n_used)
-        return;
+        return; /* reads and writes nothing: no need to wait */
+
+    auto load_tile = [&](int t0, int b) { /* rp: the new keys come from nks/nvs */
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, rp ? g.pos0 : k_end);
+    };
+    const bool early = tb < te && (rp || k_lo + (tb + 1) * AM_KEYS <= g.pos0);
+    if (early)
+        load_tile(k_lo + tb * AM_KEYS, 0);
+    /* the first position's rotation, lane's frequencies f = lane + 32 i */
+    constexpr int NF = HD / 64;
+    float cs0[NF], sn0[NF];
+    if (rp)
+#pragma unroll
+        for (int i = 0; i < NF; i++) {
+            float ang = cuk_rope_angle(g.pos0, rp->inv_freq[lane + 32 * i]);
+            cs0[i] = cosf(ang);
+            sn0[i] = sinf(ang);
+        }
+    cuk_pdl_start();
 
     /* With rp the block first does what RoPE + K/V store would have done
      * for its KV head (the same arithmetic, so the same bits): its query
@@ -530,9 +556,15 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             const float *vr = rp->v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
             const float *nw = isk ? rp->kn : rp->qn;
             float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rp->eps, lane) : 0.0f;
-            for (int f = lane; f < HD / 2; f += 32) {
-                float ang = cuk_rope_angle(pos, rp->inv_freq[f]);
-                float cs = cosf(ang), sn = sinf(ang);
+#pragma unroll
+            for (int i = 0; i < NF; i++) {
+                int f = lane + 32 * i;
+                float cs = cs0[i], sn = sn0[i];
+                if (qi > 0) {
+                    float ang = cuk_rope_angle(pos, rp->inv_freq[f]);
+                    cs = cosf(ang);
+                    sn = sinf(ang);
+                }
                 int a = rp->interleaved ? 2 * f : f, b = rp->interleaved ? 2 * f + 1 : f + HD / 2;
                 float x0 = x[a], x1 = x[b], ra, rb;
                 if (nw) {
@@ -582,9 +614,6 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     }
 
     const size_t head_off = (size_t)kvh * HD;
-    auto load_tile = [&](int t0, int b) { /* rp: the new keys come from nks/nvs */
-        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, rp ? g.pos0 : k_end);
-    };
     if (rp && te == n_tiles) /* the last tile's block keeps the cache */
         for (int idx = threadIdx.x; idx < g.n * NCH; idx += blockDim.x) {
             int r = idx / NCH, c = idx % NCH;
@@ -597,7 +626,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
 #pragma unroll
     for (int j = 0; j < DT; j++)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    if (tb < te)
+    if (tb < te && !early)
         load_tile(k_lo + tb * AM_KEYS, 0);
     for (int it = tb; it < te; it++) {
         const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
@@ -719,8 +748,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                     struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt,
                     struct cuk_dec_rope rope, int with_rope)
 {
-    cuk_pdl_start();
-    if (dpos)
+    if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
     dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
                   cnt + blockIdx.x, with_rope ? &rope : nullptr);
@@ -735,7 +763,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                           const int *meta, struct cuk_attn g, float *ws, unsigned *cnt,
                           int max_splits, struct cuk_dec_rope rope, int with_rope)
 {
-    cuk_pdl_start();
+    /* dec_block waits for the previous kernel; the step's metadata was
+     * copied before it (see dec_block) */
     struct cuk_attn gs;
     const struct cuk_bseg *sg = cuk_bseg_of_block(meta, g, &gs);
     if (!sg)

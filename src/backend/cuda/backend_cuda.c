@@ -108,6 +108,10 @@ struct cuda_backend {
     cublasHandle_t blas;
     bool precise;
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool rope_att;     /* the decode attention kernel does RoPE + K/V store
+                        * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
+    bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
+                        * (CLLM_CUDA_SWIGLU_OUT != 0; with fuse) */
     bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
                         * CLLM_KV_DTYPE=f32) */
 
@@ -1237,7 +1241,7 @@ static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float 
     g.n_heads = a->n_heads;
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
-    bool one = c->fuse && a->n_kv_heads >= 1 &&
+    bool one = c->fuse && c->rope_att && a->n_kv_heads >= 1 &&
                a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim &&
                a->n <= cuk_attention_dec_rows(&g);
     if (!one) {
@@ -1423,7 +1427,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
      * would only do that) is not launched. */
     struct cuk_dec_rope rope = {.k = k, .v = v, .inv_freq = invf, .qn = qn, .kn = kn,
                                 .eps = norm ? norm->eps : 0.0f, .interleaved = interleaved};
-    bool dec_rope = dec_rows && use_short && n_short == n_seg && max_splits == 0;
+    bool dec_rope = c->rope_att && dec_rows && use_short && n_short == n_seg && max_splits == 0;
     if (!dec_rope &&
         fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
@@ -1498,17 +1502,23 @@ static void cu_add(struct backend *be, float *x, const float *y, size_t n)
  * plain ops it is defined as, through the same functions, so the prefill
  * GEMM path keeps its half-precision copies (half_out / half_x). */
 static int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_in *in,
-                           int n, const struct tensor *const *ts, int k, bool add, struct err *e)
+                           int n, const struct tensor *const *ts, int k, enum matmul_out out,
+                           struct err *e)
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (sticky(c, e))
         return -1;
-    if (k < 1 || k > 3 || n < 1 || in->kind < MATMUL_IN_X || in->kind > MATMUL_IN_SWIGLU)
-        return err_set(e, "%s: matmul_fused of %d matrices over %d rows (input kind %d)",
-                       c->name, k, n, (int)in->kind);
+    if (k < 1 || k > 3 || n < 1 || in->kind < MATMUL_IN_X || in->kind > MATMUL_IN_SWIGLU ||
+        out < MATMUL_OUT_STORE || out > MATMUL_OUT_SWIGLU ||
+        (out == MATMUL_OUT_SWIGLU && (k != 2 || ts[0]->rows != ts[1]->rows)))
+        return err_set(e, "%s: matmul_fused of %d matrices over %d rows (input kind %d, output "
+                          "kind %d)",
+                       c->name, k, n, (int)in->kind, (int)out);
+    bool add = out == MATMUL_OUT_ADD;
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
+    bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
     if (c->fuse && n <= c->gemv_max) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
@@ -1524,17 +1534,26 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
          * 14336 columns 3.1 us slower). The same bits either way. */
         if (gi.kind == CUK_IN_SWIGLU && cols > SWIGLU_FUSE_MAX) {
             cu_silu_mul(be, in->x, in->x2, (size_t)n * cols);
+            in_op = true;
             kind = MATMUL_IN_X;
             gi.kind = CUK_IN_X;
             gi.x2 = NULL;
         }
         if (in->kind == MATMUL_IN_RMSNORM && !(gi.nw = dev_vec(c, in->norm, "rmsnorm")))
             return sticky(c, e);
-        cudaError_t err = cuk_gemv_fused(c->stream, outs, &gi, n, ws, k, add);
+        /* SwiGLU in the GEMV's epilogue, or its own launch after it */
+        bool sw_launch = out == MATMUL_OUT_SWIGLU && !c->swiglu_out;
+        cudaError_t err = cuk_gemv_fused(c->stream, outs, &gi, n, ws, k,
+                                         out == MATMUL_OUT_ADD ? CUK_OUT_ADD
+                                         : out == MATMUL_OUT_SWIGLU && !sw_launch
+                                             ? CUK_OUT_SWIGLU
+                                             : CUK_OUT_STORE);
         if (err != cudaErrorNotSupported) {
             if (fail_cuda(c, "gemv", err))
                 return sticky(c, e);
-            return 0;
+            if (sw_launch)
+                cu_silu_mul(be, outs[0], outs[1], (size_t)n * (size_t)ts[0]->rows);
+            return sticky(c, e);
         }
     }
     float *x = in->x;
@@ -1542,8 +1561,16 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
         if (!(x = dbuf_get(c, &c->mm_in, (size_t)n * cols * 4, "normed activations")))
             return sticky(c, e);
         cu_rmsnorm(be, x, in->x, in->norm, n, (int)cols, in->eps);
+        in_op = true;
     } else if (kind == MATMUL_IN_SWIGLU) {
         cu_silu_mul(be, in->x, in->x2, (size_t)n * cols);
+        in_op = true;
+    }
+    if (out == MATMUL_OUT_SWIGLU) {
+        if (cu_matmul_multi(be, outs, x, n, ts, k, e))
+            return -1;
+        cu_silu_mul(be, outs[0], outs[1], (size_t)n * (size_t)ts[0]->rows);
+        return sticky(c, e);
     }
     if (!add)
         return cu_matmul_multi(be, outs, x, n, ts, k, e);
@@ -1551,7 +1578,10 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
     for (int i = 0; i < k; i++)
         gemms = gemms && matmul_is_gemm(c, ts[i], n);
     if (gemms) { /* cuBLAS adds into the outputs itself */
-        c->op_seq++; /* the input op's half copy is for this, the next op (see half_x) */
+        /* a half copy of the input is for the op after the one that made
+         * it: the input op issued here, else the previous op (see half_x) */
+        if (in_op)
+            c->op_seq++;
         for (int i = 0; i < k; i++)
             if (matmul_x(be, outs[i], x, n, ts[i], true, e))
                 return -1;
@@ -1974,6 +2004,10 @@ static struct backend *cuda_create(int device, struct err *e)
     c->graphs = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_FUSE");
     c->fuse = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_ROPE_ATT");
+    c->rope_att = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_SWIGLU_OUT");
+    c->swiglu_out = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_TIMING");
     c->timing = p && *p && strcmp(p, "0") != 0;
     for (int i = 0; i < 3 && c->timing; i++)

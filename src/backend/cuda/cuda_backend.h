@@ -250,15 +250,24 @@ struct cuk_gemv_in {
     const float *nw;     /* CUK_IN_RMSNORM */
     float eps;
 };
-/* outs[i][n][ws[i]->rows] = in . W_i^T, or += with add != 0 (the residual
- * add: each output is read and written by the one warp that computes it,
- * so no atomics), for n <= CUK_GEMV_MAX rows and k <= 3 matrices of one
- * f16/bf16/Q8_0 dtype and one cols, in one launch with cuk_gemv's
- * arithmetic on the rows `in` describes. Outputs must not overlap inputs.
+/* What a fused GEMV does with its results. */
+enum {
+    CUK_OUT_STORE,  /* outs[i] = result */
+    CUK_OUT_ADD,    /* outs[i] += result (the residual add) */
+    CUK_OUT_SWIGLU  /* k = 2 matrices of equal rows (gate, up), input
+                     * CUK_IN_RMSNORM only: outs[0] = silu(result 0) *
+                     * result 1, what cuk_silu_mul would write, to the bit;
+                     * outs[1] is not written */
+};
+/* outs[i][n][ws[i]->rows] = in . W_i^T as `out` (CUK_OUT_*) says, for n <=
+ * CUK_GEMV_MAX rows and k <= 3 matrices of one f16/bf16/Q8_0 dtype and one
+ * cols, in one launch with cuk_gemv's arithmetic on the rows `in`
+ * describes (the add: each output is read and written by the one warp
+ * that computes it, so no atomics). Outputs must not overlap inputs.
  * cudaErrorNotSupported (nothing launched) for shapes, dtypes or alignments
  * the vector path does not take; the caller then issues the plain kernels. */
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
-                           int n, const struct cuk_weight *const *ws, int k, int add);
+                           int n, const struct cuk_weight *const *ws, int k, int out);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);

@@ -27,7 +27,10 @@
  * loads are in flight), so the staged values, and with them the outputs,
  * are those of the plain kernels followed by cuk_gemv. The result may be
  * added to the output instead of stored (the residual add): out + v, as
- * cuk_add would.
+ * cuk_add would. Or two matrices of equal rows (gate, up) are paired: a
+ * warp's R rows are R/2 rows of each, and it stores silu(gate) * up
+ * (cuk_silu_mul1, as cuk_silu_mul would) into the first output, so the
+ * down projection reads SwiGLU's output without a launch of its own.
  *
  * A scalar fallback handles shapes the vector path cannot. */
 #include <math.h>
@@ -47,12 +50,12 @@ enum { WT_BF16, WT_F16, WT_Q8 };
 /* Up to 3 matrices of one dtype and one cols over the same x: warps take
  * row groups of matrix 0, then 1, then 2 (a group never straddles two). */
 struct gemvp {
-    float *out[3];
+    float *outp[3];
     const void *w[3];
     const uint16_t *sc[3]; /* Q8_0 scales */
     int rows[3];
     int groups[3]; /* ceil(rows / R) */
-    int add;       /* out += result instead of out = result */
+    int out;       /* CUK_OUT_*: store, add into, or pair as SwiGLU */
 };
 
 /* Streaming 16-byte weight load: read-only, no L1 allocation, 256-byte L2
@@ -279,7 +282,9 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
     __syncthreads();
 }
 
-template <int WT, int NT, int IN>
+/* PAIR: the SwiGLU output (p.out == CUK_OUT_SWIGLU), a template argument
+ * so the other kernels keep their registers (a run-time flag spilled). */
+template <int WT, int NT, int IN, bool PAIR>
 __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS))
     k_gemv_vec(const struct gemvp p, const struct cuk_gemv_in in, int cols, int tile_cols)
 {
@@ -306,15 +311,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
         g = 0;
     }
     const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-    const char *wbase = (const char *)(m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]);
-    const uint16_t *sbase = m == 0 ? p.sc[0] : m == 1 ? p.sc[1] : p.sc[2];
-    const int row0 = g * R;
+    /* paired (SwiGLU out): rows g*R/2.. of matrix 0, then the same of 1 */
+    const int row0 = PAIR ? g * (R / 2) : g * R;
     const uint4 *wr[R];
     const uint16_t *sr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
+        const int mr = PAIR ? (r < R / 2 ? 0 : 1) : m, rr0 = PAIR ? row0 + r % (R / 2) : row0 + r;
+        const char *wbase = (const char *)(mr == 0 ? p.w[0] : mr == 1 ? p.w[1] : p.w[2]);
+        const uint16_t *sbase = mr == 0 ? p.sc[0] : mr == 1 ? p.sc[1] : p.sc[2];
         /* rows past the end (last group) re-read the last row; not written */
-        int rr = min(row0 + r, rows - 1);
+        int rr = min(rr0, rows - 1);
         wr[r] = (const uint4 *)(wbase + (size_t)rr * cols * BYTES);
         sr[r] = WT == WT_Q8 ? sbase + (size_t)rr * (cols / Q8_0_BLOCK) : nullptr;
     }
@@ -362,17 +369,28 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     }
     if (!active)
         return;
-    float *out = m == 0 ? p.out[0] : m == 1 ? p.out[1] : p.out[2];
+    float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+    if constexpr (PAIR) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R / 2; r++)
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            float v = cuk_warp_sum(acc[r][j]);
-            if (lane == 0 && row0 + r < rows) {
-                float *o = out + (size_t)j * rows + row0 + r;
-                *o = p.add ? *o + v : v;
+            for (int j = 0; j < NT; j++) {
+                float gv = cuk_warp_sum(acc[r][j]), uv = cuk_warp_sum(acc[r + R / 2][j]);
+                if (lane == 0 && row0 + r < rows)
+                    out[(size_t)j * rows + row0 + r] = cuk_silu_mul1(gv, uv);
             }
-        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                float v = cuk_warp_sum(acc[r][j]);
+                if (lane == 0 && row0 + r < rows) {
+                    float *o = out + (size_t)j * rows + row0 + r;
+                    *o = p.out == CUK_OUT_ADD ? *o + v : v;
+                }
+            }
+    }
 }
 
 /* Any dtype, any shape: scalar loads. */
@@ -404,15 +422,21 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 
 
 /* Fills the groups of p (k matrices) and launches the vector kernel. */
-template <int WT, int NT, int IN>
+template <int WT, int NT, int IN, bool PAIR>
 static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k,
                               const struct cuk_gemv_in *in, int cols)
 {
     constexpr int R = gemv_shape<WT, NT>::R, STEP = gemv_shape<WT, NT>::STEP_COLS;
+    static_assert(R % 2 == 0, "paired rows need an even R");
     long long total = 0;
     for (int i = 0; i < 3; i++) {
         p->groups[i] = i < k ? (p->rows[i] + R - 1) / R : 0;
         total += p->groups[i];
+    }
+    if (PAIR) { /* R/2 rows of each matrix per warp */
+        p->groups[0] = (p->rows[0] + R / 2 - 1) / (R / 2);
+        p->groups[1] = p->groups[2] = 0;
+        total = p->groups[0];
     }
     if (total == 0)
         return cudaSuccess;
@@ -423,7 +447,7 @@ static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k,
     int tile_cols = (steps < fit ? (steps > 0 ? steps : 1) : fit) * STEP;
     size_t smem = (size_t)NT * tile_cols * 4 + INV;
     unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
-    return cuk_launch(k_gemv_vec<WT, NT, IN>, grid, GEMV_THREADS, smem, s, *p, *in, cols,
+    return cuk_launch(k_gemv_vec<WT, NT, IN, PAIR>, grid, GEMV_THREADS, smem, s, *p, *in, cols,
                       tile_cols);
 }
 
@@ -432,11 +456,16 @@ template <int WT, int NT>
 static cudaError_t launch_in(cudaStream_t s, struct gemvp *p, int k,
                              const struct cuk_gemv_in *in, int cols)
 {
+    /* SwiGLU's output only after a norm, as a layer has it (gate/up) */
+    if (p->out == CUK_OUT_SWIGLU)
+        return in->kind == CUK_IN_RMSNORM
+                   ? launch_vec<WT, NT, CUK_IN_RMSNORM, true>(s, p, k, in, cols)
+                   : cudaErrorNotSupported;
     if (in->kind == CUK_IN_RMSNORM)
-        return launch_vec<WT, NT, CUK_IN_RMSNORM>(s, p, k, in, cols);
+        return launch_vec<WT, NT, CUK_IN_RMSNORM, false>(s, p, k, in, cols);
     if (in->kind == CUK_IN_SWIGLU)
-        return launch_vec<WT, NT, CUK_IN_SWIGLU>(s, p, k, in, cols);
-    return launch_vec<WT, NT, CUK_IN_X>(s, p, k, in, cols);
+        return launch_vec<WT, NT, CUK_IN_SWIGLU, false>(s, p, k, in, cols);
+    return launch_vec<WT, NT, CUK_IN_X, false>(s, p, k, in, cols);
 }
 
 template <int NT>
@@ -462,10 +491,11 @@ static bool vec_ok(const struct cuk_weight *w, const float *x)
 
 extern "C" cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
-                                      const struct cuk_weight *const *ws, int k, int add)
+                                      const struct cuk_weight *const *ws, int k, int out)
 {
     if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3 || !in || in->kind < CUK_IN_X ||
-        in->kind > CUK_IN_SWIGLU)
+        in->kind > CUK_IN_SWIGLU || out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
+        (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
         return cudaErrorInvalidValue;
     /* the prologue's second operand (norm weights, up) is read as float4 too */
     const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
@@ -475,11 +505,11 @@ extern "C" cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs,
         return cudaErrorNotSupported;
     int dt = ws[0]->dtype, cols = ws[0]->cols;
     struct gemvp p = {};
-    p.add = add != 0;
+    p.out = out;
     for (int i = 0; i < k; i++) {
         if (!vec_ok(ws[i], in->x) || ws[i]->dtype != dt || ws[i]->cols != cols)
             return cudaErrorNotSupported;
-        p.out[i] = outs[i];
+        p.outp[i] = outs[i];
         p.w[i] = ws[i]->data;
         p.sc[i] = ws[i]->scales;
         p.rows[i] = ws[i]->rows;
@@ -503,7 +533,7 @@ extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const 
                                       const struct cuk_weight *const *ws, int k)
 {
     struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
-    return cuk_gemv_fused(s, outs, &in, n, ws, k, 0);
+    return cuk_gemv_fused(s, outs, &in, n, ws, k, CUK_OUT_STORE);
 }
 
 template <int NT>
@@ -520,7 +550,7 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
         return cudaErrorInvalidValue;
     if (vec_ok(w, x)) {
         struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
-        return cuk_gemv_fused(s, &out, &in, n, &w, 1, 0);
+        return cuk_gemv_fused(s, &out, &in, n, &w, 1, CUK_OUT_STORE);
     }
     if (w->rows <= 0)
         return cudaGetLastError();
