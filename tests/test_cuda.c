@@ -445,8 +445,8 @@ static void check_attention(struct backend *cpu)
  * fill the GPU) against the per-sequence ops on the same GPU, and for f32
  * K/V against the CPU backend too; with qk_norm, Qwen3's q/k norm in the
  * ops (the CPU: rmsnorm first). */
-/* decodes_only: every sequence one token (a steady decode batch, whose
- * RoPE + K/V store the decode kernel does itself on a bf16 cache). */
+/* decodes_only: every sequence one token (a steady decode batch: on a bf16
+ * cache only the tensor-core decode kernel's segments). */
 static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_norm,
                                   bool decodes_only)
 {

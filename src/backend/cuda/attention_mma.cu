@@ -759,9 +759,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
  * the block of a segment's first row does its work. */
 template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
-    k_attention_dec_batch(float *out, const float *q, uint16_t *kc, uint16_t *vc,
+    k_attention_dec_batch(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
                           const int *meta, struct cuk_attn g, float *ws, unsigned *cnt,
-                          int max_splits, struct cuk_dec_rope rope, int with_rope)
+                          int max_splits)
 {
     /* dec_block waits for the previous kernel; the step's metadata was
      * copied before it (see dec_block) */
@@ -770,11 +770,11 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (!sg)
         return;
     size_t qd = (size_t)g.n_heads * HD;
-    rope.k += (size_t)sg->row0 * g.kv_dim; /* the segment's rows */
-    rope.v += (size_t)sg->row0 * g.kv_dim;
-    dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, kc, vc, meta + sg->tab_off, gs,
-                  blockIdx.y, blockIdx.z, sg->splits, cuk_bseg_ws(sg, g, ws, max_splits, HD),
-                  cuk_bseg_cnt(sg, g, cnt, blockIdx.y), with_rope ? &rope : nullptr);
+    /* without RoPE the block never writes the cache */
+    dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, (uint16_t *)kc, (uint16_t *)vc,
+                  meta + sg->tab_off, gs, blockIdx.y, blockIdx.z, sg->splits,
+                  cuk_bseg_ws(sg, g, ws, max_splits, HD), cuk_bseg_cnt(sg, g, cnt, blockIdx.y),
+                  nullptr);
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
@@ -799,9 +799,10 @@ extern "C" int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, i
 
 /* Shared memory of the decode kernels: the double-buffered tiles, which
  * the warp merge reuses (it needs less). */
-template <int HD> static constexpr size_t dec_smem()
+template <int HD> static constexpr size_t dec_smem(bool rope)
 {
-    return 4 * (size_t)AM_KEYS * HD * 2 /* tiles */ + 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2;
+    return 4 * (size_t)AM_KEYS * HD * 2 /* tiles */ +
+           (rope ? 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2 /* nks, nvs */ : 0);
 }
 static_assert(AM_WARPS * 16 * 128 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 128 * 2,
               "the warp merge fits in the tiles' shared memory");
@@ -818,15 +819,16 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
 {
     static bool opted_in;
     if (!opted_in) {
-        cudaError_t err = cudaFuncSetAttribute(
-            k_attention_dec<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem<HD>());
+        cudaError_t err = cudaFuncSetAttribute(k_attention_dec<HD>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)dec_smem<HD>(true));
         if (err != cudaSuccess)
             return err;
         opted_in = true;
     }
     return cuk_launch(k_attention_dec<HD>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
-                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
-                      table, *g, dpos, n_splits, ws, cnt,
+                      AM_WARPS * 32, dec_smem<HD>(rope != nullptr), s, out, q, (uint16_t *)kc,
+                      (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
                       rope ? *rope : (struct cuk_dec_rope){}, rope ? 1 : 0);
 }
 
@@ -845,38 +847,34 @@ extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float
 }
 
 template <int HD>
-static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, void *kc,
-                                    void *vc, const int *meta, const struct cuk_attn *g,
-                                    int max_splits, float *ws, unsigned *cnt,
-                                    const struct cuk_dec_rope *rope)
+static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
+                                    const void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt)
 {
     static bool opted_in;
     if (!opted_in) {
         cudaError_t err = cudaFuncSetAttribute(k_attention_dec_batch<HD>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)dec_smem<HD>());
+                                               (int)dec_smem<HD>(false));
         if (err != cudaSuccess)
             return err;
         opted_in = true;
     }
     return cuk_launch(k_attention_dec_batch<HD>,
                       dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
-                      AM_WARPS * 32, dec_smem<HD>(), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
-                      meta, *g, ws, cnt, max_splits, rope ? *rope : (struct cuk_dec_rope){},
-                      rope ? 1 : 0);
+                      AM_WARPS * 32, dec_smem<HD>(false), s, out, q, (const uint16_t *)kc,
+                      (const uint16_t *)vc, meta, *g, ws, cnt, max_splits);
 }
 
 extern "C" cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q,
-                                               void *kc, void *vc, const int *meta,
+                                               const void *kc, const void *vc, const int *meta,
                                                const struct cuk_attn *g, int max_splits,
-                                               float *ws, unsigned *cnt,
-                                               const struct cuk_dec_rope *rope)
+                                               float *ws, unsigned *cnt)
 {
     if (!cuk_attention_dec_rows(g) || max_splits < 1 || max_splits > 64 ||
-        (max_splits > 1 && (!ws || !cnt)) ||
-        (rope && g->kv_dim != g->n_kv_heads * g->head_dim))
+        (max_splits > 1 && (!ws || !cnt)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt, rope);
-    return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt, rope);
+        return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
+    return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
 }

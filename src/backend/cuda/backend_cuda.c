@@ -1422,14 +1422,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             return sticky(c, e);
         }
     }
-    /* A step of decodes only (every segment the decode kernel's): that
-     * kernel does their RoPE + K/V store too, and the batch kernel (which
-     * would only do that) is not launched. */
-    struct cuk_dec_rope rope = {.k = k, .v = v, .inv_freq = invf, .qn = qn, .kn = kn,
-                                .eps = norm ? norm->eps : 0.0f, .interleaved = interleaved};
-    bool dec_rope = c->rope_att && dec_rows && use_short && n_short == n_seg && max_splits == 0;
-    if (!dec_rope &&
-        fail_cuda(c, "rope_kv_attention_batch",
+    if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
                                               c->bat.p, &g, max_splits, invf, interleaved, qn, kn,
                                               norm ? norm->eps : 0.0f, ws, cnt))) {
@@ -1439,8 +1432,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     if (use_short && n_short > 0 &&
         fail_cuda(c, "attention (short segments)",
                   dec_rows ? cuk_attention_dec_batch(c->stream, out, q, pool->k, pool->v,
-                                                     c->bat.p, &g, short_splits, ws, cnt,
-                                                     dec_rope ? &rope : NULL)
+                                                     c->bat.p, &g, short_splits, ws, cnt)
                            : cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v,
                                                        c->bat.p, &g, short_splits, ws, cnt))) {
         free(tmp);
@@ -2004,6 +1996,9 @@ static struct backend *cuda_create(int device, struct err *e)
     c->graphs = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_FUSE");
     c->fuse = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_GEMV_R1_ROWS");
+    if (p)
+        cuk_set_gemv_r1_rows(atoi(p));
     p = getenv("CLLM_CUDA_ROPE_ATT");
     c->rope_att = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_SWIGLU_OUT");

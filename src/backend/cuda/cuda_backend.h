@@ -163,13 +163,12 @@ cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *
                               const struct cuk_dec_rope *rope);
 /* cuk_attention_short_batch's job (segments with cuk_bseg.tiled == 2, the
  * same meta, workspace and counter layout) on tensor cores, for segments of
- * at most cuk_attention_dec_rows queries. rope (may be NULL; k and v are
- * the step's rows, every segment must be one of these): the kernel does
- * the segments' RoPE + K/V store as cuk_attention_dec does. */
-cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q, void *kc,
-                                    void *vc, const int *meta, const struct cuk_attn *g,
-                                    int max_splits, float *ws, unsigned *cnt,
-                                    const struct cuk_dec_rope *rope);
+ * at most cuk_attention_dec_rows queries. (It never does the RoPE + K/V
+ * store itself: the rotated rows' shared memory would cost a batch's many
+ * blocks a third of their occupancy, measured slower on the H200.) */
+cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const float *q, const void *kc,
+                                    const void *vc, const int *meta, const struct cuk_attn *g,
+                                    int max_splits, float *ws, unsigned *cnt);
 
 /* Queries per segment cuk_attention_short_batch takes for g's geometry
  * (8 / group), 0 when it cannot (head_dim not 64/128, group > 8). */
@@ -266,6 +265,9 @@ enum {
  * that computes it, so no atomics). Outputs must not overlap inputs.
  * cudaErrorNotSupported (nothing launched) for shapes, dtypes or alignments
  * the vector path does not take; the caller then issues the plain kernels. */
+/* Measurement: single-row GEMVs over fewer rows than this (all matrices
+ * of the launch together) take one row per warp (default 2048). */
+void cuk_set_gemv_r1_rows(int rows);
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */

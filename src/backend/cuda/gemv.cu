@@ -47,6 +47,11 @@
 
 enum { WT_BF16, WT_F16, WT_Q8 };
 
+/* Row count below which single-row GEMVs take one row per warp
+ * (measurement switch: cuk_set_gemv_r1_rows). */
+static int gemv_r1_rows = 2048;
+extern "C" void cuk_set_gemv_r1_rows(int rows) { gemv_r1_rows = rows; }
+
 /* Up to 3 matrices of one dtype and one cols over the same x: warps take
  * row groups of matrix 0, then 1, then 2 (a group never straddles two). */
 struct gemvp {
@@ -284,14 +289,14 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
 
 /* PAIR: the SwiGLU output (p.out == CUK_OUT_SWIGLU), a template argument
  * so the other kernels keep their registers (a run-time flag spilled). */
-template <int WT, int NT, int IN, bool PAIR>
+template <int WT, int NT, int IN, bool PAIR, int RW>
 __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS))
     k_gemv_vec(const struct gemvp p, const struct cuk_gemv_in in, int cols, int tile_cols)
 {
     /* the norm's reduction borrows the x tile: NT * 32 doubles */
     static_assert(gemv_shape<WT, NT>::STEP_COLS * 4 >= 32 * 8, "tile smaller than the norm's part");
     constexpr int VE = gemv_cfg<WT>::VE, BYTES = gemv_cfg<WT>::BYTES;
-    constexpr int R = gemv_shape<WT, NT>::R, U = gemv_shape<WT, NT>::U;
+    constexpr int R = RW > 0 ? RW : gemv_shape<WT, NT>::R, U = gemv_shape<WT, NT>::U;
     extern __shared__ float4 gemv_xs[];
     const int lane = threadIdx.x & 31;
     int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -312,12 +317,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     }
     const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
     /* paired (SwiGLU out): rows g*R/2.. of matrix 0, then the same of 1 */
-    const int row0 = PAIR ? g * (R / 2) : g * R;
+    constexpr int RH = R / 2 > 0 ? R / 2 : 1; /* PAIR: rows of each matrix */
+    const int row0 = PAIR ? g * RH : g * R;
     const uint4 *wr[R];
     const uint16_t *sr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const int mr = PAIR ? (r < R / 2 ? 0 : 1) : m, rr0 = PAIR ? row0 + r % (R / 2) : row0 + r;
+        const int mr = PAIR ? (r < RH ? 0 : 1) : m, rr0 = PAIR ? row0 + r % RH : row0 + r;
         const char *wbase = (const char *)(mr == 0 ? p.w[0] : mr == 1 ? p.w[1] : p.w[2]);
         const uint16_t *sbase = mr == 0 ? p.sc[0] : mr == 1 ? p.sc[1] : p.sc[2];
         /* rows past the end (last group) re-read the last row; not written */
@@ -372,10 +378,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
     if constexpr (PAIR) {
 #pragma unroll
-        for (int r = 0; r < R / 2; r++)
+        for (int r = 0; r < RH; r++)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                float gv = cuk_warp_sum(acc[r][j]), uv = cuk_warp_sum(acc[r + R / 2][j]);
+                float gv = cuk_warp_sum(acc[r][j]), uv = cuk_warp_sum(acc[r + RH][j]);
                 if (lane == 0 && row0 + r < rows)
                     out[(size_t)j * rows + row0 + r] = cuk_silu_mul1(gv, uv);
             }
@@ -422,19 +428,20 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 
 
 /* Fills the groups of p (k matrices) and launches the vector kernel. */
-template <int WT, int NT, int IN, bool PAIR>
+template <int WT, int NT, int IN, bool PAIR, int RW>
 static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k,
                               const struct cuk_gemv_in *in, int cols)
 {
-    constexpr int R = gemv_shape<WT, NT>::R, STEP = gemv_shape<WT, NT>::STEP_COLS;
-    static_assert(R % 2 == 0, "paired rows need an even R");
+    constexpr int R = RW > 0 ? RW : gemv_shape<WT, NT>::R, STEP = gemv_shape<WT, NT>::STEP_COLS;
+    static_assert(!PAIR || R % 2 == 0, "paired rows need an even R");
     long long total = 0;
     for (int i = 0; i < 3; i++) {
         p->groups[i] = i < k ? (p->rows[i] + R - 1) / R : 0;
         total += p->groups[i];
     }
     if (PAIR) { /* R/2 rows of each matrix per warp */
-        p->groups[0] = (p->rows[0] + R / 2 - 1) / (R / 2);
+        constexpr int RH = R / 2 > 0 ? R / 2 : 1;
+        p->groups[0] = (p->rows[0] + RH - 1) / RH;
         p->groups[1] = p->groups[2] = 0;
         total = p->groups[0];
     }
@@ -447,7 +454,7 @@ static cudaError_t launch_vec(cudaStream_t s, struct gemvp *p, int k,
     int tile_cols = (steps < fit ? (steps > 0 ? steps : 1) : fit) * STEP;
     size_t smem = (size_t)NT * tile_cols * 4 + INV;
     unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
-    return cuk_launch(k_gemv_vec<WT, NT, IN, PAIR>, grid, GEMV_THREADS, smem, s, *p, *in, cols,
+    return cuk_launch(k_gemv_vec<WT, NT, IN, PAIR, RW>, grid, GEMV_THREADS, smem, s, *p, *in, cols,
                       tile_cols);
 }
 
@@ -459,13 +466,24 @@ static cudaError_t launch_in(cudaStream_t s, struct gemvp *p, int k,
     /* SwiGLU's output only after a norm, as a layer has it (gate/up) */
     if (p->out == CUK_OUT_SWIGLU)
         return in->kind == CUK_IN_RMSNORM
-                   ? launch_vec<WT, NT, CUK_IN_RMSNORM, true>(s, p, k, in, cols)
+                   ? launch_vec<WT, NT, CUK_IN_RMSNORM, true, 0>(s, p, k, in, cols)
                    : cudaErrorNotSupported;
+    /* One row per warp where two would leave SMs idle (fewer than
+     * gemv_r1_rows rows in all: a 0.6B model's o and down projections),
+     * single-row steps only. The same arithmetic per row either way. */
+    int all = p->rows[0] + (k > 1 ? p->rows[1] : 0) + (k > 2 ? p->rows[2] : 0);
+    if (NT == 1 && all < gemv_r1_rows) {
+        if (in->kind == CUK_IN_RMSNORM)
+            return launch_vec<WT, NT, CUK_IN_RMSNORM, false, 1>(s, p, k, in, cols);
+        if (in->kind == CUK_IN_SWIGLU)
+            return launch_vec<WT, NT, CUK_IN_SWIGLU, false, 1>(s, p, k, in, cols);
+        return launch_vec<WT, NT, CUK_IN_X, false, 1>(s, p, k, in, cols);
+    }
     if (in->kind == CUK_IN_RMSNORM)
-        return launch_vec<WT, NT, CUK_IN_RMSNORM, false>(s, p, k, in, cols);
+        return launch_vec<WT, NT, CUK_IN_RMSNORM, false, 0>(s, p, k, in, cols);
     if (in->kind == CUK_IN_SWIGLU)
-        return launch_vec<WT, NT, CUK_IN_SWIGLU, false>(s, p, k, in, cols);
-    return launch_vec<WT, NT, CUK_IN_X, false>(s, p, k, in, cols);
+        return launch_vec<WT, NT, CUK_IN_SWIGLU, false, 0>(s, p, k, in, cols);
+    return launch_vec<WT, NT, CUK_IN_X, false, 0>(s, p, k, in, cols);
 }
 
 template <int NT>
