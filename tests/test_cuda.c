@@ -601,13 +601,41 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_nor
     backend_destroy(be);
 }
 
-/* rope_kv_store with Qwen3's q/k norm (folded into the RoPE + K/V store
- * kernel) against rmsnorm, rope, rope and kv_store on the same GPU: q, k
- * and the cache (expected bit-identical, printed; checked at 1e-5, the
- * bf16 cache at one bf16 rounding), and q and k against the CPU backend's
- * ops. head_dim 32 and 64 sum a head's squares in the warp's scalar order,
- * 128 and 256 in its float4 order; one token and chunks; both RoPE
- * conventions. */
+/* A GPU backend (K/V cache bf16 or f32) holding Qwen3-style q/k norm
+ * weights of one head_dim, around 1 as trained ones are; lw and md, which
+ * the backend reads, live with it. */
+struct qkn_fixture {
+    struct test_mat qn, kn;
+    struct layer_weights lw;
+    struct model md;
+    struct backend *be;
+};
+
+static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
+{
+    memset(f, 0, sizeof *f);
+    mat_make(&f->qn, DT_F32, 1, hd);
+    mat_make(&f->kn, DT_F32, 1, hd);
+    for (int i = 0; i < hd; i++) {
+        ((float *)f->qn.mem)[i] = f->qn.wide[i] += 1.0f;
+        ((float *)f->kn.mem)[i] = f->kn.wide[i] += 1.0f;
+    }
+    f->lw.q_norm = f->qn.t;
+    f->lw.k_norm = f->kn.t;
+    f->md.cfg.n_layers = 1;
+    f->md.layers = &f->lw;
+    kv_bf16_next = kv_bf16;
+    f->be = gpu_create(false);
+    return f->be && backend_load_weights(f->be, &f->md, e) == 0;
+}
+
+static void qkn_close(struct qkn_fixture *f)
+{
+    backend_destroy(f->be);
+    mat_free(&f->qn);
+    mat_free(&f->kn);
+}
+
 /* rope_kv_attention (one launch on a bf16 cache: the decode kernel does
  * RoPE + K/V store itself) against rope_kv_store then attention on the same
  * GPU: the outputs and the caches must be the same bits (the kernel uses
@@ -625,35 +653,18 @@ static void check_rope_kv_attention(void)
         for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
             for (int withnorm = 0; withnorm < 2; withnorm++) {
                 int hd = hds[hi], kvd = KVH * hd;
-                struct test_mat qn, kn;
-                mat_make(&qn, DT_F32, 1, hd);
-                mat_make(&kn, DT_F32, 1, hd);
-                for (int i = 0; i < hd; i++) {
-                    ((float *)qn.mem)[i] = qn.wide[i] += 1.0f;
-                    ((float *)kn.mem)[i] = kn.wide[i] += 1.0f;
-                }
-                struct layer_weights lw;
-                memset(&lw, 0, sizeof lw);
-                lw.q_norm = qn.t;
-                lw.k_norm = kn.t;
-                struct model md;
-                memset(&md, 0, sizeof md);
-                md.cfg.n_layers = 1;
-                md.layers = &lw;
-                kv_bf16_next = kvb == 1;
-                struct backend *be = gpu_create(false);
+                struct qkn_fixture fx;
                 struct err e = {{0}};
-                if (!be || backend_load_weights(be, &md, &e) || !be->ops->rope_kv_attention) {
+                if (!qkn_open(&fx, hd, kvb == 1, &e) || !fx.be->ops->rope_kv_attention) {
                     CHECK(0, "rope_kv_attention: backend: %s", e.msg);
-                    backend_destroy(be);
-                    mat_free(&qn);
-                    mat_free(&kn);
+                    qkn_close(&fx);
                     return;
                 }
+                struct backend *be = fx.be;
                 float invf[64];
                 for (int i = 0; i < hd / 2; i++)
                     invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
-                struct qk_norm norm = {.q = qn.t.data, .k = kn.t.data, .eps = eps};
+                struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = eps};
                 for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
                     for (int inter = 0; inter < 2; inter++) {
                         int n = cases[ci][0], pos0 = cases[ci][1];
@@ -732,14 +743,19 @@ static void check_rope_kv_attention(void)
                         kv_pool_free(&pa);
                         kv_pool_free(&pb);
                     }
-                backend_destroy(be);
-                mat_free(&qn);
-                mat_free(&kn);
+                qkn_close(&fx);
             }
     printf("rope_kv_attention vs rope_kv_store + attention: %d of %d cases bit-identical "
            "(outputs and caches)\n", same, total);
 }
 
+/* rope_kv_store with Qwen3's q/k norm (folded into the RoPE + K/V store
+ * kernel) against rmsnorm, rope, rope and kv_store on the same GPU: q, k
+ * and the cache (expected bit-identical, printed; checked at 1e-5, the
+ * bf16 cache at one bf16 rounding), and q and k against the CPU backend's
+ * ops. head_dim 32 and 64 sum a head's squares in the warp's scalar order,
+ * 128 and 256 in its float4 order; one token and chunks; both RoPE
+ * conventions. */
 static void check_rope_norm(struct backend *cpu)
 {
     static const int hds[] = {32, 64, 128, 256}, ns[] = {1, 5, 40};
@@ -750,37 +766,18 @@ static void check_rope_norm(struct backend *cpu)
     for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
         for (int kvb = 0; kvb < 2; kvb++) {
             int hd = hds[hi], kvd = KVH * hd;
-            struct test_mat qn, kn;
-            mat_make(&qn, DT_F32, 1, hd);
-            mat_make(&kn, DT_F32, 1, hd);
-            for (int i = 0; i < hd; i++) {
-                qn.wide[i] += 1.0f;
-                kn.wide[i] += 1.0f;
-                ((float *)qn.mem)[i] = qn.wide[i];
-                ((float *)kn.mem)[i] = kn.wide[i];
-            }
-            struct layer_weights lw;
-            memset(&lw, 0, sizeof lw);
-            lw.q_norm = qn.t;
-            lw.k_norm = kn.t;
-            struct model md;
-            memset(&md, 0, sizeof md);
-            md.cfg.n_layers = 1;
-            md.layers = &lw;
-            kv_bf16_next = kvb == 1;
-            struct backend *be = gpu_create(false);
+            struct qkn_fixture fx;
             struct err e = {{0}};
-            if (!be || backend_load_weights(be, &md, &e)) {
+            if (!qkn_open(&fx, hd, kvb == 1, &e)) {
                 CHECK(0, "rope norm: load norms: %s", e.msg);
-                backend_destroy(be);
-                mat_free(&qn);
-                mat_free(&kn);
+                qkn_close(&fx);
                 continue;
             }
+            struct backend *be = fx.be;
             float invf[128];
             for (int i = 0; i < hd / 2; i++)
                 invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / hd);
-            struct qk_norm norm = {.q = qn.t.data, .k = kn.t.data, .eps = eps};
+            struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = eps};
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int inter = 0; inter < 2; inter++) {
                     int n = ns[ni], pos0 = n == 1 ? 1000 : 37;
@@ -811,14 +808,14 @@ static void check_rope_norm(struct backend *cpu)
                           *dk2 = dev_alloc_copy(be, k, nk);
                     be->ops->rope_kv_store(be, dq, dk, dv, n, H, KVH, hd, pos0, invf, inter,
                                            &norm, &pa, &sa, LAYER);
-                    be->ops->rmsnorm(be, dq2, dq2, qn.t.data, n * H, hd, eps);
-                    be->ops->rmsnorm(be, dk2, dk2, kn.t.data, n * KVH, hd, eps);
+                    be->ops->rmsnorm(be, dq2, dq2, fx.qn.t.data, n * H, hd, eps);
+                    be->ops->rmsnorm(be, dk2, dk2, fx.kn.t.data, n * KVH, hd, eps);
                     be->ops->rope(be, dq2, n, H, hd, pos0, invf, inter);
                     be->ops->rope(be, dk2, n, KVH, hd, pos0, invf, inter);
                     be->ops->kv_store(be, &pb, &sb, LAYER, dk2, dv, n, pos0);
                     /* the CPU's ops on the host copies */
-                    cpu->ops->rmsnorm(cpu, q, q, qn.t.data, n * H, hd, eps);
-                    cpu->ops->rmsnorm(cpu, k, k, kn.t.data, n * KVH, hd, eps);
+                    cpu->ops->rmsnorm(cpu, q, q, fx.qn.t.data, n * H, hd, eps);
+                    cpu->ops->rmsnorm(cpu, k, k, fx.kn.t.data, n * KVH, hd, eps);
                     cpu->ops->rope(cpu, q, n, H, hd, pos0, invf, inter);
                     cpu->ops->rope(cpu, k, n, KVH, hd, pos0, invf, inter);
                     float *gq = dev_fetch(be, dq, nq), *wq = dev_fetch(be, dq2, nq);
@@ -877,9 +874,7 @@ static void check_rope_norm(struct backend *cpu)
                     kv_pool_free(&pa);
                     kv_pool_free(&pb);
                 }
-            backend_destroy(be);
-            mat_free(&qn);
-            mat_free(&kn);
+            qkn_close(&fx);
         }
     printf("rope_kv_store with q/k norm vs the plain ops: %d of %d cases bit-identical (q, k, "
            "cache), worst rel err %.2e; vs the CPU %.2e\n", same, total, worst, worst_cpu);
