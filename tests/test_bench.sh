@@ -14,6 +14,10 @@ MODEL=$SHARED/models/stories260K
 num='[0-9]+\.[0-9]+'
 # positive: a number with a non-zero digit
 pos() { [[ "$1" =~ [1-9] ]]; }
+# A batch row's aggregate: positive, or 0 with bench's note that no moment
+# had all S streams decoding (a stream can finish before the next is
+# admitted on a loaded machine: timing, which a test must not depend on).
+agg_ok() { pos "$1" || { [[ "$1" =~ ^0(\.0+)?$ ]] && grep -q "no window in which all $2 streams decode" "$tmp/out"; }; }
 field() { # args: line pattern, sed expression -> the number it captures
     grep -E "$1" "$tmp/out" | head -1 | sed -E "$2"
 }
@@ -34,7 +38,7 @@ for s in 1 4; do
     agg=$(sed -E "s/.* agg +($num) tok\/s .*/\1/" <<<"$row")
     flo=$(sed -E "s/.*floor +($num) tok\/s +$num%$/\1/" <<<"$row")
     ttft=$(sed -E "s/.*ttft p50\/p99 +($num) \/ *$num ms.*/\1/" <<<"$row")
-    check 'pos "$agg" && [[ "$agg" =~ ^$num$ ]]' "batch $s aggregate: '$row'"
+    check 'agg_ok "$agg" $s && [[ "$agg" =~ ^$num$ ]]' "batch $s aggregate: '$row'"
     check 'pos "$flo" && [[ "$flo" =~ ^$num$ ]]' "batch $s floor: '$row'"
     check '[[ "$ttft" =~ ^$num$ ]]' "batch $s ttft: '$row'"
 done
@@ -62,7 +66,7 @@ check 'grep -q "^decoding:   sampled: temperature 0.8, top-k 40, top-p 0.9, min-
 v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
 check 'pos "$v"' "sampled decode row: '$(grep ^decode "$tmp/out")'"
 v=$(grep -E "^batch +2 " "$tmp/out" | sed -E "s/.* agg +($num) tok\/s .*/\1/")
-check 'pos "$v"' "sampled batch row: '$(grep ^batch "$tmp/out")'"
+check 'agg_ok "$v" 2' "sampled batch row: '$(grep ^batch "$tmp/out")'"
 
 # 4. Bad input: one line naming the problem, exit 2.
 expect_err() { # args: pattern, command...
