@@ -1198,6 +1198,24 @@ static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_g
     runner_close(&rg);
 }
 
+/* Greedy decoding of the same prompt through two runners: whether their
+ * n_gen ids and last logits are the same bits. ids (n_gen ints) gets the
+ * first runner's ids. */
+static bool greedy_same(struct runner *x, struct runner *y, int n_gen, int *ids)
+{
+    static const int prompt[] = {1, 400, 20, 300, 7};
+    int vocab = x->m.cfg.vocab_size, *b = calloc((size_t)n_gen, sizeof(int));
+    float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
+    int na = runner_greedy(x, prompt, 5, n_gen, ids, true, la);
+    int nb = runner_greedy(y, prompt, 5, n_gen, b, true, lb);
+    bool same = na == n_gen && nb == n_gen && !memcmp(ids, b, sizeof(int) * (size_t)n_gen) &&
+                !memcmp(la, lb, sizeof(float) * (size_t)vocab);
+    free(b);
+    free(la);
+    free(lb);
+    return same;
+}
+
 /* Decode through CUDA graphs against eager decode: bit-identical ids and
  * logits, across a block-table bucket change (1024 positions: re-record). */
 static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16)
@@ -1212,20 +1230,12 @@ static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16
         runner_close(&rg);
         return;
     }
-    int vocab = rg.m.cfg.vocab_size, prompt[] = {1, 400, 20, 300, 7};
-    int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
-    float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
-    int na = runner_greedy(&rg, prompt, 5, n_gen, a, true, la);
-    int nb = runner_greedy(&rn, prompt, 5, n_gen, b, true, lb);
-    bool same = na == n_gen && nb == n_gen && !memcmp(a, b, sizeof(int) * (size_t)n_gen) &&
-                !memcmp(la, lb, sizeof(float) * (size_t)vocab);
+    int *a = calloc((size_t)n_gen, sizeof(int));
+    bool same = greedy_same(&rg, &rn, n_gen, a);
     CHECK(same, "%s: decode with CUDA graphs differs from eager decode", model_dir);
     printf("cuda graphs vs eager %s, %d steps, %s K/V: %s\n", model_dir, n_gen,
            kv_bf16 ? "bf16" : "f32", same ? "bit-identical" : "DIFFER");
     free(a);
-    free(b);
-    free(la);
-    free(lb);
     runner_close(&rg);
     runner_close(&rn);
 }
@@ -1347,11 +1357,8 @@ static void check_device_greedy(const char *model_dir, int n_gen)
         return;
     }
     int vocab = rf.m.cfg.vocab_size, prompt[] = {1, 400, 20, 300, 7};
-    int *a = calloc((size_t)n_gen, sizeof(int)), *b = calloc((size_t)n_gen, sizeof(int));
-    int *c = calloc((size_t)n_gen, sizeof(int));
-    float *la = malloc(sizeof(float) * vocab), *lb = malloc(sizeof(float) * vocab);
-    int na = runner_greedy(&rf, prompt, 5, n_gen, a, true, la);
-    int nb = runner_greedy(&ru, prompt, 5, n_gen, b, true, lb);
+    int *a = calloc((size_t)n_gen, sizeof(int)), *c = calloc((size_t)n_gen, sizeof(int));
+    bool same_fuse = greedy_same(&rf, &ru, n_gen, a);
     /* device argmax, fused */
     struct err e = {{0}};
     struct kv_seq seq = {0};
@@ -1369,18 +1376,13 @@ static void check_device_greedy(const char *model_dir, int n_gen)
     }
     CHECK(e.msg[0] == 0, "forward_tokens_greedy: %s", e.msg);
     kv_seq_release(&rf.pool, &seq);
-    bool same_fuse = na == n_gen && nb == n_gen && !memcmp(a, b, sizeof(int) * (size_t)n_gen) &&
-                     !memcmp(la, lb, sizeof(float) * (size_t)vocab);
     bool same_dev = nc == n_gen && !memcmp(a, c, sizeof(int) * (size_t)n_gen);
     CHECK(same_fuse, "%s: fused launches differ from unfused", model_dir);
     CHECK(same_dev, "%s: device argmax greedy differs from host argmax", model_dir);
     printf("cuda fused vs unfused %s, %d steps: %s; device argmax greedy: %s\n", model_dir,
            n_gen, same_fuse ? "bit-identical" : "DIFFER", same_dev ? "identical" : "DIFFER");
     free(a);
-    free(b);
     free(c);
-    free(la);
-    free(lb);
     free(logits);
     runner_close(&rf);
     runner_close(&ru);

@@ -126,6 +126,14 @@ static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, co
     cp_async_commit();
 }
 
+/* A row's sum l over the four threads (tig 0..3) of its quad that hold
+ * its share, in every one of them, in the same order everywhere. */
+static __device__ __forceinline__ float quad_sum(float l)
+{
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+
 /* One key tile's online-softmax step (base 2) for a thread's two rows
  * (gid: h 0, gid + 8: h 1) of an m16 tile: the scores of n-tiles j (keys
  * kb + 8 j + 2 tig + e % 2) outside a row's range [start, pos] are masked,
@@ -375,9 +383,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     const size_t nrow = (size_t)g.n * g.n_heads * n_splits;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float L = l[h];
-        L += __shfl_xor_sync(0xffffffffu, L, 1);
-        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        float L = quad_sum(l[h]);
         if (!orow[h])
             continue;
         if (n_used > 1) { /* this split's partial of the row */
@@ -697,9 +703,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int r = gid + 8 * h;
-        float L = l[h];
-        L += __shfl_xor_sync(0xffffffffu, L, 1);
-        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        float L = quad_sum(l[h]);
         if (tig == 0) {
             sm[warp * 16 + r] = m[h];
             sl[warp * 16 + r] = L;

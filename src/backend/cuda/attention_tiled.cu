@@ -236,33 +236,27 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
         __syncwarp();
     }
 
-    if (sp.n_splits <= 1) {
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            float L = cuk_warp_sum(l[i]);
-            int r = warp * RPW + i;
-            if (r >= rows)
-                continue;
-            int qi = r / G, hh = r % G;
-            float *o = out + ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * HD + lane * DPL;
-#pragma unroll
-            for (int d = 0; d < DPL; d++)
-                o[d] = acc[i][d] / L;
-        }
-        return;
-    }
-    /* partial of (query, head) row qh = (q0 + qi) * n_heads + h, split s:
-     * ws[(qh * n_splits + s) * HD + d], max at wm[qh * n_splits + s] */
+    /* Unsplit: the output rows. Split: the partial of (query, head) row
+     * qh = (q0 + qi) * n_heads + h, split s, at ws[(qh * n_splits + s) *
+     * HD + d], its max at wm[qh * n_splits + s], its sum at wl[...]. */
+    const bool split = sp.n_splits > 1;
     size_t nrow = (size_t)g.n * g.n_heads * sp.n_splits;
-    float *wm = sp.ws + nrow * HD, *wl = wm + nrow;
+    float *wm = split ? sp.ws + nrow * HD : nullptr, *wl = split ? wm + nrow : nullptr;
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         float L = cuk_warp_sum(l[i]);
         int r = warp * RPW + i;
         if (r >= rows)
             continue;
-        int qi = r / G, hh = r % G;
-        size_t rs = ((size_t)(q0 + qi) * g.n_heads + kvh * G + hh) * sp.n_splits + sp.sp;
+        size_t qh = (size_t)(q0 + r / G) * g.n_heads + kvh * G + r % G;
+        if (!split) {
+            float *o = out + qh * HD + lane * DPL;
+#pragma unroll
+            for (int d = 0; d < DPL; d++)
+                o[d] = acc[i][d] / L;
+            continue;
+        }
+        size_t rs = qh * sp.n_splits + sp.sp;
 #pragma unroll
         for (int d = 0; d < DPL; d++)
             sp.ws[rs * HD + lane * DPL + d] = acc[i][d];
@@ -271,6 +265,8 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
             wl[rs] = L;
         }
     }
+    if (!split)
+        return;
     __shared__ bool last;
     __threadfence();
     __syncthreads();

@@ -1996,9 +1996,6 @@ static struct backend *cuda_create(int device, struct err *e)
     c->graphs = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_FUSE");
     c->fuse = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_GEMV_R1_ROWS");
-    if (p)
-        cuk_set_gemv_r1_rows(atoi(p));
     p = getenv("CLLM_CUDA_ROPE_ATT");
     c->rope_att = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_SWIGLU_OUT");

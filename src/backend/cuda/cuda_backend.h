@@ -265,9 +265,6 @@ enum {
  * that computes it, so no atomics). Outputs must not overlap inputs.
  * cudaErrorNotSupported (nothing launched) for shapes, dtypes or alignments
  * the vector path does not take; the caller then issues the plain kernels. */
-/* Measurement: single-row GEMVs over fewer rows than this (all matrices
- * of the launch together) take one row per warp (default 2048). */
-void cuk_set_gemv_r1_rows(int rows);
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
