@@ -8,7 +8,13 @@
  * replaces (cuk_rmsnorm / cuk_silu_mul, cuk_gemv, cuk_add): bit for bit,
  * and the time of both.
  *
- *   bench_gemv [--bw BYTES_PER_S] [--reps N] [--quick]
+ *   bench_gemv [--bw BYTES_PER_S] [--reps N] [--quick] [--pdl] [--staged KB,...]
+ *              [--stage-cols N]
+ *
+ * --pdl launches with programmatic dependent launch (as decode does);
+ * --staged also times cuk_gemv_staged (one row) with each shared-memory
+ * budget, on every shape (cfg.any_size: the sizes it declines by default
+ * too).
  *
  * Timing replays a CUDA graph of --reps calls (as decode runs). Each
  * timed matrix is cycled through enough copies (>= 256 MB in all)
@@ -178,6 +184,10 @@ struct shape {
 };
 
 static int g_fail = 0;
+/* --staged KB,...: for one row, also time cuk_gemv_staged with each of
+ * these shared-memory budgets (KB; the default when 0), after the fused
+ * kernel; --stage-cols N: its columns per copy */
+static int g_stage_kb[8], g_n_stage, g_stage_cols;
 
 /* Microseconds per call of issue(stream, copy) replayed reps times from a
  * CUDA graph (one warm-up replay first). */
@@ -289,6 +299,26 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     double gbs = bytes / (us * 1e-6) / 1e9;
     printf("%-22s n=%d %9.2f us %8.1f GB/s %5.1f%%  maxrel %.2e%s\n", sh->name, n, us, gbs,
            100.0 * gbs * 1e9 / bw, maxrel, multi ? "  (multi)" : "");
+    for (int si = 0; n == 1 && si < g_n_stage; si++) {
+        struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
+        struct cuk_gemv_in in = {CUK_IN_X, dx, NULL, NULL, 0.0f};
+        cudaError_t err = cuk_gemv_staged(0, douts, &in, wp, k, CUK_OUT_STORE, &cfg);
+        if (err == cudaErrorNotSupported) {
+            printf("%-22s n=1 staged %3d KB: not taken\n", sh->name, g_stage_kb[si]);
+            continue;
+        }
+        CK(err);
+        double sus = time_graph(reps, ms[0].copies, [&](cudaStream_t st, int c) {
+            for (int i = 0; i < k; i++) {
+                w[i] = mat_w(&ms[i], c);
+                wp[i] = &w[i];
+            }
+            CK(cuk_gemv_staged(st, douts, &in, wp, k, CUK_OUT_STORE, &cfg));
+        });
+        double sg = bytes / (sus * 1e-6) / 1e9;
+        printf("%-22s n=1 staged %3d KB %9.2f us %8.1f GB/s %5.1f%%\n", sh->name, g_stage_kb[si],
+               sus, sg, 100.0 * sg * 1e9 / bw);
+    }
     fflush(stdout);
     return us;
 }
@@ -372,6 +402,19 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
             w[i] = mat_w(&ms[i], c);
         plain_issue(st, sh, wp, n, dx, fb->ref, fb);
     });
+    for (int si = 0; n == 1 && si < g_n_stage; si++) {
+        struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
+        double us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+            for (int i = 0; i < k; i++)
+                w[i] = mat_w(&ms[i], c);
+            cudaError_t err = cuk_gemv_staged(st, douts, &in, wp, k,
+                                              sh->add ? CUK_OUT_ADD : CUK_OUT_STORE, &cfg);
+            if (err != cudaErrorNotSupported)
+                CK(err);
+        });
+        printf("%-22s n=%d staged %3d KB %9.2f us (%+.2f us vs fused)\n", sh->name, n,
+               g_stage_kb[si], us, us - *fused_us);
+    }
     static const char *what[] = {"", "+rmsnorm", "+swiglu"};
     printf("%-22s n=%d fused%s%s %9.2f us, plain kernels %9.2f us (%+.2f us)\n", sh->name, n,
            what[sh->in], sh->add ? "+add" : "", *fused_us, *plain_us, *fused_us - *plain_us);
@@ -389,8 +432,16 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--pdl"))
+            cuk_set_pdl(1);
+        else if (!strcmp(argv[i], "--stage-cols") && i + 1 < argc)
+            g_stage_cols = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--staged") && i + 1 < argc)
+            for (char *t = strtok(argv[++i], ","); t && g_n_stage < 8; t = strtok(NULL, ","))
+                g_stage_kb[g_n_stage++] = atoi(t);
         else {
-            fprintf(stderr, "usage: %s [--bw BYTES_PER_S] [--reps N] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--bw BYTES_PER_S] [--reps N] [--quick] [--pdl] [--staged KB,...] "
+                            "[--stage-cols N]\n", argv[0]);
             return 2;
         }
     }

@@ -31,6 +31,10 @@ if [ "${TESTS:-1}" = 0 ]; then
 else
 echo "== test_cuda"
 if time timeout 300 "$BIN/test_cuda"; then note "test_cuda: PASS"; else note "test_cuda: FAIL"; fails=$((fails+1)); fi
+if [ -x "$BIN/test_gemv_staged" ]; then
+    echo "== test_gemv_staged"
+    if timeout 300 "$BIN/test_gemv_staged"; then note "test_gemv_staged: PASS"; else note "test_gemv_staged: FAIL"; fails=$((fails+1)); fi
+fi
 
 for m in stories260K tinystories-656k; do
     a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cpu -t 4 -p "Once upon a time" -n 300 --temp 0 --ignore-eos --print-ids 2>/dev/null)

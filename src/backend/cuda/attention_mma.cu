@@ -826,6 +826,12 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
         cudaError_t err = cudaFuncSetAttribute(k_attention_dec<HD>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)dec_smem<HD>(true));
+        /* all unified memory as shared memory: the next GEMV's staged
+         * block (gemv_staged.cu) fits beside this kernel's */
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(k_attention_dec<HD>,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared);
         if (err != cudaSuccess)
             return err;
         opted_in = true;

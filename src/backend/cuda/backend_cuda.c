@@ -112,6 +112,10 @@ struct cuda_backend {
                         * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
     bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
                         * (CLLM_CUDA_SWIGLU_OUT != 0; with fuse) */
+    bool gemv_staged;  /* one-row bf16/f16 GEMVs stage their weights in shared
+                        * memory (cuk_gemv_staged; Hopper and newer,
+                        * CLLM_CUDA_GEMV_STAGED != 0) */
+    struct cuk_stage_cfg stage; /* its launch shape */
     bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
                         * CLLM_KV_DTYPE=f32) */
 
@@ -859,6 +863,21 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
     return t->dtype == DT_F32 || n > c->gemv_max;
 }
 
+/* A GEMV launch of cuk_gemv_fused's contract: the staged kernel for one
+ * row where it is on and takes the shape, else the register-streamed one;
+ * cudaErrorNotSupported (nothing launched) where neither does. */
+static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
+                              const struct cuk_gemv_in *in, int n,
+                              const struct cuk_weight *const *ws, int k, int out)
+{
+    if (n == 1 && c->gemv_staged) {
+        cudaError_t err = cuk_gemv_staged(c->stream, outs, in, ws, k, out, &c->stage);
+        if (err != cudaErrorNotSupported)
+            return err;
+    }
+    return cuk_gemv_fused(c->stream, outs, in, n, ws, k, out);
+}
+
 /* out = x . W^T; out += x . W^T when acc (only where matmul_is_gemm). */
 static int matmul_x(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
                     bool acc, struct err *e)
@@ -872,7 +891,11 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
     if (acc && n <= c->gemv_max)
         return err_set(e, "%s: internal: accumulating GEMV", c->name);
     if (n <= c->gemv_max) {
-        if (fail_cuda(c, "gemv", cuk_gemv(c->stream, out, x, n, w)))
+        struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
+        cudaError_t err = gemv_fused(c, &out, &gi, n, &w, 1, CUK_OUT_STORE);
+        if (err == cudaErrorNotSupported) /* the scalar kernel takes any shape */
+            err = cuk_gemv(c->stream, out, x, n, w);
+        if (fail_cuda(c, "gemv", err))
             return sticky(c, e);
         return 0;
     }
@@ -923,7 +946,8 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
                 return sticky(c, e);
         if (sticky(c, e))
             return -1;
-        cudaError_t err = cuk_gemv_multi(c->stream, outs, x, n, ws, k);
+        struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
+        cudaError_t err = gemv_fused(c, outs, &gi, n, ws, k, CUK_OUT_STORE);
         if (err != cudaErrorNotSupported) {
             if (fail_cuda(c, "gemv", err))
                 return sticky(c, e);
@@ -1535,7 +1559,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
             return sticky(c, e);
         /* SwiGLU in the GEMV's epilogue, or its own launch after it */
         bool sw_launch = out == MATMUL_OUT_SWIGLU && !c->swiglu_out;
-        cudaError_t err = cuk_gemv_fused(c->stream, outs, &gi, n, ws, k,
+        cudaError_t err = gemv_fused(c, outs, &gi, n, ws, k,
                                          out == MATMUL_OUT_ADD ? CUK_OUT_ADD
                                          : out == MATMUL_OUT_SWIGLU && !sw_launch
                                              ? CUK_OUT_SWIGLU
@@ -2000,6 +2024,14 @@ static struct backend *cuda_create(int device, struct err *e)
     c->rope_att = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_SWIGLU_OUT");
     c->swiglu_out = !(p && !strcmp(p, "0"));
+    p = getenv("CLLM_CUDA_GEMV_STAGED");
+    c->gemv_staged = prop.major >= 9 && !(p && !strcmp(p, "0"));
+    c->stage.blocks = c->n_sms;
+    /* measurement: the staged GEMV's columns per copy and shared memory */
+    p = getenv("CLLM_CUDA_STAGE_COLS");
+    c->stage.chunk_cols = p && atoi(p) > 0 && atoi(p) % 256 == 0 ? atoi(p) : 0;
+    p = getenv("CLLM_CUDA_STAGE_KB");
+    c->stage.smem_bytes = p && atoi(p) >= 16 && atoi(p) <= 227 ? atoi(p) * 1024 : 0;
     p = getenv("CLLM_CUDA_TIMING");
     c->timing = p && *p && strcmp(p, "0") != 0;
     for (int i = 0; i < 3 && c->timing; i++)

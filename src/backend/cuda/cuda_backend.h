@@ -267,6 +267,30 @@ enum {
  * the vector path does not take; the caller then issues the plain kernels. */
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out);
+/* Launch shape of cuk_gemv_staged; zeros take the defaults. */
+struct cuk_stage_cfg {
+    int blocks;     /* blocks (one per SM) */
+    int chunk_cols; /* most columns per bulk copy, a multiple of 256 (default 2048) */
+    int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
+    int any_size;   /* also take launches whose weights fit in the ring
+                     * (tests; declined otherwise, see cuk_gemv_staged) */
+};
+/* Default shared memory of a staged GEMV block (measured on the H200:
+ * 160 KB beat 112, 200 and 227 on an 8B model's decode). */
+#define CUK_STAGE_SMEM (160 * 1024)
+/* cuk_gemv_fused for one input row (n = 1) of bf16/f16 weights, the same
+ * bits, by a kernel that copies each block's share of the weights into a
+ * ring in shared memory (bulk asynchronous copies), the first copies
+ * issued before it waits for the previous kernel: deeper in flight than
+ * registers allow, for GEMVs too large to load at once.
+ * cudaErrorNotSupported (nothing launched) for what it does not take:
+ * Q8_0, x too wide to leave two copies per warp beside it, the SwiGLU
+ * output without the norm, and (unless cfg->any_size) launches whose
+ * weights per block fit in the ring, where cuk_gemv_fused is faster.
+ * Hopper (sm_90) and newer. */
+cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
+                            const struct cuk_weight *const *ws, int k, int out,
+                            const struct cuk_stage_cfg *cfg);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);

@@ -37,15 +37,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
-
-#define GEMV_WARPS 8
-#define GEMV_THREADS (GEMV_WARPS * 32)
-/* Shared memory for one x tile (n rows) and the norm's 1/rms per row: at
- * most the default 48 KB. */
-#define GEMV_SMEM_MAX (48 * 1024)
-#define GEMV_INV_BYTES (CUK_GEMV_MAX * 4)
-
-enum { WT_BF16, WT_F16, WT_Q8 };
+#include "backend/cuda/gemv_common.cuh"
 
 /* Row count below which single-row GEMVs take one row per warp (measured
  * on the H200: 1,024-row o/down of a 0.6B model faster, 4,096-row q/k/v
@@ -73,38 +65,6 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
         : "l"(p));
     return v;
 }
-
-/* The VE elements of a weight vector widened to f32 (exact). */
-template <int WT>
-static __device__ __forceinline__ void unpack(uint4 p, float *f)
-{
-    uint32_t u[4] = {p.x, p.y, p.z, p.w};
-    if (WT == WT_BF16) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            f[2 * k] = __uint_as_float(u[k] << 16);
-            f[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-        }
-    } else if (WT == WT_F16) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            f[2 * k] = cuk_f16((uint16_t)(u[k] & 0xffffu));
-            f[2 * k + 1] = cuk_f16((uint16_t)(u[k] >> 16));
-        }
-    } else {
-        /* int8 q -> f32 exactly: the float 2^23 + (q + 128), minus 2^23 + 128. */
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            uint32_t b = __byte_perm(u[k / 4] ^ 0x80808080u, 0x4B00u, 0x5440u | (k % 4));
-            f[k] = __uint_as_float(b) - 8388736.0f;
-        }
-    }
-}
-
-template <int WT> struct gemv_cfg;
-template <> struct gemv_cfg<WT_BF16> { static constexpr int VE = 8, BYTES = 2; };
-template <> struct gemv_cfg<WT_F16> { static constexpr int VE = 8, BYTES = 2; };
-template <> struct gemv_cfg<WT_Q8> { static constexpr int VE = 16, BYTES = 1; };
 
 /* Rows per warp and vectors per row per lane per step (tuned on an H200;
  * any choice gives the same arithmetic). */
@@ -186,105 +146,6 @@ static __device__ __forceinline__ void gemv_step(float (&acc)[R][NT], const uint
             }
         }
     }
-}
-
-/* sinv[j] = 1 / rms of row j of x (cols floats, 16-byte aligned rows), the
- * squares summed in the order launch_rmsnorm (kernels.cu) gives a row of
- * cols with aligned x, out and weights, so the staged rmsnorm(x) is
- * cuk_rmsnorm's output to the bit: one warp per row for cols <= 512
- * (k_rmsnorm_warp_vec for multiples of 128, else k_rmsnorm_warp; here each
- * warp sums for itself), else one block of 256 threads per row
- * (k_rmsnorm_vec up to 8192, else k_rmsnorm_block). part: NT * 32 doubles
- * of shared memory (the x tile's), sinv: NT floats of shared memory past
- * the tile (registers are what the GEMV is short of); staging begins with
- * a barrier, so both are safe to use until then. Every thread of the
- * block calls it. */
-template <int NT>
-static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x, int cols,
-                                                    float eps, double *part)
-{
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const float *xr = x + (size_t)j * cols;
-        const float4 *x4 = (const float4 *)xr;
-        double ss = 0;
-        /* unroll 4: loads in flight together, and no spills at the
-         * 128-register cap of the n <= 2 kernels (the default unrolling
-         * spills while the first weight loads are held) */
-        if (cols <= 512) {
-            if (cols % 128 == 0) {
-#pragma unroll 4
-                for (int i = lane; i < cols / 4; i += 32)
-                    ss += cuk_rms_sq(__ldg(x4 + i));
-            } else {
-#pragma unroll 4
-                for (int i = lane; i < cols; i += 32) {
-                    float v = __ldg(xr + i);
-                    ss += (double)v * v;
-                }
-            }
-            ss = cuk_warp_sum_d(ss);
-        } else {
-            if (cols <= 8192) {
-#pragma unroll 4
-                for (int i = threadIdx.x; i < cols / 4; i += GEMV_THREADS)
-                    ss += cuk_rms_sq(__ldg(x4 + i));
-            } else {
-#pragma unroll 4
-                for (int i = threadIdx.x; i < cols; i += GEMV_THREADS) {
-                    float v = __ldg(xr + i);
-                    ss += (double)v * v;
-                }
-            }
-            ss = cuk_block_sum_d(ss, part + 32 * j); /* a region per row: no reuse race */
-        }
-        if (threadIdx.x == 0) /* every thread has the same ss */
-            sinv[j] = cuk_rms_inv(ss, cols, eps);
-    }
-}
-
-/* Stages columns [t*tile_cols, +tile_cols) of the n input rows into xs:
- * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
- * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
- * 32 consecutive float4 per quarter (no bank conflicts). The rows are x,
- * rmsnorm(x) (sinv from gemv_rms_inv) or silu(x) * x2, as IN says. */
-template <int WT, int NT, int IN>
-static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_gemv_in &in,
-                                                  const float *sinv, int cols, int t,
-                                                  int tile_cols)
-{
-    constexpr int VE = gemv_cfg<WT>::VE;
-    int c0 = t * tile_cols, tw = min(cols - c0, tile_cols), nf = tw / 4, tile_f4 = tile_cols / 4;
-    __syncthreads(); /* every warp is done with the previous tile */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
-        /* the second operand: the norm's weights or SwiGLU's up */
-        const float4 *src2 = IN == CUK_IN_RMSNORM ? (const float4 *)(in.nw + c0)
-                             : IN == CUK_IN_SWIGLU ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
-                                                   : nullptr;
-        const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
-        for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
-            int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
-            float4 v = __ldg(src + f);
-            if (IN == CUK_IN_RMSNORM) {
-                float4 w = __ldg(src2 + f);
-                v.x = cuk_rms_scale(w.x, v.x, inv);
-                v.y = cuk_rms_scale(w.y, v.y, inv);
-                v.z = cuk_rms_scale(w.z, v.z, inv);
-                v.w = cuk_rms_scale(w.w, v.w, inv);
-            } else if (IN == CUK_IN_SWIGLU) {
-                float4 u = __ldg(src2 + f);
-                v.x = cuk_silu_mul1(v.x, u.x);
-                v.y = cuk_silu_mul1(v.y, u.y);
-                v.z = cuk_silu_mul1(v.z, u.z);
-                v.w = cuk_silu_mul1(v.w, u.w);
-            }
-            xs[j * tile_f4 + (cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = v;
-        }
-    }
-    __syncthreads();
 }
 
 /* PAIR: the SwiGLU output (p.out == CUK_OUT_SWIGLU), a template argument

@@ -1,0 +1,364 @@
+/* gemv_staged.cu - the one-token GEMV of decode for large matrices, its
+ * weights copied into shared memory by bulk asynchronous copies
+ * (cp.async.bulk completing on mbarriers) instead of streamed through
+ * registers (gemv.cu).
+ *
+ * Why: a GEMV is bound by how many weight bytes are in flight. Through
+ * registers that is a few vectors per lane; a ring in shared memory holds
+ * 160 KB per SM whatever the registers, and the first copies go out
+ * before the kernel waits for its predecessor (programmatic dependent
+ * launch). Measured on the H200 (bench_gemv --pdl): an 8B model's q/k/v,
+ * o and gate/up 0.4-3.3 us faster than gemv.cu. Where a block's whole
+ * share fits in the ring (a 0.6B model's matrices) gemv.cu, which loads
+ * everything at once with twice the warps, is faster, so the launcher
+ * declines those.
+ *
+ * Shape: one block per SM, GEMV_WARPS warps. The units (output rows over
+ * the k matrices; (gate, up) row pairs for the SwiGLU output) are split
+ * evenly over the blocks, and a block's units go round-robin to its warps.
+ * Each warp owns a ring of slots; a slot holds one column chunk of the
+ * warp's current unit (its one or two rows). Lane 0 issues the copies and
+ * refills a slot as soon as the warp has read it; no block barrier after
+ * x is staged.
+ *
+ * Arithmetic: gemv.cu's, so the outputs are cuk_gemv_fused's bits: x (or
+ * rmsnorm(x), silu(x) * x2) staged by gemv_stage, lane l accumulating the
+ * row's 16-byte vectors l, l+32, ... in increasing order with fmaf (a
+ * chunk is whole multiples of 32 vectors, so lane l sees the same vectors
+ * in the same order), then the same xor butterfly. sm_90 and later only
+ * (the bulk copies); the caller checks. */
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_common.cuh"
+
+#define SG_MAX_SLOTS 32
+#define SG_HDR 128          /* after the x tile: the norm's 1/rms */
+#define SG_CHUNK_DEFAULT 2048 /* columns per copy at most (4 KB of bf16) */
+#define SG_BATCH 4            /* vectors per lane loaded together */
+
+struct sgp {
+    float *outp[3];
+    const char *w[3];
+    int rows[3];
+    int units;     /* rows of all k matrices, or (gate, up) row pairs */
+    int out;       /* CUK_OUT_* */
+    int cols, tile_cols, chunk, slots, slot_bytes;
+};
+
+static __device__ __forceinline__ uint32_t sg_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void sg_bar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sg_addr(bar)) : "memory");
+}
+
+/* Lane 0's arrival on the slot's barrier, with the bytes its copies bring. */
+static __device__ __forceinline__ void sg_expect(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sg_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void sg_copy(void *dst, const void *src, unsigned bytes,
+                                               uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(sg_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(sg_addr(bar))
+                 : "memory");
+}
+
+static __device__ __forceinline__ void sg_wait(uint64_t *bar, unsigned parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(sg_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* Matrix and row of unit u (not PAIR). */
+static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
+{
+    *m = 0;
+    if (u >= p.rows[0]) {
+        u -= p.rows[0];
+        *m = 1;
+        if (u >= p.rows[1]) {
+            u -= p.rows[1];
+            *m = 2;
+        }
+    }
+    return u;
+}
+
+/* Lane 0: the copies of the warp's item i (unit ubase + (i / nch) *
+ * GEMV_WARPS, column chunk i % nch) into slot i % slots. */
+template <int BYTES, bool PAIR>
+static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int nch, int i,
+                                                unsigned char *slot0, uint64_t *bar)
+{
+    int j = i / nch, ch = i - j * nch, u = ubase + j * GEMV_WARPS, s = i % p.slots;
+    int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
+    unsigned bytes = (unsigned)(nc * BYTES);
+    unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
+    if (PAIR) {
+        size_t off = ((size_t)u * p.cols + c0) * BYTES;
+        sg_expect(bar + s, 2 * bytes);
+        sg_copy(dst, p.w[0] + off, bytes, bar + s);
+        sg_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s);
+    } else {
+        int m, r = sg_row(p, u, &m);
+        sg_expect(bar + s, bytes);
+        const char *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
+        sg_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s);
+    }
+}
+#endif
+
+template <int WT, int IN, bool PAIR>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    k_gemv_staged(const struct sgp p, const struct cuk_gemv_in in)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VE = gemv_cfg<WT>::VE, BYTES = gemv_cfg<WT>::BYTES;
+    extern __shared__ __align__(128) unsigned char sg_smem[];
+    float4 *xs = (float4 *)sg_smem; /* tile_cols floats: a multiple of 1 KB */
+    float *sinv = (float *)(sg_smem + (size_t)p.tile_cols * 4);
+    uint64_t *bars = (uint64_t *)(sg_smem + (size_t)p.tile_cols * 4 + SG_HDR);
+    unsigned char *ring =
+        (unsigned char *)bars + ((GEMV_WARPS * p.slots * 8 + 127) / 128) * 128;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
+    const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
+    const int ubase = u0 + warp;
+    const int nu = u1 - ubase > 0 ? (u1 - ubase + GEMV_WARPS - 1) / GEMV_WARPS : 0;
+    const int nch = (p.cols + p.chunk - 1) / p.chunk, items = nu * nch;
+    uint64_t *bar = bars + warp * p.slots;
+    unsigned char *slot0 = ring + (size_t)warp * p.slots * p.slot_bytes;
+    if (lane == 0) {
+        for (int s = 0; s < p.slots; s++)
+            sg_bar_init(bar + s);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < items && i < p.slots; i++)
+            sg_issue<BYTES, PAIR>(p, ubase, nch, i, slot0, bar);
+    }
+    /* x and out are the previous kernel's */
+    cuk_pdl_start();
+    if (IN == CUK_IN_RMSNORM)
+        gemv_rms_inv<1>(sinv, in.x, p.cols, in.eps, (double *)xs);
+    gemv_stage<WT, 1, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
+    const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
+    int s = 0;
+    unsigned parity = 0;
+    for (int j = 0, i = 0; j < nu; j++) {
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (int ch = 0; ch < nch; ch++, i++) {
+            sg_wait(bar + s, parity);
+            const uint4 *wv = (const uint4 *)(slot0 + (size_t)s * p.slot_bytes);
+            const int nvec = min(p.chunk, p.cols - ch * p.chunk) / VE;
+            const float4 *xc = xs + (size_t)(ch * cvec / 32) * (8 * VE) + lane;
+            /* SG_BATCH vectors per lane at a time: their loads in flight
+             * together, then the FMAs in the row's order */
+            for (int v0 = 0; v0 < nvec; v0 += 32 * SG_BATCH) {
+                uint4 wb[SG_BATCH], ub[SG_BATCH];
+                float4 xb[SG_BATCH][VE / 4];
+#pragma unroll
+                for (int b = 0; b < SG_BATCH; b++) {
+                    const int v = v0 + 32 * b + lane;
+                    if (v < nvec) {
+                        wb[b] = wv[v];
+                        if (PAIR)
+                            ub[b] = wv[cvec + v];
+#pragma unroll
+                        for (int q = 0; q < VE / 4; q++) /* vector c's x: its 32-group, lane */
+                            xb[b][q] = xc[(v0 / 32 + b) * (8 * VE) + q * 32];
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < SG_BATCH; b++) {
+                    if (v0 + 32 * b + lane >= nvec)
+                        break;
+                    float f[VE];
+                    const float *xv = (const float *)xb[b];
+                    unpack<WT>(wb[b], f);
+#pragma unroll
+                    for (int e = 0; e < VE; e++)
+                        acc0 = fmaf(f[e], xv[e], acc0);
+                    if (PAIR) {
+                        unpack<WT>(ub[b], f);
+#pragma unroll
+                        for (int e = 0; e < VE; e++)
+                            acc1 = fmaf(f[e], xv[e], acc1);
+                    }
+                }
+            }
+            /* every lane has read the slot (its values are in the FMAs
+             * above), so lane 0 may refill it */
+            __syncwarp();
+            if (lane == 0 && i + p.slots < items)
+                sg_issue<BYTES, PAIR>(p, ubase, nch, i + p.slots, slot0, bar);
+            if (++s == p.slots) {
+                s = 0;
+                parity ^= 1u;
+            }
+        }
+        const int u = ubase + j * GEMV_WARPS;
+        if (PAIR) {
+            float gv = cuk_warp_sum(acc0), uv = cuk_warp_sum(acc1);
+            if (lane == 0)
+                p.outp[0][u] = cuk_silu_mul1(gv, uv);
+        } else {
+            float v = cuk_warp_sum(acc0);
+            if (lane == 0) {
+                int m, r = sg_row(p, u, &m);
+                float *o = (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) + r;
+                *o = p.out == CUK_OUT_ADD ? *o + v : v;
+            }
+        }
+    }
+#else
+    (void)p;
+    (void)in;
+#endif
+}
+
+template <int WT, int IN, bool PAIR>
+static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
+                                 const struct cuk_stage_cfg *cfg)
+{
+    constexpr int BYTES = gemv_cfg<WT>::BYTES;
+    int blocks = cfg && cfg->blocks > 0 ? cfg->blocks : 0;
+    if (!blocks) {
+        int dev = 0;
+        cudaError_t err = cudaGetDevice(&dev);
+        if (err == cudaSuccess)
+            err = cudaDeviceGetAttribute(&blocks, cudaDevAttrMultiProcessorCount, dev);
+        if (err != cudaSuccess)
+            return err;
+    }
+    if (blocks > p->units)
+        blocks = p->units;
+    p->tile_cols = (p->cols + 255) / 256 * 256;
+    int chunk = cfg && cfg->chunk_cols > 0 ? cfg->chunk_cols : SG_CHUNK_DEFAULT;
+    if (chunk % 256)
+        return cudaErrorInvalidValue;
+    if (chunk > p->tile_cols)
+        chunk = p->tile_cols;
+    int budget = cfg && cfg->smem_bytes > 0 ? cfg->smem_bytes : CUK_STAGE_SMEM;
+    int per_block = (p->units + blocks - 1) / blocks;
+    int fixed = p->tile_cols * 4 + SG_HDR;
+    /* Where a block's share of the weights fits in its ring, the
+     * register-streamed kernel (every load in flight at once, twice the
+     * warps) is faster: measured on the H200, a 0.6B model's q/k/v and
+     * gate/up 1 us slower staged, an 8B model's 1.5-3 us faster. */
+    size_t share = (size_t)per_block * (PAIR ? 2 : 1) * p->cols * BYTES;
+    if (!(cfg && cfg->any_size) && share <= (size_t)(budget - fixed))
+        return cudaErrorNotSupported;
+    /* A slot is one wait and one refill: below 4 KB per slot that costs
+     * more than the depth gains (a 0.6B model's LM head, 1,024 columns:
+     * 113 us staged against 78 us). */
+    if (!(cfg && cfg->any_size) && (PAIR ? 2 : 1) * p->tile_cols * BYTES < 4096)
+        return cudaErrorNotSupported;
+    /* The widest copies (fewer waits per byte) that leave each warp two
+     * slots (one to read while the other fills), then as many slots as fit,
+     * but no more than a warp has items. */
+    int slots = 0;
+    size_t smem = 0;
+    for (;; chunk -= 256) {
+        p->chunk = chunk;
+        p->slot_bytes = (PAIR ? 2 : 1) * chunk * BYTES;
+        int nch = (p->cols + chunk - 1) / chunk;
+        int items = (per_block + GEMV_WARPS - 1) / GEMV_WARPS * nch;
+        for (slots = SG_MAX_SLOTS < items ? SG_MAX_SLOTS : items; slots >= 1; slots--) {
+            smem = (size_t)fixed + (size_t)(GEMV_WARPS * slots * 8 + 127) / 128 * 128 +
+                   (size_t)GEMV_WARPS * slots * p->slot_bytes;
+            if (smem <= (size_t)budget)
+                break;
+        }
+        if (slots >= 2 || (slots == 1 && items == 1))
+            break;
+        if (chunk == 256)
+            return cudaErrorNotSupported; /* x leaves no room for two slots */
+    }
+    p->slots = slots;
+    auto k = k_gemv_staged<WT, IN, PAIR>;
+    static int opted; /* the largest shared memory this instance is set up for */
+    if ((int)smem > opted) {
+        cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem);
+        /* all of the SM's unified memory as shared memory, so a second
+         * block (the next kernel's) fits beside this one */
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       (int)cudaSharedmemCarveoutMaxShared);
+        if (err != cudaSuccess)
+            return err;
+        opted = (int)smem;
+    }
+    return cuk_launch(k, (unsigned)blocks, GEMV_THREADS, smem, st, *p, *in);
+}
+
+template <int WT>
+static cudaError_t launch_staged_in(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
+                                    const struct cuk_stage_cfg *cfg)
+{
+    if (p->out == CUK_OUT_SWIGLU)
+        return launch_staged<WT, CUK_IN_RMSNORM, true>(st, p, in, cfg);
+    if (in->kind == CUK_IN_RMSNORM)
+        return launch_staged<WT, CUK_IN_RMSNORM, false>(st, p, in, cfg);
+    if (in->kind == CUK_IN_SWIGLU)
+        return launch_staged<WT, CUK_IN_SWIGLU, false>(st, p, in, cfg);
+    return launch_staged<WT, CUK_IN_X, false>(st, p, in, cfg);
+}
+
+extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
+                                       const struct cuk_gemv_in *in,
+                                       const struct cuk_weight *const *ws, int k, int out,
+                                       const struct cuk_stage_cfg *cfg)
+{
+    if (k < 1 || k > 3 || !in || !in->x || in->kind < CUK_IN_X || in->kind > CUK_IN_SWIGLU ||
+        out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
+        (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
+        return cudaErrorInvalidValue;
+    /* as cuk_gemv_fused: the paired output only after the norm */
+    if (out == CUK_OUT_SWIGLU && in->kind != CUK_IN_RMSNORM)
+        return cudaErrorNotSupported;
+    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
+                      : in->kind == CUK_IN_SWIGLU ? in->x2
+                                                  : NULL;
+    if (((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
+        return cudaErrorNotSupported;
+    int dt = ws[0]->dtype, cols = ws[0]->cols;
+    if ((dt != DT_BF16 && dt != DT_F16) || cols <= 0 || cols % 8)
+        return cudaErrorNotSupported;
+    struct sgp p = {};
+    p.out = out;
+    p.cols = cols;
+    long long units = 0;
+    for (int i = 0; i < k; i++) {
+        if (ws[i]->dtype != dt || ws[i]->cols != cols || ((uintptr_t)ws[i]->data & 15))
+            return cudaErrorNotSupported;
+        p.outp[i] = outs[i];
+        p.w[i] = (const char *)ws[i]->data;
+        p.rows[i] = ws[i]->rows;
+        units += ws[i]->rows;
+    }
+    if (out == CUK_OUT_SWIGLU)
+        units = ws[0]->rows;
+    if (units <= 0 || units > (1LL << 30))
+        return units == 0 ? cudaSuccess : cudaErrorNotSupported;
+    p.units = (int)units;
+    cudaError_t err = dt == DT_BF16 ? launch_staged_in<WT_BF16>(s, &p, in, cfg)
+                                    : launch_staged_in<WT_F16>(s, &p, in, cfg);
+    cudaError_t last = cudaGetLastError();
+    return err != cudaSuccess ? err : last;
+}
