@@ -126,7 +126,7 @@ static void check_cols(int cols, int n_sms, int *ran, int *same)
     /* launch shapes: the default; 256-column copies with shared memory for
      * two slots per warp beside the x tile; three blocks, so warps take
      * many units each (all taking sizes the default declines) */
-    int tight = (cols + 255) / 256 * 256 * 4 + 256 + 8 * 2 * 2 * 256 * 2;
+    int tight = (cols + 255) / 256 * 256 * 4 + 1024 + 8 * 2 * 2 * 256 * 2;
     const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1}, {n_sms, 256, tight, 1}, {3, 512, 0, 1}};
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int dts[2] = {DT_BF16, DT_F16};
@@ -241,8 +241,8 @@ static void check_declined(void)
           "cols %% 8 != 0 should be declined");
     cudaFree(x);
     cudaFree(out);
-    /* by default, only where a block's share outgrows its ring: a 1 MB
-     * matrix is declined, an 8B model's 32 MB o projection taken */
+    /* by default, only rows of 4 KB or more: 1,024 bf16 columns are
+     * declined, an 8B model's o projection (4,096) is taken */
     struct mat small, large;
     mat_make(&small, DT_BF16, 512, 1024);
     mat_make(&large, DT_BF16, 4096, 4096);
@@ -251,7 +251,7 @@ static void check_declined(void)
     in.x = x4;
     ws[0] = &small.w;
     CHECK(cuk_gemv_staged(0, &o4, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
-          "a 1 MB matrix should be left to the register-streamed kernel");
+          "2 KB rows should be left to the register-streamed kernel");
     ws[0] = &large.w;
     CHECK(cuk_gemv_staged(0, &o4, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaSuccess &&
               cudaDeviceSynchronize() == cudaSuccess,

@@ -272,8 +272,8 @@ struct cuk_stage_cfg {
     int blocks;     /* blocks (one per SM) */
     int chunk_cols; /* most columns per bulk copy, a multiple of 256 (default 2048) */
     int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
-    int any_size;   /* also take launches whose weights fit in the ring
-                     * (tests; declined otherwise, see cuk_gemv_staged) */
+    int any_size;   /* also take rows under 4 KB (tests; declined
+                     * otherwise, see cuk_gemv_staged) */
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */
@@ -282,12 +282,11 @@ struct cuk_stage_cfg {
  * bits, by a kernel that copies each block's share of the weights into a
  * ring in shared memory (bulk asynchronous copies), the first copies
  * issued before it waits for the previous kernel: deeper in flight than
- * registers allow, for GEMVs too large to load at once.
- * cudaErrorNotSupported (nothing launched) for what it does not take:
- * Q8_0, x too wide to leave two copies per warp beside it, the SwiGLU
- * output without the norm, and (unless cfg->any_size) launches whose
- * weights per block fit in the ring, where cuk_gemv_fused is faster.
- * Hopper (sm_90) and newer. */
+ * registers allow. cudaErrorNotSupported (nothing launched) for what it
+ * does not take: Q8_0, x too wide to leave two copies per warp beside it,
+ * the SwiGLU output without the norm, and (unless cfg->any_size) rows
+ * under 4 KB (pairs of gate/up rows count together), where
+ * cuk_gemv_fused is faster. Hopper (sm_90) and newer. */
 cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                             const struct cuk_weight *const *ws, int k, int out,
                             const struct cuk_stage_cfg *cfg);

@@ -7,11 +7,14 @@
  * registers that is a few vectors per lane; a ring in shared memory holds
  * 160 KB per SM whatever the registers, and the first copies go out
  * before the kernel waits for its predecessor (programmatic dependent
- * launch). Measured on the H200 (bench_gemv --pdl): an 8B model's q/k/v,
- * o and gate/up 0.4-3.3 us faster than gemv.cu. Where a block's whole
- * share fits in the ring (a 0.6B model's matrices) gemv.cu, which loads
- * everything at once with twice the warps, is faster, so the launcher
- * declines those.
+ * launch). The norm's weights are loaded before the wait too, and x is
+ * read once for the norm and its staging. Measured on the H200 (cllm
+ * bench, decode): an 8B model 207 -> 224 tok/s, a 0.6B model 983 -> 1,030
+ * (its o, gate/up and down staged). Rows under 4 KB stay with gemv.cu:
+ * each slot costs a wait and a refill, and at 2 KB that outweighs the
+ * depth (a 0.6B model's 1,024-column LM head: 110 us staged, 78 us not).
+ * A smaller ring, so that the next kernel's block fits beside this one,
+ * was slower (112 KB: 8B 194 tok/s), as was a larger one (200 KB: 218).
  *
  * Shape: one block per SM, GEMV_WARPS warps. The units (output rows over
  * the k matrices; (gate, up) row pairs for the SwiGLU output) are split
@@ -32,7 +35,8 @@
 #include "backend/cuda/gemv_common.cuh"
 
 #define SG_MAX_SLOTS 32
-#define SG_HDR 128          /* after the x tile: the norm's 1/rms */
+#define SG_HDR 512          /* after the x tile: the norm's 1/rms and block sum */
+#define SG_NORM_F4 8        /* float4 of x per thread in sg_norm_stage: cols <= 8192 */
 #define SG_CHUNK_DEFAULT 2048 /* columns per copy at most (4 KB of bf16) */
 #define SG_BATCH 4            /* vectors per lane loaded together */
 
@@ -124,6 +128,54 @@ static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, 
 }
 #endif
 
+/* gemv_rms_inv + gemv_stage for one row of 512 < cols <= 8192 (the block
+ * order: thread t sums the squares of float4 t, t + 256, ... in double,
+ * then the block sum), the same bits with one read of x and one barrier
+ * fewer: x is held in registers from the sum to the staging, the norm's
+ * weights nwv were loaded before the PDL wait, and each warp sums the
+ * warps' partials itself (in warp 0's order) instead of reading warp 0's.
+ * part: GEMV_WARPS doubles of shared memory outside xs. Ends in a
+ * barrier, as gemv_stage does. */
+template <int WT>
+static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x, const float4 *nwv,
+                                                     int cols, float eps, double *part)
+{
+    constexpr int VE = gemv_cfg<WT>::VE;
+    const int nf = cols / 4, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float4 xv[SG_NORM_F4];
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < SG_NORM_F4; k++) {
+        const int f = threadIdx.x + k * GEMV_THREADS;
+        if (f < nf)
+            xv[k] = __ldg((const float4 *)x + f);
+    }
+#pragma unroll
+    for (int k = 0; k < SG_NORM_F4; k++)
+        if (threadIdx.x + k * GEMV_THREADS < nf)
+            ss += cuk_rms_sq(xv[k]);
+    ss = cuk_warp_sum_d(ss);
+    if (lane == 0)
+        part[warp] = ss;
+    __syncthreads();
+    ss = cuk_warp_sum_d(lane < GEMV_WARPS ? part[lane] : 0.0);
+    const float inv = cuk_rms_inv(ss, cols, eps);
+#pragma unroll
+    for (int k = 0; k < SG_NORM_F4; k++) {
+        const int f = threadIdx.x + k * GEMV_THREADS;
+        if (f < nf) {
+            const int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
+            float4 v = xv[k], w = nwv[k];
+            v.x = cuk_rms_scale(w.x, v.x, inv);
+            v.y = cuk_rms_scale(w.y, v.y, inv);
+            v.z = cuk_rms_scale(w.z, v.z, inv);
+            v.w = cuk_rms_scale(w.w, v.w, inv);
+            xs[(cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = v;
+        }
+    }
+    __syncthreads();
+}
+
 template <int WT, int IN, bool PAIR>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv_staged(const struct sgp p, const struct cuk_gemv_in in)
@@ -151,11 +203,26 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int i = 0; i < items && i < p.slots; i++)
             sg_issue<BYTES, PAIR>(p, ubase, nch, i, slot0, bar);
     }
+    /* the norm's weights never change: load them before the wait too */
+    const bool fast_norm = IN == CUK_IN_RMSNORM && p.cols > 512 && p.cols <= 4 * GEMV_THREADS * SG_NORM_F4;
+    float4 nwv[SG_NORM_F4];
+    if (fast_norm) {
+#pragma unroll
+        for (int k = 0; k < SG_NORM_F4; k++) {
+            const int f = threadIdx.x + k * GEMV_THREADS;
+            if (f < p.cols / 4)
+                nwv[k] = __ldg((const float4 *)in.nw + f);
+        }
+    }
     /* x and out are the previous kernel's */
     cuk_pdl_start();
-    if (IN == CUK_IN_RMSNORM)
-        gemv_rms_inv<1>(sinv, in.x, p.cols, in.eps, (double *)xs);
-    gemv_stage<WT, 1, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
+    if (fast_norm) {
+        sg_norm_stage<WT>(xs, in.x, nwv, p.cols, in.eps, (double *)(sinv + 4));
+    } else {
+        if (IN == CUK_IN_RMSNORM)
+            gemv_rms_inv<1>(sinv, in.x, p.cols, in.eps, (double *)xs);
+        gemv_stage<WT, 1, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
+    }
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
@@ -256,16 +323,9 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     int budget = cfg && cfg->smem_bytes > 0 ? cfg->smem_bytes : CUK_STAGE_SMEM;
     int per_block = (p->units + blocks - 1) / blocks;
     int fixed = p->tile_cols * 4 + SG_HDR;
-    /* Where a block's share of the weights fits in its ring, the
-     * register-streamed kernel (every load in flight at once, twice the
-     * warps) is faster: measured on the H200, a 0.6B model's q/k/v and
-     * gate/up 1 us slower staged, an 8B model's 1.5-3 us faster. */
-    size_t share = (size_t)per_block * (PAIR ? 2 : 1) * p->cols * BYTES;
-    if (!(cfg && cfg->any_size) && share <= (size_t)(budget - fixed))
-        return cudaErrorNotSupported;
     /* A slot is one wait and one refill: below 4 KB per slot that costs
      * more than the depth gains (a 0.6B model's LM head, 1,024 columns:
-     * 113 us staged against 78 us). */
+     * 110 us staged against 78 us, bench_gemv on the H200). */
     if (!(cfg && cfg->any_size) && (PAIR ? 2 : 1) * p->tile_cols * BYTES < 4096)
         return cudaErrorNotSupported;
     /* The widest copies (fewer waits per byte) that leave each warp two
@@ -295,8 +355,8 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     if ((int)smem > opted) {
         cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)smem);
-        /* all of the SM's unified memory as shared memory, so a second
-         * block (the next kernel's) fits beside this one */
+        /* all of the SM's unified memory as shared memory, so the decode
+         * attention kernel's block fits beside this one */
         if (err == cudaSuccess)
             err = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        (int)cudaSharedmemCarveoutMaxShared);
