@@ -819,8 +819,6 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
 }
 
-/* out = x . W^T, or out += x . W^T when acc (cuBLAS adds into out in its
- * f32 epilogue: no scratch, no add launch). */
 static void lt_plan_clear(struct lt_plan *pl)
 {
     if (pl->op)
@@ -897,10 +895,9 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
-        int r = rows, nn = n, cc = cols, l = ldc, a2 = align;
         lt_plan_clear(pl); /* keep the key: the shape stays unusable */
-        *pl = (struct lt_plan){.rows = r, .n = nn, .cols = cc, .ldc = l, .type = (int)t,
-                               .align = a2};
+        *pl = (struct lt_plan){.rows = rows, .n = n, .cols = cols, .ldc = ldc, .type = (int)t,
+                               .align = align};
         return NULL;
     }
     pl->algo = res.algo;
@@ -908,6 +905,8 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
     return pl;
 }
 
+/* out = x . W^T, or out += x . W^T when acc (cuBLAS adds into out in its
+ * f32 epilogue: no scratch, no add launch). */
 static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, const void *x,
                 cudaDataType t, int rows, int n, int cols, bool acc, struct err *e)
 {
@@ -919,11 +918,13 @@ static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, cons
         if (ptr_align(out) < align)
             align = ptr_align(out);
         struct lt_plan *pl = lt_plan_get(c, rows, n, cols, ldc, t, align);
-        if (pl && cublasLtMatmul(c->lt, pl->op, &one, w, pl->a, x, pl->b, &beta, out, pl->c, out,
-                                 pl->c, &pl->algo, c->blas_ws, BLAS_WS_BYTES,
-                                 c->stream) == CUBLAS_STATUS_SUCCESS)
-            return 0;
-        /* not set up, or refused at the call (nothing launched): as below */
+        if (pl) {
+            if (cublasLtMatmul(c->lt, pl->op, &one, w, pl->a, x, pl->b, &beta, out, pl->c, out,
+                               pl->c, &pl->algo, c->blas_ws, BLAS_WS_BYTES,
+                               c->stream) == CUBLAS_STATUS_SUCCESS)
+                return 0;
+            pl->usable = false; /* refused at the call (nothing launched): not again */
+        }
     }
     /* Column-major view: out^T[rows x n] = (W^T)^T[rows x cols] . x^T[cols x n]. */
     cublasStatus_t st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, t,
