@@ -176,6 +176,8 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
     __syncthreads();
 }
 
+/* (The 2 only caps registers at 128, which it stays under; its shared
+ * memory leaves room for one block per SM.) */
 template <int WT, int IN, bool PAIR>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv_staged(const struct sgp p, const struct cuk_gemv_in in)
