@@ -1,14 +1,13 @@
 /* test_gemv_staged - the staged one-row GEMV (cuk_gemv_staged) against the
  * register-streamed one (cuk_gemv_fused, n = 1), bit for bit, over every
  * input and output kind a decode layer uses, bf16 and f16, widths with a
- * partial last copy, launch shapes from one slot per warp's worth of
- * shared memory to the default, and more warps than rows; that it runs
- * (not falls back) where it should and declines what it does not take;
- * against a double-precision host product; and in a chain of 48 dependent
- * launches with programmatic dependent launch on, where each kernel lets
- * the next launch before waiting for its own predecessor. Links the kernel
- * library directly; prints "skipped: no GPU" and passes without a Hopper
- * GPU. */
+ * partial last copy, launch shapes from a ring of two slots per warp to
+ * the default, and more warps than rows; that it runs (not falls back)
+ * where it should and declines what it does not take; against a
+ * double-precision host product; and in a chain of 48 dependent launches
+ * under programmatic dependent launch, where each kernel issues its weight
+ * copies before waiting for its predecessor. Links the kernel library
+ * directly; prints "skipped: no GPU" and passes without a Hopper GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdbool.h>
