@@ -636,6 +636,55 @@ static void qkn_close(struct qkn_fixture *f)
     mat_free(&f->kn);
 }
 
+/* Two K/V pools of one shape on be, each with a sequence reserved for
+ * pos0 + n positions (the same block tables), and host q [n][h][hd], k and
+ * v [n][kvd] of random values (q and k scaled by qk): a fused op runs on
+ * pool a, the plain ops it stands for on pool b. words: the 32-bit words
+ * of one pool's K (and of its V). kv_pair_close is safe after a failed
+ * open. */
+struct kv_pair {
+    struct kv_pool a, b;
+    struct kv_seq sa, sb;
+    float *q, *k, *v;
+    size_t nq, nk, words;
+};
+
+static bool kv_pair_open(struct kv_pair *p, struct backend *be, int layers, int kvd, int h,
+                         int hd, int n, int pos0, float qk, struct err *e)
+{
+    memset(p, 0, sizeof *p);
+    int blocks = (pos0 + n + 15) / 16 + 1;
+    if (kv_pool_init(&p->a, be, layers, kvd, 16, blocks, e) ||
+        kv_pool_init(&p->b, be, layers, kvd, 16, blocks, e) ||
+        kv_seq_reserve(&p->a, &p->sa, pos0 + n, e) || kv_seq_reserve(&p->b, &p->sb, pos0 + n, e))
+        return false;
+    p->words = (size_t)p->a.n_blocks * (size_t)layers * 16 * (size_t)kvd *
+               (size_t)p->a.elt_bytes / 4;
+    p->nq = (size_t)n * h * hd;
+    p->nk = (size_t)n * kvd;
+    p->q = malloc(sizeof(float) * p->nq);
+    p->k = malloc(sizeof(float) * p->nk);
+    p->v = malloc(sizeof(float) * p->nk);
+    for (size_t i = 0; i < p->nq; i++)
+        p->q[i] = frand() * qk;
+    for (size_t i = 0; i < p->nk; i++) {
+        p->k[i] = frand() * qk;
+        p->v[i] = frand();
+    }
+    return true;
+}
+
+static void kv_pair_close(struct kv_pair *p)
+{
+    free(p->q);
+    free(p->k);
+    free(p->v);
+    kv_seq_release(&p->a, &p->sa);
+    kv_seq_release(&p->b, &p->sb);
+    kv_pool_free(&p->a);
+    kv_pool_free(&p->b);
+}
+
 /* rope_kv_attention (one launch on a bf16 cache: the decode kernel does
  * RoPE + K/V store itself) against rope_kv_store then attention on the same
  * GPU: the outputs and the caches must be the same bits (the kernel uses
@@ -668,16 +717,14 @@ static void check_rope_kv_attention(void)
                 for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
                     for (int inter = 0; inter < 2; inter++) {
                         int n = cases[ci][0], pos0 = cases[ci][1];
-                        int blocks = (pos0 + n + 15) / 16 + 1;
-                        struct kv_pool pa, pb;
-                        if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
-                            kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e)) {
+                        struct kv_pair kp;
+                        if (!kv_pair_open(&kp, be, LAYERS, kvd, H, hd, n, pos0, 2.0f, &e)) {
                             CHECK(0, "rope_kv_attention: pools: %s", e.msg);
+                            kv_pair_close(&kp);
                             continue;
                         }
-                        struct kv_seq sa = {0}, sb = {0};
-                        kv_seq_reserve(&pa, &sa, pos0 + n, &e);
-                        kv_seq_reserve(&pb, &sb, pos0 + n, &e);
+                        struct kv_pool *pa = &kp.a, *pb = &kp.b;
+                        struct kv_seq *sa = &kp.sa, *sb = &kp.sb;
                         /* the cached prefix, the same in both pools */
                         if (pos0 > 0) {
                             size_t np = (size_t)pos0 * kvd;
@@ -687,41 +734,33 @@ static void check_rope_kv_attention(void)
                                 pv[i] = frand();
                             }
                             float *dpk = dev_alloc_copy(be, pk, np), *dpv = dev_alloc_copy(be, pv, np);
-                            be->ops->kv_store(be, &pa, &sa, LAYER, dpk, dpv, pos0, 0);
-                            be->ops->kv_store(be, &pb, &sb, LAYER, dpk, dpv, pos0, 0);
+                            be->ops->kv_store(be, pa, sa, LAYER, dpk, dpv, pos0, 0);
+                            be->ops->kv_store(be, pb, sb, LAYER, dpk, dpv, pos0, 0);
                             CHECK(be->ops->finish(be, &e) == 0, "prefix: %s", e.msg);
                             be->ops->free(be, dpk);
                             be->ops->free(be, dpv);
                             free(pk);
                             free(pv);
                         }
-                        size_t nq = (size_t)n * H * hd, nk = (size_t)n * kvd;
-                        float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
-                              *v = malloc(sizeof(float) * nk);
-                        for (size_t i = 0; i < nq; i++)
-                            q[i] = frand() * 2;
-                        for (size_t i = 0; i < nk; i++) {
-                            k[i] = frand() * 2;
-                            v[i] = frand();
-                        }
-                        float *dqa = dev_alloc_copy(be, q, nq), *dka = dev_alloc_copy(be, k, nk),
-                              *dqb = dev_alloc_copy(be, q, nq), *dkb = dev_alloc_copy(be, k, nk),
-                              *dv = dev_alloc_copy(be, v, nk), *oa = dev_alloc_copy(be, NULL, nq),
+                        size_t nq = kp.nq, nk = kp.nk;
+                        float *dqa = dev_alloc_copy(be, kp.q, nq), *dka = dev_alloc_copy(be, kp.k, nk),
+                              *dqb = dev_alloc_copy(be, kp.q, nq), *dkb = dev_alloc_copy(be, kp.k, nk),
+                              *dv = dev_alloc_copy(be, kp.v, nk), *oa = dev_alloc_copy(be, NULL, nq),
                               *ob = dev_alloc_copy(be, NULL, nq);
                         struct attn_args a = {.n = n, .pos0 = pos0, .n_heads = H, .n_kv_heads = KVH,
                                               .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
                         const struct qk_norm *nm = withnorm ? &norm : NULL;
                         be->ops->rope_kv_store(be, dqa, dka, dv, n, H, KVH, hd, pos0, invf, inter,
-                                               nm, &pa, &sa, LAYER);
-                        CHECK(be->ops->attention(be, oa, dqa, &pa, &sa, LAYER, &a, &e) == 0,
+                                               nm, pa, sa, LAYER);
+                        CHECK(be->ops->attention(be, oa, dqa, pa, sa, LAYER, &a, &e) == 0,
                               "attention: %s", e.msg);
-                        CHECK(be->ops->rope_kv_attention(be, ob, dqb, dkb, dv, invf, inter, nm, &pb,
-                                                         &sb, LAYER, &a, &e) == 0,
+                        CHECK(be->ops->rope_kv_attention(be, ob, dqb, dkb, dv, invf, inter, nm, pb,
+                                                         sb, LAYER, &a, &e) == 0,
                               "rope_kv_attention: %s", e.msg);
                         float *ga = dev_fetch(be, oa, nq), *gb = dev_fetch(be, ob, nq);
-                        size_t words = (size_t)pa.n_blocks * LAYERS * 16 * kvd * (size_t)pa.elt_bytes / 4;
-                        float *ka = dev_fetch(be, pa.k, words), *kb = dev_fetch(be, pb.k, words);
-                        float *va = dev_fetch(be, pa.v, words), *vb = dev_fetch(be, pb.v, words);
+                        size_t words = kp.words;
+                        float *ka = dev_fetch(be, pa->k, words), *kb = dev_fetch(be, pb->k, words);
+                        float *va = dev_fetch(be, pa->v, words), *vb = dev_fetch(be, pb->v, words);
                         CHECK(be->ops->finish(be, &e) == 0, "rope_kv_attention: %s", e.msg);
                         double re = test_rel_err(gb, ga, nq);
                         bool cache_same = !memcmp(ka, kb, words * 4) && !memcmp(va, vb, words * 4);
@@ -732,16 +771,13 @@ static void check_rope_kv_attention(void)
                               cache_same ? "equal" : "DIFFER");
                         same += !memcmp(ga, gb, sizeof(float) * nq) && cache_same;
                         total++;
-                        float *hs[] = {ga, gb, ka, kb, va, vb, q, k, v};
+                        float *hs[] = {ga, gb, ka, kb, va, vb};
                         for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
                             free(hs[i]);
                         float *ds[] = {dqa, dka, dqb, dkb, dv, oa, ob};
                         for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
                             be->ops->free(be, ds[i]);
-                        kv_seq_release(&pa, &sa);
-                        kv_seq_release(&pb, &sb);
-                        kv_pool_free(&pa);
-                        kv_pool_free(&pb);
+                        kv_pair_close(&kp);
                     }
                 qkn_close(&fx);
             }
@@ -781,38 +817,29 @@ static void check_rope_norm(struct backend *cpu)
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int inter = 0; inter < 2; inter++) {
                     int n = ns[ni], pos0 = n == 1 ? 1000 : 37;
-                    int blocks = (pos0 + n + 15) / 16 + 1;
-                    struct kv_pool pa, pb;
-                    if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
-                        kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e)) {
+                    struct kv_pair kp;
+                    if (!kv_pair_open(&kp, be, LAYERS, kvd, H, hd, n, pos0, 3.0f, &e)) {
                         CHECK(0, "rope norm: pools: %s", e.msg);
+                        kv_pair_close(&kp);
                         continue;
                     }
-                    struct kv_seq sa = {0}, sb = {0};
-                    kv_seq_reserve(&pa, &sa, pos0 + n, &e);
-                    kv_seq_reserve(&pb, &sb, pos0 + n, &e);
-                    CHECK(sa.n_blocks == sb.n_blocks &&
-                              !memcmp(sa.blocks, sb.blocks, sizeof(int) * (size_t)sa.n_blocks),
+                    struct kv_pool *pa = &kp.a, *pb = &kp.b;
+                    struct kv_seq *sa = &kp.sa, *sb = &kp.sb;
+                    CHECK(sa->n_blocks == sb->n_blocks &&
+                              !memcmp(sa->blocks, sb->blocks, sizeof(int) * (size_t)sa->n_blocks),
                           "rope norm: same block tables");
-                    size_t nq = (size_t)n * H * hd, nk = (size_t)n * kvd;
-                    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk),
-                          *v = malloc(sizeof(float) * nk);
-                    for (size_t i = 0; i < nq; i++)
-                        q[i] = frand() * 3;
-                    for (size_t i = 0; i < nk; i++) {
-                        k[i] = frand() * 3;
-                        v[i] = frand();
-                    }
+                    size_t nq = kp.nq, nk = kp.nk;
+                    float *q = kp.q, *k = kp.k;
                     float *dq = dev_alloc_copy(be, q, nq), *dk = dev_alloc_copy(be, k, nk),
-                          *dv = dev_alloc_copy(be, v, nk), *dq2 = dev_alloc_copy(be, q, nq),
+                          *dv = dev_alloc_copy(be, kp.v, nk), *dq2 = dev_alloc_copy(be, q, nq),
                           *dk2 = dev_alloc_copy(be, k, nk);
                     be->ops->rope_kv_store(be, dq, dk, dv, n, H, KVH, hd, pos0, invf, inter,
-                                           &norm, &pa, &sa, LAYER);
+                                           &norm, pa, sa, LAYER);
                     be->ops->rmsnorm(be, dq2, dq2, fx.qn.t.data, n * H, hd, eps);
                     be->ops->rmsnorm(be, dk2, dk2, fx.kn.t.data, n * KVH, hd, eps);
                     be->ops->rope(be, dq2, n, H, hd, pos0, invf, inter);
                     be->ops->rope(be, dk2, n, KVH, hd, pos0, invf, inter);
-                    be->ops->kv_store(be, &pb, &sb, LAYER, dk2, dv, n, pos0);
+                    be->ops->kv_store(be, pb, sb, LAYER, dk2, dv, n, pos0);
                     /* the CPU's ops on the host copies */
                     cpu->ops->rmsnorm(cpu, q, q, fx.qn.t.data, n * H, hd, eps);
                     cpu->ops->rmsnorm(cpu, k, k, fx.kn.t.data, n * KVH, hd, eps);
@@ -820,15 +847,14 @@ static void check_rope_norm(struct backend *cpu)
                     cpu->ops->rope(cpu, k, n, KVH, hd, pos0, invf, inter);
                     float *gq = dev_fetch(be, dq, nq), *wq = dev_fetch(be, dq2, nq);
                     float *gk = dev_fetch(be, dk, nk), *wk = dev_fetch(be, dk2, nk);
-                    size_t pool_words = (size_t)pa.n_blocks * LAYERS * 16 * kvd *
-                                        (size_t)pa.elt_bytes / 4;
-                    float *gkc = dev_fetch(be, pa.k, pool_words), *wkc = dev_fetch(be, pb.k, pool_words);
-                    float *gvc = dev_fetch(be, pa.v, pool_words), *wvc = dev_fetch(be, pb.v, pool_words);
+                    size_t pool_words = kp.words;
+                    float *gkc = dev_fetch(be, pa->k, pool_words), *wkc = dev_fetch(be, pb->k, pool_words);
+                    float *gvc = dev_fetch(be, pa->v, pool_words), *wvc = dev_fetch(be, pb->v, pool_words);
                     CHECK(be->ops->finish(be, &e) == 0, "rope norm: %s", e.msg);
                     double rq = test_rel_err(gq, wq, nq), rk = test_rel_err(gk, wk, nk);
                     double cq = test_rel_err(gq, q, nq), ck = test_rel_err(gk, k, nk);
                     /* the caches, widened (a bf16 cache: one rounding of a last-bit difference) */
-                    size_t nel = pool_words * 4 / (size_t)pa.elt_bytes;
+                    size_t nel = pool_words * 4 / (size_t)pa->elt_bytes;
                     float *a = malloc(sizeof(float) * nel * 4);
                     float *b = a + nel, *c = a + 2 * nel, *d = a + 3 * nel;
                     for (size_t i = 0; i < nel; i++) {
@@ -863,16 +889,13 @@ static void check_rope_norm(struct backend *cpu)
                     worst = w > worst ? w : worst;
                     w = cq > ck ? cq : ck;
                     worst_cpu = w > worst_cpu ? w : worst_cpu;
-                    float *hs[] = {gq, wq, gk, wk, gkc, wkc, gvc, wvc, a, q, k, v};
+                    float *hs[] = {gq, wq, gk, wk, gkc, wkc, gvc, wvc, a};
                     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
                         free(hs[i]);
                     float *ds[] = {dq, dk, dv, dq2, dk2};
                     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++)
                         be->ops->free(be, ds[i]);
-                    kv_seq_release(&pa, &sa);
-                    kv_seq_release(&pb, &sb);
-                    kv_pool_free(&pa);
-                    kv_pool_free(&pb);
+                    kv_pair_close(&kp);
                 }
             qkn_close(&fx);
         }

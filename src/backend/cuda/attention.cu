@@ -182,20 +182,8 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const T *k
     /* The last split of (i, h) to finish merges all of them (what a
      * separate merge launch would do, in the same order), then re-arms the
      * counter for the next call. */
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = cnt + (size_t)i * g.n_heads + h;
-        last = atomicAdd(c, 1u) == (unsigned)n_splits - 1;
-        if (last)
-            *c = 0;
-    }
-    __syncthreads();
-    if (last) {
-        __threadfence();
+    if (cuk_last_block(cnt + (size_t)i * g.n_heads + h, (unsigned)n_splits))
         merge_block(out, g, i, h, n_splits, ws);
-    }
 }
 
 template <int DPL, typename T>

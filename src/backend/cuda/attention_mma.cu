@@ -200,18 +200,8 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
                                                    int G, int kvh,
                                                    int n_heads, unsigned *cnt, float *smem)
 {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == (unsigned)n_used - 1;
-        if (last)
-            *cnt = 0;
-    }
-    __syncthreads();
-    if (!last)
+    if (!cuk_last_block(cnt, (unsigned)n_used))
         return;
-    __threadfence();
     /* Each split's weight per row first (every (row, split) pair loaded at
      * once, not one split after another), then every output element sums
      * its splits with independent loads. The partials were written by
@@ -572,12 +562,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                     sn = sinf(ang);
                 }
                 int a = rp->interleaved ? 2 * f : f, b = rp->interleaved ? 2 * f + 1 : f + HD / 2;
-                float x0 = x[a], x1 = x[b], ra, rb;
-                if (nw) {
-                    x0 = cuk_rms_scale(nw[a], x0, inv);
-                    x1 = cuk_rms_scale(nw[b], x1, inv);
-                }
-                cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+                float ra, rb;
+                cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
                 if (!isk) {
                     qs[r * HD + a] = ra;
                     qs[r * HD + b] = rb;

@@ -267,18 +267,8 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
     }
     if (!split)
         return;
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(sp.cnt, 1u) == (unsigned)sp.n_splits - 1;
-        if (last)
-            *sp.cnt = 0;
-    }
-    __syncthreads();
-    if (!last)
+    if (!cuk_last_block(sp.cnt, (unsigned)sp.n_splits))
         return;
-    __threadfence();
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp * RPW + i;

@@ -819,6 +819,7 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
 }
 
+/* Destroys what a plan holds; its key stays. */
 static void lt_plan_clear(struct lt_plan *pl)
 {
     if (pl->op)
@@ -829,7 +830,9 @@ static void lt_plan_clear(struct lt_plan *pl)
         cublasLtMatrixLayoutDestroy(pl->b);
     if (pl->c)
         cublasLtMatrixLayoutDestroy(pl->c);
-    memset(pl, 0, sizeof *pl);
+    pl->op = NULL;
+    pl->a = pl->b = pl->c = NULL;
+    pl->usable = false;
 }
 
 /* The largest power of two up to 256 that p is a multiple of. */
@@ -858,6 +861,9 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
     lt_plan_clear(pl);
     *pl = (struct lt_plan){.rows = rows, .n = n, .cols = cols, .ldc = ldc, .type = (int)t,
                            .align = align};
+    static const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     uint32_t al = (uint32_t)align;
     uint64_t ws = BLAS_WS_BYTES;
@@ -880,24 +886,18 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
             CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                             sizeof ws) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al,
-                                             sizeof al) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al,
-                                             sizeof al) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al,
-                                             sizeof al) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al,
-                                             sizeof al) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoGetHeuristic(c->lt, pl->op, pl->a, pl->b, pl->c, pl->c, pref, 1, &res,
-                                       &found) == CUBLAS_STATUS_SUCCESS &&
-        found > 0;
+                                             sizeof ws) == CUBLAS_STATUS_SUCCESS;
+    for (size_t i = 0; ok && i < sizeof aligns / sizeof aligns[0]; i++)
+        ok = cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &al, sizeof al) ==
+             CUBLAS_STATUS_SUCCESS;
+    ok = ok &&
+         cublasLtMatmulAlgoGetHeuristic(c->lt, pl->op, pl->a, pl->b, pl->c, pl->c, pref, 1, &res,
+                                        &found) == CUBLAS_STATUS_SUCCESS &&
+         found > 0;
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
-        lt_plan_clear(pl); /* keep the key: the shape stays unusable */
-        *pl = (struct lt_plan){.rows = rows, .n = n, .cols = cols, .ldc = ldc, .type = (int)t,
-                               .align = align};
+        lt_plan_clear(pl); /* the key stays: the shape stays unusable */
         return NULL;
     }
     pl->algo = res.algo;

@@ -137,6 +137,42 @@ static __device__ __forceinline__ void cuk_rope_rot(float x0, float x1, float cs
     rb = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
 }
 
+/* The pair (x[a], x[b]) of a head, normalized when nw (weights nw, 1/rms
+ * inv) and rotated by (cs, sn): what the RoPE kernels and the decode
+ * attention kernel's fused RoPE compute, the same bits. */
+static __device__ __forceinline__ void cuk_norm_rope(const float *x, const float *nw, float inv,
+                                                    int a, int b, float cs, float sn, float &ra,
+                                                    float &rb)
+{
+    float x0 = x[a], x1 = x[b];
+    if (nw) {
+        x0 = cuk_rms_scale(nw[a], x0, inv);
+        x1 = cuk_rms_scale(nw[b], x1, inv);
+    }
+    cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+}
+
+/* Whether the calling block is the last of n to get here on the counter
+ * *cnt (split-K attention: the last split merges them all); the last one
+ * re-arms *cnt for the next call, and every block's writes before the call
+ * are visible to it. Every thread of the block calls it. */
+static __device__ __forceinline__ bool cuk_last_block(unsigned *cnt, unsigned n)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt, 1u) == n - 1;
+        if (last)
+            *cnt = 0;
+    }
+    __syncthreads();
+    const bool l = last;
+    if (l)
+        __threadfence();
+    return l;
+}
+
 /* K/V cache elements: T is float (f32 pool) or uint16_t (bf16 pool);
  * stores round to nearest even, loads widen exactly. */
 static __device__ __forceinline__ float kv_ld(const float *p, size_t i) { return p[i]; }

@@ -107,6 +107,15 @@ static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x,
     }
 }
 
+/* Where float4 f of a staged row (its elements 4f..4f+3) goes in the x
+ * tile: the layout gemv_stage documents, which the GEMV kernels read. */
+template <int VE>
+static __device__ __forceinline__ int gemv_xs_slot(int f)
+{
+    const int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
+    return (cl >> 5) * (8 * VE) + q * 32 + (cl & 31);
+}
+
 /* Stages columns [t*tile_cols, +tile_cols) of the n input rows into xs:
  * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
  * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
@@ -129,7 +138,6 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
                                                    : nullptr;
         const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
         for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
-            int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
             float4 v = __ldg(src + f);
             if (IN == CUK_IN_RMSNORM) {
                 float4 w = __ldg(src2 + f);
@@ -144,7 +152,7 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
                 v.z = cuk_silu_mul1(v.z, u.z);
                 v.w = cuk_silu_mul1(v.w, u.w);
             }
-            xs[j * tile_f4 + (cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = v;
+            xs[j * tile_f4 + gemv_xs_slot<VE>(f)] = v;
         }
     }
     __syncthreads();

@@ -164,13 +164,12 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
     for (int k = 0; k < SG_NORM_F4; k++) {
         const int f = threadIdx.x + k * GEMV_THREADS;
         if (f < nf) {
-            const int cl = (4 * f) / VE, q = ((4 * f) % VE) / 4;
             float4 v = xv[k], w = nwv[k];
             v.x = cuk_rms_scale(w.x, v.x, inv);
             v.y = cuk_rms_scale(w.y, v.y, inv);
             v.z = cuk_rms_scale(w.z, v.z, inv);
             v.w = cuk_rms_scale(w.w, v.w, inv);
-            xs[(cl >> 5) * (8 * VE) + q * 32 + (cl & 31)] = v;
+            xs[gemv_xs_slot<VE>(f)] = v;
         }
     }
     __syncthreads();

@@ -393,12 +393,8 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
         float ang = cuk_rope_angle(pos, inv_freq[f]);
         float cs = cosf(ang), sn = sinf(ang);
         int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
-        float x0 = x[a], x1 = x[b], ra, rb;
-        if (nw) {
-            x0 = cuk_rms_scale(nw[a], x0, inv);
-            x1 = cuk_rms_scale(nw[b], x1, inv);
-        }
-        cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+        float ra, rb;
+        cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
         x[a] = ra;
         x[b] = rb;
         if (is_k) {
