@@ -30,37 +30,8 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "bench_cuda.cuh"
 #include "model/tensor.h"
-
-#define CK(call)                                                                        \
-    do {                                                                                \
-        cudaError_t err_ = (call);                                                      \
-        if (err_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
-                    cudaGetErrorString(err_));                                          \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
-
-static __device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed)
-{
-    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 16);
-}
-
-static __device__ __forceinline__ float urand(uint64_t i, uint32_t seed) /* [-1, 1) */
-{
-    return (float)(hash32(i, seed) & 0xffffff) / 8388608.0f - 1.0f;
-}
-
-__global__ void k_fill_bf16(uint16_t *w, size_t n, uint32_t seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        w[i] = (uint16_t)(__float_as_uint(urand(i, seed)) >> 16); /* truncation: any bf16 */
-}
 
 __global__ void k_fill_i8(int8_t *q, size_t n, uint32_t seed)
 {
@@ -76,12 +47,6 @@ __global__ void k_fill_scales(uint16_t *s, size_t n, uint32_t seed)
         s[i] = __half_as_ushort(__float2half(0.004f + 0.004f * fabsf(urand(i, seed))));
 }
 
-__global__ void k_fill_f32(float *x, size_t n, uint32_t seed)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = urand(i, seed);
-}
 
 /* One warp per row, double accumulation, all n tokens. */
 __global__ void k_ref(double *out, const float *x, const void *w, const uint16_t *sc, int q8,
@@ -145,7 +110,7 @@ static void mat_init(struct mat *m, int rows, int cols, int q8, int copies, uint
         k_fill_i8<<<1024, 256>>>((int8_t *)m->data[0], nel, seed);
         k_fill_scales<<<1024, 256>>>(m->scales[0], nel / 32, seed + 1);
     } else {
-        k_fill_bf16<<<1024, 256>>>((uint16_t *)m->data[0], nel, seed);
+        k_fill_bf16<<<1024, 256>>>((uint16_t *)m->data[0], nel, seed, 1.0f);
     }
     CK(cudaGetLastError());
     for (int c = 1; c < copies; c++) {

@@ -35,6 +35,10 @@ if [ -x "$BIN/test_gemv_staged" ]; then
     echo "== test_gemv_staged"
     if timeout 300 "$BIN/test_gemv_staged"; then note "test_gemv_staged: PASS"; else note "test_gemv_staged: FAIL"; fails=$((fails+1)); fi
 fi
+if [ -x "$BIN/test_gemm_tc" ]; then
+    echo "== test_gemm_tc"
+    if timeout 300 "$BIN/test_gemm_tc"; then note "test_gemm_tc: PASS"; else note "test_gemm_tc: FAIL"; fails=$((fails+1)); fi
+fi
 
 for m in stories260K tinystories-656k; do
     a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cpu -t 4 -p "Once upon a time" -n 300 --temp 0 --ignore-eos --print-ids 2>/dev/null)

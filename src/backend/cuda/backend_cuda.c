@@ -184,6 +184,12 @@ struct cuda_backend {
     int step_cap;      /* table entries h_step and `step` hold */
     struct dbuf step;  /* device copy of h_step */
     void *blas_ws;
+    void *tc_ws;       /* cuk_gemm_tc's workspace (NULL, the default: every
+                        * GEMM through cuBLAS; CLLM_CUDA_GEMM_TC=1 on Hopper
+                        * sets it up) */
+    size_t tc_ws_bytes;
+    int tc_blocks;     /* its blocks: CLLM_CUDA_TC_CTAS (1 or 2) per SM */
+    struct cuk_tc_cfg tc_cfg; /* CLLM_CUDA_TC_SMEM (measurement) */
     cublasLtHandle_t lt; /* NULL: every GEMM through cublasGemmEx (CLLM_CUDA_LT=0) */
     struct lt_plan *lt_plans; /* [LT_PLANS] */
     int lt_next;              /* the slot the next new shape takes */
@@ -239,7 +245,7 @@ static size_t dbuf_bytes(const struct cuda_backend *c)
 {
     return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->xh.cap + c->wf.cap + c->invf.cap +
            c->step.cap + c->mm_in.cap + c->mm_out.cap + c->smp.cap +
-           (c->blas_ws ? BLAS_WS_BYTES : 0);
+           (c->blas_ws ? BLAS_WS_BYTES : 0) + c->tc_ws_bytes;
 }
 
 static void graphs_flush(struct cuda_backend *c)
@@ -905,12 +911,21 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
     return pl;
 }
 
-/* out = x . W^T, or out += x . W^T when acc (cuBLAS adds into out in its
- * f32 epilogue: no scratch, no add launch). */
+/* out = x . W^T, or out += x . W^T when acc (added in the f32 epilogue:
+ * no scratch, no add launch). With CLLM_CUDA_GEMM_TC=1 a batched decode
+ * step's few tokens go to our tensor-core kernel (cuk_gemm_tc: ~2 us of
+ * host time a call against cuBLAS's ~6, but 10-25 % slower on the GPU,
+ * so off by default; docs/benchmarks.md), the rest to cuBLAS. */
 static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, const void *x,
                 cudaDataType t, int rows, int n, int cols, bool acc, struct err *e)
 {
     const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+    if (c->tc_ws && n <= CUK_TC_MAX_N && t != CUDA_R_32F) {
+        cudaError_t err = cuk_gemm_tc(c->stream, out, ldc, w, t == CUDA_R_16BF ? DT_BF16 : DT_F16,
+                                      x, rows, n, cols, acc, c->tc_ws, c->tc_blocks, &c->tc_cfg);
+        if (err != cudaErrorNotSupported)
+            return fail_cuda(c, "tensor-core GEMM", err) ? sticky(c, e) : 0;
+    }
     if (c->lt && n <= LT_MAX_N && t != CUDA_R_32F) {
         int align = ptr_align(w);
         if (ptr_align(x) < align)
@@ -1904,6 +1919,8 @@ static void cu_destroy(struct backend *be)
         cudaFreeHost(c->h_step);
     if (c->blas_ws)
         cudaFree(c->blas_ws);
+    if (c->tc_ws)
+        cudaFree(c->tc_ws);
     if (c->am_ws)
         cudaFree(c->am_ws);
     if (c->am_host)
@@ -2155,6 +2172,25 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     p = getenv("CLLM_CUDA_GEMV_STAGED");
     c->gemv_staged = prop.major >= 9 && !(p && !strcmp(p, "0"));
+    /* The tensor-core GEMM's partial sums and counters (zeroed once), when
+     * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
+    p = getenv("CLLM_CUDA_GEMM_TC");
+    if (prop.major >= 9 && p && !strcmp(p, "1")) {
+        p = getenv("CLLM_CUDA_TC_CTAS");
+        c->tc_blocks = c->n_sms * (p && atoi(p) == 2 ? 2 : 1);
+        p = getenv("CLLM_CUDA_TC_SMEM");
+        c->tc_cfg.smem_bytes = p ? atoi(p) : 0;
+        size_t b = cuk_gemm_tc_ws_bytes(c->tc_blocks);
+        if (cudaMalloc(&c->tc_ws, b) == cudaSuccess &&
+            cudaMemsetAsync(c->tc_ws, 0, b, c->stream) == cudaSuccess) {
+            c->tc_ws_bytes = b;
+        } else {
+            if (c->tc_ws)
+                cudaFree(c->tc_ws);
+            c->tc_ws = NULL;
+            cudaGetLastError(); /* not sticky: cuBLAS takes these GEMMs */
+        }
+    }
     c->stage.blocks = c->n_sms;
     /* measurement: the staged GEMV's columns per copy and shared memory */
     p = getenv("CLLM_CUDA_STAGE_COLS");

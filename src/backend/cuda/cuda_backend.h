@@ -290,6 +290,28 @@ struct cuk_stage_cfg {
 cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                             const struct cuk_weight *const *ws, int k, int out,
                             const struct cuk_stage_cfg *cfg);
+/* Most tokens cuk_gemm_tc takes, and most 128-row blocks of W. */
+#define CUK_TC_MAX_N 64
+#define CUK_TC_MAX_RB 8192
+/* Bytes of the workspace cuk_gemm_tc needs for `blocks` blocks; zeroed
+ * once before first use (the kernel leaves its counters re-armed). */
+size_t cuk_gemm_tc_ws_bytes(int blocks);
+/* Launch shape of cuk_gemm_tc (measurement); zeros take the defaults. */
+struct cuk_tc_cfg {
+    int smem_bytes; /* shared memory per block (default 226 KB) */
+};
+/* out[t * ldc + r] = (acc ? out[t * ldc + r] : 0) + x[t] . W[r] for n <=
+ * CUK_TC_MAX_N rows of x (bf16/f16, W's type, cols apart) and the rows x
+ * cols matrix W, f32 accumulation on the tensor cores, one launch of at
+ * most `blocks` blocks (one per SM) over the workspace ws
+ * (cuk_gemm_tc_ws_bytes of at least `blocks`), shaped by cfg (NULL:
+ * the defaults). Every output is summed in an order fixed by (rows, cols,
+ * n, blocks): the same bits on every call. cudaErrorNotSupported
+ * (nothing launched) for other dtypes, rows or cols not multiples of 16,
+ * unaligned w or x. Hopper (sm_90) and newer. */
+cudaError_t cuk_gemm_tc(cudaStream_t s, float *out, int ldc, const void *w, int dtype,
+                        const uint16_t *x, int rows, int n, int cols, int acc, void *ws,
+                        int blocks, const struct cuk_tc_cfg *cfg);
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);

@@ -173,6 +173,62 @@ static __device__ __forceinline__ bool cuk_last_block(unsigned *cnt, unsigned n)
     return l;
 }
 
+/* ---- Bulk asynchronous copies into shared memory, completing on an
+ * mbarrier (Hopper, sm_90): what the staged kernels (gemv_staged.cu,
+ * gemm_tc.cu) fill their rings with. A slot's barrier is armed by one
+ * arrival that announces the bytes (cuk_mbar_expect), then its copies
+ * complete it; readers wait on its phase parity. */
+static __device__ __forceinline__ uint32_t cuk_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* A barrier whose phase completes after `count` arrivals (and the bytes
+ * announced with them). */
+static __device__ __forceinline__ void cuk_mbar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(cuk_smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+
+/* One arrival on bar, announcing the bytes its copies bring. */
+static __device__ __forceinline__ void cuk_mbar_expect(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     cuk_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* One plain arrival (a reader saying it is done with the slot). */
+static __device__ __forceinline__ void cuk_mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(cuk_smem_addr(bar)) : "memory");
+}
+
+static __device__ __forceinline__ void cuk_bulk_copy(void *dst, const void *src, unsigned bytes,
+                                                     uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(cuk_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(cuk_smem_addr(bar))
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cuk_mbar_wait(uint64_t *bar, unsigned parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(cuk_smem_addr(bar)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+#endif
+
 /* K/V cache elements: T is float (f32 pool) or uint16_t (bf16 pool);
  * stores round to nearest even, loads widen exactly. */
 static __device__ __forceinline__ float kv_ld(const float *p, size_t i) { return p[i]; }

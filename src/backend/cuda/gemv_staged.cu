@@ -49,46 +49,7 @@ struct sgp {
     int cols, tile_cols, chunk, slots, slot_bytes;
 };
 
-static __device__ __forceinline__ uint32_t sg_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ void sg_bar_init(uint64_t *bar)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sg_addr(bar)) : "memory");
-}
-
-/* Lane 0's arrival on the slot's barrier, with the bytes its copies bring. */
-static __device__ __forceinline__ void sg_expect(uint64_t *bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(sg_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-static __device__ __forceinline__ void sg_copy(void *dst, const void *src, unsigned bytes,
-                                               uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(sg_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(sg_addr(bar))
-                 : "memory");
-}
-
-static __device__ __forceinline__ void sg_wait(uint64_t *bar, unsigned parity)
-{
-    uint32_t done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(sg_addr(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* Matrix and row of unit u (not PAIR). */
 static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
 {
@@ -116,14 +77,14 @@ static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, 
     unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
     if (PAIR) {
         size_t off = ((size_t)u * p.cols + c0) * BYTES;
-        sg_expect(bar + s, 2 * bytes);
-        sg_copy(dst, p.w[0] + off, bytes, bar + s);
-        sg_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s);
+        cuk_mbar_expect(bar + s, 2 * bytes);
+        cuk_bulk_copy(dst, p.w[0] + off, bytes, bar + s);
+        cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s);
     } else {
         int m, r = sg_row(p, u, &m);
-        sg_expect(bar + s, bytes);
+        cuk_mbar_expect(bar + s, bytes);
         const char *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
-        sg_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s);
+        cuk_bulk_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s);
     }
 }
 #endif
@@ -199,7 +160,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     unsigned char *slot0 = ring + (size_t)warp * p.slots * p.slot_bytes;
     if (lane == 0) {
         for (int s = 0; s < p.slots; s++)
-            sg_bar_init(bar + s);
+            cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int i = 0; i < items && i < p.slots; i++)
             sg_issue<BYTES, PAIR>(p, ubase, nch, i, slot0, bar);
@@ -230,7 +191,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     for (int j = 0, i = 0; j < nu; j++) {
         float acc0 = 0.0f, acc1 = 0.0f;
         for (int ch = 0; ch < nch; ch++, i++) {
-            sg_wait(bar + s, parity);
+            cuk_mbar_wait(bar + s, parity);
             const uint4 *wv = (const uint4 *)(slot0 + (size_t)s * p.slot_bytes);
             const int nvec = min(p.chunk, p.cols - ch * p.chunk) / VE;
             const float4 *xc = xs + (size_t)(ch * cvec / 32) * (8 * VE) + lane;

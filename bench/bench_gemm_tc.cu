@@ -1,0 +1,137 @@
+/* bench_gemm_tc - times cuk_gemm_tc (the tensor-core GEMM of batched
+ * decode steps) on the matrices of a Llama-3.1-8B and a Qwen3-0.6B decode
+ * layer in bf16, for n = 2..64 tokens, against cuBLAS (cublasGemmEx, the
+ * same bf16 operands and f32 output), and prints µs per call and the
+ * weight bandwidth as a % of --bw. Each timed matrix cycles through
+ * enough copies (>= 256 MB) that the weights do not stay in L2; calls
+ * replay in a CUDA graph, as a decode step does.
+ *
+ *   bench_gemm_tc [--bw BYTES_PER_S] [--reps N] [--n N,...] [--smem BYTES] [--ctas 1|2]
+ *
+ * --ctas 2 launches two blocks per SM (with --smem at most half of it).
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "bench_cuda.cuh"
+#include "model/tensor.h"
+
+struct mshape {
+    const char *name;
+    int rows, cols;
+};
+
+int main(int argc, char **argv)
+{
+    double bw = 4.26e12;
+    int reps = 20, smem = 0, ctas = 1, ns[16] = {2, 4, 8, 16, 32, 64}, nn = 6;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bw") && i + 1 < argc)
+            bw = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ctas") && i + 1 < argc)
+            ctas = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--smem") && i + 1 < argc)
+            smem = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--n") && i + 1 < argc) {
+            nn = 0;
+            for (char *t = strtok(argv[++i], ","); t && nn < 16; t = strtok(NULL, ","))
+                ns[nn++] = atoi(t);
+        } else {
+            fprintf(stderr, "usage: bench_gemm_tc [--bw B] [--reps N] [--n N,...] [--smem B] [--ctas 1|2]\n");
+            return 2;
+        }
+    }
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    void *ws;
+    size_t wsb = cuk_gemm_tc_ws_bytes(2 * sms);
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemset(ws, 0, wsb));
+    cublasHandle_t blas;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS)
+        return 1;
+    const struct mshape shapes[] = {
+        {"8B q/k/v", 6144, 4096}, {"8B o", 4096, 4096},          {"8B gate", 14336, 4096},
+        {"8B down", 4096, 14336}, {"0.6B q/k/v", 4096, 1024},    {"0.6B o", 1024, 2048},
+        {"0.6B gate", 3072, 1024}, {"0.6B down", 1024, 3072},
+    };
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cublasSetStream(blas, st);
+    uint16_t *x;
+    float *out;
+    CK(cudaMalloc(&x, (size_t)64 * 14336 * 2));
+    CK(cudaMalloc(&out, (size_t)64 * 14336 * 4));
+    k_fill_bf16<<<256, 256>>>(x, (size_t)64 * 14336, 99, 1.0f);
+    printf("%-12s %4s %10s %8s %10s %8s\n", "matrix", "n", "tc us", "tc %", "cuBLAS us", "%");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const struct mshape sh = shapes[si];
+        size_t bytes = (size_t)sh.rows * sh.cols * 2;
+        int copies = (int)((256u << 20) / bytes) + 1;
+        uint16_t **w = (uint16_t **)malloc(copies * sizeof *w);
+        for (int c = 0; c < copies; c++) {
+            CK(cudaMalloc(&w[c], bytes));
+            k_fill_bf16<<<1024, 256>>>(w[c], bytes / 2, 1234 + c, 0.02f);
+        }
+        CK(cudaDeviceSynchronize());
+        for (int ni = 0; ni < nn; ni++) {
+            int n = ns[ni];
+            double us[2];
+            for (int which = 0; which < 2; which++) {
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                for (int r = 0; r < reps; r++) {
+                    const uint16_t *wr = w[r % copies];
+                    if (which == 0) {
+                        const struct cuk_tc_cfg cfg = {.smem_bytes = smem};
+                        CK(cuk_gemm_tc(st, out, sh.rows, wr, DT_BF16, x, sh.rows, n, sh.cols, 0,
+                                       ws, sms * ctas, &cfg));
+                    } else {
+                        const float one = 1.0f, zero = 0.0f;
+                        if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows, n, sh.cols, &one,
+                                         wr, CUDA_R_16BF, sh.cols, x, CUDA_R_16BF, sh.cols, &zero,
+                                         out, CUDA_R_32F, sh.rows, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                            fprintf(stderr, "cuBLAS failed\n");
+                            return 1;
+                        }
+                    }
+                }
+                CK(cudaStreamEndCapture(st, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                CK(cudaGraphLaunch(ge, st)); /* warm */
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0));
+                CK(cudaEventCreate(&e1));
+                CK(cudaEventRecord(e0, st));
+                for (int it = 0; it < 3; it++)
+                    CK(cudaGraphLaunch(ge, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                us[which] = ms * 1e3 / (3.0 * reps);
+                cudaGraphExecDestroy(ge);
+                cudaGraphDestroy(g);
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+            }
+            double floor_us = bytes / bw * 1e6;
+            printf("%-12s %4d %10.2f %7.1f%% %10.2f %7.1f%%\n", sh.name, n, us[0],
+                   100 * floor_us / us[0], us[1], 100 * floor_us / us[1]);
+        }
+        for (int c = 0; c < copies; c++)
+            cudaFree(w[c]);
+        free(w);
+    }
+    return 0;
+}
