@@ -3,9 +3,12 @@
  * through shared memory once.
  *
  * Why: a batched decode step reads every weight once whatever the batch,
- * so it should cost what one token costs. cuBLAS's skinny GEMMs did not
- * (measured on the H200: an 8B model's step at 8 streams took 6.3 ms
- * against 4.5 ms for one), and each call cost the host ~6 us.
+ * and cuBLASLt costs the host ~6 us a call (a small model's batched step
+ * is bound by issuing them) and adds split-K reduction launches. This
+ * kernel costs the host ~2 us and reduces in-kernel, but on the H200 it is
+ * 10-25 % slower on the GPU than cuBLAS's kernels (docs/benchmarks.md,
+ * seventh pass), so the backend uses it only with CLLM_CUDA_GEMM_TC=1. It
+ * is where fused batched epilogues (norm, SwiGLU) would go.
  *
  * Shape: one block per SM, 8 consumer warps and one producer warp. The
  * work is a list of stages, each 128 weight rows x 128 columns (32 KB of
@@ -19,8 +22,9 @@
  * warp multiplies its 16 rows by all n tokens with mma.sync m16n8k16 (f32
  * accumulation) and frees the stage. The tiles are stored with the 128-byte
  * swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), so ldmatrix
- * reads them without bank conflicts. (Copies of one 256-byte row piece
- * each, by bulk copy or cp.async, reached half of cuBLAS's bandwidth.)
+ * reads them without bank conflicts. (A copy per 256-byte row piece was
+ * slower: as bulk copies, a third of cuBLAS's speed; as cp.async from a
+ * producer warp, 71 % of the bandwidth where TMA reaches 82 %.)
  *
  * A row block whose stages fall to more than one block is summed
  * deterministically: each block writes its partial sums, and the last to
