@@ -1043,9 +1043,17 @@ static void check_matmul_fused_cols(int cols)
                     size_t no = (size_t)n * wr[i];
                     float *got = dev_fetch(be, outs[i], no), *want = dev_fetch(be, refs[i], no);
                     double re = test_rel_err(got, want, no);
-                    CHECK(re <= 1e-5, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "
-                                      "%.3g vs the plain ops", cs->what, dtype_name(dt), wr[i],
-                          cols, n, i, re);
+                    /* Two same-shape matrices on the GEMM path (k/v,
+                     * gate/up) are one batched cuBLASLt call, which sums
+                     * in another order than the plain ops' single calls
+                     * (measured up to 1.13e-5 at 8,224 columns); a wrong
+                     * pairing is off by far more. */
+                    bool paired = k >= 2 && n > 2 /* CUK_GEMV_DEFAULT */ && dt != DT_F32 &&
+                                  (i >= k - 2) && wr[k - 1] == wr[k - 2];
+                    double tol = paired ? 1e-4 : 1e-5;
+                    CHECK(re <= tol, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "
+                                     "%.3g vs the plain ops (tolerance %g)", cs->what,
+                          dtype_name(dt), wr[i], cols, n, i, re, tol);
                     worst = re > worst ? re : worst;
                     same += !memcmp(got, want, sizeof(float) * no);
                     total++;

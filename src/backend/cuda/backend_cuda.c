@@ -108,6 +108,7 @@ struct alloc_rec {
 /* One GEMM shape's cuBLASLt setup (see gemm). */
 struct lt_plan {
     int rows, n, cols, ldc, type, align; /* the key; rows == 0: an empty slot */
+    int batch; /* 1, or 2: a pair of same-shape matrices over one x (gemm_pair) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -127,6 +128,8 @@ struct cuda_backend {
                         * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
     bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
                         * (CLLM_CUDA_SWIGLU_OUT != 0; with fuse) */
+    bool gemm_pair;    /* k/v and gate/up GEMMs as one batched cuBLASLt call
+                        * (CLLM_CUDA_GEMM_PAIR != 0) */
     bool gemv_staged;  /* one-row bf16/f16 GEMVs stage their weights in shared
                         * memory (cuk_gemv_staged; Hopper and newer,
                         * CLLM_CUDA_GEMV_STAGED != 0) */
@@ -853,20 +856,33 @@ static int ptr_align(const void *p)
  * (measured on the H200: 1.45 ms of a 0.6B model's 8-stream decode step,
  * a step bound by the host). NULL when it cannot be set up (the caller
  * then uses cublasGemmEx); a shape that failed stays cached as unusable. */
+/* The strides of a batch of two: in elements, from the first matrix (and
+ * output) to the second; the x layout's is 0 (shared). */
+static bool lt_set_strides(struct lt_plan *pl, int64_t sa, int64_t sc)
+{
+    const int64_t zero = 0;
+    return cublasLtMatrixLayoutSetAttribute(pl->a, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutSetAttribute(pl->b, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &zero, sizeof zero) == CUBLAS_STATUS_SUCCESS &&
+           cublasLtMatrixLayoutSetAttribute(pl->c, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &sc, sizeof sc) == CUBLAS_STATUS_SUCCESS;
+}
+
 static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int cols, int ldc,
-                                   cudaDataType t, int align)
+                                   cudaDataType t, int align, int batch, int64_t sa, int64_t sc)
 {
     for (int i = 0; i < LT_PLANS; i++) {
         struct lt_plan *pl = &c->lt_plans[i];
         if (pl->rows == rows && pl->n == n && pl->cols == cols && pl->ldc == ldc &&
-            pl->type == (int)t && pl->align == align)
+            pl->type == (int)t && pl->align == align && pl->batch == batch)
             return pl->usable ? pl : NULL;
     }
     struct lt_plan *pl = &c->lt_plans[c->lt_next];
     c->lt_next = (c->lt_next + 1) % LT_PLANS;
     lt_plan_clear(pl);
     *pl = (struct lt_plan){.rows = rows, .n = n, .cols = cols, .ldc = ldc, .type = (int)t,
-                           .align = align};
+                           .align = align, .batch = batch};
     static const cublasLtMatmulPreferenceAttributes_t aligns[] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -896,6 +912,14 @@ static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int 
     for (size_t i = 0; ok && i < sizeof aligns / sizeof aligns[0]; i++)
         ok = cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &al, sizeof al) ==
              CUBLAS_STATUS_SUCCESS;
+    if (ok && batch > 1) {
+        const int32_t bc = batch;
+        cublasLtMatrixLayout_t ls[3] = {pl->a, pl->b, pl->c};
+        for (int i = 0; ok && i < 3; i++)
+            ok = cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                  sizeof bc) == CUBLAS_STATUS_SUCCESS;
+        ok = ok && lt_set_strides(pl, sa, sc);
+    }
     ok = ok &&
          cublasLtMatmulAlgoGetHeuristic(c->lt, pl->op, pl->a, pl->b, pl->c, pl->c, pref, 1, &res,
                                         &found) == CUBLAS_STATUS_SUCCESS &&
@@ -932,7 +956,7 @@ static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, cons
             align = ptr_align(x);
         if (ptr_align(out) < align)
             align = ptr_align(out);
-        struct lt_plan *pl = lt_plan_get(c, rows, n, cols, ldc, t, align);
+        struct lt_plan *pl = lt_plan_get(c, rows, n, cols, ldc, t, align, 1, 0, 0);
         if (pl) {
             if (cublasLtMatmul(c->lt, pl->op, &one, w, pl->a, x, pl->b, &beta, out, pl->c, out,
                                pl->c, &pl->algo, c->blas_ws, BLAS_WS_BYTES,
@@ -949,6 +973,51 @@ static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, cons
         return err_set(e, "%s: cuBLAS GEMM [%d x %d x %d]: %s", c->name, rows, n, cols,
                        cublasGetStatusString(st));
     return 0;
+}
+
+/* outs[0] = x . W0^T and outs[1] = x . W1^T for two matrices of one
+ * shape and half type (k/v, gate/up) in one cuBLASLt call: a strided
+ * batch of two, the weights and the outputs each a pointer difference
+ * apart, x shared. A batched decode step then issues 5 GEMMs a layer
+ * instead of 7. False (nothing issued) when it cannot: the caller issues
+ * two GEMMs. */
+static bool gemm_pair(struct cuda_backend *c, float *const *outs, const struct cuk_weight *w0,
+                      const struct cuk_weight *w1, const uint16_t *xh, int n)
+{
+    if (!c->lt || !c->gemm_pair || n > LT_MAX_N || w0->dtype != w1->dtype ||
+        w0->rows != w1->rows || w0->cols != w1->cols || outs[0] == outs[1])
+        return false;
+    /* separate allocations: their distance as integers */
+    float *o0 = outs[0], *o1 = outs[1];
+    const void *a0 = w0->data, *a1 = w1->data;
+    if ((uintptr_t)a1 < (uintptr_t)a0) { /* both strides positive: the lower matrix first */
+        const void *ta = a0;
+        a0 = a1;
+        a1 = ta;
+        float *to = o0;
+        o0 = o1;
+        o1 = to;
+    }
+    uintptr_t da = (uintptr_t)a1 - (uintptr_t)a0;
+    if ((uintptr_t)o1 <= (uintptr_t)o0 || da % 2 || ((uintptr_t)o1 - (uintptr_t)o0) % 4)
+        return false;
+    int64_t sa = (int64_t)(da / 2), sc = (int64_t)(((uintptr_t)o1 - (uintptr_t)o0) / 4);
+    int align = ptr_align(a0);
+    const void *ps[] = {a1, xh, o0, o1};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        if (ptr_align(ps[i]) < align)
+            align = ptr_align(ps[i]);
+    cudaDataType t = w0->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    struct lt_plan *pl = lt_plan_get(c, w0->rows, n, w0->cols, w0->rows, t, align, 2, sa, sc);
+    if (!pl || !lt_set_strides(pl, sa, sc))
+        return false;
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasLtMatmul(c->lt, pl->op, &one, a0, pl->a, xh, pl->b, &zero, o0, pl->c, o0, pl->c,
+                       &pl->algo, c->blas_ws, BLAS_WS_BYTES, c->stream) != CUBLAS_STATUS_SUCCESS) {
+        pl->usable = false; /* refused at the call (nothing launched): not again */
+        return false;
+    }
+    return true;
 }
 
 /* x rounded to w's half type for a tensor-core GEMM: the copy the
@@ -1088,8 +1157,25 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
             return 0;
         }
     }
+    /* k/v (the last two of q/k/v) and gate/up: one call where the GEMM
+     * path takes them (gemm_pair) */
+    int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
+    bool paired = false;
+    if (pair >= 0 && n > c->gemv_max && !c->precise && !c->tc_ws && c->gemm_pair) {
+        const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
+        const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
+        if (sticky(c, e))
+            return -1;
+        if (p0->dtype == DT_BF16 || p0->dtype == DT_F16) {
+            const uint16_t *xh = half_x(c, x, n, p0);
+            if (!xh)
+                return sticky(c, e);
+            paired = gemm_pair(c, outs + pair, p0, p1, xh, n);
+        }
+    }
     for (int i = 0; i < k; i++)
-        if (matmul_x(be, outs[i], x, n, ts[i], false, e))
+        if (!(paired && (i == pair || i == pair + 1)) &&
+            matmul_x(be, outs[i], x, n, ts[i], false, e))
             return -1;
     return 0;
 }
@@ -2170,6 +2256,8 @@ static struct backend *cuda_create(int device, struct err *e)
     if (!(p && !strcmp(p, "0")) && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
+    p = getenv("CLLM_CUDA_GEMM_PAIR");
+    c->gemm_pair = !(p && !strcmp(p, "0"));
     p = getenv("CLLM_CUDA_GEMV_STAGED");
     c->gemv_staged = prop.major >= 9 && !(p && !strcmp(p, "0"));
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
