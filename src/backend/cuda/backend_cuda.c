@@ -851,11 +851,6 @@ static int ptr_align(const void *p)
     return (int)(u & -u);
 }
 
-/* The cuBLASLt setup of out^T[rows x n] (+)= (W^T)^T . x^T, made on first
- * use: cublasGemmEx makes it on every call, ~8.6 us of host time each
- * (measured on the H200: 1.45 ms of a 0.6B model's 8-stream decode step,
- * a step bound by the host). NULL when it cannot be set up (the caller
- * then uses cublasGemmEx); a shape that failed stays cached as unusable. */
 /* The strides of a batch of two: in elements, from the first matrix (and
  * output) to the second; the x layout's is 0 (shared). */
 static bool lt_set_strides(struct lt_plan *pl, int64_t sa, int64_t sc)
@@ -869,6 +864,13 @@ static bool lt_set_strides(struct lt_plan *pl, int64_t sa, int64_t sc)
                                             &sc, sizeof sc) == CUBLAS_STATUS_SUCCESS;
 }
 
+/* The cuBLASLt setup of out^T[rows x n] (+)= (W^T)^T . x^T, made on first
+ * use: cublasGemmEx makes it on every call, ~8.6 us of host time each
+ * (measured on the H200: 1.45 ms of a 0.6B model's 8-stream decode step,
+ * a step bound by the host). batch 2: a pair over one x (gemm_pair), its
+ * heuristic run with the strides sa, sc, which each call sets again. NULL
+ * when it cannot be set up (the caller then uses cublasGemmEx, or two
+ * calls); a shape that failed stays cached as unusable. */
 static struct lt_plan *lt_plan_get(struct cuda_backend *c, int rows, int n, int cols, int ldc,
                                    cudaDataType t, int align, int batch, int64_t sa, int64_t sc)
 {
@@ -985,7 +987,7 @@ static bool gemm_pair(struct cuda_backend *c, float *const *outs, const struct c
                       const struct cuk_weight *w1, const uint16_t *xh, int n)
 {
     if (!c->lt || !c->gemm_pair || n > LT_MAX_N || w0->dtype != w1->dtype ||
-        w0->rows != w1->rows || w0->cols != w1->cols || outs[0] == outs[1])
+        w0->rows != w1->rows || w0->cols != w1->cols)
         return false;
     /* separate allocations: their distance as integers */
     float *o0 = outs[0], *o1 = outs[1];
@@ -1000,7 +1002,7 @@ static bool gemm_pair(struct cuda_backend *c, float *const *outs, const struct c
     }
     uintptr_t da = (uintptr_t)a1 - (uintptr_t)a0;
     if ((uintptr_t)o1 <= (uintptr_t)o0 || da % 2 || ((uintptr_t)o1 - (uintptr_t)o0) % 4)
-        return false;
+        return false; /* the outputs in the other order (or one buffer) */
     int64_t sa = (int64_t)(da / 2), sc = (int64_t)(((uintptr_t)o1 - (uintptr_t)o0) / 4);
     int align = ptr_align(a0);
     const void *ps[] = {a1, xh, o0, o1};
