@@ -1,13 +1,14 @@
 /* test_gemm_tc - the tensor-core GEMM of batched decode steps (cuk_gemm_tc)
  * against a double-precision host product: bf16 and f16, 1 to 64 tokens
- * (every token-tile width), one stage and many, a partial last row block
- * and last column stage, row blocks split over several blocks (the
- * partial sums and their counters) and not, the accumulating form, an
- * output stride wider than the rows; that a call gives the same bits when
- * repeated, after calls of other shapes (the counters re-arm); that a chain of accumulating launches under programmatic
- * dependent launch gives the bits it gives without; and that it declines
- * what it does not take. Links the kernel library directly; prints
- * "skipped: no GPU" and passes without a Hopper GPU. */
+ * (every token-tile width), the default ring and the deepest, one stage
+ * and many, a partial last row block and last column stage, row blocks
+ * split over several blocks (the partial sums and their counters) and
+ * not, the accumulating form, an output stride wider than the rows; that
+ * a call gives the same bits when repeated after calls of other shapes
+ * (the counters re-arm); that a chain of accumulating launches under
+ * programmatic dependent launch gives the bits it gives without; and that
+ * it declines what it does not take. Links the kernel library directly;
+ * prints "skipped: no GPU" and passes without a Hopper GPU. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdbool.h>
@@ -232,7 +233,7 @@ int main(void)
     };
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-            for (int smem = 0; smem <= 120000; smem += 120000) /* deep ring, two stages */
+            for (int smem = 0; smem <= 226 * 1024; smem += 226 * 1024) /* default ring, deepest */
                 check_product(d ? DT_F16 : DT_BF16, shapes[i], smem);
     check_repeatable(1024, 3072, sm);
     check_repeatable(4096, 1024, 17);

@@ -298,7 +298,7 @@ cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk
 size_t cuk_gemm_tc_ws_bytes(int blocks);
 /* Launch shape of cuk_gemm_tc (measurement); zeros take the defaults. */
 struct cuk_tc_cfg {
-    int smem_bytes; /* shared memory per block (default 226 KB) */
+    int smem_bytes; /* shared memory per block (default 120 KB, at most 226) */
 };
 /* out[t * ldc + r] = (acc ? out[t * ldc + r] : 0) + x[t] . W[r] for n <=
  * CUK_TC_MAX_N rows of x (bf16/f16, W's type, cols apart) and the rows x
