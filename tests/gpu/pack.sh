@@ -15,8 +15,9 @@ mkdir -p .carry/bin .carry/lib .carry/shared/models
 cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" "$BUILD/libcllm_cuda.so" .carry/bin/
 # test_batch runs the batching equivalence tests on the GPU,
 # test_gemv_staged the staged GEMV kernel, test_gemm_tc the tensor-core
-# GEMM; bench_gemv times the GEMV kernels alone (all optional).
-for b in test_batch test_gemv_staged test_gemm_tc bench_gemv; do [ -x "$BUILD/$b" ] && cp "$BUILD/$b" .carry/bin/; done
+# GEMM; bench_gemv, bench_gemm_tc and bench_persist time kernels alone
+# (all optional; tests/gpu/perf.sh runs the benches).
+for b in test_batch test_gemv_staged test_gemm_tc bench_gemv bench_gemm_tc bench_persist; do [ -x "$BUILD/$b" ] && cp "$BUILD/$b" .carry/bin/; done
 for lib in $(ldd "$BUILD/cllm" "$BUILD/libcllm_cuda.so" | awk '/=>/ {print $3}' | sort -u | grep -v -E 'cuda|cublas|/libc\.|/libm\.|/libdl\.|/libpthread\.|/librt\.|/libstdc\+\+|/libgcc_s'); do
     cp -L "$lib" .carry/lib/
 done

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # tests/gpu/perf.sh - the H200 performance pass in one go, for one call on
 # the GPU machine:
-#   1. bench_gemv (GEMV kernels alone: GB/s per shape, n = 1..8),
+#   1. bench_gemv (GEMV kernels alone: GB/s per shape, n = 1..8), and when
+#      packed bench_gemm_tc (the opt-in tensor-core GEMM against cuBLAS,
+#      n = 2..64) and bench_persist (the decode GEMV chain, one launch per
+#      matrix against one persistent launch),
 #   2. `cllm bench` on random-weight Qwen3-0.6B and Llama-3.1-8B shapes
 #      (prefill pp512, decode tg128, batched decode at 1/8/32/64 streams),
 #   3. ncu per-kernel GPU time of one 8B prefill (512 tokens) when NCU=1,
 #      and of one decode step of each shape when NCU_DECODE=1.
 # Usage: tests/gpu/perf.sh BIN_DIR [SHAPES]
-#   BIN_DIR: cllm, gen_model, libcllm_cuda.so (and bench_gemv when built);
+#   BIN_DIR: cllm, gen_model, libcllm_cuda.so (and the benches when built);
 #   SHAPES: gen_model shapes (default "qwen3-0.6b llama3-8b");
 #   BATCH: the --batch list (default 1,8,32,64); OUT: where ncu csv goes;
 #   KEEP=1 keeps the generated models in $WORK.
@@ -21,6 +24,12 @@ if [ -x "$BIN/bench_gemv" ] && [ "${GEMV:-1}" = 1 ]; then
     echo "== bench_gemv"
     timeout 120 "$BIN/bench_gemv" || echo "bench_gemv: FAILED (rc $?)"
 fi
+for b in bench_gemm_tc bench_persist; do
+    if [ -x "$BIN/$b" ] && [ "${GEMV:-1}" = 1 ]; then
+        echo "== $b"
+        timeout 180 "$BIN/$b" || echo "$b: FAILED (rc $?)"
+    fi
+done
 
 for shape in $SHAPES; do
     f="$WORK/$shape-bf16.gguf"
