@@ -12,10 +12,18 @@
  *
  * Both replay a CUDA graph; the two final vectors must be equal bit for
  * bit (same arithmetic, same order). Prints µs per step and % of the
- * weight bytes ÷ --bw.
+ * weight bytes ÷ --bw, and for the persistent run where a matrix's time
+ * goes (per block, from %globaltimer: the barrier, staging x, the rows).
+ * Findings: docs/benchmarks.md, seventh pass.
  *
  *   bench_persist [--bw BYTES_PER_S] [--reps N] [--slot KB] [--ring KB]
- *                 [--shape 0.6b|8b|both] [--layers N]
+ *                 [--shape 0.6b|8b|tiny|both] [--layers N] [--barrier 0|1]
+ *                 [--ahead N]
+ *
+ * --slot, --ring: bytes per copy slot and per block's ring; tiny: matrices
+ * of ~0.3 MB, whose time is the fixed cost; --barrier 1: the barrier's
+ * arrival as red.release (0: fence + atomicAdd); --ahead N: each warp also
+ * pulls its next N items into L2 (cp.async.bulk.prefetch.L2).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -501,7 +509,8 @@ int main(int argc, char **argv)
             layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_persist [--bw B] [--reps N] [--slot KB] [--ring KB] "
-                            "[--shape 0.6b|8b|both] [--layers N]\n");
+                            "[--shape 0.6b|8b|tiny|both] [--layers N] [--barrier 0|1] "
+                            "[--ahead N]\n");
             return 2;
         }
     }
