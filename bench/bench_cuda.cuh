@@ -1,7 +1,7 @@
 /* bench_cuda.cuh - what the CUDA benchmarks share: a CUDA call that exits
- * with its error, and reproducible random fills on the device (a
- * splitmix hash of the index and a seed). Header-only: each benchmark is
- * one translation unit. */
+ * with its error, reproducible random fills on the device (a splitmix hash
+ * of the index and a seed), and timing calls replayed from a CUDA graph.
+ * Header-only: each benchmark is one translation unit. */
 #ifndef CLLM_BENCH_CUDA_CUH
 #define CLLM_BENCH_CUDA_CUH
 
@@ -46,6 +46,39 @@ static __global__ void k_fill_f32(float *x, size_t n, uint32_t seed)
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = urand(i, seed);
+}
+
+/* Microseconds per call of issue(stream, copy): reps calls (cycling
+ * through copy 0..copies-1) captured into a CUDA graph, which is replayed
+ * once to warm up, then `replays` times timed. */
+template <typename F> static double time_graph(int replays, int reps, int copies, F issue)
+{
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int it = 0; it < reps; it++)
+        issue(st, it % copies);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < replays; r++)
+        CK(cudaGraphLaunch(exec, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms_el = 0;
+    CK(cudaEventElapsedTime(&ms_el, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(st));
+    return ms_el * 1000.0 / ((double)replays * reps);
 }
 
 #endif

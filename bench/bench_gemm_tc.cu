@@ -63,9 +63,6 @@ int main(int argc, char **argv)
         {"8B down", 4096, 14336}, {"0.6B q/k/v", 4096, 1024},    {"0.6B o", 1024, 2048},
         {"0.6B gate", 3072, 1024}, {"0.6B down", 1024, 3072},
     };
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cublasSetStream(blas, st);
     uint16_t *x;
     float *out;
     CK(cudaMalloc(&x, (size_t)64 * 14336 * 2));
@@ -84,47 +81,23 @@ int main(int argc, char **argv)
         CK(cudaDeviceSynchronize());
         for (int ni = 0; ni < nn; ni++) {
             int n = ns[ni];
+            const struct cuk_tc_cfg cfg = {.smem_bytes = smem};
             double us[2];
-            for (int which = 0; which < 2; which++) {
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                for (int r = 0; r < reps; r++) {
-                    const uint16_t *wr = w[r % copies];
-                    if (which == 0) {
-                        const struct cuk_tc_cfg cfg = {.smem_bytes = smem};
-                        CK(cuk_gemm_tc(st, out, sh.rows, wr, DT_BF16, x, sh.rows, n, sh.cols, 0,
-                                       ws, sms * ctas, &cfg));
-                    } else {
-                        const float one = 1.0f, zero = 0.0f;
-                        if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows, n, sh.cols, &one,
-                                         wr, CUDA_R_16BF, sh.cols, x, CUDA_R_16BF, sh.cols, &zero,
-                                         out, CUDA_R_32F, sh.rows, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-                            fprintf(stderr, "cuBLAS failed\n");
-                            return 1;
-                        }
-                    }
+            us[0] = time_graph(3, reps, copies, [&](cudaStream_t s, int c) {
+                CK(cuk_gemm_tc(s, out, sh.rows, w[c], DT_BF16, x, sh.rows, n, sh.cols, 0, ws,
+                               sms * ctas, &cfg));
+            });
+            us[1] = time_graph(3, reps, copies, [&](cudaStream_t s, int c) {
+                const float one = 1.0f, zero = 0.0f;
+                if (cublasSetStream(blas, s) != CUBLAS_STATUS_SUCCESS ||
+                    cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.rows, n, sh.cols, &one, w[c],
+                                 CUDA_R_16BF, sh.cols, x, CUDA_R_16BF, sh.cols, &zero, out,
+                                 CUDA_R_32F, sh.rows, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                    fprintf(stderr, "cuBLAS failed\n");
+                    exit(1);
                 }
-                CK(cudaStreamEndCapture(st, &g));
-                CK(cudaGraphInstantiate(&ge, g, 0));
-                CK(cudaGraphLaunch(ge, st)); /* warm */
-                cudaEvent_t e0, e1;
-                CK(cudaEventCreate(&e0));
-                CK(cudaEventCreate(&e1));
-                CK(cudaEventRecord(e0, st));
-                for (int it = 0; it < 3; it++)
-                    CK(cudaGraphLaunch(ge, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                us[which] = ms * 1e3 / (3.0 * reps);
-                cudaGraphExecDestroy(ge);
-                cudaGraphDestroy(g);
-                cudaEventDestroy(e0);
-                cudaEventDestroy(e1);
-            }
+            });
             double floor_us = bytes / bw * 1e6;
             printf("%-12s %4d %10.2f %7.1f%% %10.2f %7.1f%%\n", sh.name, n, us[0],
                    100 * floor_us / us[0], us[1], 100 * floor_us / us[1]);

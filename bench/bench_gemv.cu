@@ -154,37 +154,6 @@ static int g_fail = 0;
  * kernel; --stage-cols N: its columns per copy */
 static int g_stage_kb[8], g_n_stage, g_stage_cols;
 
-/* Microseconds per call of issue(stream, copy) replayed reps times from a
- * CUDA graph (one warm-up replay first). */
-template <typename F> static double time_graph(int reps, int copies, F issue)
-{
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int it = 0; it < reps; it++)
-        issue(st, it % copies);
-    CK(cudaStreamEndCapture(st, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms_el = 0;
-    CK(cudaEventElapsedTime(&ms_el, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-    CK(cudaStreamDestroy(st));
-    return ms_el * 1000.0 / reps;
-}
-
 /* Runs shape sh (k matrices over one x) for n tokens: check, then time.
  * Returns microseconds per call. */
 static double run_shape(const struct shape *sh, struct mat *ms, int n, const float *dx,
@@ -250,7 +219,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     }
     /* timing: reps calls cycling the copies, recorded into one CUDA graph
      * (as decode runs); one warm-up replay, then one timed replay */
-    double us = time_graph(reps, ms[0].copies, [&](cudaStream_t st, int c) {
+    double us = time_graph(1, reps, ms[0].copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++) {
             w[i] = mat_w(&ms[i], c);
             wp[i] = &w[i];
@@ -273,7 +242,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
             continue;
         }
         CK(err);
-        double sus = time_graph(reps, ms[0].copies, [&](cudaStream_t st, int c) {
+        double sus = time_graph(1, reps, ms[0].copies, [&](cudaStream_t st, int c) {
             for (int i = 0; i < k; i++) {
                 w[i] = mat_w(&ms[i], c);
                 wp[i] = &w[i];
@@ -357,19 +326,19 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         free(b);
     }
     int copies = ms[0].copies;
-    *fused_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+    *fused_us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++)
             w[i] = mat_w(&ms[i], c);
         CK(cuk_gemv_fused(st, douts, &in, n, wp, k, sh->add ? CUK_OUT_ADD : CUK_OUT_STORE));
     });
-    *plain_us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+    *plain_us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
         for (int i = 0; i < k; i++)
             w[i] = mat_w(&ms[i], c);
         plain_issue(st, sh, wp, n, dx, fb->ref, fb);
     });
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
         struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
-        double us = time_graph(reps, copies, [&](cudaStream_t st, int c) {
+        double us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
             for (int i = 0; i < k; i++)
                 w[i] = mat_w(&ms[i], c);
             cudaError_t err = cuk_gemv_staged(st, douts, &in, wp, k,

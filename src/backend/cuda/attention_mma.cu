@@ -29,23 +29,6 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
-/* D += A B: A 16x16 (row), B 16x8 (col), bf16 in, f32 accumulators. */
-static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -341,9 +324,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             for (int j = 0; j < KT; j++) {
                 /* matrices: keys 8j..8j+7 at dims 16ks + 8 * (0..3) */
                 uint32_t kb[4];
-                ldsm_x4(kb, tile_addr<HD>(ktile(b), 8 * j + (lane & 7), 2 * ks + (lane >> 3)));
-                mma_bf16(s[j], qf[ks], kb[0], kb[1]);
-                mma_bf16(s[j], qf[ks + 1], kb[2], kb[3]);
+                cuk_ldsm_x4(kb, tile_addr<HD>(ktile(b), 8 * j + (lane & 7), 2 * ks + (lane >> 3)));
+                cuk_mma16816(s[j], qf[ks], kb[0], kb[1]);
+                cuk_mma16816(s[j], qf[ks + 1], kb[2], kb[3]);
             }
 
         online_softmax<KT, DT>(s, o, m, l, pos, start, t0, tig);
@@ -363,8 +346,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                 int mi = lane >> 3, key = 16 * kk + (mi & 1) * 8 + (lane & 7);
                 uint32_t vb[4];
                 ldsm_x4_trans(vb, tile_addr<HD>(vtile(b), key, 2 * j2 + (mi >> 1)));
-                mma_bf16(o[2 * j2], pa, vb[0], vb[1]);
-                mma_bf16(o[2 * j2 + 1], pa, vb[2], vb[3]);
+                cuk_mma16816(o[2 * j2], pa, vb[0], vb[1]);
+                cuk_mma16816(o[2 * j2 + 1], pa, vb[2], vb[3]);
             }
         }
         __syncthreads(); /* every warp is done with buffer b before it is refilled */
@@ -412,14 +395,10 @@ static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const 
 {
     int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
     size_t smem = 4 * (size_t)AM_KEYS * HD * 2; /* K and V, two buffers each */
-    static bool opted_in;
-    if (!opted_in) { /* above 48 KB a kernel must opt in, once */
-        cudaError_t err = cudaFuncSetAttribute(
-            k_attention_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (err != cudaSuccess)
-            return err;
-        opted_in = true;
-    }
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_mma<HD>, smem, &opted);
+    if (err != cudaSuccess)
+        return err;
     dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads, (unsigned)n_splits);
     return cuk_launch(k_attention_mma<HD>, grid, AM_WARPS * 32, smem, s, out, q, kc, vc, table,
                       *g, bq, n_splits, ws, cnt);
@@ -654,12 +633,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
                 uint32_t kb[4];
-                ldsm_x4(kb, tile_addr<HD>(ktile(b), 16 * warp + 8 * jj + (lane & 7),
+                cuk_ldsm_x4(kb, tile_addr<HD>(ktile(b), 16 * warp + 8 * jj + (lane & 7),
                                           2 * ks + (lane >> 3)));
-                mma_bf16(s[jj], qhi[ks], kb[0], kb[1]);
-                mma_bf16(s[jj], qlo[ks], kb[0], kb[1]);
-                mma_bf16(s[jj], qhi[ks + 1], kb[2], kb[3]);
-                mma_bf16(s[jj], qlo[ks + 1], kb[2], kb[3]);
+                cuk_mma16816(s[jj], qhi[ks], kb[0], kb[1]);
+                cuk_mma16816(s[jj], qlo[ks], kb[0], kb[1]);
+                cuk_mma16816(s[jj], qhi[ks + 1], kb[2], kb[3]);
+                cuk_mma16816(s[jj], qlo[ks + 1], kb[2], kb[3]);
             }
         online_softmax<2, DT>(s, o, m, l, pos, start, t0 + 16 * warp, tig);
         uint32_t phi[4], plo[4];
@@ -672,10 +651,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             int mi = lane >> 3, key = 16 * warp + (mi & 1) * 8 + (lane & 7);
             uint32_t vb[4];
             ldsm_x4_trans(vb, tile_addr<HD>(vtile(b), key, 2 * j2 + (mi >> 1)));
-            mma_bf16(o[2 * j2], phi, vb[0], vb[1]);
-            mma_bf16(o[2 * j2], plo, vb[0], vb[1]);
-            mma_bf16(o[2 * j2 + 1], phi, vb[2], vb[3]);
-            mma_bf16(o[2 * j2 + 1], plo, vb[2], vb[3]);
+            cuk_mma16816(o[2 * j2], phi, vb[0], vb[1]);
+            cuk_mma16816(o[2 * j2], plo, vb[0], vb[1]);
+            cuk_mma16816(o[2 * j2 + 1], phi, vb[2], vb[3]);
+            cuk_mma16816(o[2 * j2 + 1], plo, vb[2], vb[3]);
         }
         __syncthreads();
     }
@@ -807,21 +786,12 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
                               int n_splits, float *ws, unsigned *cnt,
                               const struct cuk_dec_rope *rope)
 {
-    static bool opted_in;
-    if (!opted_in) {
-        cudaError_t err = cudaFuncSetAttribute(k_attention_dec<HD>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)dec_smem<HD>(true));
-        /* all unified memory as shared memory: the next GEMV's staged
-         * block (gemv_staged.cu) fits beside this kernel's */
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(k_attention_dec<HD>,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       (int)cudaSharedmemCarveoutMaxShared);
-        if (err != cudaSuccess)
-            return err;
-        opted_in = true;
-    }
+    /* with all unified memory as shared memory, the next GEMV's staged
+     * block (gemv_staged.cu) fits beside this kernel's */
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD>, dec_smem<HD>(true), &opted, true);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k_attention_dec<HD>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
                       AM_WARPS * 32, dec_smem<HD>(rope != nullptr), s, out, q, (uint16_t *)kc,
                       (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
@@ -847,15 +817,10 @@ static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, 
                                     const void *vc, const int *meta, const struct cuk_attn *g,
                                     int max_splits, float *ws, unsigned *cnt)
 {
-    static bool opted_in;
-    if (!opted_in) {
-        cudaError_t err = cudaFuncSetAttribute(k_attention_dec_batch<HD>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)dec_smem<HD>(false));
-        if (err != cudaSuccess)
-            return err;
-        opted_in = true;
-    }
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_dec_batch<HD>, dec_smem<HD>(false), &opted);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k_attention_dec_batch<HD>,
                       dim3((unsigned)g->n, (unsigned)g->n_kv_heads, (unsigned)max_splits),
                       AM_WARPS * 32, dec_smem<HD>(false), s, out, q, (const uint16_t *)kc,

@@ -337,28 +337,14 @@ extern "C" int cuk_attention_tiled_ok(const struct cuk_attn *g)
            g->n_heads % g->n_kv_heads == 0 && g->n_heads / g->n_kv_heads <= TA_WARPS * 8;
 }
 
-/* Above the default 48 KB a kernel must opt in to its dynamic shared
- * memory, once per kernel: setting it may wait for the device, which would
- * stall issuing every step. */
-template <typename K>
-static cudaError_t opt_in_smem(K kernel, size_t smem, bool *done)
-{
-    if (*done)
-        return cudaSuccess;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    *done = err == cudaSuccess;
-    return err;
-}
-
 template <int HD, int RPW, typename T>
 static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, const T *kc,
                                 const T *vc, const int *table, const struct cuk_attn *g)
 {
     int G = g->n_heads / g->n_kv_heads, bq = TA_WARPS * RPW / G;
     size_t smem = ta_smem_bytes<HD, RPW>();
-    static bool opted_in;
-    cudaError_t err = opt_in_smem(k_attention_tiled<HD, RPW, T>, smem, &opted_in);
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_tiled<HD, RPW, T>, smem, &opted);
     if (err != cudaSuccess)
         return err;
     dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads);
@@ -420,8 +406,8 @@ static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, cons
 {
     int bq = cuk_attention_short_rows(g);
     size_t smem = ta_smem_bytes<HD, 1>();
-    static bool opted_in;
-    cudaError_t err = opt_in_smem(k_attention_tiled_batch<HD, 1, T>, smem, &opted_in);
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_tiled_batch<HD, 1, T>, smem, &opted);
     if (err != cudaSuccess)
         return err;
     return cuk_launch(k_attention_tiled_batch<HD, 1, T>,

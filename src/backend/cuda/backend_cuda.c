@@ -844,10 +844,13 @@ static void lt_plan_clear(struct lt_plan *pl)
     pl->usable = false;
 }
 
-/* The largest power of two up to 256 that p is a multiple of. */
-static int ptr_align(const void *p)
+/* The largest power of two up to 256 that every one of the n pointers ps
+ * is a multiple of. */
+static int ptrs_align(const void *const *ps, size_t n)
 {
-    uintptr_t u = (uintptr_t)p | 256;
+    uintptr_t u = 256;
+    for (size_t i = 0; i < n; i++)
+        u |= (uintptr_t)ps[i];
     return (int)(u & -u);
 }
 
@@ -953,11 +956,8 @@ static int gemm(struct cuda_backend *c, float *out, int ldc, const void *w, cons
             return fail_cuda(c, "tensor-core GEMM", err) ? sticky(c, e) : 0;
     }
     if (c->lt && n <= LT_MAX_N && t != CUDA_R_32F) {
-        int align = ptr_align(w);
-        if (ptr_align(x) < align)
-            align = ptr_align(x);
-        if (ptr_align(out) < align)
-            align = ptr_align(out);
+        const void *ps[] = {w, x, out};
+        int align = ptrs_align(ps, 3);
         struct lt_plan *pl = lt_plan_get(c, rows, n, cols, ldc, t, align, 1, 0, 0);
         if (pl) {
             if (cublasLtMatmul(c->lt, pl->op, &one, w, pl->a, x, pl->b, &beta, out, pl->c, out,
@@ -1004,11 +1004,8 @@ static bool gemm_pair(struct cuda_backend *c, float *const *outs, const struct c
     if ((uintptr_t)o1 <= (uintptr_t)o0 || da % 2 || ((uintptr_t)o1 - (uintptr_t)o0) % 4)
         return false; /* the outputs in the other order (or one buffer) */
     int64_t sa = (int64_t)(da / 2), sc = (int64_t)(((uintptr_t)o1 - (uintptr_t)o0) / 4);
-    int align = ptr_align(a0);
-    const void *ps[] = {a1, xh, o0, o1};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
-        if (ptr_align(ps[i]) < align)
-            align = ptr_align(ps[i]);
+    const void *ps[] = {a0, a1, xh, o0, o1};
+    int align = ptrs_align(ps, sizeof ps / sizeof ps[0]);
     cudaDataType t = w0->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     struct lt_plan *pl = lt_plan_get(c, w0->rows, n, w0->cols, w0->rows, t, align, 2, sa, sc);
     if (!pl || !lt_set_strides(pl, sa, sc))
@@ -2151,6 +2148,20 @@ static int cuda_device_count(struct err *e)
     return n;
 }
 
+/* The environment's switches: env_off for those on unless set to "0",
+ * env_on for those off unless set to something other than "" or "0". */
+static bool env_off(const char *name)
+{
+    const char *p = getenv(name);
+    return p && !strcmp(p, "0");
+}
+
+static bool env_on(const char *name)
+{
+    const char *p = getenv(name);
+    return p && *p && strcmp(p, "0") != 0;
+}
+
 static struct backend *cuda_create(int device, struct err *e)
 {
     int count = 0;
@@ -2231,41 +2242,31 @@ static struct backend *cuda_create(int device, struct err *e)
         free(c);
         return NULL;
     }
-    const char *p = getenv("CLLM_CUDA_PRECISE");
-    c->precise = p && *p && strcmp(p, "0") != 0;
+    c->precise = env_on("CLLM_CUDA_PRECISE");
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
-    p = getenv("CLLM_CUDA_GEMV_MAX");
+    const char *p = getenv("CLLM_CUDA_GEMV_MAX");
     c->gemv_max = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX ? atoi(p) : CUK_GEMV_DEFAULT;
     c->half_type = -1;
     p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
     c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
-    p = getenv("CLLM_CUDA_ATT_MMA");
-    c->att_mma = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_PDL");
-    cuk_set_pdl(!(p && !strcmp(p, "0")));
+    c->att_mma = !env_off("CLLM_CUDA_ATT_MMA");
+    cuk_set_pdl(!env_off("CLLM_CUDA_PDL"));
     p = getenv("CLLM_KV_DTYPE");
     c->kv_bf16 = !c->precise && !(p && !strcmp(p, "f32"));
-    p = getenv("CLLM_COMPILED_DECODE");
-    c->graphs = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_FUSE");
-    c->fuse = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_ROPE_ATT");
-    c->rope_att = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_SWIGLU_OUT");
-    c->swiglu_out = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_LT");
-    if (!(p && !strcmp(p, "0")) && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
+    c->graphs = !env_off("CLLM_COMPILED_DECODE");
+    c->fuse = !env_off("CLLM_CUDA_FUSE");
+    c->rope_att = !env_off("CLLM_CUDA_ROPE_ATT");
+    c->swiglu_out = !env_off("CLLM_CUDA_SWIGLU_OUT");
+    if (!env_off("CLLM_CUDA_LT") && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
-    p = getenv("CLLM_CUDA_GEMM_PAIR");
-    c->gemm_pair = !(p && !strcmp(p, "0"));
-    p = getenv("CLLM_CUDA_GEMV_STAGED");
-    c->gemv_staged = prop.major >= 9 && !(p && !strcmp(p, "0"));
+    c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
+    c->gemv_staged = prop.major >= 9 && !env_off("CLLM_CUDA_GEMV_STAGED");
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
     p = getenv("CLLM_CUDA_GEMM_TC");
-    if (prop.major >= 9 && p && !strcmp(p, "1")) {
+    if (prop.major >= 9 && p && !strcmp(p, "1")) { /* opt-in: "1" only */
         p = getenv("CLLM_CUDA_TC_CTAS");
         c->tc_blocks = c->n_sms * (p && atoi(p) == 2 ? 2 : 1);
         p = getenv("CLLM_CUDA_TC_SMEM");
@@ -2287,14 +2288,12 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage.chunk_cols = p && atoi(p) > 0 && atoi(p) % 256 == 0 ? atoi(p) : 0;
     p = getenv("CLLM_CUDA_STAGE_KB");
     c->stage.smem_bytes = p && atoi(p) >= 16 && atoi(p) <= 227 ? atoi(p) * 1024 : 0;
-    p = getenv("CLLM_CUDA_TIMING");
-    c->timing = p && *p && strcmp(p, "0") != 0;
+    c->timing = env_on("CLLM_CUDA_TIMING");
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)
             c->timing = false;
     c->ops = cuda_ops;
-    p = getenv("CLLM_CUDA_SAMPLE"); /* 0: sampled rows go to the host's sampler */
-    if (p && !strcmp(p, "0"))
+    if (env_off("CLLM_CUDA_SAMPLE")) /* sampled rows go to the host's sampler */
         c->ops.sample_rows = NULL;
     c->be.ops = &c->ops;
     c->be.impl = c;

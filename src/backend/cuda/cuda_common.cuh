@@ -229,6 +229,44 @@ static __device__ __forceinline__ void cuk_mbar_wait(uint64_t *bar, unsigned par
 }
 #endif
 
+/* ---- Tensor-core fragments (mma.sync m16n8k16), shared by the attention
+ * kernels (attention_mma.cu) and the batched GEMM (gemm_tc.cu). */
+
+/* D += A B: A 16x16 (row), B 16x8 (col), bf16 in (f16 with F16), f32
+ * accumulators. */
+template <bool F16 = false>
+static __device__ __forceinline__ void cuk_mma16816(float (&d)[4], const uint32_t (&a)[4],
+                                                    uint32_t b0, uint32_t b1)
+{
+    if (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four (two) 8x8 b16 matrices from shared memory at addr (a shared-window
+ * address), lanes 0-7 giving the first one's row addresses, 8-15 the
+ * second's, and so on. */
+static __device__ __forceinline__ void cuk_ldsm_x4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void cuk_ldsm_x2(uint32_t (&r)[2], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
 /* K/V cache elements: T is float (f32 pool) or uint16_t (bf16 pool);
  * stores round to nearest even, loads widen exactly. */
 static __device__ __forceinline__ float kv_ld(const float *p, size_t i) { return p[i]; }
@@ -319,6 +357,29 @@ static inline cudaError_t cuk_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
     cfg.attrs = at;
     cfg.numAttrs = cuk_pdl_enabled() ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
+}
+
+/* Lets kernel (one instantiation) take smem bytes of dynamic shared memory
+ * (above the default 48 KB a kernel must opt in) and, with max_carveout,
+ * prefer all of the SM's unified memory as shared memory. Done once per
+ * size: setting it may wait for the device, which would stall issuing
+ * every step. *opted: the caller's record of the largest size set up (a
+ * static per instantiation; process-wide, though the setting is per
+ * device). */
+template <typename K>
+static inline cudaError_t cuk_smem_opt_in(K kernel, size_t smem, int *opted,
+                                          bool max_carveout = false)
+{
+    if ((int)smem <= *opted)
+        return cudaSuccess;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err == cudaSuccess && max_carveout)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared);
+    if (err == cudaSuccess)
+        *opted = (int)smem;
+    return err;
 }
 
 #endif

@@ -80,35 +80,6 @@ static __device__ __forceinline__ int tc_owner(const struct tcp &p, int s)
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-template <int WT>
-static __device__ __forceinline__ void tc_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    if (WT == DT_BF16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void tc_ldm4(uint32_t *r, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(cuk_smem_addr(p)));
-}
-
-static __device__ __forceinline__ void tc_ldm2(uint32_t *r, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(cuk_smem_addr(p)));
-}
-
 /* One tensor copy: the tile at column c0, row r0 of the tensor map m into
  * shared memory at dst, completing on bar. */
 static __device__ __forceinline__ void tc_tma(void *dst, const CUtensorMap *m, int c0, int r0,
@@ -288,19 +259,20 @@ __global__ void __launch_bounds__(TC_THREADS, 1) k_gemm_tc(const __grid_constant
             for (int kk = 0; kk < TC_KC / 16; kk++) {
                 const int t = kk / 4, c = (kk % 4) * 2; /* tile, its first 16-byte chunk */
                 uint32_t a[4];
-                tc_ldm4(a, arow + t * (TC_ROWS * TC_TILE * 2) + (((c + ahalf) ^ key) << 4));
+                cuk_ldsm_x4(a, cuk_smem_addr(arow + t * (TC_ROWS * TC_TILE * 2) +
+                                             (((c + ahalf) ^ key) << 4)));
                 const unsigned char *bt = brow + t * XT + (((c + bhalf) ^ key) << 4);
                 if (NT8 == 1) {
                     uint32_t b[2];
-                    tc_ldm2(b, bt);
-                    tc_mma<WT>(acc[0], a, b[0], b[1]);
+                    cuk_ldsm_x2(b, cuk_smem_addr(bt));
+                    cuk_mma16816<WT == DT_F16>(acc[0], a, b[0], b[1]);
                 } else {
 #pragma unroll
                     for (int j = 0; j < NT8; j += 2) {
                         uint32_t b[4];
-                        tc_ldm4(b, bt + (size_t)j * 8 * (TC_TILE * 2));
-                        tc_mma<WT>(acc[j], a, b[0], b[1]);
-                        tc_mma<WT>(acc[j + 1], a, b[2], b[3]);
+                        cuk_ldsm_x4(b, cuk_smem_addr(bt + (size_t)j * 8 * (TC_TILE * 2)));
+                        cuk_mma16816<WT == DT_F16>(acc[j], a, b[0], b[1]);
+                        cuk_mma16816<WT == DT_F16>(acc[j + 1], a, b[2], b[3]);
                     }
                 }
             }
@@ -364,14 +336,10 @@ static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, int blocks, int bud
     p->stages = stages;
     size_t smem = TC_HDR + 1024 + (size_t)stages * ST;
     auto k = k_gemm_tc<WT, NT8>;
-    static int opted; /* the largest shared memory this instance is set up for */
-    if ((int)smem > opted) {
-        cudaError_t err =
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (err != cudaSuccess)
-            return err;
-        opted = (int)smem;
-    }
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k, (unsigned)blocks, TC_THREADS, smem, st, *p);
 }
 

@@ -313,19 +313,12 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     }
     p->slots = slots;
     auto k = k_gemv_staged<WT, IN, PAIR>;
-    static int opted; /* the largest shared memory this instance is set up for */
-    if ((int)smem > opted) {
-        cudaError_t err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem);
-        /* all of the SM's unified memory as shared memory, so the decode
-         * attention kernel's block fits beside this one */
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       (int)cudaSharedmemCarveoutMaxShared);
-        if (err != cudaSuccess)
-            return err;
-        opted = (int)smem;
-    }
+    /* with all unified memory as shared memory, the decode attention
+     * kernel's block fits beside this one */
+    static int opted;
+    cudaError_t err = cuk_smem_opt_in(k, smem, &opted, true);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k, (unsigned)blocks, GEMV_THREADS, smem, st, *p, *in);
 }
 
