@@ -1271,6 +1271,95 @@ static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16
     runner_close(&rn);
 }
 
+/* Several sequences decoded in lockstep through forward_batch (batched
+ * decode steps), greedy and sampled ones mixed: prompts of different
+ * lengths, one that crosses the 1024-position block-table bucket, and
+ * sequences that stop early, so the step's shape changes under the
+ * recording. ids: [BATCH_SEQS][BATCH_STEPS], -1 after a sequence stops. */
+#define BATCH_SEQS 5
+#define BATCH_STEPS 80
+static void batch_decode(struct runner *r, int *ids)
+{
+    static const int plen[BATCH_SEQS] = {5, 40, 200, 990, 17};
+    static const int stop[BATCH_SEQS] = {BATCH_STEPS, 55, BATCH_STEPS, BATCH_STEPS, 30};
+    struct err e = {{0}};
+    int vocab = r->m.cfg.vocab_size;
+    struct kv_seq seqs[BATCH_SEQS] = {{0}};
+    int cur[BATCH_SEQS], nxt[BATCH_SEQS], prompt[1000];
+    float *logits = malloc(sizeof(float) * (size_t)vocab * BATCH_SEQS);
+    for (int s = 0; s < BATCH_SEQS && !e.msg[0]; s++) {
+        for (int i = 0; i < plen[s]; i++)
+            prompt[i] = 1 + (int)(((unsigned)i * 7919u + (unsigned)s * 104729u) % (unsigned)(vocab - 1));
+        if (forward_tokens(&r->fs, &r->pool, &seqs[s], prompt, plen[s], false, logits, &e) == 0)
+            cur[s] = sample_argmax(logits, vocab);
+    }
+    for (int t = 0; t < BATCH_STEPS && !e.msg[0]; t++) {
+        struct forward_seg segs[BATCH_SEQS];
+        struct sample_params sp[BATCH_SEQS];
+        int n = 0, who[BATCH_SEQS];
+        for (int s = 0; s < BATCH_SEQS; s++) {
+            ids[s * BATCH_STEPS + t] = t < stop[s] ? cur[s] : -1;
+            if (t >= stop[s])
+                continue;
+            sp[n] = (struct sample_params){.temperature = s % 2 ? 0.8f : 0.0f, .top_p = 0.95f,
+                                           .u = ((t * 37 + s * 11) % 100) / 100.0};
+            segs[n] = (struct forward_seg){.seq = &seqs[s], .tokens = &cur[s], .n = 1,
+                                           .logits = true, .next = &nxt[s], .sample = &sp[n]};
+            who[n++] = s;
+        }
+        if (forward_batch(&r->fs, &r->pool, segs, n, logits, &e))
+            break;
+        for (int i = 0; i < n; i++)
+            cur[who[i]] = nxt[who[i]];
+    }
+    CHECK(e.msg[0] == 0, "batched decode: %s", e.msg);
+    for (int s = 0; s < BATCH_SEQS; s++)
+        kv_seq_release(&r->pool, &seqs[s]);
+    free(logits);
+}
+
+/* Batched decode steps replayed from CUDA graphs against the same steps
+ * run eagerly: the same ids, and the graphs were recorded and replayed. */
+static void check_batch_graphs_vs_eager(const char *model_dir, bool kv_bf16)
+{
+    struct runner rg, rn;
+    kv_bf16_next = kv_bf16;
+    if (gpu_runner(&rg, model_dir, 64, false, NULL, 256))
+        return;
+    no_graphs = true;
+    kv_bf16_next = kv_bf16;
+    if (gpu_runner(&rn, model_dir, 64, false, NULL, 256)) {
+        runner_close(&rg);
+        return;
+    }
+    int *a = calloc(BATCH_SEQS * BATCH_STEPS, sizeof(int));
+    int *b = calloc(BATCH_SEQS * BATCH_STEPS, sizeof(int));
+    batch_decode(&rg, a);
+    batch_decode(&rn, b);
+    int first = -1;
+    for (int i = 0; i < BATCH_SEQS * BATCH_STEPS && first < 0; i++)
+        if (a[i] != b[i])
+            first = i;
+    long rec[2] = {0}, rep[2] = {0}, rec_n[2] = {0}, rep_n[2] = {0};
+    rg.be->ops->step_stats(rg.be, rec, rep);
+    rn.be->ops->step_stats(rn.be, rec_n, rep_n);
+    const char *slash = strrchr(model_dir, '/');
+    CHECK(first < 0, "%s: batched decode with CUDA graphs differs from eager: sequence %d, step %d",
+          model_dir, first / BATCH_STEPS, first % BATCH_STEPS);
+    /* shapes of 5, 4 and 3 sequences, and 3 in the next bucket */
+    CHECK(rec[1] >= 4 && rep[1] >= 60, "%s: %ld batched decode graphs recorded, %ld replayed",
+          model_dir, rec[1], rep[1]);
+    CHECK(rec_n[1] == 0 && rep_n[1] == 0, "%s: graphs recorded with CLLM_COMPILED_DECODE=0",
+          model_dir);
+    printf("cuda batched graphs vs eager %s, %s K/V: %s (%ld recorded, %ld replayed)\n",
+           slash ? slash + 1 : model_dir, kv_bf16 ? "bf16" : "f32",
+           first < 0 ? "identical ids" : "DIFFER", rec[1], rep[1]);
+    free(a);
+    free(b);
+    runner_close(&rg);
+    runner_close(&rn);
+}
+
 /* The device argmax (greedy decoding's only copy to the host) against the
  * host's sample_argmax: random rows, ties (the lowest index wins), -inf. */
 static void check_argmax(void)
@@ -1902,6 +1991,8 @@ int main(void)
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_graphs_vs_eager(path, 1100, false);
     check_graphs_vs_eager(path, 300, true);
+    check_batch_graphs_vs_eager(path, true);
+    check_batch_graphs_vs_eager(path, false);
     check_device_greedy(path, 300);
     /* bf16 weights: decode through the fused GEMV kernels (norm, SwiGLU and
      * residual add in the matmuls) and the q/k norm in RoPE + K/V store */
@@ -1909,6 +2000,10 @@ int main(void)
     check_device_greedy(path, 32);
     check_graphs_vs_eager(path, 300, true);
     check_graphs_vs_eager(path, 300, false);
+    check_batch_graphs_vs_eager(path, true);
+    /* head_dim 128 on a bf16 cache: the tensor-core decode kernel */
+    snprintf(path, sizeof path, "%s/oracle/qwen3_hd128", fixtures_dir);
+    check_batch_graphs_vs_eager(path, true);
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_engine_sampling(path, true);
     check_engine_sampling_large();

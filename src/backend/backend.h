@@ -76,15 +76,20 @@ struct matmul_in {
     float eps;
 };
 
-/* One forward step of one sequence, as model/forward.c issues it. */
+/* One forward step, as model/forward.c issues it. */
 struct backend_step {
     const void *owner;          /* the forward state whose buffers the ops use */
     int n, pos0;                /* tokens and the position of the first */
     int n_seg;                  /* sequences in the step (n == n_seg: all decodes) */
     const int *tokens;          /* host, n ids */
     const struct kv_pool *pool;
-    const struct kv_seq *seq;
-    bool logits;                /* ends with the logits of its last row */
+    const struct kv_seq *seq;   /* the first segment's sequence */
+    const struct batch_seg *segs; /* n_seg > 1: the segments, as the ops get them */
+    bool logits;                /* one segment: ends with the logits of its last row */
+    /* n_seg > 1 one-token segments that all want their logits, which the
+     * step ends with in segment order (n_seg rows; a batched decode step):
+     * a shape the backend may record and replay like a single decode. */
+    bool decodes;
 };
 
 /* How one row of a step's logits becomes a token on the device
@@ -201,7 +206,8 @@ struct backend_ops {
      * step_end gets the status of the issued ops and returns 1 when a
      * recording failed and the ops must be issued again (they then run
      * eagerly), 0 when done, -1 on error. Replays produce bit-identical
-     * results to eager steps. */
+     * results to eager steps. Only steps with logits (one segment) or
+     * decodes (every segment) are ever replayed. */
     int (*step_begin)(struct backend *be, const struct backend_step *st, struct err *e);
     int (*step_end)(struct backend *be, int ops_rc, struct err *e);
     /* *out (host) = the index of the largest of n floats of backend memory
@@ -239,6 +245,9 @@ struct backend_ops {
      * forward_seg's sample). */
     int (*sample_rows)(struct backend *be, int *out, const float *x, int rows, int n,
                        const struct sample_params *p, struct err *e);
+    /* Optional: steps recorded (step_begin/step_end) and replayed so far,
+     * by kind: [0] single-sequence decodes, [1] batched decodes. */
+    void (*step_stats)(struct backend *be, long recorded[2], long replayed[2]);
 };
 
 struct backend {

@@ -196,7 +196,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         op->rmsnorm(be, fs->q, fs->q, w->q_norm.data, n * c->n_heads, c->head_dim, c->norm_eps);
         op->rmsnorm(be, fs->k, fs->k, w->k_norm.data, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    if (batch) { /* fs->bsegs: filled by batch_ops */
+    if (batch) { /* fs->bsegs: filled by step_forward */
         struct attn_args a = {
             .n = n, .pos0 = 0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
             .head_dim = c->head_dim, .sliding_window = c->sliding_window,
@@ -276,9 +276,6 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = fs->be->ops;
     op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
-    for (int s = 0; s < n_seg && n_seg > 1; s++) /* once per step, for every layer */
-        fs->bsegs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
-                                          .pos0 = segs[s].seq->n_tokens};
     bool normed = false;
     for (int l = 0; l < c->n_layers; l++)
         if (layer_forward(fs, pool, segs, n_seg, l, n, &normed, e))
@@ -353,20 +350,30 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (kv_seq_reserve(pool, segs[s].seq, segs[s].seq->n_tokens + segs[s].n, e))
             return -1;
     }
+    /* fs->bsegs: what the batched ops and the step get, once per step */
+    bool decodes = n_seg > 1 && n == n_seg && !all_rows;
+    for (int s = 0; s < n_seg && n_seg > 1; s++) {
+        fs->bsegs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
+                                          .pos0 = segs[s].seq->n_tokens};
+        decodes = decodes && segs[s].logits && seg_picked(fs, &segs[s]);
+    }
     /* A backend may record the step's ops and replay them for later steps
-     * of the same shape (CUDA graphs for single-sequence decode); see
-     * backend.h. Multi-sequence steps run eagerly. */
+     * of the same shape (CUDA graphs for decode, single or batched); see
+     * backend.h. A batched decode's rows are then in segment order: every
+     * segment is picked, so batch_ops gathers them in one run. */
     struct backend_step st = {.owner = fs, .n = n, .n_seg = n_seg, .pos0 = segs[0].seq->n_tokens,
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
-                              .logits = n_seg == 1 && !all_rows && segs[0].logits};
+                              .segs = n_seg > 1 ? fs->bsegs : NULL,
+                              .logits = n_seg == 1 && !all_rows && segs[0].logits,
+                              .decodes = decodes};
     int rows = 0;
     for (int attempt = 0;; attempt++) {
         int r = op->step_begin ? op->step_begin(fs->be, &st, e) : 0;
         if (r < 0)
             return -1;
         int rc = 0;
-        if (r == 1) {
-            rows = 1;
+        if (r == 1) { /* replayed: a decode, single or batched */
+            rows = decodes ? n_seg : 1;
         } else {
             rows = batch_ops(fs, pool, segs, n_seg, fs->ids, n, all_rows, e);
             rc = rows < 0 ? -1 : 0;

@@ -64,7 +64,8 @@
 
 /* Bytes of f32 weights one chunk of the widening path may take. */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
-#define MAX_GRAPHS 8
+#define MAX_GRAPHS 32
+#define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 #define MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
@@ -75,7 +76,9 @@
 
 struct step_graph {
     const void *owner, *kpool; /* forward state and KV pool it was recorded for */
-    int bucket;                /* block-table entries its record carries */
+    int bucket;                /* block-table entries its record carries (per sequence) */
+    int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
+    struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
 };
 
@@ -160,6 +163,7 @@ struct cuda_backend {
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
+    int dec_blocks;    /* decode attention blocks the GPU runs at once (key splits) */
     struct pinned up_ids, up_tab, up_bat, up_smp; /* staging of ids, block table, batch
                                                    * metadata, sampling parameters */
     struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
@@ -167,7 +171,8 @@ struct cuda_backend {
     int smp_cap;
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
-    size_t bat_n, bat_cap; /* ints */
+    int *bat_tmp;      /* the metadata bat_plan built, compared with bat_host */
+    size_t bat_n, bat_cap; /* ints (bat_host and bat_tmp, each) */
     int *tab_host;  /* the block table last copied to `table` */
     int tab_n, tab_cap;
     float *invf_host; /* the RoPE table last copied to `invf` */
@@ -178,7 +183,19 @@ struct cuda_backend {
     /* decode graphs */
     bool graphs;       /* enabled (CLLM_COMPILED_DECODE != 0) */
     bool capturing;    /* ops are being recorded, not run */
+    bool bgraphs;      /* batched decode steps too (off after a failed recording) */
     int eager_decodes; /* decode steps run eagerly so far */
+    /* The batched decode step in progress (see batch_step_begin): its
+     * block-table bucket, 0 when the step is not one. */
+    int bstep;
+    const void *bowner;
+    /* The attention geometry the last batched decode step's op got, for
+     * building a step's metadata before its ops run (recording, replay). */
+    struct attn_args batt;
+    const void *batt_owner; /* NULL: none yet */
+    struct step_graph seen[SEEN_KEYS];
+    int n_seen;
+    long g_rec[2], g_rep[2]; /* graphs recorded / replayed: single, batched */
     int att_heads, att_hd;
     struct step_graph cache[MAX_GRAPHS];
     int n_graphs;
@@ -817,6 +834,10 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
     const struct cuk_weight *w = dev_weight(c, t, "embed");
     if (!w || c->err[0])
         return;
+    if (c->bstep) { /* a batched decode: step_begin copied the ids */
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, c->ids.p, n));
+        return;
+    }
     if (c->capturing) { /* the id comes with the step record */
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, n));
         return;
@@ -1046,7 +1067,7 @@ static const uint16_t *half_x(struct cuda_backend *c, const float *x, int n,
  * for its half copy, valid for the next op; NULL when not worth it. */
 static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, bool gemm_next)
 {
-    if (!gemm_next || c->precise || c->half_type < 0 || c->capturing || c->err[0])
+    if (!gemm_next || c->precise || c->half_type < 0 || c->err[0])
         return NULL;
     uint16_t *h = dbuf_get(c, &c->xh, nel * 2, "half activations");
     if (!h)
@@ -1431,7 +1452,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
     /* more: the tensor-core prefill kernel, which needs no key splits
      * (never a decode step, which graph replays must split alike) */
     bool pre = !dec && a->n > 1 && cuk_attention_mma_ok(&g);
-    int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->n_sms, 1)
+    int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->dec_blocks, 1)
                  : pre ? cuk_attention_mma_splits(&g, a->pos0 + a->n, c->n_sms)
                        : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
     if (a->n == 1) {
@@ -1501,66 +1522,62 @@ static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float 
     return attention_run(be, out, q, pool, seq, layer, a, &rope, e);
 }
 
-/* rope_kv_store + attention of every sequence of a batch step in two or
- * three launches. The metadata (segments, row map, block tables) is copied
- * when it changed, so once per step: every layer reuses it. */
-static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
-                                      const float *v, const struct batch_seg *segs, int n_seg,
-                                      const float *inv_freq, bool interleaved,
-                                      const struct qk_norm *norm, struct kv_pool *pool,
-                                      int layer, const struct attn_args *a, struct err *e)
+/* How a batch step's attention runs, as bat_plan works it out from the
+ * step's segments; the metadata it implies (cuk_bseg) is in c->bat_tmp. */
+struct bat_plan {
+    struct cuk_attn g;  /* the step's geometry (layer as asked) */
+    size_t need;        /* ints of metadata */
+    int max_splits;     /* the batch kernel's key splits (0: it only stores K/V) */
+    int dec_rows;       /* > 0: short segments go to the tensor-core decode kernel */
+    int n_short;        /* segments of at most short_rows queries */
+    bool use_short;     /* those go to a short-segment kernel */
+    int short_splits;   /* its grid depth */
+    size_t ws_floats;   /* attention workspace */
+    size_t n_cnt;       /* split counters (0: none) */
+};
+
+/* Plans the attention of a batch step's segments and builds its metadata
+ * in c->bat_tmp. bucket > 0 (a batched decode step, see batch_step_begin):
+ * every block table is padded to bucket entries and every key range split
+ * by the bucket's capacity rather than by its length, so the metadata's
+ * layout and the launches' grids depend only on (segments, bucket): a
+ * recorded step replays with new positions and tables, and eager steps
+ * split alike, so replays are bit-identical to them. */
+static int bat_plan(struct cuda_backend *c, const struct batch_seg *segs, int n_seg,
+                    const struct kv_pool *pool, int layer, const struct attn_args *a, int bucket,
+                    struct bat_plan *p, struct err *e)
 {
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
-    if (sticky(c, e))
-        return -1;
-    bool ok = c->fuse && !c->capturing && a->head_dim <= 256 && a->head_dim >= 2 &&
-              a->n_kv_heads >= 1 && a->n_heads % a->n_kv_heads == 0 &&
-              a->n_kv_heads * a->head_dim == pool->kv_dim;
-    if (!ok) { /* the per-sequence ops */
-        size_t qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)pool->kv_dim;
-        for (int s = 0, row = 0; s < n_seg; row += segs[s].n, s++) {
-            struct attn_args as = *a;
-            as.n = segs[s].n;
-            as.pos0 = segs[s].pos0;
-            cu_rope_kv_store(be, q + row * qd, k + row * kvd, v + row * kvd, as.n, a->n_heads,
-                             a->n_kv_heads, a->head_dim, as.pos0, inv_freq, interleaved, norm,
-                             pool, segs[s].seq, layer);
-            if (cu_attention(be, out + row * qd, q + row * qd, pool, segs[s].seq, layer, &as, e))
-                return -1;
-        }
-        return 0;
-    }
     size_t rows = 0, tabs = 0;
     for (int s = 0; s < n_seg; s++) {
-        if (segs[s].pos0 + segs[s].n > segs[s].seq->n_blocks * pool->block_size)
+        int nb = segs[s].seq->n_blocks;
+        if (segs[s].pos0 + segs[s].n > nb * pool->block_size || (bucket && nb > bucket))
             return err_set(e, "%s: attention beyond the sequence's cached positions", c->name);
         rows += (size_t)segs[s].n;
-        tabs += (size_t)segs[s].seq->n_blocks;
+        tabs += (size_t)(bucket ? bucket : nb);
     }
     size_t need = (size_t)n_seg * 8 + rows + tabs;
     if (need > c->bat_cap) {
         size_t cap = c->bat_cap ? c->bat_cap : 1024;
         while (cap < need)
             cap *= 2;
-        int *h = realloc(c->bat_host, sizeof(int) * cap);
-        if (!h)
+        int *h = realloc(c->bat_host, sizeof(int) * cap), *t = h ? c->bat_tmp : NULL;
+        if (h)
+            c->bat_host = h;
+        if (!h || !(t = realloc(c->bat_tmp, sizeof(int) * cap)))
             return err_set(e, "%s: batch metadata: out of memory", c->name);
-        c->bat_host = h;
+        c->bat_tmp = t;
         c->bat_cap = cap;
         c->bat_n = 0; /* contents no longer known to match */
     }
-    /* Build into the tail of a scratch copy, compare, then copy. */
-    int *tmp = malloc(sizeof(int) * need);
-    if (!tmp)
-        return err_set(e, "%s: batch metadata: out of memory", c->name);
+    int *tmp = c->bat_tmp;
+    *p = (struct bat_plan){.need = need};
     struct cuk_attn g = attn_geom(c, pool, layer, (int)rows, n_seg * 8);
     g.n_heads = a->n_heads;
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
     g.window = a->sliding_window;
     g.scale = a->scale;
-    int max_splits = 0, row = 0, toff = n_seg * 8 + (int)rows;
+    int row = 0, toff = n_seg * 8 + (int)rows, pre_splits = 1, short_splits = 1;
     long long ws_off = 0;
     /* Many short segments (decodes): one block per (segment, KV head)
      * without key splits reads each K/V row once for its whole query-head
@@ -1574,11 +1591,10 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         n_short += segs[s].n <= short_rows;
     bool use_short = short_rows && (dec_rows ? n_short > 0
                                              : (long)n_short * a->n_kv_heads >= c->n_sms);
-    int short_splits = 1, pre_splits = 1;
     size_t ws_pre = 0;
     for (int s = 0; s < n_seg; s++) {
         const struct kv_seq *seq = segs[s].seq;
-        int kv_cap = table_bucket(seq->n_blocks) * pool->block_size;
+        int kv_cap = (bucket ? bucket : table_bucket(seq->n_blocks)) * pool->block_size;
         if (a->sliding_window > 0 && a->sliding_window < kv_cap)
             kv_cap = a->sliding_window;
         int splits = cuk_attention_splits(segs[s].n, a->n_heads, kv_cap, c->n_sms);
@@ -1596,12 +1612,12 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
             /* key splits of >= 128 keys: a long context is read by several
              * blocks at once (one block per sequence and KV head alone
              * walks it tile by tile, far from the bandwidth) */
-            int keys = segs[s].pos0 + segs[s].n;
+            int keys = bucket ? kv_cap : segs[s].pos0 + segs[s].n;
             if (a->sliding_window > 0 && a->sliding_window < keys)
                 keys = a->sliding_window;
             tiled = 2;
             if (dec_rows) {
-                splits = cuk_attention_dec_splits(a->n_kv_heads, keys, c->n_sms, n_short);
+                splits = cuk_attention_dec_splits(a->n_kv_heads, keys, c->dec_blocks, n_short);
             } else {
                 splits = (keys + 127) / 128;
                 splits = splits < 1 ? 1 : splits > 8 ? 8 : splits;
@@ -1616,16 +1632,19 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         for (int i = 0; i < segs[s].n; i++)
             tmp[n_seg * 8 + row + i] = s;
         memcpy(tmp + toff, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
+        int tab_n = bucket ? bucket : seq->n_blocks;
+        if (tab_n > seq->n_blocks) /* never read: past the last key */
+            memset(tmp + toff + seq->n_blocks, 0, sizeof(int) * (size_t)(tab_n - seq->n_blocks));
         if (splits > 1 && tiled == 1 && cuk_attention_ws_floats(&gs, splits) > ws_pre)
             ws_pre = cuk_attention_ws_floats(&gs, splits); /* one chunk at a time */
         if (splits > 1 && tiled == 1 && splits > pre_splits)
             pre_splits = splits;
         if (splits > 1 && !tiled)
             ws_off += (long long)cuk_attention_ws_floats(&gs, splits);
-        if (!tiled && splits > max_splits)
-            max_splits = splits;
+        if (!tiled && splits > p->max_splits)
+            p->max_splits = splits;
         row += segs[s].n;
-        toff += seq->n_blocks;
+        toff += tab_n;
     }
     /* The batch kernel, the short-segment kernel and the prefill chunks
      * use the same workspace and counters, one after the other. */
@@ -1636,57 +1655,109 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
         ws_need = ws_short;
     if (ws_pre > ws_need)
         ws_need = ws_pre;
+    p->g = g;
+    p->dec_rows = dec_rows;
+    p->n_short = n_short;
+    p->use_short = use_short;
+    p->short_splits = short_splits;
+    p->ws_floats = ws_need;
+    if (p->max_splits > 1 || short_splits > 1 || pre_splits > 1)
+        p->n_cnt = rows * (size_t)a->n_heads;
+    return 0;
+}
+
+/* Makes the device's metadata (`bat`) what bat_plan built: copied only
+ * when it changed, so once per step however many layers ask. While a
+ * graph is recorded it must not change (step_begin copied it first). */
+static bool bat_upload(struct cuda_backend *c, size_t need)
+{
+    if (!dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata"))
+        return false;
+    if (need == c->bat_n && !memcmp(c->bat_tmp, c->bat_host, sizeof(int) * need))
+        return true;
+    if (c->capturing) {
+        fail_msg(c, "the batch metadata changed while recording a graph");
+        return false;
+    }
+    memcpy(c->bat_host, c->bat_tmp, sizeof(int) * need);
+    c->bat_n = need;
+    if (!upload_async(c, &c->up_bat, c->bat.p, c->bat_host, sizeof(int) * need,
+                      "copy batch metadata")) {
+        c->bat_n = 0;
+        return false;
+    }
+    return true;
+}
+
+/* rope_kv_store + attention of every sequence of a batch step in two or
+ * three launches (bat_plan). */
+static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
+                                      const float *v, const struct batch_seg *segs, int n_seg,
+                                      const float *inv_freq, bool interleaved,
+                                      const struct qk_norm *norm, struct kv_pool *pool,
+                                      int layer, const struct attn_args *a, struct err *e)
+{
+    cb(be)->op_seq++; /* see half_x */
+    struct cuda_backend *c = cb(be);
+    if (sticky(c, e))
+        return -1;
+    bool ok = c->fuse && a->head_dim <= 256 && a->head_dim >= 2 && a->n_kv_heads >= 1 &&
+              a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim;
+    if (!ok && c->capturing) { /* the per-sequence ops would read a single decode's record */
+        fail_msg(c, "a batched step's attention cannot be recorded for this model");
+        return sticky(c, e);
+    }
+    if (!ok) { /* the per-sequence ops */
+        size_t qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)pool->kv_dim;
+        for (int s = 0, row = 0; s < n_seg; row += segs[s].n, s++) {
+            struct attn_args as = *a;
+            as.n = segs[s].n;
+            as.pos0 = segs[s].pos0;
+            cu_rope_kv_store(be, q + row * qd, k + row * kvd, v + row * kvd, as.n, a->n_heads,
+                             a->n_kv_heads, a->head_dim, as.pos0, inv_freq, interleaved, norm,
+                             pool, segs[s].seq, layer);
+            if (cu_attention(be, out + row * qd, q + row * qd, pool, segs[s].seq, layer, &as, e))
+                return -1;
+        }
+        return 0;
+    }
+    if (c->bstep) { /* what a later step's recording or replay builds its metadata for */
+        c->batt = *a;
+        c->batt_owner = c->bowner;
+    }
+    struct bat_plan p;
+    if (bat_plan(c, segs, n_seg, pool, layer, a, c->bstep, &p, e))
+        return -1;
+    struct cuk_attn g = p.g;
     float *ws = NULL;
-    if (ws_need > 0 && !(ws = dbuf_get(c, &c->ws, ws_need * 4, "attention workspace"))) {
-        free(tmp);
+    if (p.ws_floats > 0 && !(ws = dbuf_get(c, &c->ws, p.ws_floats * 4, "attention workspace")))
         return sticky(c, e);
-    }
     unsigned *cnt = NULL;
-    if ((max_splits > 1 || short_splits > 1 || pre_splits > 1) &&
-        !(cnt = att_counters(c, rows * (size_t)a->n_heads))) {
-        free(tmp);
+    if (p.n_cnt > 0 && !(cnt = att_counters(c, p.n_cnt)))
         return sticky(c, e);
-    }
     const float *invf = dev_invf(c, inv_freq, a->head_dim / 2);
     const float *qn = norm && norm->q ? dev_vec(c, norm->q, "rope_kv_attention_batch") : NULL;
     const float *kn = norm && norm->k ? dev_vec(c, norm->k, "rope_kv_attention_batch") : NULL;
-    if (!invf || (norm && norm->q && !qn) || (norm && norm->k && !kn) ||
-        !dbuf_get(c, &c->bat, sizeof(int) * c->bat_cap, "batch metadata")) {
-        free(tmp);
+    if (!invf || (norm && norm->q && !qn) || (norm && norm->k && !kn) || !bat_upload(c, p.need))
         return sticky(c, e);
-    }
-    if (need != c->bat_n || memcmp(tmp, c->bat_host, sizeof(int) * need)) {
-        memcpy(c->bat_host, tmp, sizeof(int) * need);
-        c->bat_n = need;
-        if (!upload_async(c, &c->up_bat, c->bat.p, c->bat_host, sizeof(int) * need,
-                          "copy batch metadata")) {
-            c->bat_n = 0;
-            free(tmp);
-            return sticky(c, e);
-        }
-    }
     if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
-                                              c->bat.p, &g, max_splits, invf, interleaved, qn, kn,
-                                              norm ? norm->eps : 0.0f, ws, cnt))) {
-        free(tmp);
+                                              c->bat.p, &g, p.max_splits, invf, interleaved, qn,
+                                              kn, norm ? norm->eps : 0.0f, ws, cnt)))
         return sticky(c, e);
-    }
-    if (use_short && n_short > 0 &&
+    if (p.use_short && p.n_short > 0 &&
         fail_cuda(c, "attention (short segments)",
-                  dec_rows ? cuk_attention_dec_batch(c->stream, out, q, pool->k, pool->v,
-                                                     c->bat.p, &g, short_splits, ws, cnt)
-                           : cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v,
-                                                       c->bat.p, &g, short_splits, ws, cnt))) {
-        free(tmp);
+                  p.dec_rows ? cuk_attention_dec_batch(c->stream, out, q, pool->k, pool->v,
+                                                       c->bat.p, &g, p.short_splits, ws, cnt)
+                             : cuk_attention_short_batch(c->stream, out, q, pool->k, pool->v,
+                                                         c->bat.p, &g, p.short_splits, ws, cnt)))
         return sticky(c, e);
-    }
     /* Prefill chunks: the tiled kernel, one launch per chunk (the batch
      * kernel skipped them). */
     size_t qd = (size_t)a->n_heads * a->head_dim;
     for (int s = 0; s < n_seg; s++) {
         struct cuk_bseg b;
-        memcpy(&b, tmp + (size_t)s * 8, sizeof b);
+        memcpy(&b, c->bat_tmp + (size_t)s * 8, sizeof b);
         if (b.tiled != 1)
             continue;
         struct cuk_attn gs = g;
@@ -1700,12 +1771,9 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
                                               &gs, b.splits, ws, cnt)
                           : cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
                                                 q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
-                                                &gs))) {
-            free(tmp);
+                                                &gs)))
             return sticky(c, e);
-        }
     }
-    free(tmp);
     return 0;
 }
 
@@ -1842,13 +1910,34 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
 
 /* ---- decode graphs ---- */
 
+static bool graph_key_eq(const struct step_graph *a, const struct step_graph *b)
+{
+    return a->owner == b->owner && a->kpool == b->kpool && a->bucket == b->bucket &&
+           a->n_seg == b->n_seg;
+}
+
 static struct step_graph *graph_find(struct cuda_backend *c, const struct step_graph *key)
 {
     for (int i = 0; i < c->n_graphs; i++)
-        if (c->cache[i].owner == key->owner && c->cache[i].kpool == key->kpool &&
-            c->cache[i].bucket == key->bucket)
+        if (graph_key_eq(&c->cache[i], key))
             return &c->cache[i];
     return NULL;
+}
+
+/* Whether a batched decode shape was seen before (it is remembered now):
+ * a shape's first step runs eagerly and sizes every buffer, the next
+ * records. */
+static bool seen_before(struct cuda_backend *c, const struct step_graph *key)
+{
+    for (int i = 0; i < c->n_seen; i++)
+        if (graph_key_eq(&c->seen[i], key))
+            return true;
+    if (c->n_seen == SEEN_KEYS) { /* forget the oldest */
+        memmove(c->seen, c->seen + 1, sizeof c->seen[0] * (SEEN_KEYS - 1));
+        c->n_seen--;
+    }
+    c->seen[c->n_seen++] = *key;
+    return false;
 }
 
 /* Makes h_step/step hold at least cap table entries. */
@@ -1872,6 +1961,57 @@ static int step_reserve(struct cuda_backend *c, int cap)
     return 0;
 }
 
+/* A batched decode step (st->decodes): its ids go to the device first, so
+ * embed reads them from there in every form of the step. Graphs are keyed
+ * by (forward state, KV pool, sequences, block-table bucket of the longest
+ * table); the metadata (positions, padded tables: bat_plan) is copied
+ * before the step's ops or its replay, which reads it where the recording
+ * did. Recording needs the attention geometry, which a previous step's
+ * attention op left in batt. */
+static int batch_step_begin(struct cuda_backend *c, const struct backend_step *st, struct err *e)
+{
+    int bucket = 0;
+    for (int s = 0; s < st->n_seg; s++) {
+        int b = table_bucket(st->segs[s].seq->n_blocks);
+        bucket = b > bucket ? b : bucket;
+    }
+    int *dids = dbuf_get(c, &c->ids, sizeof(int) * (size_t)st->n, "token ids");
+    if (!dids || !upload_async(c, &c->up_ids, dids, st->tokens, sizeof(int) * (size_t)st->n,
+                               "copy token ids"))
+        return sticky(c, e);
+    c->bstep = bucket;
+    c->bowner = st->owner;
+    if (!c->graphs || !c->bgraphs || c->batt_owner != st->owner)
+        return 0;
+    struct step_graph key = {.owner = st->owner, .kpool = st->pool->k, .bucket = bucket,
+                             .n_seg = st->n_seg};
+    struct step_graph *g = graph_find(c, &key);
+    if (!g && !seen_before(c, &key))
+        return 0;
+    struct attn_args att = g ? g->att : c->batt;
+    struct bat_plan p;
+    if (bat_plan(c, st->segs, st->n_seg, st->pool, 0, &att, bucket, &p, e))
+        return -1;
+    /* Size what the step uses while synchronizing is still allowed (a
+     * buffer that grows drops every graph: look the graph up after). */
+    if ((p.ws_floats > 0 && !dbuf_get(c, &c->ws, p.ws_floats * 4, "attention workspace")) ||
+        (p.n_cnt > 0 && !att_counters(c, p.n_cnt)) || !bat_upload(c, p.need))
+        return sticky(c, e);
+    if ((g = graph_find(c, &key))) {
+        if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
+            return sticky(c, e);
+        c->g_rep[1]++;
+        return 1;
+    }
+    if (fail_cuda(c, "begin graph capture",
+                  cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+        return sticky(c, e);
+    c->capturing = true;
+    c->rec = key;
+    c->rec.att = att;
+    return 0;
+}
+
 static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
 {
     cb(be)->op_seq++; /* see half_x */
@@ -1889,6 +2029,9 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
         c->t_end = 0;
         c->t_open = cudaEventRecord(c->ev[0], c->stream) == cudaSuccess;
     }
+    c->bstep = 0;
+    if (st->decodes && st->n_seg > 1 && st->n == st->n_seg && st->segs)
+        return batch_step_begin(c, st, e);
     if (!c->graphs || st->n != 1 || !st->logits)
         return 0;
     if (c->eager_decodes < 1 || !c->att_heads) { /* the first decode step warms up */
@@ -1896,7 +2039,8 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
         return 0;
     }
     const struct kv_seq *seq = st->seq;
-    struct step_graph key = {st->owner, st->pool->k, table_bucket(seq->n_blocks), NULL};
+    struct step_graph key = {.owner = st->owner, .kpool = st->pool->k,
+                             .bucket = table_bucket(seq->n_blocks), .n_seg = 1};
     if (step_reserve(c, key.bucket))
         return sticky(c, e);
     /* The previous step's download waited for its replay, so the record is
@@ -1908,6 +2052,7 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
     if (g) {
         if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
             return sticky(c, e);
+        c->g_rep[0]++;
         return 1;
     }
     /* Size what the recording will use while synchronizing is still allowed. */
@@ -1931,6 +2076,8 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
 static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
 {
     struct cuda_backend *c = cb(be);
+    bool batch = c->bstep > 0;
+    c->bstep = 0;
     if (!c->capturing)
         return 0;
     c->capturing = false;
@@ -1943,12 +2090,15 @@ static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
     if (graph)
         cudaGraphDestroy(graph);
     if (!ok) {
-        fprintf(stderr, "%s: recording the decode step as a CUDA graph failed (%s); decoding "
-                        "without graphs\n", c->name,
+        fprintf(stderr, "%s: recording the %s step as a CUDA graph failed (%s); decoding "
+                        "without graphs\n", c->name, batch ? "batched decode" : "decode",
                 c->err[0] ? c->err : ops_rc ? e->msg : cudaGetErrorString(err));
         c->err[0] = 0; /* nothing ran: the device state is intact */
         cudaGetLastError();
-        c->graphs = false;
+        if (batch) /* single decodes keep theirs */
+            c->bgraphs = false;
+        else
+            c->graphs = false;
         return 1;
     }
     if (c->n_graphs == MAX_GRAPHS) { /* drop the oldest */
@@ -1958,9 +2108,19 @@ static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
     }
     c->rec.exec = exec;
     c->cache[c->n_graphs++] = c->rec;
+    c->g_rec[batch]++;
     if (fail_cuda(c, "graph launch", cudaGraphLaunch(exec, c->stream)))
         return sticky(c, e);
     return 0;
+}
+
+static void cu_step_stats(struct backend *be, long recorded[2], long replayed[2])
+{
+    struct cuda_backend *c = cb(be);
+    for (int i = 0; i < 2; i++) {
+        recorded[i] = c->g_rec[i];
+        replayed[i] = c->g_rep[i];
+    }
 }
 
 static int cu_kv_dtype(struct backend *be)
@@ -1989,6 +2149,8 @@ static void cu_destroy(struct backend *be)
                 fprintf(stderr, ", %.1f us host between steps (sampling, loop)\n",
                         1e3 * c->t_gap / (c->t_gaps > 0 ? c->t_gaps : 1));
         }
+        fprintf(stderr, "%s: decode graphs recorded / replayed: %ld / %ld single, %ld / %ld "
+                        "batched\n", c->name, c->g_rec[0], c->g_rep[0], c->g_rec[1], c->g_rep[1]);
         for (int i = 0; i < 3; i++)
             cudaEventDestroy(c->ev[i]);
     }
@@ -2024,6 +2186,7 @@ static void cu_destroy(struct backend *be)
         dbuf_free(bufs[i]);
     free(c->tab_host);
     free(c->bat_host);
+    free(c->bat_tmp);
     pinned_free(&c->up_ids);
     pinned_free(&c->up_tab);
     pinned_free(&c->up_bat);
@@ -2127,6 +2290,7 @@ static const struct backend_ops cuda_ops = {
     .upload = cu_upload,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
+    .step_stats = cu_step_stats,
     .mem_info = cu_mem_info,
     .kv_dtype = cu_kv_dtype,
     .mem_bandwidth = cu_mem_bandwidth,
@@ -2251,10 +2415,13 @@ static struct backend *cuda_create(int device, struct err *e)
     p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
     c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
     c->att_mma = !env_off("CLLM_CUDA_ATT_MMA");
+    p = getenv("CLLM_CUDA_DEC_BPS"); /* measurement: decode attention blocks per SM */
+    c->dec_blocks = c->n_sms * (p && atoi(p) >= 1 && atoi(p) <= 8 ? atoi(p) : CUK_DEC_BLOCKS_PER_SM);
     cuk_set_pdl(!env_off("CLLM_CUDA_PDL"));
     p = getenv("CLLM_KV_DTYPE");
     c->kv_bf16 = !c->precise && !(p && !strcmp(p, "f32"));
     c->graphs = !env_off("CLLM_COMPILED_DECODE");
+    c->bgraphs = !env_off("CLLM_COMPILED_BATCH");
     c->fuse = !env_off("CLLM_CUDA_FUSE");
     c->rope_att = !env_off("CLLM_CUDA_ROPE_ATT");
     c->swiglu_out = !env_off("CLLM_CUDA_SWIGLU_OUT");

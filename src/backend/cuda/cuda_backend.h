@@ -74,12 +74,13 @@ cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, int head_dim,
 cudaError_t cuk_kv_store(cudaStream_t s, void *kc, void *vc, const int *table,
                          const struct cuk_attn *g, const int *dpos, const float *k,
                          const float *v);
-/* cuk_rope of q (n_heads) and k (g->n_kv_heads heads of head_dim) at
- * positions g->pos0.. (or *dpos..), then cuk_kv_store of the rotated k and
- * v, in one launch with the same results. q_norm / k_norm (head_dim
- * floats, may be NULL; then head_dim <= 512): each head of q / k is first
- * normalized in place as cuk_rmsnorm over rows of head_dim would (Qwen3's
- * q/k norm), to the bit. */
+/* cuk_rope of q (n_heads) and k (g->n_kv_heads heads of head_dim <= 512)
+ * at positions g->pos0.. (or *dpos..), then cuk_kv_store of the rotated k
+ * and v, in one launch with the same results. q_norm / k_norm (head_dim
+ * floats, may be NULL): each head of q / k is first normalized in place as
+ * cuk_rmsnorm over rows of head_dim would (Qwen3's q/k norm), to the bit.
+ * The positions, block table and rotation are read before the wait for the
+ * previous kernel: dpos and table must come from copies, not kernels. */
 cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, const float *v, void *kc,
                               void *vc, const int *table, const struct cuk_attn *g, int n_heads,
                               int head_dim, const int *dpos, const float *inv_freq,
@@ -137,9 +138,12 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
  * cuk_attention_dec_rows: the most queries per sequence it takes for g's
  * geometry (16 / group), 0 when it cannot (g->mma off, f32 cache, head_dim
  * not 64/128, group > 16). cuk_attention_dec_splits: its key splits for n_seqs
- * sequences of at most kv_cap keys (<= 64). */
+ * sequences of at most kv_cap keys (<= 64): as many as let all the blocks
+ * (n_seqs x n_kv_heads x splits) run at once when the GPU runs max_blocks
+ * of them (CUK_DEC_BLOCKS_PER_SM per SM), at least one. */
+#define CUK_DEC_BLOCKS_PER_SM 2
 int cuk_attention_dec_rows(const struct cuk_attn *g);
-int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int n_sms, int n_seqs);
+int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int max_blocks, int n_seqs);
 /* What cuk_rope_kv_store would do before the decode kernel, for it to do
  * itself (cuk_attention_dec's rope): the new positions' raw k and v rows
  * ([g->n][kv_dim]), the RoPE frequencies (head_dim / 2) and convention,

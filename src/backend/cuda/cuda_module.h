@@ -15,7 +15,7 @@
 /* Bump when struct cllm_cuda_module or anything the module shares with the
  * executable (struct backend_ops, struct model, the KV structs) changes
  * incompatibly; the sizes below catch the commonest accidents too. */
-#define CLLM_CUDA_MODULE_ABI 5
+#define CLLM_CUDA_MODULE_ABI 6
 #define CLLM_CUDA_MODULE_NAME "libcllm_cuda.so"
 #define CLLM_CUDA_MODULE_SYMBOL "cllm_cuda_module"
 

@@ -356,6 +356,8 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
     return cudaGetLastError();
 }
 
+#define RK_FREQS 8 /* rotation pairs per lane: head_dim <= 512 */
+
 /* One warp's share of q/k norm + RoPE + K/V store: warp number
  * wid runs over the heads of q (g.n rows of n_heads heads), then of k
  * (n_kv_heads heads). With norm weights (qn for q heads, kn for k heads;
@@ -364,7 +366,10 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, float *x, int n, int n_heads, in
  * lane's loads feed the warp sum, and the writes come after it). Each lane
  * then rotates the pairs f = lane, lane + 32, ... as k_rope does; a k pair
  * is stored rotated, with the same two entries of v, through the block
- * table. where(row, pos, table) gives a row's position and block table. */
+ * table. where(row, pos, table) gives a row's position and block table;
+ * it is called before the wait for the previous kernel (cuk_pdl_start,
+ * which this function does), so it may read only what the step's copies
+ * put on the device, never a kernel's results. */
 template <typename T, typename Where>
 static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const float *v, T *kc,
                                                     T *vc, const struct cuk_attn &g, int n_heads,
@@ -377,24 +382,38 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
     size_t nq = (size_t)g.n * n_heads, nk = (size_t)g.n * g.n_kv_heads;
     if (wid >= nq + nk) /* whole warps: blockDim is a multiple of 32 */
         return;
+    /* Before the wait: the position, the cache slot and the rotation, which
+     * come from the step's metadata and tables (copied before the step's
+     * first kernel), not from the previous kernel. */
     bool is_k = wid >= nq;
     size_t rh = is_k ? wid - nq : wid; /* row * heads + head */
     int heads = is_k ? g.n_kv_heads : n_heads;
     int i = (int)(rh / heads), pos;
     const int *table;
     where(i, pos, table);
+    size_t off = is_k ? cuk_kv_offset(&g, table, pos) + (size_t)(rh % heads) * head_dim : 0;
+    int half = head_dim / 2;
+    float cs[RK_FREQS], sn[RK_FREQS];
+#pragma unroll
+    for (int r = 0; r < RK_FREQS; r++)
+        if (lane + 32 * r < half) {
+            float ang = cuk_rope_angle(pos, inv_freq[lane + 32 * r]);
+            cs[r] = cosf(ang);
+            sn[r] = sinf(ang);
+        }
+    cuk_pdl_start();
     float *x = (is_k ? k : q) + rh * head_dim;
     const float *nw = is_k ? kn : qn;
     float inv = nw ? cuk_warp_rms_inv(x, nw, head_dim, eps, lane) : 0.0f;
-    size_t off = is_k ? cuk_kv_offset(&g, table, pos) + (size_t)(rh % heads) * head_dim : 0;
     const float *vr = is_k ? v + rh * head_dim : v;
-    int half = head_dim / 2;
-    for (int f = lane; f < half; f += 32) {
-        float ang = cuk_rope_angle(pos, inv_freq[f]);
-        float cs = cosf(ang), sn = sinf(ang);
+#pragma unroll
+    for (int r = 0; r < RK_FREQS; r++) {
+        int f = lane + 32 * r;
+        if (f >= half)
+            break;
         int a = interleaved ? 2 * f : f, b = interleaved ? 2 * f + 1 : f + half;
         float ra, rb;
-        cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
+        cuk_norm_rope(x, nw, inv, a, b, cs[r], sn[r], ra, rb);
         x[a] = ra;
         x[b] = rb;
         if (is_k) {
@@ -420,8 +439,7 @@ __global__ void k_rope_kv_store(float *q, float *k, const float *v, T *kc, T *vc
                                 int pos0, const int *dpos, const float *inv_freq, int interleaved,
                                 const float *qn, const float *kn, float eps)
 {
-    cuk_pdl_start();
-    if (dpos)
+    if (dpos) /* the step record: copied before the step's first kernel */
         pos0 = *dpos;
     rope_kv_head(q, k, v, kc, vc, g, n_heads, head_dim, inv_freq, interleaved, qn, kn, eps,
                  [&](int i, int &pos, const int *&tab) {
@@ -436,7 +454,7 @@ extern "C" cudaError_t cuk_rope_kv_store(cudaStream_t s, float *q, float *k, con
                                          const int *dpos, const float *inv_freq, int interleaved,
                                          const float *q_norm, const float *k_norm, float eps)
 {
-    if ((q_norm || k_norm) && head_dim > 512)
+    if (head_dim > 64 * RK_FREQS)
         return cudaErrorInvalidValue;
     unsigned blocks = rope_kv_blocks(g->n, n_heads, g->n_kv_heads);
     if (g->kv_bf16)
@@ -459,7 +477,6 @@ __global__ void k_rope_kv_store_batch(float *q, float *k, const float *v, T *kc,
                                       int interleaved, const float *qn, const float *kn,
                                       float eps)
 {
-    cuk_pdl_start();
     rope_kv_head(q, k, v, kc, vc, g, g.n_heads, g.head_dim, inv_freq, interleaved, qn, kn, eps,
                  [&](int i, int &pos, const int *&tab) {
                      const struct cuk_bseg *sg = (const struct cuk_bseg *)meta + meta[g.pos0 + i];
@@ -475,7 +492,7 @@ extern "C" cudaError_t cuk_rope_kv_store_batch(cudaStream_t s, float *q, float *
                                                const float *q_norm, const float *k_norm,
                                                float eps)
 {
-    if ((q_norm || k_norm) && g->head_dim > 512)
+    if (g->head_dim > 64 * RK_FREQS)
         return cudaErrorInvalidValue;
     unsigned blocks = rope_kv_blocks(g->n, g->n_heads, g->n_kv_heads);
     if (g->kv_bf16)
