@@ -432,6 +432,11 @@ static void check_attention(struct backend *cpu)
         check_attention_case(cpu, be, 64, 16, 1, 1500, 1, 200);   /* group 16, window */
         check_attention_case(cpu, be, 128, 16, 8, 2100, 3, 70);   /* window across tiles */
         check_attention_case(cpu, be, 128, 32, 8, 500, 6, 0);     /* 6 queries: prefill kernel */
+        /* one query: the CUDA-core decode kernel, groups 1..8, windows */
+        check_attention_case(cpu, be, 64, 16, 2, 1500, 1, 200);   /* group 8, window */
+        check_attention_case(cpu, be, 128, 32, 8, 2100, 1, 70);   /* window inside a chunk */
+        check_attention_case(cpu, be, 128, 8, 8, 33, 1, 0);       /* group 1, two chunks */
+        check_attention_case(cpu, be, 128, 12, 4, 20000, 1, 0);   /* group 3, 64 splits */
         /* a short chunk over a long context: the prefill kernel's key splits */
         check_attention_case(cpu, be, 128, 32, 8, 5000, 12, 0);
         check_attention_case(cpu, be, 64, 8, 2, 3000, 40, 300);

@@ -395,7 +395,7 @@ static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const 
 {
     int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
     size_t smem = 4 * (size_t)AM_KEYS * HD * 2; /* K and V, two buffers each */
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_mma<HD>, smem, &opted);
     if (err != cudaSuccess)
         return err;
@@ -790,7 +790,7 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
 {
     /* with all unified memory as shared memory, the next GEMV's staged
      * block (gemv_staged.cu) fits beside this kernel's */
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD>, dec_smem<HD>(true), &opted, true);
     if (err != cudaSuccess)
         return err;
@@ -819,7 +819,7 @@ static cudaError_t launch_dec_batch(cudaStream_t s, float *out, const float *q, 
                                     const void *vc, const int *meta, const struct cuk_attn *g,
                                     int max_splits, float *ws, unsigned *cnt)
 {
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_dec_batch<HD>, dec_smem<HD>(false), &opted);
     if (err != cudaSuccess)
         return err;

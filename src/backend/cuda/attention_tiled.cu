@@ -343,7 +343,7 @@ static cudaError_t launch_tiled(cudaStream_t s, float *out, const float *q, cons
 {
     int G = g->n_heads / g->n_kv_heads, bq = TA_WARPS * RPW / G;
     size_t smem = ta_smem_bytes<HD, RPW>();
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_tiled<HD, RPW, T>, smem, &opted);
     if (err != cudaSuccess)
         return err;
@@ -406,7 +406,7 @@ static cudaError_t launch_short(cudaStream_t s, float *out, const float *q, cons
 {
     int bq = cuk_attention_short_rows(g);
     size_t smem = ta_smem_bytes<HD, 1>();
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_tiled_batch<HD, 1, T>, smem, &opted);
     if (err != cudaSuccess)
         return err;

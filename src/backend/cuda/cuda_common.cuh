@@ -361,24 +361,32 @@ static inline cudaError_t cuk_launch(void (*k)(KArgs...), dim3 grid, dim3 block,
 
 /* Lets kernel (one instantiation) take smem bytes of dynamic shared memory
  * (above the default 48 KB a kernel must opt in) and, with max_carveout,
- * prefer all of the SM's unified memory as shared memory. Done once per
- * size: setting it may wait for the device, which would stall issuing
- * every step. *opted: the caller's record of the largest size set up (a
- * static per instantiation; process-wide, though the setting is per
- * device). */
+ * prefer all of the SM's unified memory as shared memory, on the current
+ * device. Done once per size and device: setting it may wait for the
+ * device, which would stall issuing every step. The caller keeps the record
+ * (struct cuk_opted, a static per instantiation) of the largest size set up
+ * on each device, since the setting is per device. */
+#define CUK_MAX_DEVICES 64
+struct cuk_opted {
+    int smem[CUK_MAX_DEVICES];
+};
 template <typename K>
-static inline cudaError_t cuk_smem_opt_in(K kernel, size_t smem, int *opted,
+static inline cudaError_t cuk_smem_opt_in(K kernel, size_t smem, struct cuk_opted *opted,
                                           bool max_carveout = false)
 {
-    if ((int)smem <= *opted)
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess)
+        return err;
+    bool known = dev >= 0 && dev < CUK_MAX_DEVICES; /* past it: set up every time */
+    if (known && (int)smem <= opted->smem[dev])
         return cudaSuccess;
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err == cudaSuccess && max_carveout)
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    (int)cudaSharedmemCarveoutMaxShared);
-    if (err == cudaSuccess)
-        *opted = (int)smem;
+    if (err == cudaSuccess && known)
+        opted->smem[dev] = (int)smem;
     return err;
 }
 

@@ -336,7 +336,7 @@ static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, int blocks, int bud
     p->stages = stages;
     size_t smem = TC_HDR + 1024 + (size_t)stages * ST;
     auto k = k_gemm_tc<WT, NT8>;
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
     if (err != cudaSuccess)
         return err;

@@ -315,7 +315,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     auto k = k_gemv_staged<WT, IN, PAIR>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
-    static int opted;
+    static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k, smem, &opted, true);
     if (err != cudaSuccess)
         return err;
