@@ -236,7 +236,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
         struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
         struct cuk_gemv_in in = {CUK_IN_X, dx, NULL, NULL, 0.0f};
-        cudaError_t err = cuk_gemv_staged(0, douts, &in, wp, k, CUK_OUT_STORE, &cfg);
+        cudaError_t err = cuk_gemv_staged(0, douts, &in, 1, wp, k, CUK_OUT_STORE, &cfg);
         if (err == cudaErrorNotSupported) {
             printf("%-22s n=1 staged %3d KB: not taken\n", sh->name, g_stage_kb[si]);
             continue;
@@ -247,7 +247,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
                 w[i] = mat_w(&ms[i], c);
                 wp[i] = &w[i];
             }
-            CK(cuk_gemv_staged(st, douts, &in, wp, k, CUK_OUT_STORE, &cfg));
+            CK(cuk_gemv_staged(st, douts, &in, 1, wp, k, CUK_OUT_STORE, &cfg));
         });
         double sg = bytes / (sus * 1e-6) / 1e9;
         printf("%-22s n=1 staged %3d KB %9.2f us %8.1f GB/s %5.1f%%\n", sh->name, g_stage_kb[si],
@@ -341,7 +341,7 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         double us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
             for (int i = 0; i < k; i++)
                 w[i] = mat_w(&ms[i], c);
-            cudaError_t err = cuk_gemv_staged(st, douts, &in, wp, k,
+            cudaError_t err = cuk_gemv_staged(st, douts, &in, 1, wp, k,
                                               sh->add ? CUK_OUT_ADD : CUK_OUT_STORE, &cfg);
             if (err != cudaErrorNotSupported)
                 CK(err);

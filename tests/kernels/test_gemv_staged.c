@@ -1,5 +1,5 @@
-/* test_gemv_staged - the staged one-row GEMV (cuk_gemv_staged) against the
- * register-streamed one (cuk_gemv_fused, n = 1), bit for bit, over every
+/* test_gemv_staged - the staged GEMV (cuk_gemv_staged) of 1-4 input rows
+ * against the register-streamed one (cuk_gemv_fused), bit for bit, over every
  * input and output kind a decode layer uses, bf16 and f16, widths with a
  * partial last copy, launch shapes from a ring of two slots per warp to
  * the default, and more warps than rows; that it runs (not falls back)
@@ -77,13 +77,14 @@ static const struct kcase cases[] = {
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
-/* One width: every case and dtype under each launch shape. */
-static void check_cols(int cols, int n_sms, int *ran, int *same)
+/* One width and nt input rows: every case and dtype under each launch
+ * shape. */
+static void check_cols(int cols, int nt, int n_sms, int *ran, int *same)
 {
     /* launch shapes: the default; 256-column copies with shared memory for
      * two slots per warp beside the x tile; three blocks, so warps take
      * many units each (all taking sizes the default declines) */
-    int tight = (cols + 255) / 256 * 256 * 4 + 1024 + 8 * 2 * 2 * 256 * 2;
+    int tight = nt * ((cols + 255) / 256 * 256 * 4) + 1024 + 8 * 2 * 2 * 256 * 2;
     const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1}, {n_sms, 256, tight, 1}, {3, 512, 0, 1}};
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int dts[2] = {DT_BF16, DT_F16};
@@ -92,21 +93,23 @@ static void check_cols(int cols, int n_sms, int *ran, int *same)
         struct mat m[3];
         for (int i = 0; i < 3; i++)
             mat_make(&m[i], dts[d], rows[i], cols);
-        float *hx = malloc((size_t)cols * 4), *hx2 = malloc((size_t)cols * 4),
-              *hnw = malloc((size_t)cols * 4), *hinit = malloc(300 * 4);
-        for (int i = 0; i < cols; i++) {
+        size_t nx = (size_t)nt * cols, no = (size_t)nt * 300;
+        float *hx = malloc(nx * 4), *hx2 = malloc(nx * 4), *hnw = malloc((size_t)cols * 4),
+              *hinit = malloc(no * 4);
+        for (size_t i = 0; i < nx; i++) {
             hx[i] = frand() * 3.0f;
             hx2[i] = frand();
-            hnw[i] = 1.0f + frand() * 0.2f;
         }
-        for (int i = 0; i < 300; i++)
+        for (int i = 0; i < cols; i++)
+            hnw[i] = 1.0f + frand() * 0.2f;
+        for (size_t i = 0; i < no; i++)
             hinit[i] = frand() * 2.0f;
-        float *dx = dev_floats(hx, (size_t)cols), *dx2 = dev_floats(hx2, (size_t)cols),
+        float *dx = dev_floats(hx, nx), *dx2 = dev_floats(hx2, nx),
               *dnw = dev_floats(hnw, (size_t)cols);
         float *got[3], *want[3];
         for (int i = 0; i < 3; i++) {
-            got[i] = dev_floats(NULL, 300);
-            want[i] = dev_floats(NULL, 300);
+            got[i] = dev_floats(NULL, no);
+            want[i] = dev_floats(NULL, no);
         }
         for (int ci = 0; ci < NCASES; ci++)
             for (int fi = 0; fi < ncfg; fi++) {
@@ -115,31 +118,32 @@ static void check_cols(int cols, int n_sms, int *ran, int *same)
                 for (int i = 0; i < cs->k; i++)
                     ws[i] = &m[cs->out == CUK_OUT_SWIGLU ? 1 + i : i].w;
                 for (int i = 0; i < 3; i++) {
-                    cudaMemcpy(got[i], hinit, 300 * 4, cudaMemcpyHostToDevice);
-                    cudaMemcpy(want[i], hinit, 300 * 4, cudaMemcpyHostToDevice);
+                    cudaMemcpy(got[i], hinit, no * 4, cudaMemcpyHostToDevice);
+                    cudaMemcpy(want[i], hinit, no * 4, cudaMemcpyHostToDevice);
                 }
                 struct cuk_gemv_in in = {.kind = cs->kind, .x = dx, .x2 = dx2, .nw = dnw,
                                          .eps = 1e-6f};
-                cudaError_t e1 = cuk_gemv_staged(0, got, &in, ws, cs->k, cs->out, &cfgs[fi]);
+                cudaError_t e1 = cuk_gemv_staged(0, got, &in, nt, ws, cs->k, cs->out, &cfgs[fi]);
                 if (!cs->supported) {
                     CHECK(e1 == cudaErrorNotSupported, "%s cols %d: staged returned %s, want "
                           "not supported", cs->what, cols, cudaGetErrorString(e1));
                     continue;
                 }
-                cudaError_t e2 = cuk_gemv_fused(0, want, &in, 1, ws, cs->k, cs->out);
+                cudaError_t e2 = cuk_gemv_fused(0, want, &in, nt, ws, cs->k, cs->out);
                 cudaError_t e3 = cudaDeviceSynchronize();
                 CHECK(e1 == cudaSuccess && e2 == cudaSuccess && e3 == cudaSuccess,
-                      "%s cols %d cfg %d: staged %s, fused %s, sync %s", cs->what, cols, fi,
-                      cudaGetErrorString(e1), cudaGetErrorString(e2), cudaGetErrorString(e3));
+                      "%s cols %d rows of x %d cfg %d: staged %s, fused %s, sync %s", cs->what,
+                      cols, nt, fi, cudaGetErrorString(e1), cudaGetErrorString(e2),
+                      cudaGetErrorString(e3));
                 *ran += e1 == cudaSuccess;
                 int nout = cs->out == CUK_OUT_SWIGLU ? 1 : cs->k;
                 for (int i = 0; i < nout; i++) {
-                    int r = ws[i]->rows;
-                    float *a = fetch(got[i], (size_t)r), *b = fetch(want[i], (size_t)r);
-                    bool eq = !memcmp(a, b, (size_t)r * 4);
-                    CHECK(eq, "%s, %s cols %d, cfg %d (chunk %d, smem %d, blocks %d), output "
-                              "%d: staged != register-streamed",
-                          cs->what, dts[d] == DT_BF16 ? "bf16" : "f16", cols, fi,
+                    size_t r = (size_t)nt * ws[i]->rows;
+                    float *a = fetch(got[i], r), *b = fetch(want[i], r);
+                    bool eq = !memcmp(a, b, r * 4);
+                    CHECK(eq, "%s, %s cols %d, rows of x %d, cfg %d (chunk %d, smem %d, blocks "
+                              "%d), output %d: staged != register-streamed",
+                          cs->what, dts[d] == DT_BF16 ? "bf16" : "f16", cols, nt, fi,
                           cfgs[fi].chunk_cols, cfgs[fi].smem_bytes, cfgs[fi].blocks, i);
                     *same += eq;
                     free(a);
@@ -151,17 +155,19 @@ static void check_cols(int cols, int n_sms, int *ran, int *same)
         {
             const struct cuk_weight *w0 = &m[0].w;
             struct cuk_gemv_in in = {.kind = CUK_IN_X, .x = dx};
-            CHECK(cuk_gemv_staged(0, got, &in, &w0, 1, CUK_OUT_STORE, &cfgs[0]) == cudaSuccess,
-                  "staged plain product cols %d", cols);
-            float *a = fetch(got[0], 300);
+            CHECK(cuk_gemv_staged(0, got, &in, nt, &w0, 1, CUK_OUT_STORE, &cfgs[0]) == cudaSuccess,
+                  "staged plain product cols %d rows of x %d", cols, nt);
+            float *a = fetch(got[0], no);
             double worst = 0, scale = 0;
-            for (int r = 0; r < 300; r++) {
-                double ref = 0;
-                for (int c = 0; c < cols; c++)
-                    ref += (double)from_half(m[0].host[(size_t)r * cols + c], dts[d]) * hx[c];
-                worst = fmax(worst, fabs(a[r] - ref));
-                scale = fmax(scale, fabs(ref));
-            }
+            for (int j = 0; j < nt; j++)
+                for (int r = 0; r < 300; r++) {
+                    double ref = 0;
+                    for (int c = 0; c < cols; c++)
+                        ref += (double)from_half(m[0].host[(size_t)r * cols + c], dts[d]) *
+                               hx[(size_t)j * cols + c];
+                    worst = fmax(worst, fabs(a[(size_t)j * 300 + r] - ref));
+                    scale = fmax(scale, fabs(ref));
+                }
             CHECK(worst <= 1e-4 * scale, "staged plain product cols %d: error %.3g of %.3g",
                   cols, worst, scale);
             free(a);
@@ -190,11 +196,11 @@ static void check_declined(void)
     q8.data = x;
     const struct cuk_weight *ws[1] = {&q8};
     struct cuk_gemv_in in = {.kind = CUK_IN_X, .x = x};
-    CHECK(cuk_gemv_staged(0, &out, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
+    CHECK(cuk_gemv_staged(0, &out, &in, 1, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
           "Q8_0 should be declined");
     struct cuk_weight odd = {.dtype = DT_BF16, .rows = 8, .cols = 60, .data = x};
     ws[0] = &odd;
-    CHECK(cuk_gemv_staged(0, &out, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
+    CHECK(cuk_gemv_staged(0, &out, &in, 1, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
           "cols %% 8 != 0 should be declined");
     cudaFree(x);
     cudaFree(out);
@@ -207,10 +213,10 @@ static void check_declined(void)
     cudaMemset(x4, 0, 4096 * 4);
     in.x = x4;
     ws[0] = &small.w;
-    CHECK(cuk_gemv_staged(0, &o4, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
+    CHECK(cuk_gemv_staged(0, &o4, &in, 1, ws, 1, CUK_OUT_STORE, NULL) == cudaErrorNotSupported,
           "2 KB rows should be left to the register-streamed kernel");
     ws[0] = &large.w;
-    CHECK(cuk_gemv_staged(0, &o4, &in, ws, 1, CUK_OUT_STORE, NULL) == cudaSuccess &&
+    CHECK(cuk_gemv_staged(0, &o4, &in, 1, ws, 1, CUK_OUT_STORE, NULL) == cudaSuccess &&
               cudaDeviceSynchronize() == cudaSuccess,
           "a 4096 x 4096 bf16 matrix should be staged");
     cudaFree(x4);
@@ -246,7 +252,7 @@ static void check_chain(void)
             const struct cuk_weight *ws[1] = {&w[i % 4].w};
             struct cuk_gemv_in in = {.kind = CUK_IN_RMSNORM, .x = src, .nw = nw, .eps = 1e-6f};
             err = pass ? cuk_gemv_fused(s, &dst, &in, 1, ws, 1, CUK_OUT_ADD)
-                       : cuk_gemv_staged(s, &dst, &in, ws, 1, CUK_OUT_ADD, &any);
+                       : cuk_gemv_staged(s, &dst, &in, 1, ws, 1, CUK_OUT_ADD, &any);
         }
         if (err == cudaSuccess)
             err = cudaStreamSynchronize(s);
@@ -288,7 +294,12 @@ int main(void)
     static const int widths[] = {64, 1000, 1024, 2056, 4096, 14336};
     int ran = 0, same = 0;
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
-        check_cols(widths[i], prop.multiProcessorCount, &ran, &same);
+        check_cols(widths[i], 1, prop.multiProcessorCount, &ran, &same);
+    /* 2-4 rows of x (a batched decode step's tokens): their tiles beside
+     * the ring; an 8B model's down projection takes two */
+    static const int wide[][2] = {{1000, 4}, {2056, 3}, {4096, 2}, {4096, 4}, {14336, 2}};
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+        check_cols(wide[i][0], wide[i][1], prop.multiProcessorCount, &ran, &same);
     printf("staged GEMV: ran %d launches, %d outputs bit-identical to the register-streamed "
            "kernel\n", ran, same);
     check_declined();

@@ -282,17 +282,20 @@ struct cuk_stage_cfg {
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */
 #define CUK_STAGE_SMEM (160 * 1024)
-/* cuk_gemv_fused for one input row (n = 1) of bf16/f16 weights, the same
- * bits, by a kernel that copies each block's share of the weights into a
- * ring in shared memory (bulk asynchronous copies), the first copies
- * issued before it waits for the previous kernel: deeper in flight than
- * registers allow. cudaErrorNotSupported (nothing launched) for what it
- * does not take: Q8_0, x too wide to leave two copies per warp beside it,
- * the SwiGLU output without the norm, and (unless cfg->any_size) rows
- * under 4 KB (pairs of gate/up rows count together), where
- * cuk_gemv_fused is faster. Hopper (sm_90) and newer. */
+/* cuk_gemv_fused for 1..CUK_STAGE_MAX_N input rows (tokens) of bf16/f16
+ * weights, the same bits, by a kernel that copies each block's share of
+ * the weights into a ring in shared memory (bulk asynchronous copies), the
+ * first copies issued before it waits for the previous kernel: deeper in
+ * flight than registers allow; every row of x is staged beside the ring,
+ * so each weight is read once for all n rows. cudaErrorNotSupported
+ * (nothing launched) for what it does not take: Q8_0, n rows of x too wide
+ * to leave two copies per warp beside them, the SwiGLU output without the
+ * norm, and (unless cfg->any_size) rows under 4 KB (pairs of gate/up rows
+ * count together), where cuk_gemv_fused is faster. Hopper (sm_90) and
+ * newer. */
+#define CUK_STAGE_MAX_N 4
 cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
-                            const struct cuk_weight *const *ws, int k, int out,
+                            int n, const struct cuk_weight *const *ws, int k, int out,
                             const struct cuk_stage_cfg *cfg);
 /* Most tokens cuk_gemm_tc takes, and most 128-row blocks of W. */
 #define CUK_TC_MAX_N 64

@@ -137,17 +137,20 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
 }
 
 /* (The 2 only caps registers at 128, which it stays under; its shared
- * memory leaves room for one block per SM.) */
-template <int WT, int IN, bool PAIR>
+ * memory leaves room for one block per SM.) NT: input rows (tokens), each
+ * row of x staged as its own tile and accumulated on its own, in the
+ * one-row order, as gemv.cu does for NT rows. */
+template <int WT, int IN, bool PAIR, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv_staged(const struct sgp p, const struct cuk_gemv_in in)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VE = gemv_cfg<WT>::VE, BYTES = gemv_cfg<WT>::BYTES;
     extern __shared__ __align__(128) unsigned char sg_smem[];
-    float4 *xs = (float4 *)sg_smem; /* tile_cols floats: a multiple of 1 KB */
-    float *sinv = (float *)(sg_smem + (size_t)p.tile_cols * 4);
-    uint64_t *bars = (uint64_t *)(sg_smem + (size_t)p.tile_cols * 4 + SG_HDR);
+    float4 *xs = (float4 *)sg_smem; /* NT tiles of tile_cols floats: multiples of 1 KB */
+    const int tile_f4 = p.tile_cols / 4;
+    float *sinv = (float *)(sg_smem + (size_t)NT * p.tile_cols * 4);
+    uint64_t *bars = (uint64_t *)(sg_smem + (size_t)NT * p.tile_cols * 4 + SG_HDR);
     unsigned char *ring =
         (unsigned char *)bars + ((GEMV_WARPS * p.slots * 8 + 127) / 128) * 128;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -166,7 +169,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             sg_issue<BYTES, PAIR>(p, ubase, nch, i, slot0, bar);
     }
     /* the norm's weights never change: load them before the wait too */
-    const bool fast_norm = IN == CUK_IN_RMSNORM && p.cols > 512 && p.cols <= 4 * GEMV_THREADS * SG_NORM_F4;
+    const bool fast_norm =
+        NT == 1 && IN == CUK_IN_RMSNORM && p.cols > 512 && p.cols <= 4 * GEMV_THREADS * SG_NORM_F4;
     float4 nwv[SG_NORM_F4];
     if (fast_norm) {
 #pragma unroll
@@ -182,14 +186,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         sg_norm_stage<WT>(xs, in.x, nwv, p.cols, in.eps, (double *)(sinv + 4));
     } else {
         if (IN == CUK_IN_RMSNORM)
-            gemv_rms_inv<1>(sinv, in.x, p.cols, in.eps, (double *)xs);
-        gemv_stage<WT, 1, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
+            gemv_rms_inv<NT>(sinv, in.x, p.cols, in.eps, (double *)xs);
+        gemv_stage<WT, NT, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
     }
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
     for (int j = 0, i = 0; j < nu; j++) {
-        float acc0 = 0.0f, acc1 = 0.0f;
+        float acc0[NT], acc1[NT];
+#pragma unroll
+        for (int r = 0; r < NT; r++)
+            acc0[r] = acc1[r] = 0.0f;
         for (int ch = 0; ch < nch; ch++, i++) {
             cuk_mbar_wait(bar + s, parity);
             const uint4 *wv = (const uint4 *)(slot0 + (size_t)s * p.slot_bytes);
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
              * together, then the FMAs in the row's order */
             for (int v0 = 0; v0 < nvec; v0 += 32 * SG_BATCH) {
                 uint4 wb[SG_BATCH], ub[SG_BATCH];
-                float4 xb[SG_BATCH][VE / 4];
+                float4 xb[SG_BATCH][NT == 1 ? VE / 4 : 1];
 #pragma unroll
                 for (int b = 0; b < SG_BATCH; b++) {
                     const int v = v0 + 32 * b + lane;
@@ -207,26 +214,35 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                         wb[b] = wv[v];
                         if (PAIR)
                             ub[b] = wv[cvec + v];
+                        if (NT == 1) /* one row: its x in flight with the weights */
 #pragma unroll
-                        for (int q = 0; q < VE / 4; q++) /* vector c's x: its 32-group, lane */
-                            xb[b][q] = xc[(v0 / 32 + b) * (8 * VE) + q * 32];
+                            for (int q = 0; q < VE / 4; q++) /* vector c's x: its 32-group, lane */
+                                xb[b][q] = xc[(v0 / 32 + b) * (8 * VE) + q * 32];
                     }
                 }
 #pragma unroll
                 for (int b = 0; b < SG_BATCH; b++) {
                     if (v0 + 32 * b + lane >= nvec)
                         break;
-                    float f[VE];
-                    const float *xv = (const float *)xb[b];
+                    float f[VE], fu[VE];
                     unpack<WT>(wb[b], f);
+                    if (PAIR)
+                        unpack<WT>(ub[b], fu);
 #pragma unroll
-                    for (int e = 0; e < VE; e++)
-                        acc0 = fmaf(f[e], xv[e], acc0);
-                    if (PAIR) {
-                        unpack<WT>(ub[b], f);
+                    for (int r = 0; r < NT; r++) {
+                        float4 xr[VE / 4];
+#pragma unroll
+                        for (int q = 0; q < VE / 4; q++)
+                            xr[q] = NT == 1 ? xb[b][q]
+                                            : xc[r * tile_f4 + (v0 / 32 + b) * (8 * VE) + q * 32];
+                        const float *xv = (const float *)xr;
 #pragma unroll
                         for (int e = 0; e < VE; e++)
-                            acc1 = fmaf(f[e], xv[e], acc1);
+                            acc0[r] = fmaf(f[e], xv[e], acc0[r]);
+                        if (PAIR)
+#pragma unroll
+                            for (int e = 0; e < VE; e++)
+                                acc1[r] = fmaf(fu[e], xv[e], acc1[r]);
                     }
                 }
             }
@@ -241,16 +257,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             }
         }
         const int u = ubase + j * GEMV_WARPS;
-        if (PAIR) {
-            float gv = cuk_warp_sum(acc0), uv = cuk_warp_sum(acc1);
-            if (lane == 0)
-                p.outp[0][u] = cuk_silu_mul1(gv, uv);
-        } else {
-            float v = cuk_warp_sum(acc0);
-            if (lane == 0) {
-                int m, r = sg_row(p, u, &m);
-                float *o = (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) + r;
-                *o = p.out == CUK_OUT_ADD ? *o + v : v;
+#pragma unroll
+        for (int r = 0; r < NT; r++) {
+            if (PAIR) {
+                float gv = cuk_warp_sum(acc0[r]), uv = cuk_warp_sum(acc1[r]);
+                if (lane == 0)
+                    p.outp[0][(size_t)r * p.rows[0] + u] = cuk_silu_mul1(gv, uv);
+            } else {
+                float v = cuk_warp_sum(acc0[r]);
+                if (lane == 0) {
+                    int m, row = sg_row(p, u, &m);
+                    /* no local copy of p: no indexing of its arrays */
+                    int mrows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+                    float *o = (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) +
+                               (size_t)r * mrows + row;
+                    *o = p.out == CUK_OUT_ADD ? *o + v : v;
+                }
             }
         }
     }
@@ -260,7 +282,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #endif
 }
 
-template <int WT, int IN, bool PAIR>
+template <int WT, int IN, bool PAIR, int NT>
 static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
                                  const struct cuk_stage_cfg *cfg)
 {
@@ -284,7 +306,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
         chunk = p->tile_cols;
     int budget = cfg && cfg->smem_bytes > 0 ? cfg->smem_bytes : CUK_STAGE_SMEM;
     int per_block = (p->units + blocks - 1) / blocks;
-    int fixed = p->tile_cols * 4 + SG_HDR;
+    int fixed = NT * p->tile_cols * 4 + SG_HDR;
     /* A slot is one wait and one refill: below 4 KB per slot that costs
      * more than the depth gains (a 0.6B model's LM head, 1,024 columns:
      * 110 us staged against 78 us, bench_gemv on the H200). */
@@ -312,7 +334,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
             return cudaErrorNotSupported; /* x leaves no room for two slots */
     }
     p->slots = slots;
-    auto k = k_gemv_staged<WT, IN, PAIR>;
+    auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
     static struct cuk_opted opted;
@@ -322,25 +344,38 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     return cuk_launch(k, (unsigned)blocks, GEMV_THREADS, smem, st, *p, *in);
 }
 
-template <int WT>
+template <int WT, int NT>
 static cudaError_t launch_staged_in(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
                                     const struct cuk_stage_cfg *cfg)
 {
     if (p->out == CUK_OUT_SWIGLU)
-        return launch_staged<WT, CUK_IN_RMSNORM, true>(st, p, in, cfg);
+        return launch_staged<WT, CUK_IN_RMSNORM, true, NT>(st, p, in, cfg);
     if (in->kind == CUK_IN_RMSNORM)
-        return launch_staged<WT, CUK_IN_RMSNORM, false>(st, p, in, cfg);
+        return launch_staged<WT, CUK_IN_RMSNORM, false, NT>(st, p, in, cfg);
     if (in->kind == CUK_IN_SWIGLU)
-        return launch_staged<WT, CUK_IN_SWIGLU, false>(st, p, in, cfg);
-    return launch_staged<WT, CUK_IN_X, false>(st, p, in, cfg);
+        return launch_staged<WT, CUK_IN_SWIGLU, false, NT>(st, p, in, cfg);
+    return launch_staged<WT, CUK_IN_X, false, NT>(st, p, in, cfg);
+}
+
+template <int WT>
+static cudaError_t launch_staged_n(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
+                                   int n, const struct cuk_stage_cfg *cfg)
+{
+    switch (n) {
+    case 1: return launch_staged_in<WT, 1>(st, p, in, cfg);
+    case 2: return launch_staged_in<WT, 2>(st, p, in, cfg);
+    case 3: return launch_staged_in<WT, 3>(st, p, in, cfg);
+    default: return launch_staged_in<WT, 4>(st, p, in, cfg);
+    }
 }
 
 extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
-                                       const struct cuk_gemv_in *in,
+                                       const struct cuk_gemv_in *in, int n,
                                        const struct cuk_weight *const *ws, int k, int out,
                                        const struct cuk_stage_cfg *cfg)
 {
-    if (k < 1 || k > 3 || !in || !in->x || in->kind < CUK_IN_X || in->kind > CUK_IN_SWIGLU ||
+    if (n < 1 || n > CUK_STAGE_MAX_N || k < 1 || k > 3 || !in || !in->x || in->kind < CUK_IN_X ||
+        in->kind > CUK_IN_SWIGLU ||
         out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
         (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
         return cudaErrorInvalidValue;
@@ -372,8 +407,8 @@ extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
     if (units <= 0 || units > (1LL << 30))
         return units == 0 ? cudaSuccess : cudaErrorNotSupported;
     p.units = (int)units;
-    cudaError_t err = dt == DT_BF16 ? launch_staged_in<WT_BF16>(s, &p, in, cfg)
-                                    : launch_staged_in<WT_F16>(s, &p, in, cfg);
+    cudaError_t err = dt == DT_BF16 ? launch_staged_n<WT_BF16>(s, &p, in, n, cfg)
+                                    : launch_staged_n<WT_F16>(s, &p, in, n, cfg);
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
 }
