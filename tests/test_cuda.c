@@ -1252,20 +1252,30 @@ static bool greedy_same(struct runner *x, struct runner *y, int n_gen, int *ids)
     return same;
 }
 
+/* Two runners of one model on new GPU backends: rg with decode graphs,
+ * rn without. */
+static int graph_runners(struct runner *rg, struct runner *rn, const char *model_dir, int batch,
+                         int kv_blocks, bool kv_bf16)
+{
+    kv_bf16_next = kv_bf16;
+    if (gpu_runner(rg, model_dir, batch, false, NULL, kv_blocks))
+        return -1;
+    no_graphs = true;
+    kv_bf16_next = kv_bf16;
+    if (gpu_runner(rn, model_dir, batch, false, NULL, kv_blocks)) {
+        runner_close(rg);
+        return -1;
+    }
+    return 0;
+}
+
 /* Decode through CUDA graphs against eager decode: bit-identical ids and
  * logits, across a block-table bucket change (1024 positions: re-record). */
 static void check_graphs_vs_eager(const char *model_dir, int n_gen, bool kv_bf16)
 {
     struct runner rg, rn;
-    kv_bf16_next = kv_bf16;
-    if (gpu_runner(&rg, model_dir, 7, false, NULL, 96))
+    if (graph_runners(&rg, &rn, model_dir, 7, 96, kv_bf16))
         return;
-    no_graphs = true;
-    kv_bf16_next = kv_bf16;
-    if (gpu_runner(&rn, model_dir, 7, false, NULL, 96)) {
-        runner_close(&rg);
-        return;
-    }
     int *a = calloc((size_t)n_gen, sizeof(int));
     bool same = greedy_same(&rg, &rn, n_gen, a);
     CHECK(same, "%s: decode with CUDA graphs differs from eager decode", model_dir);
@@ -1328,15 +1338,8 @@ static void batch_decode(struct runner *r, int *ids)
 static void check_batch_graphs_vs_eager(const char *model_dir, bool kv_bf16)
 {
     struct runner rg, rn;
-    kv_bf16_next = kv_bf16;
-    if (gpu_runner(&rg, model_dir, 64, false, NULL, 256))
+    if (graph_runners(&rg, &rn, model_dir, 64, 256, kv_bf16))
         return;
-    no_graphs = true;
-    kv_bf16_next = kv_bf16;
-    if (gpu_runner(&rn, model_dir, 64, false, NULL, 256)) {
-        runner_close(&rg);
-        return;
-    }
     int *a = calloc(BATCH_SEQS * BATCH_STEPS, sizeof(int));
     int *b = calloc(BATCH_SEQS * BATCH_STEPS, sizeof(int));
     batch_decode(&rg, a);
