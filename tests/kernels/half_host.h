@@ -1,13 +1,28 @@
 /* half_host.h - what the kernel tests (test_gemv_staged, test_gemm_tc)
- * need on the host: a reproducible uniform draw, and f32 <-> bf16/f16
- * rounding as the device rounds (nearest even). Header-only: each test is
- * one translation unit. */
+ * need on the host: whether there is a GPU to run on, a reproducible
+ * uniform draw, and f32 <-> bf16/f16 rounding as the device rounds
+ * (nearest even). Header-only: each test is one translation unit. */
 #ifndef CLLM_TESTS_KERNELS_HALF_HOST_H
 #define CLLM_TESTS_KERNELS_HALF_HOST_H
 
+#include <cuda_runtime.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+
+/* Whether GPU 0 is a Hopper or newer (*prop: its properties); otherwise
+ * prints "skipped: no GPU (the <what> needs ...)" so the test passes. */
+static inline bool hopper_present(struct cudaDeviceProp *prop, const char *what)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n >= 1 &&
+        cudaGetDeviceProperties(prop, 0) == cudaSuccess && prop->major >= 9)
+        return true;
+    printf("skipped: no GPU (the %s needs a Hopper or newer GPU)\n", what);
+    return false;
+}
 
 #include "model/tensor.h"
 

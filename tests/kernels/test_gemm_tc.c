@@ -205,13 +205,9 @@ static void check_declined(void)
 
 int main(void)
 {
-    int ndev = 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1 ||
-        cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major < 9) {
-        printf("skipped: no GPU (the tensor-core GEMM needs a Hopper or newer GPU)\n");
+    if (!hopper_present(&prop, "tensor-core GEMM"))
         return 0;
-    }
     ws_blocks = prop.multiProcessorCount;
     size_t wsb = cuk_gemm_tc_ws_bytes(ws_blocks);
     if (cudaMalloc(&ws, wsb) != cudaSuccess || cudaMemset(ws, 0, wsb) != cudaSuccess) {

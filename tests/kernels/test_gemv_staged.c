@@ -281,13 +281,9 @@ static void check_chain(void)
 
 int main(void)
 {
-    int n = 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1 ||
-        cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major < 9) {
-        printf("skipped: no GPU (the staged GEMV needs a Hopper or newer GPU)\n");
+    if (!hopper_present(&prop, "staged GEMV"))
         return 0;
-    }
     cuk_set_pdl(1);
     /* 1000 and 2056: a partial last copy; 64: fewer columns than a copy;
      * 4096 and 14336: an 8B model's widths */

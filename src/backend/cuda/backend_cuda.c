@@ -838,6 +838,16 @@ static const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct 
     return &w->w;
 }
 
+/* The device copy of n token ids (c->ids), copied on the stream; NULL
+ * with the failure kept. */
+static const int *ids_upload(struct cuda_backend *c, const int *ids, int n)
+{
+    int *dids = dbuf_get(c, &c->ids, (size_t)n * sizeof(int), "token ids");
+    if (!dids || !upload_async(c, &c->up_ids, dids, ids, (size_t)n * sizeof(int), "copy token ids"))
+        return NULL;
+    return dids;
+}
+
 static void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
 {
     cb(be)->op_seq++; /* see half_x */
@@ -855,10 +865,8 @@ static void cu_embed(struct backend *be, float *out, const struct tensor *t, con
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, n));
         return;
     }
-    int *dids = dbuf_get(c, &c->ids, (size_t)n * sizeof(int), "token ids");
-    if (!dids)
-        return;
-    if (upload_async(c, &c->up_ids, dids, ids, (size_t)n * sizeof(int), "copy token ids"))
+    const int *dids = ids_upload(c, ids, n);
+    if (dids)
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
 }
 
@@ -1703,6 +1711,21 @@ static bool bat_upload(struct cuda_backend *c, size_t need)
     return true;
 }
 
+/* The workspace and split counters a plan needs (*ws, *cnt: NULL where it
+ * needs none), and its metadata on the device (bat_upload); false with
+ * the failure kept. */
+static bool bat_buffers(struct cuda_backend *c, const struct bat_plan *p, float **ws,
+                        unsigned **cnt)
+{
+    *ws = NULL;
+    *cnt = NULL;
+    if (p->ws_floats > 0 && !(*ws = dbuf_get(c, &c->ws, p->ws_floats * 4, "attention workspace")))
+        return false;
+    if (p->n_cnt > 0 && !(*cnt = att_counters(c, p->n_cnt)))
+        return false;
+    return bat_upload(c, p->need);
+}
+
 /* rope_kv_store + attention of every sequence of a batch step in two or
  * three launches (bat_plan). */
 static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
@@ -1743,16 +1766,14 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     if (bat_plan(c, segs, n_seg, pool, layer, a, c->bstep, &p, e))
         return -1;
     struct cuk_attn g = p.g;
-    float *ws = NULL;
-    if (p.ws_floats > 0 && !(ws = dbuf_get(c, &c->ws, p.ws_floats * 4, "attention workspace")))
-        return sticky(c, e);
-    unsigned *cnt = NULL;
-    if (p.n_cnt > 0 && !(cnt = att_counters(c, p.n_cnt)))
+    float *ws;
+    unsigned *cnt;
+    if (!bat_buffers(c, &p, &ws, &cnt))
         return sticky(c, e);
     const float *invf = dev_invf(c, inv_freq, a->head_dim / 2);
     const float *qn = norm && norm->q ? dev_vec(c, norm->q, "rope_kv_attention_batch") : NULL;
     const float *kn = norm && norm->k ? dev_vec(c, norm->k, "rope_kv_attention_batch") : NULL;
-    if (!invf || (norm && norm->q && !qn) || (norm && norm->k && !kn) || !bat_upload(c, p.need))
+    if (!invf || (norm && norm->q && !qn) || (norm && norm->k && !kn))
         return sticky(c, e);
     if (fail_cuda(c, "rope_kv_attention_batch",
                   cuk_rope_kv_attention_batch(c->stream, out, q, k, v, pool->k, pool->v,
@@ -1975,6 +1996,18 @@ static int step_reserve(struct cuda_backend *c, int cap)
     return 0;
 }
 
+/* Starts recording the stream's ops as the graph of key; false with the
+ * failure kept. */
+static bool capture_begin(struct cuda_backend *c, const struct step_graph *key)
+{
+    if (fail_cuda(c, "begin graph capture",
+                  cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+        return false;
+    c->capturing = true;
+    c->rec = *key;
+    return true;
+}
+
 /* A batched decode step (st->decodes): its ids go to the device first, so
  * embed reads them from there in every form of the step. Graphs are keyed
  * by (forward state, KV pool, sequences, block-table bucket of the longest
@@ -1989,9 +2022,7 @@ static int batch_step_begin(struct cuda_backend *c, const struct backend_step *s
         int b = table_bucket(st->segs[s].seq->n_blocks);
         bucket = b > bucket ? b : bucket;
     }
-    int *dids = dbuf_get(c, &c->ids, sizeof(int) * (size_t)st->n, "token ids");
-    if (!dids || !upload_async(c, &c->up_ids, dids, st->tokens, sizeof(int) * (size_t)st->n,
-                               "copy token ids"))
+    if (!ids_upload(c, st->tokens, st->n))
         return sticky(c, e);
     c->bstep = bucket;
     c->bowner = st->owner;
@@ -2008,8 +2039,9 @@ static int batch_step_begin(struct cuda_backend *c, const struct backend_step *s
         return -1;
     /* Size what the step uses while synchronizing is still allowed (a
      * buffer that grows drops every graph: look the graph up after). */
-    if ((p.ws_floats > 0 && !dbuf_get(c, &c->ws, p.ws_floats * 4, "attention workspace")) ||
-        (p.n_cnt > 0 && !att_counters(c, p.n_cnt)) || !bat_upload(c, p.need))
+    float *ws;
+    unsigned *cnt;
+    if (!bat_buffers(c, &p, &ws, &cnt))
         return sticky(c, e);
     if ((g = graph_find(c, &key))) {
         if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
@@ -2017,13 +2049,8 @@ static int batch_step_begin(struct cuda_backend *c, const struct backend_step *s
         c->g_rep[1]++;
         return 1;
     }
-    if (fail_cuda(c, "begin graph capture",
-                  cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
-        return sticky(c, e);
-    c->capturing = true;
-    c->rec = key;
-    c->rec.att = att;
-    return 0;
+    key.att = att;
+    return capture_begin(c, &key) ? 0 : sticky(c, e);
 }
 
 static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
@@ -2074,11 +2101,8 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
     if (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
         !att_counters(c, (size_t)c->att_heads))
         return sticky(c, e);
-    if (fail_cuda(c, "begin graph capture",
-                  cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal)))
+    if (!capture_begin(c, &key))
         return sticky(c, e);
-    c->capturing = true;
-    c->rec = key;
     if (fail_cuda(c, "copy step record",
                   cudaMemcpyAsync(c->step.p, c->h_step, sizeof(int) * (size_t)(key.bucket + 2),
                                   cudaMemcpyHostToDevice, c->stream))) {
