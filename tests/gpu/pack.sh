@@ -18,6 +18,12 @@ cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" "$BUILD/libcllm_cuda.so" 
 # GEMM; bench_gemv, bench_gemm_tc and bench_persist time kernels alone
 # (all optional; tests/gpu/perf.sh runs the benches).
 for b in test_batch test_gemv_staged test_gemm_tc bench_gemv bench_gemm_tc bench_persist; do [ -x "$BUILD/$b" ] && cp "$BUILD/$b" .carry/bin/; done
+# libcllm_trace.so writes a kernel timeline through CUPTI (bench/cupti/);
+# CUPTI itself travels too, in case the GPU machine's toolkit lacks it.
+if [ -e "$BUILD/libcllm_trace.so" ]; then
+    cp "$BUILD/libcllm_trace.so" bench/trace_steps.py .carry/bin/
+    cp -L "$(ldd "$BUILD/libcllm_trace.so" | awk '/libcupti/ {print $3}')" .carry/lib/
+fi
 for lib in $(ldd "$BUILD/cllm" "$BUILD/libcllm_cuda.so" | awk '/=>/ {print $3}' | sort -u | grep -v -E 'cuda|cublas|/libc\.|/libm\.|/libdl\.|/libpthread\.|/librt\.|/libstdc\+\+|/libgcc_s'); do
     cp -L "$lib" .carry/lib/
 done
@@ -33,7 +39,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p /tmp/cllm-lib
 cuda=""; for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib /usr/local/cuda/lib; do [ -e "$d/libcublas.so.13" ] && { cuda=$d; break; }; done; [ -n "$cuda" ] || cuda=$(dirname "$(find / -xdev -name "libcublas.so.13*" 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for m in $(ldd "$here/bin/cllm" "$here/bin/libcllm_cuda.so" | awk '/not found/ {print $1}' | sort -u); do ln -sf "$here/lib/$m" /tmp/cllm-lib/; done
+for m in $(ldd "$here/bin/cllm" "$here/bin/libcllm_cuda.so" $(ls "$here/bin/libcllm_trace.so" 2>/dev/null) | awk '/not found/ {print $1}' | sort -u); do ln -sf "$here/lib/$m" /tmp/cllm-lib/; done
 export LD_LIBRARY_PATH="/tmp/cllm-lib:$LD_LIBRARY_PATH"
 echo "libraries taken from .carry/lib: $(ls /tmp/cllm-lib | tr '\n' ' ')"
 # cllm links no CUDA library; the module it dlopens for --device cuda does.
