@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/dec_probe.cuh"
 
 #define AM_WARPS 4
 #define AM_ROWS (AM_WARPS * 16) /* (query, head) rows of a block */
@@ -181,8 +182,10 @@ template <int HD>
 static __device__ __forceinline__ void split_merge(float *out, const float *ws, size_t nrow,
                                                    int rows, int n_splits, int n_used, int q0,
                                                    int G, int kvh,
-                                                   int n_heads, unsigned *cnt, float *smem)
+                                                   int n_heads, unsigned *cnt, float *smem,
+                                                   bool dec = false)
 {
+    (void)dec; /* the probe build's */
     if (!cuk_last_block(cnt, (unsigned)n_used))
         return;
     /* Each split's weight per row first (every (row, split) pair loaded at
@@ -222,6 +225,7 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
         float L = cL[r];
         out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
     }
+    PROBE(dec, 5);
 }
 
 template <int HD>
@@ -511,6 +515,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             sn0[i] = sinf(ang);
         }
     cuk_pdl_start();
+    PROBE(rp, 1);
 
     /* With rp the block first does what RoPE + K/V store would have done
      * for its KV head (the same arithmetic, so the same bits): its query
@@ -556,6 +561,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
         __syncthreads();
     }
+    PROBE(rp, 2);
 
     int pos[2], start[2];
     uint32_t qhi[QK][4], qlo[QK][4];
@@ -659,6 +665,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         __syncthreads();
     }
 
+    PROBE(rp, 3);
     /* merge the warps (their key quarters) through shared memory, which
      * the tiles no longer use */
     float *so = (float *)am_smem;              /* [warp][16][HD] */
@@ -707,8 +714,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             }
         }
     }
+    PROBE(rp, 4);
     if (n_used > 1) /* the last split of this (sequence, KV head) merges them all */
-        split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so);
+        split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so,
+                        rp != nullptr);
 }
 
 template <int HD>
@@ -719,8 +728,10 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 {
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
+    PROBE(with_rope, 0);
     dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
                   cnt + blockIdx.x, with_rope ? &rope : nullptr);
+    PROBE_END(with_rope);
 }
 
 /* The decode segments of a batch step (cuk_bseg.tiled == 2), laid out as
@@ -841,3 +852,62 @@ extern "C" cudaError_t cuk_attention_dec_batch(cudaStream_t s, float *out, const
         return launch_dec_batch<64>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
     return launch_dec_batch<128>(s, out, q, kc, vc, meta, g, max_splits, ws, cnt);
 }
+
+#ifdef CUK_DEC_PROBE
+#include <stdio.h>
+#include <vector>
+extern "C" void cuk_dec_probe_init(void)
+{
+    void *p;
+    cudaGetSymbolAddress(&p, cuk_probe_min);
+    cudaMemset(p, 0xff, sizeof cuk_probe_min);
+    cudaGetSymbolAddress(&p, cuk_probe_max);
+    cudaMemset(p, 0, sizeof cuk_probe_max);
+    cudaGetSymbolAddress(&p, cuk_probe_dt);
+    cudaMemset(p, 0, sizeof cuk_probe_dt);
+    cudaGetSymbolAddress(&p, cuk_probe_dc);
+    cudaMemset(p, 0, sizeof cuk_probe_dc);
+}
+
+extern "C" void cuk_dec_probe_report(int skip)
+{
+    unsigned seq = 0;
+    cudaMemcpyFromSymbol(&seq, cuk_probe_seq, sizeof seq);
+    size_t n_all = (size_t)PROBE_L * PROBE_S;
+    std::vector<unsigned long long> mn(n_all), mx(n_all), dt(n_all), dc(n_all);
+    cudaMemcpyFromSymbol(mn.data(), cuk_probe_min, sizeof cuk_probe_min);
+    cudaMemcpyFromSymbol(mx.data(), cuk_probe_max, sizeof cuk_probe_max);
+    cudaMemcpyFromSymbol(dt.data(), cuk_probe_dt, sizeof cuk_probe_dt);
+    cudaMemcpyFromSymbol(dc.data(), cuk_probe_dc, sizeof cuk_probe_dc);
+    if (seq > PROBE_L) { /* the ring went round: only whole launches count */
+        fprintf(stderr, "dec probe: %u launches, more than the %d kept: run fewer steps\n", seq,
+                PROBE_L);
+        return;
+    }
+    double a[PROBE_S][4] = {};
+    int ks[PROBE_S] = {};
+    for (unsigned l = (unsigned)skip; l < seq; l++) {
+        double t0 = (double)mn[l * PROBE_S + 1];
+        for (int st = 0; st < PROBE_S; st++) {
+            size_t i = l * PROBE_S + st;
+            if (mn[i] == ~0ull) /* no block got there (no merge) */
+                continue;
+            a[st][0] += ((double)mn[i] - t0) / 1e3;
+            a[st][1] += ((double)mx[i] - t0) / 1e3;
+            a[st][2] += (double)dt[i] / 1e3;
+            a[st][3] += (double)dc[i];
+            ks[st]++;
+        }
+    }
+    static const char *nm[PROBE_S] = {"entry", "after wait", "after rope",  "after tiles",
+                                      "partial written", "merged", "exit"};
+    fprintf(stderr, "dec probe: %u launches; us from the first block's release; a block's "
+                    "longest time since its release, us and SM cycles\n", seq);
+    for (int st = 0; st < PROBE_S; st++) {
+        double k = ks[st] ? ks[st] : 1;
+        fprintf(stderr, "  %-16s earliest %8.2f latest %8.2f  block %8.2f us %9.0f cycles (%d)\n",
+                nm[st], a[st][0] / k, a[st][1] / k, st > 1 ? a[st][2] / k : 0.0,
+                st > 1 ? a[st][3] / k : 0.0, ks[st]);
+    }
+}
+#endif

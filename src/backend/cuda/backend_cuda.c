@@ -2171,6 +2171,9 @@ static void cu_destroy(struct backend *be)
     struct cuda_backend *c = cb(be);
     use_device(c);
     cudaStreamSynchronize(c->stream);
+#ifdef CUK_DEC_PROBE
+    cuk_dec_probe_report(64);
+#endif
     if (c->timing) {
         static const char *what[] = {"decode", "batched decode", "prefill"};
         for (int b = 0; b < 3; b++) {
@@ -2393,6 +2396,9 @@ static struct backend *cuda_create(int device, struct err *e)
         free(c);
         return NULL;
     }
+#ifdef CUK_DEC_PROBE
+    cuk_dec_probe_init();
+#endif
     /* Below the lowest architecture the kernels were built for there is no
      * code the GPU can run: say so now, not as a CUDA error at the first
      * kernel of the first request. */
