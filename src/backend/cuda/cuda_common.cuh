@@ -183,6 +183,19 @@ static __device__ __forceinline__ uint32_t cuk_smem_addr(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* An L2 policy for data read once per step (the weights): evicted first,
+ * so that streaming gigabytes through the 50 MB L2 does not push out what
+ * the next kernels read soon (activations, K/V, split partials, and the
+ * kernels' own instructions). Measured in docs/benchmarks.md, ninth pass. */
+static __device__ __forceinline__ uint64_t cuk_l2_evict_first()
+{
+    uint64_t pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* A barrier whose phase completes after `count` arrivals (and the bytes
  * announced with them). */
@@ -207,12 +220,13 @@ static __device__ __forceinline__ void cuk_mbar_arrive(uint64_t *bar)
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(cuk_smem_addr(bar)) : "memory");
 }
 
+/* pol: an L2 cache policy (cuk_l2_evict_first) */
 static __device__ __forceinline__ void cuk_bulk_copy(void *dst, const void *src, unsigned bytes,
-                                                     uint64_t *bar)
+                                                     uint64_t *bar, uint64_t pol)
 {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(cuk_smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(cuk_smem_addr(bar))
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+                 "[%0], [%1], %2, [%3], %4;" ::"r"(cuk_smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(cuk_smem_addr(bar)), "l"(pol)
                  : "memory");
 }
 

@@ -75,16 +75,17 @@ static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, 
     int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
     unsigned bytes = (unsigned)(nc * BYTES);
     unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
+    const uint64_t pol = cuk_l2_evict_first();
     if (PAIR) {
         size_t off = ((size_t)u * p.cols + c0) * BYTES;
         cuk_mbar_expect(bar + s, 2 * bytes);
-        cuk_bulk_copy(dst, p.w[0] + off, bytes, bar + s);
-        cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s);
+        cuk_bulk_copy(dst, p.w[0] + off, bytes, bar + s, pol);
+        cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s, pol);
     } else {
         int m, r = sg_row(p, u, &m);
         cuk_mbar_expect(bar + s, bytes);
         const char *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
-        cuk_bulk_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s);
+        cuk_bulk_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s, pol);
     }
 }
 #endif
