@@ -33,14 +33,16 @@ static __device__ __forceinline__ void probe(int stage)
         unsigned long long t, c = clock64();
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         unsigned l = probe_slot();
-        if (stage == 0)
+        if (stage == 0) {
             l = probe_slot() = *(volatile unsigned *)&cuk_probe_seq % PROBE_L;
+            probe_t1()[0] = 0; /* a block with no keys never gets to stage 1 */
+        }
         atomicMin(&cuk_probe_min[l][stage], t);
         atomicMax(&cuk_probe_max[l][stage], t);
         if (stage == 1) {
             probe_t1()[0] = t;
             probe_t1()[1] = c;
-        } else if (stage > 1) {
+        } else if (stage > 1 && probe_t1()[0]) {
             atomicMax(&cuk_probe_dt[l][stage], t - probe_t1()[0]);
             atomicMax(&cuk_probe_dc[l][stage], c - probe_t1()[1]);
         }
