@@ -10,7 +10,10 @@ advances of a step add up to its span and a kernel that ran hidden under
 another costs nothing. Per kernel name: launches per step, mean duration,
 mean advance per step. Also the idle time between consecutive steps.
 
-Usage: trace_steps.py trace.csv [--graph-only 0] [--show N]
+Usage: trace_steps.py trace.csv [--graph-only 0] [--graph ID] [--show N]
+  --graph ID: only the kernels replayed from CUDA graph ID (a batched
+  decode step's graph is another than a single decode step's; the
+  commonest graph ids are printed first).
 """
 import collections
 import re
@@ -33,18 +36,25 @@ def main():
         sys.exit(__doc__)
     show = 24
     graph_only = True
+    graph = None
     path = args[0]
     for i, a in enumerate(args):
         if a == "--show":
             show = int(args[i + 1])
         if a == "--graph-only":
             graph_only = args[i + 1] != "0"
+        if a == "--graph":
+            graph = int(args[i + 1])
     rows = []
     with open(path) as f:
         for line in f:
             s, e, g, blocks, name = line.rstrip("\n").split(",", 4)
             rows.append((int(s), int(e), int(g), int(blocks), short(name)))
     rows.sort()
+    ids = collections.Counter(r[2] for r in rows if r[2])
+    print("kernels by graph id: " + ", ".join(f"{g}: {n}" for g, n in ids.most_common(6)))
+    if graph is not None:
+        rows = [r for r in rows if r[2] == graph]
     steps, cur = [], []
     for r in rows:
         if graph_only and r[2] == 0:
