@@ -185,8 +185,8 @@ static __device__ __forceinline__ uint32_t cuk_smem_addr(const void *p)
 
 /* An L2 policy for data read once per step (the weights): evicted first,
  * so that streaming gigabytes through the 50 MB L2 does not push out what
- * the next kernels read soon (activations, K/V, split partials, and the
- * kernels' own instructions). Measured in docs/benchmarks.md, ninth pass. */
+ * the next kernels read soon (activations, K/V, split partials, likely
+ * kernel code). Measured in docs/benchmarks.md, ninth pass. */
 static __device__ __forceinline__ uint64_t cuk_l2_evict_first()
 {
     uint64_t pol = 0;
