@@ -191,7 +191,9 @@ static __device__ __forceinline__ uint64_t cuk_l2_evict_first()
 {
     uint64_t pol = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    /* not volatile: the same value every time, so the compiler may make it
+     * once for all the loads of a kernel */
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
 #endif
     return pol;
 }
