@@ -1133,9 +1133,9 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return -1;
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
-    if (acc && n <= c->gemv_max)
-        return err_set(e, "%s: internal: accumulating GEMV", c->name);
     if (n <= c->gemv_max) {
+        if (acc)
+            return err_set(e, "%s: internal: accumulating GEMV", c->name);
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
         cudaError_t err = gemv_fused(c, &out, &gi, n, &w, 1, CUK_OUT_STORE);
         if (err == cudaErrorNotSupported) /* the scalar kernel takes any shape */
