@@ -51,8 +51,6 @@
 
 struct tcp {
     CUtensorMap tw, tx; /* W (cols x rows) and x (cols x n), 64 x 128 / 64 x 8 NT8 tiles */
-    const char *w;
-    const uint16_t *x;
     float *out;
     float *part;    /* [blocks][2][CUK_TC_MAX_N][TC_ROWS] partial sums */
     unsigned *cnt;  /* [CUK_TC_MAX_RB] arrivals per row block, zero between calls */
@@ -321,8 +319,10 @@ static bool tc_map(CUtensorMap *m, const void *base, int dtype, int cols, int ro
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* w and x reach the kernel only through p's tensor maps, made here. */
 template <int WT, int NT8>
-static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, int blocks, int budget)
+static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, const void *w, const uint16_t *x,
+                             int blocks, int budget)
 {
     constexpr int ST = TC_KC * TC_ROWS * 2 + 2 * NT8 * 8 * TC_TILE * 2;
     int stages = (budget - TC_HDR - 1024) / ST; /* 1,024: the ring's alignment */
@@ -330,8 +330,8 @@ static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, int blocks, int bud
         stages = TC_MAX_STAGES;
     if (stages < 2)
         return cudaErrorNotSupported;
-    if (!tc_map(&p->tw, p->w, WT, p->cols, p->rows, TC_ROWS) ||
-        !tc_map(&p->tx, p->x, WT, p->cols, p->n, NT8 * 8))
+    if (!tc_map(&p->tw, w, WT, p->cols, p->rows, TC_ROWS) ||
+        !tc_map(&p->tx, x, WT, p->cols, p->n, NT8 * 8))
         return cudaErrorNotSupported;
     p->stages = stages;
     size_t smem = TC_HDR + 1024 + (size_t)stages * ST;
@@ -344,15 +344,16 @@ static cudaError_t tc_launch(cudaStream_t st, struct tcp *p, int blocks, int bud
 }
 
 template <int WT>
-static cudaError_t tc_launch_n(cudaStream_t st, struct tcp *p, int blocks, int budget)
+static cudaError_t tc_launch_n(cudaStream_t st, struct tcp *p, const void *w, const uint16_t *x,
+                               int blocks, int budget)
 {
     if (p->n <= 8)
-        return tc_launch<WT, 1>(st, p, blocks, budget);
+        return tc_launch<WT, 1>(st, p, w, x, blocks, budget);
     if (p->n <= 16)
-        return tc_launch<WT, 2>(st, p, blocks, budget);
+        return tc_launch<WT, 2>(st, p, w, x, blocks, budget);
     if (p->n <= 32)
-        return tc_launch<WT, 4>(st, p, blocks, budget);
-    return tc_launch<WT, 8>(st, p, blocks, budget);
+        return tc_launch<WT, 4>(st, p, w, x, blocks, budget);
+    return tc_launch<WT, 8>(st, p, w, x, blocks, budget);
 }
 
 extern "C" size_t cuk_gemm_tc_ws_bytes(int blocks)
@@ -370,8 +371,6 @@ extern "C" cudaError_t cuk_gemm_tc(cudaStream_t s, float *out, int ldc, const vo
         ((uintptr_t)w & 15) || ((uintptr_t)x & 15))
         return cudaErrorNotSupported;
     struct tcp p = {};
-    p.w = (const char *)w;
-    p.x = x;
     p.out = out;
     /* the counters first: where they are must not depend on `blocks`,
      * or a call with fewer blocks would find another's partial sums there */
@@ -394,8 +393,8 @@ extern "C" cudaError_t cuk_gemm_tc(cudaStream_t s, float *out, int ldc, const vo
     if (blocks > p.total / min_run)
         blocks = p.total / min_run > 0 ? p.total / min_run : 1;
     const int budget = cfg && cfg->smem_bytes > 0 ? cfg->smem_bytes : TC_SMEM_DEFAULT;
-    cudaError_t err = dtype == DT_BF16 ? tc_launch_n<DT_BF16>(s, &p, blocks, budget)
-                                       : tc_launch_n<DT_F16>(s, &p, blocks, budget);
+    cudaError_t err = dtype == DT_BF16 ? tc_launch_n<DT_BF16>(s, &p, w, x, blocks, budget)
+                                       : tc_launch_n<DT_F16>(s, &p, w, x, blocks, budget);
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
 }
