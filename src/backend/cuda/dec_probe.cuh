@@ -9,6 +9,9 @@
 #pragma once
 
 #ifdef CUK_DEC_PROBE
+#include <stdio.h>
+#include <vector>
+
 #define PROBE_L 4096 /* launches kept (a ring) */
 #define PROBE_S 7
 __device__ unsigned long long cuk_probe_min[PROBE_L][PROBE_S], cuk_probe_max[PROBE_L][PROBE_S];
@@ -60,6 +63,63 @@ static __device__ __forceinline__ void probe_end()
         }
     }
 }
+/* The host side (cuda_backend.h declares it): zero the record at start-up,
+ * print the means when the backend is destroyed. */
+extern "C" void cuk_dec_probe_init(void)
+{
+    void *p;
+    cudaGetSymbolAddress(&p, cuk_probe_min);
+    cudaMemset(p, 0xff, sizeof cuk_probe_min);
+    cudaGetSymbolAddress(&p, cuk_probe_max);
+    cudaMemset(p, 0, sizeof cuk_probe_max);
+    cudaGetSymbolAddress(&p, cuk_probe_dt);
+    cudaMemset(p, 0, sizeof cuk_probe_dt);
+    cudaGetSymbolAddress(&p, cuk_probe_dc);
+    cudaMemset(p, 0, sizeof cuk_probe_dc);
+}
+
+extern "C" void cuk_dec_probe_report(int skip)
+{
+    unsigned seq = 0;
+    cudaMemcpyFromSymbol(&seq, cuk_probe_seq, sizeof seq);
+    size_t n_all = (size_t)PROBE_L * PROBE_S;
+    std::vector<unsigned long long> mn(n_all), mx(n_all), dt(n_all), dc(n_all);
+    cudaMemcpyFromSymbol(mn.data(), cuk_probe_min, sizeof cuk_probe_min);
+    cudaMemcpyFromSymbol(mx.data(), cuk_probe_max, sizeof cuk_probe_max);
+    cudaMemcpyFromSymbol(dt.data(), cuk_probe_dt, sizeof cuk_probe_dt);
+    cudaMemcpyFromSymbol(dc.data(), cuk_probe_dc, sizeof cuk_probe_dc);
+    if (seq > PROBE_L) { /* the ring went round: only whole launches count */
+        fprintf(stderr, "dec probe: %u launches, more than the %d kept: run fewer steps\n", seq,
+                PROBE_L);
+        return;
+    }
+    double a[PROBE_S][4] = {};
+    int ks[PROBE_S] = {};
+    for (unsigned l = (unsigned)skip; l < seq; l++) {
+        double t0 = (double)mn[l * PROBE_S + 1];
+        for (int st = 0; st < PROBE_S; st++) {
+            size_t i = l * PROBE_S + st;
+            if (mn[i] == ~0ull) /* no block got there (no merge) */
+                continue;
+            a[st][0] += ((double)mn[i] - t0) / 1e3;
+            a[st][1] += ((double)mx[i] - t0) / 1e3;
+            a[st][2] += (double)dt[i] / 1e3;
+            a[st][3] += (double)dc[i];
+            ks[st]++;
+        }
+    }
+    static const char *nm[PROBE_S] = {"entry", "after wait", "after rope",  "after tiles",
+                                      "partial written", "merged", "exit"};
+    fprintf(stderr, "dec probe: %u launches; us from the first block's release; a block's "
+                    "longest time since its release, us and SM cycles\n", seq);
+    for (int st = 0; st < PROBE_S; st++) {
+        double k = ks[st] ? ks[st] : 1;
+        fprintf(stderr, "  %-16s earliest %8.2f latest %8.2f  block %8.2f us %9.0f cycles (%d)\n",
+                nm[st], a[st][0] / k, a[st][1] / k, st > 1 ? a[st][2] / k : 0.0,
+                st > 1 ? a[st][3] / k : 0.0, ks[st]);
+    }
+}
+
 #define PROBE(on, st) do { if (on) probe(st); } while (0)
 #define PROBE_END(on) do { if (on) { probe(PROBE_S - 1); probe_end(); } } while (0)
 #else
