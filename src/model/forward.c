@@ -54,11 +54,14 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->x = al(be, n * c->dim * 4);
     fs->xb = al(be, n * (c->dim > (int)qd ? (size_t)c->dim : qd) * 4);
     fs->q = al(be, n * qd * 4);
-    fs->k = al(be, n * kvd * 4);
-    fs->v = al(be, n * kvd * 4);
+    /* k and v side by side, in that order, as gate's and up's outputs
+     * are: a device whose paired weights lie the same way runs each pair
+     * as one strided batched GEMM (CUDA: gemm_pair) */
+    fs->k = al(be, 2 * n * kvd * 4);
+    fs->v = fs->k ? fs->k + n * kvd : NULL;
     fs->att = al(be, n * qd * 4);
-    fs->hb = al(be, n * c->hidden_dim * 4);
-    fs->hb2 = al(be, n * c->hidden_dim * 4);
+    fs->hb = al(be, 2 * n * c->hidden_dim * 4);
+    fs->hb2 = fs->hb ? fs->hb + n * c->hidden_dim : NULL;
     fs->logits = al(be, n * c->vocab_size * 4);
     if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->sparams || !fs->bsegs || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
@@ -73,7 +76,8 @@ void forward_free(struct forward_state *fs)
 {
     if (!fs->be)
         return;
-    float **bufs[] = {&fs->x, &fs->xb, &fs->q, &fs->k, &fs->v, &fs->att, &fs->hb, &fs->hb2, &fs->logits};
+    fs->v = fs->hb2 = NULL; /* inside k's and hb's allocations */
+    float **bufs[] = {&fs->x, &fs->xb, &fs->q, &fs->k, &fs->att, &fs->hb, &fs->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i])
             fs->be->ops->free(fs->be, *bufs[i]);

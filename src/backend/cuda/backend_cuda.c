@@ -688,8 +688,10 @@ static int collect_tensors(const struct model *m, const struct tensor ***out, st
     return n;
 }
 
+/* place: device memory (of the tensor's size) to copy it into, owned
+ * elsewhere (upload_pair); NULL: an allocation of its own. */
 static int upload_tensor(struct cuda_backend *c, const struct tensor *t, struct dbuf *tmp,
-                         struct err *e)
+                         void *place, struct err *e)
 {
     if (t->rows > INT32_MAX || t->cols > INT32_MAX)
         return err_set(e, "%s: tensor [%lld x %lld] is too large", c->name, (long long)t->rows,
@@ -716,11 +718,12 @@ static int upload_tensor(struct cuda_backend *c, const struct tensor *t, struct 
         w->w.data = w->mem;
         w->w.scales = w->mem2;
     } else {
-        if ((err = cudaMalloc(&w->mem, bytes)) != cudaSuccess ||
-            (err = cudaMemcpyAsync(w->mem, t->data, bytes, cudaMemcpyHostToDevice, c->stream)) !=
-                cudaSuccess)
+        void *dst = place;
+        if ((!dst && (err = cudaMalloc(&w->mem, bytes)) != cudaSuccess) ||
+            (err = cudaMemcpyAsync(dst ? dst : w->mem, t->data, bytes, cudaMemcpyHostToDevice,
+                                   c->stream)) != cudaSuccess)
             goto cuda_fail;
-        w->w.data = w->mem;
+        w->w.data = dst ? dst : w->mem;
     }
     c->weight_bytes += tensor_dev_bytes(t);
     return 0;
@@ -728,6 +731,38 @@ cuda_fail:
     return err_set(e, "%s: uploading a %s tensor [%lld x %lld] (%zu MiB): %s", c->name,
                    dtype_name(t->dtype), (long long)t->rows, (long long)t->cols, bytes >> 20,
                    cudaGetErrorString(err));
+}
+
+/* Two same-shape half matrices over one input (k and v, gate and up)
+ * uploaded into one allocation, the first below the second: their
+ * outputs lie that way too (forward.c), so gemm_pair can always run them
+ * as one strided batch; with an allocation each, the driver's placement
+ * decided it layer by layer (a 0.6B model's batched step paired about
+ * half of them, CUPTI trace). 1: uploaded; 0: not a pair (the caller
+ * uploads them one by one); -1: error. */
+static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const struct tensor *t1,
+                       struct dbuf *tmp, size_t *done, struct err *e)
+{
+    if (!t0->data || !t1->data || t0->data == t1->data || t0->dtype != t1->dtype ||
+        (t0->dtype != DT_BF16 && t0->dtype != DT_F16) || t0->rows != t1->rows ||
+        t0->cols != t1->cols || map_find(c, t0->data) || map_find(c, t1->data))
+        return 0;
+    size_t bytes = tensor_bytes(t0), off = (bytes + 255) & ~(size_t)255;
+    void *blk = NULL;
+    cudaError_t err = cudaMalloc(&blk, off + bytes);
+    if (err != cudaSuccess)
+        return err_set(e, "%s: uploading a pair of %s tensors [%lld x %lld] (%zu MiB each): %s",
+                       c->name, dtype_name(t0->dtype), (long long)t0->rows, (long long)t0->cols,
+                       bytes >> 20, cudaGetErrorString(err));
+    if (upload_tensor(c, t0, tmp, blk, e)) {
+        cudaFree(blk);
+        return -1;
+    }
+    map_find(c, t0->data)->mem = blk; /* the first owns the pair's allocation */
+    if (upload_tensor(c, t1, tmp, (char *)blk + off, e))
+        return -1;
+    *done += 2 * tensor_dev_bytes(t0);
+    return 1;
 }
 
 static int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
@@ -796,10 +831,16 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     size_t done = 0;
     struct dbuf tmp = {0};
     int rc = 0;
+    for (int l = 0; l < m->cfg.n_layers && rc == 0; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        if (upload_pair(c, &w->wk, &w->wv, &tmp, &done, e) < 0 ||
+            upload_pair(c, &w->w_gate, &w->w_up, &tmp, &done, e) < 0)
+            rc = -1;
+    }
     for (int i = 0; i < n && rc == 0; i++) {
         if (!ts[i]->data || map_find(c, ts[i]->data))
             continue;
-        rc = upload_tensor(c, ts[i], &tmp, e);
+        rc = upload_tensor(c, ts[i], &tmp, NULL, e);
         done += tensor_dev_bytes(ts[i]);
         double t = now_s();
         if (t - last > 0.5 && isatty(2)) {
