@@ -476,7 +476,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                                                  uint16_t *vc, const int *table,
                                                  const struct cuk_attn &g, int kvh, int sp,
                                                  int n_splits, float *ws, unsigned *cnt,
-                                                 const struct cuk_dec_rope *rp)
+                                                 const struct cuk_dec_rope &rope, bool rp)
 {
     constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
     extern __shared__ float4 am_smem[];
@@ -510,7 +510,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     if (rp)
 #pragma unroll
         for (int i = 0; i < NF; i++) {
-            float ang = cuk_rope_angle(g.pos0, rp->inv_freq[lane + 32 * i]);
+            float ang = cuk_rope_angle(g.pos0, rope.inv_freq[lane + 32 * i]);
             cs0[i] = cosf(ang);
             sn0[i] = sinf(ang);
         }
@@ -531,21 +531,21 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         for (int item = warp; item < rows + g.n; item += AM_WARPS) {
             bool isk = item >= rows;
             int r = isk ? item - rows : item, qi = isk ? r : r / G, pos = g.pos0 + qi;
-            const float *x = isk ? rp->k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
+            const float *x = isk ? rope.k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
                                  : q + ((size_t)qi * g.n_heads + kvh * G + r % G) * HD;
-            const float *vr = rp->v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
-            const float *nw = isk ? rp->kn : rp->qn;
-            float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rp->eps, lane) : 0.0f;
+            const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
+            const float *nw = isk ? rope.kn : rope.qn;
+            float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rope.eps, lane) : 0.0f;
 #pragma unroll
             for (int i = 0; i < NF; i++) {
                 int f = lane + 32 * i;
                 float cs = cs0[i], sn = sn0[i];
                 if (qi > 0) {
-                    float ang = cuk_rope_angle(pos, rp->inv_freq[f]);
+                    float ang = cuk_rope_angle(pos, rope.inv_freq[f]);
                     cs = cosf(ang);
                     sn = sinf(ang);
                 }
-                int a = rp->interleaved ? 2 * f : f, b = rp->interleaved ? 2 * f + 1 : f + HD / 2;
+                int a = rope.interleaved ? 2 * f : f, b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
                 float ra, rb;
                 cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
                 if (!isk) {
@@ -717,7 +717,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     PROBE(rp, 4);
     if (n_used > 1) /* the last split of this (sequence, KV head) merges them all */
         split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so,
-                        rp != nullptr);
+                        rp);
 }
 
 template <int HD>
@@ -728,9 +728,36 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 {
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
+    /* Parameters into registers before the wait: read where first used,
+     * after it, each was a constant-cache miss on the critical path (ncu:
+     * the most sampled instruction was g.scale's load after the barrier
+     * that ends the RoPE stage), and taking the RoPE struct's address put
+     * it in local memory. */
+    cuk_pin(out);
+    cuk_pin(q);
+    cuk_pin(kc);
+    cuk_pin(vc);
+    cuk_pin(table);
+    cuk_pin(ws);
+    cuk_pin(cnt);
+    cuk_pin(g.n_heads);
+    cuk_pin(g.n_kv_heads);
+    cuk_pin(g.kv_dim);
+    cuk_pin(g.scale);
+    cuk_pin(g.window);
+    cuk_pin(g.block_size);
+    cuk_pin(g.n_layers);
+    cuk_pin(g.layer);
+    cuk_pin(rope.k);
+    cuk_pin(rope.v);
+    cuk_pin(rope.inv_freq);
+    cuk_pin(rope.qn);
+    cuk_pin(rope.kn);
+    cuk_pin(rope.eps);
+    cuk_pin(rope.interleaved);
     PROBE(with_rope, 0);
     dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
-                  cnt + blockIdx.x, with_rope ? &rope : nullptr);
+                  cnt + blockIdx.x, rope, with_rope != 0);
     PROBE_END(with_rope);
 }
 
@@ -754,7 +781,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, (uint16_t *)kc, (uint16_t *)vc,
                   meta + sg->tab_off, gs, blockIdx.y, blockIdx.z, sg->splits,
                   cuk_bseg_ws(sg, g, ws, max_splits, HD), cuk_bseg_cnt(sg, g, cnt, blockIdx.y),
-                  nullptr);
+                  cuk_dec_rope{}, false);
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
