@@ -2215,6 +2215,9 @@ static void cu_destroy(struct backend *be)
 #ifdef CUK_DEC_PROBE
     cuk_dec_probe_report(64);
 #endif
+#ifdef CUK_GEMV_PROBE
+    cuk_gemv_probe_report(300);
+#endif
     if (c->timing) {
         static const char *what[] = {"decode", "batched decode", "prefill"};
         for (int b = 0; b < 3; b++) {
@@ -2439,6 +2442,9 @@ static struct backend *cuda_create(int device, struct err *e)
     }
 #ifdef CUK_DEC_PROBE
     cuk_dec_probe_init();
+#endif
+#ifdef CUK_GEMV_PROBE
+    cuk_gemv_probe_init();
 #endif
     /* Below the lowest architecture the kernels were built for there is no
      * code the GPU can run: say so now, not as a CUDA error at the first

@@ -161,6 +161,10 @@ struct cuk_dec_rope {
  * the raw (un-rotated) query and the new positions' K/V are not in the
  * cache yet: the kernel does cuk_rope_kv_store's work first, with the same
  * results (q itself is left as it was), saving its launch. */
+#ifdef CUK_GEMV_PROBE
+void cuk_gemv_probe_init(void);
+void cuk_gemv_probe_report(int skip);
+#endif
 #ifdef CUK_DEC_PROBE
 void cuk_dec_probe_init(void);
 void cuk_dec_probe_report(int skip);

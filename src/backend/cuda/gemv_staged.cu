@@ -33,6 +33,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/gemv_probe.cuh"
 
 #define SG_MAX_SLOTS 32
 #define SG_HDR 512          /* after the x tile: the norm's 1/rms and block sum */
@@ -155,6 +156,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     unsigned char *ring =
         (unsigned char *)bars + ((GEMV_WARPS * p.slots * 8 + 127) / 128) * 128;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#ifdef CUK_GEMV_PROBE
+    gp_warp gpw;
+    gpw.t0 = gp_now();
+#endif
     const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
     const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
     const int ubase = u0 + warp;
@@ -183,6 +188,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     }
     /* x and out are the previous kernel's */
     cuk_pdl_start();
+#ifdef CUK_GEMV_PROBE
+    gp_released(gpw, p.cols, p.units);
+#endif
     if (fast_norm) {
         sg_norm_stage<WT>(xs, in.x, nwv, p.cols, in.eps, (double *)(sinv + 4));
     } else {
@@ -190,6 +198,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             gemv_rms_inv<NT>(sinv, in.x, p.cols, in.eps, (double *)xs);
         gemv_stage<WT, NT, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
     }
+#ifdef CUK_GEMV_PROBE
+    gp_stage(gpw, 2);
+    bool gp_first = true;
+#endif
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
@@ -200,6 +212,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             acc0[r] = acc1[r] = 0.0f;
         for (int ch = 0; ch < nch; ch++, i++) {
             cuk_mbar_wait(bar + s, parity);
+#ifdef CUK_GEMV_PROBE
+            if (gp_first)
+                gp_stage(gpw, 3);
+            gp_first = false;
+#endif
             const uint4 *wv = (const uint4 *)(slot0 + (size_t)s * p.slot_bytes);
             const int nvec = min(p.chunk, p.cols - ch * p.chunk) / VE;
             const float4 *xc = xs + (size_t)(ch * cvec / 32) * (8 * VE) + lane;
@@ -277,6 +294,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             }
         }
     }
+#ifdef CUK_GEMV_PROBE
+    gp_end(gpw);
+#endif
 #else
     (void)p;
     (void)in;
