@@ -728,33 +728,6 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 {
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
-    /* Parameters into registers before the wait: read where first used,
-     * after it, each was a constant-cache miss on the critical path (ncu:
-     * the most sampled instruction was g.scale's load after the barrier
-     * that ends the RoPE stage), and taking the RoPE struct's address put
-     * it in local memory. */
-    cuk_pin(out);
-    cuk_pin(q);
-    cuk_pin(kc);
-    cuk_pin(vc);
-    cuk_pin(table);
-    cuk_pin(ws);
-    cuk_pin(cnt);
-    cuk_pin(g.n_heads);
-    cuk_pin(g.n_kv_heads);
-    cuk_pin(g.kv_dim);
-    cuk_pin(g.scale);
-    cuk_pin(g.window);
-    cuk_pin(g.block_size);
-    cuk_pin(g.n_layers);
-    cuk_pin(g.layer);
-    cuk_pin(rope.k);
-    cuk_pin(rope.v);
-    cuk_pin(rope.inv_freq);
-    cuk_pin(rope.qn);
-    cuk_pin(rope.kn);
-    cuk_pin(rope.eps);
-    cuk_pin(rope.interleaved);
     PROBE(with_rope, 0);
     dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
                   cnt + blockIdx.x, rope, with_rope != 0);

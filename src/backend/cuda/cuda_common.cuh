@@ -338,16 +338,6 @@ static __device__ __forceinline__ unsigned *cuk_bseg_cnt(const struct cuk_bseg *
     return cnt + (size_t)sg->row0 * g.n_kv_heads + kvh;
 }
 
-/* v is in a register from here on: loaded now, not where it is first
- * used (a kernel parameter is otherwise read from the constant bank at its
- * first use, which after a PDL wait is a cache miss on the critical path). */
-static __device__ __forceinline__ void cuk_pin(int &v) { asm volatile("" : "+r"(v)); }
-static __device__ __forceinline__ void cuk_pin(float &v) { asm volatile("" : "+f"(v)); }
-template <typename T> static __device__ __forceinline__ void cuk_pin(T *&v)
-{
-    asm volatile("" : "+l"(v));
-}
-
 /* Programmatic dependent launch (Hopper): with it on (cuk_set_pdl), each
  * kernel is launched while its predecessor in the stream still runs, so
  * launch latency and block start-up overlap the predecessor's tail. Every
