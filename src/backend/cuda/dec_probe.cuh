@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <vector>
 
+#include "backend/cuda/probe_common.cuh"
+
 #define PROBE_L 4096 /* launches kept (a ring) */
 #define PROBE_S 7
 __device__ unsigned long long cuk_probe_min[PROBE_L][PROBE_S], cuk_probe_max[PROBE_L][PROBE_S];
@@ -54,28 +56,17 @@ static __device__ __forceinline__ void probe(int stage)
 /* the last block of a launch to get here moves the ring on */
 static __device__ __forceinline__ void probe_end()
 {
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(&cuk_probe_done, 1) == gridDim.x * gridDim.y * gridDim.z - 1) {
-            cuk_probe_done = 0;
-            __threadfence();
-            atomicAdd(&cuk_probe_seq, 1);
-        }
-    }
+    if (threadIdx.x == 0)
+        probe_advance(&cuk_probe_done, &cuk_probe_seq, gridDim.x * gridDim.y * gridDim.z);
 }
 /* The host side (cuda_backend.h declares it): zero the record at start-up,
  * print the means when the backend is destroyed. */
 extern "C" void cuk_dec_probe_init(void)
 {
-    void *p;
-    cudaGetSymbolAddress(&p, cuk_probe_min);
-    cudaMemset(p, 0xff, sizeof cuk_probe_min);
-    cudaGetSymbolAddress(&p, cuk_probe_max);
-    cudaMemset(p, 0, sizeof cuk_probe_max);
-    cudaGetSymbolAddress(&p, cuk_probe_dt);
-    cudaMemset(p, 0, sizeof cuk_probe_dt);
-    cudaGetSymbolAddress(&p, cuk_probe_dc);
-    cudaMemset(p, 0, sizeof cuk_probe_dc);
+    probe_fill(cuk_probe_min, 0xff);
+    probe_fill(cuk_probe_max, 0);
+    probe_fill(cuk_probe_dt, 0);
+    probe_fill(cuk_probe_dc, 0);
 }
 
 extern "C" void cuk_dec_probe_report(int skip)

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <vector>
 
+#include "backend/cuda/probe_common.cuh"
+
 #define GP_L 16384
 #define GP_S 5
 __device__ unsigned long long gp_min[GP_L][GP_S], gp_max[GP_L][GP_S], gp_wmax[GP_L][GP_S];
@@ -59,24 +61,15 @@ static __device__ __forceinline__ void gp_end(const gp_warp &w)
 {
     if ((threadIdx.x & 31) == 0) {
         gp_put(w, GP_S - 1, gp_now());
-        __threadfence();
-        if (atomicAdd(&gp_done, 1) == gridDim.x * (blockDim.x / 32) - 1) {
-            gp_done = 0;
-            __threadfence();
-            atomicAdd(&gp_seq, 1);
-        }
+        probe_advance(&gp_done, &gp_seq, gridDim.x * (blockDim.x / 32));
     }
 }
 
 extern "C" void cuk_gemv_probe_init(void)
 {
-    void *p;
-    cudaGetSymbolAddress(&p, gp_min);
-    cudaMemset(p, 0xff, sizeof gp_min);
-    cudaGetSymbolAddress(&p, gp_max);
-    cudaMemset(p, 0, sizeof gp_max);
-    cudaGetSymbolAddress(&p, gp_wmax);
-    cudaMemset(p, 0, sizeof gp_wmax);
+    probe_fill(gp_min, 0xff);
+    probe_fill(gp_max, 0);
+    probe_fill(gp_wmax, 0);
 }
 
 extern "C" void cuk_gemv_probe_report(int skip)
