@@ -5,10 +5,16 @@
 # link, and the sample models from ../shared. On the GPU machine:
 #   .carry/bin/env.sh tests/gpu/run.sh .carry/bin .carry/shared
 # Usage: tests/gpu/pack.sh [BUILD_DIR] [SHARED_DIR]
+#   AB="NAME=MODULE ...": other builds' libcllm_cuda.so, gzipped into
+#   .carry/ab/NAME.so.gz for tests/gpu/ab.sh (e.g. AB="old=/tmp/old/libcllm_cuda.so");
+#   PROBES=1: also builds this tree's two measurement modules (the decode
+#   attention's and the staged GEMV's probes, src/backend/cuda/*_probe.cuh)
+#   into build-probe-dec/ and build-probe-gemv/ and carries them gzipped as
+#   .carry/probe/dec.so.gz and gemv.so.gz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-cuda} SHARED=${2:-../shared}
-rm -rf .carry/bin .carry/lib .carry/shared
+rm -rf .carry/bin .carry/lib .carry/shared .carry/ab .carry/probe
 mkdir -p .carry/bin .carry/lib .carry/shared/models
 # libcllm_cuda.so (the CUDA backend module, dlopened by --device cuda) goes
 # next to the binaries, where they look for it first.
@@ -47,4 +53,17 @@ ldd "$here/bin/cllm" "$here/bin/libcllm_cuda.so" | grep -E "not found|cublas|cud
 exec "$@"
 EOS
 chmod +x .carry/bin/env.sh
+for v in ${AB:-}; do
+    mkdir -p .carry/ab
+    gzip -c "${v#*=}" > ".carry/ab/${v%%=*}.so.gz"
+done
+if [ "${PROBES:-0}" = 1 ]; then
+    mkdir -p .carry/probe
+    for p in dec:CUK_DEC_PROBE gemv:CUK_GEMV_PROBE; do
+        d=build-probe-${p%%:*} def=-D${p#*:}
+        cmake -S . -B "$d" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS="$def" -DCMAKE_C_FLAGS="$def" >/dev/null
+        cmake --build "$d" -j"$(nproc)" --target cllm_cuda >/dev/null
+        gzip -c "$d/libcllm_cuda.so" > ".carry/probe/${p%%:*}.so.gz"
+    done
+fi
 du -sh .carry

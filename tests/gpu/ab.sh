@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# tests/gpu/ab.sh - A/B of CUDA backend builds in one device call: `cllm
+# bench` runs of each variant, alternating (A B A B ...), on the same model
+# files, then each variant's mean. Device calls land on different machines
+# whose speed differs by a few percent, so only runs of one call compare.
+# Usage: tests/gpu/ab.sh BIN_DIR NAME=MODULE_OR_ENV ... 
+#   BIN_DIR: cllm, gen_model (tests/gpu/pack.sh's .carry/bin);
+#   each variant NAME=SPEC, SPEC either a libcllm_cuda.so (optionally .gz)
+#   to load instead of BIN_DIR's, or env:VAR=VALUE[,VAR=VALUE] with
+#   BIN_DIR's module (e.g. base=env:CLLM_CUDA_GEMV_STAGED=1 off=env:CLLM_CUDA_GEMV_STAGED=0).
+#   SHAPES: gen_model shapes (default "llama3-8b qwen3-0.6b"); ROUNDS (2);
+#   ARGS: the bench arguments (default "-p 512 -n 64"); WORK: model files;
+#   SHOW: an extended regex of further output lines to print (a probe
+#   build's report: SHOW='probe|^  ').
+# Prints one line per run ("shape variant decode tok/s [batch lines]") and
+# a summary per shape: each variant's mean decode tok/s. A probe build
+# (tests/gpu/pack.sh with PROBES=1) is a variant like any other:
+#   tests/gpu/ab.sh .carry/bin gemv=.carry/probe/gemv.so.gz
+set -uo pipefail
+BIN=${1:?BIN_DIR}
+shift
+[ $# -ge 1 ] || { echo "usage: $0 BIN_DIR NAME=SPEC ..." >&2; exit 2; }
+WORK=${WORK:-/tmp/cllm-gpu}
+SHAPES=${SHAPES:-llama3-8b qwen3-0.6b} ROUNDS=${ROUNDS:-2} ARGS=${ARGS:--p 512 -n 64}
+mkdir -p "$WORK/ab"
+names=() envs=() dirs=()
+for v in "$@"; do
+    name=${v%%=*} spec=${v#*=}
+    [ -n "$name" ] && [ "$name" != "$v" ] || { echo "ab: '$v' is not NAME=SPEC" >&2; exit 2; }
+    dir="$BIN" env=""
+    case "$spec" in
+    env:*) env=${spec#env:} ;;
+    *)
+        [ -f "$spec" ] || { echo "ab: no module $spec" >&2; exit 2; }
+        dir="$WORK/ab/$name"
+        mkdir -p "$dir"
+        cp "$BIN/cllm" "$dir/"
+        case "$spec" in
+        *.gz) gunzip -c "$spec" > "$dir/libcllm_cuda.so" ;;
+        *) cp "$spec" "$dir/libcllm_cuda.so" ;;
+        esac
+        ;;
+    esac
+    names+=("$name") envs+=("$env") dirs+=("$dir")
+done
+declare -A sum cnt
+for shape in $SHAPES; do
+    f="$WORK/$shape-bf16.gguf"
+    [ -f "$f" ] || "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" >/dev/null || exit 1
+    for ((r = 0; r < ROUNDS; r++)); do
+        for i in "${!names[@]}"; do
+            # shellcheck disable=SC2086
+            out=$(env ${envs[$i]//,/ } timeout 300 "${dirs[$i]}/cllm" bench "$f" --device cuda $ARGS 2>&1)
+            dec=$(echo "$out" | awk '/^decode/ {print $3; exit}')
+            bat=$(echo "$out" | awk '/^batch/ {printf " | batch %s %s", $2, $4}')
+            echo "$shape ${names[$i]} decode ${dec:-FAILED}$bat"
+            [ -n "${SHOW:-}" ] && echo "$out" | grep -E "$SHOW"
+            if [ -n "$dec" ]; then
+                k="$shape ${names[$i]}"
+                sum[$k]=$(awk -v a="${sum[$k]:-0}" -v b="$dec" 'BEGIN {print a + b}')
+                cnt[$k]=$(( ${cnt[$k]:-0} + 1 ))
+            fi
+        done
+    done
+done
+echo "== mean decode tok/s"
+for shape in $SHAPES; do
+    line="$shape:"
+    for n in "${names[@]}"; do
+        k="$shape $n"
+        if [ "${cnt[$k]:-0}" -gt 0 ]; then
+            line+=" $n $(awk -v s="${sum[$k]}" -v c="${cnt[$k]}" 'BEGIN {printf "%.1f", s / c}')"
+        else
+            line+=" $n FAILED"
+        fi
+    done
+    echo "$line"
+done
