@@ -462,7 +462,10 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
 /* The block's work for one sequence: g.n queries at positions g.pos0..;
  * out and q point at its first row; ws (n_splits > 1) holds its partials
  * laid out as cuk_attention's workspace for g.n queries and n_splits
- * splits (m and l in base 2), cnt is its counter for this KV head.
+ * splits (m and l in base 2), cnt is its counter for this KV head. rp:
+ * the block does the RoPE + K/V store too, from rope (read only then; a
+ * reference to the kernel parameter, not a pointer: a pointer to it put
+ * the struct in local memory).
  *
  * It waits for the previous kernel itself (cuk_pdl_start), after starting
  * what does not depend on it: the first key tile's loads when that tile
