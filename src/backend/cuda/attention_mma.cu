@@ -183,9 +183,8 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
                                                    int rows, int n_splits, int n_used, int q0,
                                                    int G, int kvh,
                                                    int n_heads, unsigned *cnt, float *smem,
-                                                   bool dec = false)
+                                                   bool dec = false /* the probe build's */)
 {
-    (void)dec; /* the probe build's */
     if (!cuk_last_block(cnt, (unsigned)n_used))
         return;
     /* Each split's weight per row first (every (row, split) pair loaded at

@@ -667,12 +667,20 @@ static size_t tensor_dev_bytes(const struct tensor *t)
     return tensor_bytes(t);
 }
 
-static int collect_tensors(const struct model *m, const struct tensor ***out, struct err *e)
+/* Every tensor of m, in *out; (*pair)[i] marks a tensor uploaded together
+ * with the one after it (k and v, gate and up: upload_pair). */
+static int collect_tensors(const struct model *m, const struct tensor ***out, bool **pair,
+                           struct err *e)
 {
     int per = 14, n = 0;
-    const struct tensor **ts = malloc(sizeof *ts * (size_t)(3 + per * m->cfg.n_layers));
-    if (!ts)
+    size_t cap = (size_t)(3 + per * m->cfg.n_layers);
+    const struct tensor **ts = malloc(sizeof *ts * cap);
+    bool *pr = calloc(cap, sizeof *pr);
+    if (!ts || !pr) {
+        free(ts);
+        free(pr);
         return err_set(e, "out of memory");
+    }
     ts[n++] = &m->tok_embd;
     ts[n++] = &m->out_norm;
     ts[n++] = &m->lm_head;
@@ -681,10 +689,13 @@ static int collect_tensors(const struct model *m, const struct tensor ***out, st
         const struct tensor *lt[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo,
                                      &w->bq, &w->bk, &w->bv, &w->q_norm, &w->k_norm,
                                      &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
-        for (int i = 0; i < per; i++)
+        for (int i = 0; i < per; i++) {
+            pr[n] = lt[i] == &w->wk || lt[i] == &w->w_gate;
             ts[n++] = lt[i];
+        }
     }
     *out = ts;
+    *pair = pr;
     return n;
 }
 
@@ -741,7 +752,7 @@ cuda_fail:
  * half of them, CUPTI trace). 1: uploaded; 0: not a pair (the caller
  * uploads them one by one); -1: error. */
 static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const struct tensor *t1,
-                       struct dbuf *tmp, size_t *done, struct err *e)
+                       struct dbuf *tmp, struct err *e)
 {
     if (!t0->data || !t1->data || t0->data == t1->data || t0->dtype != t1->dtype ||
         (t0->dtype != DT_BF16 && t0->dtype != DT_F16) || t0->rows != t1->rows ||
@@ -761,7 +772,6 @@ static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const st
     map_find(c, t0->data)->mem = blk; /* the first owns the pair's allocation */
     if (upload_tensor(c, t1, tmp, (char *)blk + off, e))
         return -1;
-    *done += 2 * tensor_dev_bytes(t0);
     return 1;
 }
 
@@ -787,7 +797,8 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
         (size_t)CUK_STAGE_MAX_N * (size_t)m->cfg.hidden_dim * 4 <= STAGED_X_BYTES)
         c->gemv_max = CUK_STAGE_MAX_N;
     const struct tensor **ts = NULL;
-    int n = collect_tensors(m, &ts, e);
+    bool *pair = NULL;
+    int n = collect_tensors(m, &ts, &pair, e);
     if (n < 0)
         return -1;
     size_t need = 0, cap = 16;
@@ -800,6 +811,7 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     c->map = calloc(cap, sizeof *c->map);
     if (!c->map) {
         free(ts);
+        free(pair);
         return err_set(e, "out of memory");
     }
     c->map_cap = cap;
@@ -819,6 +831,7 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     size_t reserve = (size_t)512 << 20; /* activations, KV, cuBLAS workspace come after */
     if (need + reserve > dfree) {
         free(ts);
+        free(pair);
         return err_set(e, "%s: the model's weights need %.1f GiB but only %.1f of %.1f GiB are free "
                           "(plus %.1f GiB kept for activations and KV); use a smaller or more "
                           "quantized model, or --device cpu",
@@ -831,17 +844,19 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     size_t done = 0;
     struct dbuf tmp = {0};
     int rc = 0;
-    for (int l = 0; l < m->cfg.n_layers && rc == 0; l++) {
-        const struct layer_weights *w = &m->layers[l];
-        if (upload_pair(c, &w->wk, &w->wv, &tmp, &done, e) < 0 ||
-            upload_pair(c, &w->w_gate, &w->w_up, &tmp, &done, e) < 0)
-            rc = -1;
-    }
     for (int i = 0; i < n && rc == 0; i++) {
         if (!ts[i]->data || map_find(c, ts[i]->data))
             continue;
-        rc = upload_tensor(c, ts[i], &tmp, NULL, e);
-        done += tensor_dev_bytes(ts[i]);
+        int two = pair[i] && i + 1 < n ? upload_pair(c, ts[i], ts[i + 1], &tmp, e) : 0;
+        if (two < 0) {
+            rc = -1;
+        } else if (two) {
+            done += 2 * tensor_dev_bytes(ts[i]);
+            i++;
+        } else {
+            rc = upload_tensor(c, ts[i], &tmp, NULL, e);
+            done += tensor_dev_bytes(ts[i]);
+        }
         double t = now_s();
         if (t - last > 0.5 && isatty(2)) {
             fprintf(stderr, "\r%s: %.0f%% (%.0f MiB)", c->name, 100.0 * done / (need ? need : 1),
@@ -852,6 +867,7 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     cudaError_t serr = cudaStreamSynchronize(c->stream);
     dbuf_free(&tmp);
     free(ts);
+    free(pair);
     if (rc)
         return -1;
     if (serr != cudaSuccess)

@@ -155,12 +155,8 @@ struct cuk_dec_rope {
     float eps;
     int interleaved;
 };
-/* cuk_attention for g->n <= cuk_attention_dec_rows queries (positions
- * g->pos0.., or *dpos.. when dpos); ws and cnt as for cuk_attention with
- * n_splits (cnt: one counter per KV head used). rope (may be NULL): q is
- * the raw (un-rotated) query and the new positions' K/V are not in the
- * cache yet: the kernel does cuk_rope_kv_store's work first, with the same
- * results (q itself is left as it was), saving its launch. */
+/* The measurement builds' records (dec_probe.cuh, gemv_probe.cuh): zeroed
+ * when the backend is created, printed when it is destroyed. */
 #ifdef CUK_GEMV_PROBE
 void cuk_gemv_probe_init(void);
 void cuk_gemv_probe_report(int skip);
@@ -169,6 +165,12 @@ void cuk_gemv_probe_report(int skip);
 void cuk_dec_probe_init(void);
 void cuk_dec_probe_report(int skip);
 #endif
+/* cuk_attention for g->n <= cuk_attention_dec_rows queries (positions
+ * g->pos0.., or *dpos.. when dpos); ws and cnt as for cuk_attention with
+ * n_splits (cnt: one counter per KV head used). rope (may be NULL): q is
+ * the raw (un-rotated) query and the new positions' K/V are not in the
+ * cache yet: the kernel does cuk_rope_kv_store's work first, with the same
+ * results (q itself is left as it was), saving its launch. */
 cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
                               const int *table, const struct cuk_attn *g, const int *dpos,
                               int n_splits, float *ws, unsigned *cnt,

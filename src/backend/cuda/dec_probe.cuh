@@ -9,9 +9,6 @@
 #pragma once
 
 #ifdef CUK_DEC_PROBE
-#include <stdio.h>
-#include <vector>
-
 #include "backend/cuda/probe_common.cuh"
 
 #define PROBE_L 4096 /* launches kept (a ring) */
@@ -71,19 +68,13 @@ extern "C" void cuk_dec_probe_init(void)
 
 extern "C" void cuk_dec_probe_report(int skip)
 {
-    unsigned seq = 0;
-    cudaMemcpyFromSymbol(&seq, cuk_probe_seq, sizeof seq);
-    size_t n_all = (size_t)PROBE_L * PROBE_S;
-    std::vector<unsigned long long> mn(n_all), mx(n_all), dt(n_all), dc(n_all);
-    cudaMemcpyFromSymbol(mn.data(), cuk_probe_min, sizeof cuk_probe_min);
-    cudaMemcpyFromSymbol(mx.data(), cuk_probe_max, sizeof cuk_probe_max);
-    cudaMemcpyFromSymbol(dt.data(), cuk_probe_dt, sizeof cuk_probe_dt);
-    cudaMemcpyFromSymbol(dc.data(), cuk_probe_dc, sizeof cuk_probe_dc);
-    if (seq > PROBE_L) { /* the ring went round: only whole launches count */
-        fprintf(stderr, "dec probe: %u launches, more than the %d kept: run fewer steps\n", seq,
-                PROBE_L);
+    unsigned seq = probe_launches(cuk_probe_seq, PROBE_L, "dec probe");
+    if (!seq)
         return;
-    }
+    std::vector<unsigned long long> mn = probe_read<unsigned long long>(cuk_probe_min),
+                                    mx = probe_read<unsigned long long>(cuk_probe_max),
+                                    dt = probe_read<unsigned long long>(cuk_probe_dt),
+                                    dc = probe_read<unsigned long long>(cuk_probe_dc);
     double a[PROBE_S][4] = {};
     int ks[PROBE_S] = {};
     for (unsigned l = (unsigned)skip; l < seq; l++) {
@@ -114,6 +105,6 @@ extern "C" void cuk_dec_probe_report(int skip)
 #define PROBE(on, st) do { if (on) probe(st); } while (0)
 #define PROBE_END(on) do { if (on) { probe(PROBE_S - 1); probe_end(); } } while (0)
 #else
-#define PROBE(on, st) do { } while (0)
-#define PROBE_END(on) do { } while (0)
+#define PROBE(on, st) do { (void)(on); } while (0)
+#define PROBE_END(on) do { (void)(on); } while (0)
 #endif

@@ -9,9 +9,6 @@
 #pragma once
 
 #ifdef CUK_GEMV_PROBE
-#include <stdio.h>
-#include <vector>
-
 #include "backend/cuda/probe_common.cuh"
 
 #define GP_L 16384
@@ -74,20 +71,13 @@ extern "C" void cuk_gemv_probe_init(void)
 
 extern "C" void cuk_gemv_probe_report(int skip)
 {
-    unsigned seq = 0;
-    cudaMemcpyFromSymbol(&seq, gp_seq, sizeof seq);
-    if (seq > GP_L) {
-        fprintf(stderr, "gemv probe: %u launches, more than the %d kept\n", seq, GP_L);
+    unsigned seq = probe_launches(gp_seq, GP_L, "gemv probe");
+    if (!seq)
         return;
-    }
-    size_t n = (size_t)GP_L * GP_S;
-    std::vector<unsigned long long> mn(n), mx(n), wm(n);
-    std::vector<int> cols(GP_L), units(GP_L);
-    cudaMemcpyFromSymbol(mn.data(), gp_min, sizeof gp_min);
-    cudaMemcpyFromSymbol(mx.data(), gp_max, sizeof gp_max);
-    cudaMemcpyFromSymbol(wm.data(), gp_wmax, sizeof gp_wmax);
-    cudaMemcpyFromSymbol(cols.data(), gp_cols, sizeof gp_cols);
-    cudaMemcpyFromSymbol(units.data(), gp_units, sizeof gp_units);
+    std::vector<unsigned long long> mn = probe_read<unsigned long long>(gp_min),
+                                    mx = probe_read<unsigned long long>(gp_max),
+                                    wm = probe_read<unsigned long long>(gp_wmax);
+    std::vector<int> cols = probe_read<int>(gp_cols), units = probe_read<int>(gp_units);
     static const char *nm[GP_S] = {"entry", "after wait", "x staged", "first slot", "done"};
     std::vector<std::pair<int, int>> keys;
     for (unsigned l = (unsigned)skip; l < seq; l++) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <stdio.h>
+#include <vector>
 
 /* The caller's launch is done once n groups have called this; the last
  * one re-arms *done and moves *seq (the launch's record slot) on. */
@@ -15,6 +17,27 @@ static __device__ __forceinline__ void probe_advance(unsigned *done, unsigned *s
         __threadfence();
         atomicAdd(seq, 1);
     }
+}
+
+/* A copy of the __device__ record sym as elements of E. */
+template <typename E, typename T> static std::vector<E> probe_read(const T &sym)
+{
+    std::vector<E> v(sizeof sym / sizeof(E));
+    cudaMemcpyFromSymbol(v.data(), sym, sizeof sym);
+    return v;
+}
+
+/* The launches recorded in seq_sym, or 0 (with a line saying so) when
+ * more than the kept ones ran: the ring went round, a launch's slot mixes
+ * two launches. */
+static unsigned probe_launches(const unsigned &seq_sym, unsigned kept, const char *what)
+{
+    unsigned seq = 0;
+    cudaMemcpyFromSymbol(&seq, seq_sym, sizeof seq);
+    if (seq <= kept)
+        return seq;
+    fprintf(stderr, "%s: %u launches, more than the %u kept: run fewer steps\n", what, seq, kept);
+    return 0;
 }
 
 /* Every byte of the __device__ record sym set to byte. */
