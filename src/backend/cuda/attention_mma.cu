@@ -98,14 +98,26 @@ static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, co
                                                     const struct cuk_attn &g, int kvh, int t0,
                                                     int k_end)
 {
-    constexpr int NCH = HD / 8; /* 16-byte chunks per key row */
+    constexpr int NCH = HD / 8;                   /* 16-byte chunks per key row */
+    constexpr int STEP = AM_WARPS * 32 / NCH;     /* keys between a thread's copies */
+    static_assert(AM_WARPS * 32 % NCH == 0, "a thread copies one chunk column");
+    const int c = threadIdx.x % NCH, j0 = threadIdx.x / NCH, bs = g.block_size;
+    /* the thread's keys t0 + j0 + STEP u as (table entry, row in block),
+     * stepped on instead of divided anew for each key (cuk_kv_offset's
+     * arithmetic, a fraction of its code) */
+    int bi = (t0 + j0) / bs, rem = t0 + j0 - bi * bs;
+    const size_t blk_elems = (size_t)g.n_layers * bs * g.kv_dim; /* a pool block: every layer */
+    const uint16_t *kb = kc + (size_t)g.layer * bs * g.kv_dim + (size_t)kvh * HD + (size_t)c * 8;
+    const uint16_t *vb = vc + (kb - kc);
 #pragma unroll
-    for (int u = 0; u < AM_KEYS * NCH / (AM_WARPS * 32); u++) {
-        int idx = threadIdx.x + u * AM_WARPS * 32, j = idx / NCH, c = idx % NCH, t = t0 + j;
-        bool ok = t < k_end;
-        size_t off = ok ? cuk_kv_offset(&g, table, t) + (size_t)kvh * HD + (size_t)c * 8 : 0;
-        cp_async16(tile_addr<HD>(kt, j, c), kc + off, ok);
-        cp_async16(tile_addr<HD>(vt, j, c), vc + off, ok);
+    for (int u = 0; u < AM_KEYS / STEP; u++) {
+        const int j = j0 + u * STEP;
+        const bool ok = t0 + j < k_end;
+        const size_t off = ok ? (size_t)table[bi] * blk_elems + (size_t)rem * g.kv_dim : 0;
+        cp_async16(tile_addr<HD>(kt, j, c), kb + off, ok);
+        cp_async16(tile_addr<HD>(vt, j, c), vb + off, ok);
+        for (rem += STEP; rem >= bs; rem -= bs)
+            bi++;
     }
     cp_async_commit();
 }
@@ -455,7 +467,7 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
     __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     float2 hf = __bfloat1622float2(h);
     *hi = *(uint32_t *)&h;
-    *lo = pack_bf16(a - hf.x, b - hf.y);
+    *lo = pack_bf16(__fsub_rn(a, hf.x), __fsub_rn(b, hf.y));
 }
 
 /* The block's work for one sequence: g.n queries at positions g.pos0..;
@@ -473,13 +485,14 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
  * position. Those keys, the block table and *dpos were written before the
  * previous kernel began (this kernel is launched only once every block of
  * that one has waited for its own predecessor), so they are visible. */
-template <int HD>
+template <int HD, bool RP>
 static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
                                                  uint16_t *vc, const int *table,
                                                  const struct cuk_attn &g, int kvh, int sp,
                                                  int n_splits, float *ws, unsigned *cnt,
-                                                 const struct cuk_dec_rope &rope, bool rp)
+                                                 const struct cuk_dec_rope &rope)
 {
+    constexpr bool rp = RP;
     constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
     extern __shared__ float4 am_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
@@ -506,6 +519,18 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const bool early = tb < te && (rp || k_lo + (tb + 1) * AM_KEYS <= g.pos0);
     if (early)
         load_tile(k_lo + tb * AM_KEYS, 0);
+    /* With RP the query rows' A fragments come from shared memory (qh, ql:
+     * [16][HD] bf16, the tiles' swizzle), high and low parts of q * qscale
+     * written by the RoPE stage below; rows past the block's are zeros. */
+    const uint32_t qh_s = sbase + 4 * TILE, ql_s = qh_s + 16 * HD * 2;
+    char *const smem_c = (char *)am_smem; /* tile_addr is a shared-window address */
+    const float qscale = g.scale * 1.4426950408889634f;
+    if (RP)
+        for (int idx = threadIdx.x; idx < (16 - rows) * NCH; idx += blockDim.x) {
+            int r = rows + idx / NCH, c = idx % NCH;
+            *(uint4 *)(smem_c + (tile_addr<HD>(qh_s, r, c) - sbase)) = make_uint4(0, 0, 0, 0);
+            *(uint4 *)(smem_c + (tile_addr<HD>(ql_s, r, c) - sbase)) = make_uint4(0, 0, 0, 0);
+        }
     /* the first position's rotation, lane's frequencies f = lane + 32 i */
     constexpr int NF = HD / 64;
     float cs0[NF], sn0[NF];
@@ -521,14 +546,22 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
 
     /* With rp the block first does what RoPE + K/V store would have done
      * for its KV head (the same arithmetic, so the same bits): its query
-     * rows, normed and rotated, into qs; the new positions' k (normed,
+     * rows, normed and rotated, into qh / ql; the new positions' k (normed,
      * rotated) and v, rounded to bf16 as the cache keeps them, into nks /
      * nvs. Every block computes them for itself and puts them into its own
      * tiles, so no block waits for another's cache writes; the block of
      * the last tile writes them to the cache for later steps. */
-    float *qs = (float *)((char *)am_smem + 4 * TILE); /* [16][HD] */
-    uint16_t *nks = (uint16_t *)(qs + 16 * HD);         /* [16][HD] */
-    uint16_t *nvs = nks + 16 * HD;                      /* [16][HD] */
+    uint16_t *nks = (uint16_t *)((char *)am_smem + 4 * TILE + 16 * HD * 4); /* [16][HD] */
+    uint16_t *nvs = nks + 16 * HD;                                         /* [16][HD] */
+    /* element col of row r of qh / ql: q * qscale split as split_pair does */
+    auto q_put = [&](int r, int col, float v) {
+        float a = __fmul_rn(v, qscale);
+        __nv_bfloat16 h = __float2bfloat16_rn(a);
+        uint32_t off = tile_addr<HD>(0, r, col >> 3) + (col & 7) * 2;
+        *(__nv_bfloat16 *)(smem_c + (qh_s - sbase) + off) = h;
+        *(__nv_bfloat16 *)(smem_c + (ql_s - sbase) + off) =
+            __float2bfloat16_rn(__fsub_rn(a, __bfloat162float(h)));
+    };
     if (rp) {
         for (int item = warp; item < rows + g.n; item += AM_WARPS) {
             bool isk = item >= rows;
@@ -551,8 +584,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                 float ra, rb;
                 cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
                 if (!isk) {
-                    qs[r * HD + a] = ra;
-                    qs[r * HD + b] = rb;
+                    q_put(r, a, ra);
+                    q_put(r, b, rb);
                 } else {
                     kv_st(nks, (size_t)r * HD + a, ra);
                     kv_st(nks, (size_t)r * HD + b, rb);
@@ -567,7 +600,6 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
 
     int pos[2], start[2];
     uint32_t qhi[QK][4], qlo[QK][4];
-    const float qscale = g.scale * 1.4426950408889634f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int r = gid + 8 * h;
@@ -578,19 +610,26 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             pos[h] = g.pos0 + r / G;
             if (g.window > 0 && pos[h] - g.window + 1 > 0)
                 start[h] = pos[h] - g.window + 1;
-            qr = rp ? qs + r * HD : q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
+            qr = q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
         }
+        if (!RP)
 #pragma unroll
-        for (int s = 0; s < QK; s++)
+            for (int s = 0; s < QK; s++)
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float2 v = make_float2(0.0f, 0.0f);
-                if (qr)
-                    v = *(const float2 *)(qr + 16 * s + 8 * half + 2 * tig);
-                split_pair(v.x * qscale, v.y * qscale, &qhi[s][2 * half + h],
-                           &qlo[s][2 * half + h]);
-            }
+                for (int half = 0; half < 2; half++) {
+                    float2 v = make_float2(0.0f, 0.0f);
+                    if (qr)
+                        v = *(const float2 *)(qr + 16 * s + 8 * half + 2 * tig);
+                    split_pair(__fmul_rn(v.x, qscale), __fmul_rn(v.y, qscale),
+                               &qhi[s][2 * half + h], &qlo[s][2 * half + h]);
+                }
     }
+    if (RP) /* rows lane & 15, k-halves lane >> 4: the m16k16 A fragment */
+#pragma unroll
+        for (int s = 0; s < QK; s++) {
+            cuk_ldsm_x4(qhi[s], tile_addr<HD>(qh_s, lane & 15, 2 * s + (lane >> 4)));
+            cuk_ldsm_x4(qlo[s], tile_addr<HD>(ql_s, lane & 15, 2 * s + (lane >> 4)));
+        }
 
     const size_t head_off = (size_t)kvh * HD;
     if (rp && te == n_tiles) /* the last tile's block keeps the cache */
@@ -722,18 +761,18 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                         rp);
 }
 
-template <int HD>
+template <int HD, bool RP>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_dec(float *out, const float *q, uint16_t *kc, uint16_t *vc, const int *table,
                     struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt,
-                    struct cuk_dec_rope rope, int with_rope)
+                    struct cuk_dec_rope rope)
 {
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
-    PROBE(with_rope, 0);
-    dec_block<HD>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
-                  cnt + blockIdx.x, rope, with_rope != 0);
-    PROBE_END(with_rope);
+    PROBE(RP, 0);
+    dec_block<HD, RP>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
+                      cnt + blockIdx.x, rope);
+    PROBE_END(RP);
 }
 
 /* The decode segments of a batch step (cuk_bseg.tiled == 2), laid out as
@@ -753,10 +792,10 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         return;
     size_t qd = (size_t)g.n_heads * HD;
     /* without RoPE the block never writes the cache */
-    dec_block<HD>(out + sg->row0 * qd, q + sg->row0 * qd, (uint16_t *)kc, (uint16_t *)vc,
-                  meta + sg->tab_off, gs, blockIdx.y, blockIdx.z, sg->splits,
-                  cuk_bseg_ws(sg, g, ws, max_splits, HD), cuk_bseg_cnt(sg, g, cnt, blockIdx.y),
-                  cuk_dec_rope{}, false);
+    dec_block<HD, false>(out + sg->row0 * qd, q + sg->row0 * qd, (uint16_t *)kc, (uint16_t *)vc,
+                         meta + sg->tab_off, gs, blockIdx.y, blockIdx.z, sg->splits,
+                         cuk_bseg_ws(sg, g, ws, max_splits, HD),
+                         cuk_bseg_cnt(sg, g, cnt, blockIdx.y), cuk_dec_rope{});
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
@@ -803,14 +842,24 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
 {
     /* with all unified memory as shared memory, the next GEMV's staged
      * block (gemv_staged.cu) fits beside this kernel's */
-    static struct cuk_opted opted;
-    cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD>, dec_smem<HD>(true), &opted, true);
+    static struct cuk_opted opted_rp, opted;
+    const dim3 grid((unsigned)g->n_kv_heads, (unsigned)n_splits);
+    if (rope) {
+        cudaError_t err =
+            cuk_smem_opt_in(k_attention_dec<HD, true>, dec_smem<HD>(true), &opted_rp, true);
+        if (err != cudaSuccess)
+            return err;
+        return cuk_launch(k_attention_dec<HD, true>, grid, AM_WARPS * 32, dec_smem<HD>(true), s,
+                          out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws,
+                          cnt, *rope);
+    }
+    cudaError_t err =
+        cuk_smem_opt_in(k_attention_dec<HD, false>, dec_smem<HD>(false), &opted, true);
     if (err != cudaSuccess)
         return err;
-    return cuk_launch(k_attention_dec<HD>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
-                      AM_WARPS * 32, dec_smem<HD>(rope != nullptr), s, out, q, (uint16_t *)kc,
-                      (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
-                      rope ? *rope : (struct cuk_dec_rope){}, rope ? 1 : 0);
+    return cuk_launch(k_attention_dec<HD, false>, grid, AM_WARPS * 32, dec_smem<HD>(false), s,
+                      out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
+                      (struct cuk_dec_rope){});
 }
 
 extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc,
