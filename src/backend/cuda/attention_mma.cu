@@ -55,6 +55,29 @@ template <int N> static __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* r / G for the row numbers of a block (0 <= r < 1024, 1 <= G <= 64) by a
+ * multiply and a shift instead of a division's ~25 instructions: with
+ * m = ceil(2^16 / G), m G - 2^16 < G, so (r m) >> 16 is exact while
+ * r (m G - 2^16) < 2^16. */
+struct row_div {
+    int G, m;
+};
+static __device__ __forceinline__ struct row_div row_div_of(int G)
+{
+    return row_div{G, (65536 + G - 1) / G};
+}
+static __device__ __forceinline__ int row_q(const struct row_div &d, int r)
+{
+    return (r * d.m) >> 16;
+}
+/* (query q0 + r / G) * n_heads + kvh * G + r % G: row r's (query, head) */
+static __device__ __forceinline__ size_t row_qh(const struct row_div &d, int r, int q0, int kvh,
+                                                int n_heads)
+{
+    int qi = row_q(d, r);
+    return (size_t)(q0 + qi) * n_heads + kvh * d.G + (r - qi * d.G);
+}
+
 /* A K or V tile is [AM_KEYS][HD] bf16 with 16-byte chunk c of key row j
  * stored at chunk c ^ (j & 7): the 8 rows an ldmatrix reads (8 consecutive
  * keys, one logical chunk) then sit in 8 distinct bank groups. */
@@ -205,7 +228,8 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
      * other blocks: read through L2 (__ldcg). */
     const float *wm = ws + nrow * HD, *wl = wm + nrow;
     float *cw = smem, *cl = cw + rows * n_used, *cL = cl + rows * n_used;
-    auto qh_of = [&](int r) { return (size_t)(q0 + r / G) * n_heads + kvh * G + r % G; };
+    const struct row_div rd = row_div_of(G);
+    auto qh_of = [&](int r) { return row_qh(rd, r, q0, kvh, n_heads); };
     for (int i = threadIdx.x; i < rows * n_used; i += blockDim.x) {
         size_t pr = qh_of(i / n_used) * n_splits + i % n_used;
         cw[i] = __ldcg(wm + pr);
@@ -259,6 +283,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int G = g.n_heads / g.n_kv_heads, kvh = blockIdx.y;
+    const struct row_div rd = row_div_of(G);
     /* the causal diagonal makes later query tiles longer: start them first */
     const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
     const int nq = min(bq, g.n - q0), rows = nq * G;
@@ -276,8 +301,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         qrow[h] = nullptr;
         orow[h] = nullptr;
         if (r < rows) {
-            size_t qh = (size_t)(q0 + r / G) * g.n_heads + kvh * G + r % G;
-            pos[h] = g.pos0 + q0 + r / G;
+            size_t qh = row_qh(rd, r, q0, kvh, g.n_heads);
+            pos[h] = g.pos0 + q0 + row_q(rd, r);
             if (g.window > 0 && pos[h] - g.window + 1 > 0)
                 start[h] = pos[h] - g.window + 1;
             qrow[h] = q + qh * HD;
@@ -501,6 +526,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int G = g.n_heads / g.n_kv_heads, rows = g.n * G;
+    const struct row_div rd = row_div_of(G);
 
     /* keys up to the last query's, in 64-key tiles; this split takes a
      * run of whole tiles. The split count comes from the block-table bucket
@@ -565,9 +591,9 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     if (rp) {
         for (int item = warp; item < rows + g.n; item += AM_WARPS) {
             bool isk = item >= rows;
-            int r = isk ? item - rows : item, qi = isk ? r : r / G, pos = g.pos0 + qi;
+            int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r), pos = g.pos0 + qi;
             const float *x = isk ? rope.k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
-                                 : q + ((size_t)qi * g.n_heads + kvh * G + r % G) * HD;
+                                 : q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
             const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
             const float *nw = isk ? rope.kn : rope.qn;
             float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rope.eps, lane) : 0.0f;
@@ -607,10 +633,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         start[h] = 0;
         const float *qr = nullptr;
         if (r < rows) {
-            pos[h] = g.pos0 + r / G;
+            pos[h] = g.pos0 + row_q(rd, r);
             if (g.window > 0 && pos[h] - g.window + 1 > 0)
                 start[h] = pos[h] - g.window + 1;
-            qr = q + ((size_t)(r / G) * g.n_heads + kvh * G + r % G) * HD;
+            qr = q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
         }
         if (!RP)
 #pragma unroll
@@ -743,7 +769,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             L += sl[w * 16 + r] * c;
             O += so[(w * 16 + r) * HD + d] * c;
         }
-        size_t qh = (size_t)(r / G) * g.n_heads + kvh * G + r % G;
+        size_t qh = row_qh(rd, r, 0, kvh, g.n_heads);
         if (n_used == 1) {
             out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
         } else {

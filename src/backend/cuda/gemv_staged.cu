@@ -66,13 +66,14 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
     return u;
 }
 
-/* Lane 0: the copies of the warp's item i (unit ubase + (i / nch) *
- * GEMV_WARPS, column chunk i % nch) into slot i % slots. */
+/* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
+ * GEMV_WARPS, column chunk ch) into slot s (the item's number modulo
+ * p.slots): the callers step j, ch and s along, no division. */
 template <int BYTES, bool PAIR>
-static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int nch, int i,
-                                                unsigned char *slot0, uint64_t *bar)
+static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int j, int ch,
+                                                int s, unsigned char *slot0, uint64_t *bar)
 {
-    int j = i / nch, ch = i - j * nch, u = ubase + j * GEMV_WARPS, s = i % p.slots;
+    int u = ubase + j * GEMV_WARPS;
     int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
     unsigned bytes = (unsigned)(nc * BYTES);
     unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
@@ -171,8 +172,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int s = 0; s < p.slots; s++)
             cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int i = 0; i < items && i < p.slots; i++)
-            sg_issue<BYTES, PAIR>(p, ubase, nch, i, slot0, bar);
+        for (int i = 0, j = 0, ch = 0; i < items && i < p.slots; i++) {
+            sg_issue<BYTES, PAIR>(p, ubase, j, ch, i, slot0, bar);
+            if (++ch == nch) {
+                ch = 0;
+                j++;
+            }
+        }
     }
     /* the norm's weights never change: load them before the wait too */
     const bool fast_norm =
@@ -205,6 +211,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
+    /* the next refill's item: p.slots on (one division, here only) */
+    int rj = p.slots / nch, rch = p.slots - rj * nch;
     for (int j = 0, i = 0; j < nu; j++) {
         float acc0[NT], acc1[NT];
 #pragma unroll
@@ -268,7 +276,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
              * above), so lane 0 may refill it */
             __syncwarp();
             if (lane == 0 && i + p.slots < items)
-                sg_issue<BYTES, PAIR>(p, ubase, nch, i + p.slots, slot0, bar);
+                sg_issue<BYTES, PAIR>(p, ubase, rj, rch, s, slot0, bar);
+            if (++rch == nch) {
+                rch = 0;
+                rj++;
+            }
             if (++s == p.slots) {
                 s = 0;
                 parity ^= 1u;
