@@ -235,7 +235,9 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
            100.0 * gbs * 1e9 / bw, maxrel, multi ? "  (multi)" : "");
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
         struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
-        struct cuk_gemv_in in = {CUK_IN_X, dx, NULL, NULL, 0.0f};
+        struct cuk_gemv_in in = {};
+        in.kind = CUK_IN_X;
+        in.x = dx;
         cudaError_t err = cuk_gemv_staged(0, douts, &in, 1, wp, k, CUK_OUT_STORE, &cfg);
         if (err == cudaErrorNotSupported) {
             printf("%-22s n=1 staged %3d KB: not taken\n", sh->name, g_stage_kb[si]);
@@ -299,7 +301,12 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         w[i] = mat_w(&ms[i], 0);
         wp[i] = &w[i];
     }
-    struct cuk_gemv_in in = {sh->in, dx, fb->x2, fb->nw, 1e-6f};
+    struct cuk_gemv_in in = {};
+    in.kind = sh->in;
+    in.x = dx;
+    in.x2 = fb->x2;
+    in.nw = fb->nw;
+    in.eps = 1e-6f;
     for (int i = 0; i < k; i++) {
         size_t no = (size_t)n * sh->rows[i];
         CK(cudaMemcpy(douts[i], fb->init[i], no * 4, cudaMemcpyDeviceToDevice));

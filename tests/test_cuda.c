@@ -610,13 +610,14 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_nor
  * weights of one head_dim, around 1 as trained ones are; lw and md, which
  * the backend reads, live with it. */
 struct qkn_fixture {
-    struct test_mat qn, kn;
+    struct test_mat qn, kn, wo;
     struct layer_weights lw;
     struct model md;
     struct backend *be;
 };
 
-static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
+/* wo_cols > 0: also an o projection (bf16, 512 x wo_cols) as lw.wo. */
+static bool qkn_open_wo(struct qkn_fixture *f, int hd, bool kv_bf16, int wo_cols, struct err *e)
 {
     memset(f, 0, sizeof *f);
     mat_make(&f->qn, DT_F32, 1, hd);
@@ -627,6 +628,10 @@ static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
     }
     f->lw.q_norm = f->qn.t;
     f->lw.k_norm = f->kn.t;
+    if (wo_cols > 0) { /* an o projection of 512 outputs, bf16 */
+        mat_make(&f->wo, DT_BF16, 512, wo_cols);
+        f->lw.wo = f->wo.t;
+    }
     f->md.cfg.n_layers = 1;
     f->md.layers = &f->lw;
     kv_bf16_next = kv_bf16;
@@ -634,11 +639,18 @@ static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
     return f->be && backend_load_weights(f->be, &f->md, e) == 0;
 }
 
+static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
+{
+    return qkn_open_wo(f, hd, kv_bf16, 0, e);
+}
+
 static void qkn_close(struct qkn_fixture *f)
 {
     backend_destroy(f->be);
     mat_free(&f->qn);
     mat_free(&f->kn);
+    if (f->wo.wide)
+        mat_free(&f->wo);
 }
 
 /* Two K/V pools of one shape on be, each with a sequence reserved for
@@ -690,6 +702,29 @@ static void kv_pair_close(struct kv_pair *p)
     kv_pool_free(&p->b);
 }
 
+/* A cached prefix of pos0 random positions at layer, the same in both
+ * pools. */
+static void kv_pair_prefix(struct backend *be, struct kv_pair *p, int layer, int kvd, int pos0)
+{
+    if (pos0 <= 0)
+        return;
+    struct err e = {{0}};
+    size_t np = (size_t)pos0 * kvd;
+    float *pk = malloc(sizeof(float) * np), *pv = malloc(sizeof(float) * np);
+    for (size_t i = 0; i < np; i++) {
+        pk[i] = frand();
+        pv[i] = frand();
+    }
+    float *dpk = dev_alloc_copy(be, pk, np), *dpv = dev_alloc_copy(be, pv, np);
+    be->ops->kv_store(be, &p->a, &p->sa, layer, dpk, dpv, pos0, 0);
+    be->ops->kv_store(be, &p->b, &p->sb, layer, dpk, dpv, pos0, 0);
+    CHECK(be->ops->finish(be, &e) == 0, "prefix: %s", e.msg);
+    be->ops->free(be, dpk);
+    be->ops->free(be, dpv);
+    free(pk);
+    free(pv);
+}
+
 /* rope_kv_attention (one launch on a bf16 cache: the decode kernel does
  * RoPE + K/V store itself) against rope_kv_store then attention on the same
  * GPU: the outputs and the caches must be the same bits (the kernel uses
@@ -730,23 +765,7 @@ static void check_rope_kv_attention(void)
                         }
                         struct kv_pool *pa = &kp.a, *pb = &kp.b;
                         struct kv_seq *sa = &kp.sa, *sb = &kp.sb;
-                        /* the cached prefix, the same in both pools */
-                        if (pos0 > 0) {
-                            size_t np = (size_t)pos0 * kvd;
-                            float *pk = malloc(sizeof(float) * np), *pv = malloc(sizeof(float) * np);
-                            for (size_t i = 0; i < np; i++) {
-                                pk[i] = frand();
-                                pv[i] = frand();
-                            }
-                            float *dpk = dev_alloc_copy(be, pk, np), *dpv = dev_alloc_copy(be, pv, np);
-                            be->ops->kv_store(be, pa, sa, LAYER, dpk, dpv, pos0, 0);
-                            be->ops->kv_store(be, pb, sb, LAYER, dpk, dpv, pos0, 0);
-                            CHECK(be->ops->finish(be, &e) == 0, "prefix: %s", e.msg);
-                            be->ops->free(be, dpk);
-                            be->ops->free(be, dpv);
-                            free(pk);
-                            free(pv);
-                        }
+                        kv_pair_prefix(be, &kp, LAYER, kvd, pos0);
                         size_t nq = kp.nq, nk = kp.nk;
                         float *dqa = dev_alloc_copy(be, kp.q, nq), *dka = dev_alloc_copy(be, kp.k, nk),
                               *dqb = dev_alloc_copy(be, kp.q, nq), *dkb = dev_alloc_copy(be, kp.k, nk),
@@ -788,6 +807,114 @@ static void check_rope_kv_attention(void)
             }
     printf("rope_kv_attention vs rope_kv_store + attention: %d of %d cases bit-identical "
            "(outputs and caches)\n", same, total);
+}
+
+/* attn_args.o_next: a one-query rope_kv_attention on a bf16 cache may leave
+ * its key-split merge to the next op. Followed by the o projection
+ * (matmul_fused, MATMUL_IN_X, MATMUL_OUT_ADD), the staged GEMV merges as it
+ * stages its input; followed by anything else (here a download of the
+ * output), the backend merges first. Both must give the bits of the
+ * undeferred op, and at least one case must have deferred (its output
+ * left unwritten until then), or the path is not under test. */
+static void check_deferred_merge(void)
+{
+    enum { H = 32, KVH = 8, LAYERS = 2, LAYER = 1, OUT = 512 };
+    static const int hds[] = {64, 128};
+    static const int pos0s[] = {0, 62, 1000, 4095};
+    int same = 0, total = 0, deferred = 0;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+        for (int withnorm = 0; withnorm < 2; withnorm++) {
+            int hd = hds[hi], kvd = KVH * hd, qd = H * hd;
+            struct qkn_fixture fx;
+            struct err e = {{0}};
+            /* always (by default only where it pays, which a 512-row o
+             * projection never does) */
+            setenv("CLLM_CUDA_DEFER_MERGE", "1", 1);
+            bool opened = qkn_open_wo(&fx, hd, true, qd, &e);
+            unsetenv("CLLM_CUDA_DEFER_MERGE");
+            if (!opened) {
+                CHECK(0, "deferred merge: backend: %s", e.msg);
+                qkn_close(&fx);
+                return;
+            }
+            struct backend *be = fx.be;
+            float invf[64];
+            for (int i = 0; i < hd / 2; i++)
+                invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
+            struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = 1e-6f};
+            const struct qk_norm *nm = withnorm ? &norm : NULL;
+            float resid[OUT], sentinel[H * 128];
+            for (int i = 0; i < OUT; i++)
+                resid[i] = frand();
+            for (int i = 0; i < qd; i++)
+                sentinel[i] = 7.0f;
+            for (size_t ci = 0; ci < sizeof pos0s / sizeof pos0s[0]; ci++) {
+                int pos0 = pos0s[ci];
+                struct kv_pair kp;
+                if (!kv_pair_open(&kp, be, LAYERS, kvd, H, hd, 1, pos0, 2.0f, &e)) {
+                    CHECK(0, "deferred merge: pools: %s", e.msg);
+                    kv_pair_close(&kp);
+                    continue;
+                }
+                kv_pair_prefix(be, &kp, LAYER, kvd, pos0);
+                struct attn_args a = {.n = 1, .pos0 = pos0, .n_heads = H, .n_kv_heads = KVH,
+                                      .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+                /* 0: undeferred then the o projection; 1: deferred then the
+                 * o projection; 2: deferred then a download. One pool: each
+                 * run stores the same new K/V. */
+                float *o[3], *x[3], *ho[3], *hx[3];
+                for (int r = 0; r < 3; r++) {
+                    float *dq = dev_alloc_copy(be, kp.q, kp.nq), *dk = dev_alloc_copy(be, kp.k, kp.nk),
+                          *dv = dev_alloc_copy(be, kp.v, kp.nk);
+                    o[r] = dev_alloc_copy(be, sentinel, (size_t)qd);
+                    x[r] = dev_alloc_copy(be, resid, OUT);
+                    a.o_next = r > 0;
+                    CHECK(be->ops->rope_kv_attention(be, o[r], dq, dk, dv, invf, false, nm, &kp.a,
+                                                     &kp.sa, LAYER, &a, &e) == 0,
+                          "deferred merge: rope_kv_attention: %s", e.msg);
+                    ho[r] = NULL;
+                    if (r < 2) {
+                        struct matmul_in in = {.kind = MATMUL_IN_X, .x = o[r]};
+                        const struct tensor *w = &fx.wo.t;
+                        CHECK(be->ops->matmul_fused(be, &x[r], &in, 1, &w, 1, MATMUL_OUT_ADD,
+                                                    &e) == 0,
+                              "deferred merge: matmul_fused: %s", e.msg);
+                    } else {
+                        ho[r] = dev_fetch(be, o[r], (size_t)qd);
+                    }
+                    if (!ho[r])
+                        ho[r] = dev_fetch(be, o[r], (size_t)qd);
+                    hx[r] = dev_fetch(be, x[r], OUT);
+                    CHECK(be->ops->finish(be, &e) == 0, "deferred merge: %s", e.msg);
+                    be->ops->free(be, dq);
+                    be->ops->free(be, dk);
+                    be->ops->free(be, dv);
+                }
+                bool x_same = !memcmp(hx[0], hx[1], sizeof(float) * OUT);
+                bool o_same = !memcmp(ho[0], ho[2], sizeof(float) * qd);
+                /* deferred and merged by the GEMV: o[1] never written */
+                bool left = !memcmp(ho[1], sentinel, sizeof(float) * qd);
+                CHECK(x_same && o_same && (left || !memcmp(ho[1], ho[0], sizeof(float) * qd)),
+                      "deferred merge, hd %d, norm %d, pos %d: o projection %s, settled output "
+                      "%s, deferred output %s",
+                      hd, withnorm, pos0, x_same ? "same" : "DIFFERS", o_same ? "same" : "DIFFERS",
+                      left ? "left unwritten" : "written");
+                same += x_same && o_same;
+                deferred += left;
+                total++;
+                for (int r = 0; r < 3; r++) {
+                    free(ho[r]);
+                    free(hx[r]);
+                    be->ops->free(be, o[r]);
+                    be->ops->free(be, x[r]);
+                }
+                kv_pair_close(&kp);
+            }
+            qkn_close(&fx);
+        }
+    CHECK(deferred > 0, "deferred merge: no case left its merge to the o projection");
+    printf("deferred key-split merge: %d of %d cases bit-identical to the undeferred op, %d "
+           "deferred\n", same, total, deferred);
 }
 
 /* rope_kv_store with Qwen3's q/k norm (folded into the RoPE + K/V store
@@ -1985,6 +2112,7 @@ int main(void)
     check_attention_batch(cpu, true, true, true);
     check_rope_norm(cpu);
     check_rope_kv_attention();
+    check_deferred_merge();
     check_matmul_fused();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);

@@ -35,6 +35,12 @@ struct attn_args {
     int n_heads, n_kv_heads, head_dim;
     int sliding_window; /* 0 = unlimited */
     float scale;        /* usually 1/sqrt(head_dim) */
+    /* The caller's next op on this backend is matmul_fused of this call's
+     * out (MATMUL_IN_X, MATMUL_OUT_ADD, the same rows: the o projection):
+     * the backend may leave the end of the attention to it (the CUDA
+     * backend: the key-split merge, done as that GEMV stages its input).
+     * Any other op first completes it. Only the rope_kv_attention op uses it. */
+    bool o_next;
 };
 
 /* One sequence's rows of a multi-sequence step. */

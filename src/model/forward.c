@@ -220,6 +220,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
             .n = m, .pos0 = pos0, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
             .head_dim = c->head_dim, .sliding_window = c->sliding_window,
             .scale = 1.0f / sqrtf((float)c->head_dim),
+            .o_next = fused && n_seg == 1, /* fused_residual_matmul(att) below */
         };
         if (op->rope_kv_attention) {
             if (op->rope_kv_attention(be, fs->att + (size_t)row * qd, q, k, v, fs->inv_freq,

@@ -214,14 +214,10 @@ static __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (
  * r / G, head kvh * G + r % G. Uses shared memory of (2 * rows * n_used +
  * rows) floats at smem. */
 template <int HD>
-static __device__ __forceinline__ void split_merge(float *out, const float *ws, size_t nrow,
-                                                   int rows, int n_splits, int n_used, int q0,
-                                                   int G, int kvh,
-                                                   int n_heads, unsigned *cnt, float *smem,
-                                                   bool dec = false /* the probe build's */)
+static __device__ __forceinline__ void merge_splits(float *out, const float *ws, size_t nrow,
+                                                    int rows, int n_splits, int n_used, int q0,
+                                                    int G, int kvh, int n_heads, float *smem)
 {
-    if (!cuk_last_block(cnt, (unsigned)n_used))
-        return;
     /* Each split's weight per row first (every (row, split) pair loaded at
      * once, not one split after another), then every output element sums
      * its splits with independent loads. The partials were written by
@@ -244,7 +240,7 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
             float ms = cw[r * n_used + s2]; /* a split that saw no key of this row: weight 0 */
             float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
             cw[r * n_used + s2] = c;
-            L += cl[r * n_used + s2] * c;
+            L = fmaf(cl[r * n_used + s2], c, L); /* CUK_IN_SPLITS: the same order and FMAs */
         }
         cL[r] = L;
     }
@@ -256,10 +252,24 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
         float O = 0.0f;
 #pragma unroll 8
         for (int s2 = 0; s2 < n_used; s2++)
-            O += __ldcg(src + (size_t)s2 * HD) * cw[r * n_used + s2];
+            O = fmaf(__ldcg(src + (size_t)s2 * HD), cw[r * n_used + s2], O);
         float L = cL[r];
         out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
     }
+}
+
+/* The last block of the set to arrive at cnt merges (merge_splits) and
+ * re-arms cnt. */
+template <int HD>
+static __device__ __forceinline__ void split_merge(float *out, const float *ws, size_t nrow,
+                                                   int rows, int n_splits, int n_used, int q0,
+                                                   int G, int kvh,
+                                                   int n_heads, unsigned *cnt, float *smem,
+                                                   bool dec = false /* the probe build's */)
+{
+    if (!cuk_last_block(cnt, (unsigned)n_used))
+        return;
+    merge_splits<HD>(out, ws, nrow, rows, n_splits, n_used, q0, G, kvh, n_heads, smem);
     PROBE(dec, 5);
 }
 
@@ -515,7 +525,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                                                  uint16_t *vc, const int *table,
                                                  const struct cuk_attn &g, int kvh, int sp,
                                                  int n_splits, float *ws, unsigned *cnt,
-                                                 const struct cuk_dec_rope &rope)
+                                                 const struct cuk_dec_rope &rope, int *dnused)
 {
     constexpr bool rp = RP;
     constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
@@ -770,7 +780,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             O += so[(w * 16 + r) * HD + d] * c;
         }
         size_t qh = row_qh(rd, r, 0, kvh, g.n_heads);
-        if (n_used == 1) {
+        if (n_used == 1 && !dnused) {
             out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
         } else {
             size_t pr = qh * n_splits + sp;
@@ -782,6 +792,11 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
     }
     PROBE(rp, 4);
+    if (dnused) { /* the next kernel merges: all it needs besides ws */
+        if (kvh == 0 && sp == 0 && threadIdx.x == 0)
+            *dnused = n_used;
+        return;
+    }
     if (n_used > 1) /* the last split of this (sequence, KV head) merges them all */
         split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so,
                         rp);
@@ -791,13 +806,13 @@ template <int HD, bool RP>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_dec(float *out, const float *q, uint16_t *kc, uint16_t *vc, const int *table,
                     struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt,
-                    struct cuk_dec_rope rope)
+                    struct cuk_dec_rope rope, int *dnused)
 {
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
     PROBE(RP, 0);
     dec_block<HD, RP>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
-                      cnt + blockIdx.x, rope);
+                      cnt + blockIdx.x, rope, dnused);
     PROBE_END(RP);
 }
 
@@ -821,7 +836,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     dec_block<HD, false>(out + sg->row0 * qd, q + sg->row0 * qd, (uint16_t *)kc, (uint16_t *)vc,
                          meta + sg->tab_off, gs, blockIdx.y, blockIdx.z, sg->splits,
                          cuk_bseg_ws(sg, g, ws, max_splits, HD),
-                         cuk_bseg_cnt(sg, g, cnt, blockIdx.y), cuk_dec_rope{});
+                         cuk_bseg_cnt(sg, g, cnt, blockIdx.y), cuk_dec_rope{}, nullptr);
 }
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
@@ -864,7 +879,7 @@ template <int HD>
 static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
                               const int *table, const struct cuk_attn *g, const int *dpos,
                               int n_splits, float *ws, unsigned *cnt,
-                              const struct cuk_dec_rope *rope)
+                              const struct cuk_dec_rope *rope, int *dnused)
 {
     /* with all unified memory as shared memory, the next GEMV's staged
      * block (gemv_staged.cu) fits beside this kernel's */
@@ -877,7 +892,7 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
             return err;
         return cuk_launch(k_attention_dec<HD, true>, grid, AM_WARPS * 32, dec_smem<HD>(true), s,
                           out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws,
-                          cnt, *rope);
+                          cnt, *rope, dnused);
     }
     cudaError_t err =
         cuk_smem_opt_in(k_attention_dec<HD, false>, dec_smem<HD>(false), &opted, true);
@@ -885,21 +900,53 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
         return err;
     return cuk_launch(k_attention_dec<HD, false>, grid, AM_WARPS * 32, dec_smem<HD>(false), s,
                       out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
-                      (struct cuk_dec_rope){});
+                      (struct cuk_dec_rope){}, (int *)nullptr);
 }
 
 extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc,
                                          void *vc, const int *table, const struct cuk_attn *g,
                                          const int *dpos, int n_splits, float *ws, unsigned *cnt,
-                                         const struct cuk_dec_rope *rope)
+                                         const struct cuk_dec_rope *rope, int *dnused)
 {
     int qmax = cuk_attention_dec_rows(g);
     if (!qmax || g->n < 1 || g->n > qmax || n_splits < 1 || n_splits > 64 ||
-        (n_splits > 1 && (!ws || !cnt)) || (rope && g->kv_dim != g->n_kv_heads * g->head_dim))
+        (n_splits > 1 && (!ws || !cnt)) || (rope && g->kv_dim != g->n_kv_heads * g->head_dim) ||
+        (dnused && (!rope || g->n != 1 || n_splits < 2)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope);
-    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope);
+        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope, dnused);
+    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope, dnused);
+}
+
+/* One block per KV head: its G rows of one query. */
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attention_merge(float *out, const float *ws, const int *dnused, int n_heads, int n_kv_heads,
+                      int n_splits)
+{
+    extern __shared__ float4 am_smem[];
+    cuk_pdl_start(); /* ws and *dnused are the attention kernel's */
+    const int G = n_heads / n_kv_heads;
+    merge_splits<HD>(out, ws, (size_t)n_heads * n_splits, G, n_splits, *dnused, 0, G, blockIdx.x,
+                     n_heads, (float *)am_smem);
+}
+
+extern "C" cudaError_t cuk_attention_merge(cudaStream_t s, float *out, const float *ws,
+                                           const int *dnused, int n_heads, int n_kv_heads,
+                                           int head_dim, int n_splits)
+{
+    if (!out || !ws || !dnused || n_kv_heads < 1 || n_heads % n_kv_heads || n_splits < 1 ||
+        n_splits > 64 || (head_dim != 64 && head_dim != 128))
+        return cudaErrorInvalidValue;
+    const int G = n_heads / n_kv_heads;
+    const size_t smem = (size_t)(2 * G * n_splits + G) * 4;
+    if (smem > 48 * 1024)
+        return cudaErrorInvalidValue;
+    if (head_dim == 64)
+        return cuk_launch(k_attention_merge<64>, (unsigned)n_kv_heads, AM_WARPS * 32, smem, s, out,
+                          ws, dnused, n_heads, n_kv_heads, n_splits);
+    return cuk_launch(k_attention_merge<128>, (unsigned)n_kv_heads, AM_WARPS * 32, smem, s, out,
+                      ws, dnused, n_heads, n_kv_heads, n_splits);
 }
 
 template <int HD>

@@ -140,6 +140,18 @@ struct cuda_backend {
                         * memory (cuk_gemv_staged; Hopper and newer,
                         * CLLM_CUDA_GEMV_STAGED != 0) */
     struct cuk_stage_cfg stage; /* its launch shape */
+    int defer_merge;   /* a decode step's key-split merge is left to the o
+                        * projection's staged GEMV when the model says that
+                        * comes next (attn_args.o_next): 0 never, 1 always,
+                        * -1 (default) when it pays (defer_pays);
+                        * CLLM_CUDA_DEFER_MERGE=0/1 */
+    /* A merge left undone (pend.out != NULL): the o projection's GEMV
+     * does it (cu_matmul_fused), any other op first settles it. */
+    struct {
+        float *out;
+        const float *ws;
+        int splits, n_heads, n_kv_heads, head_dim;
+    } pend;
     bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
                         * CLLM_KV_DTYPE=f32) */
 
@@ -153,6 +165,7 @@ struct cuda_backend {
     struct dbuf ids, table, ws, xh, wf, invf;
     struct dbuf mm_in, mm_out; /* matmul_fused's temporaries when it issues the plain ops */
     struct dbuf cnt;   /* attention split counters, kept zero between calls */
+    struct dbuf dn;    /* int: splits with keys of a deferred merge */
     /* xh holds xh_src (xh_n elements) rounded to xh_type, valid while
      * op_seq == xh_valid_at: every op bumps op_seq, so a copy made by an op
      * for its successor (half_out) or by a matmul for the rest of its own
@@ -260,6 +273,8 @@ static void fail_msg(struct cuda_backend *c, const char *msg)
         snprintf(c->err, sizeof c->err, "%s: %s", c->name, msg);
 }
 
+static void pend_settle(struct cuda_backend *c);
+
 static int sticky(struct cuda_backend *c, struct err *e)
 {
     return c->err[0] ? err_set(e, "%s", c->err) : 0;
@@ -267,7 +282,8 @@ static int sticky(struct cuda_backend *c, struct err *e)
 
 static size_t dbuf_bytes(const struct cuda_backend *c)
 {
-    return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->xh.cap + c->wf.cap + c->invf.cap +
+    return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->dn.cap + c->xh.cap + c->wf.cap +
+           c->invf.cap +
            c->step.cap + c->mm_in.cap + c->mm_out.cap + c->smp.cap +
            (c->blas_ws ? BLAS_WS_BYTES : 0) + c->tc_ws_bytes;
 }
@@ -442,6 +458,7 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 
 static void cu_free(struct backend *be, void *p)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -485,6 +502,7 @@ static void timing_done(struct cuda_backend *c)
 
 static void cu_download(struct backend *be, float *dst, const float *src, size_t n)
 {
+    pend_settle(cb(be)); /* see c->pend */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (c->err[0])
@@ -522,6 +540,7 @@ static int fetch_ids(struct cuda_backend *c, int *host, const int *dev, int rows
  * back (to pinned memory), instead of the [vocab] f32 logits row. */
 static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -566,6 +585,7 @@ static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
 static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
                           struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -586,6 +606,7 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
 static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
                           const struct sample_params *p, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -624,6 +645,7 @@ static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows
 
 static void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -633,6 +655,7 @@ static void cu_upload(struct backend *be, void *dst, const void *src, size_t byt
 
 static int cu_finish(struct backend *be, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (!c->err[0])
@@ -777,6 +800,7 @@ static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const st
 
 static int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     struct cuda_backend *c = cb(be);
     use_device(c);
     if (c->map_n)
@@ -907,6 +931,7 @@ static const int *ids_upload(struct cuda_backend *c, const int *ids, int n)
 
 static void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (!c->capturing)
@@ -1230,6 +1255,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
 static int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
                      struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     return matmul_x(be, out, x, n, t, false, e);
 }
@@ -1239,6 +1265,7 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
 static int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
                            const struct tensor *const *ts, int k, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->fuse && n <= c->gemv_max && k >= 1 && k <= 3) {
@@ -1305,17 +1332,20 @@ static void norm_run(struct backend *be, float *out, float *x, const float *y, c
 static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
                            const float *w, int n, int dim, float eps)
 {
+    pend_settle(cb(be)); /* see c->pend */
     norm_run(be, out, x, y, w, n, dim, eps);
 }
 
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
                        int dim, float eps)
 {
+    pend_settle(cb(be)); /* see c->pend */
     norm_run(be, out, (float *)x, NULL, w, n, dim, eps); /* no y: x is not written */
 }
 
 static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     const float *db = dev_vec(c, b, "add_bias");
@@ -1351,6 +1381,7 @@ static const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int 
 static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
                     const float *inv_freq, bool interleaved)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
@@ -1415,6 +1446,53 @@ static unsigned *att_counters(struct cuda_backend *c, size_t count)
     return p;
 }
 
+/* Completes a key-split merge the decode attention left to the o
+ * projection (c->pend) when another op comes first. Every op that reads
+ * or writes device memory calls it before its work. */
+static void pend_settle(struct cuda_backend *c)
+{
+    if (!c->pend.out)
+        return;
+    float *out = c->pend.out;
+    c->pend.out = NULL;
+    fail_cuda(c, "attention merge",
+              cuk_attention_merge(c->stream, out, c->pend.ws, (const int *)c->dn.p,
+                                  c->pend.n_heads, c->pend.n_kv_heads, c->pend.head_dim,
+                                  c->pend.splits));
+}
+
+/* Whether leaving a one-query decode step's merge of `splits` key splits
+ * to the o projection pays: every block of that GEMV then reads all the
+ * partials (heads x head_dim x splits floats), which must stay below its
+ * share of o's weights (model_dim rows of the same columns, bf16) for the
+ * saved merge stage to win. Measured on the H200 (docs/benchmarks.md,
+ * eleventh pass): Llama-3.1-8B (4,096 rows, 9 splits: 36 bytes a column
+ * of partials against 62 of weights) 241.8 -> 243.9 tok/s; Qwen3-0.6B
+ * (1,024 rows, 16 splits: 64 against 15.5) 1,134 -> 1,109. */
+static bool defer_pays(const struct cuda_backend *c, int splits)
+{
+    return 4L * splits * c->n_sms <= 2L * c->model_dim;
+}
+
+/* The o projection of a deferred merge (c->pend), out += merged . W^T in
+ * one staged GEMV that merges as it stages x; cudaErrorNotSupported when
+ * that GEMV does not take the shape (the caller settles instead). */
+static cudaError_t pend_o_gemv(struct cuda_backend *c, float *out, const struct tensor *t)
+{
+    if (!c->fuse || !c->gemv_staged || c->gemv_max < 1 ||
+        (size_t)t->cols != (size_t)c->pend.n_heads * (size_t)c->pend.head_dim)
+        return cudaErrorNotSupported;
+    const struct cuk_weight *w = dev_weight(c, t, "matmul");
+    if (!w)
+        return cudaErrorNotSupported;
+    struct cuk_gemv_in gi = {.kind = CUK_IN_SPLITS, .x = c->pend.ws, .nused = (const int *)c->dn.p,
+                             .n_splits = c->pend.splits, .head_dim = c->pend.head_dim};
+    cudaError_t err = cuk_gemv_staged(c->stream, &out, &gi, 1, &w, 1, CUK_OUT_ADD, &c->stage);
+    if (err == cudaSuccess)
+        c->pend.out = NULL;
+    return err;
+}
+
 static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool,
                                  int layer, int n, int pos0)
 {
@@ -1435,6 +1513,7 @@ static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_p
 static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
                         int layer, const float *k, const float *v, int n, int pos0)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
@@ -1456,6 +1535,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
                              const float *inv_freq, bool interleaved, const struct qk_norm *norm,
                              struct kv_pool *pool, const struct kv_seq *seq, int layer)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
@@ -1503,6 +1583,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
 {
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
+    pend_settle(c); /* before ws is written again */
     if (sticky(c, e))
         return -1;
     if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads ||
@@ -1548,14 +1629,29 @@ static int attention_run(struct backend *be, float *out, const float *q,
     if (rope && !dec)
         return err_set(e, "%s: internal: RoPE in a non-decode attention kernel", c->name);
     const int *dpos = c->capturing ? (const int *)c->step.p : NULL;
+    /* one query with RoPE whose o projection comes next: that GEMV merges
+     * the key splits as it stages its input (cu_matmul_fused) */
+    int *dn = NULL;
+    bool defer = rope && a->o_next && c->gemv_staged && dec && a->n == 1 && splits > 1 &&
+                 (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits)));
+    if (defer && !(dn = dbuf_get(c, &c->dn, sizeof(int), "deferred merge count")))
+        return sticky(c, e);
     if (fail_cuda(c, "attention",
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
-                                          splits, ws, cnt, rope)
+                                          splits, ws, cnt, rope, dn)
                   : pre ? cuk_attention_mma(c->stream, out, q, pool->k, pool->v, tab, &g, splits,
                                             ws, cnt)
                       : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
                                       ws, cnt)))
         return sticky(c, e);
+    if (dn) {
+        c->pend.out = out;
+        c->pend.ws = ws;
+        c->pend.splits = splits;
+        c->pend.n_heads = a->n_heads;
+        c->pend.n_kv_heads = a->n_kv_heads;
+        c->pend.head_dim = a->head_dim;
+    }
     return 0;
 }
 
@@ -1791,6 +1887,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
                                       const struct qk_norm *norm, struct kv_pool *pool,
                                       int layer, const struct attn_args *a, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (sticky(c, e))
@@ -1871,6 +1968,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
 
 static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (c->err[0])
@@ -1884,6 +1982,7 @@ static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 
 static void cu_add(struct backend *be, float *x, const float *y, size_t n)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     if (!c->err[0])
@@ -1910,6 +2009,18 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
         return err_set(e, "%s: matmul_fused of %d matrices over %d rows (input kind %d, output "
                           "kind %d)",
                        c->name, k, n, (int)in->kind, (int)out);
+    if (c->pend.out && in->kind == MATMUL_IN_X && in->x == c->pend.out && n == 1 && k == 1 &&
+        out == MATMUL_OUT_ADD) { /* the o projection after a deferred merge */
+        cudaError_t err = pend_o_gemv(c, outs[0], ts[0]);
+        if (err != cudaErrorNotSupported) {
+            fail_cuda(c, "gemv", err);
+            return sticky(c, e);
+        }
+        /* this model's o projection is no staged GEMV (f32 weights, rows
+         * under 4 KB): deferring would only add a merge launch */
+        c->defer_merge = 0;
+    }
+    pend_settle(c);
     bool add = out == MATMUL_OUT_ADD;
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
@@ -2112,6 +2223,7 @@ static int batch_step_begin(struct cuda_backend *c, const struct backend_step *s
 
 static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     cb(be)->op_seq++; /* see half_x */
     struct cuda_backend *c = cb(be);
     use_device(c);
@@ -2170,6 +2282,7 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
 
 static int cu_step_end(struct backend *be, int ops_rc, struct err *e)
 {
+    pend_settle(cb(be)); /* see c->pend */
     struct cuda_backend *c = cb(be);
     bool batch = c->bstep > 0;
     c->bstep = 0;
@@ -2281,8 +2394,8 @@ static void cu_destroy(struct backend *be)
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
-    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->xh, &c->wf, &c->invf, &c->step,
-                           &c->bat, &c->mm_in, &c->mm_out, &c->smp};
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->xh, &c->wf, &c->invf,
+                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -2538,6 +2651,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
     c->gemv_staged = prop.major >= 9 && !env_off("CLLM_CUDA_GEMV_STAGED");
+    c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE") ? 0 : env_on("CLLM_CUDA_DEFER_MERGE") ? 1 : -1;
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
     p = getenv("CLLM_CUDA_GEMM_TC");

@@ -171,10 +171,20 @@ void cuk_dec_probe_report(int skip);
  * the raw (un-rotated) query and the new positions' K/V are not in the
  * cache yet: the kernel does cuk_rope_kv_store's work first, with the same
  * results (q itself is left as it was), saving its launch. */
+/* dnused (with rope, g->n == 1 and n_splits > 1; else NULL): the key-split
+ * merge is left to the next kernel: out is not written; every split's
+ * partial is in ws (cuk_attention's workspace layout) and the number of
+ * splits that hold keys goes to *dnused, for cuk_gemv_staged's
+ * CUK_IN_SPLITS or cuk_attention_merge. */
 cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
                               const int *table, const struct cuk_attn *g, const int *dpos,
                               int n_splits, float *ws, unsigned *cnt,
-                              const struct cuk_dec_rope *rope);
+                              const struct cuk_dec_rope *rope, int *dnused);
+/* The merge cuk_attention_dec left undone (dnused): out[n_heads][head_dim]
+ * from ws's n_splits partials of one query, the first *dnused of them, in
+ * the order and arithmetic of the kernels' own merge (the same bits). */
+cudaError_t cuk_attention_merge(cudaStream_t s, float *out, const float *ws, const int *dnused,
+                                int n_heads, int n_kv_heads, int head_dim, int n_splits);
 /* cuk_attention_short_batch's job (segments with cuk_bseg.tiled == 2, the
  * same meta, workspace and counter layout) on tensor cores, for segments of
  * at most cuk_attention_dec_rows queries. (It never does the RoPE + K/V
@@ -255,13 +265,19 @@ enum {
     CUK_IN_X,       /* x as it is */
     CUK_IN_RMSNORM, /* rmsnorm(x) with weights nw (cols floats) and eps: what
                      * cuk_rmsnorm would write, to the bit */
-    CUK_IN_SWIGLU   /* silu(x) * x2: what cuk_silu_mul would write, to the bit */
+    CUK_IN_SWIGLU,  /* silu(x) * x2: what cuk_silu_mul would write, to the bit */
+    CUK_IN_SPLITS   /* cuk_gemv_staged, n = 1 only: the attention output
+                     * cuk_attention_merge would write (cols = heads x
+                     * head_dim) from x = the partials cuk_attention_dec
+                     * left (dnused), to the bit */
 };
 struct cuk_gemv_in {
     int kind;            /* CUK_IN_* */
     const float *x, *x2; /* [n][cols]; x2 only for CUK_IN_SWIGLU */
     const float *nw;     /* CUK_IN_RMSNORM */
     float eps;
+    const int *nused;    /* CUK_IN_SPLITS: the attention's dnused */
+    int n_splits, head_dim; /* CUK_IN_SPLITS */
 };
 /* What a fused GEMV does with its results. */
 enum {

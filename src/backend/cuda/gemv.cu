@@ -412,7 +412,9 @@ extern "C" cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs,
 extern "C" cudaError_t cuk_gemv_multi(cudaStream_t s, float *const *outs, const float *x, int n,
                                       const struct cuk_weight *const *ws, int k)
 {
-    struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
+    struct cuk_gemv_in in = {};
+    in.kind = CUK_IN_X;
+    in.x = x;
     return cuk_gemv_fused(s, outs, &in, n, ws, k, CUK_OUT_STORE);
 }
 
@@ -429,7 +431,9 @@ extern "C" cudaError_t cuk_gemv(cudaStream_t s, float *out, const float *x, int 
     if (n < 1 || n > CUK_GEMV_MAX)
         return cudaErrorInvalidValue;
     if (vec_ok(w, x)) {
-        struct cuk_gemv_in in = {CUK_IN_X, x, NULL, NULL, 0.0f};
+        struct cuk_gemv_in in = {};
+        in.kind = CUK_IN_X;
+        in.x = x;
         return cuk_gemv_fused(s, &out, &in, n, &w, 1, CUK_OUT_STORE);
     }
     if (w->rows <= 0)

@@ -48,6 +48,7 @@ struct sgp {
     int units;     /* rows of all k matrices, or (gate, up) row pairs */
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
+    int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -139,6 +140,60 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
     __syncthreads();
 }
 
+/* The attention output of one query that cuk_attention_merge would write,
+ * staged as x: its arithmetic (merge_splits in attention_mma.cu: each
+ * head's split weights c = 2^(m - max m) and sum L = sum of l c in split
+ * order, then each element sum of o c in split order, over L), so the
+ * same bits. in.x: the partials (cuk_attention's workspace for one query
+ * and in.n_splits splits), *in.nused of them with keys; cwl: shared memory
+ * of 2 heads x n_splits + heads floats. Ends in a barrier. */
+template <int WT>
+static __device__ __forceinline__ void sg_splits_stage(float4 *xs, const struct cuk_gemv_in &in,
+                                                       int cols, float *cwl)
+{
+    constexpr int VE = gemv_cfg<WT>::VE;
+    const int hd = in.head_dim, S = in.n_splits, H = cols / hd, nu = *in.nused;
+    const float *ws = in.x, *wm = ws + (size_t)H * S * hd, *wl = wm + (size_t)H * S;
+    float *cw = cwl, *cl = cw + H * nu, *cL = cl + H * nu;
+    for (int i = threadIdx.x; i < H * nu; i += GEMV_THREADS) {
+        const int h = i / nu, sp = i - h * nu;
+        cw[i] = __ldcg(wm + h * S + sp);
+        cl[i] = __ldcg(wl + h * S + sp);
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < H; h += GEMV_THREADS) {
+        float M = -INFINITY, L = 0.0f;
+        for (int sp = 0; sp < nu; sp++)
+            M = fmaxf(M, cw[h * nu + sp]);
+        for (int sp = 0; sp < nu; sp++) {
+            const float ms = cw[h * nu + sp];
+            const float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+            cw[h * nu + sp] = c;
+            L = fmaf(cl[h * nu + sp], c, L);
+        }
+        cL[h] = L;
+    }
+    __syncthreads();
+    for (int f = threadIdx.x; f < cols / 4; f += GEMV_THREADS) {
+        const int h = 4 * f / hd, d = 4 * f - h * hd;
+        const float4 *src = (const float4 *)(ws + (size_t)h * S * hd + d);
+        const float *c = cw + h * nu;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int sp = 0; sp < nu; sp++) {
+            const float4 v = __ldcg(src + (size_t)sp * (hd / 4));
+            o.x = fmaf(v.x, c[sp], o.x);
+            o.y = fmaf(v.y, c[sp], o.y);
+            o.z = fmaf(v.z, c[sp], o.z);
+            o.w = fmaf(v.w, c[sp], o.w);
+        }
+        const float L = cL[h];
+        xs[gemv_xs_slot<VE>(f)] = L > 0.0f ? make_float4(o.x / L, o.y / L, o.z / L, o.w / L)
+                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    __syncthreads();
+}
+
 /* (The 2 only caps registers at 128, which it stays under; its shared
  * memory leaves room for one block per SM.) NT: input rows (tokens), each
  * row of x staged as its own tile and accumulated on its own, in the
@@ -153,7 +208,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     float4 *xs = (float4 *)sg_smem; /* NT tiles of tile_cols floats: multiples of 1 KB */
     const int tile_f4 = p.tile_cols / 4;
     float *sinv = (float *)(sg_smem + (size_t)NT * p.tile_cols * 4);
-    uint64_t *bars = (uint64_t *)(sg_smem + (size_t)NT * p.tile_cols * 4 + SG_HDR);
+    uint64_t *bars = (uint64_t *)(sg_smem + (size_t)NT * p.tile_cols * 4 + SG_HDR + p.xtra);
     unsigned char *ring =
         (unsigned char *)bars + ((GEMV_WARPS * p.slots * 8 + 127) / 128) * 128;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -197,7 +252,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, p.cols, p.units);
 #endif
-    if (fast_norm) {
+    if (IN == CUK_IN_SPLITS) {
+        sg_splits_stage<WT>(xs, in, p.cols, sinv + SG_HDR / 4);
+    } else if (fast_norm) {
         sg_norm_stage<WT>(xs, in.x, nwv, p.cols, in.eps, (double *)(sinv + 4));
     } else {
         if (IN == CUK_IN_RMSNORM)
@@ -339,7 +396,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
         chunk = p->tile_cols;
     int budget = cfg && cfg->smem_bytes > 0 ? cfg->smem_bytes : CUK_STAGE_SMEM;
     int per_block = (p->units + blocks - 1) / blocks;
-    int fixed = NT * p->tile_cols * 4 + SG_HDR;
+    int fixed = NT * p->tile_cols * 4 + SG_HDR + p->xtra;
     /* A slot is one wait and one refill: below 4 KB per slot that costs
      * more than the depth gains (a 0.6B model's LM head, 1,024 columns:
      * 110 us staged against 78 us, bench_gemv on the H200). */
@@ -387,6 +444,9 @@ static cudaError_t launch_staged_in(cudaStream_t st, struct sgp *p, const struct
         return launch_staged<WT, CUK_IN_RMSNORM, false, NT>(st, p, in, cfg);
     if (in->kind == CUK_IN_SWIGLU)
         return launch_staged<WT, CUK_IN_SWIGLU, false, NT>(st, p, in, cfg);
+    if constexpr (NT == 1)
+        if (in->kind == CUK_IN_SPLITS)
+            return launch_staged<WT, CUK_IN_SPLITS, false, 1>(st, p, in, cfg);
     return launch_staged<WT, CUK_IN_X, false, NT>(st, p, in, cfg);
 }
 
@@ -408,9 +468,15 @@ extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
                                        const struct cuk_stage_cfg *cfg)
 {
     if (n < 1 || n > CUK_STAGE_MAX_N || k < 1 || k > 3 || !in || !in->x || in->kind < CUK_IN_X ||
-        in->kind > CUK_IN_SWIGLU ||
+        in->kind > CUK_IN_SPLITS ||
         out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
         (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
+        return cudaErrorInvalidValue;
+    /* the partials of one query, whole heads of 4-float groups */
+    const bool splits = in->kind == CUK_IN_SPLITS;
+    if (splits && (n != 1 || out == CUK_OUT_SWIGLU || !in->nused || in->n_splits < 1 ||
+                   in->n_splits > 64 || in->head_dim < 4 || in->head_dim % 4 ||
+                   ws[0]->cols % in->head_dim))
         return cudaErrorInvalidValue;
     /* as cuk_gemv_fused: the paired output only after the norm */
     if (out == CUK_OUT_SWIGLU && in->kind != CUK_IN_RMSNORM)
@@ -418,7 +484,8 @@ extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
     const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
                       : in->kind == CUK_IN_SWIGLU ? in->x2
                                                   : NULL;
-    if (((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
+    if (((uintptr_t)in->x & 15) ||
+        (in->kind != CUK_IN_X && !splits && (!x2 || ((uintptr_t)x2 & 15))))
         return cudaErrorNotSupported;
     int dt = ws[0]->dtype, cols = ws[0]->cols;
     if ((dt != DT_BF16 && dt != DT_F16) || cols <= 0 || cols % 8)
@@ -426,6 +493,10 @@ extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
     struct sgp p = {};
     p.out = out;
     p.cols = cols;
+    if (splits) { /* each head's split weights and sum: 2 H S + H floats */
+        int heads = cols / in->head_dim;
+        p.xtra = ((2 * heads * in->n_splits + heads) * 4 + 127) / 128 * 128;
+    }
     long long units = 0;
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ((uintptr_t)ws[i]->data & 15))
