@@ -864,8 +864,8 @@ static void check_deferred_merge(void)
                  * run stores the same new K/V. */
                 float *o[3], *x[3], *ho[3], *hx[3];
                 for (int r = 0; r < 3; r++) {
-                    float *dq = dev_alloc_copy(be, kp.q, kp.nq), *dk = dev_alloc_copy(be, kp.k, kp.nk),
-                          *dv = dev_alloc_copy(be, kp.v, kp.nk);
+                    float *dq = dev_alloc_copy(be, kp.q, kp.nq);
+                    float *dk = dev_alloc_copy(be, kp.k, kp.nk), *dv = dev_alloc_copy(be, kp.v, kp.nk);
                     o[r] = dev_alloc_copy(be, sentinel, (size_t)qd);
                     x[r] = dev_alloc_copy(be, resid, OUT);
                     a.o_next = r > 0;

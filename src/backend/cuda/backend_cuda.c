@@ -2651,7 +2651,9 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
     c->gemv_staged = prop.major >= 9 && !env_off("CLLM_CUDA_GEMV_STAGED");
-    c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE") ? 0 : env_on("CLLM_CUDA_DEFER_MERGE") ? 1 : -1;
+    c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
+                     : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
+                                                       : -1;
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
     p = getenv("CLLM_CUDA_GEMM_TC");
