@@ -644,6 +644,15 @@ static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
     return qkn_open_wo(f, hd, kv_bf16, 0, e);
 }
 
+/* The fixture's q/k norm (eps) and a RoPE frequency table for hd
+ * (invf: hd / 2 floats, base 5e5). */
+static struct qk_norm qkn_rope(const struct qkn_fixture *f, int hd, float eps, float *invf)
+{
+    for (int i = 0; i < hd / 2; i++)
+        invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
+    return (struct qk_norm){.q = f->qn.t.data, .k = f->kn.t.data, .eps = eps};
+}
+
 static void qkn_close(struct qkn_fixture *f)
 {
     backend_destroy(f->be);
@@ -751,9 +760,7 @@ static void check_rope_kv_attention(void)
                 }
                 struct backend *be = fx.be;
                 float invf[64];
-                for (int i = 0; i < hd / 2; i++)
-                    invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
-                struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = eps};
+                struct qk_norm norm = qkn_rope(&fx, hd, eps, invf);
                 for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
                     for (int inter = 0; inter < 2; inter++) {
                         int n = cases[ci][0], pos0 = cases[ci][1];
@@ -839,9 +846,7 @@ static void check_deferred_merge(void)
             }
             struct backend *be = fx.be;
             float invf[64];
-            for (int i = 0; i < hd / 2; i++)
-                invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
-            struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = 1e-6f};
+            struct qk_norm norm = qkn_rope(&fx, hd, 1e-6f, invf);
             const struct qk_norm *nm = withnorm ? &norm : NULL;
             float resid[OUT], sentinel[H * 128];
             for (int i = 0; i < OUT; i++)
