@@ -1455,6 +1455,7 @@ static void pend_settle(struct cuda_backend *c)
         return;
     float *out = c->pend.out;
     c->pend.out = NULL;
+    use_device(c); /* some ops call it before their own use_device */
     fail_cuda(c, "attention merge",
               cuk_attention_merge(c->stream, out, c->pend.ws, (const int *)c->dn.p,
                                   c->pend.n_heads, c->pend.n_kv_heads, c->pend.head_dim,
@@ -1633,7 +1634,8 @@ static int attention_run(struct backend *be, float *out, const float *q,
      * the key splits as it stages its input (cu_matmul_fused) */
     int *dn = NULL;
     bool defer = rope && a->o_next && c->gemv_staged && dec && a->n == 1 && splits > 1 &&
-                 (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits)));
+                 (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits))) &&
+                 (c->dn.p || !c->capturing); /* no buffer can be made while recording */
     if (defer && !(dn = dbuf_get(c, &c->dn, sizeof(int), "deferred merge count")))
         return sticky(c, e);
     if (fail_cuda(c, "attention",
