@@ -176,14 +176,17 @@ static __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (
             s[j][e] = ok ? s[j][e] : -INFINITY;
             mx[h] = fmaxf(mx[h], s[j][e]);
         }
-    float corr[2], mnew[2];
+    float corr[2], msub[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        mnew[h] = fmaxf(m[h], mx[h]);
-        corr[h] = mnew[h] == -INFINITY ? 1.0f : exp2f(m[h] - mnew[h]);
-        m[h] = mnew[h];
+        const float mnew = fmaxf(m[h], mx[h]);
+        corr[h] = mnew == -INFINITY ? 1.0f : exp2f(m[h] - mnew);
+        /* a row with no key yet has only -inf scores: exp2(-inf - 0) = 0,
+         * so the test is made once a row, not once a score */
+        msub[h] = mnew == -INFINITY ? 0.0f : mnew;
+        m[h] = mnew;
         l[h] *= corr[h];
     }
 #pragma unroll
@@ -191,7 +194,7 @@ static __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int h = e >> 1;
-            float p = mnew[h] == -INFINITY ? 0.0f : exp2f(s[j][e] - mnew[h]);
+            float p = exp2f(s[j][e] - msub[h]);
             s[j][e] = p;
             l[h] += p;
         }
@@ -248,11 +251,11 @@ static __device__ __forceinline__ void merge_splits(float *out, const float *ws,
     for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
         int r = idx / HD, d = idx % HD;
         size_t qh = qh_of(r);
-        const float *src = ws + qh * n_splits * HD + d;
+        const float *src = ws + qh * n_splits * HD + d, *c = cw + r * n_used;
         float O = 0.0f;
 #pragma unroll 8
-        for (int s2 = 0; s2 < n_used; s2++)
-            O = fmaf(__ldcg(src + (size_t)s2 * HD), cw[r * n_used + s2], O);
+        for (int s2 = 0; s2 < n_used; s2++, src += HD) /* offsets: immediates */
+            O = fmaf(__ldcg(src), c[s2], O);
         float L = cL[r];
         out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
     }
@@ -751,6 +754,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
+        if (h == 1 && rows <= 8) /* rows 8..15 are empty: nothing reads them */
+            break;
         int r = gid + 8 * h;
         float L = quad_sum(l[h]);
         if (tig == 0) {
