@@ -8,8 +8,10 @@
 # Usage: tests/gpu/code_profile.sh BIN_DIR [SHAPE]
 #   SHAPE: a gen_model shape (default qwen3-0.6b); COUNT: kernels profiled
 #   (6: a layer's); SKIP: launches skipped first (600: well into decode);
-#   TOP: source lines per kernel (12). Source lines need a module built
-#   with -lineinfo (cmake -DCMAKE_CUDA_FLAGS=-lineinfo; the same SASS).
+#   TOP: source lines per kernel (12); MODULE: a libcllm_cuda.so (.gz
+#   allowed) to profile instead of BIN_DIR's. Source lines need a module
+#   built with -lineinfo (the same SASS): tests/gpu/pack.sh with LINEINFO=1
+#   carries one, MODULE=.carry/probe/lineinfo.so.gz.
 set -uo pipefail
 BIN=$(cd "${1:?BIN_DIR}" && pwd) SHAPE=${2:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +20,16 @@ mkdir -p "$WORK"
 for t in ncu cuobjdump nvdisasm python3; do
     command -v $t >/dev/null || { echo "code_profile: no $t"; exit 1; }
 done
+if [ -n "${MODULE:-}" ]; then # cllm loads the module next to it
+    [ -f "$MODULE" ] || { echo "code_profile: no module $MODULE"; exit 1; }
+    mkdir -p "$WORK/code_bin"
+    cp "$BIN/cllm" "$BIN/gen_model" "$WORK/code_bin/"
+    case "$MODULE" in
+    *.gz) gunzip -c "$MODULE" > "$WORK/code_bin/libcllm_cuda.so" ;;
+    *) cp "$MODULE" "$WORK/code_bin/libcllm_cuda.so" ;;
+    esac
+    BIN="$WORK/code_bin"
+fi
 f="$WORK/$SHAPE-bf16.gguf"
 [ -f "$f" ] || "$BIN/gen_model" --shape "$SHAPE" --dtype bf16 -o "$f" >/dev/null || exit 1
 rep="$WORK/code_$SHAPE"

@@ -10,7 +10,10 @@
 #   PROBES=1: also builds this tree's two measurement modules (the decode
 #   attention's and the staged GEMV's probes, src/backend/cuda/*_probe.cuh)
 #   into build-probe-dec/ and build-probe-gemv/ and carries them gzipped as
-#   .carry/probe/dec.so.gz and gemv.so.gz.
+#   .carry/probe/dec.so.gz and gemv.so.gz;
+#   LINEINFO=1: also builds this tree's module with -lineinfo (the same SASS,
+#   with source lines) into build-lineinfo/ and carries it as
+#   .carry/probe/lineinfo.so.gz (tests/gpu/code_profile.sh's MODULE).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-cuda} SHARED=${2:-../shared}
@@ -65,5 +68,13 @@ if [ "${PROBES:-0}" = 1 ]; then
         cmake --build "$d" -j"$(nproc)" --target cllm_cuda >/dev/null
         gzip -c "$d/libcllm_cuda.so" > ".carry/probe/${p%%:*}.so.gz"
     done
+fi
+if [ "${LINEINFO:-0}" = 1 ]; then
+    # the same SASS with source lines, for tests/gpu/code_profile.sh
+    # (MODULE=.carry/probe/lineinfo.so.gz)
+    mkdir -p .carry/probe
+    cmake -S . -B build-lineinfo -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS=-lineinfo >/dev/null
+    cmake --build build-lineinfo -j"$(nproc)" --target cllm_cuda >/dev/null
+    gzip -c build-lineinfo/libcllm_cuda.so > .carry/probe/lineinfo.so.gz
 fi
 du -sh .carry
