@@ -275,6 +275,18 @@ static void fail_msg(struct cuda_backend *c, const char *msg)
 
 static void pend_settle(struct cuda_backend *c);
 
+/* The entry of every op that issues work: a merge the decode attention
+ * left to the o projection is completed first (c->pend; cu_matmul_fused,
+ * which may consume it, settles it itself), and the op counter moves on
+ * (see half_x). */
+static struct cuda_backend *op_begin(struct backend *be)
+{
+    struct cuda_backend *c = cb(be);
+    pend_settle(c);
+    c->op_seq++;
+    return c;
+}
+
 static int sticky(struct cuda_backend *c, struct err *e)
 {
     return c->err[0] ? err_set(e, "%s", c->err) : 0;
@@ -458,9 +470,7 @@ static void *cu_alloc(struct backend *be, size_t bytes)
 
 static void cu_free(struct backend *be, void *p)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     for (size_t i = 0; i < c->n_allocs; i++)
         if (c->allocs[i].p == p) {
@@ -540,9 +550,7 @@ static int fetch_ids(struct cuda_backend *c, int *host, const int *dev, int rows
  * back (to pinned memory), instead of the [vocab] f32 logits row. */
 static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     if (sticky(c, e))
         return -1;
@@ -585,9 +593,7 @@ static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
 static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
                           struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     if (sticky(c, e) || ids_reserve(c, rows, e))
         return -1;
@@ -606,9 +612,7 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
 static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
                           const struct sample_params *p, struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     if (sticky(c, e))
         return -1;
@@ -645,9 +649,7 @@ static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows
 
 static void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     if (!fail_cuda(c, "upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream)))
         fail_cuda(c, "synchronize after upload", cudaStreamSynchronize(c->stream));
@@ -931,9 +933,7 @@ static const int *ids_upload(struct cuda_backend *c, const int *ids, int n)
 
 static void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (!c->capturing)
         use_device(c);
     const struct cuk_weight *w = dev_weight(c, t, "embed");
@@ -1255,8 +1255,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
 static int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
                      struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
+    op_begin(be);
     return matmul_x(be, out, x, n, t, false, e);
 }
 
@@ -1265,9 +1264,7 @@ static int cu_matmul(struct backend *be, float *out, const float *x, int n, cons
 static int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
                            const struct tensor *const *ts, int k, struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (c->fuse && n <= c->gemv_max && k >= 1 && k <= 3) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
@@ -1313,8 +1310,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
 static void norm_run(struct backend *be, float *out, float *x, const float *y, const float *w,
                      int n, int dim, float eps)
 {
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     const float *dw = dev_vec(c, w, "rmsnorm");
     if (!dw || c->err[0])
         return;
@@ -1332,22 +1328,18 @@ static void norm_run(struct backend *be, float *out, float *x, const float *y, c
 static void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
                            const float *w, int n, int dim, float eps)
 {
-    pend_settle(cb(be)); /* see c->pend */
     norm_run(be, out, x, y, w, n, dim, eps);
 }
 
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
                        int dim, float eps)
 {
-    pend_settle(cb(be)); /* see c->pend */
     norm_run(be, out, (float *)x, NULL, w, n, dim, eps); /* no y: x is not written */
 }
 
 static void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     const float *db = dev_vec(c, b, "add_bias");
     if (db && !c->err[0])
         fail_cuda(c, "add_bias", cuk_add_bias(c->stream, x, db, n, dim));
@@ -1381,9 +1373,7 @@ static const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int 
 static void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
                     const float *inv_freq, bool interleaved)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (c->err[0])
         return;
     const float *invf = dev_invf(c, inv_freq, head_dim / 2);
@@ -1448,7 +1438,9 @@ static unsigned *att_counters(struct cuda_backend *c, size_t count)
 
 /* Completes a key-split merge the decode attention left to the o
  * projection (c->pend) when another op comes first. Every op that reads
- * or writes device memory calls it before its work. */
+ * or writes device memory calls it before its work: through op_begin, or
+ * itself where the op leaves the op counter alone (download, finish,
+ * load_weights, step_end). */
 static void pend_settle(struct cuda_backend *c)
 {
     if (!c->pend.out)
@@ -1514,9 +1506,7 @@ static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_p
 static void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
                         int layer, const float *k, const float *v, int n, int pos0)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (c->err[0])
         return;
     if (pos0 + n > seq->n_blocks * pool->block_size) {
@@ -1536,9 +1526,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
                              const float *inv_freq, bool interleaved, const struct qk_norm *norm,
                              struct kv_pool *pool, const struct kv_seq *seq, int layer)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (c->err[0])
         return;
     const float *qn = norm ? norm->q : NULL, *kn = norm ? norm->k : NULL;
@@ -1582,9 +1570,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
                          const struct attn_args *a, const struct cuk_dec_rope *rope,
                          struct err *e)
 {
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
-    pend_settle(c); /* before ws is written again */
+    struct cuda_backend *c = op_begin(be); /* settles before ws is written again */
     if (sticky(c, e))
         return -1;
     if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads ||
@@ -1889,9 +1875,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
                                       const struct qk_norm *norm, struct kv_pool *pool,
                                       int layer, const struct attn_args *a, struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (sticky(c, e))
         return -1;
     bool ok = c->fuse && a->head_dim <= 256 && a->head_dim >= 2 && a->n_kv_heads >= 1 &&
@@ -1970,9 +1954,7 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
 
 static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (c->err[0])
         return;
     /* gate of a GEMM-sized chunk: the input of the down projection */
@@ -1984,9 +1966,7 @@ static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
 
 static void cu_add(struct backend *be, float *x, const float *y, size_t n)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     if (!c->err[0])
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
 }
@@ -2225,9 +2205,7 @@ static int batch_step_begin(struct cuda_backend *c, const struct backend_step *s
 
 static int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e)
 {
-    pend_settle(cb(be)); /* see c->pend */
-    cb(be)->op_seq++; /* see half_x */
-    struct cuda_backend *c = cb(be);
+    struct cuda_backend *c = op_begin(be);
     use_device(c);
     if (sticky(c, e))
         return -1;
