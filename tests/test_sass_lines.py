@@ -8,23 +8,15 @@ code is in no section, a section of the same length but other opcodes,
 and a build without line info."""
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pychecks  # noqa: E402
+from pychecks import check  # noqa: E402
+
 TOOL = os.path.join(HERE, "..", "bench", "sass_lines.py")
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what}")
-
 
 HDR = ('"Address","Source","Warp Stall Sampling (All Samples)",'
        '"Instructions Executed","stall_no_inst"')
@@ -71,9 +63,7 @@ open(bare_path, "w").write(re.sub(r".*//## File.*\n", "", SASS))
 
 
 def run(*args):
-    r = subprocess.run([sys.executable, TOOL, csv_path, *args], capture_output=True, text=True)
-    check(r.returncode == 0, f"sass_lines.py {' '.join(args)} exits 0: {r.stderr}")
-    return r.stdout
+    return pychecks.run(TOOL, csv_path, *args)
 
 
 out = run()
@@ -98,5 +88,4 @@ check("no section of --sass has this kernel's instructions" in out.split("k_b")[
 out = run("--sass", bare_path)
 check("no line info: build with -lineinfo" in out, "a build without line info says so")
 
-print(f"test_sass_lines: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+pychecks.done("test_sass_lines")

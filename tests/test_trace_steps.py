@@ -6,25 +6,18 @@ overlaps: the advances, the span, kernels hidden under others, eager
 kernels between steps, and a second graph picked with --graph."""
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pychecks  # noqa: E402
+from pychecks import check  # noqa: E402
+
 TOOL = os.path.join(HERE, "..", "bench", "trace_steps.py")
 GEMV = "_Z13k_gemv_stagedILi0EEv4sgpi"
 ATT = "_Z15k_attention_decILi128EEvPfPKf"
 
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what}")
 
 
 def step(t0, graph, kernels):
@@ -49,9 +42,7 @@ with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
 
 
 def run(*args):
-    r = subprocess.run([sys.executable, TOOL, path, *args], capture_output=True, text=True)
-    check(r.returncode == 0, f"trace_steps.py {' '.join(args)} exits 0: {r.stderr}")
-    return r.stdout
+    return pychecks.run(TOOL, path, *args)
 
 
 def row(out, name):
@@ -77,5 +68,4 @@ check("1 steps, 1 shapes" in out and "mean span 30.0 us" in out, "--graph 9 take
 check(row(out, "k_attention_dec<128..>") == (1, 29.5, 29.0), "and only its kernels")
 
 os.unlink(path)
-print(f"test_trace_steps: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+pychecks.done("test_trace_steps")
