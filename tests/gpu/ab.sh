@@ -21,6 +21,7 @@ BIN=${1:?BIN_DIR}
 shift
 [ $# -ge 1 ] || { echo "usage: $0 BIN_DIR NAME=SPEC ..." >&2; exit 2; }
 WORK=${WORK:-/tmp/cllm-gpu}
+. "$(dirname "$0")/lib.sh" # gpu_model
 SHAPES=${SHAPES:-llama3-8b qwen3-0.6b} ROUNDS=${ROUNDS:-2} ARGS=${ARGS:--p 512 -n 64}
 mkdir -p "$WORK/ab"
 names=() envs=() dirs=()
@@ -45,8 +46,7 @@ for v in "$@"; do
 done
 declare -A sum cnt
 for shape in $SHAPES; do
-    f="$WORK/$shape-bf16.gguf"
-    [ -f "$f" ] || "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" >/dev/null || exit 1
+    f=$(gpu_model "$shape") || exit 1
     for ((r = 0; r < ROUNDS; r++)); do
         for i in "${!names[@]}"; do
             # shellcheck disable=SC2086

@@ -12,9 +12,9 @@
 set -uo pipefail
 BIN=${1:?BIN_DIR} SHAPE=${2:-qwen3-0.6b}
 WORK=${WORK:-/tmp/cllm-gpu} OUT=${OUT:-$WORK}
+. "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK" "$OUT"
-f="$WORK/$SHAPE-bf16.gguf"
-[ -f "$f" ] || "$BIN/gen_model" --shape "$SHAPE" --dtype bf16 -o "$f" >/dev/null || exit 1
+f=$(gpu_model "$SHAPE") || exit 1
 command -v ncu >/dev/null || { echo "no ncu"; exit 1; }
 rep="$OUT/attention_$SHAPE"
 # a decode launch well into the run (prefill uses other kernels)

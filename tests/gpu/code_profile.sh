@@ -16,6 +16,7 @@ set -uo pipefail
 BIN=$(cd "${1:?BIN_DIR}" && pwd) SHAPE=${2:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/cllm-gpu}
+. "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK"
 for t in ncu cuobjdump nvdisasm python3; do
     command -v $t >/dev/null || { echo "code_profile: no $t"; exit 1; }
@@ -30,8 +31,7 @@ if [ -n "${MODULE:-}" ]; then # cllm loads the module next to it
     esac
     BIN="$WORK/code_bin"
 fi
-f="$WORK/$SHAPE-bf16.gguf"
-[ -f "$f" ] || "$BIN/gen_model" --shape "$SHAPE" --dtype bf16 -o "$f" >/dev/null || exit 1
+f=$(gpu_model "$SHAPE") || exit 1
 rep="$WORK/code_$SHAPE"
 ncu --clock-control none --kernel-name regex:"k_attention_dec|k_gemv" --launch-skip "${SKIP:-600}" \
     --launch-count "${COUNT:-6}" --section SourceCounters --section WarpStateStats -f -o "$rep" \

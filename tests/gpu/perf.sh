@@ -17,6 +17,7 @@
 set -uo pipefail
 BIN=${1:?BIN_DIR} SHAPES=${2:-qwen3-0.6b llama3-8b}
 WORK=${WORK:-/tmp/cllm-gpu} OUT=${OUT:-$WORK}
+. "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 
@@ -32,8 +33,7 @@ for b in bench_gemm_tc bench_persist; do
 done
 
 for shape in $SHAPES; do
-    f="$WORK/$shape-bf16.gguf"
-    [ -f "$f" ] || timeout 300 "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" >/dev/null || { echo "gen_model $shape failed"; continue; }
+    f=$(gpu_model "$shape") || { echo "gen_model $shape failed"; continue; }
     echo "== cllm bench $shape"
     timeout 400 "$BIN/cllm" bench "$f" --device cuda -p 512 -n 128 --batch "${BATCH:-1,8,32,64}" 2>&1 | grep -v "loading weights"
     if [ "${NCU:-0}" = 1 ] && [ "$shape" = llama3-8b ] && command -v ncu >/dev/null; then

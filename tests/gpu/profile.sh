@@ -10,11 +10,11 @@
 set -uo pipefail
 BIN=${1:?BIN_DIR} SHAPES=${2:-qwen3-0.6b}
 WORK=${WORK:-/tmp/cllm-gpu} OUT=${OUT:-$WORK}
+. "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK" "$OUT"
 ids512=$(seq -s, 1000 1511)
 for shape in $SHAPES; do
-    f="$WORK/$shape-bf16.gguf"
-    [ -f "$f" ] || timeout 240 "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" >/dev/null || continue
+    f=$(GEN_TIMEOUT=240 gpu_model "$shape") || continue
     for v in "1 1" "1 0" "0 1"; do
         set -- $v; cd=$1 fuse=$2
         echo "== $shape compiled_decode=$cd fuse=$fuse"

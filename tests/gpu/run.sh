@@ -19,6 +19,7 @@ set -uo pipefail
 BIN=${1:?BIN_DIR} SHARED=${2:?SHARED_DIR} SHAPES=${3:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/cllm-gpu}
+. "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK"
 export CLLM_FIXTURES_DIR="$ROOT/tests/fixtures" CLLM_SHARED_DIR="$SHARED"
 fails=0 summary=""
@@ -57,8 +58,7 @@ fi
 
 ids512=$(seq -s, 1000 1511)
 for shape in $SHAPES; do
-    f="$WORK/$shape-bf16.gguf"
-    [ -f "$f" ] || timeout 240 "$BIN/gen_model" --shape "$shape" --dtype bf16 -o "$f" || { note "bench $shape: gen_model failed"; continue; }
+    f=$(GEN_TIMEOUT=240 gpu_model "$shape") || { note "bench $shape: gen_model failed"; continue; }
     for mode in graphs eager; do
         [ "$mode" = eager ] && [ "${EAGER:-1}" = 0 ] && continue
         cd_env=$([ "$mode" = eager ] && echo 0 || echo 1)
