@@ -235,18 +235,8 @@ static __device__ __forceinline__ void merge_splits(float *out, const float *ws,
         cl[i] = __ldcg(wl + pr);
     }
     __syncthreads();
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        float M = -INFINITY, L = 0.0f;
-        for (int s2 = 0; s2 < n_used; s2++)
-            M = fmaxf(M, cw[r * n_used + s2]);
-        for (int s2 = 0; s2 < n_used; s2++) {
-            float ms = cw[r * n_used + s2]; /* a split that saw no key of this row: weight 0 */
-            float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
-            cw[r * n_used + s2] = c;
-            L = fmaf(cl[r * n_used + s2], c, L); /* CUK_IN_SPLITS: the same order and FMAs */
-        }
-        cL[r] = L;
-    }
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        cL[r] = cuk_split_weights(cw + r * n_used, cl + r * n_used, n_used);
     __syncthreads();
     for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
         int r = idx / HD, d = idx % HD;
@@ -511,15 +501,15 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
 /* The block's work for one sequence: g.n queries at positions g.pos0..;
  * out and q point at its first row; ws (n_splits > 1) holds its partials
  * laid out as cuk_attention's workspace for g.n queries and n_splits
- * splits (m and l in base 2), cnt is its counter for this KV head. rp:
+ * splits (m and l in base 2), cnt is its counter for this KV head. RP:
  * the block does the RoPE + K/V store too, from rope (read only then; a
  * reference to the kernel parameter, not a pointer: a pointer to it put
  * the struct in local memory).
  *
  * It waits for the previous kernel itself (cuk_pdl_start), after starting
  * what does not depend on it: the first key tile's loads when that tile
- * holds only keys of earlier steps (with rp always: the new keys come from
- * shared memory), and with rp the RoPE cosines and sines of the first
+ * holds only keys of earlier steps (with RP always: the new keys come from
+ * shared memory), and with RP the RoPE cosines and sines of the first
  * position. Those keys, the block table and *dpos were written before the
  * previous kernel began (this kernel is launched only once every block of
  * that one has waited for its own predecessor), so they are visible. */
@@ -530,7 +520,6 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                                                  int n_splits, float *ws, unsigned *cnt,
                                                  const struct cuk_dec_rope &rope, int *dnused)
 {
-    constexpr bool rp = RP;
     constexpr int NCH = HD / 8, TILE = AM_KEYS * HD * 2, QK = HD / 16, DT = HD / 8;
     extern __shared__ float4 am_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
@@ -552,10 +541,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     if (sp >= n_used)
         return; /* reads and writes nothing: no need to wait */
 
-    auto load_tile = [&](int t0, int b) { /* rp: the new keys come from nks/nvs */
-        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, rp ? g.pos0 : k_end);
+    auto load_tile = [&](int t0, int b) { /* RP: the new keys come from nks/nvs */
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, RP ? g.pos0 : k_end);
     };
-    const bool early = tb < te && (rp || k_lo + (tb + 1) * AM_KEYS <= g.pos0);
+    const bool early = tb < te && (RP || k_lo + (tb + 1) * AM_KEYS <= g.pos0);
     if (early)
         load_tile(k_lo + tb * AM_KEYS, 0);
     /* With RP the query rows' A fragments come from shared memory (qh, ql:
@@ -573,7 +562,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     /* the first position's rotation, lane's frequencies f = lane + 32 i */
     constexpr int NF = HD / 64;
     float cs0[NF], sn0[NF];
-    if (rp)
+    if (RP)
 #pragma unroll
         for (int i = 0; i < NF; i++) {
             float ang = cuk_rope_angle(g.pos0, rope.inv_freq[lane + 32 * i]);
@@ -581,9 +570,9 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             sn0[i] = sinf(ang);
         }
     cuk_pdl_start();
-    PROBE(rp, 1);
+    PROBE(RP, 1);
 
-    /* With rp the block first does what RoPE + K/V store would have done
+    /* With RP the block first does what RoPE + K/V store would have done
      * for its KV head (the same arithmetic, so the same bits): its query
      * rows, normed and rotated, into qh / ql; the new positions' k (normed,
      * rotated) and v, rounded to bf16 as the cache keeps them, into nks /
@@ -601,7 +590,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         *(__nv_bfloat16 *)(smem_c + (ql_s - sbase) + off) =
             __float2bfloat16_rn(__fsub_rn(a, __bfloat162float(h)));
     };
-    if (rp) {
+    if (RP) {
         for (int item = warp; item < rows + g.n; item += AM_WARPS) {
             bool isk = item >= rows;
             int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r), pos = g.pos0 + qi;
@@ -635,7 +624,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
         __syncthreads();
     }
-    PROBE(rp, 2);
+    PROBE(RP, 2);
 
     int pos[2], start[2];
     uint32_t qhi[QK][4], qlo[QK][4];
@@ -671,7 +660,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
 
     const size_t head_off = (size_t)kvh * HD;
-    if (rp && te == n_tiles) /* the last tile's block keeps the cache */
+    if (RP && te == n_tiles) /* the last tile's block keeps the cache */
         for (int idx = threadIdx.x; idx < g.n * NCH; idx += blockDim.x) {
             int r = idx / NCH, c = idx % NCH;
             size_t off = cuk_kv_offset(&g, table, g.pos0 + r) + head_off + (size_t)c * 8;
@@ -694,7 +683,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (rp) { /* the new positions of this tile, from nks / nvs */
+        if (RP) { /* the new positions of this tile, from nks / nvs */
             int lo = max(t0, g.pos0), hi = min(t0 + AM_KEYS, k_end);
             if (lo < hi) { /* the same in every thread */
                 for (int idx = threadIdx.x; idx < (hi - lo) * NCH; idx += blockDim.x) {
@@ -745,7 +734,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         __syncthreads();
     }
 
-    PROBE(rp, 3);
+    PROBE(RP, 3);
     /* merge the warps (their key quarters) through shared memory, which
      * the tiles no longer use */
     float *so = (float *)am_smem;              /* [warp][16][HD] */
@@ -796,7 +785,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             }
         }
     }
-    PROBE(rp, 4);
+    PROBE(RP, 4);
     if (dnused) { /* the next kernel merges: all it needs besides ws */
         if (kvh == 0 && sp == 0 && threadIdx.x == 0)
             *dnused = n_used;
@@ -804,7 +793,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     }
     if (n_used > 1) /* the last split of this (sequence, KV head) merges them all */
         split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, 0, G, kvh, g.n_heads, cnt, so,
-                        rp);
+                        RP);
 }
 
 template <int HD, bool RP>
@@ -880,32 +869,34 @@ static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64
 static_assert((2 * 16 * 64 + 16) * 4 <= 4 * AM_KEYS * 64 * 2,
               "the decode split merge fits in the tiles' shared memory");
 
-template <int HD>
+template <int HD, bool RP>
 static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
                               const int *table, const struct cuk_attn *g, const int *dpos,
                               int n_splits, float *ws, unsigned *cnt,
-                              const struct cuk_dec_rope *rope, int *dnused)
+                              const struct cuk_dec_rope &rope, int *dnused)
 {
     /* with all unified memory as shared memory, the next GEMV's staged
      * block (gemv_staged.cu) fits beside this kernel's */
-    static struct cuk_opted opted_rp, opted;
-    const dim3 grid((unsigned)g->n_kv_heads, (unsigned)n_splits);
-    if (rope) {
-        cudaError_t err =
-            cuk_smem_opt_in(k_attention_dec<HD, true>, dec_smem<HD>(true), &opted_rp, true);
-        if (err != cudaSuccess)
-            return err;
-        return cuk_launch(k_attention_dec<HD, true>, grid, AM_WARPS * 32, dec_smem<HD>(true), s,
-                          out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws,
-                          cnt, *rope, dnused);
-    }
-    cudaError_t err =
-        cuk_smem_opt_in(k_attention_dec<HD, false>, dec_smem<HD>(false), &opted, true);
+    static struct cuk_opted opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD, RP>, dec_smem<HD>(RP), &opted, true);
     if (err != cudaSuccess)
         return err;
-    return cuk_launch(k_attention_dec<HD, false>, grid, AM_WARPS * 32, dec_smem<HD>(false), s,
-                      out, q, (uint16_t *)kc, (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
-                      (struct cuk_dec_rope){}, (int *)nullptr);
+    return cuk_launch(k_attention_dec<HD, RP>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
+                      AM_WARPS * 32, dec_smem<HD>(RP), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
+                      table, *g, dpos, n_splits, ws, cnt, rope, dnused);
+}
+
+template <int HD>
+static cudaError_t launch_dec_hd(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
+                                 const int *table, const struct cuk_attn *g, const int *dpos,
+                                 int n_splits, float *ws, unsigned *cnt,
+                                 const struct cuk_dec_rope *rope, int *dnused)
+{
+    if (rope)
+        return launch_dec<HD, true>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, *rope,
+                                    dnused);
+    return launch_dec<HD, false>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt,
+                                 cuk_dec_rope{}, nullptr);
 }
 
 extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float *q, void *kc,
@@ -919,8 +910,9 @@ extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float
         (dnused && (!rope || g->n != 1 || n_splits < 2)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
-        return launch_dec<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope, dnused);
-    return launch_dec<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope, dnused);
+        return launch_dec_hd<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope,
+                                 dnused);
+    return launch_dec_hd<128>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope, dnused);
 }
 
 /* One block per KV head: its G rows of one query. */

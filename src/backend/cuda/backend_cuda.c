@@ -754,12 +754,13 @@ static int upload_tensor(struct cuda_backend *c, const struct tensor *t, struct 
         w->w.data = w->mem;
         w->w.scales = w->mem2;
     } else {
-        void *dst = place;
-        if ((!dst && (err = cudaMalloc(&w->mem, bytes)) != cudaSuccess) ||
-            (err = cudaMemcpyAsync(dst ? dst : w->mem, t->data, bytes, cudaMemcpyHostToDevice,
-                                   c->stream)) != cudaSuccess)
+        if (!place && (err = cudaMalloc(&w->mem, bytes)) != cudaSuccess)
             goto cuda_fail;
-        w->w.data = dst ? dst : w->mem;
+        void *dst = place ? place : w->mem;
+        if ((err = cudaMemcpyAsync(dst, t->data, bytes, cudaMemcpyHostToDevice, c->stream)) !=
+            cudaSuccess)
+            goto cuda_fail;
+        w->w.data = dst;
     }
     c->weight_bytes += tensor_dev_bytes(t);
     return 0;

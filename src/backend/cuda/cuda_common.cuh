@@ -152,6 +152,24 @@ static __device__ __forceinline__ void cuk_norm_rope(const float *x, const float
     cuk_rope_rot(x0, x1, cs, sn, ra, rb);
 }
 
+/* The key-split merge's weights for one row (merge_splits in
+ * attention_mma.cu and the staged GEMV's CUK_IN_SPLITS, which must give
+ * the same bits): m[s] (base-2 maxima) become c[s] = 2^(m[s] - max m), 0
+ * for a split that saw no key of the row; returns the sum of l[s] c[s] in
+ * split order. */
+static __device__ __forceinline__ float cuk_split_weights(float *m, const float *l, int n)
+{
+    float M = -INFINITY, L = 0.0f;
+    for (int s = 0; s < n; s++)
+        M = fmaxf(M, m[s]);
+    for (int s = 0; s < n; s++) {
+        const float ms = m[s], c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+        m[s] = c;
+        L = fmaf(l[s], c, L);
+    }
+    return L;
+}
+
 /* Whether the calling block is the last of n to get here on the counter
  * *cnt (split-K attention: the last split merges them all); the last one
  * re-arms *cnt for the next call, and every block's writes before the call

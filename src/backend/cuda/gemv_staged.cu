@@ -142,11 +142,11 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
 
 /* The attention output of one query that cuk_attention_merge would write,
  * staged as x: its arithmetic (merge_splits in attention_mma.cu: each
- * head's split weights c = 2^(m - max m) and sum L = sum of l c in split
- * order, then each element sum of o c in split order, over L), so the
- * same bits. in.x: the partials (cuk_attention's workspace for one query
- * and in.n_splits splits), *in.nused of them with keys; cwl: shared memory
- * of 2 heads x n_splits + heads floats. Ends in a barrier. */
+ * head's split weights by cuk_split_weights, then each element the sum of
+ * o c in split order, over L), so the same bits. in.x: the partials
+ * (cuk_attention's workspace for one query and in.n_splits splits),
+ * *in.nused of them with keys; cwl: shared memory of 2 heads x n_splits +
+ * heads floats. Ends in a barrier. */
 template <int WT>
 static __device__ __forceinline__ void sg_splits_stage(float4 *xs, const struct cuk_gemv_in &in,
                                                        int cols, float *cwl)
@@ -161,18 +161,8 @@ static __device__ __forceinline__ void sg_splits_stage(float4 *xs, const struct 
         cl[i] = __ldcg(wl + h * S + sp);
     }
     __syncthreads();
-    for (int h = threadIdx.x; h < H; h += GEMV_THREADS) {
-        float M = -INFINITY, L = 0.0f;
-        for (int sp = 0; sp < nu; sp++)
-            M = fmaxf(M, cw[h * nu + sp]);
-        for (int sp = 0; sp < nu; sp++) {
-            const float ms = cw[h * nu + sp];
-            const float c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
-            cw[h * nu + sp] = c;
-            L = fmaf(cl[h * nu + sp], c, L);
-        }
-        cL[h] = L;
-    }
+    for (int h = threadIdx.x; h < H; h += GEMV_THREADS)
+        cL[h] = cuk_split_weights(cw + h * nu, cl + h * nu, nu);
     __syncthreads();
     for (int f = threadIdx.x; f < cols / 4; f += GEMV_THREADS) {
         const int h = 4 * f / hd, d = 4 * f - h * hd;
