@@ -118,9 +118,10 @@ static __device__ __forceinline__ void fill(cursor &c, unsigned consumed, int p1
         unsigned char *dst = ring + (size_t)s * slot_bytes;
         size_t off = ((size_t)u * ph.cols + c0) * 2;
         cuk_mbar_expect(bar + s, ph.w1 ? 2 * bytes : bytes);
-        cuk_bulk_copy(dst, ph.w0 + off, bytes, bar + s, cuk_l2_evict_first());
+        const uint64_t pol = cuk_l2_evict_first();
+        cuk_bulk_copy(dst, ph.w0 + off, bytes, bar + s, pol);
         if (ph.w1)
-            cuk_bulk_copy(dst + (size_t)ph.chunk * 2, ph.w1 + off, bytes, bar + s, cuk_l2_evict_first());
+            cuk_bulk_copy(dst + (size_t)ph.chunk * 2, ph.w1 + off, bytes, bar + s, pol);
         c.issued++;
         step(c.c);
     }

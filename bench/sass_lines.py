@@ -13,9 +13,10 @@ executed before and after the wait, the instructions a warp executed after
 it, and the share of stall samples waiting for an instruction fetch. With
 --sass, `nvdisasm -g` of the same module's cubins (a -lineinfo build for
 source lines), each kernel is found there by its opcodes and the source
-lines with the most distinct post-wait instructions are listed.
+lines with the most distinct post-wait instructions are listed. With
+--stalls N, the N instructions where warps were sampled stalled most.
 
-Usage: sass_lines.py SRC_CSV [--sass NVDISASM_TXT] [--top N]
+Usage: sass_lines.py SRC_CSV [--sass NVDISASM_TXT] [--top N] [--stalls N]
 (tests/gpu/code_profile.sh runs it on the GPU machine.)"""
 import argparse
 import collections
@@ -106,6 +107,7 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--sass")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--stalls", type=int, default=0)
     a = ap.parse_args()
     secs = sass_sections(a.sass) if a.sass else {}
     for name, rows in ncu_kernels(a.csv):
@@ -119,6 +121,9 @@ def main():
               f"a warp ran {sum(r[2] for r in post) / warps:.0f} after the wait; "
               f"stall samples after it {samples:.0f}, instruction fetch "
               f"{100 * sum(r[4] for r in post) / samples if samples else 0:.0f}%")
+        total = sum(r[3] for r in rows) or 1.0
+        for r in sorted(rows, key=lambda r: -r[3])[: a.stalls]:
+            print(f"  {r[3]:7.0f} {100 * r[3] / total:5.1f}%  {r[0] - rows[0][0]:6x}  {r[1][:90]}")
         if not secs:
             continue
         sec = match(rows, secs)

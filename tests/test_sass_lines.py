@@ -5,7 +5,7 @@ nvdisasm -g text, finds the kernel's section by its opcodes and ranks the
 source lines of what ran after the wait. Synthetic inputs with known
 answers: a kernel (printed once though ncu listed it twice), one whose
 code is in no section, a section of the same length but other opcodes,
-and a build without line info."""
+a build without line info, and the most stalled instructions."""
 import os
 import re
 import sys
@@ -84,6 +84,13 @@ check(re.search(r"^\s+1\s+common\.cuh:20$", a_part, re.M) is not None,
 check("a.cu:10" not in a_part, "lines before the wait are not listed")
 check("no section of --sass has this kernel's instructions" in out.split("k_b")[1],
       "k_b's opcodes (IMAD) are in no section of the same length")
+
+out = run("--stalls", "2")
+a_part = out.split("k_b")[0]
+check(re.search(r"^\s+10\s+38\.5%\s+20\s+ACQBULK$", a_part, re.M) is not None and
+      re.search(r"^\s+6\s+23\.1%\s+30\s+FFMA", a_part, re.M) is not None and
+      "LDC" not in a_part.split("SASS 6")[1],
+      "--stalls 2: the two most sampled instructions, their share of 26 samples, their offsets")
 
 out = run("--sass", bare_path)
 check("no line info: build with -lineinfo" in out, "a build without line info says so")

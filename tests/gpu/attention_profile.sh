@@ -11,6 +11,7 @@
 #   report and the csv (default $WORK); TOP: instructions listed (30).
 set -uo pipefail
 BIN=${1:?BIN_DIR} SHAPE=${2:-qwen3-0.6b}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/cllm-gpu} OUT=${OUT:-$WORK}
 . "$(dirname "$0")/lib.sh" # gpu_model
 mkdir -p "$WORK" "$OUT"
@@ -25,23 +26,5 @@ ncu --clock-control none --kernel-name regex:k_attention_dec --launch-skip 200 -
 ncu -i "$rep.ncu-rep" --page details --section SpeedOfLight --section WarpStateStats \
     --section Occupancy 2>&1 | grep -v "^==PROF==" | sed -n '1,80p'
 ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>/dev/null
-python3 - "$rep.sass.csv" "${TOP:-30}" <<'PY'
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-hdr_i = next((i for i, r in enumerate(rows) if any("Warp Stall Sampling" in c for c in r)), None)
-if hdr_i is None:
-    sys.exit("no warp stall sampling column in " + sys.argv[1])
-hdr, body = rows[hdr_i], rows[hdr_i + 1:]
-col = next(i for i, c in enumerate(hdr) if c.startswith("Warp Stall Sampling (All"))
-src = next((i for i, c in enumerate(hdr) if c == "Source"), 1)
-addr = next((i for i, c in enumerate(hdr) if c == "Address"), 0)
-def num(s):
-    try:
-        return float(s.replace(",", ""))
-    except ValueError:
-        return 0.0
-tot = sum(num(r[col]) for r in body if len(r) > col) or 1.0
-print(f"\n{len(body)} SASS instructions, {tot:.0f} warp stall samples; the top {sys.argv[2]}:")
-for r in sorted((r for r in body if len(r) > col), key=lambda r: -num(r[col]))[: int(sys.argv[2])]:
-    print(f"{num(r[col]):7.0f} {100 * num(r[col]) / tot:5.1f}%  {r[addr]:>8}  {r[src][:90]}")
-PY
+# the instructions where warps wait most (and the kernel's code counts)
+python3 "$ROOT/bench/sass_lines.py" "$rep.sass.csv" --stalls "${TOP:-30}"

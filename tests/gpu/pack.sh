@@ -60,21 +60,20 @@ for v in ${AB:-}; do
     mkdir -p .carry/ab
     gzip -c "${v#*=}" > ".carry/ab/${v%%=*}.so.gz"
 done
+# carry_module NAME DIR CUDA_FLAGS [C_FLAGS]: this tree's module built in
+# DIR with those flags, carried gzipped as .carry/probe/NAME.so.gz
+carry_module() {
+    mkdir -p .carry/probe
+    cmake -S . -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS="$3" -DCMAKE_C_FLAGS="${4:-}" >/dev/null
+    cmake --build "$2" -j"$(nproc)" --target cllm_cuda >/dev/null
+    gzip -c "$2/libcllm_cuda.so" > ".carry/probe/$1.so.gz"
+}
 if [ "${PROBES:-0}" = 1 ]; then
-    mkdir -p .carry/probe
-    for p in dec:CUK_DEC_PROBE gemv:CUK_GEMV_PROBE; do
-        d=build-probe-${p%%:*} def=-D${p#*:}
-        cmake -S . -B "$d" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS="$def" -DCMAKE_C_FLAGS="$def" >/dev/null
-        cmake --build "$d" -j"$(nproc)" --target cllm_cuda >/dev/null
-        gzip -c "$d/libcllm_cuda.so" > ".carry/probe/${p%%:*}.so.gz"
-    done
+    carry_module dec build-probe-dec -DCUK_DEC_PROBE -DCUK_DEC_PROBE
+    carry_module gemv build-probe-gemv -DCUK_GEMV_PROBE -DCUK_GEMV_PROBE
 fi
-if [ "${LINEINFO:-0}" = 1 ]; then
-    # the same SASS with source lines, for tests/gpu/code_profile.sh
-    # (MODULE=.carry/probe/lineinfo.so.gz)
-    mkdir -p .carry/probe
-    cmake -S . -B build-lineinfo -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS=-lineinfo >/dev/null
-    cmake --build build-lineinfo -j"$(nproc)" --target cllm_cuda >/dev/null
-    gzip -c build-lineinfo/libcllm_cuda.so > .carry/probe/lineinfo.so.gz
+if [ "${LINEINFO:-0}" = 1 ]; then # the same SASS with source lines, for
+    # tests/gpu/code_profile.sh (MODULE=.carry/probe/lineinfo.so.gz)
+    carry_module lineinfo build-lineinfo -lineinfo
 fi
 du -sh .carry
