@@ -510,7 +510,7 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
  * what does not depend on it: the first key tile's loads when that tile
  * holds only keys of earlier steps (with RP always: the new keys come from
  * shared memory), and with RP the RoPE cosines and sines of the first
- * position. Those keys, the block table and *dpos were written before the
+ * position and, in the block of the last tile, the new keys' cache slots. Those keys, the block table and *dpos were written before the
  * previous kernel began (this kernel is launched only once every block of
  * that one has waited for its own predecessor), so they are visible. */
 template <int HD, bool RP>
@@ -569,6 +569,17 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             cs0[i] = cosf(ang);
             sn0[i] = sinf(ang);
         }
+    /* The last tile's block writes the new keys and values to the cache
+     * (below): where, worked out before the wait, so that its table read
+     * is not a dependent access after it. That block was the last to have
+     * its first tile ready (probe build, 8B: 5.6 -> 3.2 us after the
+     * release, docs/benchmarks.md twelfth pass). */
+    constexpr int NCH0 = HD / 8;
+    const bool keeper = RP && te == n_tiles;
+    size_t new_off = 0;
+    if (keeper && (int)threadIdx.x < g.n * NCH0)
+        new_off = cuk_kv_offset(&g, table, g.pos0 + (int)threadIdx.x / NCH0) + (size_t)kvh * HD +
+                  (size_t)(threadIdx.x % NCH0) * 8;
     cuk_pdl_start();
     PROBE(RP, 1);
 
@@ -660,10 +671,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
 
     const size_t head_off = (size_t)kvh * HD;
-    if (RP && te == n_tiles) /* the last tile's block keeps the cache */
+    if (keeper) /* the last tile's block keeps the cache */
         for (int idx = threadIdx.x; idx < g.n * NCH; idx += blockDim.x) {
             int r = idx / NCH, c = idx % NCH;
-            size_t off = cuk_kv_offset(&g, table, g.pos0 + r) + head_off + (size_t)c * 8;
+            size_t off = idx == (int)threadIdx.x
+                             ? new_off
+                             : cuk_kv_offset(&g, table, g.pos0 + r) + head_off + (size_t)c * 8;
             *(uint4 *)(kc + off) = *(const uint4 *)(nks + r * HD + c * 8);
             *(uint4 *)(vc + off) = *(const uint4 *)(nvs + r * HD + c * 8);
         }
@@ -683,6 +696,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (it == tb)
+            PROBE(RP, 7); /* the first tile's keys are in shared memory */
         if (RP) { /* the new positions of this tile, from nks / nvs */
             int lo = max(t0, g.pos0), hi = min(t0 + AM_KEYS, k_end);
             if (lo < hi) { /* the same in every thread */

@@ -5,14 +5,15 @@
  * since its release from the PDL wait; cuk_dec_probe_report prints the
  * means when the backend is destroyed. A stamp costs a block barrier and
  * fire-and-forget reductions, no load. Without the define every marker is
- * empty. Usage and readings: docs/benchmarks.md, "ninth pass". */
+ * empty. Usage and readings: docs/benchmarks.md, "ninth pass" (and the
+ * twelfth for the "first tile in" stage). */
 #pragma once
 
 #ifdef CUK_DEC_PROBE
 #include "backend/cuda/probe_common.cuh"
 
 #define PROBE_L 4096 /* launches kept (a ring) */
-#define PROBE_S 7
+#define PROBE_S 8
 __device__ unsigned long long cuk_probe_min[PROBE_L][PROBE_S], cuk_probe_max[PROBE_L][PROBE_S];
 __device__ unsigned long long cuk_probe_dt[PROBE_L][PROBE_S], cuk_probe_dc[PROBE_L][PROBE_S];
 __device__ unsigned cuk_probe_seq, cuk_probe_done;
@@ -90,8 +91,9 @@ extern "C" void cuk_dec_probe_report(int skip)
             ks[st]++;
         }
     }
-    static const char *nm[PROBE_S] = {"entry", "after wait", "after rope",  "after tiles",
-                                      "partial written", "merged", "exit"};
+    static const char *nm[PROBE_S] = {"entry",  "after wait", "after rope",
+                                      "after tiles", "partial written", "merged",
+                                      "exit", "first tile in"};
     fprintf(stderr, "dec probe: %u launches; us from the first block's release; a block's "
                     "longest time since its release, us and SM cycles\n", seq);
     for (int st = 0; st < PROBE_S; st++) {
@@ -103,7 +105,7 @@ extern "C" void cuk_dec_probe_report(int skip)
 }
 
 #define PROBE(on, st) do { if (on) probe(st); } while (0)
-#define PROBE_END(on) do { if (on) { probe(PROBE_S - 1); probe_end(); } } while (0)
+#define PROBE_END(on) do { if (on) { probe(6); probe_end(); } } while (0)
 #else
 #define PROBE(on, st) do { (void)(on); } while (0)
 #define PROBE_END(on) do { (void)(on); } while (0)
