@@ -294,6 +294,15 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     } else if (n_seg == 1) {
         if (!segs[0].logits)
             return 0;
+        if (op->matmul_fused) { /* the norm in the head's launch where that pays */
+            struct matmul_in in = {.kind = MATMUL_IN_RMSNORM,
+                                   .x = fs->x + (size_t)(n - 1) * c->dim,
+                                   .norm = m->out_norm.data,
+                                   .eps = c->norm_eps};
+            const struct tensor *head = &m->lm_head;
+            float *outs[] = {fs->logits};
+            return op->matmul_fused(fs->be, outs, &in, 1, &head, 1, MATMUL_OUT_STORE, e) ? -1 : 1;
+        }
         op->rmsnorm(fs->be, fs->xb, fs->x + (size_t)(n - 1) * c->dim, m->out_norm.data, 1,
                     c->dim, c->norm_eps);
         rows = 1;

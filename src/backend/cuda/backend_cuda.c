@@ -1190,6 +1190,13 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
     return t->dtype == DT_F32 || n > c->gemv_max;
 }
 
+/* Most output rows the register-streamed GEMV takes with the RMSNorm in:
+ * each of its blocks (a few warps of rows each) stages the norm itself,
+ * which over a vocabulary of rows costs more than the norm's own launch
+ * (H200, a 0.6B model's 151,936-row LM head: decode 1,154 -> 1,114 tok/s
+ * fused). The staged GEMV, one block per SM, takes any count. */
+#define NORM_FUSE_MAX_ROWS 32768
+
 /* A GEMV launch of cuk_gemv_fused's contract: the staged kernel for up to
  * CUK_STAGE_MAX_N rows where it is on and takes the shape, else the
  * register-streamed one;
@@ -1203,6 +1210,11 @@ static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
         if (err != cudaErrorNotSupported)
             return err;
     }
+    long rows = 0;
+    for (int i = 0; i < k; i++)
+        rows += ws[i]->rows;
+    if (in->kind == CUK_IN_RMSNORM && rows > NORM_FUSE_MAX_ROWS)
+        return cudaErrorNotSupported;
     return cuk_gemv_fused(c->stream, outs, in, n, ws, k, out);
 }
 
