@@ -574,12 +574,11 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
      * is not a dependent access after it. That block was the last to have
      * its first tile ready (probe build, 8B: 5.6 -> 3.2 us after the
      * release, docs/benchmarks.md twelfth pass). */
-    constexpr int NCH0 = HD / 8;
     const bool keeper = RP && te == n_tiles;
     size_t new_off = 0;
-    if (keeper && (int)threadIdx.x < g.n * NCH0)
-        new_off = cuk_kv_offset(&g, table, g.pos0 + (int)threadIdx.x / NCH0) + (size_t)kvh * HD +
-                  (size_t)(threadIdx.x % NCH0) * 8;
+    if (keeper && (int)threadIdx.x < g.n * NCH)
+        new_off = cuk_kv_offset(&g, table, g.pos0 + (int)threadIdx.x / NCH) + (size_t)kvh * HD +
+                  (size_t)(threadIdx.x % NCH) * 8;
     cuk_pdl_start();
     PROBE(RP, 1);
 

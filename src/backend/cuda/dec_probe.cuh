@@ -13,7 +13,8 @@
 #include "backend/cuda/probe_common.cuh"
 
 #define PROBE_L 4096 /* launches kept (a ring) */
-#define PROBE_S 8
+#define PROBE_S 8    /* stages: see the names in cuk_dec_probe_report */
+#define PROBE_EXIT 6 /* the stage PROBE_END stamps */
 __device__ unsigned long long cuk_probe_min[PROBE_L][PROBE_S], cuk_probe_max[PROBE_L][PROBE_S];
 __device__ unsigned long long cuk_probe_dt[PROBE_L][PROBE_S], cuk_probe_dc[PROBE_L][PROBE_S];
 __device__ unsigned cuk_probe_seq, cuk_probe_done;
@@ -105,7 +106,7 @@ extern "C" void cuk_dec_probe_report(int skip)
 }
 
 #define PROBE(on, st) do { if (on) probe(st); } while (0)
-#define PROBE_END(on) do { if (on) { probe(6); probe_end(); } } while (0)
+#define PROBE_END(on) do { if (on) { probe(PROBE_EXIT); probe_end(); } } while (0)
 #else
 #define PROBE(on, st) do { (void)(on); } while (0)
 #define PROBE_END(on) do { (void)(on); } while (0)
