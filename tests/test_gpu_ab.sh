@@ -3,7 +3,8 @@
 # stand-ins for cllm and gen_model, so it runs without a GPU: each variant
 # runs with its own module or environment, runs alternate per round, the
 # means are per variant and shape, a failed run shows as FAILED, SHOW
-# passes further lines through, and bad variants are refused with exit 2.
+# passes further lines through, a dir: variant runs its own cllm and
+# module, and bad variants are refused with exit 2.
 # Usage: test_gpu_ab.sh [ignored: ctest passes the cllm binary and dirs]
 set -u
 . "$(dirname "$0")/check_lib.sh"
@@ -32,23 +33,30 @@ chmod +x "$tmp/bin/cllm" "$tmp/bin/gen_model"
 echo 100 >"$tmp/bin/libcllm_cuda.so"
 echo 150 >"$tmp/old.so"
 gzip -c "$tmp/old.so" >"$tmp/old.so.gz"
+# another build's directory: its own cllm (here a marked copy) and module
+mkdir -p "$tmp/other"
+sed 's/^v=\$((v + \${BUMP:-0}))$/v=$((v + ${BUMP:-0} + 1000))/' "$tmp/bin/cllm" >"$tmp/other/cllm"
+chmod +x "$tmp/other/cllm"
+echo 200 | gzip -c >"$tmp/other/libcllm_cuda.so.gz"
 
 WORK=$tmp/w SHAPES="s1 s2" ROUNDS=2 ARGS="-n 8 --batch 8" SHOW='^probe' \
     bash "$AB" "$tmp/bin" new=env:BUMP=0 bump=env:BUMP=7,FAIL=0 old="$tmp/old.so.gz" \
-    bad=env:FAIL=1 >"$tmp/out" 2>"$tmp/err"
+    bad=env:FAIL=1 other=dir:"$tmp/other" >"$tmp/out" 2>"$tmp/err"
 check '[ $? -eq 0 ]' "ab.sh failed: $(cat "$tmp/err")"
-check '[ "$(grep -c "^s1 " "$tmp/out")" -eq 8 ] && [ "$(grep -c "^s2 " "$tmp/out")" -eq 8 ]' \
-    "not 4 variants x 2 rounds per shape: $(cat "$tmp/out")"
-check '[ "$(grep "^s1 " "$tmp/out" | head -4 | cut -d" " -f2 | tr "\n" " ")" = "new bump old bad " ]' \
+check '[ "$(grep -c "^s1 " "$tmp/out")" -eq 10 ] && [ "$(grep -c "^s2 " "$tmp/out")" -eq 10 ]' \
+    "not 5 variants x 2 rounds per shape: $(cat "$tmp/out")"
+check '[ "$(grep "^s1 " "$tmp/out" | head -5 | cut -d" " -f2 | tr "\n" " ")" = "new bump old bad other " ]' \
     "runs do not alternate in the order given: $(grep "^s1 " "$tmp/out")"
 check 'grep -q "^s1 new decode 100.5 | batch 8 500.0$" "$tmp/out"' "new's run line wrong"
 check 'grep -q "^s2 bump decode 107.5 | batch 8 535.0$" "$tmp/out"' "env variant not applied"
 check 'grep -q "^s1 old decode 150.5 | batch 8 750.0$" "$tmp/out"' "the gzipped module was not used"
 check 'grep -q "^s1 bad decode FAILED$" "$tmp/out"' "a failed run is not shown as FAILED"
-check '[ "$(grep -c "^probe: a report line$" "$tmp/out")" -eq 12 ]' "SHOW lines not passed through"
-check 'grep -q "^s1: new 100.5 bump 107.5 old 150.5 bad FAILED$" "$tmp/out"' \
+check 'grep -q "^s2 other decode 1200.5 | batch 8 6000.0$" "$tmp/out"' \
+    "the dir variant's own cllm and module were not used: $(grep "^s2 other" "$tmp/out")"
+check '[ "$(grep -c "^probe: a report line$" "$tmp/out")" -eq 16 ]' "SHOW lines not passed through"
+check 'grep -q "^s1: new 100.5 bump 107.5 old 150.5 bad FAILED other 1200.5$" "$tmp/out"' \
     "s1 means wrong: $(grep "^s1:" "$tmp/out")"
-check 'grep -q "^s2: new 100.5 bump 107.5 old 150.5 bad FAILED$" "$tmp/out"' "s2 means wrong"
+check 'grep -q "^s2: new 100.5 bump 107.5 old 150.5 bad FAILED other 1200.5$" "$tmp/out"' "s2 means wrong"
 check '[ -f "$tmp/w/s1-bf16.gguf" ] && grep -q -- "--shape s1 --dtype bf16" "$tmp/w/s1-bf16.gguf"' \
     "the model file was not made with gen_model --shape"
 
@@ -56,6 +64,8 @@ bash "$AB" "$tmp/bin" noequals >"$tmp/out" 2>&1
 check '[ $? -eq 2 ] && grep -q "is not NAME=SPEC" "$tmp/out"' "a variant without = accepted"
 bash "$AB" "$tmp/bin" x="$tmp/none.so" >"$tmp/out" 2>&1
 check '[ $? -eq 2 ] && grep -q "no module" "$tmp/out"' "a missing module accepted"
+bash "$AB" "$tmp/bin" x=dir:"$tmp/bin/none" >"$tmp/out" 2>&1
+check '[ $? -eq 2 ] && grep -q "has no cllm" "$tmp/out"' "a dir variant without binaries accepted"
 bash "$AB" "$tmp/bin" >"$tmp/out" 2>&1
 check '[ $? -eq 2 ] && grep -q usage "$tmp/out"' "no variants accepted"
 check_summary test_gpu_ab

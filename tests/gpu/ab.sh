@@ -7,7 +7,10 @@
 #   BIN_DIR: cllm, gen_model (tests/gpu/pack.sh's .carry/bin);
 #   each variant NAME=SPEC, SPEC either a libcllm_cuda.so (optionally .gz)
 #   to load instead of BIN_DIR's, or env:VAR=VALUE[,VAR=VALUE] with
-#   BIN_DIR's module (e.g. base=env:CLLM_CUDA_GEMV_STAGED=1 off=env:CLLM_CUDA_GEMV_STAGED=0).
+#   BIN_DIR's module (e.g. base=env:CLLM_CUDA_GEMV_STAGED=1 off=env:CLLM_CUDA_GEMV_STAGED=0),
+#   or dir:DIR, a directory with its own cllm and libcllm_cuda.so[.gz]
+#   (another build's binaries, for changes outside the module: pack.sh's
+#   ABDIR).
 #   SHAPES: gen_model shapes (default "llama3-8b qwen3-0.6b"); ROUNDS (2);
 #   ARGS: the bench arguments (default "-p 512 -n 64"); WORK: model files;
 #   SHOW: an extended regex of further output lines to print (a probe
@@ -31,6 +34,19 @@ for v in "$@"; do
     dir="$BIN" env=""
     case "$spec" in
     env:*) env=${spec#env:} ;;
+    dir:*)
+        src=${spec#dir:}
+        [ -x "$src/cllm" ] && { [ -f "$src/libcllm_cuda.so" ] || [ -f "$src/libcllm_cuda.so.gz" ]; } ||
+            { echo "ab: $src has no cllm and libcllm_cuda.so" >&2; exit 2; }
+        dir="$WORK/ab/$name"
+        mkdir -p "$dir"
+        cp "$src/cllm" "$dir/"
+        if [ -f "$src/libcllm_cuda.so" ]; then
+            cp "$src/libcllm_cuda.so" "$dir/"
+        else
+            gunzip -c "$src/libcllm_cuda.so.gz" > "$dir/libcllm_cuda.so"
+        fi
+        ;;
     *)
         [ -f "$spec" ] || { echo "ab: no module $spec" >&2; exit 2; }
         dir="$WORK/ab/$name"

@@ -7,6 +7,9 @@
 # Usage: tests/gpu/pack.sh [BUILD_DIR] [SHARED_DIR]
 #   AB="NAME=MODULE ...": other builds' libcllm_cuda.so, gzipped into
 #   .carry/ab/NAME.so.gz for tests/gpu/ab.sh (e.g. AB="old=/tmp/old/libcllm_cuda.so");
+#   ABDIR="NAME=BUILD_DIR ...": another build's cllm and module (gzipped)
+#   into .carry/ab/NAME/, for a change outside the module (ab.sh's
+#   old=dir:.carry/ab/old);
 #   PROBES=1: also builds this tree's two measurement modules (the decode
 #   attention's and the staged GEMV's probes, src/backend/cuda/*_probe.cuh)
 #   into build-probe-dec/ and build-probe-gemv/ and carries them gzipped as
@@ -59,6 +62,11 @@ chmod +x .carry/bin/env.sh
 for v in ${AB:-}; do
     mkdir -p .carry/ab
     gzip -c "${v#*=}" > ".carry/ab/${v%%=*}.so.gz"
+done
+for v in ${ABDIR:-}; do
+    mkdir -p ".carry/ab/${v%%=*}"
+    cp "${v#*=}/cllm" ".carry/ab/${v%%=*}/"
+    gzip -c "${v#*=}/libcllm_cuda.so" > ".carry/ab/${v%%=*}/libcllm_cuda.so.gz"
 done
 # carry_module NAME DIR CUDA_FLAGS [C_FLAGS]: this tree's module built in
 # DIR with those flags, carried gzipped as .carry/probe/NAME.so.gz
