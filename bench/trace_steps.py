@@ -10,12 +10,13 @@ advances of a step add up to its span and a kernel that ran hidden under
 another costs nothing. Per kernel name: launches per step, mean duration,
 mean advance per step. Also the idle time between consecutive steps.
 
-Usage: trace_steps.py trace.csv [--graph-only 0] [--graph ID] [--show N]
+Usage: trace_steps.py trace.csv[.gz] [--graph-only 0] [--graph ID] [--show N]
   --graph ID: only the kernels replayed from CUDA graph ID (a batched
   decode step's graph is another than a single decode step's; the
   commonest graph ids are printed first).
 """
 import collections
+import gzip
 import re
 import sys
 
@@ -46,7 +47,8 @@ def main():
         if a == "--graph":
             graph = int(args[i + 1])
     rows = []
-    with open(path) as f:
+    # a timeline fetched from the GPU machine comes gzipped
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             s, e, g, blocks, name = line.rstrip("\n").split(",", 4)
             rows.append((int(s), int(e), int(g), int(blocks), short(name)))

@@ -3,7 +3,9 @@
 decode step its advance on the step's end, from a CUPTI timeline
 (bench/cupti/cupti_trace.c's CSV). A synthetic timeline with known
 overlaps: the advances, the span, kernels hidden under others, eager
-kernels between steps, and a second graph picked with --graph."""
+kernels between steps, a second graph picked with --graph, and the same
+timeline gzipped."""
+import gzip
 import os
 import re
 import sys
@@ -66,6 +68,13 @@ check("k_eager" not in out, "eager kernels are not part of a replayed step")
 out = run("--graph", "9")
 check("1 steps, 1 shapes" in out and "mean span 30.0 us" in out, "--graph 9 takes that graph's step")
 check(row(out, "k_attention_dec<128..>") == (1, 29.5, 29.0), "and only its kernels")
+
+# the same timeline gzipped, as it comes back from the GPU machine
+with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+    g.write(f.read())
+outz = pychecks.run(TOOL, path + ".gz")
+check(outz == run(), "a gzipped timeline reads as the plain one")
+os.unlink(path + ".gz")
 
 os.unlink(path)
 pychecks.done("test_trace_steps")
