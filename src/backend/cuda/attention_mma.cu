@@ -510,9 +510,10 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
  * what does not depend on it: the first key tile's loads when that tile
  * holds only keys of earlier steps (with RP always: the new keys come from
  * shared memory), and with RP the RoPE cosines and sines of the first
- * position and, in the block of the last tile, the new keys' cache slots. Those keys, the block table and *dpos were written before the
- * previous kernel began (this kernel is launched only once every block of
- * that one has waited for its own predecessor), so they are visible. */
+ * position and, in the block of the last tile, the new keys' cache slots.
+ * Those keys, the block table and *dpos were written before the previous
+ * kernel began (this kernel is launched only once every block of that one
+ * has waited for its own predecessor), so they are visible. */
 template <int HD, bool RP>
 static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
                                                  uint16_t *vc, const int *table,
