@@ -877,18 +877,14 @@ static void check_deferred_merge(void)
                     CHECK(be->ops->rope_kv_attention(be, o[r], dq, dk, dv, invf, false, nm, &kp.a,
                                                      &kp.sa, LAYER, &a, &e) == 0,
                           "deferred merge: rope_kv_attention: %s", e.msg);
-                    ho[r] = NULL;
                     if (r < 2) {
                         struct matmul_in in = {.kind = MATMUL_IN_X, .x = o[r]};
                         const struct tensor *w = &fx.wo.t;
                         CHECK(be->ops->matmul_fused(be, &x[r], &in, 1, &w, 1, MATMUL_OUT_ADD,
                                                     &e) == 0,
                               "deferred merge: matmul_fused: %s", e.msg);
-                    } else {
-                        ho[r] = dev_fetch(be, o[r], (size_t)qd);
                     }
-                    if (!ho[r])
-                        ho[r] = dev_fetch(be, o[r], (size_t)qd);
+                    ho[r] = dev_fetch(be, o[r], (size_t)qd); /* run 2: the op after attention */
                     hx[r] = dev_fetch(be, x[r], OUT);
                     CHECK(be->ops->finish(be, &e) == 0, "deferred merge: %s", e.msg);
                     be->ops->free(be, dq);

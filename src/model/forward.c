@@ -138,13 +138,14 @@ static bool seg_sampled(const struct forward_seg *s)
 }
 
 /* The matmuls of the fused path (backends with matmul_fused), one call
- * each: outs = rmsnorm(x) . W (q/k/v; gate/up with SwiGLU's output), and
- * x += in . W (o_proj over att, down_proj over swiglu(gate, up)). */
-static int fused_norm_matmul(struct forward_state *fs, float *const *outs, const float *norm,
-                             const struct tensor *const *ws, int k, enum matmul_out out, int n,
-                             struct err *e)
+ * each: outs = rmsnorm(x) . W for n rows of x (q/k/v; gate/up with
+ * SwiGLU's output; the LM head), and x += in . W (o_proj over att,
+ * down_proj over swiglu(gate, up)). */
+static int fused_norm_matmul(struct forward_state *fs, float *x, float *const *outs,
+                             const float *norm, const struct tensor *const *ws, int k,
+                             enum matmul_out out, int n, struct err *e)
 {
-    struct matmul_in in = {.kind = MATMUL_IN_RMSNORM, .x = fs->x, .norm = norm,
+    struct matmul_in in = {.kind = MATMUL_IN_RMSNORM, .x = x, .norm = norm,
                            .eps = fs->m->cfg.norm_eps};
     return fs->be->ops->matmul_fused(fs->be, outs, &in, n, ws, k, out, e);
 }
@@ -178,7 +179,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
     float *qkv[] = {fs->q, fs->k, fs->v};
     const struct tensor *wqkv[] = {&w->wq, &w->wk, &w->wv};
     if (fused) {
-        if (fused_norm_matmul(fs, qkv, w->attn_norm.data, wqkv, 3, MATMUL_OUT_STORE, n, e))
+        if (fused_norm_matmul(fs, fs->x, qkv, w->attn_norm.data, wqkv, 3, MATMUL_OUT_STORE, n, e))
             return -1;
     } else {
         if (!*normed)
@@ -246,7 +247,7 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
         struct matmul_in att = {.kind = MATMUL_IN_X, .x = fs->att};
         struct matmul_in h = {.kind = MATMUL_IN_X, .x = fs->hb};
         if (fused_residual_matmul(fs, att, &w->wo, n, e) ||
-            fused_norm_matmul(fs, gu, w->ffn_norm.data, wgu, 2, MATMUL_OUT_SWIGLU, n, e) ||
+            fused_norm_matmul(fs, fs->x, gu, w->ffn_norm.data, wgu, 2, MATMUL_OUT_SWIGLU, n, e) ||
             fused_residual_matmul(fs, h, &w->w_down, n, e))
             return -1;
         return 0;
@@ -295,13 +296,11 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
         if (!segs[0].logits)
             return 0;
         if (op->matmul_fused) { /* the norm in the head's launch where that pays */
-            struct matmul_in in = {.kind = MATMUL_IN_RMSNORM,
-                                   .x = fs->x + (size_t)(n - 1) * c->dim,
-                                   .norm = m->out_norm.data,
-                                   .eps = c->norm_eps};
             const struct tensor *head = &m->lm_head;
-            float *outs[] = {fs->logits};
-            return op->matmul_fused(fs->be, outs, &in, 1, &head, 1, MATMUL_OUT_STORE, e) ? -1 : 1;
+            return fused_norm_matmul(fs, fs->x + (size_t)(n - 1) * c->dim, &fs->logits,
+                                     m->out_norm.data, &head, 1, MATMUL_OUT_STORE, 1, e)
+                       ? -1
+                       : 1;
         }
         op->rmsnorm(fs->be, fs->xb, fs->x + (size_t)(n - 1) * c->dim, m->out_norm.data, 1,
                     c->dim, c->norm_eps);

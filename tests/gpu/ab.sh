@@ -24,7 +24,7 @@ BIN=${1:?BIN_DIR}
 shift
 [ $# -ge 1 ] || { echo "usage: $0 BIN_DIR NAME=SPEC ..." >&2; exit 2; }
 WORK=${WORK:-/tmp/cllm-gpu}
-. "$(dirname "$0")/lib.sh" # gpu_model
+. "$(dirname "$0")/lib.sh" # gpu_model, gpu_bin_dir
 SHAPES=${SHAPES:-llama3-8b qwen3-0.6b} ROUNDS=${ROUNDS:-2} ARGS=${ARGS:--p 512 -n 64}
 mkdir -p "$WORK/ab"
 names=() envs=() dirs=()
@@ -35,27 +35,17 @@ for v in "$@"; do
     case "$spec" in
     env:*) env=${spec#env:} ;;
     dir:*)
-        src=${spec#dir:}
-        [ -x "$src/cllm" ] && { [ -f "$src/libcllm_cuda.so" ] || [ -f "$src/libcllm_cuda.so.gz" ]; } ||
+        src=${spec#dir:} mod=${spec#dir:}/libcllm_cuda.so
+        [ -f "$mod" ] || mod=$mod.gz
+        [ -x "$src/cllm" ] && [ -f "$mod" ] ||
             { echo "ab: $src has no cllm and libcllm_cuda.so" >&2; exit 2; }
         dir="$WORK/ab/$name"
-        mkdir -p "$dir"
-        cp "$src/cllm" "$dir/"
-        if [ -f "$src/libcllm_cuda.so" ]; then
-            cp "$src/libcllm_cuda.so" "$dir/"
-        else
-            gunzip -c "$src/libcllm_cuda.so.gz" > "$dir/libcllm_cuda.so"
-        fi
+        gpu_bin_dir "$dir" "$mod" "$src/cllm"
         ;;
     *)
         [ -f "$spec" ] || { echo "ab: no module $spec" >&2; exit 2; }
         dir="$WORK/ab/$name"
-        mkdir -p "$dir"
-        cp "$BIN/cllm" "$dir/"
-        case "$spec" in
-        *.gz) gunzip -c "$spec" > "$dir/libcllm_cuda.so" ;;
-        *) cp "$spec" "$dir/libcllm_cuda.so" ;;
-        esac
+        gpu_bin_dir "$dir" "$spec" "$BIN/cllm"
         ;;
     esac
     names+=("$name") envs+=("$env") dirs+=("$dir")

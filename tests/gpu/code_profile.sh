@@ -16,19 +16,14 @@ set -uo pipefail
 BIN=$(cd "${1:?BIN_DIR}" && pwd) SHAPE=${2:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/cllm-gpu}
-. "$(dirname "$0")/lib.sh" # gpu_model
+. "$(dirname "$0")/lib.sh" # gpu_model, gpu_bin_dir
 mkdir -p "$WORK"
 for t in ncu cuobjdump nvdisasm python3; do
     command -v $t >/dev/null || { echo "code_profile: no $t"; exit 1; }
 done
 if [ -n "${MODULE:-}" ]; then # cllm loads the module next to it
     [ -f "$MODULE" ] || { echo "code_profile: no module $MODULE"; exit 1; }
-    mkdir -p "$WORK/code_bin"
-    cp "$BIN/cllm" "$BIN/gen_model" "$WORK/code_bin/"
-    case "$MODULE" in
-    *.gz) gunzip -c "$MODULE" > "$WORK/code_bin/libcllm_cuda.so" ;;
-    *) cp "$MODULE" "$WORK/code_bin/libcllm_cuda.so" ;;
-    esac
+    gpu_bin_dir "$WORK/code_bin" "$MODULE" "$BIN/cllm" "$BIN/gen_model"
     BIN="$WORK/code_bin"
 fi
 f=$(gpu_model "$SHAPE") || exit 1

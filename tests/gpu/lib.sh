@@ -1,4 +1,5 @@
 # tests/gpu/lib.sh - what the GPU scripts share (sourced; they set BIN and WORK).
+# (gpu_bin_dir below needs neither.)
 # gpu_model SHAPE: the path of the random-weight bf16 model of a gen_model
 # shape, made in $WORK by $BIN/gen_model the first time (at most
 # GEN_TIMEOUT seconds, 300); fails when gen_model does.
@@ -6,4 +7,18 @@ gpu_model() {
     local f="$WORK/$1-bf16.gguf"
     [ -f "$f" ] || timeout "${GEN_TIMEOUT:-300}" "$BIN/gen_model" --shape "$1" --dtype bf16 -o "$f" >/dev/null || return 1
     echo "$f"
+}
+
+# gpu_bin_dir DIR MODULE FILE...: DIR holding FILE... (cllm and the like)
+# and MODULE, gzipped or not, as the libcllm_cuda.so cllm loads from
+# beside itself.
+gpu_bin_dir() {
+    local dir=$1 module=$2
+    shift 2
+    mkdir -p "$dir"
+    cp "$@" "$dir/"
+    case "$module" in
+    *.gz) gunzip -c "$module" > "$dir/libcllm_cuda.so" ;;
+    *) cp "$module" "$dir/libcllm_cuda.so" ;;
+    esac
 }
