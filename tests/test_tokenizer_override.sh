@@ -98,7 +98,9 @@ if start S1 "$P" "$M" -- --tokenizer "$TOK"; then
     if command -v python3 >/dev/null; then
         python3 "$HERE/../bench/serve_load.py" --url "$B" --streams 1,4 --prompt-tokens 32 --max-tokens 8 >"$tmp/load" 2>&1
         rc=$?
-        check '[ $rc -eq 0 ] && grep -Eq "^ +1 +[0-9.]+ +[0-9.]+ .* 8 +[0-9.]+$" "$tmp/load" && grep -Eq "^ +4 +[0-9.]+ +[0-9.]+ .* 32 +[0-9.]+$" "$tmp/load"' "serve_load.py rows: rc $rc $(cat "$tmp/load")"
+        # agg is "-" when the 4 streams never decoded at the same moment, which on
+        # a loaded 2-core CI machine is a matter of timing; the row must still be there
+        check '[ $rc -eq 0 ] && grep -Eq "^ +1 +([0-9.]+|-) +[0-9.]+ .* 8 +[0-9.]+$" "$tmp/load" && grep -Eq "^ +4 +([0-9.]+|-) +[0-9.]+ .* 32 +[0-9.]+$" "$tmp/load"' "serve_load.py rows: rc $rc $(cat "$tmp/load")"
         python3 "$HERE/../bench/serve_load.py" --url "$B" --streams 2 --prompt-tokens 16 --max-tokens 4 --api chat >"$tmp/load" 2>&1
         rc=$?
         check '[ $rc -eq 0 ] && grep -Eq "^ +2 +" "$tmp/load"' "serve_load.py --api chat: rc $rc $(cat "$tmp/load")"
