@@ -5,7 +5,18 @@
  * counter; idle workers spin on it for a while (the next op usually follows
  * within microseconds) and only then sleep on a condition variable. The
  * caller waits for the workers the same way. Sleepers announce themselves in
- * a counter so the fast path never touches the mutex. */
+ * a counter so the fast path never touches the mutex.
+ *
+ * The nth calls of a tp_run are slots that every thread, the caller too,
+ * claims from a counter until none is left, and the run is over when all
+ * slots have finished, not when every worker has been through it. Why: on a
+ * machine that is busy with something else (a build, another model, the
+ * agents themselves) a worker is often not running at the moment a run
+ * starts, and a run that waited for each worker to come round waited a
+ * scheduler time slice (milliseconds) for every one of a token's few
+ * hundred ops: with one CPU-bound process beside it, 2-thread decode on 2
+ * CPUs fell from 40 to 7 tok/s, with two to 1.7. Now the threads that are
+ * running take the slots of those that are not. */
 #include "base/threadpool.h"
 
 #include <pthread.h>
@@ -26,16 +37,16 @@
 
 struct tp_worker {
     struct threadpool *tp;
-    int ith;
     cpu_set_t cpus; /* used when the pool pins */
     pthread_t thread;
 };
 
 struct threadpool {
     /* The hot counters each get their own cache line: workers poll gen while
-     * they finish and decrement pending, the caller polls pending. */
+     * they finish and claim slots, the caller polls slots_done. */
     alignas(64) atomic_uint gen;
-    alignas(64) atomic_int pending;
+    alignas(64) atomic_int next_slot; /* the next slot of this run to claim */
+    alignas(64) atomic_int slots_done;
     alignas(64) atomic_int worker_sleepers;
     atomic_int caller_sleeping;
     atomic_int stop;
@@ -129,14 +140,26 @@ static unsigned tp_wait_work(struct threadpool *tp, unsigned seen)
     return g;
 }
 
-static void tp_finish_one(struct threadpool *tp)
+/* Claims and runs slots of the current run until none is left. fn and ctx
+ * are read after a claim succeeds: the run that owns the slot cannot end,
+ * and so the caller cannot overwrite them, before the slot is done. */
+static void tp_run_slots(struct threadpool *tp)
 {
-    /* seq_cst pairs with the caller's store to caller_sleeping: either the
-     * caller sees pending == 0 or we see that it sleeps, never neither. */
-    if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->caller_sleeping)) {
-        pthread_mutex_lock(&tp->mu);
-        pthread_cond_signal(&tp->cv_done);
-        pthread_mutex_unlock(&tp->mu);
+    int n = tp->n;
+    for (;;) {
+        /* acquire: pairs with tp_run's release store of next_slot = 0, after
+         * which fn, ctx and slots_done are the new run's */
+        int s = atomic_fetch_add_explicit(&tp->next_slot, 1, memory_order_acquire);
+        if (s >= n)
+            return;
+        tp->fn(tp->ctx, s, n);
+        /* seq_cst pairs with the caller's store to caller_sleeping: either the
+         * caller sees every slot done or we see that it sleeps, never neither. */
+        if (atomic_fetch_add(&tp->slots_done, 1) == n - 1 && atomic_load(&tp->caller_sleeping)) {
+            pthread_mutex_lock(&tp->mu);
+            pthread_cond_signal(&tp->cv_done);
+            pthread_mutex_unlock(&tp->mu);
+        }
     }
 }
 
@@ -151,8 +174,7 @@ static void *tp_worker_main(void *arg)
         seen = tp_wait_work(tp, seen);
         if (atomic_load(&tp->stop))
             break;
-        tp->fn(tp->ctx, w->ith, tp->n);
-        tp_finish_one(tp);
+        tp_run_slots(tp);
     }
     return NULL;
 }
@@ -160,13 +182,13 @@ static void *tp_worker_main(void *arg)
 static void tp_wait_done(struct threadpool *tp)
 {
     for (int i = 0; i < tp->spin; i++) {
-        if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0)
+        if (atomic_load_explicit(&tp->slots_done, memory_order_acquire) == tp->n)
             return;
         tp_spin_once(i);
     }
     pthread_mutex_lock(&tp->mu);
     atomic_store(&tp->caller_sleeping, 1);
-    while (atomic_load(&tp->pending) != 0)
+    while (atomic_load(&tp->slots_done) != tp->n)
         pthread_cond_wait(&tp->cv_done, &tp->mu);
     atomic_store(&tp->caller_sleeping, 0);
     pthread_mutex_unlock(&tp->mu);
@@ -210,6 +232,7 @@ struct threadpool *tp_create(int n_threads, struct err *e)
     }
     memset(tp, 0, sizeof *tp);
     tp->n = n_threads;
+    atomic_init(&tp->next_slot, n_threads); /* no slot to claim before the first run */
     tp->spin = n_threads > ncpu ? TP_SPIN_SHORT : TP_SPIN_LONG;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv_work, NULL);
@@ -224,7 +247,6 @@ struct threadpool *tp_create(int n_threads, struct err *e)
     for (int i = 1; i < n_threads; i++) {
         struct tp_worker *w = &tp->workers[i - 1];
         w->tp = tp;
-        w->ith = i;
         int rc = pthread_create(&w->thread, NULL, tp_worker_main, w);
         if (rc != 0) {
             err_set(e, "thread pool: cannot start thread %d of %d: %s", i, n_threads,
@@ -274,7 +296,11 @@ void tp_run(struct threadpool *tp, tp_fn fn, void *ctx)
     }
     tp->fn = fn;
     tp->ctx = ctx;
-    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
+    atomic_store_explicit(&tp->slots_done, 0, memory_order_relaxed);
+    /* release: a thread whose claim reads this 0 (or a later claim's value)
+     * sees fn, ctx and slots_done above. A worker late from the last run
+     * may claim here before the generation moves; it runs this run's slot. */
+    atomic_store_explicit(&tp->next_slot, 0, memory_order_release);
     /* seq_cst: pairs with the sleepers' increment in tp_wait_work, so a
      * worker that went to sleep before this store is always woken. */
     atomic_fetch_add(&tp->gen, 1);
@@ -283,6 +309,6 @@ void tp_run(struct threadpool *tp, tp_fn fn, void *ctx)
         pthread_cond_broadcast(&tp->cv_work);
         pthread_mutex_unlock(&tp->mu);
     }
-    fn(ctx, 0, tp->n);
+    tp_run_slots(tp);
     tp_wait_done(tp);
 }

@@ -20,8 +20,13 @@ struct threadpool *tp_create(int n_threads, struct err *e);
 void tp_destroy(struct threadpool *tp);
 int tp_size(const struct threadpool *tp);
 
-/* Runs fn on every worker and returns when all have finished. Not reentrant:
- * one tp_run at a time per pool. */
+/* Calls fn once for each ith in [0, nth), nth = tp_size, and returns when
+ * all have returned. Each call runs on some thread of the pool, the caller
+ * included, and one thread may make several calls one after another (the
+ * threads that are running take the share of those the OS has not
+ * scheduled), so fn must split work by ith, never by which thread runs it;
+ * per-ith scratch is private to its call. Not reentrant: one tp_run at a
+ * time per pool. */
 void tp_run(struct threadpool *tp, tp_fn fn, void *ctx);
 
 #endif
