@@ -1,6 +1,6 @@
 /* backend_cpu.c - the CPU implementation of the op set: matmul goes to the
- * SIMD kernels in matmul.c; the element-wise ops and attention are here,
- * threaded over rows/heads where the work is large enough to pay. */
+ * SIMD kernels in matmul.c, attention to attention.c; the element-wise ops
+ * are here. */
 #include "backend/backend.h"
 
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
 #include "base/threadpool.h"
@@ -17,8 +18,7 @@ struct cpu_backend {
     struct backend be;
     struct threadpool *tp;
     struct cpu_matmul mm;
-    float *scores;     /* per-thread attention score rows */
-    int scores_cap;    /* floats per thread */
+    struct cpu_att_scratch att;
 };
 
 static struct cpu_backend *cpu(struct backend *be) { return be->impl; }
@@ -28,7 +28,7 @@ static void cpu_destroy(struct backend *be)
     struct cpu_backend *c = cpu(be);
     cpu_matmul_free(&c->mm);
     tp_destroy(c->tp);
-    free(c->scores);
+    cpu_att_scratch_free(&c->att);
     free(c);
 }
 
@@ -149,81 +149,12 @@ static void cpu_kv_store(struct backend *be, struct kv_pool *pool, const struct 
     }
 }
 
-struct attn_job {
-    struct cpu_backend *c;
-    float *out;
-    const float *q;
-    const struct kv_pool *pool;
-    const struct kv_seq *seq;
-    int layer;
-    const struct attn_args *a;
-};
-
-static void attn_one(const struct attn_job *j, float *scores, int i, int h)
-{
-    const struct attn_args *a = j->a;
-    int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h / group;
-    int pos = a->pos0 + i;
-    int start = 0;
-    if (a->sliding_window > 0 && pos - a->sliding_window + 1 > 0)
-        start = pos - a->sliding_window + 1;
-    const float *q = j->q + ((size_t)i * a->n_heads + h) * hd;
-    float mx = -INFINITY;
-    for (int t = start; t <= pos; t++) {
-        const float *k = (const float *)j->pool->k + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
-        float s = 0;
-        for (int d = 0; d < hd; d++)
-            s += q[d] * k[d];
-        s *= a->scale;
-        scores[t - start] = s;
-        if (s > mx)
-            mx = s;
-    }
-    float sum = 0;
-    for (int t = start; t <= pos; t++) {
-        float p = expf(scores[t - start] - mx);
-        scores[t - start] = p;
-        sum += p;
-    }
-    float inv = 1.0f / sum;
-    float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
-    memset(o, 0, (size_t)hd * sizeof(float));
-    for (int t = start; t <= pos; t++) {
-        const float *v = (const float *)j->pool->v + kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
-        float p = scores[t - start] * inv;
-        for (int d = 0; d < hd; d++)
-            o[d] += p * v[d];
-    }
-}
-
-static void attn_worker(void *ctx, int ith, int nth)
-{
-    const struct attn_job *j = ctx;
-    float *scores = j->c->scores + (size_t)ith * j->c->scores_cap;
-    int total = j->a->n * j->a->n_heads;
-    for (int w = ith; w < total; w += nth)
-        attn_one(j, scores, w / j->a->n_heads, w % j->a->n_heads);
-}
-
 static int cpu_attention(struct backend *be, float *out, const float *q,
                          const struct kv_pool *pool, const struct kv_seq *seq, int layer,
                          const struct attn_args *a, struct err *e)
 {
     struct cpu_backend *c = cpu(be);
-    int need = a->pos0 + a->n;
-    if (need > c->scores_cap) {
-        int cap = c->scores_cap ? c->scores_cap : 1024;
-        while (cap < need)
-            cap *= 2;
-        float *s = realloc(c->scores, (size_t)cap * tp_size(c->tp) * sizeof(float));
-        if (!s)
-            return err_set(e, "attention: out of memory for %d scores", cap);
-        c->scores = s;
-        c->scores_cap = cap;
-    }
-    struct attn_job j = {c, out, q, pool, seq, layer, a};
-    tp_run(c->tp, attn_worker, &j);
-    return 0;
+    return cpu_attention_f32(c->tp, &c->att, out, q, pool, seq, layer, a, e);
 }
 
 static void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)

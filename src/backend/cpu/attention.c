@@ -1,0 +1,289 @@
+/* attention.c - the CPU's paged attention over the f32 KV cache as an
+ * online softmax over tiles of keys: a job takes a KV head (or some of the
+ * query heads sharing it) and a tile of query tokens, and reads each tile
+ * of keys and values once for all of its rows, so a long prompt's K/V come
+ * from cache rather than memory once per (token, head). The loops over
+ * head_dim are built for AVX-512, AVX2 and the baseline and one is picked
+ * at load (target_clones). */
+#include "backend/cpu/attention.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+
+/* Query tokens per job: with 2-8 query heads per KV head, 32-128 rows share
+ * each key tile. */
+#define ATT_QT 16
+/* Keys per tile. Tiles start at multiples of ATT_KT positions, so a row's
+ * online softmax steps through the same tiles whatever call or job it is
+ * in: prefilling a prompt in one call or in chunks gives the same bits. */
+#define ATT_KT 32
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ATT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define ATT_CLONES
+#endif
+#define ATT_INLINE static inline __attribute__((always_inline))
+
+/* 16 floats: one AVX-512 register, two AVX2 ones, four SSE ones. Loaded
+ * and stored with memcpy (rows are only 4-byte aligned); never passed by
+ * value, so no clone's calling convention depends on it. */
+typedef float att_v16 __attribute__((vector_size(64)));
+
+/* The sum of v's 16 lanes, halving: 8 + 8, 4 + 4, then the last four. */
+ATT_INLINE float att_hsum(const att_v16 *v)
+{
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 a, b;
+    memcpy(&a, v, 32);
+    memcpy(&b, (const char *)v + 32, 32);
+    a += b;
+    v4 c, d;
+    memcpy(&c, &a, 16);
+    memcpy(&d, (const char *)&a + 16, 16);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* sc[k] = q . key[k] * scale for k in [k0, k1), four keys at a time so each
+ * chunk of q is loaded once for four independent sums. Each score is the
+ * same sum of products in the same order however many keys it is computed
+ * with (lane d%16 of chunk d/16, then the halving). */
+ATT_INLINE void att_scores(float *sc, const float *q, const float *const *key, int k0, int k1,
+                           int hd, float scale)
+{
+    int k = k0;
+    for (; k + 4 <= k1; k += 4) {
+        att_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x, y;
+        for (int d = 0; d + 16 <= hd; d += 16) {
+            memcpy(&x, q + d, 64);
+            memcpy(&y, key[k] + d, 64);
+            a0 += x * y;
+            memcpy(&y, key[k + 1] + d, 64);
+            a1 += x * y;
+            memcpy(&y, key[k + 2] + d, 64);
+            a2 += x * y;
+            memcpy(&y, key[k + 3] + d, 64);
+            a3 += x * y;
+        }
+        float s[4] = {att_hsum(&a0), att_hsum(&a1), att_hsum(&a2), att_hsum(&a3)};
+        for (int u = 0; u < 4; u++) {
+            for (int d = hd / 16 * 16; d < hd; d++)
+                s[u] += q[d] * key[k + u][d];
+            sc[k + u] = s[u] * scale;
+        }
+    }
+    for (; k < k1; k++) {
+        att_v16 a0 = {0}, x, y;
+        for (int d = 0; d + 16 <= hd; d += 16) {
+            memcpy(&x, q + d, 64);
+            memcpy(&y, key[k] + d, 64);
+            a0 += x * y;
+        }
+        float s = att_hsum(&a0);
+        for (int d = hd / 16 * 16; d < hd; d++)
+            s += q[d] * key[k][d];
+        sc[k] = s * scale;
+    }
+}
+
+/* o[0..W*16) = o * corr + sum over k of p[k] * v[k], the W vectors' sums
+ * in registers across the keys: W independent chains, so the adds are not
+ * bound by their latency. corr == 1 leaves o as it is (the same bits as
+ * multiplying). Each column sums its keys in order, whatever W. */
+#define ATT_PV_CHUNK(W)                                                                \
+    do {                                                                               \
+        att_v16 acc[W], y;                                                             \
+        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
+        {                                                                              \
+            memcpy(&acc[u], o + d + 16 * u, 64);                                       \
+            if (corr != 1.0f)                                                          \
+                acc[u] *= corr;                                                        \
+        }                                                                              \
+        for (int k = 0; k < nk; k++) {                                                 \
+            const float *vk = v[k] + d;                                                \
+            _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                       \
+            {                                                                          \
+                memcpy(&y, vk + 16 * u, 64);                                           \
+                acc[u] += p[k] * y;                                                    \
+            }                                                                          \
+        }                                                                              \
+        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
+            memcpy(o + d + 16 * u, &acc[u], 64);                                       \
+        d += 16 * (W);                                                                 \
+    } while (0)
+
+ATT_INLINE void att_pv(float *o, float corr, const float *p, const float *const *v, int nk,
+                       int hd)
+{
+    int d = 0;
+    while (d + 128 <= hd)
+        ATT_PV_CHUNK(8);
+    while (d + 32 <= hd)
+        ATT_PV_CHUNK(2);
+    if (d + 16 <= hd)
+        ATT_PV_CHUNK(1);
+    for (; d < hd; d++) {
+        float a = corr != 1.0f ? o[d] * corr : o[d];
+        for (int k = 0; k < nk; k++)
+            a += p[k] * v[k][d];
+        o[d] = a;
+    }
+}
+
+struct att_job {
+    float *out;
+    const float *q;
+    const struct kv_pool *pool;
+    const struct kv_seq *seq;
+    int layer;
+    const struct attn_args *a;
+    int group;      /* query heads per KV head */
+    int head_parts; /* jobs a KV head's query heads are split into */
+    int n_qt;       /* query token tiles */
+    int n_jobs;
+    float *scratch;
+    size_t per_slot;
+    atomic_int next;
+};
+
+static int att_start(const struct attn_args *a, int pos)
+{
+    return a->sliding_window > 0 && pos - a->sliding_window + 1 > 0 ? pos - a->sliding_window + 1
+                                                                     : 0;
+}
+
+/* Job jb: query tiles from the last (the most keys) to the first, each over
+ * every KV head and head part, so the longest jobs are handed out first. */
+ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scratch)
+{
+    const struct attn_args *a = j->a;
+    int hd = a->head_dim, per_tile = a->n_kv_heads * j->head_parts;
+    int qt = j->n_qt - 1 - jb / per_tile, rest = jb % per_tile;
+    int kvh = rest / j->head_parts, part = rest % j->head_parts;
+    int h0 = kvh * j->group + part * j->group / j->head_parts;
+    int h1 = kvh * j->group + (part + 1) * j->group / j->head_parts;
+    int i0 = qt * ATT_QT, i1 = i0 + ATT_QT < a->n ? i0 + ATT_QT : a->n;
+    int nh = h1 - h0;
+    float *sc = scratch, *m = scratch + ATT_KT, *l = m + ATT_QT * j->group;
+    for (int r = 0; r < (i1 - i0) * nh; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (int i = i0; i < i1; i++)
+        memset(j->out + ((size_t)i * a->n_heads + h0) * hd, 0, (size_t)nh * hd * sizeof(float));
+
+    const float *kp[ATT_KT], *vp[ATT_KT];
+    int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1;
+    for (int t0 = lo - lo % ATT_KT; t0 <= hi; t0 += ATT_KT) {
+        int t1 = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
+        int first = t0 > lo ? t0 : lo;
+        for (int t = first; t < t1; t++) {
+            size_t off = kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+            kp[t - t0] = (const float *)j->pool->k + off;
+            vp[t - t0] = (const float *)j->pool->v + off;
+        }
+        for (int i = i0; i < i1; i++) {
+            int pos = a->pos0 + i, s0 = att_start(a, pos);
+            int k0 = (s0 > first ? s0 : first) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
+            if (k0 >= k1)
+                continue;
+            for (int h = h0; h < h1; h++) {
+                int r = (i - i0) * nh + (h - h0);
+                size_t row = ((size_t)i * a->n_heads + h) * hd;
+                const float *qr = j->q + row;
+                att_scores(sc, qr, kp, k0, k1, hd, a->scale);
+                float mt = -INFINITY;
+                for (int k = k0; k < k1; k++)
+                    mt = sc[k] > mt ? sc[k] : mt;
+                float mn = mt > m[r] ? mt : m[r];
+                float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn), sum = 0.0f;
+                if (mn == m[r])
+                    corr = 1.0f;
+                for (int k = k0; k < k1; k++) {
+                    sc[k] = expf(sc[k] - mn);
+                    sum += sc[k];
+                }
+                att_pv(j->out + row, corr, sc + k0, vp + k0, k1 - k0, hd);
+                l[r] = l[r] * corr + sum;
+                m[r] = mn;
+            }
+        }
+    }
+    for (int i = i0; i < i1; i++)
+        for (int h = h0; h < h1; h++) {
+            float inv = 1.0f / l[(i - i0) * nh + (h - h0)];
+            float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
+            for (int d = 0; d < hd; d++)
+                o[d] *= inv;
+        }
+}
+
+static void att_worker(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct att_job *j = ctx;
+    float *scratch = j->scratch + (size_t)ith * j->per_slot;
+    for (;;) {
+        int jb = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (jb >= j->n_jobs)
+            return;
+        att_run_job(j, jb, scratch);
+    }
+}
+
+int cpu_attention_f32(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
+                      const float *q, const struct kv_pool *pool, const struct kv_seq *seq,
+                      int layer, const struct attn_args *a, struct err *e)
+{
+    if (a->n <= 0)
+        return 0;
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0)
+        return err_set(e, "attention: %d query heads do not group over %d KV heads",
+                       a->n_heads, a->n_kv_heads);
+    int nth = tp_size(tp);
+    struct att_job j = {.out = out, .q = q, .pool = pool, .seq = seq, .layer = layer, .a = a};
+    j.group = a->n_heads / a->n_kv_heads;
+    j.n_qt = (a->n + ATT_QT - 1) / ATT_QT;
+    /* Too few jobs to keep every thread busy (one token, few KV heads):
+     * split the query heads of a KV head, each part reading its keys. */
+    j.head_parts = 1;
+    while (j.head_parts < j.group && a->n_kv_heads * j.n_qt * j.head_parts < 2 * nth)
+        j.head_parts *= 2;
+    if (j.head_parts > j.group)
+        j.head_parts = j.group;
+    j.n_jobs = j.n_qt * a->n_kv_heads * j.head_parts;
+    j.per_slot = ATT_KT + 2 * (size_t)ATT_QT * j.group;
+    if (s->slots < nth || s->floats_per_slot < j.per_slot) {
+        size_t per = s->floats_per_slot > j.per_slot ? s->floats_per_slot : j.per_slot;
+        float *b = malloc(per * (size_t)nth * sizeof(float));
+        if (!b)
+            return err_set(e, "attention: out of memory for %d threads' scratch", nth);
+        free(s->buf);
+        s->buf = b;
+        s->floats_per_slot = per;
+        s->slots = nth;
+    }
+    j.per_slot = s->floats_per_slot;
+    j.scratch = s->buf;
+    atomic_init(&j.next, 0);
+    if (nth > 1 && j.n_jobs > 1)
+        tp_run(tp, att_worker, &j);
+    else
+        att_worker(&j, 0, 1);
+    return 0;
+}
+
+void cpu_att_scratch_free(struct cpu_att_scratch *s)
+{
+    free(s->buf);
+    s->buf = NULL;
+    s->floats_per_slot = 0;
+    s->slots = 0;
+}

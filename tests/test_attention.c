@@ -1,0 +1,163 @@
+/* test_attention.c - the CPU attention (attention.c) against a double
+ * precision softmax over a paged cache with a shuffled block table: GQA
+ * groups of 1-4, head sizes with and without SIMD tails, sliding windows,
+ * a cached prefix, 1-3 threads; and the same bits whatever the thread count
+ * or the way the query rows are split into calls (a prompt in chunks, then
+ * decode steps). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/attention.h"
+#include "base/threadpool.h"
+#include "testutil.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static float rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f; /* [-1, 1) */
+}
+
+struct shape {
+    int n_heads, n_kv, hd, window;
+};
+
+enum { LAYERS = 2, LAYER = 1, BS = 16, CTX = 150 };
+
+/* out for rows [0, n) at positions pos0.., in double. */
+static void reference(double *out, const float *q, const struct kv_pool *p,
+                      const struct kv_seq *s, const struct attn_args *a)
+{
+    int g = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    double *sc = malloc(sizeof(double) * CTX);
+    for (int i = 0; i < a->n; i++)
+        for (int h = 0; h < a->n_heads; h++) {
+            int pos = a->pos0 + i, start = 0;
+            if (a->sliding_window > 0 && pos - a->sliding_window + 1 > 0)
+                start = pos - a->sliding_window + 1;
+            const float *qr = q + ((size_t)i * a->n_heads + h) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int t = start; t <= pos; t++) {
+                const float *k = (const float *)p->k + kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                double d = 0;
+                for (int c = 0; c < hd; c++)
+                    d += (double)qr[c] * k[c];
+                sc[t] = d * a->scale;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = start; t <= pos; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            double *o = out + ((size_t)i * a->n_heads + h) * hd;
+            for (int c = 0; c < hd; c++)
+                o[c] = 0;
+            for (int t = start; t <= pos; t++) {
+                const float *v = (const float *)p->v + kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                for (int c = 0; c < hd; c++)
+                    o[c] += sc[t] / sum * v[c];
+            }
+        }
+    free(sc);
+}
+
+static void test_shape(const struct shape *sh, struct threadpool *const *pools)
+{
+    int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd;
+    int nblk = (CTX + BS - 1) / BS;
+    struct kv_pool p = {.n_layers = LAYERS, .kv_dim = kvd, .block_size = BS, .n_blocks = nblk,
+                        .dtype = 0, .elt_bytes = 4};
+    size_t elts = (size_t)nblk * LAYERS * BS * kvd;
+    p.k = malloc(elts * 4);
+    p.v = malloc(elts * 4);
+    int blocks[(CTX + BS - 1) / BS];
+    for (int b = 0; b < nblk; b++) /* a shuffled table: block b holds logical block (b*7) % nblk */
+        blocks[(b * 7) % nblk] = b;
+    struct kv_seq s = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = CTX};
+    for (size_t i = 0; i < elts; i++) {
+        ((float *)p.k)[i] = rnd();
+        ((float *)p.v)[i] = rnd();
+    }
+    /* Rows for positions [P, CTX): a cached prefix of P, then the rest. */
+    const int P = 21, n = CTX - P;
+    float *q = malloc(sizeof(float) * n * qd);
+    for (int i = 0; i < n * qd; i++)
+        q[i] = rnd() * 2.0f;
+    float *out[3], *chunked = malloc(sizeof(float) * n * qd);
+    double *ref = malloc(sizeof(double) * n * qd);
+    struct attn_args a = {.n = n, .pos0 = P, .n_heads = sh->n_heads, .n_kv_heads = sh->n_kv,
+                          .head_dim = sh->hd, .sliding_window = sh->window,
+                          .scale = 1.0f / sqrtf((float)sh->hd)};
+    reference(ref, q, &p, &s, &a);
+    struct err e;
+    for (int t = 0; t < 3; t++) {
+        struct cpu_att_scratch sc = {0};
+        out[t] = malloc(sizeof(float) * n * qd);
+        CHECK(cpu_attention_f32(pools[t], &sc, out[t], q, &p, &s, LAYER, &a, &e) == 0, "%s", e.msg);
+        double err = 0, mx = 0;
+        for (int i = 0; i < n * qd; i++) {
+            err = fmax(err, fabs(out[t][i] - ref[i]));
+            mx = fmax(mx, fabs(ref[i]));
+        }
+        CHECK(err <= 2e-6 * mx, "heads %d/%d, head_dim %d, window %d, %d threads: max error %g of %g",
+              sh->n_heads, sh->n_kv, sh->hd, sh->window, t + 1, err, mx);
+        CHECK(memcmp(out[t], out[0], sizeof(float) * n * qd) == 0,
+              "heads %d/%d, head_dim %d: %d threads differ from 1 thread", sh->n_heads, sh->n_kv,
+              sh->hd, t + 1);
+        cpu_att_scratch_free(&sc);
+    }
+    /* The same rows in calls of 1, 5, 17, 40, ... rows (a chunked prompt,
+     * then single-token steps) on 2 threads: the same bits. */
+    struct cpu_att_scratch sc = {0};
+    static const int sizes[] = {1, 5, 17, 40, 1, 1, 33};
+    for (int r = 0, c = 0; r < n; c++) {
+        struct attn_args b = a;
+        b.n = sizes[c % 7] < n - r ? sizes[c % 7] : n - r;
+        b.pos0 = P + r;
+        CHECK(cpu_attention_f32(pools[1], &sc, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
+                                LAYER, &b, &e) == 0, "%s", e.msg);
+        r += b.n;
+    }
+    CHECK(memcmp(chunked, out[0], sizeof(float) * n * qd) == 0,
+          "heads %d/%d, head_dim %d, window %d: rows computed in chunks differ from one call",
+          sh->n_heads, sh->n_kv, sh->hd, sh->window);
+    cpu_att_scratch_free(&sc);
+    for (int t = 0; t < 3; t++)
+        free(out[t]);
+    free(chunked);
+    free(ref);
+    free(q);
+    free(p.k);
+    free(p.v);
+}
+
+int main(void)
+{
+    struct err e;
+    struct threadpool *pools[3];
+    for (int t = 0; t < 3; t++) {
+        pools[t] = tp_create(t + 1, &e);
+        if (!pools[t]) {
+            fprintf(stderr, "tp_create: %s\n", e.msg);
+            return 1;
+        }
+    }
+    static const struct shape shapes[] = {
+        {4, 4, 64, 0}, {8, 2, 128, 0}, {6, 2, 80, 0}, {3, 1, 16, 0},
+        {4, 2, 20, 0}, {8, 2, 128, 37}, {2, 2, 256, 5},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        test_shape(&shapes[i], pools);
+
+    /* A KV-head count that does not divide the query heads is refused. */
+    struct attn_args bad = {.n = 1, .n_heads = 6, .n_kv_heads = 4, .head_dim = 16};
+    struct cpu_att_scratch sc = {0};
+    float x[96] = {0};
+    CHECK(cpu_attention_f32(pools[0], &sc, x, x, NULL, NULL, 0, &bad, &e) != 0 &&
+              strstr(e.msg, "6 query heads"), "6 heads over 4 KV heads accepted");
+    for (int t = 0; t < 3; t++)
+        tp_destroy(pools[t]);
+    return test_summary("test_attention");
+}
