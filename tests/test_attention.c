@@ -1,14 +1,17 @@
 /* test_attention.c - the CPU attention (attention.c) against a double
  * precision softmax over a paged cache with a shuffled block table: GQA
  * groups of 1-4, head sizes with and without SIMD tails, sliding windows,
- * a cached prefix, 1-3 threads; and the same bits whatever the thread count
+ * a cached prefix, 1-3 threads, f32 and bf16 caches; and the same bits whatever the thread count
  * or the way the query rows are split into calls (a prompt in chunks, then
  * decode steps). */
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/attention.h"
+#include "base/half.h"
 #include "base/threadpool.h"
 #include "testutil.h"
 
@@ -24,7 +27,14 @@ static float rnd(void)
 
 struct shape {
     int n_heads, n_kv, hd, window;
+    bool bf16; /* the cache in bf16 (CLLM_KV_DTYPE=bf16) */
 };
+
+/* Element i of a cache array, as a float. */
+static float elt(const struct kv_pool *p, const void *base, size_t i)
+{
+    return p->dtype == DT_BF16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
 
 enum { LAYERS = 2, LAYER = 1, BS = 16, CTX = 150 };
 
@@ -42,10 +52,10 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
             const float *qr = q + ((size_t)i * a->n_heads + h) * hd;
             double mx = -INFINITY, sum = 0;
             for (int t = start; t <= pos; t++) {
-                const float *k = (const float *)p->k + kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                size_t k = kv_offset(p, s, LAYER, t) + (h / g) * hd;
                 double d = 0;
                 for (int c = 0; c < hd; c++)
-                    d += (double)qr[c] * k[c];
+                    d += (double)qr[c] * elt(p, p->k, k + c);
                 sc[t] = d * a->scale;
                 mx = sc[t] > mx ? sc[t] : mx;
             }
@@ -55,9 +65,9 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
             for (int c = 0; c < hd; c++)
                 o[c] = 0;
             for (int t = start; t <= pos; t++) {
-                const float *v = (const float *)p->v + kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                size_t v = kv_offset(p, s, LAYER, t) + (h / g) * hd;
                 for (int c = 0; c < hd; c++)
-                    o[c] += sc[t] / sum * v[c];
+                    o[c] += sc[t] / sum * elt(p, p->v, v + c);
             }
         }
     free(sc);
@@ -68,17 +78,23 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
     int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd;
     int nblk = (CTX + BS - 1) / BS;
     struct kv_pool p = {.n_layers = LAYERS, .kv_dim = kvd, .block_size = BS, .n_blocks = nblk,
-                        .dtype = 0, .elt_bytes = 4};
+                        .dtype = sh->bf16 ? DT_BF16 : DT_F32, .elt_bytes = sh->bf16 ? 2 : 4};
     size_t elts = (size_t)nblk * LAYERS * BS * kvd;
-    p.k = malloc(elts * 4);
-    p.v = malloc(elts * 4);
+    p.k = malloc(elts * p.elt_bytes);
+    p.v = malloc(elts * p.elt_bytes);
     int blocks[(CTX + BS - 1) / BS];
     for (int b = 0; b < nblk; b++) /* a shuffled table: block b holds logical block (b*7) % nblk */
         blocks[(b * 7) % nblk] = b;
     struct kv_seq s = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = CTX};
     for (size_t i = 0; i < elts; i++) {
-        ((float *)p.k)[i] = rnd();
-        ((float *)p.v)[i] = rnd();
+        float k = rnd(), v = rnd();
+        if (sh->bf16) {
+            ((uint16_t *)p.k)[i] = f32_to_bf16(k);
+            ((uint16_t *)p.v)[i] = f32_to_bf16(v);
+        } else {
+            ((float *)p.k)[i] = k;
+            ((float *)p.v)[i] = v;
+        }
     }
     /* Rows for positions [P, CTX): a cached prefix of P, then the rest. */
     const int P = 21, n = CTX - P;
@@ -95,14 +111,14 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
     for (int t = 0; t < 3; t++) {
         struct cpu_att_scratch sc = {0};
         out[t] = malloc(sizeof(float) * n * qd);
-        CHECK(cpu_attention_f32(pools[t], &sc, out[t], q, &p, &s, LAYER, &a, &e) == 0, "%s", e.msg);
+        CHECK(cpu_paged_attention(pools[t], &sc, out[t], q, &p, &s, LAYER, &a, &e) == 0, "%s", e.msg);
         double err = 0, mx = 0;
         for (int i = 0; i < n * qd; i++) {
             err = fmax(err, fabs(out[t][i] - ref[i]));
             mx = fmax(mx, fabs(ref[i]));
         }
-        CHECK(err <= 2e-6 * mx, "heads %d/%d, head_dim %d, window %d, %d threads: max error %g of %g",
-              sh->n_heads, sh->n_kv, sh->hd, sh->window, t + 1, err, mx);
+        CHECK(err <= 2e-6 * mx, "heads %d/%d, head_dim %d, window %d, %s, %d threads: max error %g of %g",
+              sh->n_heads, sh->n_kv, sh->hd, sh->window, sh->bf16 ? "bf16" : "f32", t + 1, err, mx);
         CHECK(memcmp(out[t], out[0], sizeof(float) * n * qd) == 0,
               "heads %d/%d, head_dim %d: %d threads differ from 1 thread", sh->n_heads, sh->n_kv,
               sh->hd, t + 1);
@@ -116,7 +132,7 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
         struct attn_args b = a;
         b.n = sizes[c % 7] < n - r ? sizes[c % 7] : n - r;
         b.pos0 = P + r;
-        CHECK(cpu_attention_f32(pools[1], &sc, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
+        CHECK(cpu_paged_attention(pools[1], &sc, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
                                 LAYER, &b, &e) == 0, "%s", e.msg);
         r += b.n;
     }
@@ -145,18 +161,25 @@ int main(void)
         }
     }
     static const struct shape shapes[] = {
-        {4, 4, 64, 0}, {8, 2, 128, 0}, {6, 2, 80, 0}, {3, 1, 16, 0},
-        {4, 2, 20, 0}, {8, 2, 128, 37}, {2, 2, 256, 5},
+        {4, 4, 64, 0, false},  {8, 2, 128, 0, false}, {6, 2, 80, 0, false},
+        {3, 1, 16, 0, false},  {4, 2, 20, 0, false},  {8, 2, 128, 37, false},
+        {2, 2, 256, 5, false},
+        {8, 2, 128, 0, true}, {4, 2, 20, 9, true}, {6, 2, 80, 0, true},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_shape(&shapes[i], pools);
 
-    /* A KV-head count that does not divide the query heads is refused. */
+    /* A KV-head count that does not divide the query heads, and a cache
+     * element type the CPU does not read, are refused. */
     struct attn_args bad = {.n = 1, .n_heads = 6, .n_kv_heads = 4, .head_dim = 16};
     struct cpu_att_scratch sc = {0};
     float x[96] = {0};
-    CHECK(cpu_attention_f32(pools[0], &sc, x, x, NULL, NULL, 0, &bad, &e) != 0 &&
+    CHECK(cpu_paged_attention(pools[0], &sc, x, x, NULL, NULL, 0, &bad, &e) != 0 &&
               strstr(e.msg, "6 query heads"), "6 heads over 4 KV heads accepted");
+    struct kv_pool f16 = {.dtype = DT_F16};
+    struct attn_args one = {.n = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16};
+    CHECK(cpu_paged_attention(pools[0], &sc, x, x, &f16, NULL, 0, &one, &e) != 0 &&
+              strstr(e.msg, "f32 or bf16"), "an f16 cache accepted: %s", e.msg);
     for (int t = 0; t < 3; t++)
         tp_destroy(pools[t]);
     return test_summary("test_attention");

@@ -1,4 +1,4 @@
-/* attention.c - the CPU's paged attention over the f32 KV cache as an
+/* attention.c - the CPU's paged attention over the KV cache (f32 or bf16) as an
  * online softmax over tiles of keys: a job takes a KV head (or some of the
  * query heads sharing it) and a tile of query tokens, and reads each tile
  * of keys and values once for all of its rows, so a long prompt's K/V come
@@ -8,12 +8,15 @@
 #include "backend/cpu/attention.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/half.h"
 #include "base/threadpool.h"
+#include "model/tensor.h"
 
 /* Query tokens per job: with 2-8 query heads per KV head, 32-128 rows share
  * each key tile. */
@@ -35,6 +38,28 @@
  * value, so no clone's calling convention depends on it. */
 typedef float att_v16 __attribute__((vector_size(64)));
 
+/* 16 cache elements at row + d as floats: f32 as they are, bf16 widened
+ * (exactly: a bf16 is the top half of an f32). bf16 is a constant at every
+ * call, so each job function keeps only its own branch. */
+ATT_INLINE void att_load(att_v16 *dst, const void *row, int d, bool bf16)
+{
+    if (bf16) {
+        typedef uint16_t u16x16 __attribute__((vector_size(32)));
+        typedef uint32_t u32x16 __attribute__((vector_size(64)));
+        u16x16 h;
+        memcpy(&h, (const uint16_t *)row + d, 32);
+        u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+        memcpy(dst, &w, 64);
+    } else {
+        memcpy(dst, (const float *)row + d, 64);
+    }
+}
+
+ATT_INLINE float att_elt(const void *row, int d, bool bf16)
+{
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
 /* The sum of v's 16 lanes, halving: 8 + 8, 4 + 4, then the last four. */
 ATT_INLINE float att_hsum(const att_v16 *v)
 {
@@ -55,27 +80,27 @@ ATT_INLINE float att_hsum(const att_v16 *v)
  * chunk of q is loaded once for four independent sums. Each score is the
  * same sum of products in the same order however many keys it is computed
  * with (lane d%16 of chunk d/16, then the halving). */
-ATT_INLINE void att_scores(float *sc, const float *q, const float *const *key, int k0, int k1,
-                           int hd, float scale)
+ATT_INLINE void att_scores(float *sc, const float *q, const void *const *key, int k0, int k1,
+                           int hd, float scale, bool bf16)
 {
     int k = k0;
     for (; k + 4 <= k1; k += 4) {
         att_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x, y;
         for (int d = 0; d + 16 <= hd; d += 16) {
             memcpy(&x, q + d, 64);
-            memcpy(&y, key[k] + d, 64);
+            att_load(&y, key[k], d, bf16);
             a0 += x * y;
-            memcpy(&y, key[k + 1] + d, 64);
+            att_load(&y, key[k + 1], d, bf16);
             a1 += x * y;
-            memcpy(&y, key[k + 2] + d, 64);
+            att_load(&y, key[k + 2], d, bf16);
             a2 += x * y;
-            memcpy(&y, key[k + 3] + d, 64);
+            att_load(&y, key[k + 3], d, bf16);
             a3 += x * y;
         }
         float s[4] = {att_hsum(&a0), att_hsum(&a1), att_hsum(&a2), att_hsum(&a3)};
         for (int u = 0; u < 4; u++) {
             for (int d = hd / 16 * 16; d < hd; d++)
-                s[u] += q[d] * key[k + u][d];
+                s[u] += q[d] * att_elt(key[k + u], d, bf16);
             sc[k + u] = s[u] * scale;
         }
     }
@@ -83,12 +108,12 @@ ATT_INLINE void att_scores(float *sc, const float *q, const float *const *key, i
         att_v16 a0 = {0}, x, y;
         for (int d = 0; d + 16 <= hd; d += 16) {
             memcpy(&x, q + d, 64);
-            memcpy(&y, key[k] + d, 64);
+            att_load(&y, key[k], d, bf16);
             a0 += x * y;
         }
         float s = att_hsum(&a0);
         for (int d = hd / 16 * 16; d < hd; d++)
-            s += q[d] * key[k][d];
+            s += q[d] * att_elt(key[k], d, bf16);
         sc[k] = s * scale;
     }
 }
@@ -107,10 +132,9 @@ ATT_INLINE void att_scores(float *sc, const float *q, const float *const *key, i
                 acc[u] *= corr;                                                        \
         }                                                                              \
         for (int k = 0; k < nk; k++) {                                                 \
-            const float *vk = v[k] + d;                                                \
             _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                       \
             {                                                                          \
-                memcpy(&y, vk + 16 * u, 64);                                           \
+                att_load(&y, v[k], d + 16 * u, bf16);                                  \
                 acc[u] += p[k] * y;                                                    \
             }                                                                          \
         }                                                                              \
@@ -119,8 +143,8 @@ ATT_INLINE void att_scores(float *sc, const float *q, const float *const *key, i
         d += 16 * (W);                                                                 \
     } while (0)
 
-ATT_INLINE void att_pv(float *o, float corr, const float *p, const float *const *v, int nk,
-                       int hd)
+ATT_INLINE void att_pv(float *o, float corr, const float *p, const void *const *v, int nk,
+                       int hd, bool bf16)
 {
     int d = 0;
     while (d + 128 <= hd)
@@ -132,7 +156,7 @@ ATT_INLINE void att_pv(float *o, float corr, const float *p, const float *const 
     for (; d < hd; d++) {
         float a = corr != 1.0f ? o[d] * corr : o[d];
         for (int k = 0; k < nk; k++)
-            a += p[k] * v[k][d];
+            a += p[k] * att_elt(v[k], d, bf16);
         o[d] = a;
     }
 }
@@ -161,7 +185,7 @@ static int att_start(const struct attn_args *a, int pos)
 
 /* Job jb: query tiles from the last (the most keys) to the first, each over
  * every KV head and head part, so the longest jobs are handed out first. */
-ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scratch)
+ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bool bf16)
 {
     const struct attn_args *a = j->a;
     int hd = a->head_dim, per_tile = a->n_kv_heads * j->head_parts;
@@ -179,15 +203,16 @@ ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scrat
     for (int i = i0; i < i1; i++)
         memset(j->out + ((size_t)i * a->n_heads + h0) * hd, 0, (size_t)nh * hd * sizeof(float));
 
-    const float *kp[ATT_KT], *vp[ATT_KT];
+    const void *kp[ATT_KT], *vp[ATT_KT];
+    size_t eb = bf16 ? 2 : 4;
     int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1;
     for (int t0 = lo - lo % ATT_KT; t0 <= hi; t0 += ATT_KT) {
         int t1 = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
         int first = t0 > lo ? t0 : lo;
         for (int t = first; t < t1; t++) {
             size_t off = kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
-            kp[t - t0] = (const float *)j->pool->k + off;
-            vp[t - t0] = (const float *)j->pool->v + off;
+            kp[t - t0] = (const char *)j->pool->k + off * eb;
+            vp[t - t0] = (const char *)j->pool->v + off * eb;
         }
         for (int i = i0; i < i1; i++) {
             int pos = a->pos0 + i, s0 = att_start(a, pos);
@@ -198,7 +223,7 @@ ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scrat
                 int r = (i - i0) * nh + (h - h0);
                 size_t row = ((size_t)i * a->n_heads + h) * hd;
                 const float *qr = j->q + row;
-                att_scores(sc, qr, kp, k0, k1, hd, a->scale);
+                att_scores(sc, qr, kp, k0, k1, hd, a->scale, bf16);
                 float mt = -INFINITY;
                 for (int k = k0; k < k1; k++)
                     mt = sc[k] > mt ? sc[k] : mt;
@@ -210,7 +235,7 @@ ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scrat
                     sc[k] = expf(sc[k] - mn);
                     sum += sc[k];
                 }
-                att_pv(j->out + row, corr, sc + k0, vp + k0, k1 - k0, hd);
+                att_pv(j->out + row, corr, sc + k0, vp + k0, k1 - k0, hd, bf16);
                 l[r] = l[r] * corr + sum;
                 m[r] = mn;
             }
@@ -225,6 +250,16 @@ ATT_CLONES static void att_run_job(const struct att_job *j, int jb, float *scrat
         }
 }
 
+ATT_CLONES static void att_run_job_f32(const struct att_job *j, int jb, float *scratch)
+{
+    att_job_body(j, jb, scratch, false);
+}
+
+ATT_CLONES static void att_run_job_bf16(const struct att_job *j, int jb, float *scratch)
+{
+    att_job_body(j, jb, scratch, true);
+}
+
 static void att_worker(void *ctx, int ith, int nth)
 {
     (void)nth;
@@ -234,11 +269,14 @@ static void att_worker(void *ctx, int ith, int nth)
         int jb = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (jb >= j->n_jobs)
             return;
-        att_run_job(j, jb, scratch);
+        if (j->pool->dtype == DT_BF16)
+            att_run_job_bf16(j, jb, scratch);
+        else
+            att_run_job_f32(j, jb, scratch);
     }
 }
 
-int cpu_attention_f32(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
+int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
                       const float *q, const struct kv_pool *pool, const struct kv_seq *seq,
                       int layer, const struct attn_args *a, struct err *e)
 {
@@ -247,6 +285,9 @@ int cpu_attention_f32(struct threadpool *tp, struct cpu_att_scratch *s, float *o
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads != 0 || a->head_dim <= 0)
         return err_set(e, "attention: %d query heads do not group over %d KV heads",
                        a->n_heads, a->n_kv_heads);
+    if (pool->dtype != DT_F32 && pool->dtype != DT_BF16)
+        return err_set(e, "attention: the CPU reads K/V in f32 or bf16, not %s",
+                       dtype_name((enum dtype)pool->dtype));
     int nth = tp_size(tp);
     struct att_job j = {.out = out, .q = q, .pool = pool, .seq = seq, .layer = layer, .a = a};
     j.group = a->n_heads / a->n_kv_heads;

@@ -1,4 +1,4 @@
-/* attention.h - the CPU backend's paged attention over the f32 KV cache. */
+/* attention.h - the CPU backend's paged attention over an f32 or bf16 KV cache. */
 #ifndef CLLM_BACKEND_CPU_ATTENTION_H
 #define CLLM_BACKEND_CPU_ATTENTION_H
 
@@ -19,11 +19,12 @@ struct cpu_att_scratch {
 
 /* out[i][h] = softmax(q[i][h] . K[0..pos] * scale) . V[0..pos] for the n
  * query rows at positions pos0.. (causal, within a->sliding_window), K and
- * V read from layer `layer` of seq's blocks. Threaded over (KV head, tile
+ * V read from layer `layer` of seq's blocks (pool->dtype DT_F32 or
+ * DT_BF16; anything else is refused). Threaded over (KV head, tile
  * of query tokens) on tp. A row's arithmetic depends only on its position
  * and its keys (key tiles sit at fixed multiples of positions), not on how
  * the rows were split into calls or jobs, nor on the thread count. */
-int cpu_attention_f32(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
+int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
                       const float *q, const struct kv_pool *pool, const struct kv_seq *seq,
                       int layer, const struct attn_args *a, struct err *e);
 

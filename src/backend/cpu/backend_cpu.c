@@ -4,6 +4,7 @@
 #include "backend/backend.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ struct cpu_backend {
     struct threadpool *tp;
     struct cpu_matmul mm;
     struct cpu_att_scratch att;
+    bool kv_bf16; /* K/V cache in bf16 (CLLM_KV_DTYPE=bf16); f32 by default */
 };
 
 static struct cpu_backend *cpu(struct backend *be) { return be->impl; }
@@ -144,8 +146,16 @@ static void cpu_kv_store(struct backend *be, struct kv_pool *pool, const struct 
     size_t d = (size_t)pool->kv_dim;
     for (int i = 0; i < n; i++) {
         size_t off = kv_offset(pool, seq, layer, pos0 + i);
-        memcpy((float *)pool->k + off, k + i * d, d * sizeof(float));
-        memcpy((float *)pool->v + off, v + i * d, d * sizeof(float));
+        if (pool->dtype == DT_BF16) {
+            uint16_t *kd = (uint16_t *)pool->k + off, *vd = (uint16_t *)pool->v + off;
+            for (size_t c = 0; c < d; c++) {
+                kd[c] = f32_to_bf16(k[i * d + c]);
+                vd[c] = f32_to_bf16(v[i * d + c]);
+            }
+        } else {
+            memcpy((float *)pool->k + off, k + i * d, d * sizeof(float));
+            memcpy((float *)pool->v + off, v + i * d, d * sizeof(float));
+        }
     }
 }
 
@@ -154,7 +164,7 @@ static int cpu_attention(struct backend *be, float *out, const float *q,
                          const struct attn_args *a, struct err *e)
 {
     struct cpu_backend *c = cpu(be);
-    return cpu_attention_f32(c->tp, &c->att, out, q, pool, seq, layer, a, e);
+    return cpu_paged_attention(c->tp, &c->att, out, q, pool, seq, layer, a, e);
 }
 
 static void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
@@ -243,6 +253,8 @@ static double cpu_mem_bandwidth(struct backend *be, struct err *e)
     return best;
 }
 
+static int cpu_kv_dtype(struct backend *be) { return cpu(be)->kv_bf16 ? DT_BF16 : DT_F32; }
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -259,6 +271,7 @@ static const struct backend_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .mem_bandwidth = cpu_mem_bandwidth,
+    .kv_dtype = cpu_kv_dtype,
 };
 
 struct backend *backend_cpu_create(int n_threads, struct err *e)
@@ -268,6 +281,15 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
         err_set(e, "out of memory");
         return NULL;
     }
+    /* f32 by default: the CPU is the exact path the oracle tests hold to
+     * 1e-4. bf16 halves the cache's memory and what decode reads of it. */
+    const char *kvd = getenv("CLLM_KV_DTYPE");
+    if (kvd && strcmp(kvd, "f32") != 0 && strcmp(kvd, "bf16") != 0) {
+        err_set(e, "CLLM_KV_DTYPE=%s: the K/V cache element type is f32 or bf16", kvd);
+        free(c);
+        return NULL;
+    }
+    c->kv_bf16 = kvd && strcmp(kvd, "bf16") == 0;
     c->tp = tp_create(n_threads, e);
     if (!c->tp || cpu_matmul_init(&c->mm, c->tp, cpu_isa_detect(), e)) {
         if (c->tp)
