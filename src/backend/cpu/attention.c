@@ -228,9 +228,8 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
                 for (int k = k0; k < k1; k++)
                     mt = sc[k] > mt ? sc[k] : mt;
                 float mn = mt > m[r] ? mt : m[r];
-                float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn), sum = 0.0f;
-                if (mn == m[r])
-                    corr = 1.0f;
+                /* the row's first keys: m is -inf, exp gives 0 */
+                float corr = mn == m[r] ? 1.0f : expf(m[r] - mn), sum = 0.0f;
                 for (int k = k0; k < k1; k++) {
                     sc[k] = expf(sc[k] - mn);
                     sum += sc[k];
