@@ -24,7 +24,8 @@ field() { # args: line pattern, sed expression -> the number it captures
 
 # 1. Prefill, decode and two batch rows with the floor from --bandwidth.
 "$CLLM" bench "$MODEL" -p 32 -n 16 --batch 1,4 -t 2 --bandwidth 20 >"$tmp/out" 2>"$tmp/err"
-check '[ $? -eq 0 ]' "bench --batch 1,4 failed: $(cat "$tmp/err")"
+rc=$?
+check '[ $rc -eq 0 ]' "bench --batch 1,4 failed: $(cat "$tmp/err")"
 check 'grep -q "^bandwidth: *20.0 GB/s (--bandwidth)" "$tmp/out"' "no --bandwidth line: $(cat "$tmp/out")"
 check 'grep -q "prefill_chunk 32, batch_tokens max(2048, P+S)" "$tmp/out"' "engine settings not in the header"
 v=$(field "^prefill p32 " "s/^prefill p32 +($num) tok\/s.*/\1/")
@@ -49,7 +50,8 @@ check 'awk -v a="$f1" -v b="$f4" "BEGIN { exit !(b > a) }"' "floor 4 ($f4) not a
 
 # 2. Without --bandwidth the CPU backend measures it.
 "$CLLM" bench "$MODEL" -p 16 -n 8 -t 2 >"$tmp/out" 2>"$tmp/err"
-check '[ $? -eq 0 ]' "bench (measured bandwidth) failed: $(cat "$tmp/err")"
+rc=$?
+check '[ $rc -eq 0 ]' "bench (measured bandwidth) failed: $(cat "$tmp/err")"
 v=$(field "^bandwidth:" "s/^bandwidth: +($num) GB\/s \(measured\)$/\1/")
 check 'pos "$v" && [[ "$v" =~ ^$num$ ]]' "measured bandwidth: '$(grep ^bandwidth "$tmp/out")'"
 check '! grep -q "^batch" "$tmp/out"' "batch rows without --batch"
@@ -60,7 +62,8 @@ check 'grep -qE "^decode  tg8 .*floor +$num tok/s" "$tmp/out"' "decode floor wit
 check 'grep -q "^decoding:   greedy$" "$tmp/out"' "no 'decoding: greedy' line"
 "$CLLM" bench "$MODEL" -p 16 -n 16 -t 2 --bandwidth 20 --temp 0.8 --top-p 0.9 --top-k 40 \
     --seed 7 --batch 2 >"$tmp/out" 2>"$tmp/err"
-check '[ $? -eq 0 ]' "bench --temp failed: $(cat "$tmp/err")"
+rc=$?
+check '[ $rc -eq 0 ]' "bench --temp failed: $(cat "$tmp/err")"
 check 'grep -q "^decoding:   sampled: temperature 0.8, top-k 40, top-p 0.9, min-p 0, seed 7$" "$tmp/out"' \
     "sampled header: '$(grep ^decoding "$tmp/out")'"
 v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
@@ -92,6 +95,7 @@ expect_err "temperature must be >= 0" "$CLLM" bench "$MODEL" --temp -1
 expect_err "top_p must be in" "$CLLM" bench "$MODEL" --top-p 2
 expect_err "--temp needs a number" "$CLLM" bench "$MODEL" --temp abc
 "$CLLM" bench --help >"$tmp/o" 2>&1
-check '[ $? -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"
+rc=$?
+check '[ $rc -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"
 
 check_summary test_bench

@@ -8,7 +8,8 @@ CLLM=$1 SHARED=$2 FIX=$3
 
 # 1. Text generation from the llama2.c sample reproduces llama2.c's sample text.
 out=$("$CLLM" run "$SHARED/models/stories260K" -p "Zoo" -n 57 --temp 0 2>"$tmp/err")
-check '[ $? -eq 0 ]' "run stories260K failed: $(cat "$tmp/err")"
+rc=$?
+check '[ $rc -eq 0 ]' "run stories260K failed: $(cat "$tmp/err")"
 want="Zoo was a little girl named Lily. She loved to play outside in the park."
 check '[[ "$out" == "$want"* ]]' "stories260K text: got '$out'"
 check 'grep -q "decode:.*tok/s" "$tmp/err"' "no tokens/s report on stderr"
@@ -18,6 +19,14 @@ ids=$("$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80,147,201,28
 check '[ "$ids" = "313,598,303,1049,1468,267,628,333" ]' "tinystories ids: got '$ids'"
 
 # 3. Text prompt through tokenizer.json gives the same ids.
+# a bf16 K/V cache: a greedy continuation of the same length; an element
+# type the cache cannot take is refused, naming the allowed ones
+ids_bf=$(CLLM_KV_DTYPE=bf16 "$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80,147,201,282,57 -n 8 --temp 0 --print-ids 2>"$tmp/err")
+rc=$?
+check '[ $rc -eq 0 ] && [ "$(tr "," "\n" <<<"$ids_bf" | grep -c .)" = 8 ]' "CLLM_KV_DTYPE=bf16 run: '$ids_bf' $(cat "$tmp/err")"
+CLLM_KV_DTYPE=f16 "$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80 -n 2 >/dev/null 2>"$tmp/err"
+rc=$?
+check '[ $rc -ne 0 ] && grep -q "CLLM_KV_DTYPE=f16: .* f32 or bf16" "$tmp/err"' "CLLM_KV_DTYPE=f16: $(cat "$tmp/err")"
 ids2=$("$CLLM" run "$SHARED/models/tinystories-656k" -p "Once upon a time" -n 8 --temp 0 --print-ids 2>/dev/null)
 check '[ "$ids2" = "$ids" ]' "tinystories -p ids: got '$ids2'"
 

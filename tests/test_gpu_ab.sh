@@ -42,7 +42,8 @@ echo 200 | gzip -c >"$tmp/other/libcllm_cuda.so.gz"
 WORK=$tmp/w SHAPES="s1 s2" ROUNDS=2 ARGS="-n 8 --batch 8" SHOW='^probe' \
     bash "$AB" "$tmp/bin" new=env:BUMP=0 bump=env:BUMP=7,FAIL=0 old="$tmp/old.so.gz" \
     bad=env:FAIL=1 other=dir:"$tmp/other" >"$tmp/out" 2>"$tmp/err"
-check '[ $? -eq 0 ]' "ab.sh failed: $(cat "$tmp/err")"
+rc=$?
+check '[ $rc -eq 0 ]' "ab.sh failed: $(cat "$tmp/err")"
 check '[ "$(grep -c "^s1 " "$tmp/out")" -eq 10 ] && [ "$(grep -c "^s2 " "$tmp/out")" -eq 10 ]' \
     "not 5 variants x 2 rounds per shape: $(cat "$tmp/out")"
 check '[ "$(grep "^s1 " "$tmp/out" | head -5 | cut -d" " -f2 | tr "\n" " ")" = "new bump old bad other " ]' \
@@ -61,11 +62,15 @@ check '[ -f "$tmp/w/s1-bf16.gguf" ] && grep -q -- "--shape s1 --dtype bf16" "$tm
     "the model file was not made with gen_model --shape"
 
 bash "$AB" "$tmp/bin" noequals >"$tmp/out" 2>&1
-check '[ $? -eq 2 ] && grep -q "is not NAME=SPEC" "$tmp/out"' "a variant without = accepted"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "is not NAME=SPEC" "$tmp/out"' "a variant without = accepted"
 bash "$AB" "$tmp/bin" x="$tmp/none.so" >"$tmp/out" 2>&1
-check '[ $? -eq 2 ] && grep -q "no module" "$tmp/out"' "a missing module accepted"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "no module" "$tmp/out"' "a missing module accepted"
 bash "$AB" "$tmp/bin" x=dir:"$tmp/bin/none" >"$tmp/out" 2>&1
-check '[ $? -eq 2 ] && grep -q "has no cllm" "$tmp/out"' "a dir variant without binaries accepted"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q "has no cllm" "$tmp/out"' "a dir variant without binaries accepted"
 bash "$AB" "$tmp/bin" >"$tmp/out" 2>&1
-check '[ $? -eq 2 ] && grep -q usage "$tmp/out"' "no variants accepted"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q usage "$tmp/out"' "no variants accepted"
 check_summary test_gpu_ab

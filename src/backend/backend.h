@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
 #include "kv/kv_cache.h"
@@ -293,6 +295,22 @@ void backend_upload(struct backend *be, void *dst, const void *src, size_t bytes
 bool backend_on_device(const struct backend *be);
 /* The KV element type of the backend (ops->kv_dtype, else DT_F32). */
 int backend_kv_dtype(struct backend *be);
+/* The K/V element type CLLM_KV_DTYPE asks for: DT_F32 for "f32", DT_BF16
+ * for "bf16", dflt when it is unset; -1 with a message naming the allowed
+ * values for anything else. Inline: the CUDA module links none of
+ * cllmcore's code but err_set's own copy. */
+static inline int backend_kv_dtype_env(int dflt, struct err *e)
+{
+    const char *v = getenv("CLLM_KV_DTYPE");
+    if (!v)
+        return dflt;
+    if (!strcmp(v, "f32"))
+        return DT_F32;
+    if (!strcmp(v, "bf16"))
+        return DT_BF16;
+    err_set(e, "CLLM_KV_DTYPE=%s: the K/V cache element type is f32 or bf16", v);
+    return -1;
+}
 /* ops->load_weights when the backend has one (no-op otherwise). */
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e);
 /* Prints the device allocation plan (weights, activations, KV, free) to f

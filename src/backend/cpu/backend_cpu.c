@@ -283,13 +283,12 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
     }
     /* f32 by default: the CPU is the exact path the oracle tests hold to
      * 1e-4. bf16 halves the cache's memory and what decode reads of it. */
-    const char *kvd = getenv("CLLM_KV_DTYPE");
-    if (kvd && strcmp(kvd, "f32") != 0 && strcmp(kvd, "bf16") != 0) {
-        err_set(e, "CLLM_KV_DTYPE=%s: the K/V cache element type is f32 or bf16", kvd);
+    int kv_dt = backend_kv_dtype_env(DT_F32, e);
+    if (kv_dt < 0) {
         free(c);
         return NULL;
     }
-    c->kv_bf16 = kvd && strcmp(kvd, "bf16") == 0;
+    c->kv_bf16 = kv_dt == DT_BF16;
     c->tp = tp_create(n_threads, e);
     if (!c->tp || cpu_matmul_init(&c->mm, c->tp, cpu_isa_detect(), e)) {
         if (c->tp)

@@ -2535,6 +2535,9 @@ static bool env_on(const char *name)
 
 static struct backend *cuda_create(int device, struct err *e)
 {
+    int kv_dt = backend_kv_dtype_env(DT_BF16, e);
+    if (kv_dt < 0)
+        return NULL;
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -2632,8 +2635,7 @@ static struct backend *cuda_create(int device, struct err *e)
     p = getenv("CLLM_CUDA_DEC_BPS"); /* measurement: decode attention blocks per SM */
     c->dec_blocks = c->n_sms * (p && atoi(p) >= 1 && atoi(p) <= 8 ? atoi(p) : CUK_DEC_BLOCKS_PER_SM);
     cuk_set_pdl(!env_off("CLLM_CUDA_PDL"));
-    p = getenv("CLLM_KV_DTYPE");
-    c->kv_bf16 = !c->precise && !(p && !strcmp(p, "f32"));
+    c->kv_bf16 = !c->precise && kv_dt == DT_BF16;
     c->graphs = !env_off("CLLM_COMPILED_DECODE");
     c->bgraphs = !env_off("CLLM_COMPILED_BATCH");
     c->fuse = !env_off("CLLM_CUDA_FUSE");
