@@ -118,6 +118,50 @@ ATT_INLINE void att_scores(float *sc, const float *q, const void *const *key, in
     }
 }
 
+/* att_scores for two query rows over the same keys: each key load feeds
+ * both rows' sums. Per row the same operations in the same order as
+ * att_scores, so the same bits. */
+ATT_INLINE void att_scores2(float *sc1, float *sc2, const float *q1, const float *q2,
+                            const void *const *key, int k0, int k1, int hd, float scale,
+                            bool bf16)
+{
+    int k = k0, tail = hd / 16 * 16;
+    for (; k + 4 <= k1; k += 4) {
+        att_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        att_v16 x1, x2, y;
+        for (int d = 0; d + 16 <= hd; d += 16) {
+            memcpy(&x1, q1 + d, 64);
+            memcpy(&x2, q2 + d, 64);
+            att_load(&y, key[k], d, bf16);
+            a0 += x1 * y;
+            b0 += x2 * y;
+            att_load(&y, key[k + 1], d, bf16);
+            a1 += x1 * y;
+            b1 += x2 * y;
+            att_load(&y, key[k + 2], d, bf16);
+            a2 += x1 * y;
+            b2 += x2 * y;
+            att_load(&y, key[k + 3], d, bf16);
+            a3 += x1 * y;
+            b3 += x2 * y;
+        }
+        float s1[4] = {att_hsum(&a0), att_hsum(&a1), att_hsum(&a2), att_hsum(&a3)};
+        float s2[4] = {att_hsum(&b0), att_hsum(&b1), att_hsum(&b2), att_hsum(&b3)};
+        for (int u = 0; u < 4; u++) {
+            for (int d = tail; d < hd; d++) {
+                s1[u] += q1[d] * att_elt(key[k + u], d, bf16);
+                s2[u] += q2[d] * att_elt(key[k + u], d, bf16);
+            }
+            sc1[k + u] = s1[u] * scale;
+            sc2[k + u] = s2[u] * scale;
+        }
+    }
+    if (k < k1) {
+        att_scores(sc1, q1, key, k, k1, hd, scale, bf16);
+        att_scores(sc2, q2, key, k, k1, hd, scale, bf16);
+    }
+}
+
 /* o[0..W*16) = o * corr + sum over k of p[k] * v[k], the W vectors' sums
  * in registers across the keys: W independent chains, so the adds are not
  * bound by their latency. corr == 1 leaves o as it is (the same bits as
@@ -161,6 +205,58 @@ ATT_INLINE void att_pv(float *o, float corr, const float *p, const void *const *
     }
 }
 
+/* att_pv for two rows over the same keys (two query heads of one token):
+ * each V load feeds both rows' sums. Per row the same operations in the
+ * same order as att_pv, so the same bits. */
+#define ATT_PV2_CHUNK(W)                                                               \
+    do {                                                                               \
+        att_v16 x1[W], x2[W], y;                                                       \
+        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
+        {                                                                              \
+            memcpy(&x1[u], o1 + d + 16 * u, 64);                                       \
+            memcpy(&x2[u], o2 + d + 16 * u, 64);                                       \
+            if (c1 != 1.0f)                                                            \
+                x1[u] *= c1;                                                           \
+            if (c2 != 1.0f)                                                            \
+                x2[u] *= c2;                                                           \
+        }                                                                              \
+        for (int k = 0; k < nk; k++) {                                                 \
+            _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                       \
+            {                                                                          \
+                att_load(&y, v[k], d + 16 * u, bf16);                                  \
+                x1[u] += p1[k] * y;                                                    \
+                x2[u] += p2[k] * y;                                                    \
+            }                                                                          \
+        }                                                                              \
+        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
+        {                                                                              \
+            memcpy(o1 + d + 16 * u, &x1[u], 64);                                       \
+            memcpy(o2 + d + 16 * u, &x2[u], 64);                                       \
+        }                                                                              \
+        d += 16 * (W);                                                                 \
+    } while (0)
+
+ATT_INLINE void att_pv2(float *o1, float c1, const float *p1, float *o2, float c2,
+                        const float *p2, const void *const *v, int nk, int hd, bool bf16)
+{
+    int d = 0;
+    while (d + 128 <= hd)
+        ATT_PV2_CHUNK(8);
+    while (d + 32 <= hd)
+        ATT_PV2_CHUNK(2);
+    if (d + 16 <= hd)
+        ATT_PV2_CHUNK(1);
+    for (; d < hd; d++) {
+        float a1 = c1 != 1.0f ? o1[d] * c1 : o1[d], a2 = c2 != 1.0f ? o2[d] * c2 : o2[d];
+        for (int k = 0; k < nk; k++) {
+            a1 += p1[k] * att_elt(v[k], d, bf16);
+            a2 += p2[k] * att_elt(v[k], d, bf16);
+        }
+        o1[d] = a1;
+        o2[d] = a2;
+    }
+}
+
 struct att_job {
     float *out;
     const float *q;
@@ -195,7 +291,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     int h1 = kvh * j->group + (part + 1) * j->group / j->head_parts;
     int i0 = qt * ATT_QT, i1 = i0 + ATT_QT < a->n ? i0 + ATT_QT : a->n;
     int nh = h1 - h0;
-    float *sc = scratch, *m = scratch + ATT_KT, *l = m + ATT_QT * j->group;
+    float *sc = scratch, *m = scratch + 2 * ATT_KT, *l = m + ATT_QT * j->group;
     for (int r = 0; r < (i1 - i0) * nh; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -219,24 +315,37 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
             int k0 = (s0 > first ? s0 : first) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
             if (k0 >= k1)
                 continue;
-            for (int h = h0; h < h1; h++) {
-                int r = (i - i0) * nh + (h - h0);
-                size_t row = ((size_t)i * a->n_heads + h) * hd;
-                const float *qr = j->q + row;
-                att_scores(sc, qr, kp, k0, k1, hd, a->scale, bf16);
-                float mt = -INFINITY;
-                for (int k = k0; k < k1; k++)
-                    mt = sc[k] > mt ? sc[k] : mt;
-                float mn = mt > m[r] ? mt : m[r];
-                /* the row's first keys: m is -inf, exp gives 0 */
-                float corr = mn == m[r] ? 1.0f : expf(m[r] - mn), sum = 0.0f;
-                for (int k = k0; k < k1; k++) {
-                    sc[k] = expf(sc[k] - mn);
-                    sum += sc[k];
+            /* query heads in pairs: both rows' p.v read each V row once */
+            for (int h = h0; h < h1; h += 2) {
+                int pair = h + 1 < h1;
+                float corr[2];
+                const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
+                if (pair)
+                    att_scores2(sc, sc + ATT_KT, qh, qh + hd, kp, k0, k1, hd, a->scale, bf16);
+                else
+                    att_scores(sc, qh, kp, k0, k1, hd, a->scale, bf16);
+                for (int u = 0; u <= pair; u++) {
+                    int r = (i - i0) * nh + (h + u - h0);
+                    float *su = sc + u * ATT_KT;
+                    float mt = -INFINITY;
+                    for (int k = k0; k < k1; k++)
+                        mt = su[k] > mt ? su[k] : mt;
+                    float mn = mt > m[r] ? mt : m[r], sum = 0.0f;
+                    /* the row's first keys: m is -inf, exp gives 0 */
+                    corr[u] = mn == m[r] ? 1.0f : expf(m[r] - mn);
+                    for (int k = k0; k < k1; k++) {
+                        su[k] = expf(su[k] - mn);
+                        sum += su[k];
+                    }
+                    l[r] = l[r] * corr[u] + sum;
+                    m[r] = mn;
                 }
-                att_pv(j->out + row, corr, sc + k0, vp + k0, k1 - k0, hd, bf16);
-                l[r] = l[r] * corr + sum;
-                m[r] = mn;
+                float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
+                if (pair)
+                    att_pv2(o, corr[0], sc + k0, o + hd, corr[1], sc + ATT_KT + k0, vp + k0,
+                            k1 - k0, hd, bf16);
+                else
+                    att_pv(o, corr[0], sc + k0, vp + k0, k1 - k0, hd, bf16);
             }
         }
     }
@@ -299,7 +408,7 @@ int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float 
     if (j.head_parts > j.group)
         j.head_parts = j.group;
     j.n_jobs = j.n_qt * a->n_kv_heads * j.head_parts;
-    j.per_slot = ATT_KT + 2 * (size_t)ATT_QT * j.group;
+    j.per_slot = 2 * ATT_KT + 2 * (size_t)ATT_QT * j.group;
     if (s->slots < nth || s->floats_per_slot < j.per_slot) {
         size_t per = s->floats_per_slot > j.per_slot ? s->floats_per_slot : j.per_slot;
         float *b = malloc(per * (size_t)nth * sizeof(float));
