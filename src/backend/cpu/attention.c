@@ -257,6 +257,26 @@ ATT_INLINE void att_pv2(float *o1, float c1, const float *p1, float *o2, float c
     }
 }
 
+/* One tile of a row's online softmax: sc[k0..k1) holds its scores and gets
+ * e^(score - max); *m and *l, the row's running max and sum, move on.
+ * Returns what the row's output so far must be scaled by. */
+ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
+{
+    float mt = -INFINITY, sum = 0.0f;
+    for (int k = k0; k < k1; k++)
+        mt = sc[k] > mt ? sc[k] : mt;
+    float mn = mt > *m ? mt : *m;
+    /* the row's first keys: *m is -inf, exp gives 0 */
+    float corr = mn == *m ? 1.0f : expf(*m - mn);
+    for (int k = k0; k < k1; k++) {
+        sc[k] = expf(sc[k] - mn);
+        sum += sc[k];
+    }
+    *l = *l * corr + sum;
+    *m = mn;
+    return corr;
+}
+
 struct att_job {
     float *out;
     const float *q;
@@ -315,7 +335,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
             int k0 = (s0 > first ? s0 : first) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
             if (k0 >= k1)
                 continue;
-            /* query heads in pairs: both rows' p.v read each V row once */
+            /* query heads in pairs: each K and V row loaded serves both */
             for (int h = h0; h < h1; h += 2) {
                 int pair = h + 1 < h1;
                 float corr[2];
@@ -326,19 +346,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
                     att_scores(sc, qh, kp, k0, k1, hd, a->scale, bf16);
                 for (int u = 0; u <= pair; u++) {
                     int r = (i - i0) * nh + (h + u - h0);
-                    float *su = sc + u * ATT_KT;
-                    float mt = -INFINITY;
-                    for (int k = k0; k < k1; k++)
-                        mt = su[k] > mt ? su[k] : mt;
-                    float mn = mt > m[r] ? mt : m[r], sum = 0.0f;
-                    /* the row's first keys: m is -inf, exp gives 0 */
-                    corr[u] = mn == m[r] ? 1.0f : expf(m[r] - mn);
-                    for (int k = k0; k < k1; k++) {
-                        su[k] = expf(su[k] - mn);
-                        sum += su[k];
-                    }
-                    l[r] = l[r] * corr[u] + sum;
-                    m[r] = mn;
+                    corr[u] = att_softmax_step(sc + u * ATT_KT, k0, k1, &m[r], &l[r]);
                 }
                 float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
                 if (pair)
