@@ -32,6 +32,7 @@
 #define ATT_CLONES
 #endif
 #define ATT_INLINE static inline __attribute__((always_inline))
+#define ATT_UNROLL _Pragma("GCC unroll 8")
 
 /* 16 floats: one AVX-512 register, two AVX2 ones, four SSE ones. Loaded
  * and stored with memcpy (rows are only 4-byte aligned); never passed by
@@ -76,185 +77,106 @@ ATT_INLINE float att_hsum(const att_v16 *v)
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-/* sc[k] = q . key[k] * scale for k in [k0, k1), four keys at a time so each
- * chunk of q is loaded once for four independent sums. Each score is the
- * same sum of products in the same order however many keys it is computed
- * with (lane d%16 of chunk d/16, then the halving). */
-ATT_INLINE void att_scores(float *sc, const float *q, const void *const *key, int k0, int k1,
-                           int hd, float scale, bool bf16)
-{
-    int k = k0;
-    for (; k + 4 <= k1; k += 4) {
-        att_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x, y;
-        for (int d = 0; d + 16 <= hd; d += 16) {
-            memcpy(&x, q + d, 64);
-            att_load(&y, key[k], d, bf16);
-            a0 += x * y;
-            att_load(&y, key[k + 1], d, bf16);
-            a1 += x * y;
-            att_load(&y, key[k + 2], d, bf16);
-            a2 += x * y;
-            att_load(&y, key[k + 3], d, bf16);
-            a3 += x * y;
-        }
-        float s[4] = {att_hsum(&a0), att_hsum(&a1), att_hsum(&a2), att_hsum(&a3)};
-        for (int u = 0; u < 4; u++) {
-            for (int d = hd / 16 * 16; d < hd; d++)
-                s[u] += q[d] * att_elt(key[k + u], d, bf16);
-            sc[k + u] = s[u] * scale;
-        }
-    }
-    for (; k < k1; k++) {
-        att_v16 a0 = {0}, x, y;
-        for (int d = 0; d + 16 <= hd; d += 16) {
-            memcpy(&x, q + d, 64);
-            att_load(&y, key[k], d, bf16);
-            a0 += x * y;
-        }
-        float s = att_hsum(&a0);
-        for (int d = hd / 16 * 16; d < hd; d++)
-            s += q[d] * att_elt(key[k], d, bf16);
-        sc[k] = s * scale;
-    }
-}
-
-/* att_scores for two query rows over the same keys: each key load feeds
- * both rows' sums. Per row the same operations in the same order as
- * att_scores, so the same bits. */
-ATT_INLINE void att_scores2(float *sc1, float *sc2, const float *q1, const float *q2,
-                            const void *const *key, int k0, int k1, int hd, float scale,
-                            bool bf16)
+/* sc[r][k] = q[r] . key[k] * scale for the R (1 or 2) query rows of a token
+ * and k in [k0, k1): four keys at a time, so each chunk of a q row is
+ * loaded once for four sums and each chunk of a key once for every row.
+ * R is a constant at each call, and the loops over rows and keys unroll,
+ * so the sums stay in registers. Each score is the same sum of products in
+ * the same order whatever R and however many keys it is computed with
+ * (lane d%16 of chunk d/16, then the halving). */
+ATT_INLINE void att_scores(int R, float *const *sc, const float *const *q,
+                           const void *const *key, int k0, int k1, int hd, float scale,
+                           bool bf16)
 {
     int k = k0, tail = hd / 16 * 16;
     for (; k + 4 <= k1; k += 4) {
-        att_v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-        att_v16 x1, x2, y;
+        att_v16 acc[2][4] = {{{0}}}, x[2], y;
         for (int d = 0; d + 16 <= hd; d += 16) {
-            memcpy(&x1, q1 + d, 64);
-            memcpy(&x2, q2 + d, 64);
-            att_load(&y, key[k], d, bf16);
-            a0 += x1 * y;
-            b0 += x2 * y;
-            att_load(&y, key[k + 1], d, bf16);
-            a1 += x1 * y;
-            b1 += x2 * y;
-            att_load(&y, key[k + 2], d, bf16);
-            a2 += x1 * y;
-            b2 += x2 * y;
-            att_load(&y, key[k + 3], d, bf16);
-            a3 += x1 * y;
-            b3 += x2 * y;
-        }
-        float s1[4] = {att_hsum(&a0), att_hsum(&a1), att_hsum(&a2), att_hsum(&a3)};
-        float s2[4] = {att_hsum(&b0), att_hsum(&b1), att_hsum(&b2), att_hsum(&b3)};
-        for (int u = 0; u < 4; u++) {
-            for (int d = tail; d < hd; d++) {
-                s1[u] += q1[d] * att_elt(key[k + u], d, bf16);
-                s2[u] += q2[d] * att_elt(key[k + u], d, bf16);
+            ATT_UNROLL for (int r = 0; r < R; r++)
+                memcpy(&x[r], q[r] + d, 64);
+            ATT_UNROLL for (int u = 0; u < 4; u++)
+            {
+                att_load(&y, key[k + u], d, bf16);
+                ATT_UNROLL for (int r = 0; r < R; r++)
+                    acc[r][u] += x[r] * y;
             }
-            sc1[k + u] = s1[u] * scale;
-            sc2[k + u] = s2[u] * scale;
         }
+        ATT_UNROLL for (int r = 0; r < R; r++)
+            ATT_UNROLL for (int u = 0; u < 4; u++)
+            {
+                float s = att_hsum(&acc[r][u]);
+                for (int d = tail; d < hd; d++)
+                    s += q[r][d] * att_elt(key[k + u], d, bf16);
+                sc[r][k + u] = s * scale;
+            }
     }
-    if (k < k1) {
-        att_scores(sc1, q1, key, k, k1, hd, scale, bf16);
-        att_scores(sc2, q2, key, k, k1, hd, scale, bf16);
-    }
+    for (; k < k1; k++)
+        ATT_UNROLL for (int r = 0; r < R; r++)
+        {
+            att_v16 a0 = {0}, xr, y;
+            for (int d = 0; d + 16 <= hd; d += 16) {
+                memcpy(&xr, q[r] + d, 64);
+                att_load(&y, key[k], d, bf16);
+                a0 += xr * y;
+            }
+            float s = att_hsum(&a0);
+            for (int d = tail; d < hd; d++)
+                s += q[r][d] * att_elt(key[k], d, bf16);
+            sc[r][k] = s * scale;
+        }
 }
 
-/* o[0..W*16) = o * corr + sum over k of p[k] * v[k], the W vectors' sums
- * in registers across the keys: W independent chains, so the adds are not
- * bound by their latency. corr == 1 leaves o as it is (the same bits as
- * multiplying). Each column sums its keys in order, whatever W. */
-#define ATT_PV_CHUNK(W)                                                                \
-    do {                                                                               \
-        att_v16 acc[W], y;                                                             \
-        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
-        {                                                                              \
-            memcpy(&acc[u], o + d + 16 * u, 64);                                       \
-            if (corr != 1.0f)                                                          \
-                acc[u] *= corr;                                                        \
-        }                                                                              \
-        for (int k = 0; k < nk; k++) {                                                 \
-            _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                       \
-            {                                                                          \
-                att_load(&y, v[k], d + 16 * u, bf16);                                  \
-                acc[u] += p[k] * y;                                                    \
-            }                                                                          \
-        }                                                                              \
-        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
-            memcpy(o + d + 16 * u, &acc[u], 64);                                       \
-        d += 16 * (W);                                                                 \
-    } while (0)
-
-ATT_INLINE void att_pv(float *o, float corr, const float *p, const void *const *v, int nk,
-                       int hd, bool bf16)
+/* o[r][d..d+16W) = o * c[r] + sum over k of p[r][k] * v[k] for the R rows:
+ * the R*W vectors' sums in registers across the keys, W independent
+ * chains per row so the adds are not bound by their latency, and each V
+ * load feeding every row. c == 1 leaves o as it is (the same bits as
+ * multiplying). Each column sums its keys in order, whatever R and W. */
+ATT_INLINE void att_pv_chunk(int R, int W, float *const *o, const float *c,
+                             const float *const *p, const void *const *v, int nk, int d,
+                             bool bf16)
 {
-    int d = 0;
-    while (d + 128 <= hd)
-        ATT_PV_CHUNK(8);
-    while (d + 32 <= hd)
-        ATT_PV_CHUNK(2);
-    if (d + 16 <= hd)
-        ATT_PV_CHUNK(1);
-    for (; d < hd; d++) {
-        float a = corr != 1.0f ? o[d] * corr : o[d];
-        for (int k = 0; k < nk; k++)
-            a += p[k] * att_elt(v[k], d, bf16);
-        o[d] = a;
-    }
+    att_v16 acc[2][8], y;
+    ATT_UNROLL for (int r = 0; r < R; r++)
+        ATT_UNROLL for (int u = 0; u < W; u++)
+        {
+            memcpy(&acc[r][u], o[r] + d + 16 * u, 64);
+            if (c[r] != 1.0f)
+                acc[r][u] *= c[r];
+        }
+    for (int k = 0; k < nk; k++)
+        ATT_UNROLL for (int u = 0; u < W; u++)
+        {
+            att_load(&y, v[k], d + 16 * u, bf16);
+            ATT_UNROLL for (int r = 0; r < R; r++)
+                acc[r][u] += p[r][k] * y;
+        }
+    ATT_UNROLL for (int r = 0; r < R; r++)
+        ATT_UNROLL for (int u = 0; u < W; u++)
+            memcpy(o[r] + d + 16 * u, &acc[r][u], 64);
 }
 
-/* att_pv for two rows over the same keys (two query heads of one token):
- * each V load feeds both rows' sums. Per row the same operations in the
- * same order as att_pv, so the same bits. */
-#define ATT_PV2_CHUNK(W)                                                               \
-    do {                                                                               \
-        att_v16 x1[W], x2[W], y;                                                       \
-        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
-        {                                                                              \
-            memcpy(&x1[u], o1 + d + 16 * u, 64);                                       \
-            memcpy(&x2[u], o2 + d + 16 * u, 64);                                       \
-            if (c1 != 1.0f)                                                            \
-                x1[u] *= c1;                                                           \
-            if (c2 != 1.0f)                                                            \
-                x2[u] *= c2;                                                           \
-        }                                                                              \
-        for (int k = 0; k < nk; k++) {                                                 \
-            _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                       \
-            {                                                                          \
-                att_load(&y, v[k], d + 16 * u, bf16);                                  \
-                x1[u] += p1[k] * y;                                                    \
-                x2[u] += p2[k] * y;                                                    \
-            }                                                                          \
-        }                                                                              \
-        _Pragma("GCC unroll 8") for (int u = 0; u < (W); u++)                           \
-        {                                                                              \
-            memcpy(o1 + d + 16 * u, &x1[u], 64);                                       \
-            memcpy(o2 + d + 16 * u, &x2[u], 64);                                       \
-        }                                                                              \
-        d += 16 * (W);                                                                 \
-    } while (0)
-
-ATT_INLINE void att_pv2(float *o1, float c1, const float *p1, float *o2, float c2,
-                        const float *p2, const void *const *v, int nk, int hd, bool bf16)
+/* P.V of a tile for R (1 or 2) rows over the same keys: o[r] = o[r] * c[r]
+ * + sum over k of p[r][k] * v[k], 128 columns at a time, then 32, 16, and
+ * the last ones one by one. */
+ATT_INLINE void att_pv(int R, float *const *o, const float *c, const float *const *p,
+                       const void *const *v, int nk, int hd, bool bf16)
 {
     int d = 0;
-    while (d + 128 <= hd)
-        ATT_PV2_CHUNK(8);
-    while (d + 32 <= hd)
-        ATT_PV2_CHUNK(2);
-    if (d + 16 <= hd)
-        ATT_PV2_CHUNK(1);
-    for (; d < hd; d++) {
-        float a1 = c1 != 1.0f ? o1[d] * c1 : o1[d], a2 = c2 != 1.0f ? o2[d] * c2 : o2[d];
-        for (int k = 0; k < nk; k++) {
-            a1 += p1[k] * att_elt(v[k], d, bf16);
-            a2 += p2[k] * att_elt(v[k], d, bf16);
-        }
-        o1[d] = a1;
-        o2[d] = a2;
+    for (; d + 128 <= hd; d += 128)
+        att_pv_chunk(R, 8, o, c, p, v, nk, d, bf16);
+    for (; d + 32 <= hd; d += 32)
+        att_pv_chunk(R, 2, o, c, p, v, nk, d, bf16);
+    if (d + 16 <= hd) {
+        att_pv_chunk(R, 1, o, c, p, v, nk, d, bf16);
+        d += 16;
     }
+    for (; d < hd; d++)
+        for (int r = 0; r < R; r++) {
+            float a = c[r] != 1.0f ? o[r][d] * c[r] : o[r][d];
+            for (int k = 0; k < nk; k++)
+                a += p[r][k] * att_elt(v[k], d, bf16);
+            o[r][d] = a;
+        }
 }
 
 /* One tile of a row's online softmax: sc[k0..k1) holds its scores and gets
@@ -337,23 +259,25 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
                 continue;
             /* query heads in pairs: each K and V row loaded serves both */
             for (int h = h0; h < h1; h += 2) {
-                int pair = h + 1 < h1;
-                float corr[2];
-                const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
-                if (pair)
-                    att_scores2(sc, sc + ATT_KT, qh, qh + hd, kp, k0, k1, hd, a->scale, bf16);
-                else
-                    att_scores(sc, qh, kp, k0, k1, hd, a->scale, bf16);
-                for (int u = 0; u <= pair; u++) {
-                    int r = (i - i0) * nh + (h + u - h0);
-                    corr[u] = att_softmax_step(sc + u * ATT_KT, k0, k1, &m[r], &l[r]);
-                }
                 float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
-                if (pair)
-                    att_pv2(o, corr[0], sc + k0, o + hd, corr[1], sc + ATT_KT + k0, vp + k0,
-                            k1 - k0, hd, bf16);
+                const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
+                float *rs[2] = {sc, sc + ATT_KT}, *os[2] = {o, o + hd}, corr[2];
+                const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
+                int R = h + 1 < h1 ? 2 : 1;
+                /* R spelled out as a constant at each call: the inlined
+                 * loops over rows then unroll and keep the sums in registers */
+                if (R == 2)
+                    att_scores(2, rs, qs, kp, k0, k1, hd, a->scale, bf16);
                 else
-                    att_pv(o, corr[0], sc + k0, vp + k0, k1 - k0, hd, bf16);
+                    att_scores(1, rs, qs, kp, k0, k1, hd, a->scale, bf16);
+                for (int u = 0; u < R; u++) {
+                    int r = (i - i0) * nh + (h + u - h0);
+                    corr[u] = att_softmax_step(rs[u], k0, k1, &m[r], &l[r]);
+                }
+                if (R == 2)
+                    att_pv(2, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
+                else
+                    att_pv(1, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
             }
         }
     }
