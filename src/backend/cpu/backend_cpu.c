@@ -4,7 +4,6 @@
 #include "backend/backend.h"
 
 #include <math.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +19,7 @@ struct cpu_backend {
     struct threadpool *tp;
     struct cpu_matmul mm;
     struct cpu_att_scratch att;
-    bool kv_bf16; /* K/V cache in bf16 (CLLM_KV_DTYPE=bf16); f32 by default */
+    int kv_dtype; /* DT_F32, or DT_BF16 with CLLM_KV_DTYPE=bf16 */
 };
 
 static struct cpu_backend *cpu(struct backend *be) { return be->impl; }
@@ -253,7 +252,7 @@ static double cpu_mem_bandwidth(struct backend *be, struct err *e)
     return best;
 }
 
-static int cpu_kv_dtype(struct backend *be) { return cpu(be)->kv_bf16 ? DT_BF16 : DT_F32; }
+static int cpu_kv_dtype(struct backend *be) { return cpu(be)->kv_dtype; }
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
@@ -283,12 +282,11 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
     }
     /* f32 by default: the CPU is the exact path the oracle tests hold to
      * 1e-4. bf16 halves the cache's memory and what decode reads of it. */
-    int kv_dt = backend_kv_dtype_env(DT_F32, e);
-    if (kv_dt < 0) {
+    c->kv_dtype = backend_kv_dtype_env(DT_F32, e);
+    if (c->kv_dtype < 0) {
         free(c);
         return NULL;
     }
-    c->kv_bf16 = kv_dt == DT_BF16;
     c->tp = tp_create(n_threads, e);
     if (!c->tp || cpu_matmul_init(&c->mm, c->tp, cpu_isa_detect(), e)) {
         if (c->tp)
