@@ -8,7 +8,8 @@
 # probe build, src/backend/cuda/dec_probe.cuh, its stages.)
 # Usage: tests/gpu/attention_profile.sh BIN_DIR [SHAPE]
 #   SHAPE: a gen_model shape (default qwen3-0.6b); OUT: folder for the
-#   report and the csv (default $WORK); TOP: instructions listed (30).
+#   report and the csv (default $WORK); TOP: instructions listed (30);
+#   P: the prompt's tokens, so the context decoded over (default 512).
 set -uo pipefail
 BIN=${1:?BIN_DIR} SHAPE=${2:-qwen3-0.6b}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,7 +22,7 @@ rep="$OUT/attention_$SHAPE"
 # a decode launch well into the run (prefill uses other kernels)
 ncu --clock-control none --kernel-name regex:k_attention_dec --launch-skip 200 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --section Occupancy \
-    -f -o "$rep" "$BIN/cllm" bench "$f" --device cuda -p 512 -n 16 >/dev/null 2>&1
+    -f -o "$rep" "$BIN/cllm" bench "$f" --device cuda -p "${P:-512}" -n 16 >/dev/null 2>&1
 [ -f "$rep.ncu-rep" ] || { echo "ncu wrote no report"; exit 1; }
 ncu -i "$rep.ncu-rep" --page details --section SpeedOfLight --section WarpStateStats \
     --section Occupancy 2>&1 | grep -v "^==PROF==" | sed -n '1,80p'
