@@ -4,7 +4,7 @@
  * multiply-add of q.k and p.v) and one decode step at context P (GB/s of
  * K/V read), best of R.
  *
- *   bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] */
+ *   bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] [--decode-only] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    int ctx = 2048, threads = 0, reps = 3, bf16 = 0;
+    int ctx = 2048, threads = 0, reps = 3, bf16 = 0, decode_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
             ctx = atoi(argv[++i]);
@@ -36,9 +36,12 @@ int main(int argc, char **argv)
             bf16 = 1, i++;
         else if (!strcmp(argv[i], "--kv") && i + 1 < argc && !strcmp(argv[i + 1], "f32"))
             i++;
+        else if (!strcmp(argv[i], "--decode-only"))
+            decode_only = 1;
         else {
             fprintf(stderr,
-                    "usage: bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R]\n");
+                    "usage: bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] "
+                    "[--decode-only]\n");
             return 2;
         }
     }
@@ -92,7 +95,7 @@ int main(int argc, char **argv)
     double best_p = INFINITY, best_d = INFINITY;
     for (int i = 0; i < reps; i++) {
         double t0 = now_s();
-        if (cpu_paged_attention(tp, &sc, out, q, &pool, &seq, 0, &pre, &e)) {
+        if (!decode_only && cpu_paged_attention(tp, &sc, out, q, &pool, &seq, 0, &pre, &e)) {
             fprintf(stderr, "bench_attention: %s\n", e.msg);
             return 1;
         }
@@ -106,7 +109,8 @@ int main(int argc, char **argv)
     double macs = (double)ctx * (ctx + 1) / 2 * HEADS * HD * 2; /* q.k and p.v */
     double kv_bytes = (double)ctx * KV * HD * 2 * pool.elt_bytes;
     printf("attention  ctx %d  %s K/V  %d threads\n", ctx, bf16 ? "bf16" : "f32", tp_size(tp));
-    printf("prefill    %8.2f ms  %7.1f GFLOP/s\n", best_p * 1e3, 2 * macs / best_p / 1e9);
+    if (!decode_only)
+        printf("prefill    %8.2f ms  %7.1f GFLOP/s\n", best_p * 1e3, 2 * macs / best_p / 1e9);
     printf("decode     %8.3f ms  %7.1f GB/s of K/V\n", best_d * 1e3, kv_bytes / best_d / 1e9);
     cpu_att_scratch_free(&sc);
     tp_destroy(tp);
