@@ -15,6 +15,13 @@
 #include "base/half.h"
 #include "base/threadpool.h"
 
+/* A uniform value in [-0.5, 0.5) from the generator state *r. */
+static float urand(unsigned *r)
+{
+    *r = *r * 1103515245u + 12345u;
+    return (float)(*r >> 8) / 16777216.0f - 0.5f;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -73,8 +80,7 @@ int main(int argc, char **argv)
         blocks[b] = b;
     unsigned r = 1;
     for (size_t i = 0; i < elts; i++) {
-        float k = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
-        float v = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+        float k = urand(&r), v = urand(&r);
         if (bf16) {
             ((uint16_t *)pool.k)[i] = f32_to_bf16(k);
             ((uint16_t *)pool.v)[i] = f32_to_bf16(v);
@@ -84,7 +90,7 @@ int main(int argc, char **argv)
         }
     }
     for (size_t i = 0; i < (size_t)ctx * HEADS * HD; i++)
-        q[i] = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+        q[i] = urand(&r);
     struct kv_seq seq = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = ctx};
     struct cpu_att_scratch sc = {0};
     struct attn_args pre = {.n = ctx, .pos0 = 0, .n_heads = HEADS, .n_kv_heads = KV,

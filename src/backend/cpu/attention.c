@@ -224,13 +224,18 @@ struct att_job {
     atomic_int next;
 };
 
-/* K and V rows of keys t .. t + ATT_KT - 1 (up to last) of KV head kvh,
- * every cache line, into L2 (a hint: nothing waits on it). */
-ATT_INLINE void att_prefetch(const struct att_job *j, int kvh, int t, int last, int hd,
-                             size_t eb)
+/* The cache offsets of KV head kvh's rows for the keys of the tile at t0
+ * within [lo, hi], into row[t - t0]; with pf, every cache line of those K
+ * and V rows asked into L2 as well (a hint: nothing waits on it). */
+ATT_INLINE void att_rows(const struct att_job *j, int kvh, int t0, int lo, int hi, int hd,
+                         size_t eb, bool pf, size_t *row)
 {
-    for (int te = t + ATT_KT; t < te && t <= last; t++) {
+    int t = t0 > lo ? t0 : lo, te = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
+    for (; t < te; t++) {
         size_t off = kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        row[t - t0] = off;
+        if (!pf)
+            continue;
         const char *kr = (const char *)j->pool->k + off * eb;
         const char *vr = (const char *)j->pool->v + off * eb;
         for (size_t b = 0; b < (size_t)hd * eb; b += 64) {
@@ -268,18 +273,28 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
 
     const void *kp[ATT_KT], *vp[ATT_KT];
     size_t eb = bf16 ? 2 : 4;
-    int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1;
+    int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1, tb = lo - lo % ATT_KT;
+    /* Decode works out each tile's rows ATT_PF_TILES tiles ahead, prefetching
+     * them then, and keeps them in a ring until their turn; a prompt works
+     * out each tile's when it comes. */
     const bool pf = i1 - i0 <= ATT_PF_ROWS;
-    for (int t0 = lo - lo % ATT_KT; t0 <= hi; t0 += ATT_KT) {
+    enum { RING = ATT_PF_TILES + 1 };
+    size_t rows[RING][ATT_KT];
+    for (int k = 0; pf && k < ATT_PF_TILES; k++)
+        att_rows(j, kvh, tb + k * ATT_KT, lo, hi, hd, eb, true, rows[k]);
+    for (int t0 = tb; t0 <= hi; t0 += ATT_KT) {
         int t1 = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
-        int first = t0 > lo ? t0 : lo;
-        for (int t = first; t < t1; t++) {
-            size_t off = kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
-            kp[t - t0] = (const char *)j->pool->k + off * eb;
-            vp[t - t0] = (const char *)j->pool->v + off * eb;
-        }
+        int first = t0 > lo ? t0 : lo, tile = (t0 - tb) / ATT_KT;
+        size_t *row = rows[pf ? tile % RING : 0];
         if (pf)
-            att_prefetch(j, kvh, t0 + ATT_PF_TILES * ATT_KT, hi, hd, eb);
+            att_rows(j, kvh, t0 + ATT_PF_TILES * ATT_KT, lo, hi, hd, eb, true,
+                     rows[(tile + ATT_PF_TILES) % RING]);
+        else
+            att_rows(j, kvh, t0, lo, hi, hd, eb, false, row);
+        for (int t = first; t < t1; t++) {
+            kp[t - t0] = (const char *)j->pool->k + row[t - t0] * eb;
+            vp[t - t0] = (const char *)j->pool->v + row[t - t0] * eb;
+        }
         for (int i = i0; i < i1; i++) {
             int pos = a->pos0 + i, s0 = att_start(a, pos);
             int k0 = (s0 > first ? s0 : first) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
