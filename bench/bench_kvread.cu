@@ -20,11 +20,15 @@
  * bulk asynchronous copies (one per key row, into rows padded to 272 bytes,
  * as ldmatrix would want them) completing on an mbarrier per tile, NB
  * tiles in flight, issued by one warp; the block waits for a tile, reads
- * it from shared memory and hands the buffer back.
+ * it from shared memory and hands the buffer back. With --runs 1 each copy
+ * takes a run of keys contiguous in the pool instead (the head layout: a
+ * pool block's keys of one head, bs * 256 bytes; seq: the whole tile),
+ * into unpadded rows (a pool that stores each row swizzled, as the
+ * tiles' ldmatrix reads want it, would need no padding).
  *
  * Usage: bench_kvread [--ctx 32768] [--heads 8] [--hd 128] [--bs 16]
  *        [--splits 33] [--layers 28] [--reps 20] [--depth 1|2|4]
- *        [--bulk 0|2|4] */
+ *        [--bulk 0|2|4] [--runs 0|1] */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,7 +93,8 @@ static __global__ void __launch_bounds__(128)
 
 template <int NB>
 static __global__ void __launch_bounds__(128)
-    k_read_bulk(const uint16_t *pool, const int *table, struct geo g, int layout, uint32_t *sink)
+    k_read_bulk(const uint16_t *pool, const int *table, struct geo g, int layout, uint32_t *sink,
+                int runs)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char sm[];
@@ -98,6 +103,7 @@ static __global__ void __launch_bounds__(128)
     const int per = (g.ctx + g.splits - 1) / g.splits;
     const int k0 = sp * per, k1 = min(g.ctx, k0 + per), rowb = g.hd * 2;
     const int ntile = k1 > k0 ? (k1 - k0 + 63) / 64 : 0;
+    const int stride = runs && layout != LAYOUT_POS ? rowb : BULK_ROW;
     const uint64_t pol = cuk_l2_evict_first();
     if (threadIdx.x == 0) {
         for (int b = 0; b < NB; b++)
@@ -110,6 +116,22 @@ static __global__ void __launch_bounds__(128)
         if (lane == 0)
             cuk_mbar_expect(bar + b, (unsigned)(nk * rowb));
         __syncwarp();
+        if (runs && layout != LAYOUT_POS) { /* lane 0: one copy per contiguous run */
+            if (lane == 0)
+                for (int j = 0; j < nk;) {
+                    const int key = t0 + j;
+                    const int run = layout == LAYOUT_SEQ ? nk - j : min(nk - j, g.bs - key % g.bs);
+                    const size_t e =
+                        layout == LAYOUT_SEQ
+                            ? ((size_t)g.layer * g.heads + head) * (size_t)g.ctx * g.hd +
+                                  (size_t)key * g.hd
+                            : elem_of(g, layout, table[key / g.bs], key % g.bs, head);
+                    cuk_bulk_copy(sm + (size_t)(b * 64 + j) * rowb, pool + e,
+                                  (unsigned)(run * rowb), bar + b, pol);
+                    j += run;
+                }
+            return;
+        }
         for (int j = lane; j < nk; j += 32) {
             const int key = t0 + j;
             const size_t e = layout == LAYOUT_SEQ
@@ -127,7 +149,7 @@ static __global__ void __launch_bounds__(128)
     for (int t = 0; t < ntile; t++) {
         const int b = t % NB;
         cuk_mbar_wait(bar + b, (unsigned)(t / NB) & 1u);
-        const uint4 v = *(const uint4 *)(sm + (size_t)(b * 64 + threadIdx.x / 2) * BULK_ROW +
+        const uint4 v = *(const uint4 *)(sm + (size_t)(b * 64 + threadIdx.x / 2) * stride +
                                          (threadIdx.x & 1) * 16);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
         __syncthreads();
@@ -144,7 +166,7 @@ static __global__ void __launch_bounds__(128)
 int main(int argc, char **argv)
 {
     struct geo g = {32768, 8, 128, 16, 28, 0, 33};
-    int reps = 20, depth = 1, bulk = 0;
+    int reps = 20, depth = 1, bulk = 0, runs = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--ctx")) g.ctx = v;
@@ -156,6 +178,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps")) reps = v;
         else if (!strcmp(argv[i], "--depth")) depth = v;
         else if (!strcmp(argv[i], "--bulk")) bulk = v;
+        else if (!strcmp(argv[i], "--runs")) runs = v;
         else {
             fprintf(stderr, "bench_kvread: unknown option %s\n", argv[i]);
             return 2;
@@ -181,8 +204,10 @@ int main(int argc, char **argv)
     const double bytes = (double)g.ctx * g.heads * g.hd * 2; /* one layer's keys */
     printf("ctx %d, %d heads of %d, pool blocks of %d, %d splits, %d layers cycled, %s %d: "
            "%.1f MB a call\n",
-           g.ctx, g.heads, g.hd, g.bs, g.splits, g.layers, bulk ? "bulk copies, tiles in flight"
-                                                                  : "loads, tiles a trip",
+           g.ctx, g.heads, g.hd, g.bs, g.splits, g.layers,
+           bulk ? runs ? "bulk copies of contiguous runs, tiles in flight"
+                       : "bulk copies, tiles in flight"
+                : "loads, tiles a trip",
            bulk ? bulk : depth, bytes / 1e6);
     const size_t bulk_smem = (size_t)(bulk ? bulk : 1) * 64 * BULK_ROW + 64;
     CK(cudaFuncSetAttribute(k_read_bulk<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -208,9 +233,11 @@ int main(int argc, char **argv)
                 gl.layer = layer;
                 dim3 grid((unsigned)g.heads, (unsigned)g.splits);
                 if (bulk == 4)
-                    k_read_bulk<4><<<grid, 128, bulk_smem, st>>>(pool, table, gl, layout, sink);
+                    k_read_bulk<4><<<grid, 128, bulk_smem, st>>>(pool, table, gl, layout, sink,
+                                                                   runs);
                 else if (bulk == 2)
-                    k_read_bulk<2><<<grid, 128, bulk_smem, st>>>(pool, table, gl, layout, sink);
+                    k_read_bulk<2><<<grid, 128, bulk_smem, st>>>(pool, table, gl, layout, sink,
+                                                                   runs);
                 else if (depth == 4)
                     k_read<4><<<grid, 128, 0, st>>>(pool, table, gl, layout, sink);
                 else if (depth == 2)

@@ -10,7 +10,8 @@
 #   BIN_DIR's module (e.g. base=env:CLLM_CUDA_GEMV_STAGED=1 off=env:CLLM_CUDA_GEMV_STAGED=0),
 #   or dir:DIR, a directory with its own cllm and libcllm_cuda.so[.gz]
 #   (another build's binaries, for changes outside the module: pack.sh's
-#   ABDIR).
+#   ABDIR); a module or dir: spec may end in +env:VAR=VALUE[,...] to run
+#   it with those variables (e.g. new=.carry/ab/new.so.gz+env:CLLM_CUDA_STAGE_KB=176).
 #   SHAPES: gen_model shapes (default "llama3-8b qwen3-0.6b"); ROUNDS (2);
 #   ARGS: the bench arguments (default "-p 512 -n 64"); WORK: model files;
 #   SHOW: an extended regex of further output lines to print (a probe
@@ -33,7 +34,10 @@ for v in "$@"; do
     [ -n "$name" ] && [ "$name" != "$v" ] || { echo "ab: '$v' is not NAME=SPEC" >&2; exit 2; }
     dir="$BIN" env=""
     case "$spec" in
-    env:*) env=${spec#env:} ;;
+    *+env:*) env=${spec#*+env:} spec=${spec%%+env:*} ;;
+    esac
+    case "$spec" in
+    env:*) env="${env:+$env,}${spec#env:}" ;;
     dir:*)
         src=${spec#dir:} mod=${spec#dir:}/libcllm_cuda.so
         [ -f "$mod" ] || mod=$mod.gz

@@ -10,11 +10,16 @@
 
 #ifdef CUK_GEMV_PROBE
 #include "backend/cuda/probe_common.cuh"
+#include <math.h>
 
 #define GP_L 16384
 #define GP_S 5
 __device__ unsigned long long gp_min[GP_L][GP_S], gp_max[GP_L][GP_S], gp_wmax[GP_L][GP_S];
 __device__ int gp_cols[GP_L], gp_units[GP_L];
+/* per launch and block: its warps' earliest and latest end, and its SM */
+#define GP_B 144
+__device__ unsigned long long gp_bmin[GP_L][GP_B], gp_bmax[GP_L][GP_B];
+__device__ int gp_bsm[GP_L][GP_B];
 __device__ unsigned gp_seq, gp_done;
 
 struct gp_warp {
@@ -57,7 +62,17 @@ static __device__ __forceinline__ void gp_stage(const gp_warp &w, int st)
 static __device__ __forceinline__ void gp_end(const gp_warp &w)
 {
     if ((threadIdx.x & 31) == 0) {
-        gp_put(w, GP_S - 1, gp_now());
+        const unsigned long long t = gp_now();
+        gp_put(w, GP_S - 1, t);
+        if (blockIdx.x < GP_B) {
+            atomicMin(&gp_bmin[w.slot][blockIdx.x], t);
+            atomicMax(&gp_bmax[w.slot][blockIdx.x], t);
+            if (threadIdx.x == 0) {
+                unsigned sm;
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+                gp_bsm[w.slot][blockIdx.x] = (int)sm;
+            }
+        }
         probe_advance(&gp_done, &gp_seq, gridDim.x * (blockDim.x / 32));
     }
 }
@@ -67,6 +82,9 @@ extern "C" void cuk_gemv_probe_init(void)
     probe_fill(gp_min, 0xff);
     probe_fill(gp_max, 0);
     probe_fill(gp_wmax, 0);
+    probe_fill(gp_bmin, 0xff);
+    probe_fill(gp_bmax, 0);
+    probe_fill(gp_bsm, 0xff);
 }
 
 extern "C" void cuk_gemv_probe_report(int skip)
@@ -76,7 +94,10 @@ extern "C" void cuk_gemv_probe_report(int skip)
         return;
     std::vector<unsigned long long> mn = probe_read<unsigned long long>(gp_min),
                                     mx = probe_read<unsigned long long>(gp_max),
-                                    wm = probe_read<unsigned long long>(gp_wmax);
+                                    wm = probe_read<unsigned long long>(gp_wmax),
+                                    bmn = probe_read<unsigned long long>(gp_bmin),
+                                    bmx = probe_read<unsigned long long>(gp_bmax);
+    std::vector<int> bsm = probe_read<int>(gp_bsm);
     std::vector<int> cols = probe_read<int>(gp_cols), units = probe_read<int>(gp_units);
     static const char *nm[GP_S] = {"entry", "after wait", "x staged", "first slot", "done"};
     std::vector<std::pair<int, int>> keys;
@@ -105,6 +126,71 @@ extern "C" void cuk_gemv_probe_report(int skip)
             cnt++;
         }
         fprintf(stderr, "  cols %d, units %d: %d launches\n", k.first, k.second, cnt);
+        /* Where the end spread lies: within a block (its warps) or between
+         * blocks, and whether the late blocks are the same SMs each time. */
+        double within = 0, between = 0, var_all = 0;
+        std::vector<double> sm_late(256, 0.0);
+        std::vector<int> sm_n(256, 0);
+        int nl = 0, nbt = 0;
+        for (unsigned l = (unsigned)skip; l < seq; l++) {
+            if (cols[l] != k.first || units[l] != k.second)
+                continue;
+            double lo = 1e30, hi = -1e30, mean = 0;
+            int nb = 0;
+            for (int b = 0; b < GP_B; b++) {
+                if (bmx[(size_t)l * GP_B + b] == 0)
+                    continue;
+                double e = (double)bmx[(size_t)l * GP_B + b] / 1e3;
+                within += e - (double)bmn[(size_t)l * GP_B + b] / 1e3;
+                lo = e < lo ? e : lo;
+                hi = e > hi ? e : hi;
+                mean += e;
+                nb++;
+            }
+            if (!nb)
+                continue;
+            mean /= nb;
+            between += hi - lo;
+            for (int b = 0; b < GP_B; b++) {
+                if (bmx[(size_t)l * GP_B + b] == 0)
+                    continue;
+                double d = (double)bmx[(size_t)l * GP_B + b] / 1e3 - mean;
+                var_all += d * d / nb;
+                int sm = bsm[(size_t)l * GP_B + b];
+                if (sm >= 0 && sm < 256) {
+                    sm_late[sm] += d;
+                    sm_n[sm]++;
+                }
+            }
+            nbt += nb;
+            nl++;
+        }
+        if (nl) {
+            double var_sm = 0;
+            int nsm = 0;
+            for (int i = 0; i < 256; i++)
+                if (sm_n[i]) {
+                    double m = sm_late[i] / sm_n[i];
+                    var_sm += m * m;
+                    nsm++;
+                }
+            var_sm /= nsm ? nsm : 1;
+            fprintf(stderr, "    block ends: within a block %.2f us (mean over blocks), first to last "
+                            "block %.2f us, sd %.2f us of which an SM's mean lateness sd %.2f us\n",
+                    within / nbt,
+                    between / nl, sqrt(var_all / nl), sqrt(var_sm));
+            /* the five latest SMs on average */
+            for (int rep = 0; rep < 5; rep++) {
+                int best = -1;
+                for (int i = 0; i < 256; i++)
+                    if (sm_n[i] && (best < 0 || sm_late[i] / sm_n[i] > sm_late[best] / sm_n[best]))
+                        best = i;
+                if (best < 0)
+                    break;
+                fprintf(stderr, "      late SM %d: +%.2f us\n", best, sm_late[best] / sm_n[best]);
+                sm_n[best] = 0;
+            }
+        }
         for (int st = 0; st < GP_S; st++)
             fprintf(stderr, "    %-11s %8.2f %8.2f  warp %8.2f\n", nm[st], a[st][0] / cnt,
                     a[st][1] / cnt, a[st][2] / cnt);
