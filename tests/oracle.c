@@ -29,7 +29,7 @@ int runner_open(struct runner *r, const char *path, struct backend *be, bool own
     }
     const struct model_config *c = &r->m.cfg;
     if (backend_load_weights(be, &r->m, &e) || forward_init(&r->fs, &r->m, be, batch, &e) ||
-        kv_pool_init(&r->pool, be, c->n_layers, c->n_kv_heads * c->head_dim, 16, kv_blocks, &e)) {
+        kv_pool_init(&r->pool, be, c->n_layers, c->n_kv_heads, c->head_dim, 16, kv_blocks, &e)) {
         CHECK(0, "init %s: %s", path, e.msg);
         runner_close(r);
         return -1;

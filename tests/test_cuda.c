@@ -323,8 +323,8 @@ static void check_attention_case(struct backend *cpu, struct backend *be, int hd
     int kvd = kv_heads * hd, n_layers = 2, layer = 1;
     int blocks = 2 * ((ctx + 15) / 16) + 4;
     struct kv_pool pc, pg;
-    if (kv_pool_init(&pc, cpu, n_layers, kvd, 16, blocks, &e) ||
-        kv_pool_init(&pg, be, n_layers, kvd, 16, blocks, &e)) {
+    if (kv_pool_init(&pc, cpu, n_layers, kv_heads, hd, 16, blocks, &e) ||
+        kv_pool_init(&pg, be, n_layers, kv_heads, hd, 16, blocks, &e)) {
         CHECK(0, "kv pools: %s", e.msg);
         return;
     }
@@ -492,9 +492,9 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_nor
         rows += n[s];
     }
     struct kv_pool pa, pb, pc;
-    if (kv_pool_init(&pa, be, LAYERS, kvd, 16, blocks, &e) ||
-        kv_pool_init(&pb, be, LAYERS, kvd, 16, blocks, &e) ||
-        kv_pool_init(&pc, cpu, LAYERS, kvd, 16, blocks, &e)) {
+    if (kv_pool_init(&pa, be, LAYERS, KVH, HD, 16, blocks, &e) ||
+        kv_pool_init(&pb, be, LAYERS, KVH, HD, 16, blocks, &e) ||
+        kv_pool_init(&pc, cpu, LAYERS, KVH, HD, 16, blocks, &e)) {
         CHECK(0, "pools: %s", e.msg);
         backend_destroy(be);
         return;
@@ -680,8 +680,8 @@ static bool kv_pair_open(struct kv_pair *p, struct backend *be, int layers, int 
 {
     memset(p, 0, sizeof *p);
     int blocks = (pos0 + n + 15) / 16 + 1;
-    if (kv_pool_init(&p->a, be, layers, kvd, 16, blocks, e) ||
-        kv_pool_init(&p->b, be, layers, kvd, 16, blocks, e) ||
+    if (kv_pool_init(&p->a, be, layers, kvd / hd, hd, 16, blocks, e) ||
+        kv_pool_init(&p->b, be, layers, kvd / hd, hd, 16, blocks, e) ||
         kv_seq_reserve(&p->a, &p->sa, pos0 + n, e) || kv_seq_reserve(&p->b, &p->sb, pos0 + n, e))
         return false;
     p->words = (size_t)p->a.n_blocks * (size_t)layers * 16 * (size_t)kvd *

@@ -51,7 +51,7 @@ int main(void)
     CHECK(prefix_hash_bytes("a", 1) != prefix_hash_bytes("b", 1), "fingerprints differ");
 
     struct kv_pool pool;
-    CHECK(kv_pool_init(&pool, be, 1, 4, BS, NB, &e) == 0, "pool: %s", e.msg);
+    CHECK(kv_pool_init(&pool, be, 1, 1, 4, BS, NB, &e) == 0, "pool: %s", e.msg);
     struct prefix_cache pc;
     CHECK(prefix_cache_init(&pc, &pool, 42, NB, &e) == 0, "init: %s", e.msg);
 

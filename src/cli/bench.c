@@ -327,7 +327,7 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
      * --batch P); the pool holds one sequence of P + N at a time. */
     be = backend_create(o->device, o->threads, e);
     if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, P, e) ||
-        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e))
         goto out;
     r->kv_bytes_per_token = (double)kv_pool_bytes(&pool) / ((double)pool.n_blocks * pool.block_size);

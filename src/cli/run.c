@@ -251,7 +251,7 @@ int cmd_run(int argc, char **argv)
     }
     be = backend_create(o.device, o.threads, &e);
     if (!be || backend_load_weights(be, &m, &e) || forward_init(&fs, &m, be, o.batch, &e) ||
-        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads * c->head_dim, KV_BLOCK,
+        kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (ctx + KV_BLOCK - 1) / KV_BLOCK +
                          (o.warmup ? (n_prompt + 2 + KV_BLOCK - 1) / KV_BLOCK : 0), &e) ||
         sampler_init(&smp, &o.sp, c->vocab_size, &e))

@@ -837,7 +837,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
         oom = true;
         goto fail;
     }
-    if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads * c->head_dim, eng->bs,
+    if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads, c->head_dim, eng->bs,
                      (int)n_blocks, e))
         goto fail;
     if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))

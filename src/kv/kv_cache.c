@@ -18,12 +18,13 @@ size_t kv_pool_bytes(const struct kv_pool *p)
            (size_t)p->n_blocks;
 }
 
-int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
-                 int n_blocks, struct err *e)
+int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int n_kv_heads, int head_dim,
+                 int block_size, int n_blocks, struct err *e)
 {
     memset(p, 0, sizeof *p);
-    if (n_layers <= 0 || kv_dim <= 0 || block_size <= 0 || n_blocks <= 0)
+    if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || block_size <= 0 || n_blocks <= 0)
         return err_set(e, "kv pool: invalid geometry");
+    const int kv_dim = n_kv_heads * head_dim;
     p->dtype = backend_kv_dtype(be);
     p->elt_bytes = (int)dtype_row_bytes((enum dtype)p->dtype, 1);
     size_t per = (size_t)n_layers * kv_dim * block_size * (size_t)p->elt_bytes;
@@ -38,6 +39,8 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim
                        n_blocks, per * 2 * (size_t)n_blocks >> 20);
     }
     p->n_layers = n_layers;
+    p->n_kv_heads = n_kv_heads;
+    p->head_dim = head_dim;
     p->kv_dim = kv_dim;
     p->block_size = block_size;
     p->n_blocks = n_blocks;

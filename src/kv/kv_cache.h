@@ -19,13 +19,17 @@ struct prefix_cache;
 struct kv_pool {
     struct backend *be; /* owner of k and v */
     int n_layers;
+    int n_kv_heads, head_dim;
     int kv_dim;      /* n_kv_heads * head_dim */
     int block_size;  /* tokens per block */
     int n_blocks;
     int dtype;       /* enum dtype of the elements: DT_F32, or DT_BF16 where the
                       * backend stores K/V in bf16 (backend_kv_dtype) */
     int elt_bytes;   /* bytes per element */
-    void *k, *v;     /* [n_blocks][n_layers][block_size][kv_dim] elements */
+    /* The elements' layout is the backend's: the CPU's is kv_offset's,
+     * [n_blocks][n_layers][block_size][kv_dim]; CUDA's is cuk_kv_row's
+     * (src/backend/cuda/cuda_common.cuh). */
+    void *k, *v;
     int *free_list;  /* stack of free block ids */
     int n_free;
     int *refcount;
@@ -39,8 +43,8 @@ struct kv_seq {
 };
 
 /* The element type is the backend's choice (backend_kv_dtype). */
-int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int kv_dim, int block_size,
-                 int n_blocks, struct err *e);
+int kv_pool_init(struct kv_pool *p, struct backend *be, int n_layers, int n_kv_heads, int head_dim,
+                 int block_size, int n_blocks, struct err *e);
 /* Frees k/v through the backend they came from; call it before
  * backend_destroy. A zeroed pool is fine. */
 void kv_pool_free(struct kv_pool *p);
@@ -60,6 +64,7 @@ void kv_seq_release(struct kv_pool *p, struct kv_seq *s);
  * by this sequence alone (shared/indexed blocks are read-only). */
 int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos);
 
+/* The CPU backend's element offset of (layer, pos) in k or v. */
 static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos)
 {
     int blk = s->blocks[pos / p->block_size];

@@ -86,7 +86,6 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const T *k
         acc[d] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    size_t head_off = (size_t)kvh * hd;
 
     for (int t0 = kb + warp * ATT_KEYS; t0 < ke; t0 += ATT_WARPS * ATT_KEYS) {
         float s[ATT_KEYS];
@@ -97,13 +96,13 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const T *k
             float dot = 0.0f;
             off[u] = 0;
             if (t < ke) { /* uniform across the warp */
-                off[u] = cuk_kv_offset(&g, table, t) + head_off;
+                off[u] = cuk_kv_row(&g, table, t, kvh);
                 const T *kp = kc + off[u];
 #pragma unroll
                 for (int d = 0; d < DPL; d++) {
                     int dd = lane + 32 * d;
                     if (dd < hd)
-                        dot += qr[d] * kv_ld(kp, dd);
+                        dot += qr[d] * kv_ld(kp, cuk_kv_col(&g, t, dd));
                 }
             }
             s[u] = dot;
@@ -135,7 +134,7 @@ __device__ __forceinline__ void att_block(float *out, const float *q, const T *k
                 for (int d = 0; d < DPL; d++) {
                     int dd = lane + 32 * d;
                     if (dd < hd)
-                        acc[d] += p * kv_ld(vp, dd);
+                        acc[d] += p * kv_ld(vp, cuk_kv_col(&g, t0 + u, dd));
                 }
             }
         m = mnew;

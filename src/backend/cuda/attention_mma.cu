@@ -114,7 +114,8 @@ static __device__ __forceinline__ struct key_run key_run_of(const struct cuk_att
 
 /* Copies the K and V rows (KV head kvh) of keys t0 .. t0 + 63 from the
  * paged cache into the tiles at kt and vt, as one cp.async group; keys at
- * k_end and past are zero-filled. */
+ * k_end and past are zero-filled. The pool's rows are swizzled as the
+ * tiles' (cuk_kv_col), so chunk position p of a row goes to position p. */
 template <int HD>
 static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, const uint16_t *kc,
                                                     const uint16_t *vc, const int *table,
@@ -124,19 +125,23 @@ static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, co
     constexpr int NCH = HD / 8;                   /* 16-byte chunks per key row */
     constexpr int STEP = AM_WARPS * 32 / NCH;     /* keys between a thread's copies */
     static_assert(AM_WARPS * 32 % NCH == 0, "a thread copies one chunk column");
+    static_assert(STEP % 8 == 0, "a thread's keys share their swizzle");
     const int c = threadIdx.x % NCH, j0 = threadIdx.x / NCH, bs = g.block_size;
     /* the thread's keys t0 + j0 + STEP u as (table entry, row in block),
-     * stepped on instead of divided anew for each key (cuk_kv_offset's
+     * stepped on instead of divided anew for each key (cuk_kv_row's
      * arithmetic, a fraction of its code) */
     int bi = (t0 + j0) / bs, rem = t0 + j0 - bi * bs;
-    const size_t blk_elems = (size_t)g.n_layers * bs * g.kv_dim; /* a pool block: every layer */
-    const uint16_t *kb = kc + (size_t)g.layer * bs * g.kv_dim + (size_t)kvh * HD + (size_t)c * 8;
+    const size_t blk_elems = (size_t)bs * HD; /* a pool block of one head */
+    const int pc = c ^ ((t0 + j0) & 7);       /* the chunk's place in the row */
+    const uint16_t *kb = kc + ((size_t)g.layer * g.n_kv_heads + kvh) * g.pool_blocks * blk_elems +
+                         (size_t)pc * 8;
     const uint16_t *vb = vc + (kb - kc);
 #pragma unroll
     for (int u = 0; u < AM_KEYS / STEP; u++) {
         const int j = j0 + u * STEP;
         const bool ok = t0 + j < k_end;
-        const size_t off = ok ? (size_t)table[bi] * blk_elems + (size_t)rem * g.kv_dim : 0;
+        const size_t off = ok ? (size_t)table[bi] * blk_elems + (size_t)rem * HD : 0;
+        /* tile_addr(j, c) is chunk position c ^ (j & 7) = pc: t0 % 8 == 0 */
         cp_async16(tile_addr<HD>(kt, j, c), kb + off, ok);
         cp_async16(tile_addr<HD>(vt, j, c), vb + off, ok);
         for (rem += STEP; rem >= bs; rem -= bs)
@@ -498,6 +503,23 @@ static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi
     *lo = pack_bf16(__fsub_rn(a, hf.x), __fsub_rn(b, hf.y));
 }
 
+/* The decode kernels' tiles come by bulk copies (sm_90 on), else by
+ * cp.async. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DEC_BULK 1
+#else
+#define DEC_BULK 0
+#endif
+
+/* Shared memory of the decode kernels: the double-buffered tiles, which
+ * the warp merge reuses (it needs less), then with RoPE the query and new
+ * key rows, and last the tiles' two mbarriers. */
+template <int HD> static __host__ __device__ constexpr size_t dec_smem(bool rope)
+{
+    return 4 * (size_t)AM_KEYS * HD * 2 /* tiles */ +
+           (rope ? 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2 /* nks, nvs */ : 0) + 16;
+}
+
 /* The block's work for one sequence: g.n queries at positions g.pos0..;
  * out and q point at its first row; ws (n_splits > 1) holds its partials
  * laid out as cuk_attention's workspace for g.n queries and n_splits
@@ -542,12 +564,55 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     if (sp >= n_used)
         return; /* reads and writes nothing: no need to wait */
 
-    auto load_tile = [&](int t0, int b) { /* RP: the new keys come from nks/nvs */
-        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, RP ? g.pos0 : k_end);
+    /* A tile's keys from the pool, [t0, lim): with RP the new keys come
+     * from nks / nvs. Thread 0 copies them with one bulk copy per run of
+     * adjacent pool blocks (cuk_kv_row's layout; the rows are swizzled as
+     * the tile's), completing on the buffer's mbarrier; rows up to the end
+     * of the last block are copied too, and the reader zeroes every row
+     * from lim on (V rows must be zeros: 0 * garbage may be NaN). */
+    const int lim = RP ? g.pos0 : k_end;
+#if DEC_BULK
+    uint64_t *tbar = (uint64_t *)((char *)am_smem + dec_smem<HD>(RP) - 16); /* [2] */
+    auto load_tile = [&](int t0, int b) {
+        if (threadIdx.x)
+            return;
+        const int bs = g.block_size, kl = min(t0 + AM_KEYS, lim);
+        const int kcopy = kl <= t0 ? t0 : min(t0 + AM_KEYS, (kl + bs - 1) / bs * bs);
+        cuk_mbar_expect(tbar + b, (unsigned)(2 * (kcopy - t0) * HD * 2));
+        const size_t head0 = ((size_t)g.layer * g.n_kv_heads + kvh) * g.pool_blocks * bs * HD;
+        const uint64_t pol = cuk_l2_evict_first();
+        char *const smem_c = (char *)am_smem;
+        for (int k = t0; k < kcopy;) {
+            const int bi = k / bs, rem = k - bi * bs, blk = table[bi];
+            int n = min(bs - rem, kcopy - k);
+            for (int nb = 1; k + n < kcopy && table[bi + nb] == blk + nb; nb++)
+                n += min(bs, kcopy - k - n);
+            const size_t src = head0 + ((size_t)blk * bs + rem) * HD;
+            const size_t dst = (size_t)(k - t0) * HD * 2;
+            cuk_bulk_copy(smem_c + (ktile(b) - sbase) + dst, kc + src, (unsigned)(n * HD * 2),
+                          tbar + b, pol);
+            cuk_bulk_copy(smem_c + (vtile(b) - sbase) + dst, vc + src, (unsigned)(n * HD * 2),
+                          tbar + b, pol);
+            k += n;
+        }
     };
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) {
+            cuk_mbar_init(tbar, 1);
+            cuk_mbar_init(tbar + 1, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp(); /* racecheck: the init is ordered before the arrivals */
+    }
+#else /* before sm_90: 16-byte cp.async copies, zero-filled from lim on */
+    auto load_tile = [&](int t0, int b) {
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, lim);
+    };
+#endif
     const bool early = tb < te && (RP || k_lo + (tb + 1) * AM_KEYS <= g.pos0);
     if (early)
         load_tile(k_lo + tb * AM_KEYS, 0);
+    __syncthreads(); /* the barriers are initialised before anyone waits */
     /* With RP the query rows' A fragments come from shared memory (qh, ql:
      * [16][HD] bf16, the tiles' swizzle), high and low parts of q * qscale
      * written by the RoPE stage below; rows past the block's are zeros. */
@@ -577,9 +642,10 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
      * release, docs/benchmarks.md twelfth pass). */
     const bool keeper = RP && te == n_tiles;
     size_t new_off = 0;
-    if (keeper && (int)threadIdx.x < g.n * NCH)
-        new_off = cuk_kv_offset(&g, table, g.pos0 + (int)threadIdx.x / NCH) + (size_t)kvh * HD +
-                  (size_t)(threadIdx.x % NCH) * 8;
+    if (keeper && (int)threadIdx.x < g.n * NCH) {
+        const int p = g.pos0 + (int)threadIdx.x / NCH, c = (int)threadIdx.x % NCH;
+        new_off = cuk_kv_row(&g, table, p, kvh) + (size_t)(c ^ (p & 7)) * 8; /* cuk_kv_col */
+    }
     cuk_pdl_start();
     PROBE(RP, 1);
 
@@ -670,13 +736,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             cuk_ldsm_x4(qlo[s], tile_addr<HD>(ql_s, lane & 15, 2 * s + (lane >> 4)));
         }
 
-    const size_t head_off = (size_t)kvh * HD;
     if (keeper) /* the last tile's block keeps the cache */
         for (int idx = threadIdx.x; idx < g.n * NCH; idx += blockDim.x) {
-            int r = idx / NCH, c = idx % NCH;
+            int r = idx / NCH, c = idx % NCH, p = g.pos0 + r;
             size_t off = idx == (int)threadIdx.x
                              ? new_off
-                             : cuk_kv_offset(&g, table, g.pos0 + r) + head_off + (size_t)c * 8;
+                             : cuk_kv_row(&g, table, p, kvh) + (size_t)(c ^ (p & 7)) * 8;
             *(uint4 *)(kc + off) = *(const uint4 *)(nks + r * HD + c * 8);
             *(uint4 *)(vc + off) = *(const uint4 *)(nvs + r * HD + c * 8);
         }
@@ -689,29 +754,45 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         load_tile(k_lo + tb * AM_KEYS, 0);
     for (int it = tb; it < te; it++) {
         const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
-        if (it + 1 < te) {
+        if (it + 1 < te)
             load_tile(t0 + AM_KEYS, b ^ 1);
+#if DEC_BULK
+        cuk_mbar_wait(tbar + b, (unsigned)((it - tb) >> 1) & 1u);
+#else
+        if (it + 1 < te)
             cp_async_wait<1>();
-        } else {
+        else
             cp_async_wait<0>();
-        }
         __syncthreads();
+#endif
         if (it == tb)
             PROBE(RP, 7); /* the first tile's keys are in shared memory */
-        if (RP) { /* the new positions of this tile, from nks / nvs */
-            int lo = max(t0, g.pos0), hi = min(t0 + AM_KEYS, k_end);
-            if (lo < hi) { /* the same in every thread */
-                for (int idx = threadIdx.x; idx < (hi - lo) * NCH; idx += blockDim.x) {
+        /* rows from lim on: the new positions (RP) from nks / nvs, then
+         * (bulk copies) zeros; the same in every thread */
+        const int zlo = DEC_BULK ? max(0, (RP ? k_end : lim) - t0) : AM_KEYS;
+        if (lim < t0 + AM_KEYS) {
+            char *smem = (char *)am_smem; /* tile_addr is a shared-window address */
+            if (RP) {
+                int lo = max(t0, g.pos0), hi = min(t0 + AM_KEYS, k_end);
+                for (int idx = threadIdx.x; idx < max(0, hi - lo) * NCH; idx += blockDim.x) {
                     int j = lo - t0 + idx / NCH, c = idx % NCH, r = lo - g.pos0 + idx / NCH;
-                    char *smem = (char *)am_smem; /* tile_addr is a shared-window address */
                     *(uint4 *)(smem + (tile_addr<HD>(ktile(b), j, c) - sbase)) =
                         *(const uint4 *)(nks + r * HD + c * 8);
                     *(uint4 *)(smem + (tile_addr<HD>(vtile(b), j, c) - sbase)) =
                         *(const uint4 *)(nvs + r * HD + c * 8);
                 }
-                __syncthreads();
             }
+            for (int idx = threadIdx.x; idx < (AM_KEYS - zlo) * NCH; idx += blockDim.x) {
+                int j = zlo + idx / NCH, c = idx % NCH;
+                *(uint4 *)(smem + (tile_addr<HD>(ktile(b), j, c) - sbase)) = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(smem + (tile_addr<HD>(vtile(b), j, c) - sbase)) = make_uint4(0, 0, 0, 0);
+            }
+#if DEC_BULK /* before any later bulk copy into these buffers */
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
         }
+        if (DEC_BULK || (RP && lim < t0 + AM_KEYS))
+            __syncthreads();
 
         /* this warp's keys: t0 + 16 warp .. +15 (S n-tiles jj = 0, 1) */
         float s[2][4];
@@ -870,13 +951,6 @@ extern "C" int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int max_bloc
     return s < 1 ? 1 : (int)s;
 }
 
-/* Shared memory of the decode kernels: the double-buffered tiles, which
- * the warp merge reuses (it needs less). */
-template <int HD> static constexpr size_t dec_smem(bool rope)
-{
-    return 4 * (size_t)AM_KEYS * HD * 2 /* tiles */ +
-           (rope ? 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2 /* nks, nvs */ : 0);
-}
 static_assert(AM_WARPS * 16 * 128 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 128 * 2,
               "the warp merge fits in the tiles' shared memory");
 static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64 * 2,

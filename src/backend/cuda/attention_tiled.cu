@@ -108,7 +108,6 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
     if (g.window > 0 && p_first - g.window + 1 > 0)
         k_lo = p_first - g.window + 1;
     k_lo &= ~(TA_KEYS - 1); /* tiles at multiples of 32 whatever the query tiling */
-    size_t head_off = (size_t)kvh * HD;
     int k_end = p_last + 1; /* keys [k_lo, k_end) */
     if (sp.n_splits > 1) {
         int chunk = (k_end - k_lo + sp.n_splits - 1) / sp.n_splits;
@@ -131,7 +130,9 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
             int idx = threadIdx.x + u * TA_WARPS * 32, j = idx / NV, c = idx % NV, t = t0 + j;
             kraw[u] = vraw[u] = make_uint4(0, 0, 0, 0);
             if (idx < TA_KEYS * NV && t <= t_max) {
-                size_t off = cuk_kv_offset(&g, table, t) + head_off + (size_t)c * VEC;
+                /* 16-byte chunks: VEC elements of bf16 (swizzled) or f32 */
+                size_t off = cuk_kv_row(&g, table, t, kvh) +
+                             (size_t)(g.kv_swz ? c ^ (t & 7) : c) * VEC;
                 kraw[u] = *(const uint4 *)(kc + off);
                 vraw[u] = *(const uint4 *)(vc + off);
             }

@@ -1513,6 +1513,11 @@ static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_p
     g.layer = layer;
     g.block_size = pool->block_size;
     g.kv_dim = pool->kv_dim;
+    /* the pool's layout (cuk_kv_row, cuk_kv_col) */
+    g.n_kv_heads = pool->n_kv_heads;
+    g.head_dim = pool->head_dim;
+    g.pool_blocks = pool->n_blocks;
+    g.kv_swz = g.kv_bf16 && pool->head_dim % 64 == 0;
     return g;
 }
 
@@ -1545,7 +1550,8 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
     const float *qn = norm ? norm->q : NULL, *kn = norm ? norm->k : NULL;
     float eps = norm ? norm->eps : 0.0f;
     /* the kernel's norm follows the rmsnorm kernels of rows <= 512 */
-    if (!c->fuse || n_kv_heads * head_dim != pool->kv_dim || ((qn || kn) && head_dim > 512)) {
+    if (!c->fuse || head_dim != pool->head_dim || n_kv_heads * head_dim != pool->kv_dim ||
+        ((qn || kn) && head_dim > 512)) {
         if (qn)
             cu_rmsnorm(be, q, q, qn, n * n_heads, head_dim, eps);
         if (kn)
@@ -1587,7 +1593,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
     if (sticky(c, e))
         return -1;
     if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads ||
-        a->n_kv_heads * a->head_dim != pool->kv_dim)
+        a->head_dim != pool->head_dim || a->n_kv_heads * a->head_dim != pool->kv_dim)
         return err_set(e, "%s: attention with %d heads, %d kv heads of dim %d is not supported "
                           "(head_dim <= 256, heads a multiple of kv heads)",
                        c->name, a->n_heads, a->n_kv_heads, a->head_dim);
@@ -1682,7 +1688,8 @@ static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float 
     g.n_kv_heads = a->n_kv_heads;
     g.head_dim = a->head_dim;
     bool one = c->fuse && c->rope_att && a->n_kv_heads >= 1 &&
-               a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim &&
+               a->n_heads % a->n_kv_heads == 0 && a->head_dim == pool->head_dim &&
+               a->n_kv_heads * a->head_dim == pool->kv_dim &&
                a->n <= cuk_attention_dec_rows(&g);
     if (!one) {
         cu_rope_kv_store(be, q, k, v, a->n, a->n_heads, a->n_kv_heads, a->head_dim, a->pos0,
@@ -1892,7 +1899,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     if (sticky(c, e))
         return -1;
     bool ok = c->fuse && a->head_dim <= 256 && a->head_dim >= 2 && a->n_kv_heads >= 1 &&
-              a->n_heads % a->n_kv_heads == 0 && a->n_kv_heads * a->head_dim == pool->kv_dim;
+              a->n_heads % a->n_kv_heads == 0 && a->head_dim == pool->head_dim &&
+              a->n_kv_heads * a->head_dim == pool->kv_dim;
     if (!ok && c->capturing) { /* the per-sequence ops would read a single decode's record */
         fail_msg(c, "a batched step's attention cannot be recorded for this model");
         return sticky(c, e);

@@ -35,7 +35,9 @@ struct cuk_attn {
     int window; /* 0 = unlimited */
     float scale;
     int n_layers, layer, block_size, kv_dim;
+    int pool_blocks; /* the pool's blocks: a stride of its layout (cuk_kv_row) */
     int kv_bf16;
+    int kv_swz;      /* rows' 16-byte chunks swizzled (cuk_kv_col): bf16, head_dim % 64 == 0 */
     /* launch choices: the GPU's multiprocessors, and the tiled kernel's
      * rows per warp (4 or 8; 0: chosen by size) */
     int n_sms, rows_per_warp;

@@ -311,13 +311,30 @@ static __device__ __forceinline__ void kv_st(uint16_t *p, size_t i, float v)
     p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-/* Element offset of position pos of layer g->layer in the K (or V) pool. */
-static __device__ __forceinline__ size_t cuk_kv_offset(const struct cuk_attn *g, const int *table,
-                                                       int pos)
+/* Element offset of the row of position pos, KV head h, layer g->layer in
+ * the K (or V) pool. The CUDA backend lays a pool out as [layer][KV head]
+ * [pool block][position in the block][head_dim]: a head's keys of one pool
+ * block are one run of rows, and the runs of consecutive pool blocks
+ * adjoin, so the decode attention kernel reads a tile of keys with one bulk
+ * copy per run of adjacent blocks instead of 16-byte loads (bench_kvread on
+ * the H200, one layer at 32K: 1.95 TB/s by loads, 3.1-4.0 by such copies). */
+static __device__ __forceinline__ size_t cuk_kv_row(const struct cuk_attn *g, const int *table,
+                                                    int pos, int h)
 {
-    size_t blk = (size_t)table[pos / g->block_size];
-    return ((blk * g->n_layers + g->layer) * g->block_size + pos % g->block_size) *
-           (size_t)g->kv_dim;
+    const size_t blk = (size_t)table[pos / g->block_size];
+    return ((((size_t)g->layer * g->n_kv_heads + h) * g->pool_blocks + blk) * g->block_size +
+            pos % g->block_size) *
+           (size_t)g->head_dim;
+}
+
+/* Where element d of position pos's row sits in the row: a bf16 pool with
+ * head_dim a multiple of 64 (kv_swz) keeps 16-byte chunk c at chunk
+ * c ^ (pos & 7), the order in which the tensor-core kernels' tiles hold it
+ * in shared memory (tile_addr in attention_mma.cu), so that rows copied
+ * as they are land ready for ldmatrix without bank conflicts. */
+static __device__ __forceinline__ int cuk_kv_col(const struct cuk_attn *g, int pos, int d)
+{
+    return g->kv_swz ? (((d >> 3) ^ (pos & 7)) << 3) | (d & 7) : d;
 }
 
 /* The short segment (cuk_bseg.tiled == 2) whose work this block of a

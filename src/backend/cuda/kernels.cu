@@ -391,7 +391,7 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
     int i = (int)(rh / heads), pos;
     const int *table;
     where(i, pos, table);
-    size_t off = is_k ? cuk_kv_offset(&g, table, pos) + (size_t)(rh % heads) * head_dim : 0;
+    size_t off = is_k ? cuk_kv_row(&g, table, pos, (int)(rh % heads)) : 0;
     int half = head_dim / 2;
     float cs[RK_FREQS], sn[RK_FREQS];
 #pragma unroll
@@ -417,10 +417,11 @@ static __device__ __forceinline__ void rope_kv_head(float *q, float *k, const fl
         x[a] = ra;
         x[b] = rb;
         if (is_k) {
-            kv_st(kc, off + a, ra);
-            kv_st(kc, off + b, rb);
-            kv_st(vc, off + a, vr[a]);
-            kv_st(vc, off + b, vr[b]);
+            const size_t ca = off + cuk_kv_col(&g, pos, a), cb = off + cuk_kv_col(&g, pos, b);
+            kv_st(kc, ca, ra);
+            kv_st(kc, cb, rb);
+            kv_st(vc, ca, vr[a]);
+            kv_st(vc, cb, vr[b]);
         }
     }
 }
@@ -512,11 +513,12 @@ __global__ void k_kv_store(T *kc, T *vc, const int *table, struct cuk_attn g, co
 {
     cuk_pdl_start();
     int i = blockIdx.x, pos = (dpos ? *dpos : g.pos0) + i;
-    size_t off = cuk_kv_offset(&g, table, pos);
     const float *kr = k + (size_t)i * g.kv_dim, *vr = v + (size_t)i * g.kv_dim;
     for (int j = threadIdx.x; j < g.kv_dim; j += blockDim.x) {
-        kv_st(kc, off + j, kr[j]);
-        kv_st(vc, off + j, vr[j]);
+        const int h = j / g.head_dim, d = j - h * g.head_dim;
+        const size_t off = cuk_kv_row(&g, table, pos, h) + cuk_kv_col(&g, pos, d);
+        kv_st(kc, off, kr[j]);
+        kv_st(vc, off, vr[j]);
     }
 }
 
