@@ -431,7 +431,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 
 extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
 {
-    return g->mma && g->kv_bf16 && g->n >= 1 && (g->head_dim == 64 || g->head_dim == 128) &&
+    /* the tiles are copied as the pool holds them: swizzled rows */
+    return g->mma && g->kv_bf16 && g->kv_swz && g->n >= 1 &&
+           (g->head_dim == 64 || g->head_dim == 128) &&
            g->n_kv_heads > 0 && g->n_heads % g->n_kv_heads == 0 &&
            g->n_heads / g->n_kv_heads <= AM_ROWS && g->kv_dim % 8 == 0;
 }
@@ -644,7 +646,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     size_t new_off = 0;
     if (keeper && (int)threadIdx.x < g.n * NCH) {
         const int p = g.pos0 + (int)threadIdx.x / NCH, c = (int)threadIdx.x % NCH;
-        new_off = cuk_kv_row(&g, table, p, kvh) + (size_t)(c ^ (p & 7)) * 8; /* cuk_kv_col */
+        new_off = cuk_kv_row(&g, table, p, kvh) + cuk_kv_col(&g, p, 8 * c);
     }
     cuk_pdl_start();
     PROBE(RP, 1);
@@ -741,7 +743,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             int r = idx / NCH, c = idx % NCH, p = g.pos0 + r;
             size_t off = idx == (int)threadIdx.x
                              ? new_off
-                             : cuk_kv_row(&g, table, p, kvh) + (size_t)(c ^ (p & 7)) * 8;
+                             : cuk_kv_row(&g, table, p, kvh) + cuk_kv_col(&g, p, 8 * c);
             *(uint4 *)(kc + off) = *(const uint4 *)(nks + r * HD + c * 8);
             *(uint4 *)(vc + off) = *(const uint4 *)(nvs + r * HD + c * 8);
         }
@@ -931,8 +933,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 
 extern "C" int cuk_attention_dec_rows(const struct cuk_attn *g)
 {
-    if (!g->mma || !g->kv_bf16 || (g->head_dim != 64 && g->head_dim != 128) || g->n_kv_heads <= 0 ||
-        g->n_heads % g->n_kv_heads || g->kv_dim % 8)
+    if (!g->mma || !g->kv_bf16 || !g->kv_swz || (g->head_dim != 64 && g->head_dim != 128) ||
+        g->n_kv_heads <= 0 || g->n_heads % g->n_kv_heads || g->kv_dim % 8)
         return 0;
     int G = g->n_heads / g->n_kv_heads;
     return G <= 16 ? 16 / G : 0;

@@ -1592,11 +1592,14 @@ static int attention_run(struct backend *be, float *out, const float *q,
     struct cuda_backend *c = op_begin(be); /* settles before ws is written again */
     if (sticky(c, e))
         return -1;
-    if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads ||
-        a->head_dim != pool->head_dim || a->n_kv_heads * a->head_dim != pool->kv_dim)
+    if (a->head_dim > 256 || a->head_dim < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads)
         return err_set(e, "%s: attention with %d heads, %d kv heads of dim %d is not supported "
                           "(head_dim <= 256, heads a multiple of kv heads)",
                        c->name, a->n_heads, a->n_kv_heads, a->head_dim);
+    if (a->n_kv_heads != pool->n_kv_heads || a->head_dim != pool->head_dim)
+        return err_set(e, "%s: attention with %d kv heads of dim %d over a KV pool made for %d of "
+                          "dim %d",
+                       c->name, a->n_kv_heads, a->head_dim, pool->n_kv_heads, pool->head_dim);
     if (a->pos0 + a->n > seq->n_blocks * pool->block_size)
         return err_set(e, "%s: attention beyond the sequence's cached positions", c->name);
     const int *tab = dev_table(c, seq);

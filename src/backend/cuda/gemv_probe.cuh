@@ -175,10 +175,10 @@ extern "C" void cuk_gemv_probe_report(int skip)
                     nsm++;
                 }
             var_sm /= nsm ? nsm : 1;
-            fprintf(stderr, "    block ends: within a block %.2f us (mean over blocks), first to last "
-                            "block %.2f us, sd %.2f us of which an SM's mean lateness sd %.2f us\n",
-                    within / nbt,
-                    between / nl, sqrt(var_all / nl), sqrt(var_sm));
+            fprintf(stderr,
+                    "    block ends: within a block %.2f us (mean over blocks), first to last "
+                    "block %.2f us, sd %.2f us of which an SM's mean lateness sd %.2f us\n",
+                    within / nbt, between / nl, sqrt(var_all / nl), sqrt(var_sm));
             /* the five latest SMs on average */
             for (int rep = 0; rep < 5; rep++) {
                 int best = -1;
