@@ -52,6 +52,16 @@ static __device__ __forceinline__ size_t elem_of(const struct geo &g, int layout
     return ((((size_t)blk * g.layers + g.layer) * g.heads + head) * g.bs + pos) * g.hd;
 }
 
+/* Element of key `key` of head `head` in the pool: through the table, or
+ * (seq) in the head's one run of keys. */
+static __device__ __forceinline__ size_t key_elem(const struct geo &g, int layout,
+                                                  const int *table, int key, int head)
+{
+    if (layout == LAYOUT_SEQ)
+        return ((size_t)g.layer * g.heads + head) * (size_t)g.ctx * g.hd + (size_t)key * g.hd;
+    return elem_of(g, layout, table[key / g.bs], key % g.bs, head);
+}
+
 template <int DEPTH>
 static __global__ void __launch_bounds__(128)
     k_read(const uint16_t *pool, const int *table, struct geo g, int layout, uint32_t *sink)
@@ -69,15 +79,9 @@ static __global__ void __launch_bounds__(128)
             for (int u = 0; u < 8; u++) {
                 const int key = t0 + 64 * d + j0 + u * step;
                 v[d][u] = make_uint4(0, 0, 0, 0);
-                if (u * step < 64 && key < k1) {
-                    size_t e;
-                    if (layout == LAYOUT_SEQ) /* the head's keys as one run */
-                        e = ((size_t)g.layer * g.heads + head) * (size_t)g.ctx * g.hd +
-                            (size_t)key * g.hd;
-                    else
-                        e = elem_of(g, layout, table[key / g.bs], key % g.bs, head);
-                    v[d][u] = __ldcs((const uint4 *)(pool + e + (size_t)c * 8));
-                }
+                if (u * step < 64 && key < k1)
+                    v[d][u] = __ldcs((const uint4 *)(pool + key_elem(g, layout, table, key, head) +
+                                                     (size_t)c * 8));
             }
 #pragma unroll
         for (int d = 0; d < DEPTH; d++)
@@ -121,25 +125,17 @@ static __global__ void __launch_bounds__(128)
                 for (int j = 0; j < nk;) {
                     const int key = t0 + j;
                     const int run = layout == LAYOUT_SEQ ? nk - j : min(nk - j, g.bs - key % g.bs);
-                    const size_t e =
-                        layout == LAYOUT_SEQ
-                            ? ((size_t)g.layer * g.heads + head) * (size_t)g.ctx * g.hd +
-                                  (size_t)key * g.hd
-                            : elem_of(g, layout, table[key / g.bs], key % g.bs, head);
-                    cuk_bulk_copy(sm + (size_t)(b * 64 + j) * rowb, pool + e,
+                    cuk_bulk_copy(sm + (size_t)(b * 64 + j) * rowb,
+                                  pool + key_elem(g, layout, table, key, head),
                                   (unsigned)(run * rowb), bar + b, pol);
                     j += run;
                 }
             return;
         }
         for (int j = lane; j < nk; j += 32) {
-            const int key = t0 + j;
-            const size_t e = layout == LAYOUT_SEQ
-                                 ? ((size_t)g.layer * g.heads + head) * (size_t)g.ctx * g.hd +
-                                       (size_t)key * g.hd
-                                 : elem_of(g, layout, table[key / g.bs], key % g.bs, head);
-            cuk_bulk_copy(sm + (size_t)(b * 64 + j) * BULK_ROW, pool + e, (unsigned)rowb, bar + b,
-                          pol);
+            cuk_bulk_copy(sm + (size_t)(b * 64 + j) * BULK_ROW,
+                          pool + key_elem(g, layout, table, t0 + j, head), (unsigned)rowb,
+                          bar + b, pol);
         }
     };
     if (threadIdx.x < 32)

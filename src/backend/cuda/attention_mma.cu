@@ -133,8 +133,7 @@ static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, co
     int bi = (t0 + j0) / bs, rem = t0 + j0 - bi * bs;
     const size_t blk_elems = (size_t)bs * HD; /* a pool block of one head */
     const int pc = c ^ ((t0 + j0) & 7);       /* the chunk's place in the row */
-    const uint16_t *kb = kc + ((size_t)g.layer * g.n_kv_heads + kvh) * g.pool_blocks * blk_elems +
-                         (size_t)pc * 8;
+    const uint16_t *kb = kc + cuk_kv_head0(&g, kvh) + (size_t)pc * 8;
     const uint16_t *vb = vc + (kb - kc);
 #pragma unroll
     for (int u = 0; u < AM_KEYS / STEP; u++) {
@@ -575,13 +574,13 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const int lim = RP ? g.pos0 : k_end;
 #if DEC_BULK
     uint64_t *tbar = (uint64_t *)((char *)am_smem + dec_smem<HD>(RP) - 16); /* [2] */
+    const uint16_t *const kh = kc + cuk_kv_head0(&g, kvh), *const vh = vc + (kh - kc);
     auto load_tile = [&](int t0, int b) {
         if (threadIdx.x)
             return;
         const int bs = g.block_size, kl = min(t0 + AM_KEYS, lim);
         const int kcopy = kl <= t0 ? t0 : min(t0 + AM_KEYS, (kl + bs - 1) / bs * bs);
         cuk_mbar_expect(tbar + b, (unsigned)(2 * (kcopy - t0) * HD * 2));
-        const size_t head0 = ((size_t)g.layer * g.n_kv_heads + kvh) * g.pool_blocks * bs * HD;
         const uint64_t pol = cuk_l2_evict_first();
         char *const smem_c = (char *)am_smem;
         for (int k = t0; k < kcopy;) {
@@ -589,11 +588,11 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             int n = min(bs - rem, kcopy - k);
             for (int nb = 1; k + n < kcopy && table[bi + nb] == blk + nb; nb++)
                 n += min(bs, kcopy - k - n);
-            const size_t src = head0 + ((size_t)blk * bs + rem) * HD;
+            const size_t src = ((size_t)blk * bs + rem) * HD;
             const size_t dst = (size_t)(k - t0) * HD * 2;
-            cuk_bulk_copy(smem_c + (ktile(b) - sbase) + dst, kc + src, (unsigned)(n * HD * 2),
+            cuk_bulk_copy(smem_c + (ktile(b) - sbase) + dst, kh + src, (unsigned)(n * HD * 2),
                           tbar + b, pol);
-            cuk_bulk_copy(smem_c + (vtile(b) - sbase) + dst, vc + src, (unsigned)(n * HD * 2),
+            cuk_bulk_copy(smem_c + (vtile(b) - sbase) + dst, vh + src, (unsigned)(n * HD * 2),
                           tbar + b, pol);
             k += n;
         }

@@ -1499,6 +1499,13 @@ static cudaError_t pend_o_gemv(struct cuda_backend *c, float *out, const struct 
     return err;
 }
 
+/* True when the pool was made for this KV head geometry: its layout
+ * (cuk_kv_row) depends on it, and attn_geom takes it from the pool. */
+static bool pool_takes(const struct kv_pool *pool, int n_kv_heads, int head_dim)
+{
+    return n_kv_heads == pool->n_kv_heads && head_dim == pool->head_dim;
+}
+
 static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool,
                                  int layer, int n, int pos0)
 {
@@ -1550,8 +1557,7 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
     const float *qn = norm ? norm->q : NULL, *kn = norm ? norm->k : NULL;
     float eps = norm ? norm->eps : 0.0f;
     /* the kernel's norm follows the rmsnorm kernels of rows <= 512 */
-    if (!c->fuse || head_dim != pool->head_dim || n_kv_heads * head_dim != pool->kv_dim ||
-        ((qn || kn) && head_dim > 512)) {
+    if (!c->fuse || !pool_takes(pool, n_kv_heads, head_dim) || ((qn || kn) && head_dim > 512)) {
         if (qn)
             cu_rmsnorm(be, q, q, qn, n * n_heads, head_dim, eps);
         if (kn)
@@ -1574,7 +1580,6 @@ static void cu_rope_kv_store(struct backend *be, float *q, float *k, const float
     if (!tab)
         return;
     struct cuk_attn g = attn_geom(c, pool, layer, n, pos0);
-    g.n_kv_heads = n_kv_heads;
     fail_cuda(c, "rope_kv_store",
               cuk_rope_kv_store(c->stream, q, k, v, pool->k, pool->v, tab, &g, n_heads, head_dim,
                                 c->capturing ? (const int *)c->step.p : NULL, invf,
@@ -1596,7 +1601,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
         return err_set(e, "%s: attention with %d heads, %d kv heads of dim %d is not supported "
                           "(head_dim <= 256, heads a multiple of kv heads)",
                        c->name, a->n_heads, a->n_kv_heads, a->head_dim);
-    if (a->n_kv_heads != pool->n_kv_heads || a->head_dim != pool->head_dim)
+    if (!pool_takes(pool, a->n_kv_heads, a->head_dim))
         return err_set(e, "%s: attention with %d kv heads of dim %d over a KV pool made for %d of "
                           "dim %d",
                        c->name, a->n_kv_heads, a->head_dim, pool->n_kv_heads, pool->head_dim);
@@ -1607,8 +1612,6 @@ static int attention_run(struct backend *be, float *out, const float *q,
         return sticky(c, e);
     struct cuk_attn g = attn_geom(c, pool, layer, a->n, a->pos0);
     g.n_heads = a->n_heads;
-    g.n_kv_heads = a->n_kv_heads;
-    g.head_dim = a->head_dim;
     g.window = a->sliding_window;
     g.scale = a->scale;
     /* Split by the block-table bucket, not the exact length: eager and
@@ -1688,12 +1691,8 @@ static int cu_rope_kv_attention(struct backend *be, float *out, float *q, float 
         return -1;
     struct cuk_attn g = attn_geom(c, pool, layer, a->n, a->pos0);
     g.n_heads = a->n_heads;
-    g.n_kv_heads = a->n_kv_heads;
-    g.head_dim = a->head_dim;
-    bool one = c->fuse && c->rope_att && a->n_kv_heads >= 1 &&
-               a->n_heads % a->n_kv_heads == 0 && a->head_dim == pool->head_dim &&
-               a->n_kv_heads * a->head_dim == pool->kv_dim &&
-               a->n <= cuk_attention_dec_rows(&g);
+    bool one = c->fuse && c->rope_att && pool_takes(pool, a->n_kv_heads, a->head_dim) &&
+               a->n_heads % a->n_kv_heads == 0 && a->n <= cuk_attention_dec_rows(&g);
     if (!one) {
         cu_rope_kv_store(be, q, k, v, a->n, a->n_heads, a->n_kv_heads, a->head_dim, a->pos0,
                          inv_freq, interleaved, norm, pool, seq, layer);
@@ -1758,9 +1757,7 @@ static int bat_plan(struct cuda_backend *c, const struct batch_seg *segs, int n_
     int *tmp = c->bat_tmp;
     *p = (struct bat_plan){.need = need};
     struct cuk_attn g = attn_geom(c, pool, layer, (int)rows, n_seg * 8);
-    g.n_heads = a->n_heads;
-    g.n_kv_heads = a->n_kv_heads;
-    g.head_dim = a->head_dim;
+    g.n_heads = a->n_heads; /* the KV heads' geometry is the pool's (checked by the caller) */
     g.window = a->sliding_window;
     g.scale = a->scale;
     int row = 0, toff = n_seg * 8 + (int)rows, pre_splits = 1, short_splits = 1;
@@ -1901,9 +1898,8 @@ static int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, 
     struct cuda_backend *c = op_begin(be);
     if (sticky(c, e))
         return -1;
-    bool ok = c->fuse && a->head_dim <= 256 && a->head_dim >= 2 && a->n_kv_heads >= 1 &&
-              a->n_heads % a->n_kv_heads == 0 && a->head_dim == pool->head_dim &&
-              a->n_kv_heads * a->head_dim == pool->kv_dim;
+    bool ok = c->fuse && a->head_dim <= 256 && a->head_dim >= 2 &&
+              pool_takes(pool, a->n_kv_heads, a->head_dim) && a->n_heads % a->n_kv_heads == 0;
     if (!ok && c->capturing) { /* the per-sequence ops would read a single decode's record */
         fail_msg(c, "a batched step's attention cannot be recorded for this model");
         return sticky(c, e);

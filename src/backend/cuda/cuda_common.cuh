@@ -317,14 +317,20 @@ static __device__ __forceinline__ void kv_st(uint16_t *p, size_t i, float v)
  * block are one run of rows, and the runs of consecutive pool blocks
  * adjoin, so the decode attention kernel reads a tile of keys with one bulk
  * copy per run of adjacent blocks instead of 16-byte loads (bench_kvread on
- * the H200, one layer at 32K: 1.95 TB/s by loads, 3.1-4.0 by such copies). */
+ * the H200, one layer at 32K: 1.95 TB/s by loads, 3.1-4.0 by such copies).
+ * cuk_kv_head0: where KV head h's rows of layer g->layer start (pool block
+ * 0, position 0); pool block b's follow at b * block_size rows. */
+static __device__ __forceinline__ size_t cuk_kv_head0(const struct cuk_attn *g, int h)
+{
+    return ((size_t)g->layer * g->n_kv_heads + h) * g->pool_blocks * g->block_size *
+           (size_t)g->head_dim;
+}
+
 static __device__ __forceinline__ size_t cuk_kv_row(const struct cuk_attn *g, const int *table,
                                                     int pos, int h)
 {
     const size_t blk = (size_t)table[pos / g->block_size];
-    return ((((size_t)g->layer * g->n_kv_heads + h) * g->pool_blocks + blk) * g->block_size +
-            pos % g->block_size) *
-           (size_t)g->head_dim;
+    return cuk_kv_head0(g, h) + (blk * g->block_size + pos % g->block_size) * (size_t)g->head_dim;
 }
 
 /* Where element d of position pos's row sits in the row: a bf16 pool with
