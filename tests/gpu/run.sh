@@ -8,7 +8,8 @@
 #   3. benchmarks (random-weight models made by gen_model): prefill of a
 #      512-token prompt and batch-1 decode, with --device cuda,
 #   4. compute-sanitizer (memcheck, racecheck) on short runs.
-# TESTS=0 skips 1-2, SANITIZE=0 skips 4, EAGER=0 times only the default
+# TESTS=0 skips 1-2 (2 includes CPU vs CUDA greedy ids on CROSS_SHAPES,
+# random-weight gen_model shapes), SANITIZE=0 skips 4, EAGER=0 times only the default
 # (CUDA-graph) decode; SANITIZE_TOOLS, SANITIZE_N choose the sanitizer runs.
 # Usage: tests/gpu/run.sh BIN_DIR SHARED_DIR [BENCH_SHAPES]
 #   BIN_DIR holds cllm, test_cuda, gen_model and libcllm_cuda.so (built with CUDA);
@@ -53,6 +54,19 @@ for m in stories260K tinystories-656k; do
         if [ -n "$a" ] && [ "$a" = "$b" ]; then note "cli cuda sampled on host vs device $m ($sp, 200 ids): identical"
         else cat "$WORK/run_$m.err"; note "cli cuda sampled on host vs device $m ($sp): DIFFER"; echo "host:   $a"; echo "device: $b"; fails=$((fails+1)); fi
     done
+done
+# A random-weight shape the sample models do not cover (head_dim 64, 7
+# query heads per KV head, q/k/v biases): greedy ids of the CPU backend
+# and of CUDA (its tensor-core decode attention, staged GEMVs) after a
+# 64-token prompt. CROSS_SHAPES="" skips it.
+for shape in ${CROSS_SHAPES-qwen2.5-0.5b}; do
+    f=$(GEN_TIMEOUT=240 gpu_model "$shape") || { note "cpu vs cuda $shape: gen_model failed"; fails=$((fails+1)); continue; }
+    ids64=$(seq -s, 1000 1063)
+    a=$(timeout 300 "$BIN/cllm" run "$f" --device cpu --prompt-ids "$ids64" -n 24 --temp 0 --ignore-eos --print-ids 2>/dev/null)
+    b=$(timeout 60 "$BIN/cllm" run "$f" --device cuda --prompt-ids "$ids64" -n 24 --temp 0 --ignore-eos --print-ids 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then note "cli cpu vs cuda $shape bf16 (24 greedy ids): identical"
+    else note "cli cpu vs cuda $shape: DIFFER"; echo "cpu:  $a"; echo "cuda: $b"; fails=$((fails+1)); fi
+    rm -f "$f"
 done
 fi
 
