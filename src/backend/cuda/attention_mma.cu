@@ -669,34 +669,98 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             __float2bfloat16_rn(__fsub_rn(a, __bfloat162float(h)));
     };
     if (RP) {
-        for (int item = warp; item < rows + g.n; item += AM_WARPS) {
-            bool isk = item >= rows;
-            int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r), pos = g.pos0 + qi;
-            const float *x = isk ? rope.k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
-                                 : q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
-            const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
-            const float *nw = isk ? rope.kn : rope.qn;
-            float inv = nw ? cuk_warp_rms_inv(x, nw, HD, rope.eps, lane) : 0.0f;
+        /* A warp's items two at a time (item, item + AM_WARPS), every load
+         * of both issued before any is used: the rows were just written by
+         * the previous kernel, so each is a trip to L2, and one after
+         * another they were the stage's time. The arithmetic is
+         * cuk_warp_rms_inv's and cuk_norm_rope's on the loaded values. */
+        const int n_items = rows + g.n;
+        for (int i0 = warp; i0 < n_items; i0 += 2 * AM_WARPS) {
+            float xa[2][NF], xb[2][NF], va[2][NF], vb[2][NF], nwa[2][NF], nwb[2][NF];
+            float4 x4[2];
+            float xs[2][2];
 #pragma unroll
-            for (int i = 0; i < NF; i++) {
-                int f = lane + 32 * i;
-                float cs = cs0[i], sn = sn0[i];
-                if (qi > 0) {
-                    float ang = cuk_rope_angle(pos, rope.inv_freq[f]);
-                    cs = cosf(ang);
-                    sn = sinf(ang);
+            for (int u = 0; u < 2; u++) {
+                const int item = i0 + u * AM_WARPS;
+                if (item >= n_items)
+                    break;
+                const bool isk = item >= rows;
+                const int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r);
+                const float *x = isk ? rope.k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
+                                     : q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
+                const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
+                const float *nw = isk ? rope.kn : rope.qn;
+                if (nw) { /* cuk_warp_rms_inv's loads */
+                    if (HD % 128 == 0)
+                        x4[u] = ((const float4 *)x)[lane];
+                    else {
+                        xs[u][0] = x[lane];
+                        xs[u][1] = x[lane + 32];
+                    }
                 }
-                int a = rope.interleaved ? 2 * f : f, b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
-                float ra, rb;
-                cuk_norm_rope(x, nw, inv, a, b, cs, sn, ra, rb);
-                if (!isk) {
-                    q_put(r, a, ra);
-                    q_put(r, b, rb);
-                } else {
-                    kv_st(nks, (size_t)r * HD + a, ra);
-                    kv_st(nks, (size_t)r * HD + b, rb);
-                    kv_st(nvs, (size_t)r * HD + a, vr[a]);
-                    kv_st(nvs, (size_t)r * HD + b, vr[b]);
+#pragma unroll
+                for (int i = 0; i < NF; i++) {
+                    const int f = lane + 32 * i;
+                    const int a = rope.interleaved ? 2 * f : f;
+                    const int b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
+                    xa[u][i] = x[a];
+                    xb[u][i] = x[b];
+                    if (nw) {
+                        nwa[u][i] = nw[a];
+                        nwb[u][i] = nw[b];
+                    }
+                    if (isk) {
+                        va[u][i] = vr[a];
+                        vb[u][i] = vr[b];
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int item = i0 + u * AM_WARPS;
+                if (item >= n_items)
+                    break;
+                const bool isk = item >= rows;
+                const int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r);
+                const int pos = g.pos0 + qi;
+                const bool norm = (isk ? rope.kn : rope.qn) != nullptr;
+                float inv = 0.0f;
+                if (norm) {
+                    double ss = 0;
+                    if (HD % 128 == 0) {
+                        ss += cuk_rms_sq(x4[u]);
+                    } else {
+                        ss += (double)xs[u][0] * xs[u][0];
+                        ss += (double)xs[u][1] * xs[u][1];
+                    }
+                    inv = cuk_rms_inv(cuk_warp_sum_d(ss), HD, rope.eps);
+                }
+#pragma unroll
+                for (int i = 0; i < NF; i++) {
+                    const int f = lane + 32 * i;
+                    float cs = cs0[i], sn = sn0[i];
+                    if (qi > 0) {
+                        float ang = cuk_rope_angle(pos, rope.inv_freq[f]);
+                        cs = cosf(ang);
+                        sn = sinf(ang);
+                    }
+                    const int a = rope.interleaved ? 2 * f : f;
+                    const int b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
+                    float x0 = xa[u][i], x1 = xb[u][i], ra, rb;
+                    if (norm) { /* cuk_norm_rope */
+                        x0 = cuk_rms_scale(nwa[u][i], x0, inv);
+                        x1 = cuk_rms_scale(nwb[u][i], x1, inv);
+                    }
+                    cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+                    if (!isk) {
+                        q_put(r, a, ra);
+                        q_put(r, b, rb);
+                    } else {
+                        kv_st(nks, (size_t)r * HD + a, ra);
+                        kv_st(nks, (size_t)r * HD + b, rb);
+                        kv_st(nvs, (size_t)r * HD + a, va[u][i]);
+                        kv_st(nvs, (size_t)r * HD + b, vb[u][i]);
+                    }
                 }
             }
         }
