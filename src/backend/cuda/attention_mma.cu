@@ -678,7 +678,8 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         for (int i0 = warp; i0 < n_items; i0 += 2 * AM_WARPS) {
             float xa[2][NF], xb[2][NF], va[2][NF], vb[2][NF], nwa[2][NF], nwb[2][NF];
             float4 x4[2];
-            float xs[2][2];
+            float xs[2][HD / 32];
+            bool vec[2]; /* cuk_warp_rms_inv's choice of sums */
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int item = i0 + u * AM_WARPS;
@@ -690,13 +691,14 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                                      : q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
                 const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
                 const float *nw = isk ? rope.kn : rope.qn;
+                vec[u] = HD % 128 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)nw & 15);
                 if (nw) { /* cuk_warp_rms_inv's loads */
-                    if (HD % 128 == 0)
+                    if (vec[u])
                         x4[u] = ((const float4 *)x)[lane];
-                    else {
-                        xs[u][0] = x[lane];
-                        xs[u][1] = x[lane + 32];
-                    }
+                    else
+#pragma unroll
+                        for (int k = 0; k < HD / 32; k++)
+                            xs[u][k] = x[lane + 32 * k];
                 }
 #pragma unroll
                 for (int i = 0; i < NF; i++) {
@@ -727,11 +729,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                 float inv = 0.0f;
                 if (norm) {
                     double ss = 0;
-                    if (HD % 128 == 0) {
+                    if (vec[u]) {
                         ss += cuk_rms_sq(x4[u]);
                     } else {
-                        ss += (double)xs[u][0] * xs[u][0];
-                        ss += (double)xs[u][1] * xs[u][1];
+#pragma unroll
+                        for (int k = 0; k < HD / 32; k++)
+                            ss += (double)xs[u][k] * xs[u][k];
                     }
                     inv = cuk_rms_inv(cuk_warp_sum_d(ss), HD, rope.eps);
                 }
