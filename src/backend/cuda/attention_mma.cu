@@ -675,6 +675,18 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
          * another they were the stage's time. The arithmetic is
          * cuk_warp_rms_inv's and cuk_norm_rope's on the loaded values. */
         const int n_items = rows + g.n;
+        struct rp_item { /* a query row, or (isk) the new key row of query qi */
+            bool isk;
+            int r, qi;
+        };
+        auto item_of = [&](int item) {
+            const bool isk = item >= rows;
+            const int r = isk ? item - rows : item;
+            return rp_item{isk, r, isk ? r : row_q(rd, r)};
+        };
+        /* the pair of elements frequency f rotates */
+        auto pair_a = [&](int f) { return rope.interleaved ? 2 * f : f; };
+        auto pair_b = [&](int f) { return rope.interleaved ? 2 * f + 1 : f + HD / 2; };
         for (int i0 = warp; i0 < n_items; i0 += 2 * AM_WARPS) {
             float xa[2][NF], xb[2][NF], va[2][NF], vb[2][NF], nwa[2][NF], nwb[2][NF];
             float4 x4[2];
@@ -682,16 +694,14 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             bool vec[2]; /* cuk_warp_rms_inv's choice of sums */
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int item = i0 + u * AM_WARPS;
-                if (item >= n_items)
+                if (i0 + u * AM_WARPS >= n_items)
                     break;
-                const bool isk = item >= rows;
-                const int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r);
-                const float *x = isk ? rope.k + (size_t)qi * g.kv_dim + (size_t)kvh * HD
-                                     : q + row_qh(rd, r, 0, kvh, g.n_heads) * HD;
-                const float *vr = rope.v + (size_t)qi * g.kv_dim + (size_t)kvh * HD;
-                const float *nw = isk ? rope.kn : rope.qn;
-                vec[u] = HD % 128 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)nw & 15);
+                const rp_item it = item_of(i0 + u * AM_WARPS);
+                const float *x = it.isk ? rope.k + (size_t)it.qi * g.kv_dim + (size_t)kvh * HD
+                                        : q + row_qh(rd, it.r, 0, kvh, g.n_heads) * HD;
+                const float *vr = rope.v + (size_t)it.qi * g.kv_dim + (size_t)kvh * HD;
+                const float *nw = it.isk ? rope.kn : rope.qn;
+                vec[u] = cuk_rms_vec(x, nw, HD);
                 if (nw) { /* cuk_warp_rms_inv's loads */
                     if (vec[u])
                         x4[u] = ((const float4 *)x)[lane];
@@ -702,16 +712,14 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                 }
 #pragma unroll
                 for (int i = 0; i < NF; i++) {
-                    const int f = lane + 32 * i;
-                    const int a = rope.interleaved ? 2 * f : f;
-                    const int b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
+                    const int a = pair_a(lane + 32 * i), b = pair_b(lane + 32 * i);
                     xa[u][i] = x[a];
                     xb[u][i] = x[b];
                     if (nw) {
                         nwa[u][i] = nw[a];
                         nwb[u][i] = nw[b];
                     }
-                    if (isk) {
+                    if (it.isk) {
                         va[u][i] = vr[a];
                         vb[u][i] = vr[b];
                     }
@@ -719,15 +727,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
             }
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const int item = i0 + u * AM_WARPS;
-                if (item >= n_items)
+                if (i0 + u * AM_WARPS >= n_items)
                     break;
-                const bool isk = item >= rows;
-                const int r = isk ? item - rows : item, qi = isk ? r : row_q(rd, r);
-                const int pos = g.pos0 + qi;
-                const bool norm = (isk ? rope.kn : rope.qn) != nullptr;
+                const rp_item it = item_of(i0 + u * AM_WARPS);
+                const bool norm = (it.isk ? rope.kn : rope.qn) != nullptr;
                 float inv = 0.0f;
-                if (norm) {
+                if (norm) { /* cuk_warp_rms_inv's sum */
                     double ss = 0;
                     if (vec[u]) {
                         ss += cuk_rms_sq(x4[u]);
@@ -740,29 +745,27 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                 }
 #pragma unroll
                 for (int i = 0; i < NF; i++) {
-                    const int f = lane + 32 * i;
+                    const int f = lane + 32 * i, a = pair_a(f), b = pair_b(f);
                     float cs = cs0[i], sn = sn0[i];
-                    if (qi > 0) {
-                        float ang = cuk_rope_angle(pos, rope.inv_freq[f]);
+                    if (it.qi > 0) {
+                        float ang = cuk_rope_angle(g.pos0 + it.qi, rope.inv_freq[f]);
                         cs = cosf(ang);
                         sn = sinf(ang);
                     }
-                    const int a = rope.interleaved ? 2 * f : f;
-                    const int b = rope.interleaved ? 2 * f + 1 : f + HD / 2;
                     float x0 = xa[u][i], x1 = xb[u][i], ra, rb;
                     if (norm) { /* cuk_norm_rope */
                         x0 = cuk_rms_scale(nwa[u][i], x0, inv);
                         x1 = cuk_rms_scale(nwb[u][i], x1, inv);
                     }
                     cuk_rope_rot(x0, x1, cs, sn, ra, rb);
-                    if (!isk) {
-                        q_put(r, a, ra);
-                        q_put(r, b, rb);
+                    if (!it.isk) {
+                        q_put(it.r, a, ra);
+                        q_put(it.r, b, rb);
                     } else {
-                        kv_st(nks, (size_t)r * HD + a, ra);
-                        kv_st(nks, (size_t)r * HD + b, rb);
-                        kv_st(nvs, (size_t)r * HD + a, va[u][i]);
-                        kv_st(nvs, (size_t)r * HD + b, vb[u][i]);
+                        kv_st(nks, (size_t)it.r * HD + a, ra);
+                        kv_st(nks, (size_t)it.r * HD + b, rb);
+                        kv_st(nvs, (size_t)it.r * HD + a, va[u][i]);
+                        kv_st(nvs, (size_t)it.r * HD + b, vb[u][i]);
                     }
                 }
             }

@@ -131,8 +131,7 @@ static __device__ __forceinline__ void tiled_block(float *out, const float *q, c
             kraw[u] = vraw[u] = make_uint4(0, 0, 0, 0);
             if (idx < TA_KEYS * NV && t <= t_max) {
                 /* 16-byte chunks: VEC elements of bf16 (swizzled) or f32 */
-                size_t off = cuk_kv_row(&g, table, t, kvh) +
-                             (size_t)(g.kv_swz ? c ^ (t & 7) : c) * VEC;
+                size_t off = cuk_kv_row(&g, table, t, kvh) + cuk_kv_col(&g, t, c * VEC);
                 kraw[u] = *(const uint4 *)(kc + off);
                 vraw[u] = *(const uint4 *)(vc + off);
             }

@@ -98,11 +98,19 @@ static __device__ __forceinline__ float cuk_rms_scale(float w, float x, float in
  * warp, with the squares summed in the order launch_rmsnorm gives rows of
  * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
  * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
+/* Whether cuk_warp_rms_inv sums x's squares by float4 (lane l: float4 l,
+ * l + 32, ...) rather than by element (l, l + 32, ...): the two orders
+ * differ in the last bits, so whoever repeats the sum repeats the choice. */
+static __device__ __forceinline__ bool cuk_rms_vec(const float *x, const float *w, int dim)
+{
+    return dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+}
+
 static __device__ __forceinline__ float cuk_warp_rms_inv(const float *x, const float *w, int dim,
                                                          float eps, int lane)
 {
     double ss = 0;
-    if (dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0) {
+    if (cuk_rms_vec(x, w, dim)) {
         for (int i = lane; i < dim / 4; i += 32)
             ss += cuk_rms_sq(((const float4 *)x)[i]);
     } else {
