@@ -41,6 +41,16 @@ if [ -x "$BIN/test_gemm_tc" ]; then
     echo "== test_gemm_tc"
     if timeout 300 "$BIN/test_gemm_tc"; then note "test_gemm_tc: PASS"; else note "test_gemm_tc: FAIL"; fails=$((fails+1)); fi
 fi
+# Batched steps through the engine: the default dispatch, then with the
+# x-tile bound lowered so that the bf16 fixtures' 4-token steps mix staged
+# GEMVs and cuBLAS GEMMs in one layer, as an 8B model's 3-4-token steps do.
+if [ -x "$BIN/test_batch" ]; then
+    for xmax in "" 1536; do
+        echo "== test_batch (cuda${xmax:+, CLLM_CUDA_STAGE_X_MAX=$xmax})"
+        if CLLM_CUDA_STAGE_X_MAX=$xmax CLLM_TEST_DEVICE=cuda timeout 300 "$BIN/test_batch"; then note "test_batch cuda${xmax:+ x-tiles <= $xmax B}: PASS"
+        else note "test_batch cuda${xmax:+ x-tiles <= $xmax B}: FAIL"; fails=$((fails+1)); fi
+    done
+fi
 
 for m in stories260K tinystories-656k; do
     a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/$m" --device cpu -t 4 -p "Once upon a time" -n 300 --temp 0 --ignore-eos --print-ids 2>/dev/null)

@@ -68,9 +68,14 @@
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 #define MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
 #define BLAS_WS_BYTES ((size_t)32 << 20)
-/* The most shared memory the x tiles of a staged GEMV of CUK_STAGE_MAX_N
- * tokens may take for those steps to use it (see cu_load_weights). */
-#define STAGED_X_BYTES ((size_t)64 << 10)
+/* The most shared memory the x tiles of a GEMV of more than
+ * CUK_GEMV_DEFAULT tokens may take (gemv_rows): measured on the H200, an
+ * 8B model's 4,096-column matrices staged and its down projection on
+ * cuBLAS, 3 streams 516 -> 550-563 tok/s (48 KB of x tiles), 4 streams
+ * 733 -> 654-658 (64 KB: the ring too small), so 4 tokens of 4,096
+ * columns stay with cuBLAS; a 0.6B model's widest, 4 x 3,072 columns,
+ * is staged. */
+#define STAGED_X_BYTES ((size_t)48 << 10)
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
  * once per shape (lt_plan), LT_PLANS shapes kept. */
@@ -176,7 +181,8 @@ struct cuda_backend {
     unsigned long op_seq, xh_valid_at;
     int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
-    int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM */
+    int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
+    size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
@@ -815,13 +821,13 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     if (m->cfg.n_layers > 0 && (m->layers[0].wq.dtype == DT_BF16 || m->layers[0].wq.dtype == DT_F16))
         c->half_type = m->layers[0].wq.dtype;
     /* Batched decode steps of up to CUK_STAGE_MAX_N tokens take the staged
-     * GEMVs (every weight read once, norms and SwiGLU fused) where every
-     * matrix's x tiles leave the ring most of the shared memory: measured
-     * on the H200, a 0.6B model (3,072-column down projection) at 3 / 4
-     * streams 1,190 -> 2,060 / 1,946 -> 2,226 tok/s; an 8B model (14,336)
-     * slower (720 -> 542 at 4 streams), so it keeps cuBLAS from 3 tokens. */
-    if (!c->gemv_max_env && c->gemv_staged && c->half_type >= 0 &&
-        (size_t)CUK_STAGE_MAX_N * (size_t)m->cfg.hidden_dim * 4 <= STAGED_X_BYTES)
+     * GEMVs (every weight read once, norms and SwiGLU fused) for the
+     * matrices whose x tiles leave the ring most of the shared memory
+     * (gemv_rows), the rest cuBLAS: measured on the H200, a 0.6B model
+     * (every matrix staged) at 3 / 4 streams 1,190 -> 2,060 / 1,946 ->
+     * 2,226 tok/s; an 8B model with its 14,336-column down projection
+     * staged too was slower (720 -> 542 at 4 streams). */
+    if (!c->gemv_max_env && c->gemv_staged && c->half_type >= 0)
         c->gemv_max = CUK_STAGE_MAX_N;
     const struct tensor **ts = NULL;
     bool *pair = NULL;
@@ -1183,11 +1189,24 @@ static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, 
     return h;
 }
 
+/* Whether n rows of x over cols columns go to the GEMV kernels (f32
+ * activations) rather than a tensor-core GEMM: up to gemv_max rows, and
+ * past CUK_GEMV_DEFAULT rows only where their x tiles fit in
+ * stage_x_max bytes beside the staged GEMV's ring (unless
+ * CLLM_CUDA_GEMV_MAX chose). So a batched step of 3-4 tokens may mix the
+ * two: an 8B model's down projection (14,336 columns) on cuBLAS, its
+ * other matrices staged. */
+static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
+{
+    return n <= c->gemv_max &&
+           (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
+}
+
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
  * into its output) rather than a GEMV kernel. */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
-    return t->dtype == DT_F32 || n > c->gemv_max;
+    return t->dtype == DT_F32 || !gemv_rows(c, (size_t)t->cols, n);
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -1228,7 +1247,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return -1;
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
-    if (n <= c->gemv_max) {
+    if (gemv_rows(c, (size_t)w->cols, n)) {
         if (acc)
             return err_set(e, "%s: internal: accumulating GEMV", c->name);
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
@@ -1278,7 +1297,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
                            const struct tensor *const *ts, int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    if (c->fuse && n <= c->gemv_max && k >= 1 && k <= 3) {
+    if (c->fuse && k >= 1 && k <= 3 && gemv_rows(c, (size_t)ts[0]->cols, n)) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -1297,7 +1316,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && n > c->gemv_max && !c->precise && !c->tc_ws && c->gemm_pair) {
+    if (pair >= 0 && !gemv_rows(c, (size_t)ts[0]->cols, n) && !c->precise && !c->tc_ws && c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
         if (sticky(c, e))
@@ -1327,7 +1346,8 @@ static void norm_run(struct backend *be, float *out, float *x, const float *y, c
     const float *dw = dev_vec(c, w, "rmsnorm");
     if (!dw || c->err[0])
         return;
-    uint16_t *oh = half_out(c, out, (size_t)n * dim, dim == c->model_dim && n > c->gemv_max);
+    uint16_t *oh = half_out(c, out, (size_t)n * dim,
+                            dim == c->model_dim && !gemv_rows(c, (size_t)dim, n));
     int bf = c->half_type == DT_BF16;
     if (y && c->fuse) {
         fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps, oh, bf));
@@ -1979,7 +1999,7 @@ static void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
         return;
     /* gate of a GEMM-sized chunk: the input of the down projection */
     bool gemm_next = c->ffn_dim > 0 && n % (size_t)c->ffn_dim == 0 &&
-                     n / (size_t)c->ffn_dim > (size_t)c->gemv_max;
+                     !gemv_rows(c, (size_t)c->ffn_dim, (int)(n / (size_t)c->ffn_dim));
     uint16_t *gh = half_out(c, g, n, gemm_next);
     fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n, gh, c->half_type == DT_BF16));
 }
@@ -2027,7 +2047,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
-    if (c->fuse && n <= c->gemv_max) {
+    if (c->fuse && gemv_rows(c, cols, n)) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -2635,6 +2655,9 @@ static struct backend *cuda_create(int device, struct err *e)
     const char *p = getenv("CLLM_CUDA_GEMV_MAX");
     c->gemv_max_env = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX;
     c->gemv_max = c->gemv_max_env ? atoi(p) : CUK_GEMV_DEFAULT; /* see cu_load_weights */
+    /* measurement and tests: another bound on the x tiles (gemv_rows) */
+    p = getenv("CLLM_CUDA_STAGE_X_MAX");
+    c->stage_x_max = p && atol(p) > 0 ? (size_t)atol(p) : STAGED_X_BYTES;
     c->half_type = -1;
     p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
     c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
