@@ -71,10 +71,11 @@
 /* The most shared memory the x tiles of a GEMV of more than
  * CUK_GEMV_DEFAULT tokens may take (gemv_rows): measured on the H200, an
  * 8B model's 4,096-column matrices staged and its down projection on
- * cuBLAS, 3 streams 516 -> 550-563 tok/s (48 KB of x tiles), 4 streams
- * 733 -> 654-658 (64 KB: the ring too small), so 4 tokens of 4,096
- * columns stay with cuBLAS; a 0.6B model's widest, 4 x 3,072 columns,
- * is staged. */
+ * cuBLAS, 3 streams 516 -> 543-563 tok/s (48 KB of x tiles), 4 streams
+ * 733 -> 654-658 (64 KB of x tiles: a smaller ring, and more x read from
+ * shared memory per weight byte than the SM reads a clock), so 4 tokens
+ * of 4,096 columns stay with cuBLAS; a 0.6B model's widest, 4 x 3,072
+ * columns, is staged. */
 #define STAGED_X_BYTES ((size_t)48 << 10)
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
@@ -1316,7 +1317,8 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && !gemv_rows(c, (size_t)ts[0]->cols, n) && !c->precise && !c->tc_ws && c->gemm_pair) {
+    if (pair >= 0 && !gemv_rows(c, (size_t)ts[0]->cols, n) && !c->precise && !c->tc_ws &&
+        c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
         if (sticky(c, e))
