@@ -72,10 +72,10 @@
  * CUK_GEMV_DEFAULT tokens may take (gemv_rows): measured on the H200, an
  * 8B model's 4,096-column matrices staged and its down projection on
  * cuBLAS, 3 streams 516 -> 543-563 tok/s (48 KB of x tiles), 4 streams
- * 733 -> 654-658 (64 KB of x tiles: a smaller ring, and more x read from
- * shared memory per weight byte than the SM reads a clock), so 4 tokens
- * of 4,096 columns stay with cuBLAS; a 0.6B model's widest, 4 x 3,072
- * columns, is staged. */
+ * 733 -> 654-658 (64 KB of x tiles: more x read from shared memory per
+ * weight byte than the SM reads a clock; a ring as deep as one token's
+ * beside them did no better), so 4 tokens of 4,096 columns stay with
+ * cuBLAS; a 0.6B model's widest, 4 x 3,072 columns, is staged. */
 #define STAGED_X_BYTES ((size_t)48 << 10)
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
