@@ -86,7 +86,7 @@ static bool pump(struct live *l, int ms)
     return l->fin != ENGINE_FINISH_NONE;
 }
 
-static struct engine_request *submit(struct engine *eng, const struct req_spec *s)
+static struct engine_request *request_of(const struct req_spec *s)
 {
     struct err e = {{0}};
     struct engine_params p = greedy(s->max_tokens);
@@ -94,6 +94,14 @@ static struct engine_request *submit(struct engine *eng, const struct req_spec *
     p.sp.top_k = s->top_k;
     p.sp.seed = s->seed;
     struct engine_request *r = engine_request_new(s->prompt, s->n_prompt, &p, &e);
+    CHECK(r != NULL, "request: %s", e.msg);
+    return r;
+}
+
+static struct engine_request *submit(struct engine *eng, const struct req_spec *s)
+{
+    struct err e = {{0}};
+    struct engine_request *r = request_of(s);
     CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
     return r;
 }
@@ -122,16 +130,24 @@ static void run_alone(const struct model *m, const struct engine_config *base,
 
 /* Runs specs on eng with staggered arrivals (a new request every few
  * polls), cancelling those with cancel_at, and compares each with ref. */
-/* burst: submit all at once (they compete for the pool however fast the
- * device is), else staggered arrivals. */
+/* burst: all in one engine_submit_many, so the engine's first step sees
+ * every one of them whatever the threads' timing (they compete for the
+ * pool however fast the device or loaded the machine), else staggered
+ * arrivals. */
 static void run_batched(struct engine *eng, const struct req_spec *specs, int n,
                         const struct live *ref, const char *what, bool burst)
 {
     struct live *l = calloc((size_t)n, sizeof *l);
     int submitted = 0, done = 0;
     for (int it = 0; done < n; it++) {
-        while (burst && submitted < n)
-            l[submitted].r = submit(eng, &specs[submitted]), submitted++;
+        if (burst && submitted == 0 && n <= NREQ) { /* queued before the engine's next step */
+            struct engine_request *rs[NREQ];
+            struct err e = {{0}};
+            for (int i = 0; i < n; i++)
+                rs[i] = l[i].r = request_of(&specs[i]);
+            CHECK(engine_submit_many(eng, rs, n, &e) == 0, "submit_many: %s", e.msg);
+            submitted = n;
+        }
         if (submitted < n && (it % 3 == 0 || submitted < 4))
             l[submitted].r = submit(eng, &specs[submitted]), submitted++;
         done = 0;

@@ -876,7 +876,8 @@ void engine_destroy(struct engine *eng)
     engine_free_parts(eng);
 }
 
-int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
+/* What engine_submit refuses in a request before it takes the lock. */
+static int submit_check(const struct engine *eng, const struct engine_request *r, struct err *e)
 {
     if (r->n_prompt >= eng->cfg.ctx_len) {
         err_set(e, "the prompt has %d tokens but the context is %d tokens (at least one "
@@ -901,31 +902,49 @@ int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
             return ENGINE_SUBMIT_ADMISSION;
         }
     }
+    return 0;
+}
+
+int engine_submit_many(struct engine *eng, struct engine_request *const *rs, int n, struct err *e)
+{
+    for (int i = 0; i < n; i++) {
+        int rc = submit_check(eng, rs[i], e);
+        if (rc)
+            return rc;
+    }
     pthread_mutex_lock(&eng->mu);
     if (eng->stopping) {
         pthread_mutex_unlock(&eng->mu);
         err_set(e, "the server is shutting down");
         return ENGINE_SUBMIT_BUSY;
     }
-    if (eng->queued >= eng->cfg.max_queue) {
+    if (eng->queued + n > eng->cfg.max_queue) {
         pthread_mutex_unlock(&eng->mu);
         err_set(e, "too many requests waiting (%d queued); retry later", eng->queued);
         return ENGINE_SUBMIT_BUSY;
     }
-    atomic_fetch_add(&r->refs, 1);
-    r->eng = eng;
-    r->queued = true;
-    r->next = NULL;
-    if (eng->q_tail)
-        eng->q_tail->next = r;
-    else
-        eng->q_head = r;
-    eng->q_tail = r;
-    eng->queued++;
-    eng->st.requests_total++;
+    for (int i = 0; i < n; i++) {
+        struct engine_request *r = rs[i];
+        atomic_fetch_add(&r->refs, 1);
+        r->eng = eng;
+        r->queued = true;
+        r->next = NULL;
+        if (eng->q_tail)
+            eng->q_tail->next = r;
+        else
+            eng->q_head = r;
+        eng->q_tail = r;
+        eng->queued++;
+        eng->st.requests_total++;
+    }
     pthread_cond_signal(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     return 0;
+}
+
+int engine_submit(struct engine *eng, struct engine_request *r, struct err *e)
+{
+    return engine_submit_many(eng, &r, 1, e);
 }
 
 void engine_get_stats(struct engine *eng, struct engine_stats *out)

@@ -122,6 +122,11 @@ struct engine_request *engine_request_new(const int *prompt, int n_prompt,
  * 429), the prompt does not fit the context (400 with the numbers), or its
  * projected KV alone exceeds the KV budget (400 memory_admission). */
 int engine_submit(struct engine *eng, struct engine_request *r, struct err *e);
+/* engine_submit for n requests at once, all or none: they enter the queue
+ * together, so the engine's next step sees every one of them (what a
+ * scheduling test needs to be independent of thread timing). */
+int engine_submit_many(struct engine *eng, struct engine_request *const *rs, int n,
+                       struct err *e);
 /* Waits up to timeout_ms for the next event. Returns 1 with an event, 0 on
  * timeout. After a final event (finish != NONE) no more events come. */
 int engine_request_next(struct engine_request *r, struct engine_event *ev, int timeout_ms);
