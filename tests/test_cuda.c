@@ -913,7 +913,15 @@ static void check_deferred_merge(void)
             }
             qkn_close(&fx);
         }
-    CHECK(deferred > 0, "deferred merge: no case left its merge to the o projection");
+    /* The deferral is the staged GEMV's (Hopper code on a Hopper GPU): where
+     * it is off (CLLM_CUDA_GEMV_STAGED=0, as for a run of an sm_80 build)
+     * every case must settle its merge itself, and still match. */
+    const char *staged = getenv("CLLM_CUDA_GEMV_STAGED");
+    if (staged && !strcmp(staged, "0"))
+        CHECK(deferred == 0, "deferred merge: %d cases deferred with the staged GEMV off",
+              deferred);
+    else
+        CHECK(deferred > 0, "deferred merge: no case left its merge to the o projection");
     printf("deferred key-split merge: %d of %d cases bit-identical to the undeferred op, %d "
            "deferred\n", same, total, deferred);
 }

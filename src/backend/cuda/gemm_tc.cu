@@ -60,6 +60,8 @@ struct tcp {
     int stages;     /* ring depth */
 };
 
+/* (Only sm_90 code uses them: an older build would warn of them unused.) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* First stage of block b's run (of gridDim.x). */
 static __device__ __forceinline__ int tc_start(const struct tcp &p, int b)
 {
@@ -77,7 +79,6 @@ static __device__ __forceinline__ int tc_owner(const struct tcp &p, int s)
     return b;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* One tensor copy: the tile at column c0, row r0 of the tensor map m into
  * shared memory at dst, completing on bar. */
 static __device__ __forceinline__ void tc_tma(void *dst, const CUtensorMap *m, int c0, int r0,
