@@ -128,26 +128,26 @@ static void run_alone(const struct model *m, const struct engine_config *base,
     engine_destroy(eng);
 }
 
-/* Runs specs on eng with staggered arrivals (a new request every few
- * polls), cancelling those with cancel_at, and compares each with ref. */
-/* burst: all in one engine_submit_many, so the engine's first step sees
- * every one of them whatever the threads' timing (they compete for the
- * pool however fast the device or loaded the machine), else staggered
- * arrivals. */
+/* Runs specs on eng, cancelling those with cancel_at, and compares each
+ * with ref. Arrivals are staggered (a new request every few polls), or
+ * with burst all in one engine_submit_many, so the engine's first step
+ * sees every one of them whatever the threads' timing (they compete for
+ * the pool however fast the device or loaded the machine). */
 static void run_batched(struct engine *eng, const struct req_spec *specs, int n,
                         const struct live *ref, const char *what, bool burst)
 {
     struct live *l = calloc((size_t)n, sizeof *l);
     int submitted = 0, done = 0;
+    if (burst) {
+        struct engine_request **rs = calloc((size_t)n, sizeof *rs);
+        struct err e = {{0}};
+        for (int i = 0; i < n; i++)
+            rs[i] = l[i].r = request_of(&specs[i]);
+        CHECK(engine_submit_many(eng, rs, n, &e) == 0, "submit_many: %s", e.msg);
+        submitted = n;
+        free(rs);
+    }
     for (int it = 0; done < n; it++) {
-        if (burst && submitted == 0 && n <= NREQ) { /* queued before the engine's next step */
-            struct engine_request *rs[NREQ];
-            struct err e = {{0}};
-            for (int i = 0; i < n; i++)
-                rs[i] = l[i].r = request_of(&specs[i]);
-            CHECK(engine_submit_many(eng, rs, n, &e) == 0, "submit_many: %s", e.msg);
-            submitted = n;
-        }
         if (submitted < n && (it % 3 == 0 || submitted < 4))
             l[submitted].r = submit(eng, &specs[submitted]), submitted++;
         done = 0;

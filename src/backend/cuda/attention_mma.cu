@@ -673,7 +673,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
          * of both issued before any is used: the rows were just written by
          * the previous kernel, so each is a trip to L2, and one after
          * another they were the stage's time. The arithmetic is
-         * cuk_warp_rms_inv's and cuk_norm_rope's on the loaded values. */
+         * cuk_warp_rms_inv's and cuk_norm_rope_v's on the loaded values. */
         const int n_items = rows + g.n;
         struct rp_item { /* a query row, or (isk) the new key row of query qi */
             bool isk;
@@ -752,12 +752,9 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                         cs = cosf(ang);
                         sn = sinf(ang);
                     }
-                    float x0 = xa[u][i], x1 = xb[u][i], ra, rb;
-                    if (norm) { /* cuk_norm_rope */
-                        x0 = cuk_rms_scale(nwa[u][i], x0, inv);
-                        x1 = cuk_rms_scale(nwb[u][i], x1, inv);
-                    }
-                    cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+                    float ra, rb;
+                    cuk_norm_rope_v(xa[u][i], xb[u][i], norm, nwa[u][i], nwb[u][i], inv, cs, sn,
+                                    ra, rb);
                     if (!it.isk) {
                         q_put(it.r, a, ra);
                         q_put(it.r, b, rb);

@@ -188,7 +188,6 @@ struct cuda_backend {
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
     size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
-    bool hopper;       /* a 9.0+ GPU running sm_90+ code: bulk copies, PDL */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
     int dec_blocks;    /* decode attention blocks the GPU runs at once (key splits) */
@@ -827,11 +826,9 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
         c->half_type = m->layers[0].wq.dtype;
     /* Batched decode steps of up to CUK_STAGE_MAX_N tokens take the staged
      * GEMVs (every weight read once, norms and SwiGLU fused) for the
-     * matrices whose x tiles leave the ring most of the shared memory
-     * (gemv_rows), the rest cuBLAS: measured on the H200, a 0.6B model
-     * (every matrix staged) at 3 / 4 streams 1,190 -> 2,060 / 1,946 ->
-     * 2,226 tok/s; an 8B model with its 14,336-column down projection
-     * staged too was slower (720 -> 542 at 4 streams). */
+     * matrices gemv_rows gives them, the rest cuBLAS (measured: see
+     * STAGED_X_BYTES; a 0.6B model, every matrix staged, at 3 / 4 streams
+     * 1,190 -> 2,060 / 1,946 -> 2,226 tok/s). */
     if (!c->gemv_max_env && c->gemv_staged && c->half_type >= 0)
         c->gemv_max = CUK_STAGE_MAX_N;
     const struct tensor **ts = NULL;
@@ -2620,7 +2617,7 @@ static struct backend *cuda_create(int device, struct err *e)
     /* The kernels' Hopper paths exist only in sm_90+ code: a build for
      * older GPUs alone runs its compute_8x PTX on a Hopper GPU, where the
      * staged GEMV's body and the kernels' PDL waits were compiled out. */
-    c->hopper = prop.major >= 9 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 90);
+    const bool hopper = prop.major >= 9 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 90);
     c->n_sms = prop.multiProcessorCount;
     snprintf(c->name, sizeof c->name, "cuda:%d (%s, %.0f GiB, %d SMs)", device, prop.name,
              prop.totalGlobalMem / 1073741824.0, c->n_sms);
@@ -2674,7 +2671,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->att_mma = !env_off("CLLM_CUDA_ATT_MMA");
     p = getenv("CLLM_CUDA_DEC_BPS"); /* measurement: decode attention blocks per SM */
     c->dec_blocks = c->n_sms * (p && atoi(p) >= 1 && atoi(p) <= 8 ? atoi(p) : CUK_DEC_BLOCKS_PER_SM);
-    cuk_set_pdl(c->hopper && !env_off("CLLM_CUDA_PDL"));
+    cuk_set_pdl(hopper && !env_off("CLLM_CUDA_PDL"));
     c->kv_bf16 = !c->precise && kv_dt == DT_BF16;
     c->graphs = !env_off("CLLM_COMPILED_DECODE");
     c->bgraphs = !env_off("CLLM_COMPILED_BATCH");
@@ -2685,14 +2682,14 @@ static struct backend *cuda_create(int device, struct err *e)
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
-    c->gemv_staged = c->hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
+    c->gemv_staged = hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
     c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
                      : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
                                                        : -1;
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
     p = getenv("CLLM_CUDA_GEMM_TC");
-    if (c->hopper && p && !strcmp(p, "1")) { /* opt-in: "1" only */
+    if (hopper && p && !strcmp(p, "1")) { /* opt-in: "1" only */
         p = getenv("CLLM_CUDA_TC_CTAS");
         c->tc_blocks = c->n_sms * (p && atoi(p) == 2 ? 2 : 1);
         p = getenv("CLLM_CUDA_TC_SMEM");

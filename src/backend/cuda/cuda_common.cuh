@@ -94,10 +94,6 @@ static __device__ __forceinline__ float cuk_rms_scale(float w, float x, float in
     return w * (x * inv);
 }
 
-/* 1 / rms of one head (dim <= 512 floats at x, weights w) for the calling
- * warp, with the squares summed in the order launch_rmsnorm gives rows of
- * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
- * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
 /* Whether cuk_warp_rms_inv sums x's squares by float4 (lane l: float4 l,
  * l + 32, ...) rather than by element (l, l + 32, ...): the two orders
  * differ in the last bits, so whoever repeats the sum repeats the choice. */
@@ -106,6 +102,10 @@ static __device__ __forceinline__ bool cuk_rms_vec(const float *x, const float *
     return dim % 128 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
 }
 
+/* 1 / rms of one head (dim <= 512 floats at x, weights w) for the calling
+ * warp, with the squares summed in the order launch_rmsnorm gives rows of
+ * dim <= 512: k_rmsnorm_warp_vec when dim is a multiple of 128 and x and w
+ * are 16-byte aligned (out is x: normed in place), else k_rmsnorm_warp. */
 static __device__ __forceinline__ float cuk_warp_rms_inv(const float *x, const float *w, int dim,
                                                          float eps, int lane)
 {
@@ -145,19 +145,27 @@ static __device__ __forceinline__ void cuk_rope_rot(float x0, float x1, float cs
     rb = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
 }
 
-/* The pair (x[a], x[b]) of a head, normalized when nw (weights nw, 1/rms
- * inv) and rotated by (cs, sn): what the RoPE kernels and the decode
- * attention kernel's fused RoPE compute, the same bits. */
+/* The pair (x0, x1) of a head, normalized when norm (weights w0, w1,
+ * 1/rms inv) and rotated by (cs, sn): what the RoPE kernels and the decode
+ * attention kernel's fused RoPE compute, the same bits. cuk_norm_rope: the
+ * same for the pair (x[a], x[b]) read from memory, weights nw (or none). */
+static __device__ __forceinline__ void cuk_norm_rope_v(float x0, float x1, bool norm, float w0,
+                                                      float w1, float inv, float cs, float sn,
+                                                      float &ra, float &rb)
+{
+    if (norm) {
+        x0 = cuk_rms_scale(w0, x0, inv);
+        x1 = cuk_rms_scale(w1, x1, inv);
+    }
+    cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+}
+
 static __device__ __forceinline__ void cuk_norm_rope(const float *x, const float *nw, float inv,
                                                     int a, int b, float cs, float sn, float &ra,
                                                     float &rb)
 {
-    float x0 = x[a], x1 = x[b];
-    if (nw) {
-        x0 = cuk_rms_scale(nw[a], x0, inv);
-        x1 = cuk_rms_scale(nw[b], x1, inv);
-    }
-    cuk_rope_rot(x0, x1, cs, sn, ra, rb);
+    cuk_norm_rope_v(x[a], x[b], nw != nullptr, nw ? nw[a] : 0.0f, nw ? nw[b] : 0.0f, inv, cs, sn,
+                    ra, rb);
 }
 
 /* The key-split merge's weights for one row (merge_splits in
