@@ -80,6 +80,10 @@
  * beside them did no better), so 4 tokens of 4,096 columns stay with
  * cuBLAS; a 0.6B model's widest, 4 x 3,072 columns, is staged. */
 #define STAGED_X_BYTES ((size_t)48 << 10)
+/* Most weight megabytes of a tensor-core GEMV launch, and most elements
+ * of the x it stages (n x cols): see mma_takes. */
+#define MMA_MAX_MB 64
+#define MMA_MAX_X 32768
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
  * once per shape (lt_plan), LT_PLANS shapes kept. */
@@ -149,6 +153,12 @@ struct cuda_backend {
                         * memory (cuk_gemv_staged; Hopper and newer,
                         * CLLM_CUDA_GEMV_STAGED != 0) */
     struct cuk_stage_cfg stage; /* its launch shape */
+    bool gemv_mma;     /* batched steps past the GEMVs' rows go to the
+                        * tensor-core GEMV (cuk_gemv_mma) where it takes the
+                        * shape, not cuBLAS (CLLM_CUDA_GEMV_MMA != 0) */
+    struct cuk_mma_cfg mma; /* the device as cuk_gemv_mma needs it */
+    size_t mma_max_bytes; /* weights of its largest launch (CLLM_CUDA_MMA_MAX_MB) */
+    size_t mma_max_x;  /* most n x cols of x it takes (CLLM_CUDA_MMA_MAX_X) */
     int defer_merge;   /* a decode step's key-split merge is left to the o
                         * projection's staged GEMV when the model says that
                         * comes next (attn_args.o_next): 0 never, 1 always,
@@ -1204,11 +1214,50 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
            (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
 }
 
+/* Whether n rows over cols columns that the GEMVs leave go to the
+ * tensor-core GEMV (cuk_gemv_mma: x rounded to half as cuBLAS reads it,
+ * the input and output ops in its launch) rather than cuBLAS, for a launch
+ * over wbytes of weights: 2-byte weights, not precise, up to CUK_MMA_MAX_N
+ * rows, and where it wins (H200, docs/benchmarks.md, seventeenth pass):
+ * launches of at most mma_max_bytes of weights (it streams them at ~75 %
+ * of the copy bandwidth to cuBLAS's ~90 %, so an 8B model's gate/up and
+ * down lose what the saved launches gain) and x of at most mma_max_x
+ * elements (every block stages all of x from L2 before its first product:
+ * at 16 tokens x 4,096 columns, 256 KB of f32 a block). So an 8B model's
+ * step of 5-8 tokens takes it for q/k/v and o, a 0.6B model's for every
+ * matrix but the LM head and, past 10 tokens, the down projection. */
+static bool mma_takes(const struct cuda_backend *c, size_t cols, int n, size_t wbytes)
+{
+    return c->gemv_mma && !c->precise && c->half_type >= 0 && n <= CUK_MMA_MAX_N &&
+           !gemv_rows(c, cols, n) && cols % 32 == 0 && wbytes <= c->mma_max_bytes &&
+           (size_t)n * cols <= c->mma_max_x &&
+           cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max;
+}
+
+/* Bytes of the k matrices' elements (a launch's weights, as mma_takes
+ * counts them). */
+static size_t tensors_bytes(const struct tensor *const *ts, int k)
+{
+    size_t b = 0;
+    for (int i = 0; i < k; i++)
+        b += (size_t)ts[i]->rows * (size_t)ts[i]->cols * (ts[i]->dtype == DT_F32 ? 4 : 2);
+    return b;
+}
+
+/* Whether n rows over cols columns, times wbytes of weights, go to a
+ * kernel that takes f32 rows (no half copy needed) and does the input and
+ * output ops itself. */
+static bool gemv_like(const struct cuda_backend *c, size_t cols, int n, size_t wbytes)
+{
+    return gemv_rows(c, cols, n) || mma_takes(c, cols, n, wbytes);
+}
+
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
  * into its output) rather than a GEMV kernel. */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
-    return t->dtype == DT_F32 || !gemv_rows(c, (size_t)t->cols, n);
+    return t->dtype == DT_F32 || !gemv_like(c, (size_t)t->cols, n, tensors_bytes(&t, 1)) ||
+           (!gemv_rows(c, (size_t)t->cols, n) && t->dtype != DT_BF16 && t->dtype != DT_F16);
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -1218,14 +1267,17 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
-/* A GEMV launch of cuk_gemv_fused's contract: the staged kernel for up to
+/* A GEMV launch of cuk_gemv_fused's contract: past the GEMVs' rows the
+ * tensor-core GEMV (mma_takes); else the staged kernel for up to
  * CUK_STAGE_MAX_N rows where it is on and takes the shape, else the
- * register-streamed one;
- * cudaErrorNotSupported (nothing launched) where neither does. */
+ * register-streamed one; cudaErrorNotSupported (nothing launched) where
+ * none does. */
 static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
+    if (!gemv_rows(c, (size_t)ws[0]->cols, n)) /* the caller saw mma_takes */
+        return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (n <= CUK_STAGE_MAX_N && c->gemv_staged) {
         cudaError_t err = cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
         if (err != cudaErrorNotSupported)
@@ -1259,6 +1311,13 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         if (fail_cuda(c, "gemv", err))
             return sticky(c, e);
         return 0;
+    }
+    if (!acc && mma_takes(c, (size_t)w->cols, n, tensors_bytes(&t, 1)) &&
+        (w->dtype == DT_BF16 || w->dtype == DT_F16)) {
+        struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
+        cudaError_t err = cuk_gemv_mma(c->stream, &out, &gi, n, &w, 1, CUK_OUT_STORE, &c->mma);
+        if (err != cudaErrorNotSupported) /* else cuBLAS takes it */
+            return fail_cuda(c, "gemv", err) ? sticky(c, e) : 0;
     }
     if (!c->precise && (w->dtype == DT_BF16 || w->dtype == DT_F16)) {
         const uint16_t *xh = half_x(c, x, n, w);
@@ -1299,7 +1358,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
                            const struct tensor *const *ts, int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    if (c->fuse && k >= 1 && k <= 3 && gemv_rows(c, (size_t)ts[0]->cols, n)) {
+    if (c->fuse && k >= 1 && k <= 3 && gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k))) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -1318,7 +1377,8 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && !gemv_rows(c, (size_t)ts[0]->cols, n) && !c->precise && !c->tc_ws &&
+    if (pair >= 0 && !gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k)) && !c->precise &&
+        !c->tc_ws &&
         c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
@@ -2050,7 +2110,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
-    if (c->fuse && gemv_rows(c, cols, n)) {
+    if (c->fuse && gemv_like(c, cols, n, tensors_bytes(ts, k))) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -2683,6 +2743,21 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
     c->gemv_staged = hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
+    /* mma.sync on bf16/f16: compute capability 8.0 and newer */
+    c->gemv_mma = prop.major >= 8 && !env_off("CLLM_CUDA_GEMV_MMA");
+    c->mma.n_sms = c->n_sms;
+    c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
+    c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;
+    p = getenv("CLLM_CUDA_MMA_BPS"); /* measurement: its blocks per SM, slices per tile */
+    c->mma.blocks_per_sm = p && atoi(p) >= 1 && atoi(p) <= 2 ? atoi(p) : 0;
+    p = getenv("CLLM_CUDA_MMA_KS");
+    c->mma.ks = p && (atoi(p) == 1 || atoi(p) == 2 || atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
+    p = getenv("CLLM_CUDA_MMA_MAX_MB");
+    c->mma_max_bytes = (p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_MB) << 20;
+    p = getenv("CLLM_CUDA_MMA_MAX_X");
+    c->mma_max_x = p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_X;
+    p = getenv("CLLM_CUDA_MMA_WARPS");
+    c->mma.warps = p && (atoi(p) == 8 || atoi(p) == 16) ? atoi(p) : 0;
     c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
                      : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
                                                        : -1;

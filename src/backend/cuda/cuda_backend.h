@@ -325,6 +325,35 @@ struct cuk_stage_cfg {
 cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                             int n, const struct cuk_weight *const *ws, int k, int out,
                             const struct cuk_stage_cfg *cfg);
+/* Most tokens cuk_gemv_mma takes. */
+#define CUK_MMA_MAX_N 16
+/* The device as cuk_gemv_mma shapes its launch for it. */
+struct cuk_mma_cfg {
+    int n_sms;    /* SMs */
+    int smem_max; /* shared memory a block may opt into (bytes) */
+    int smem_sm;  /* shared memory of an SM (bytes): two blocks where they fit */
+    int blocks_per_sm, ks, warps; /* measurement: at most this many blocks an
+                                   * SM, column slices a tile (1, 2, 4, 8),
+                                   * warps a block (8, 16); 0: automatic */
+};
+/* Shared memory cuk_gemv_mma needs for n rows of x over cols columns (the
+ * least of its launch shapes): it declines where this exceeds
+ * cfg->smem_max. */
+size_t cuk_gemv_mma_smem(int n, int cols);
+/* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
+ * cores (sm_80 and newer), except that the input rows, after the input
+ * op, are rounded to the weights' half type (nearest even) before the
+ * product, as a half-precision GEMM reads them; f32 accumulation. In one
+ * launch (under programmatic dependent launch where that is on): x
+ * staged once per block, the weights read once, every output summed in an
+ * order fixed by (rows, cols, cfg): the same bits on every call.
+ * cudaErrorNotSupported (nothing launched) for what it does not take:
+ * CUK_IN_SPLITS, dtypes other than bf16/f16, cols not a multiple of 32,
+ * unaligned rows, the SwiGLU output without the norm, and n rows of x too
+ * wide for cfg->smem_max (cuk_gemv_mma_smem). */
+cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
+                         int n, const struct cuk_weight *const *ws, int k, int out,
+                         const struct cuk_mma_cfg *cfg);
 /* Most tokens cuk_gemm_tc takes, and most 128-row blocks of W. */
 #define CUK_TC_MAX_N 64
 #define CUK_TC_MAX_RB 8192

@@ -24,6 +24,14 @@ static __device__ __forceinline__ float cuk_f16(uint16_t v)
     return __half2float(__ushort_as_half(v));
 }
 
+/* v rounded to nearest-even bf16 (bf16 != 0) or f16: the half copies of
+ * activations a tensor-core product reads (k_to_half, the norms' and
+ * SwiGLU's copies, the batched GEMV's staged x). */
+static __device__ __forceinline__ uint16_t cuk_to_half(float v, int bf16)
+{
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
+}
+
 /* Element (r, j) of a weight matrix widened to f32 (exact for every dtype). */
 static __device__ __forceinline__ float cuk_load_weight(const struct cuk_weight *w, size_t r, int j)
 {

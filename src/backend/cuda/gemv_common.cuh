@@ -19,6 +19,18 @@
 
 enum { WT_BF16, WT_F16, WT_Q8 };
 
+/* Streaming 16-byte weight load: read-only, no L1 allocation, evicted
+ * from L2 first (cuk_l2_evict_first), 256-byte L2 prefetch (the warp's 32
+ * lanes read 512 contiguous bytes anyway). */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(cuk_l2_evict_first()));
+    return v;
+}
+
 /* The VE elements of a weight vector widened to f32 (exact). */
 template <int WT>
 static __device__ __forceinline__ void unpack(uint4 p, float *f)

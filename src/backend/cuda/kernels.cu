@@ -39,12 +39,6 @@ extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_we
 
 /* ---- RMSNorm ---- */
 
-/* v rounded to nearest-even bf16 (bf16 != 0) or f16: what k_to_half writes. */
-static __device__ __forceinline__ uint16_t to_half(float v, int bf16)
-{
-    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
-}
-
 /* One warp per row (small rows: q/k norm over a head). */
 /* y (may be NULL): x += y first (the residual add fused in); each thread
  * reads y[j] before it writes out[j], so out may equal y (or x). */
@@ -74,7 +68,7 @@ __global__ void k_rmsnorm_warp(float *out, float *x, const float *y, const float
         float v = cuk_rms_scale(w[j], xr[j], inv);
         o[j] = v;
         if (ohr)
-            ohr[j] = to_half(v, bf16);
+            ohr[j] = cuk_to_half(v, bf16);
     }
 }
 
@@ -104,7 +98,7 @@ __global__ void k_rmsnorm_block(float *out, float *x, const float *y, const floa
         float v = cuk_rms_scale(w[j], xr[j], inv);
         o[j] = v;
         if (ohr)
-            ohr[j] = to_half(v, bf16);
+            ohr[j] = cuk_to_half(v, bf16);
     }
 }
 
@@ -130,10 +124,10 @@ static __device__ __forceinline__ void rms_out(float4 v, float inv, const float4
     r.w = cuk_rms_scale(ww.w, v.w, inv);
     o[i] = r;
     if (ohr) {
-        ohr[4 * i] = to_half(r.x, bf16);
-        ohr[4 * i + 1] = to_half(r.y, bf16);
-        ohr[4 * i + 2] = to_half(r.z, bf16);
-        ohr[4 * i + 3] = to_half(r.w, bf16);
+        ohr[4 * i] = cuk_to_half(r.x, bf16);
+        ohr[4 * i + 1] = cuk_to_half(r.y, bf16);
+        ohr[4 * i + 2] = cuk_to_half(r.z, bf16);
+        ohr[4 * i + 3] = cuk_to_half(r.w, bf16);
     }
 }
 
@@ -288,7 +282,7 @@ __global__ void k_silu_mul(float *g, const float *u, size_t n, uint16_t *gh, int
         float v = cuk_silu_mul1(g[i], u[i]);
         g[i] = v;
         if (gh)
-            gh[i] = to_half(v, bf16);
+            gh[i] = cuk_to_half(v, bf16);
     }
 }
 

@@ -1,0 +1,455 @@
+/* gemv_mma.cu - cuk_gemv_fused's contract for a batched decode step (up
+ * to CUK_MMA_MAX_N tokens) on the tensor cores, with the input rows
+ * rounded to the weights' half type as a cuBLAS GEMM reads them.
+ *
+ * Why: past 4 tokens the f32 GEMVs are bound by shared-memory reads of x
+ * (32 bytes per 16-byte weight vector per token), so batched steps went
+ * to cuBLAS, which reads the weights at ~90 % of the copy bandwidth but
+ * launches without programmatic dependent launch and leaves the norms,
+ * SwiGLU, the residual adds and its split-K reductions to launches of
+ * their own (~1.2 ms of an 8B step at 8 streams). Here one launch does
+ * what cuk_gemv_fused does: the input op (x, rmsnorm(x), silu(x) * x2)
+ * while staging x, the product, and the output op (store, residual add,
+ * SwiGLU of a gate/up pair), its first weight loads issued before it
+ * waits for the previous kernel.
+ *
+ * Shape: blocks of 16 warps, one per SM, or where that does not fit 8
+ * warps, at most two per SM (persistent: a block loops over work). Each block stages all n rows of x, after the input op and
+ * rounded to half, in shared memory once. The work is a list of units, a
+ * tile of 16 weight rows (a gate/up pair: 8 rows of each) by one of ks
+ * equal column slices; the ks slices of a tile go to neighbouring warps of
+ * one block, which add their sums through shared memory in slice order.
+ *
+ * The product of a warp: mma.sync m16n8k16 with the tokens as M (16, so up
+ * to 16 tokens cost what one does) and 8 weight rows as N, twice per 16
+ * columns (16 rows). The weights never touch shared memory: lane (g, t)
+ * (g = lane / 4, t = lane % 4) loads 16 bytes of row g at columns c0 + 8t
+ * .. c0 + 8t + 7 straight from global memory, and x is read with the same
+ * columns, because a k-step may take its 16 columns in any order as long
+ * as A and B agree: of the 32 columns c0 .. c0 + 31, the first mma takes
+ * c0 + 8t + {0, 1, 2, 3} as its logical columns {2t, 2t + 1, 2t + 8, 2t +
+ * 9} and the second c0 + 8t + {4, 5, 6, 7}. A lane's 16 bytes are then
+ * its b0/b1 registers for both, whole.
+ *
+ * Every output is summed in an order fixed by (rows, cols, n_sms): the
+ * same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
+ * nor of cuBLAS (another order), so the backend picks this kernel or
+ * cuBLAS by shape, never both for one matrix. */
+#include <math.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_common.cuh"
+
+#define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
+/* A warp's sums (16 tokens x 16 rows, 8 floats a lane), per warp of a
+ * block of W warps and for two rounds of units, so one barrier a round
+ * suffices. */
+#define MMA_SCRATCH(W) (2 * (W) * 8 * 32 * 4)
+#define MMA_INV (CUK_MMA_MAX_N * 4)
+
+struct mmap {
+    float *outp[3];
+    const uint16_t *w[3];
+    int rows[3];
+    int tiles[3]; /* 16-row tiles of each matrix (a pair: 8 rows of each) */
+    int n, cols;
+    int stride; /* halves per staged row of x */
+    int ks;     /* column slices per tile (warps that share it) */
+    int slice;  /* 32-column steps per slice */
+    int cpu;    /* chunks per unit */
+    int bunits; /* ceil(units / warps a block): a block's worth of units, in all */
+    int out;    /* CUK_OUT_* */
+};
+
+/* Where unit uid's weights are, for the calling lane. */
+struct mma_unit {
+    const uint16_t *w0, *w1; /* lane's rows of the two 8-row halves */
+    int s0, s1;              /* its 32-column steps [s0, s1) */
+    int m, row0, ks;
+    bool valid;
+};
+
+template <bool PAIR>
+static __device__ __forceinline__ struct mma_unit mma_unit_of(const struct mmap &p, int uid)
+{
+    struct mma_unit u;
+    int tile = uid / p.ks;
+    u.ks = uid - tile * p.ks;
+    u.valid = tile < p.tiles[0] + p.tiles[1] + p.tiles[2];
+    if (!u.valid)
+        tile = 0;
+    int m = 0;
+    if (tile >= p.tiles[0]) {
+        tile -= p.tiles[0];
+        m = 1;
+        if (tile >= p.tiles[1]) {
+            tile -= p.tiles[1];
+            m = 2;
+        }
+    }
+    u.m = m;
+    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    const int g = (threadIdx.x & 31) >> 2;
+    /* rows past the end (last tile) re-read the last row; not written */
+    if (PAIR) {
+        u.row0 = tile * 8;
+        size_t r = (size_t)min(u.row0 + g, rows - 1) * p.cols;
+        u.w0 = p.w[0] + r;
+        u.w1 = p.w[1] + r;
+    } else {
+        u.row0 = tile * 16;
+        const uint16_t *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2];
+        u.w0 = w + (size_t)min(u.row0 + g, rows - 1) * p.cols;
+        u.w1 = w + (size_t)min(u.row0 + 8 + g, rows - 1) * p.cols;
+    }
+    u.s0 = u.ks * p.slice;
+    u.s1 = min(u.s0 + p.slice, p.cols / 32);
+    return u;
+}
+
+/* Chunk j of unit u's weights: MMA_U steps of the lane's two rows. */
+static __device__ __forceinline__ void mma_load(uint4 (&b)[2][MMA_U], const struct mma_unit &u,
+                                                int j, int tig)
+{
+#pragma unroll
+    for (int i = 0; i < MMA_U; i++) {
+        int s = u.s0 + j * MMA_U + i;
+        bool ok = u.valid && s < u.s1;
+        size_t off = (size_t)s * 32 + 8 * tig;
+        b[0][i] = ok ? ld_stream((const uint4 *)(u.w0 + off)) : make_uint4(0, 0, 0, 0);
+        b[1][i] = ok ? ld_stream((const uint4 *)(u.w1 + off)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* acc += chunk j of unit u against the staged x (tokens g and g + 8). */
+template <bool F16, int NT>
+static __device__ __forceinline__ void mma_step(float (&acc)[2][4], const uint4 (&b)[2][MMA_U],
+                                                const struct mma_unit &u, int j,
+                                                const uint16_t *xs, int stride, int n, int g,
+                                                int tig)
+{
+#pragma unroll
+    for (int i = 0; i < MMA_U; i++) {
+        int s = u.s0 + j * MMA_U + i;
+        if (!u.valid || s >= u.s1) /* the same for the whole warp */
+            break;
+        const uint16_t *xp = xs + (size_t)g * stride + s * 32 + 8 * tig;
+        /* tokens past n: zeros (their rows of the product are not stored) */
+        uint4 xa = g < n ? *(const uint4 *)xp : make_uint4(0, 0, 0, 0);
+        uint4 xb = NT > 8 && g + 8 < n ? *(const uint4 *)(xp + (size_t)8 * stride)
+                                       : make_uint4(0, 0, 0, 0);
+        const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            cuk_mma16816<F16>(acc[h], a0, b[h][i].x, b[h][i].y);
+            cuk_mma16816<F16>(acc[h], a1, b[h][i].z, b[h][i].w);
+        }
+    }
+}
+
+/* Stages rows [0, n) of x after the input op, rounded to half, into xs
+ * (row j at j * stride). (Batching each thread's loads, four at a time,
+ * was slower on the H200: docs/benchmarks.md, seventeenth pass.) */
+template <int IN>
+static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_gemv_in &in,
+                                                 const float *sinv, int n, int cols, int stride,
+                                                 int bf16)
+{
+    const int nf = cols / 4;
+    for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
+        const int j = i / nf, f = i - j * nf;
+        float4 v = __ldg((const float4 *)(in.x + (size_t)j * cols) + f);
+        if (IN == CUK_IN_RMSNORM) {
+            const float4 w = __ldg((const float4 *)in.nw + f);
+            const float inv = sinv[j];
+            v.x = cuk_rms_scale(w.x, v.x, inv);
+            v.y = cuk_rms_scale(w.y, v.y, inv);
+            v.z = cuk_rms_scale(w.z, v.z, inv);
+            v.w = cuk_rms_scale(w.w, v.w, inv);
+        } else if (IN == CUK_IN_SWIGLU) {
+            const float4 up = __ldg((const float4 *)(in.x2 + (size_t)j * cols) + f);
+            v.x = cuk_silu_mul1(v.x, up.x);
+            v.y = cuk_silu_mul1(v.y, up.y);
+            v.z = cuk_silu_mul1(v.z, up.z);
+            v.w = cuk_silu_mul1(v.w, up.w);
+        }
+        uint2 h;
+        h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
+        h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
+        *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
+    }
+}
+
+/* sinv[j] = 1 / rms of row j of x, a warp per row: the squares in double,
+ * as cuk_rmsnorm sums them (in another order, so the last bit of a sum
+ * may differ, which the rounding to half almost always hides). */
+static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, int n, int cols,
+                                                   float eps)
+{
+    const int lane = threadIdx.x & 31;
+    for (int j = threadIdx.x >> 5; j < n; j += blockDim.x >> 5) {
+        const float4 *x4 = (const float4 *)(x + (size_t)j * cols);
+        double ss = 0;
+#pragma unroll 4
+        for (int i = lane; i < cols / 4; i += 32)
+            ss += cuk_rms_sq(__ldg(x4 + i));
+        ss = cuk_warp_sum_d(ss);
+        if (lane == 0)
+            sinv[j] = cuk_rms_inv(ss, cols, eps);
+    }
+}
+
+/* The end of a unit: the ks slices' sums added in slice order by the
+ * tile's first warp, which applies the output op. Every warp of the block
+ * calls it at the same chunks (ks > 1 meets at a barrier). */
+template <bool PAIR, int W>
+static __device__ __forceinline__ void mma_finish(float (&acc)[2][4], const struct mmap &p,
+                                                  const struct mma_unit &u, int round,
+                                                  float *scratch, int g, int tig)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (p.ks > 1) {
+        float *mine = scratch + ((round & 1) * W + warp) * 256;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            mine[e * 32 + lane] = acc[e / 4][e % 4];
+        __syncthreads();
+        if (u.ks == 0)
+            for (int k = 1; k < p.ks; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc[e / 4][e % 4] += mine[k * 256 + e * 32 + lane];
+    }
+    if (u.valid && u.ks == 0) {
+        const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
+        float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) { /* tokens g, g + 8 */
+            const int t = g + 8 * hi;
+            if (t >= p.n)
+                continue;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (PAIR) {
+                    const int r = u.row0 + 2 * tig + e;
+                    if (r < rows)
+                        out[(size_t)t * rows + r] =
+                            cuk_silu_mul1(acc[0][2 * hi + e], acc[1][2 * hi + e]);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = u.row0 + 8 * h + 2 * tig + e;
+                        if (r < rows) {
+                            float *o = out + (size_t)t * rows + r;
+                            const float v = acc[h][2 * hi + e];
+                            *o = p.out == CUK_OUT_ADD ? *o + v : v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        acc[e / 4][e % 4] = 0.0f;
+}
+
+/* W warps a block: 8 (two blocks an SM) or 16 (one). */
+template <bool F16, int NT, int IN, bool PAIR, int W>
+__global__ void __launch_bounds__(W * 32, 16 / W)
+    k_gemv_mma(const struct mmap p, const struct cuk_gemv_in in)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) unsigned char mm_smem[];
+    uint16_t *xs = (uint16_t *)mm_smem;
+    const size_t xbytes = ((size_t)p.n * p.stride * 2 + 15) / 16 * 16;
+    float *scratch = (float *)(mm_smem + xbytes);
+    float *sinv = (float *)(mm_smem + xbytes + (p.ks > 1 ? MMA_SCRATCH(W) : 0));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
+    /* every warp of a block runs the same rounds (the barriers of ks > 1) */
+    const int rounds = blk < p.bunits ? (p.bunits - blk + grid - 1) / grid : 0;
+    const int nchunks = rounds * p.cpu;
+    struct mma_unit lu = mma_unit_of<PAIR>(p, blk * W + warp), cu = lu;
+    uint4 b0[2][MMA_U], b1[2][MMA_U];
+    if (nchunks > 0)
+        mma_load(b0, lu, 0, tig);
+    /* Weights never change, so their first loads may overlap the previous
+     * kernel (programmatic dependent launch); x and out are its. */
+    cuk_pdl_start();
+    if (IN == CUK_IN_RMSNORM)
+        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
+    __syncthreads();
+    mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
+    __syncthreads();
+    float acc[2][4] = {};
+    /* Two chunks per trip so the buffers swap roles without copies; the
+     * next chunk's loads (maybe the next unit's) go out before this one's
+     * products. */
+    for (int c = 0; c < nchunks; c += 2) {
+        if (c + 1 < nchunks) {
+            if ((c + 1) % p.cpu == 0)
+                lu = mma_unit_of<PAIR>(p, (((c + 1) / p.cpu) * grid + blk) * W + warp);
+            mma_load(b1, lu, (c + 1) % p.cpu, tig);
+        }
+        mma_step<F16, NT>(acc, b0, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
+        if ((c + 1) % p.cpu == 0) {
+            mma_finish<PAIR, W>(acc, p, cu, c / p.cpu, scratch, g, tig);
+            cu = lu;
+        }
+        if (c + 1 >= nchunks)
+            break;
+        if (c + 2 < nchunks) {
+            if ((c + 2) % p.cpu == 0)
+                lu = mma_unit_of<PAIR>(p, (((c + 2) / p.cpu) * grid + blk) * W + warp);
+            mma_load(b0, lu, (c + 2) % p.cpu, tig);
+        }
+        mma_step<F16, NT>(acc, b1, cu, (c + 1) % p.cpu, xs, p.stride, p.n, g, tig);
+        if ((c + 2) % p.cpu == 0) {
+            mma_finish<PAIR, W>(acc, p, cu, (c + 1) / p.cpu, scratch, g, tig);
+            cu = lu;
+        }
+    }
+#else
+    cuk_pdl_start();
+#endif
+}
+
+/* Halves per staged row: cols rounded so that rows sit 64 bytes apart
+ * modulo 128, which keeps a quarter-warp's 16-byte reads (two rows, 64
+ * bytes each) off each other's banks. */
+static int mma_stride(int cols)
+{
+    return cols % 64 == 0 ? cols + 32 : cols;
+}
+
+/* w: warps a block. */
+static size_t mma_smem(int n, int cols, int ks, int w)
+{
+    return ((size_t)n * mma_stride(cols) * 2 + 15) / 16 * 16 + (ks > 1 ? MMA_SCRATCH(w) : 0) +
+           MMA_INV;
+}
+
+extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
+{
+    return mma_smem(n, cols, 2, 8);
+}
+
+template <bool F16, int NT, int IN, bool PAIR>
+static cudaError_t mma_launch(cudaStream_t s, const struct mmap &p,
+                              const struct cuk_gemv_in &in, int grid, size_t smem, int w)
+{
+    static struct cuk_opted opted8, opted16; /* per instantiation, see cuk_smem_opt_in */
+    cudaError_t err;
+    if (w == 16) {
+        auto k = k_gemv_mma<F16, NT, IN, PAIR, 16>;
+        if ((err = cuk_smem_opt_in(k, smem, &opted16)) != cudaSuccess)
+            return err;
+        return cuk_launch(k, (unsigned)grid, 16 * 32, smem, s, p, in);
+    }
+    auto k = k_gemv_mma<F16, NT, IN, PAIR, 8>;
+    if ((err = cuk_smem_opt_in(k, smem, &opted8)) != cudaSuccess)
+        return err;
+    return cuk_launch(k, (unsigned)grid, 8 * 32, smem, s, p, in);
+}
+
+template <bool F16, int NT>
+static cudaError_t mma_launch_in(cudaStream_t s, const struct mmap &p,
+                                 const struct cuk_gemv_in &in, int grid, size_t smem, int w)
+{
+    if (p.out == CUK_OUT_SWIGLU)
+        return mma_launch<F16, NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem, w);
+    if (in.kind == CUK_IN_RMSNORM)
+        return mma_launch<F16, NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem, w);
+    if (in.kind == CUK_IN_SWIGLU)
+        return mma_launch<F16, NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem, w);
+    return mma_launch<F16, NT, CUK_IN_X, false>(s, p, in, grid, smem, w);
+}
+
+extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
+                                    const struct cuk_gemv_in *in, int n,
+                                    const struct cuk_weight *const *ws, int k, int out,
+                                    const struct cuk_mma_cfg *cfg)
+{
+    if (n < 1 || n > CUK_MMA_MAX_N || k < 1 || k > 3 || !in || !cfg || cfg->n_sms < 1 ||
+        in->kind < CUK_IN_X || in->kind > CUK_IN_SPLITS || out < CUK_OUT_STORE ||
+        out > CUK_OUT_SWIGLU || (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
+        return cudaErrorInvalidValue;
+    /* what it does not take: the attention's partials, SwiGLU's output
+     * without the norm (as a layer has it), other dtypes and shapes */
+    if (in->kind == CUK_IN_SPLITS || (out == CUK_OUT_SWIGLU && in->kind != CUK_IN_RMSNORM))
+        return cudaErrorNotSupported;
+    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
+                      : in->kind == CUK_IN_SWIGLU ? in->x2
+                                                  : NULL;
+    if (!in->x || ((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
+        return cudaErrorNotSupported;
+    const int dt = ws[0]->dtype, cols = ws[0]->cols;
+    if ((dt != DT_BF16 && dt != DT_F16) || cols < 32 || cols % 32)
+        return cudaErrorNotSupported;
+    struct mmap p = {};
+    p.out = out;
+    p.n = n;
+    p.cols = cols;
+    p.stride = mma_stride(cols);
+    long tiles = 0;
+    for (int i = 0; i < k; i++) {
+        if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
+            ((uintptr_t)ws[i]->data & 15))
+            return cudaErrorNotSupported;
+        p.outp[i] = outs[i];
+        p.w[i] = (const uint16_t *)ws[i]->data;
+        p.rows[i] = ws[i]->rows;
+        p.tiles[i] = out == CUK_OUT_SWIGLU ? (i == 0 ? (ws[0]->rows + 7) / 8 : 0)
+                                           : (ws[i]->rows + 15) / 16;
+        tiles += p.tiles[i];
+    }
+    /* Warps a block: 16 (one block an SM, x staged once an SM) where
+     * that fits, else 8. Column slices per tile: the fewest 32-column
+     * steps for the slowest warp (rounds of units x the chunks of a unit),
+     * ties to fewer slices (fewer barriers and sums). */
+    const int steps = cols / 32;
+    const size_t smem_max = cfg->smem_max > 0 ? (size_t)cfg->smem_max : 48 * 1024;
+    long best = -1;
+    int grid = 0, w = 0;
+    size_t smem = 0;
+    for (int wi = 0; wi < 2 && best < 0; wi++) {
+        const int ww = wi == 0 ? 16 : 8;
+        if (cfg->warps > 0 && cfg->warps != ww)
+            continue;
+        for (int ks = 1; ks <= 8; ks *= 2) {
+            size_t sm = mma_smem(n, cols, ks, ww);
+            if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
+                continue;
+            int per_sm = ww == 8 && 2 * (sm + 1024) <= (size_t)cfg->smem_sm ? 2 : 1;
+            if (cfg->blocks_per_sm > 0 && cfg->blocks_per_sm < per_sm)
+                per_sm = cfg->blocks_per_sm;
+            long bunits = (tiles * ks + ww - 1) / ww;
+            long gr = bunits < (long)cfg->n_sms * per_sm ? bunits : (long)cfg->n_sms * per_sm;
+            int slice = (steps + ks - 1) / ks, cpu = (slice + MMA_U - 1) / MMA_U;
+            long cost = (bunits + gr - 1) / gr * cpu;
+            if (best < 0 || cost < best) {
+                best = cost;
+                p.ks = ks;
+                p.slice = slice;
+                p.cpu = cpu;
+                p.bunits = (int)bunits;
+                grid = (int)gr;
+                smem = sm;
+                w = ww;
+            }
+        }
+    }
+    if (best < 0)
+        return cudaErrorNotSupported;
+    cudaError_t err;
+    if (dt == DT_F16)
+        err = n <= 8 ? mma_launch_in<true, 8>(s, p, *in, grid, smem, w)
+                     : mma_launch_in<true, 16>(s, p, *in, grid, smem, w);
+    else
+        err = n <= 8 ? mma_launch_in<false, 8>(s, p, *in, grid, smem, w)
+                     : mma_launch_in<false, 16>(s, p, *in, grid, smem, w);
+    cudaError_t last = cudaGetLastError();
+    return err != cudaSuccess ? err : last;
+}
