@@ -114,6 +114,15 @@ elif command -v compute-sanitizer >/dev/null; then
                 tail -30 "$WORK/san.log"; note "compute-sanitizer $tool $(basename ${args%% *}): FAIL"; fails=$((fails+1))
             fi
         done
+        # the tensor-core GEMV of batched steps (its kernel test's launches:
+        # x staged, column slices summed through shared memory)
+        if [ -x "$BIN/test_gemv_mma" ]; then
+            if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_gemv_mma" >"$WORK/san.log" 2>&1; then
+                note "compute-sanitizer $tool test_gemv_mma: clean"
+            else
+                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool test_gemv_mma: FAIL"; fails=$((fails+1))
+            fi
+        fi
         # the device sampler: rows in shared memory (stories260K, 512 tokens)
         # and walked in global memory (a 128256-token random-weight model,
         # top-p wide enough to keep most of the row)
