@@ -1224,7 +1224,7 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
  * down lose what the saved launches gain) and x of at most mma_max_x
  * elements (every block stages all of x from L2 before its first product:
  * at 16 tokens x 4,096 columns, 256 KB of f32 a block). So an 8B model's
- * step of 5-8 tokens takes it for q/k/v and o, a 0.6B model's for every
+ * step of 4-8 tokens takes it for q/k/v and o, a 0.6B model's for every
  * matrix but the LM head and, past 10 tokens, the down projection. */
 static bool mma_takes(const struct cuda_backend *c, size_t cols, int n, size_t wbytes)
 {
