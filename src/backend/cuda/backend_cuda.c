@@ -1234,13 +1234,13 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, int n, size_t w
            cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max;
 }
 
-/* Bytes of the k matrices' elements (a launch's weights, as mma_takes
- * counts them). */
+/* Bytes of the k matrices at 2 bytes an element (a launch's weights, as
+ * mma_takes counts them: it takes only 2-byte weights). */
 static size_t tensors_bytes(const struct tensor *const *ts, int k)
 {
     size_t b = 0;
     for (int i = 0; i < k; i++)
-        b += (size_t)ts[i]->rows * (size_t)ts[i]->cols * (ts[i]->dtype == DT_F32 ? 4 : 2);
+        b += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
     return b;
 }
 
@@ -1253,7 +1253,8 @@ static bool gemv_like(const struct cuda_backend *c, size_t cols, int n, size_t w
 }
 
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
- * into its output) rather than a GEMV kernel. */
+ * into its output) rather than a GEMV kernel (the tensor-core one only for
+ * 2-byte weights, whatever the model's other matrices are). */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
     return t->dtype == DT_F32 || !gemv_like(c, (size_t)t->cols, n, tensors_bytes(&t, 1)) ||
@@ -1377,9 +1378,8 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && !gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k)) && !c->precise &&
-        !c->tc_ws &&
-        c->gemm_pair) {
+    if (pair >= 0 && !gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k)) &&
+        !c->precise && !c->tc_ws && c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
         if (sticky(c, e))
@@ -2743,8 +2743,10 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
     c->gemv_staged = hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
-    /* mma.sync on bf16/f16: compute capability 8.0 and newer */
-    c->gemv_mma = prop.major >= 8 && !env_off("CLLM_CUDA_GEMV_MMA");
+    /* mma.sync on bf16/f16: compute capability 8.0 and newer, in code
+     * built for it (its body is compiled out below sm_80, like hopper's) */
+    c->gemv_mma = prop.major >= 8 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 80) &&
+                  !env_off("CLLM_CUDA_GEMV_MMA");
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
     c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;

@@ -336,9 +336,10 @@ struct cuk_mma_cfg {
                                    * SM, column slices a tile (1, 2, 4, 8),
                                    * warps a block (8, 16); 0: automatic */
 };
-/* Shared memory cuk_gemv_mma needs for n rows of x over cols columns (the
- * least of its launch shapes): it declines where this exceeds
- * cfg->smem_max. */
+/* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
+ * room to sum column slices across warps (8-warp blocks): what the backend
+ * requires before sending it a shape. It declines only where x alone does
+ * not fit cfg->smem_max. */
 size_t cuk_gemv_mma_smem(int n, int cols);
 /* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
  * cores (sm_80 and newer), except that the input rows, after the input
@@ -346,11 +347,11 @@ size_t cuk_gemv_mma_smem(int n, int cols);
  * product, as a half-precision GEMM reads them; f32 accumulation. In one
  * launch (under programmatic dependent launch where that is on): x
  * staged once per block, the weights read once, every output summed in an
- * order fixed by (rows, cols, cfg): the same bits on every call.
+ * order fixed by (rows, cols, n, cfg): the same bits on every call.
  * cudaErrorNotSupported (nothing launched) for what it does not take:
  * CUK_IN_SPLITS, dtypes other than bf16/f16, cols not a multiple of 32,
  * unaligned rows, the SwiGLU output without the norm, and n rows of x too
- * wide for cfg->smem_max (cuk_gemv_mma_smem). */
+ * wide for cfg->smem_max. */
 cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                          int n, const struct cuk_weight *const *ws, int k, int out,
                          const struct cuk_mma_cfg *cfg);

@@ -3,7 +3,8 @@
  * shared memory): weight dtypes widened to f32, and the staging of x (or
  * rmsnorm(x), silu(x) * x2) into shared memory in the layout both kernels
  * read, with the plain kernels' arithmetic so every output is the same
- * bits whichever kernel computed it. */
+ * bits whichever kernel computed it. The streaming weight load is also
+ * the tensor-core GEMV's (gemv_mma.cu). */
 #ifndef CLLM_GEMV_COMMON_CUH
 #define CLLM_GEMV_COMMON_CUH
 

@@ -14,15 +14,16 @@
  * waits for the previous kernel.
  *
  * Shape: blocks of 16 warps, one per SM, or where that does not fit 8
- * warps, at most two per SM (persistent: a block loops over work). Each block stages all n rows of x, after the input op and
- * rounded to half, in shared memory once. The work is a list of units, a
+ * warps, at most two per SM (persistent: a block loops over work). Each
+ * block stages all n rows of x, after the input op and rounded to half,
+ * in shared memory once. The work is a list of units, a
  * tile of 16 weight rows (a gate/up pair: 8 rows of each) by one of ks
  * equal column slices; the ks slices of a tile go to neighbouring warps of
  * one block, which add their sums through shared memory in slice order.
  *
  * The product of a warp: mma.sync m16n8k16 with the tokens as M (16, so up
- * to 16 tokens cost what one does) and 8 weight rows as N, twice per 16
- * columns (16 rows). The weights never touch shared memory: lane (g, t)
+ * to 16 tokens cost what one does) and 8 weight rows as N, one mma per
+ * 16 columns for each 8-row half of the unit's 16 rows. The weights never touch shared memory: lane (g, t)
  * (g = lane / 4, t = lane % 4) loads 16 bytes of row g at columns c0 + 8t
  * .. c0 + 8t + 7 straight from global memory, and x is read with the same
  * columns, because a k-step may take its 16 columns in any order as long
@@ -31,8 +32,8 @@
  * 9} and the second c0 + 8t + {4, 5, 6, 7}. A lane's 16 bytes are then
  * its b0/b1 registers for both, whole.
  *
- * Every output is summed in an order fixed by (rows, cols, n_sms): the
- * same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
+ * Every output is summed in an order fixed by the shapes and the device
+ * (rows, cols, n, cfg): the same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
  * nor of cuBLAS (another order), so the backend picks this kernel or
  * cuBLAS by shape, never both for one matrix. */
 #include <math.h>
