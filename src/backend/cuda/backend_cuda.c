@@ -1214,51 +1214,49 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
            (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
 }
 
-/* Whether n rows over cols columns that the GEMVs leave go to the
- * tensor-core GEMV (cuk_gemv_mma: x rounded to half as cuBLAS reads it,
- * the input and output ops in its launch) rather than cuBLAS, for a launch
- * over wbytes of weights: 2-byte weights, not precise, up to CUK_MMA_MAX_N
- * rows, and where it wins (H200, docs/benchmarks.md, seventeenth pass):
- * launches of at most mma_max_bytes of weights (it streams them at ~75 %
- * of the copy bandwidth to cuBLAS's ~90 %, so an 8B model's gate/up and
- * down lose what the saved launches gain) and x of at most mma_max_x
- * elements (every block stages all of x from L2 before its first product:
- * at 16 tokens x 4,096 columns, 256 KB of f32 a block). So an 8B model's
- * step of 4-8 tokens takes it for q/k/v and o, a 0.6B model's for every
- * matrix but the LM head and, past 10 tokens, the down projection. */
-static bool mma_takes(const struct cuda_backend *c, size_t cols, int n, size_t wbytes)
+/* Whether n rows of x times the k matrices ts (one launch) that the GEMVs
+ * leave go to the tensor-core GEMV (cuk_gemv_mma: x rounded to half as
+ * cuBLAS reads it, the input and output ops in its launch) rather than
+ * cuBLAS: bf16/f16 matrices of one dtype in a 2-byte model, not precise, up
+ * to CUK_MMA_MAX_N rows, and where it wins (H200, docs/benchmarks.md,
+ * seventeenth pass): launches of at most mma_max_bytes of weights (it
+ * streams them at ~75 % of the copy bandwidth to cuBLAS's ~90 %, so an 8B
+ * model's gate/up and down lose what the saved launches gain) and x of at
+ * most mma_max_x elements (every block stages all of x from L2 before its
+ * first product: at 16 tokens x 4,096 columns, 256 KB of f32 a block). So
+ * an 8B model's step of 4-8 tokens takes it for q/k/v and o, a 0.6B
+ * model's for every matrix but the LM head and, past 10 tokens, the down
+ * projection. */
+static bool mma_takes(const struct cuda_backend *c, const struct tensor *const *ts, int k,
+                      int n)
 {
-    return c->gemv_mma && !c->precise && c->half_type >= 0 && n <= CUK_MMA_MAX_N &&
-           !gemv_rows(c, cols, n) && cols % 32 == 0 && wbytes <= c->mma_max_bytes &&
-           (size_t)n * cols <= c->mma_max_x &&
-           cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max;
+    const size_t cols = (size_t)ts[0]->cols;
+    if (!c->gemv_mma || c->precise || c->half_type < 0 || n > CUK_MMA_MAX_N ||
+        gemv_rows(c, cols, n) || cols % 32 || (size_t)n * cols > c->mma_max_x ||
+        cuk_gemv_mma_smem(n, (int)cols) > (size_t)c->mma.smem_max)
+        return false;
+    size_t bytes = 0;
+    for (int i = 0; i < k; i++) {
+        if ((ts[i]->dtype != DT_BF16 && ts[i]->dtype != DT_F16) || ts[i]->dtype != ts[0]->dtype)
+            return false;
+        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
+    }
+    return bytes <= c->mma_max_bytes;
 }
 
-/* Bytes of the k matrices at 2 bytes an element (a launch's weights, as
- * mma_takes counts them: it takes only 2-byte weights). */
-static size_t tensors_bytes(const struct tensor *const *ts, int k)
+/* Whether n rows of x times the k matrices ts go to a kernel that takes
+ * f32 rows (no half copy needed) and does the input and output ops
+ * itself. */
+static bool gemv_like(const struct cuda_backend *c, const struct tensor *const *ts, int k, int n)
 {
-    size_t b = 0;
-    for (int i = 0; i < k; i++)
-        b += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
-    return b;
-}
-
-/* Whether n rows over cols columns, times wbytes of weights, go to a
- * kernel that takes f32 rows (no half copy needed) and does the input and
- * output ops itself. */
-static bool gemv_like(const struct cuda_backend *c, size_t cols, int n, size_t wbytes)
-{
-    return gemv_rows(c, cols, n) || mma_takes(c, cols, n, wbytes);
+    return gemv_rows(c, (size_t)ts[0]->cols, n) || mma_takes(c, ts, k, n);
 }
 
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
- * into its output) rather than a GEMV kernel (the tensor-core one only for
- * 2-byte weights, whatever the model's other matrices are). */
+ * into its output) rather than a GEMV kernel. */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
-    return t->dtype == DT_F32 || !gemv_like(c, (size_t)t->cols, n, tensors_bytes(&t, 1)) ||
-           (!gemv_rows(c, (size_t)t->cols, n) && t->dtype != DT_BF16 && t->dtype != DT_F16);
+    return t->dtype == DT_F32 || !gemv_like(c, &t, 1, n);
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -1313,8 +1311,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
             return sticky(c, e);
         return 0;
     }
-    if (!acc && mma_takes(c, (size_t)w->cols, n, tensors_bytes(&t, 1)) &&
-        (w->dtype == DT_BF16 || w->dtype == DT_F16)) {
+    if (!acc && mma_takes(c, &t, 1, n)) {
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
         cudaError_t err = cuk_gemv_mma(c->stream, &out, &gi, n, &w, 1, CUK_OUT_STORE, &c->mma);
         if (err != cudaErrorNotSupported) /* else cuBLAS takes it */
@@ -1359,7 +1356,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
                            const struct tensor *const *ts, int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    if (c->fuse && k >= 1 && k <= 3 && gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k))) {
+    if (c->fuse && k >= 1 && k <= 3 && gemv_like(c, ts, k, n)) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -1378,8 +1375,7 @@ static int cu_matmul_multi(struct backend *be, float *const *outs, const float *
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && !gemv_like(c, (size_t)ts[0]->cols, n, tensors_bytes(ts, k)) &&
-        !c->precise && !c->tc_ws && c->gemm_pair) {
+    if (pair >= 0 && !gemv_like(c, ts, k, n) && !c->precise && !c->tc_ws && c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
         if (sticky(c, e))
@@ -2110,7 +2106,7 @@ static int cu_matmul_fused(struct backend *be, float *const *outs, const struct 
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
-    if (c->fuse && gemv_like(c, cols, n, tensors_bytes(ts, k))) {
+    if (c->fuse && gemv_like(c, ts, k, n)) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))

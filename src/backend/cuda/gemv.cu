@@ -152,15 +152,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     /* Warps past the last group still stage x (block barriers), nothing else. */
     const bool active = g < p.groups[0] + p.groups[1] + p.groups[2];
-    int m = 0;
-    if (g >= p.groups[0]) {
-        g -= p.groups[0];
-        m = 1;
-        if (g >= p.groups[1]) {
-            g -= p.groups[1];
-            m = 2;
-        }
-    }
+    int m = gemv_matrix_of(g, p.groups);
     if (!active) {
         m = 0;
         g = 0;

@@ -32,6 +32,24 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
     return v;
 }
 
+/* Which of three matrices work item i belongs to (0, 1, 2) when they take
+ * n[0], n[1] and n[2] items in turn (row groups, rows, tiles), i made that
+ * matrix's own index: how every GEMV kernel splits its launch between up to
+ * three matrices. Past them all: matrix 2. */
+static __device__ __forceinline__ int gemv_matrix_of(int &i, const int (&n)[3])
+{
+    int m = 0;
+    if (i >= n[0]) {
+        i -= n[0];
+        m = 1;
+        if (i >= n[1]) {
+            i -= n[1];
+            m = 2;
+        }
+    }
+    return m;
+}
+
 /* The VE elements of a weight vector widened to f32 (exact). */
 template <int WT>
 static __device__ __forceinline__ void unpack(uint4 p, float *f)
@@ -129,6 +147,26 @@ static __device__ __forceinline__ int gemv_xs_slot(int f)
     return (cl >> 5) * (8 * VE) + q * 32 + (cl & 31);
 }
 
+/* The input op on four elements of a row: rmsnorm (v2 the norm's
+ * weights, inv the row's 1/rms) or silu(v) * v2 (v2 up), as the plain
+ * kernels compute them; x as it is. */
+template <int IN>
+static __device__ __forceinline__ float4 gemv_in_op4(float4 v, float4 v2, float inv)
+{
+    if (IN == CUK_IN_RMSNORM) {
+        v.x = cuk_rms_scale(v2.x, v.x, inv);
+        v.y = cuk_rms_scale(v2.y, v.y, inv);
+        v.z = cuk_rms_scale(v2.z, v.z, inv);
+        v.w = cuk_rms_scale(v2.w, v.w, inv);
+    } else if (IN == CUK_IN_SWIGLU) {
+        v.x = cuk_silu_mul1(v.x, v2.x);
+        v.y = cuk_silu_mul1(v.y, v2.y);
+        v.z = cuk_silu_mul1(v.z, v2.z);
+        v.w = cuk_silu_mul1(v.w, v2.w);
+    }
+    return v;
+}
+
 /* Stages columns [t*tile_cols, +tile_cols) of the n input rows into xs:
  * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
  * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
@@ -152,19 +190,8 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
         const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
         for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
             float4 v = __ldg(src + f);
-            if (IN == CUK_IN_RMSNORM) {
-                float4 w = __ldg(src2 + f);
-                v.x = cuk_rms_scale(w.x, v.x, inv);
-                v.y = cuk_rms_scale(w.y, v.y, inv);
-                v.z = cuk_rms_scale(w.z, v.z, inv);
-                v.w = cuk_rms_scale(w.w, v.w, inv);
-            } else if (IN == CUK_IN_SWIGLU) {
-                float4 u = __ldg(src2 + f);
-                v.x = cuk_silu_mul1(v.x, u.x);
-                v.y = cuk_silu_mul1(v.y, u.y);
-                v.z = cuk_silu_mul1(v.z, u.z);
-                v.w = cuk_silu_mul1(v.w, u.w);
-            }
+            if (IN != CUK_IN_X)
+                v = gemv_in_op4<IN>(v, __ldg(src2 + f), inv);
             xs[j * tile_f4 + gemv_xs_slot<VE>(f)] = v;
         }
     }

@@ -80,15 +80,7 @@ static __device__ __forceinline__ struct mma_unit mma_unit_of(const struct mmap 
     u.valid = tile < p.tiles[0] + p.tiles[1] + p.tiles[2];
     if (!u.valid)
         tile = 0;
-    int m = 0;
-    if (tile >= p.tiles[0]) {
-        tile -= p.tiles[0];
-        m = 1;
-        if (tile >= p.tiles[1]) {
-            tile -= p.tiles[1];
-            m = 2;
-        }
-    }
+    const int m = gemv_matrix_of(tile, p.tiles);
     u.m = m;
     const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
     const int g = (threadIdx.x & 31) >> 2;
@@ -161,20 +153,10 @@ static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_
     for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
         const int j = i / nf, f = i - j * nf;
         float4 v = __ldg((const float4 *)(in.x + (size_t)j * cols) + f);
-        if (IN == CUK_IN_RMSNORM) {
-            const float4 w = __ldg((const float4 *)in.nw + f);
-            const float inv = sinv[j];
-            v.x = cuk_rms_scale(w.x, v.x, inv);
-            v.y = cuk_rms_scale(w.y, v.y, inv);
-            v.z = cuk_rms_scale(w.z, v.z, inv);
-            v.w = cuk_rms_scale(w.w, v.w, inv);
-        } else if (IN == CUK_IN_SWIGLU) {
-            const float4 up = __ldg((const float4 *)(in.x2 + (size_t)j * cols) + f);
-            v.x = cuk_silu_mul1(v.x, up.x);
-            v.y = cuk_silu_mul1(v.y, up.y);
-            v.z = cuk_silu_mul1(v.z, up.z);
-            v.w = cuk_silu_mul1(v.w, up.w);
-        }
+        if (IN == CUK_IN_RMSNORM)
+            v = gemv_in_op4<IN>(v, __ldg((const float4 *)in.nw + f), sinv[j]);
+        else if (IN == CUK_IN_SWIGLU)
+            v = gemv_in_op4<IN>(v, __ldg((const float4 *)(in.x2 + (size_t)j * cols) + f), 0.0f);
         uint2 h;
         h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
         h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
@@ -182,22 +164,18 @@ static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_
     }
 }
 
-/* sinv[j] = 1 / rms of row j of x, a warp per row: the squares in double,
- * as cuk_rmsnorm sums them (in another order, so the last bit of a sum
- * may differ, which the rounding to half almost always hides). */
-static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, int n, int cols,
-                                                   float eps)
+/* sinv[j] = 1 / rms of row j of x (norm weights w), a warp per row
+ * (cuk_warp_rms_inv): cuk_rmsnorm's order for rows up to 512, another past
+ * that (a block's), so there the last bit of a sum may differ, which the
+ * rounding to half almost always hides. */
+static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, const float *w,
+                                                   int n, int cols, float eps)
 {
     const int lane = threadIdx.x & 31;
     for (int j = threadIdx.x >> 5; j < n; j += blockDim.x >> 5) {
-        const float4 *x4 = (const float4 *)(x + (size_t)j * cols);
-        double ss = 0;
-#pragma unroll 4
-        for (int i = lane; i < cols / 4; i += 32)
-            ss += cuk_rms_sq(__ldg(x4 + i));
-        ss = cuk_warp_sum_d(ss);
+        const float inv = cuk_warp_rms_inv(x + (size_t)j * cols, w, cols, eps, lane);
         if (lane == 0)
-            sinv[j] = cuk_rms_inv(ss, cols, eps);
+            sinv[j] = inv;
     }
 }
 
@@ -280,7 +258,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
     if (IN == CUK_IN_RMSNORM)
-        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
+        mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
     __syncthreads();
     mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
     __syncthreads();
@@ -337,22 +315,24 @@ extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
     return mma_smem(n, cols, 2, 8);
 }
 
+template <bool F16, int NT, int IN, bool PAIR, int W>
+static cudaError_t mma_launch_w(cudaStream_t s, const struct mmap &p,
+                                const struct cuk_gemv_in &in, int grid, size_t smem)
+{
+    static struct cuk_opted opted; /* per instantiation, see cuk_smem_opt_in */
+    auto k = k_gemv_mma<F16, NT, IN, PAIR, W>;
+    cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
+    if (err != cudaSuccess)
+        return err;
+    return cuk_launch(k, (unsigned)grid, W * 32, smem, s, p, in);
+}
+
 template <bool F16, int NT, int IN, bool PAIR>
 static cudaError_t mma_launch(cudaStream_t s, const struct mmap &p,
                               const struct cuk_gemv_in &in, int grid, size_t smem, int w)
 {
-    static struct cuk_opted opted8, opted16; /* per instantiation, see cuk_smem_opt_in */
-    cudaError_t err;
-    if (w == 16) {
-        auto k = k_gemv_mma<F16, NT, IN, PAIR, 16>;
-        if ((err = cuk_smem_opt_in(k, smem, &opted16)) != cudaSuccess)
-            return err;
-        return cuk_launch(k, (unsigned)grid, 16 * 32, smem, s, p, in);
-    }
-    auto k = k_gemv_mma<F16, NT, IN, PAIR, 8>;
-    if ((err = cuk_smem_opt_in(k, smem, &opted8)) != cudaSuccess)
-        return err;
-    return cuk_launch(k, (unsigned)grid, 8 * 32, smem, s, p, in);
+    return w == 16 ? mma_launch_w<F16, NT, IN, PAIR, 16>(s, p, in, grid, smem)
+                   : mma_launch_w<F16, NT, IN, PAIR, 8>(s, p, in, grid, smem);
 }
 
 template <bool F16, int NT>

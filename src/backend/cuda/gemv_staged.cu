@@ -129,12 +129,7 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
     for (int k = 0; k < SG_NORM_F4; k++) {
         const int f = threadIdx.x + k * GEMV_THREADS;
         if (f < nf) {
-            float4 v = xv[k], w = nwv[k];
-            v.x = cuk_rms_scale(w.x, v.x, inv);
-            v.y = cuk_rms_scale(w.y, v.y, inv);
-            v.z = cuk_rms_scale(w.z, v.z, inv);
-            v.w = cuk_rms_scale(w.w, v.w, inv);
-            xs[gemv_xs_slot<VE>(f)] = v;
+            xs[gemv_xs_slot<VE>(f)] = gemv_in_op4<CUK_IN_RMSNORM>(xv[k], nwv[k], inv);
         }
     }
     __syncthreads();
