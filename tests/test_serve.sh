@@ -4,9 +4,10 @@
 # model built here around the real Qwen3 tokenizer and chat template. curl
 # checks every endpoint, streaming and not, stop strings split across tokens,
 # max_tokens, usage counts against the tokenizer, errors, CORS, keep-alive,
-# disconnects, 429, SIGTERM drain; the official openai and @anthropic-ai/sdk
-# packages and a bounded load run go through node (skipped, visibly, when
-# npm is absent). Usage: test_serve.sh <cllm binary> <shared dir> <fixtures dir>
+# disconnects, 429, SIGTERM drain, a burst of concurrent clients checked
+# against their answers alone (tests/serve/burst.py, python3); the official
+# openai and @anthropic-ai/sdk packages and a bounded load run go through
+# node (skipped, visibly, when npm is absent). Usage: test_serve.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
 CLLM=$1 SHARED=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -285,6 +286,21 @@ check 'head -1 "$tmp/h" | grep -q " 204" && grep -qi "^access-control-allow-orig
 check 'curl -s -i "$B/health" | tr -d "\r" | grep -qi "^access-control-allow-origin: \*"' "CORS header on responses"
 curl -sv "$B/health" "$B/v1/models" -o /dev/null -o /dev/null 2>"$tmp/v"
 check 'grep -qi "re-using existing connection" "$tmp/v"' "no keep-alive"
+
+# ---- a burst of concurrent clients over the four routes, some dropped
+# mid-stream: every answer the greedy answer alone (the CPU backend's batch
+# invariance), the server back to idle (tests/serve/burst.py; needs python3) ----
+if command -v python3 >/dev/null; then
+    P6=$(free_port)
+    if start S6 "$P6" "$SHARED/models/tinystories-656k" CLLM_DEVICE=cpu; then
+        if python3 "$HERE/serve/burst.py" "http://127.0.0.1:$P6" --exact >"$tmp/burst" 2>&1; then ok
+        else bad "burst on tinystories-656k: $(cat "$tmp/burst")"; fi
+        kill -TERM "$S6"
+        wait "$S6"
+    fi
+else
+    skipped+=("burst of concurrent clients: python3 not installed")
+fi
 
 # ---- the real-tokenizer fixture model, SDKs and load (need node) ----
 have_node=1

@@ -4,7 +4,8 @@
 #      CPU vs GPU greedy on the sample models),
 #   2. `cllm run --device cpu` vs `--device cuda` greedy ids on both sample
 #      models, through the CLI, and seeded sampled ids picked on the device
-#      vs on the host (CLLM_CUDA_SAMPLE=0) from the same GPU logits,
+#      vs on the host (CLLM_CUDA_SAMPLE=0) from the same GPU logits, and
+#      `cllm serve --device cuda` under a burst of concurrent clients,
 #   3. benchmarks (random-weight models made by gen_model): prefill of a
 #      512-token prompt and batch-1 decode, with --device cuda,
 #   4. compute-sanitizer (memcheck, racecheck) on short runs.
@@ -71,6 +72,24 @@ for m in stories260K tinystories-656k; do
         else cat "$WORK/run_$m.err"; note "cli cuda sampled on host vs device $m ($sp): DIFFER"; echo "host:   $a"; echo "device: $b"; fails=$((fails+1)); fi
     done
 done
+# cllm serve on the GPU: a burst of concurrent clients over the four
+# routes, some dropped mid-stream (tests/serve/burst.py): every answer
+# well-formed, at least its first word the answer alone (batched steps sum
+# in other orders than one-token ones, so later tokens may part at a near
+# tie; the count of identical answers is printed), the server back to idle.
+if command -v python3 >/dev/null; then
+    port=$((20000 + RANDOM % 40000))
+    timeout 300 "$BIN/cllm" serve "$SHARED/models/tinystories-656k" --device cuda --port "$port" >"$WORK/serve.log" 2>&1 &
+    spid=$!
+    if timeout 240 python3 "$ROOT/tests/serve/burst.py" "http://127.0.0.1:$port" --wait 60 \
+        --requests 200 --clients 32 --max-tokens 64 >"$WORK/burst.log" 2>&1; then
+        note "serve --device cuda burst: PASS ($(grep -m1 answered "$WORK/burst.log"))"
+    else
+        cat "$WORK/burst.log" "$WORK/serve.log"; note "serve --device cuda burst: FAIL"; fails=$((fails+1))
+    fi
+    kill -TERM "$spid" 2>/dev/null
+    wait "$spid" || { note "serve --device cuda: exit $? after SIGTERM"; cat "$WORK/serve.log"; fails=$((fails+1)); }
+fi
 # A random-weight shape the sample models do not cover (head_dim 64, 7
 # query heads per KV head, q/k/v biases): greedy ids of the CPU backend
 # and of CUDA (its tensor-core decode attention, staged GEMVs) after a
