@@ -6,7 +6,9 @@
  * to sit in shared memory from the start, rows that are gathered there part
  * way and rows walked in global memory throughout; ties, -0, -inf, NaN,
  * +inf, all-NaN and all -inf rows; every filter alone and together. A
- * second run with another thread schedule must give the same ids. Runs
+ * second run with another thread schedule must give the same ids, and so
+ * must a run reading the maxima and probabilities the fast path's
+ * preparation kernels make (made here on the host). Runs
  * without a GPU; test_cuda runs the same cases on one. */
 #include "emu/cuda_emu.h"
 
@@ -19,6 +21,36 @@ extern "C" {
 
 alignas(16) unsigned char smp_smem[sizeof(smp_shared)];
 
+/* What k_smp_max and k_smp_prob make on a GPU (cuk_sample_rows' fast
+ * path), made here with the kernel's own helpers: each row's best value
+ * and count into ws, its probabilities into pr. */
+static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int rows,
+                      std::vector<float> &pr, std::vector<u64> &ws)
+{
+    pr.assign((size_t)rows * n, 0.0f);
+    ws.assign((size_t)rows * 2, 0);
+    for (int r = 0; r < rows; r++) {
+        const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
+        const float *row = x + (size_t)r * n;
+        u64 best = 0, cnt = 0;
+        for (int j = 0; j < n; j++) {
+            float y = __fmul_rn(row[j], inv_t);
+            if (smp_is_nan(y))
+                continue;
+            u64 v = smp_best(smp_key(y), j);
+            best = v > best ? v : best;
+            cnt++;
+        }
+        ws[2 * r] = best;
+        ws[2 * r + 1] = cnt;
+        const float mx = smp_value((unsigned)(best >> 32));
+        for (int j = 0; j < n && !ps[r].greedy; j++) {
+            float y = __fmul_rn(row[j], inv_t);
+            pr[(size_t)r * n + j] = smp_is_nan(y) ? 0.0f : smp_prob(smp_key(y), mx);
+        }
+    }
+}
+
 int main(void)
 {
     const struct sampler_params *combos = sample_test_combos;
@@ -29,7 +61,9 @@ int main(void)
 #else
     const int vocabs[] = {700, 6000, 16000}, draws = 6;
 #endif
-    long total = 0, same = 0, unkept = 0, sched_diff = 0;
+    long total = 0, same = 0, unkept = 0, sched_diff = 0, prep_diff = 0;
+    std::vector<float> prv;
+    std::vector<u64> wsv;
     for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
         const int n = vocabs[vi];
         std::vector<float> row(n), x((size_t)n * draws);
@@ -52,15 +86,25 @@ int main(void)
                     }
                     bool ok = emu_launch(draws, SMP_THREADS, 1 + ci, k_sample_rows, out.data(),
                                          (const float *)x.data(), n,
-                                         (const cuk_sample_param *)ps.data());
+                                         (const cuk_sample_param *)ps.data(),
+                                         (const float *)nullptr, (u64 *)nullptr);
                     CHECK(ok, "vocab %d shape %d combo %d: barriers", n, shape, ci);
                     if (!ok)
                         return test_summary("test_sample_emu");
                     if (ci % 5 == 0) { /* another schedule, the same ids */
                         emu_launch(draws, SMP_THREADS, 1000 + ci, k_sample_rows, out2.data(),
-                                   (const float *)x.data(), n, (const cuk_sample_param *)ps.data());
+                                   (const float *)x.data(), n, (const cuk_sample_param *)ps.data(),
+                                   (const float *)nullptr, (u64 *)nullptr);
                         for (int d = 0; d < draws; d++)
                             sched_diff += out[d] != out2[d];
+                    }
+                    { /* the fast path: maxima and probabilities made first */
+                        prep_rows(x.data(), n, ps.data(), draws, prv, wsv);
+                        emu_launch(draws, SMP_THREADS, 2000 + ci, k_sample_rows, out2.data(),
+                                   (const float *)x.data(), n, (const cuk_sample_param *)ps.data(),
+                                   (const float *)prv.data(), wsv.data());
+                        for (int d = 0; d < draws; d++)
+                            prep_diff += out[d] != out2[d] || wsv[2 * d] || wsv[2 * d + 1];
                     }
                     struct sample_ref ref;
                     sample_ref_init(&ref, p, row.data(), n);
@@ -80,10 +124,13 @@ int main(void)
             }
     }
     printf("test_sample_emu: %ld draws, %ld equal to sampler_pick, %ld not kept, %ld differ "
-           "between schedules\n", total, same, unkept, sched_diff);
+           "between schedules, %ld with the fast path's maxima and probabilities\n", total, same,
+           unkept, sched_diff, prep_diff);
     CHECK(same >= total - total / 200, "%ld of %ld picks differ from sampler_pick", total - same,
           total);
     CHECK(unkept == 0, "%ld picks are tokens the host never picks", unkept);
     CHECK(sched_diff == 0, "%ld picks depend on the thread schedule", sched_diff);
+    CHECK(prep_diff == 0, "%ld picks differ (or ws not re-armed) with the maxima and "
+          "probabilities made first", prep_diff);
     return test_summary("test_sample_emu");
 }

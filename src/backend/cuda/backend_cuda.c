@@ -206,6 +206,13 @@ struct cuda_backend {
     struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
     struct cuk_sample_param *smp_host; /* their host form */
     int smp_cap;
+    /* cuk_sample_rows' fast path: rows x vocabulary probabilities and the
+     * rows' maxima (zeroed), for smp_rows rows of smp_n; made on first use,
+     * left off where they cannot be had (CLLM_CUDA_SAMPLE_PREP=0: always) */
+    float *smp_pr;
+    void *smp_ws;
+    int smp_rows, smp_n;
+    bool smp_prep;
     struct dbuf bat;   /* device copy of bat_host */
     int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
     int *bat_tmp;      /* the metadata bat_plan built, compared with bat_host */
@@ -262,8 +269,8 @@ struct cuda_backend {
     double t_mark;           /* host clock when the step's last op was issued */
     cudaEvent_t ev[3];       /* step start, logits copy start, copy end */
     double t_begin, t_end;   /* host clock at step_begin / after download */
-    long t_steps[3], t_gaps;
-    double t_gpu[3], t_copy[3], t_wall[3], t_enq[3], t_gap; /* sums, ms */
+    long t_steps[3], t_gaps[3];
+    double t_gpu[3], t_copy[3], t_wall[3], t_enq[3], t_gap[3]; /* sums, ms */
 };
 
 static double now_s(void)
@@ -625,6 +632,44 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
     return 0;
 }
 
+static void smp_prep_free(struct cuda_backend *c)
+{
+    if (c->smp_pr)
+        cudaFree(c->smp_pr);
+    if (c->smp_ws)
+        cudaFree(c->smp_ws);
+    c->smp_pr = NULL;
+    c->smp_ws = NULL;
+    c->smp_rows = c->smp_n = 0;
+}
+
+/* Whether the sampler's fast-path buffers hold rows rows of n, making them
+ * when not. A failure to allocate (they are rows x n floats) is no error:
+ * the sampler then works without them, as it always can. */
+static bool smp_prep_reserve(struct cuda_backend *c, int rows, int n)
+{
+    if (!c->smp_prep)
+        return false;
+    if (c->smp_pr && rows <= c->smp_rows && n == c->smp_n)
+        return true;
+    if (fail_cuda(c, "synchronize before growing the sampler's buffers",
+                  cudaStreamSynchronize(c->stream)))
+        return false;
+    smp_prep_free(c);
+    int cap = rows > 16 ? rows : 16; /* rows grow with the batch: rarely past it */
+    size_t pr_bytes = sizeof(float) * (size_t)cap * (size_t)n, ws = cuk_sample_ws_bytes(cap);
+    if (cudaMalloc((void **)&c->smp_pr, pr_bytes) != cudaSuccess ||
+        cudaMalloc(&c->smp_ws, ws) != cudaSuccess ||
+        cudaMemsetAsync(c->smp_ws, 0, ws, c->stream) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the plain path needs none of it */
+        smp_prep_free(c);
+        return false;
+    }
+    c->smp_rows = cap;
+    c->smp_n = n;
+    return true;
+}
+
 /* A step's sampled (and greedy) sequences: their parameters go up through
  * pinned staging, one launch picks every row's token (sample.cu), one copy
  * brings the ids back, instead of rows x n floats and a host sort. Runs
@@ -659,8 +704,11 @@ static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows
     void *dp = dbuf_get(c, &c->smp, bytes, "sampling parameters");
     if (!dp || !upload_async(c, &c->up_smp, dp, c->smp_host, bytes, "copy sampling parameters"))
         return sticky(c, e);
+    const bool prep = smp_prep_reserve(c, rows, n);
     bool timed = timing_mark(c);
-    if (fail_cuda(c, "sample rows", cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp)) ||
+    if (fail_cuda(c, "sample rows",
+                  cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp, prep ? c->smp_pr : NULL,
+                                  prep ? c->smp_ws : NULL)) ||
         fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
@@ -2310,10 +2358,12 @@ static int cu_step_begin(struct backend *be, const struct backend_step *st, stru
         return -1;
     if (c->timing) {
         c->t_begin = now_s();
+        const int prev = c->t_b;
         c->t_b = st->n == 1 && st->logits ? 0 : st->n == st->n_seg ? 1 : 2;
-        if (c->t_end > 0 && c->t_b == 0) { /* only from one decode step to the next */
-            c->t_gap += (c->t_begin - c->t_end) * 1e3;
-            c->t_gaps++;
+        /* only from one decode step to the next of the same kind */
+        if (c->t_end > 0 && c->t_b < 2 && c->t_b == prev) {
+            c->t_gap[c->t_b] += (c->t_begin - c->t_end) * 1e3;
+            c->t_gaps[c->t_b]++;
         }
         c->t_end = 0;
         c->t_open = cudaEventRecord(c->ev[0], c->stream) == cudaSuccess;
@@ -2437,10 +2487,10 @@ static void cu_destroy(struct backend *be)
                             "after the copy), %.1f us host issuing the ops%s",
                     c->name, c->t_steps[b], what[b], 1e3 * c->t_gpu[b] / k,
                     1e3 * c->t_copy[b] / k, 1e3 * c->t_wall[b] / k, 1e3 * c->t_enq[b] / k,
-                    b ? "\n" : "");
-            if (!b)
+                    b == 2 ? "\n" : "");
+            if (b < 2)
                 fprintf(stderr, ", %.1f us host between steps (sampling, loop)\n",
-                        1e3 * c->t_gap / (c->t_gaps > 0 ? c->t_gaps : 1));
+                        1e3 * c->t_gap[b] / (c->t_gaps[b] > 0 ? c->t_gaps[b] : 1));
         }
         fprintf(stderr, "%s: decode graphs recorded / replayed: %ld / %ld single, %ld / %ld "
                         "batched\n", c->name, c->g_rec[0], c->g_rep[0], c->g_rec[1], c->g_rep[1]);
@@ -2465,6 +2515,7 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->am_ws);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    smp_prep_free(c);
     if (c->amr_dev)
         cudaFree(c->amr_dev);
     if (c->amr_host)
@@ -2739,6 +2790,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
     c->gemv_staged = hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
+    c->smp_prep = !env_off("CLLM_CUDA_SAMPLE_PREP");
     /* mma.sync on bf16/f16: compute capability 8.0 and newer, in code
      * built for it (its body is compiled out below sm_80, like hopper's) */
     c->gemv_mma = prop.major >= 8 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 80) &&
@@ -2756,6 +2808,8 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma_max_x = p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_X;
     p = getenv("CLLM_CUDA_MMA_WARPS");
     c->mma.warps = p && (atoi(p) == 8 || atoi(p) == 16) ? atoi(p) : 0;
+    p = getenv("CLLM_CUDA_MMA_PF");
+    c->mma.pf = p && atoi(p) > 0 && atoi(p) <= 16 ? atoi(p) : 0;
     c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
                      : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
                                                        : -1;

@@ -335,6 +335,7 @@ struct cuk_mma_cfg {
     int blocks_per_sm, ks, warps; /* measurement: at most this many blocks an
                                    * SM, column slices a tile (1, 2, 4, 8),
                                    * warps a block (8, 16); 0: automatic */
+    int pf; /* measurement: chunks ahead a warp prefetches into L2 (0: none) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend
@@ -411,9 +412,15 @@ struct cuk_sample_param {
  * elements per thread). */
 #define CUK_SAMPLE_MAX_N (4095 * 512)
 /* out[r] (device) = the id sampler_pick gives for row r of x[rows][n] with
- * ps[r] (device) and its draw; one launch, a block per row. */
+ * ps[r] (device) and its draw, a block per row. With pr (rows x n floats)
+ * and ws (cuk_sample_ws_bytes, zeroed once before first use; each call
+ * leaves it zeroed) two launches over the whole device first work out
+ * every row's maximum and probabilities, which the blocks then read
+ * instead of making them on every walk: the same ids, faster. Both NULL:
+ * one launch. */
 cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
-                            const struct cuk_sample_param *ps);
+                            const struct cuk_sample_param *ps, float *pr, void *ws);
+size_t cuk_sample_ws_bytes(int rows);
 
 #ifdef __cplusplus
 }

@@ -97,6 +97,7 @@ struct smp_shared {
 
 struct smp_row {
     const float *x;
+    const float *p; /* the row's p = expf(x - max), made by k_smp_prob, or NULL */
     int n;
     float inv_t;
     float max; /* the largest x (once known) */
@@ -153,77 +154,120 @@ static __device__ __forceinline__ u64 smp_target(double u, u64 total)
 }
 
 /* Whether a candidate passes F; *p gets its probability when need_p or
- * min-p asks for it. */
+ * min-p asks for it: pv when that was loaded (>= 0), else worked out. */
 static __device__ __forceinline__ bool smp_pass(const smp_row &R, const smp_filter &F,
-                                                unsigned key, int id, bool need_p, float *p)
+                                                unsigned key, int id, float pv, bool need_p,
+                                                float *p)
 {
     if (!smp_at_or_before(key, id, F.k) || !smp_at_or_before(key, id, F.p) ||
         (F.tie && key != F.tie_key))
         return false;
     if (need_p || F.min_p > 0)
-        *p = smp_prob(key, R.max);
+        *p = pv >= 0 ? pv : smp_prob(key, R.max);
     return !(F.min_p > 0) || *p >= F.min_p;
 }
 
-/* f(key, id) for every candidate, strided over the block (coalesced on the
- * row, eight loads in flight per thread). */
+/* f(key, id, pv) for every candidate, in no set order (the callers only
+ * add integers or take a maximum), pv its probability from R.p when
+ * want_p and the source is the row, else -1. The row is read 16 bytes a
+ * load where aligned, several loads in flight per thread. */
 template <typename Fn>
-static __device__ __forceinline__ void smp_each(const smp_row &R, const smp_shared *S, Fn f)
+static __device__ __forceinline__ void smp_each(const smp_row &R, const smp_shared *S,
+                                                bool want_p, Fn f)
 {
     const int t = threadIdx.x, m = S->n_sh;
     if (m >= 0) {
         for (int j = t; j < m; j += SMP_THREADS)
-            f(S->key[j], S->id[j]);
+            f(S->key[j], S->id[j], -1.0f);
         return;
     }
+    const bool lp = want_p && R.p;
     int j = t;
-    for (; j + 7 * SMP_THREADS < R.n; j += 8 * SMP_THREADS) {
-        float v[8];
+#ifndef CLLM_CUDA_EMU
+    if (((uintptr_t)R.x & 15) == 0 && ((uintptr_t)R.p & 15) == 0) {
+        const int nv = R.n / 4;
+        const float4 *xv = (const float4 *)R.x, *pv = (const float4 *)R.p;
+        int q = t;
+        for (; q < nv; q += 4 * SMP_THREADS) {
+            float4 v[4], w[4];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+            for (int u = 0; u < 4; u++) {
+                const int k = q + u * SMP_THREADS;
+                v[u] = k < nv ? xv[k] : make_float4(NAN, NAN, NAN, NAN);
+                w[u] = lp && k < nv ? pv[k] : make_float4(-1.0f, -1.0f, -1.0f, -1.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w},
+                            pe[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    float y = __fmul_rn(e[c], R.inv_t);
+                    if (!smp_is_nan(y))
+                        f(smp_key(y), 4 * (q + u * SMP_THREADS) + c, pe[c]);
+                }
+            }
+        }
+        for (j = 4 * nv + t; j < R.n; j += SMP_THREADS) {
+            float y = __fmul_rn(R.x[j], R.inv_t);
+            if (!smp_is_nan(y))
+                f(smp_key(y), j, lp ? R.p[j] : -1.0f);
+        }
+        return;
+    }
+#endif
+    for (; j + 7 * SMP_THREADS < R.n; j += 8 * SMP_THREADS) {
+        float v[8], w[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
             v[u] = R.x[j + u * SMP_THREADS];
+            w[u] = lp ? R.p[j + u * SMP_THREADS] : -1.0f;
+        }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             float y = __fmul_rn(v[u], R.inv_t);
             if (!smp_is_nan(y))
-                f(smp_key(y), j + u * SMP_THREADS);
+                f(smp_key(y), j + u * SMP_THREADS, w[u]);
         }
     }
     for (; j < R.n; j += SMP_THREADS) {
         float y = __fmul_rn(R.x[j], R.inv_t);
         if (!smp_is_nan(y))
-            f(smp_key(y), j);
+            f(smp_key(y), j, lp ? R.p[j] : -1.0f);
     }
 }
 
-/* f(key, id) for the candidates at positions [a, b) of the source, in
- * order (one thread's chunk). */
+/* f(key, id, pv) for the candidates at positions [a, b) of the source, in
+ * order (one thread's chunk); pv as for smp_each. */
 template <typename Fn>
 static __device__ __forceinline__ void smp_range(const smp_row &R, const smp_shared *S, int a,
-                                                 int b, Fn f)
+                                                 int b, bool want_p, Fn f)
 {
     if (S->n_sh >= 0) {
         for (int j = a; j < b; j++)
-            f(S->key[j], S->id[j]);
+            f(S->key[j], S->id[j], -1.0f);
         return;
     }
+    const bool lp = want_p && R.p;
     int j = a;
     for (; j + 8 <= b; j += 8) {
-        float v[8];
+        float v[8], w[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+        for (int u = 0; u < 8; u++) {
             v[u] = R.x[j + u];
+            w[u] = lp ? R.p[j + u] : -1.0f;
+        }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             float y = __fmul_rn(v[u], R.inv_t);
             if (!smp_is_nan(y))
-                f(smp_key(y), j + u);
+                f(smp_key(y), j + u, w[u]);
         }
     }
     for (; j < b; j++) {
         float y = __fmul_rn(R.x[j], R.inv_t);
         if (!smp_is_nan(y))
-            f(smp_key(y), j);
+            f(smp_key(y), j, lp ? R.p[j] : -1.0f);
     }
 }
 
@@ -318,9 +362,9 @@ static __device__ void smp_hist_sum(smp_shared *S)
 static __device__ u64 smp_sum(const smp_row &R, smp_shared *S, const smp_filter &F)
 {
     u64 own = 0, excl;
-    smp_each(R, S, [&](unsigned key, int id) {
+    smp_each(R, S, true, [&](unsigned key, int id, float pv) {
         float p;
-        if (smp_pass(R, F, key, id, true, &p))
+        if (smp_pass(R, F, key, id, pv, true, &p))
             own += smp_weight(p);
     });
     return smp_scan(S, own, &excl);
@@ -335,16 +379,16 @@ static __device__ void smp_gather(const smp_row &R, smp_shared *S, const smp_fil
     const int t = threadIdx.x, c = (R.n + SMP_THREADS - 1) / SMP_THREADS;
     const int a = smp_min(t * c, R.n), b = smp_min(a + c, R.n);
     u64 own = 0, excl;
-    smp_range(R, S, a, b, [&](unsigned key, int id) {
+    smp_range(R, S, a, b, F.min_p > 0, [&](unsigned key, int id, float pv) {
         float p;
-        if (key >= lo && key <= hi && smp_pass(R, F, key, id, false, &p))
+        if (key >= lo && key <= hi && smp_pass(R, F, key, id, pv, false, &p))
             own++;
     });
     u64 total = smp_scan(S, own, &excl);
     int w = (int)excl;
-    smp_range(R, S, a, b, [&](unsigned key, int id) {
+    smp_range(R, S, a, b, F.min_p > 0, [&](unsigned key, int id, float pv) {
         float p;
-        if (key >= lo && key <= hi && smp_pass(R, F, key, id, false, &p)) {
+        if (key >= lo && key <= hi && smp_pass(R, F, key, id, pv, false, &p)) {
             if (w < SMP_CAP) { /* never false; memory safety if the count were wrong */
                 S->key[w] = key;
                 S->id[w] = id;
@@ -372,9 +416,9 @@ static __device__ bool smp_idscan(const smp_row &R, smp_shared *S, const smp_fil
         const int c = (hi - lo + SMP_THREADS - 1) / SMP_THREADS;
         const int a = smp_min(lo + t * c, hi), b = smp_min(a + c, hi);
         u64 own = 0, excl;
-        smp_range(R, S, a, b, [&](unsigned key, int i) {
+        smp_range(R, S, a, b, mass || F.min_p > 0, [&](unsigned key, int i, float pv) {
             float p;
-            if (smp_pass(R, F, key, i, mass, &p))
+            if (smp_pass(R, F, key, i, pv, mass, &p))
                 own += mass ? smp_weight(p) : 1;
         });
         u64 total = smp_scan(S, own, &excl);
@@ -428,10 +472,10 @@ static __device__ bool smp_select(const smp_row &R, smp_shared *S, const smp_fil
          * the previous pass's smp_hist_sum is past its last read of them. */
         for (int d = 0; d < SMP_BINS; d++)
             S->hist[d][t] = 0;
-        smp_each(R, S, [&](unsigned key, int id) {
+        smp_each(R, S, mass || F.min_p > 0, [&](unsigned key, int id, float pv) {
             float p;
             if ((shift < 28 && (key >> (shift + 4)) != prefix) ||
-                !smp_pass(R, F, key, id, mass, &p))
+                !smp_pass(R, F, key, id, pv, mass, &p))
                 return;
             S->hist[(key >> shift) & (SMP_BINS - 1)][t] +=
                 (1ull << SMP_CBIT) | (mass ? smp_weight(p) : 0);
@@ -481,27 +525,50 @@ static __device__ bool smp_select(const smp_row &R, smp_shared *S, const smp_fil
     return found;
 }
 
+/* The largest value of a row (its key, and the lowest id among equals) as
+ * one number, so that the largest number wins. */
+static __device__ __forceinline__ u64 smp_best(unsigned key, int id)
+{
+    return (u64)key << 32 | (0xffffffffu - (unsigned)id);
+}
+
+/* pr, ws (cuk_sample_rows' fast path): row r's p = expf(x - max) at pr + r
+ * * n, made by k_smp_prob, and its best (smp_best) and count of non-NaN
+ * values at ws[2r], ws[2r + 1], by k_smp_max; this kernel reads them and
+ * zeroes ws for the next call. Else (NULL) the block works both out. */
 __global__ void __launch_bounds__(SMP_THREADS)
-    k_sample_rows(int *out, const float *x, int n, const struct cuk_sample_param *ps)
+    k_sample_rows(int *out, const float *x, int n, const struct cuk_sample_param *ps,
+                  const float *pr, u64 *ws)
 {
     cuk_pdl_start();
     extern __shared__ __align__(16) unsigned char smp_smem[];
     smp_shared *S = (smp_shared *)smp_smem;
     const struct cuk_sample_param P = ps[blockIdx.x];
-    smp_row R = {x + (size_t)blockIdx.x * (size_t)n, n, P.greedy ? 1.0f : P.inv_t, 0.0f};
+    const size_t off = (size_t)blockIdx.x * (size_t)n;
+    smp_row R = {x + off, pr ? pr + off : NULL, n, P.greedy ? 1.0f : P.inv_t, 0.0f};
     const int t = threadIdx.x;
     if (t == 0)
         S->n_sh = -1;
-    __syncthreads();
-    /* The largest value (the lowest id among equals) and the candidates. */
-    u64 best = 0, cnt = 0, excl;
-    smp_each(R, S, [&](unsigned key, int id) {
-        u64 v = (u64)key << 32 | (0xffffffffu - (unsigned)id);
-        best = v > best ? v : best;
-        cnt++;
-    });
-    best = smp_max(S, best);
-    const u64 m = smp_scan(S, cnt, &excl);
+    u64 best = 0, cnt = 0, excl, m;
+    if (ws) {
+        best = ws[2 * blockIdx.x];
+        m = ws[2 * blockIdx.x + 1];
+        __syncthreads(); /* every thread has read them */
+        if (t == 0) {
+            ws[2 * blockIdx.x] = 0;
+            ws[2 * blockIdx.x + 1] = 0;
+        }
+    } else {
+        __syncthreads();
+        /* The largest value (the lowest id among equals) and the candidates. */
+        smp_each(R, S, false, [&](unsigned key, int id, float) {
+            u64 v = smp_best(key, id);
+            best = v > best ? v : best;
+            cnt++;
+        });
+        best = smp_max(S, best);
+        m = smp_scan(S, cnt, &excl);
+    }
     const int amax = (int)(0xffffffffu - (unsigned)best);
     R.max = smp_value((unsigned)(best >> 32));
     /* All NaN: 0. Greedy, or nothing to normalize (all -inf, or an
@@ -547,10 +614,94 @@ __global__ void __launch_bounds__(SMP_THREADS)
 }
 
 #ifndef CLLM_CUDA_EMU
-extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
-                                       const struct cuk_sample_param *ps)
+/* ---- The fast path's preparation, over the whole device: a row's p =
+ * expf(x - max) (a double exp each) made once by many blocks, where the
+ * sampling block would make them again on every walk over the row, alone
+ * on its SM (H200, 0.6B, top-p: ~780 us a step; docs/benchmarks.md,
+ * eighteenth pass). Block b of row r (blockIdx.y) takes elements [b * per,
+ * (b + 1) * per). */
+#define SMP_PREP_THREADS 256
+
+static __device__ __forceinline__ void smp_prep_span(int n, int *a, int *b)
 {
-    if (n < 1 || n > CUK_SAMPLE_MAX_N || rows < 1)
+    const int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
+    *a = min((int)blockIdx.x * per, n);
+    *b = min(*a + per, n);
+}
+
+/* ws[2r] = max of smp_best over row r (its max, lowest id among equals),
+ * ws[2r + 1] += its non-NaN count; ws zero before (k_sample_rows re-arms). */
+__global__ void __launch_bounds__(SMP_PREP_THREADS)
+    k_smp_max(const float *x, int n, const struct cuk_sample_param *ps, u64 *ws)
+{
+    cuk_pdl_start();
+    __shared__ u64 sb[SMP_PREP_THREADS / 32], sc[SMP_PREP_THREADS / 32];
+    const int r = blockIdx.y;
+    const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
+    const float *row = x + (size_t)r * n;
+    int a, b;
+    smp_prep_span(n, &a, &b);
+    u64 best = 0, cnt = 0;
+    for (int j = a + threadIdx.x; j < b; j += SMP_PREP_THREADS) {
+        const float y = __fmul_rn(row[j], inv_t);
+        if (smp_is_nan(y))
+            continue;
+        const u64 v = smp_best(smp_key(y), j);
+        best = v > best ? v : best;
+        cnt++;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 v = __shfl_xor_sync(0xffffffffu, best, o);
+        best = v > best ? v : best;
+        cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    }
+    const int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        sb[w] = best;
+        sc[w] = cnt;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < SMP_PREP_THREADS / 32; i++) {
+            best = sb[i] > best ? sb[i] : best;
+            cnt += sc[i];
+        }
+        if (best)
+            atomicMax((unsigned long long *)&ws[2 * r], (unsigned long long)best);
+        if (cnt)
+            atomicAdd((unsigned long long *)&ws[2 * r + 1], (unsigned long long)cnt);
+    }
+}
+
+/* pr[r][j] = smp_prob of element j of row r (0 for NaN, never read) for
+ * the sampled rows; the max from k_smp_max. */
+__global__ void __launch_bounds__(SMP_PREP_THREADS)
+    k_smp_prob(const float *x, int n, const struct cuk_sample_param *ps, const u64 *ws, float *pr)
+{
+    cuk_pdl_start();
+    const int r = blockIdx.y;
+    if (ps[r].greedy)
+        return;
+    const float inv_t = ps[r].inv_t, mx = smp_value((unsigned)(ws[2 * r] >> 32));
+    const float *row = x + (size_t)r * n;
+    float *out = pr + (size_t)r * n;
+    int a, b;
+    smp_prep_span(n, &a, &b);
+    for (int j = a + threadIdx.x; j < b; j += SMP_PREP_THREADS) {
+        const float y = __fmul_rn(row[j], inv_t);
+        out[j] = smp_is_nan(y) ? 0.0f : smp_prob(smp_key(y), mx);
+    }
+}
+
+extern "C" size_t cuk_sample_ws_bytes(int rows)
+{
+    return (size_t)rows * 2 * sizeof(u64);
+}
+
+extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
+                                       const struct cuk_sample_param *ps, float *pr, void *ws)
+{
+    if (n < 1 || n > CUK_SAMPLE_MAX_N || rows < 1 || rows > 65535 || !pr != !ws)
         return cudaErrorInvalidValue;
     const int smem = (int)sizeof(smp_shared);
     /* Over the 48 KiB default: opted into per call (cheap, and per device). */
@@ -558,7 +709,16 @@ extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess)
         return err;
-    cuk_launch(k_sample_rows, rows, SMP_THREADS, (size_t)smem, s, out, x, n, ps);
+    if (pr) {
+        /* about four blocks an SM in all, each at least 2048 elements */
+        int per_row = 528 / rows, most = (n + 2047) / 2048;
+        per_row = per_row < 1 ? 1 : per_row > most ? most : per_row;
+        const dim3 grid((unsigned)per_row, (unsigned)rows);
+        cuk_launch(k_smp_max, grid, SMP_PREP_THREADS, 0, s, x, n, ps, (u64 *)ws);
+        cuk_launch(k_smp_prob, grid, SMP_PREP_THREADS, 0, s, x, n, ps, (const u64 *)ws, pr);
+    }
+    cuk_launch(k_sample_rows, rows, SMP_THREADS, (size_t)smem, s, out, x, n, ps,
+               (const float *)pr, (u64 *)ws);
     return cudaGetLastError();
 }
 #endif
