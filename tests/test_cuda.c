@@ -14,7 +14,8 @@
  *   4. the device sampler (sample_rows) against the host's (sampler_pick):
  *      the same pick for the same draw in >= 99.5% of 2000 draws per row
  *      shape and parameter set, only tokens the host keeps, frequencies
- *      within 5 sigma of the host's probabilities; sampled requests through
+ *      within 5 sigma of the host's probabilities, the same picks with and
+ *      without the fast path (CLLM_CUDA_SAMPLE_PREP); sampled requests through
  *      the engine give the same ids sampled on the device as on the host,
  *      and a batch mixing greedy and sampled requests runs.
  * Without a GPU (CI) it prints "skipped: no GPU" and passes. Paths can be
@@ -1666,6 +1667,17 @@ static void check_sample_rows(void)
     struct backend *be = gpu_create(false);
     if (!be)
         return;
+    /* the same rows without the fast path (its ids must be the same) */
+    const char *prev = getenv("CLLM_CUDA_SAMPLE_PREP");
+    char *saved = prev ? strdup(prev) : NULL;
+    setenv("CLLM_CUDA_SAMPLE_PREP", prev && !strcmp(prev, "0") ? "1" : "0", 1);
+    struct backend *plain = gpu_create(false);
+    if (saved)
+        setenv("CLLM_CUDA_SAMPLE_PREP", saved, 1);
+    else
+        unsetenv("CLLM_CUDA_SAMPLE_PREP");
+    free(saved);
+    long paths_differ = 0;
     CHECK(be->ops->sample_rows != NULL, "cuda backend has no sample_rows op");
     enum { ROWS = 250, CALLS = 8 };
     int vocabs[] = {32000, 151936};
@@ -1676,6 +1688,7 @@ static void check_sample_rows(void)
         float *rep = malloc(sizeof(float) * (size_t)n * ROWS);
         int *idx = malloc(sizeof(int) * (size_t)n);
         float *d = dev_alloc_copy(be, NULL, (size_t)n * ROWS);
+        float *d2 = plain ? dev_alloc_copy(plain, NULL, (size_t)n * ROWS) : NULL;
         long draws = 0, same = 0, unkept = 0;
         int worst = ROWS * CALLS;
         bool failed = false;
@@ -1685,6 +1698,8 @@ static void check_sample_rows(void)
                 for (int r = 0; r < ROWS; r++)
                     memcpy(rep + (size_t)r * n, row, sizeof(float) * (size_t)n);
                 backend_upload(be, d, rep, sizeof(float) * (size_t)n * ROWS);
+                if (d2)
+                    backend_upload(plain, d2, rep, sizeof(float) * (size_t)n * ROWS);
                 const int calls = shape == 5 ? 1 : CALLS; /* the special rows are forced */
                 for (int c = 0; c < sample_test_n_combos && !failed; c++) {
                     const struct sampler_params *p = &sample_test_combos[c];
@@ -1706,6 +1721,24 @@ static void check_sample_rows(void)
                             CHECK(0, "sample_rows: %s", e.msg);
                             failed = true;
                             break;
+                        }
+                        int got2[ROWS];
+                        if (d2 && call < 2) { /* the plain path on the same draws */
+                            CHECK(plain->ops->sample_rows(plain, got2, d2, ROWS, n, sp, &e) == 0,
+                                  "sample_rows without the fast path: %s", e.msg);
+                            for (int r = 0; r < ROWS; r++)
+                                if (got2[r] != got[r] && paths_differ++ < 5)
+                                    CHECK(0, "n %d shape %d/%d params %d u %.17g: %d with the "
+                                             "fast path, %d without", n, shape, variant, c,
+                                          sp[r].u, got[r], got2[r]);
+                            /* 8 rows: the fast path's preparation in more blocks a row */
+                            CHECK(be->ops->sample_rows(be, got2, d, 8, n, sp, &e) == 0,
+                                  "sample_rows, 8 rows: %s", e.msg);
+                            for (int r = 0; r < 8; r++)
+                                if (got2[r] != got[r] && paths_differ++ < 5)
+                                    CHECK(0, "n %d shape %d/%d params %d u %.17g: %d in 250 "
+                                             "rows, %d in 8", n, shape, variant, c, sp[r].u,
+                                          got[r], got2[r]);
                         }
                         for (int r = 0; r < ROWS; r++) {
                             int want = sample_ref_pick(&ref, sp[r].u);
@@ -1737,11 +1770,18 @@ static void check_sample_rows(void)
                "case %d of %d), %ld not kept by the host\n", n, draws, same,
                draws ? 100.0 * (double)same / (double)draws : 0.0, worst, ROWS * CALLS, unkept);
         be->ops->free(be, d);
+        if (d2)
+            plain->ops->free(plain, d2);
         free(row);
         free(pr);
         free(rep);
         free(idx);
     }
+    printf("cuda sample_rows with and without the fast path: %ld picks differ\n", paths_differ);
+    CHECK(plain && paths_differ == 0, "%ld picks differ with and without the fast path",
+          paths_differ);
+    if (plain)
+        backend_destroy(plain);
     backend_destroy(be);
 }
 

@@ -7,9 +7,11 @@
  * way and rows walked in global memory throughout; ties, -0, -inf, NaN,
  * +inf, all-NaN and all -inf rows; every filter alone and together. A
  * second run with another thread schedule must give the same ids, and so
- * must a run reading the maxima and probabilities the fast path's
- * preparation kernels make (made here on the host). Runs
+ * must a run on the fast path, from the maxima, probabilities and
+ * candidates its preparation kernels make (made here on the host). Runs
  * without a GPU; test_cuda runs the same cases on one. */
+#include <algorithm>
+
 #include "emu/cuda_emu.h"
 
 #include "backend/cuda/sample.cu"
@@ -21,18 +23,20 @@ extern "C" {
 
 alignas(16) unsigned char smp_smem[sizeof(smp_shared)];
 
-/* What k_smp_max and k_smp_prob make on a GPU (cuk_sample_rows' fast
- * path), made here with the kernel's own helpers: each row's best value
- * and count into ws, its probabilities into pr. */
-static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int rows,
-                      std::vector<float> &pr, std::vector<u64> &ws)
+/* What k_smp_max, k_smp_prob and k_smp_gather make on a GPU
+ * (cuk_sample_rows' fast path, nblk blocks a row), made here with the
+ * kernel's own helpers. */
+static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int rows, int nblk,
+                      std::vector<float> &pr, std::vector<int> &cand, std::vector<u64> &ws)
 {
     pr.assign((size_t)rows * n, 0.0f);
-    ws.assign((size_t)rows * 2, 0);
+    cand.assign((size_t)rows * n, -1);
+    ws.assign((size_t)rows * SMP_WS, 0);
+    const int per = (n + nblk - 1) / nblk;
     for (int r = 0; r < rows; r++) {
         const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
         const float *row = x + (size_t)r * n;
-        u64 best = 0, cnt = 0;
+        u64 *w = &ws[(size_t)r * SMP_WS], best = 0, cnt = 0;
         for (int j = 0; j < n; j++) {
             float y = __fmul_rn(row[j], inv_t);
             if (smp_is_nan(y))
@@ -41,12 +45,27 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
             best = v > best ? v : best;
             cnt++;
         }
-        ws[2 * r] = best;
-        ws[2 * r + 1] = cnt;
+        w[SMP_WS_BEST] = best;
+        w[SMP_WS_CNT] = cnt;
+        if (ps[r].greedy)
+            continue;
         const float mx = smp_value((unsigned)(best >> 32));
-        for (int j = 0; j < n && !ps[r].greedy; j++) {
+        float *p = &pr[(size_t)r * n];
+        for (int j = 0; j < n; j++) {
             float y = __fmul_rn(row[j], inv_t);
-            pr[(size_t)r * n + j] = smp_is_nan(y) ? 0.0f : smp_prob(smp_key(y), mx);
+            if (smp_is_nan(y))
+                continue;
+            p[j] = smp_prob(smp_key(y), mx);
+            w[SMP_WS_MASS] += smp_weight(p[j]);
+            w[SMP_WS_HIST + smp_pbin(p[j])]++;
+        }
+        const int cut = smp_cut(w + SMP_WS_HIST);
+        for (int b = 0; b < nblk; b++) {
+            int k = 0;
+            for (int j = std::min(b * per, n); j < std::min((b + 1) * per, n) && cut >= 0; j++)
+                if (smp_pbin(p[j]) <= cut)
+                    cand[(size_t)r * n + b * per + k++] = j;
+            w[SMP_WS_BLK + b] = (u64)k;
         }
     }
 }
@@ -64,6 +83,7 @@ int main(void)
     long total = 0, same = 0, unkept = 0, sched_diff = 0, prep_diff = 0;
     std::vector<float> prv;
     std::vector<u64> wsv;
+    std::vector<int> cav;
     for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
         const int n = vocabs[vi];
         std::vector<float> row(n), x((size_t)n * draws);
@@ -87,24 +107,32 @@ int main(void)
                     bool ok = emu_launch(draws, SMP_THREADS, 1 + ci, k_sample_rows, out.data(),
                                          (const float *)x.data(), n,
                                          (const cuk_sample_param *)ps.data(),
-                                         (const float *)nullptr, (u64 *)nullptr);
+                                         (const float *)nullptr, (u64 *)nullptr,
+                                         (const int *)nullptr, 0);
                     CHECK(ok, "vocab %d shape %d combo %d: barriers", n, shape, ci);
                     if (!ok)
                         return test_summary("test_sample_emu");
                     if (ci % 5 == 0) { /* another schedule, the same ids */
                         emu_launch(draws, SMP_THREADS, 1000 + ci, k_sample_rows, out2.data(),
                                    (const float *)x.data(), n, (const cuk_sample_param *)ps.data(),
-                                   (const float *)nullptr, (u64 *)nullptr);
+                                   (const float *)nullptr, (u64 *)nullptr,
+                                   (const int *)nullptr, 0);
                         for (int d = 0; d < draws; d++)
                             sched_diff += out[d] != out2[d];
                     }
                     { /* the fast path: maxima and probabilities made first */
-                        prep_rows(x.data(), n, ps.data(), draws, prv, wsv);
+                        const int nblk = 1 + ci % 5;
+                        prep_rows(x.data(), n, ps.data(), draws, nblk, prv, cav, wsv);
                         emu_launch(draws, SMP_THREADS, 2000 + ci, k_sample_rows, out2.data(),
                                    (const float *)x.data(), n, (const cuk_sample_param *)ps.data(),
-                                   (const float *)prv.data(), wsv.data());
-                        for (int d = 0; d < draws; d++)
-                            prep_diff += out[d] != out2[d] || wsv[2 * d] || wsv[2 * d + 1];
+                                   (const float *)prv.data(), wsv.data(), (const int *)cav.data(),
+                                   nblk);
+                        for (int d = 0; d < draws; d++) {
+                            bool rearmed = true;
+                            for (int i = 0; i < SMP_WS_BLK; i++)
+                                rearmed = rearmed && wsv[(size_t)d * SMP_WS + i] == 0;
+                            prep_diff += out[d] != out2[d] || !rearmed;
+                        }
                     }
                     struct sample_ref ref;
                     sample_ref_init(&ref, p, row.data(), n);
@@ -124,13 +152,16 @@ int main(void)
             }
     }
     printf("test_sample_emu: %ld draws, %ld equal to sampler_pick, %ld not kept, %ld differ "
-           "between schedules, %ld with the fast path's maxima and probabilities\n", total, same,
-           unkept, sched_diff, prep_diff);
+           "between schedules, %ld with the fast path (%ld rows answered from its candidates, "
+           "%ld walked after all)\n", total, same, unkept, sched_diff, prep_diff,
+           smp_emu_fast[1], smp_emu_fast[0]);
     CHECK(same >= total - total / 200, "%ld of %ld picks differ from sampler_pick", total - same,
           total);
     CHECK(unkept == 0, "%ld picks are tokens the host never picks", unkept);
     CHECK(sched_diff == 0, "%ld picks depend on the thread schedule", sched_diff);
-    CHECK(prep_diff == 0, "%ld picks differ (or ws not re-armed) with the maxima and "
-          "probabilities made first", prep_diff);
+    CHECK(prep_diff == 0, "%ld picks differ (or ws not re-armed) on the fast path", prep_diff);
+    CHECK(smp_emu_fast[1] > 0 && smp_emu_fast[0] > 0,
+          "the fast path's two outcomes not both taken: %ld answered, %ld walked", smp_emu_fast[1],
+          smp_emu_fast[0]);
     return test_summary("test_sample_emu");
 }

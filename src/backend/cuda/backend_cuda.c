@@ -206,11 +206,10 @@ struct cuda_backend {
     struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
     struct cuk_sample_param *smp_host; /* their host form */
     int smp_cap;
-    /* cuk_sample_rows' fast path: rows x vocabulary probabilities and the
-     * rows' maxima (zeroed), for smp_rows rows of smp_n; made on first use,
-     * left off where they cannot be had (CLLM_CUDA_SAMPLE_PREP=0: always) */
-    float *smp_pr;
-    void *smp_ws;
+    /* cuk_sample_rows' fast path, for smp_rows rows of smp_n: made on
+     * first use, left off where they cannot be had (CLLM_CUDA_SAMPLE_PREP=0:
+     * always) */
+    struct cuk_sample_ws smp_fw;
     int smp_rows, smp_n;
     bool smp_prep;
     struct dbuf bat;   /* device copy of bat_host */
@@ -634,12 +633,13 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
 
 static void smp_prep_free(struct cuda_backend *c)
 {
-    if (c->smp_pr)
-        cudaFree(c->smp_pr);
-    if (c->smp_ws)
-        cudaFree(c->smp_ws);
-    c->smp_pr = NULL;
-    c->smp_ws = NULL;
+    if (c->smp_fw.pr)
+        cudaFree(c->smp_fw.pr);
+    if (c->smp_fw.cand)
+        cudaFree(c->smp_fw.cand);
+    if (c->smp_fw.ws)
+        cudaFree(c->smp_fw.ws);
+    c->smp_fw = (struct cuk_sample_ws){0};
     c->smp_rows = c->smp_n = 0;
 }
 
@@ -650,17 +650,19 @@ static bool smp_prep_reserve(struct cuda_backend *c, int rows, int n)
 {
     if (!c->smp_prep)
         return false;
-    if (c->smp_pr && rows <= c->smp_rows && n == c->smp_n)
+    if (c->smp_fw.pr && rows <= c->smp_rows && n == c->smp_n)
         return true;
     if (fail_cuda(c, "synchronize before growing the sampler's buffers",
                   cudaStreamSynchronize(c->stream)))
         return false;
     smp_prep_free(c);
     int cap = rows > 16 ? rows : 16; /* rows grow with the batch: rarely past it */
-    size_t pr_bytes = sizeof(float) * (size_t)cap * (size_t)n, ws = cuk_sample_ws_bytes(cap);
-    if (cudaMalloc((void **)&c->smp_pr, pr_bytes) != cudaSuccess ||
-        cudaMalloc(&c->smp_ws, ws) != cudaSuccess ||
-        cudaMemsetAsync(c->smp_ws, 0, ws, c->stream) != cudaSuccess) {
+    size_t row_bytes = 4 * (size_t)cap * (size_t)n, ws = cuk_sample_ws_bytes(cap);
+    struct cuk_sample_ws *f = &c->smp_fw;
+    if (cudaMalloc((void **)&f->pr, row_bytes) != cudaSuccess ||
+        cudaMalloc((void **)&f->cand, row_bytes) != cudaSuccess ||
+        cudaMalloc(&f->ws, ws) != cudaSuccess ||
+        cudaMemsetAsync(f->ws, 0, ws, c->stream) != cudaSuccess) {
         cudaGetLastError(); /* not sticky: the plain path needs none of it */
         smp_prep_free(c);
         return false;
@@ -707,8 +709,8 @@ static int cu_sample_rows(struct backend *be, int *out, const float *x, int rows
     const bool prep = smp_prep_reserve(c, rows, n);
     bool timed = timing_mark(c);
     if (fail_cuda(c, "sample rows",
-                  cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp, prep ? c->smp_pr : NULL,
-                                  prep ? c->smp_ws : NULL)) ||
+                  cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp,
+                                  prep ? &c->smp_fw : NULL)) ||
         fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);

@@ -411,16 +411,23 @@ struct cuk_sample_param {
 /* Largest n cuk_sample_rows takes (its histograms count up to 4095
  * elements per thread). */
 #define CUK_SAMPLE_MAX_N (4095 * 512)
+/* The sampler's fast path (device buffers): pr and cand rows x n each,
+ * ws cuk_sample_ws_bytes(rows), zeroed once before first use (each call
+ * leaves it so). */
+struct cuk_sample_ws {
+    float *pr;
+    int *cand;
+    void *ws;
+};
+size_t cuk_sample_ws_bytes(int rows);
 /* out[r] (device) = the id sampler_pick gives for row r of x[rows][n] with
- * ps[r] (device) and its draw, a block per row. With pr (rows x n floats)
- * and ws (cuk_sample_ws_bytes, zeroed once before first use; each call
- * leaves it zeroed) two launches over the whole device first work out
- * every row's maximum and probabilities, which the blocks then read
- * instead of making them on every walk: the same ids, faster. Both NULL:
+ * ps[r] (device) and its draw, a block per row. With fw, three launches
+ * over the whole device first work out every row's maximum, probabilities
+ * and its largest ones, so that the blocks mostly walk those in shared
+ * memory instead of the row, again and again: the same ids, faster. NULL:
  * one launch. */
 cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
-                            const struct cuk_sample_param *ps, float *pr, void *ws);
-size_t cuk_sample_ws_bytes(int rows);
+                            const struct cuk_sample_param *ps, const struct cuk_sample_ws *fw);
 
 #ifdef __cplusplus
 }

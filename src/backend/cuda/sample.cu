@@ -532,13 +532,142 @@ static __device__ __forceinline__ u64 smp_best(unsigned key, int id)
     return (u64)key << 32 | (0xffffffffu - (unsigned)id);
 }
 
-/* pr, ws (cuk_sample_rows' fast path): row r's p = expf(x - max) at pr + r
- * * n, made by k_smp_prob, and its best (smp_best) and count of non-NaN
- * values at ws[2r], ws[2r + 1], by k_smp_max; this kernel reads them and
- * zeroes ws for the next call. Else (NULL) the block works both out. */
+#ifdef CLLM_CUDA_EMU
+/* What the fast path did (test_sample_emu): [0] walked the row after
+ * all, [1] answered from its candidates. */
+static long smp_emu_fast[2];
+#endif
+
+/* The fast path's workspace, per row (u64 units; zero between calls but
+ * for the block counts): */
+#define SMP_WS_BEST 0  /* smp_best of the row (k_smp_max) */
+#define SMP_WS_CNT 1   /* its non-NaN values (k_smp_max) */
+#define SMP_WS_MASS 2  /* the sum of smp_weight(p) over them (k_smp_prob) */
+#define SMP_WS_HIST 4  /* SMP_PBINS counts of p by binary exponent (k_smp_prob) */
+#define SMP_PBINS 64
+#define SMP_WS_BLK (SMP_WS_HIST + SMP_PBINS) /* candidates each block gathered */
+#define SMP_MAX_BLOCKS 512                  /* preparation blocks a row at most */
+#define SMP_WS (SMP_WS_BLK + SMP_MAX_BLOCKS)
+
+/* Bin of a probability p in [0, 1]: b for p in [2^-b, 2^(1-b)) (0: p = 1),
+ * the last for 0 and anything under 2^-62. */
+static __device__ __forceinline__ int smp_pbin(float p)
+{
+    const int e = (int)((__float_as_uint(p) >> 23) & 0xffu);
+    const int b = 127 - e;
+    return b < 0 ? 0 : b > SMP_PBINS - 1 ? SMP_PBINS - 1 : b;
+}
+
+/* The largest bin B whose candidates (every p >= 2^-B) fit in shared
+ * memory, from a row's histogram; -1 when even p = 1 does not. */
+static __device__ __forceinline__ int smp_cut(const u64 *hist)
+{
+    u64 cum = 0;
+    int cut = -1;
+    for (int b = 0; b < SMP_PBINS - 1; b++) {
+        cum += hist[b];
+        if (cum > SMP_CAP)
+            break;
+        cut = b;
+    }
+    return cut;
+}
+
+/* The walks of the host sampler (see the top) over the candidates S holds
+ * or the row. fast: S holds only the candidates with p >= p_floor (a prefix
+ * of the descending order, every one of them, in id order), and row_mass is
+ * the whole row's mass; returns false, having picked nothing, where an
+ * answer might lie past them (the caller then walks the row). */
+static __device__ bool smp_walks(const smp_row &R, smp_shared *S, const cuk_sample_param &P,
+                                 u64 m, bool fast, u64 row_mass, float p_floor, int *pick)
+{
+    smp_filter F = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
+    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
+    u64 cum;
+    if (!topk && !(P.top_p < 1)) { /* the host walks in id order */
+        if (fast && !(P.min_p > 0 && P.min_p >= p_floor))
+            return false; /* tokens under p_floor take part */
+        F.min_p = P.min_p > 0 ? P.min_p : 0.0f;
+        int id;
+        if (smp_idscan(R, S, F, true, 0, P.u, &id, &cum))
+            *pick = id;
+        return true;
+    }
+    smp_bound b;
+    bool bounded = false; /* F.k or F.p keeps every candidate inside S (fast) */
+    if (topk) {
+        if (fast && (u64)P.top_k > (u64)S->n_sh)
+            return false;
+        if (smp_select(R, S, F, false, (u64)P.top_k - 1, &b, &cum)) {
+            F.k = b;
+            bounded = true;
+        }
+    }
+    u64 kept = fast && !bounded ? row_mass : smp_sum(R, S, F);
+    if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
+        double need = ceil((double)P.top_p * (double)kept);
+        u64 nd = need < 1 ? 1 : (u64)need;
+        if (nd <= kept) {
+            if (fast && !bounded && smp_sum(R, S, F) < nd)
+                return false; /* the boundary lies past p_floor */
+            if (smp_select(R, S, F, true, nd - 1, &b, &cum)) {
+                F.p = b;
+                kept = cum;
+                bounded = true;
+            }
+        }
+    }
+    if (fast && !bounded)
+        return false;
+    if (P.min_p > 0) {
+        F.min_p = P.min_p;
+        kept = smp_sum(R, S, F);
+    }
+    if (kept > 0 && smp_select(R, S, F, true, smp_target(P.u, kept), &b, &cum))
+        *pick = b.id;
+    return true;
+}
+
+/* S takes the candidates k_smp_gather left for this row: nblk blocks'
+ * lists, each in id order, block after block (so id order in all). */
+static __device__ void smp_load_cands(const smp_row &R, smp_shared *S, const int *cand,
+                                      const u64 *wsr, int nblk)
+{
+    const int t = threadIdx.x, per = (R.n + nblk - 1) / nblk;
+    int *boff = (int *)S->hist; /* free until a histogram pass */
+    u64 excl;
+    const u64 c = t < nblk ? wsr[SMP_WS_BLK + t] : 0;
+    const u64 total = smp_scan(S, c, &excl);
+    if (t < nblk)
+        boff[t] = (int)excl;
+    __syncthreads();
+    for (int o = t; o < (int)total && o < SMP_CAP; o += SMP_THREADS) {
+        int lo = 0, hi = nblk - 1; /* the last block starting at or before o */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (boff[mid] <= o)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int id = cand[smp_min(lo * per, R.n) + (o - boff[lo])];
+        S->key[o] = smp_key(__fmul_rn(R.x[id], R.inv_t));
+        S->id[o] = id;
+    }
+    __syncthreads();
+    if (t == 0)
+        S->n_sh = total < SMP_CAP ? (int)total : SMP_CAP;
+    __syncthreads();
+}
+
+/* The fast path (cuk_sample_rows with a struct cuk_sample_ws): the row's
+ * best value, count, mass and probability histogram from ws (SMP_WS u64
+ * a row), its probabilities from pr and its largest ones from cand
+ * (k_smp_gather, nblk blocks), read here and ws zeroed for the next call.
+ * Without them (NULL) the block works it all out from the row. */
 __global__ void __launch_bounds__(SMP_THREADS)
     k_sample_rows(int *out, const float *x, int n, const struct cuk_sample_param *ps,
-                  const float *pr, u64 *ws)
+                  const float *pr, u64 *ws, const int *cand, int nblk)
 {
     cuk_pdl_start();
     extern __shared__ __align__(16) unsigned char smp_smem[];
@@ -546,18 +675,20 @@ __global__ void __launch_bounds__(SMP_THREADS)
     const struct cuk_sample_param P = ps[blockIdx.x];
     const size_t off = (size_t)blockIdx.x * (size_t)n;
     smp_row R = {x + off, pr ? pr + off : NULL, n, P.greedy ? 1.0f : P.inv_t, 0.0f};
+    u64 *wsr = ws ? ws + (size_t)blockIdx.x * SMP_WS : NULL;
     const int t = threadIdx.x;
     if (t == 0)
         S->n_sh = -1;
-    u64 best = 0, cnt = 0, excl, m;
-    if (ws) {
-        best = ws[2 * blockIdx.x];
-        m = ws[2 * blockIdx.x + 1];
+    u64 best = 0, cnt = 0, excl, m, row_mass = 0;
+    int cut = -1;
+    if (wsr) {
+        best = wsr[SMP_WS_BEST];
+        m = wsr[SMP_WS_CNT];
+        row_mass = wsr[SMP_WS_MASS];
+        cut = cand ? smp_cut(wsr + SMP_WS_HIST) : -1;
         __syncthreads(); /* every thread has read them */
-        if (t == 0) {
-            ws[2 * blockIdx.x] = 0;
-            ws[2 * blockIdx.x + 1] = 0;
-        }
+        for (int i = t; i < SMP_WS_BLK; i += SMP_THREADS)
+            wsr[i] = 0;
     } else {
         __syncthreads();
         /* The largest value (the lowest id among equals) and the candidates. */
@@ -578,49 +709,44 @@ __global__ void __launch_bounds__(SMP_THREADS)
             out[blockIdx.x] = m == 0 ? 0 : amax;
         return;
     }
-    smp_filter F = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
-    if (m <= SMP_CAP) /* a small vocabulary: everything in shared memory */
-        smp_gather(R, S, F, 0, 0xffffffffu);
-    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
     int pick = amax; /* only if a walk found nothing, which the totals rule out */
-    u64 cum;
-    if (!topk && !(P.top_p < 1)) { /* the host walks in id order */
-        F.min_p = P.min_p > 0 ? P.min_p : 0.0f;
-        int id;
-        if (smp_idscan(R, S, F, true, 0, P.u, &id, &cum))
-            pick = id;
-    } else {
-        smp_bound b;
-        if (topk && smp_select(R, S, F, false, (u64)P.top_k - 1, &b, &cum))
-            F.k = b;
-        u64 kept = smp_sum(R, S, F);
-        if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
-            double need = ceil((double)P.top_p * (double)kept);
-            u64 nd = need < 1 ? 1 : (u64)need;
-            if (nd <= kept && smp_select(R, S, F, true, nd - 1, &b, &cum)) {
-                F.p = b;
-                kept = cum;
-            }
+    bool done = false;
+    if (m > SMP_CAP && cut >= 0) {
+        smp_load_cands(R, S, cand + off, wsr, nblk);
+        done = smp_walks(R, S, P, m, true, row_mass, __uint_as_float((127u - cut) << 23), &pick);
+#ifdef CLLM_CUDA_EMU
+        if (t == 0)
+            smp_emu_fast[done]++;
+#endif
+        if (!done) { /* back to the row */
+            __syncthreads();
+            if (t == 0)
+                S->n_sh = -1;
+            __syncthreads();
         }
-        if (P.min_p > 0) {
-            F.min_p = P.min_p;
-            kept = smp_sum(R, S, F);
+    }
+    if (!done) {
+        if (m <= SMP_CAP) { /* a small vocabulary: everything in shared memory */
+            smp_filter all = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
+            smp_gather(R, S, all, 0, 0xffffffffu);
         }
-        if (kept > 0 && smp_select(R, S, F, true, smp_target(P.u, kept), &b, &cum))
-            pick = b.id;
+        smp_walks(R, S, P, m, false, 0, 0.0f, &pick);
     }
     if (t == 0)
         out[blockIdx.x] = pick;
 }
 
 #ifndef CLLM_CUDA_EMU
-/* ---- The fast path's preparation, over the whole device: a row's p =
- * expf(x - max) (a double exp each) made once by many blocks, where the
- * sampling block would make them again on every walk over the row, alone
- * on its SM (H200, 0.6B, top-p: ~780 us a step; docs/benchmarks.md,
- * eighteenth pass). Block b of row r (blockIdx.y) takes elements [b * per,
- * (b + 1) * per). */
+/* ---- The fast path's preparation, over the whole device, where the
+ * sampling block alone on its SM would walk the row again and again (H200,
+ * 0.6B, top-p: ~800 us a step; docs/benchmarks.md, eighteenth pass): the
+ * rows' maxima (k_smp_max), their probabilities, masses and a histogram of
+ * the probabilities by binary exponent (k_smp_prob), and the largest
+ * probabilities that fit the sampling block's shared memory, gathered in
+ * id order (k_smp_gather). Block b of row r (blockIdx.y) takes elements
+ * [b * per, (b + 1) * per), per = ceil(n / gridDim.x). */
 #define SMP_PREP_THREADS 256
+#define SMP_PREP_WARPS (SMP_PREP_THREADS / 32)
 
 static __device__ __forceinline__ void smp_prep_span(int n, int *a, int *b)
 {
@@ -629,13 +755,26 @@ static __device__ __forceinline__ void smp_prep_span(int n, int *a, int *b)
     *b = min(*a + per, n);
 }
 
-/* ws[2r] = max of smp_best over row r (its max, lowest id among equals),
- * ws[2r + 1] += its non-NaN count; ws zero before (k_sample_rows re-arms). */
+/* The block's sum of v (every thread's), at thread 0. */
+static __device__ __forceinline__ u64 smp_block_sum(u64 v, u64 *part)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 1; i < SMP_PREP_WARPS; i++)
+            v += part[i];
+    return v;
+}
+
+/* ws row r: the largest smp_best and the non-NaN count. */
 __global__ void __launch_bounds__(SMP_PREP_THREADS)
     k_smp_max(const float *x, int n, const struct cuk_sample_param *ps, u64 *ws)
 {
     cuk_pdl_start();
-    __shared__ u64 sb[SMP_PREP_THREADS / 32], sc[SMP_PREP_THREADS / 32];
+    __shared__ u64 sb[SMP_PREP_WARPS], sc[SMP_PREP_WARPS];
     const int r = blockIdx.y;
     const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
     const float *row = x + (size_t)r * n;
@@ -653,55 +792,112 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
     for (int o = 16; o > 0; o >>= 1) {
         const u64 v = __shfl_xor_sync(0xffffffffu, best, o);
         best = v > best ? v : best;
-        cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
     }
-    const int w = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        sb[w] = best;
-        sc[w] = cnt;
-    }
-    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sb[threadIdx.x >> 5] = best;
+    cnt = smp_block_sum(cnt, sc); /* its barrier covers sb too */
     if (threadIdx.x == 0) {
-        for (int i = 1; i < SMP_PREP_THREADS / 32; i++) {
+        for (int i = 1; i < SMP_PREP_WARPS; i++)
             best = sb[i] > best ? sb[i] : best;
-            cnt += sc[i];
-        }
+        u64 *w = ws + (size_t)r * SMP_WS;
         if (best)
-            atomicMax((unsigned long long *)&ws[2 * r], (unsigned long long)best);
+            atomicMax((unsigned long long *)&w[SMP_WS_BEST], (unsigned long long)best);
         if (cnt)
-            atomicAdd((unsigned long long *)&ws[2 * r + 1], (unsigned long long)cnt);
+            atomicAdd((unsigned long long *)&w[SMP_WS_CNT], (unsigned long long)cnt);
     }
 }
 
-/* pr[r][j] = smp_prob of element j of row r (0 for NaN, never read) for
- * the sampled rows; the max from k_smp_max. */
+/* pr row r = smp_prob of each element (0 for NaN, which no walk reads);
+ * ws row r: the mass and the histogram. Sampled rows only. */
 __global__ void __launch_bounds__(SMP_PREP_THREADS)
-    k_smp_prob(const float *x, int n, const struct cuk_sample_param *ps, const u64 *ws, float *pr)
+    k_smp_prob(const float *x, int n, const struct cuk_sample_param *ps, u64 *ws, float *pr)
 {
     cuk_pdl_start();
+    __shared__ unsigned hist[SMP_PBINS];
+    __shared__ u64 part[SMP_PREP_WARPS];
     const int r = blockIdx.y;
     if (ps[r].greedy)
         return;
-    const float inv_t = ps[r].inv_t, mx = smp_value((unsigned)(ws[2 * r] >> 32));
+    u64 *w = ws + (size_t)r * SMP_WS;
+    const float inv_t = ps[r].inv_t, mx = smp_value((unsigned)(w[SMP_WS_BEST] >> 32));
     const float *row = x + (size_t)r * n;
     float *out = pr + (size_t)r * n;
+    for (int i = threadIdx.x; i < SMP_PBINS; i += SMP_PREP_THREADS)
+        hist[i] = 0;
+    __syncthreads();
     int a, b;
     smp_prep_span(n, &a, &b);
+    u64 mass = 0;
     for (int j = a + threadIdx.x; j < b; j += SMP_PREP_THREADS) {
         const float y = __fmul_rn(row[j], inv_t);
-        out[j] = smp_is_nan(y) ? 0.0f : smp_prob(smp_key(y), mx);
+        float p = 0.0f;
+        if (!smp_is_nan(y)) {
+            p = smp_prob(smp_key(y), mx);
+            mass += smp_weight(p);
+            atomicAdd(&hist[smp_pbin(p)], 1u);
+        }
+        out[j] = p;
     }
+    mass = smp_block_sum(mass, part); /* its barrier covers hist too */
+    if (threadIdx.x == 0 && mass)
+        atomicAdd((unsigned long long *)&w[SMP_WS_MASS], (unsigned long long)mass);
+    for (int i = threadIdx.x; i < SMP_PBINS; i += SMP_PREP_THREADS)
+        if (hist[i])
+            atomicAdd((unsigned long long *)&w[SMP_WS_HIST + i], (unsigned long long)hist[i]);
+}
+
+/* cand row r, from the block's first element on: the ids of its elements
+ * with p >= 2^-cut (smp_cut), in id order; ws: their count. Sampled rows
+ * only. */
+__global__ void __launch_bounds__(SMP_PREP_THREADS)
+    k_smp_gather(int n, const struct cuk_sample_param *ps, u64 *ws, const float *pr, int *cand)
+{
+    cuk_pdl_start();
+    __shared__ int cut_s, wcount[SMP_PREP_WARPS];
+    const int r = blockIdx.y;
+    if (ps[r].greedy)
+        return;
+    u64 *w = ws + (size_t)r * SMP_WS;
+    if (threadIdx.x == 0)
+        cut_s = smp_cut(w + SMP_WS_HIST);
+    __syncthreads();
+    const int cut = cut_s, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int a, b;
+    smp_prep_span(n, &a, &b);
+    const float *p = pr + (size_t)r * n;
+    int *dst = cand + (size_t)r * n + a, total = 0;
+    for (int base = a; base < b && cut >= 0; base += SMP_PREP_THREADS) {
+        const int j = base + threadIdx.x;
+        const bool take = j < b && smp_pbin(p[j]) <= cut;
+        const unsigned bal = __ballot_sync(0xffffffffu, take);
+        if (lane == 0)
+            wcount[warp] = __popc(bal);
+        __syncthreads();
+        int before = total, all = total;
+        for (int i = 0; i < SMP_PREP_WARPS; i++) {
+            before += i < warp ? wcount[i] : 0;
+            all += wcount[i];
+        }
+        if (take)
+            dst[before + __popc(bal & ((1u << lane) - 1))] = j;
+        total = all;
+        __syncthreads(); /* wcount is rewritten next round */
+    }
+    if (threadIdx.x == 0)
+        w[SMP_WS_BLK + blockIdx.x] = (u64)total;
 }
 
 extern "C" size_t cuk_sample_ws_bytes(int rows)
 {
-    return (size_t)rows * 2 * sizeof(u64);
+    return (size_t)rows * SMP_WS * sizeof(u64);
 }
 
 extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
-                                       const struct cuk_sample_param *ps, float *pr, void *ws)
+                                       const struct cuk_sample_param *ps,
+                                       const struct cuk_sample_ws *fw)
 {
-    if (n < 1 || n > CUK_SAMPLE_MAX_N || rows < 1 || rows > 65535 || !pr != !ws)
+    if (n < 1 || n > CUK_SAMPLE_MAX_N || rows < 1 || rows > 65535 ||
+        (fw && (!fw->pr || !fw->ws || !fw->cand)))
         return cudaErrorInvalidValue;
     const int smem = (int)sizeof(smp_shared);
     /* Over the 48 KiB default: opted into per call (cheap, and per device). */
@@ -709,16 +905,23 @@ extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess)
         return err;
-    if (pr) {
+    int per_row = 0;
+    if (fw) {
         /* about four blocks an SM in all, each at least 2048 elements */
-        int per_row = 528 / rows, most = (n + 2047) / 2048;
+        per_row = 528 / rows;
+        const int most = (n + 2047) / 2048;
         per_row = per_row < 1 ? 1 : per_row > most ? most : per_row;
+        per_row = per_row > SMP_MAX_BLOCKS ? SMP_MAX_BLOCKS : per_row;
         const dim3 grid((unsigned)per_row, (unsigned)rows);
-        cuk_launch(k_smp_max, grid, SMP_PREP_THREADS, 0, s, x, n, ps, (u64 *)ws);
-        cuk_launch(k_smp_prob, grid, SMP_PREP_THREADS, 0, s, x, n, ps, (const u64 *)ws, pr);
+        u64 *ws = (u64 *)fw->ws;
+        cuk_launch(k_smp_max, grid, SMP_PREP_THREADS, 0, s, x, n, ps, ws);
+        cuk_launch(k_smp_prob, grid, SMP_PREP_THREADS, 0, s, x, n, ps, ws, fw->pr);
+        cuk_launch(k_smp_gather, grid, SMP_PREP_THREADS, 0, s, n, ps, ws, (const float *)fw->pr,
+                   fw->cand);
     }
     cuk_launch(k_sample_rows, rows, SMP_THREADS, (size_t)smem, s, out, x, n, ps,
-               (const float *)pr, (u64 *)ws);
+               (const float *)(fw ? fw->pr : NULL), (u64 *)(fw ? fw->ws : NULL),
+               (const int *)(fw ? fw->cand : NULL), per_row);
     return cudaGetLastError();
 }
 #endif
