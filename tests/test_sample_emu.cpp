@@ -57,6 +57,7 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
                 continue;
             p[j] = smp_prob(smp_key(y), mx);
             w[SMP_WS_MASS] += smp_weight(p[j]);
+            w[SMP_WS_BMASS + j / per] += smp_weight(p[j]);
             w[SMP_WS_HIST + smp_pbin(p[j])]++;
         }
         const int cut = smp_cut(w + SMP_WS_HIST);
@@ -153,15 +154,15 @@ int main(void)
     }
     printf("test_sample_emu: %ld draws, %ld equal to sampler_pick, %ld not kept, %ld differ "
            "between schedules, %ld with the fast path (%ld rows answered from its candidates, "
-           "%ld walked after all)\n", total, same, unkept, sched_diff, prep_diff,
-           smp_emu_fast[1], smp_emu_fast[0]);
+           "%ld from one block's span, %ld walked after all)\n", total, same, unkept, sched_diff,
+           prep_diff, smp_emu_fast[1], smp_emu_fast[2], smp_emu_fast[0]);
     CHECK(same >= total - total / 200, "%ld of %ld picks differ from sampler_pick", total - same,
           total);
     CHECK(unkept == 0, "%ld picks are tokens the host never picks", unkept);
     CHECK(sched_diff == 0, "%ld picks depend on the thread schedule", sched_diff);
     CHECK(prep_diff == 0, "%ld picks differ (or ws not re-armed) on the fast path", prep_diff);
-    CHECK(smp_emu_fast[1] > 0 && smp_emu_fast[0] > 0,
-          "the fast path's two outcomes not both taken: %ld answered, %ld walked", smp_emu_fast[1],
-          smp_emu_fast[0]);
+    CHECK(smp_emu_fast[1] > 0 && smp_emu_fast[2] > 0 && smp_emu_fast[0] > 0,
+          "the fast path's outcomes not all taken: %ld answered from candidates, %ld from a "
+          "block, %ld walked", smp_emu_fast[1], smp_emu_fast[2], smp_emu_fast[0]);
     return test_summary("test_sample_emu");
 }

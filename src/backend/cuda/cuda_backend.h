@@ -335,7 +335,6 @@ struct cuk_mma_cfg {
     int blocks_per_sm, ks, warps; /* measurement: at most this many blocks an
                                    * SM, column slices a tile (1, 2, 4, 8),
                                    * warps a block (8, 16); 0: automatic */
-    int pf; /* measurement: chunks ahead a warp prefetches into L2 (0: none) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend

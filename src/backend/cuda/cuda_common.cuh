@@ -240,14 +240,6 @@ static __device__ __forceinline__ uint64_t cuk_l2_evict_first()
     return pol;
 }
 
-/* bytes (a multiple of 16) at src (16-byte aligned) into L2, no wait */
-static __device__ __forceinline__ void cuk_l2_prefetch_bulk(const void *src, unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 /* A barrier whose phase completes after `count` arrivals (and the bytes
  * announced with them). */

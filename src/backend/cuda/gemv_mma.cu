@@ -61,7 +61,6 @@ struct mmap {
     int cpu;    /* chunks per unit */
     int bunits; /* ceil(units / warps a block): a block's worth of units, in all */
     int out;    /* CUK_OUT_* */
-    int pf;     /* chunks ahead prefetched into L2 (cuk_mma_cfg) */
 };
 
 /* Where unit uid's weights are, for the calling lane. */
@@ -114,25 +113,6 @@ static __device__ __forceinline__ void mma_load(uint4 (&b)[2][MMA_U], const stru
         b[0][i] = ok ? ld_stream((const uint4 *)(u.w0 + off)) : make_uint4(0, 0, 0, 0);
         b[1][i] = ok ? ld_stream((const uint4 *)(u.w1 + off)) : make_uint4(0, 0, 0, 0);
     }
-}
-
-/* Chunk c of the warp's sequence (its units in order, chunks of each)
- * into L2 ahead of its register loads, by the lanes of column group 0 (a
- * lane's two rows each). */
-template <bool PAIR, int W>
-static __device__ __forceinline__ void mma_prefetch(const struct mmap &p, int c, int nchunks,
-                                                    int blk, int grid, int tig)
-{
-    if (c >= nchunks || tig != 0)
-        return;
-    const struct mma_unit u =
-        mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * W + (int)(threadIdx.x >> 5));
-    const int s = u.s0 + (c % p.cpu) * MMA_U;
-    if (!u.valid || s >= u.s1)
-        return;
-    const unsigned bytes = (unsigned)min(MMA_U, u.s1 - s) * 64;
-    cuk_l2_prefetch_bulk(u.w0 + (size_t)s * 32, bytes);
-    cuk_l2_prefetch_bulk(u.w1 + (size_t)s * 32, bytes);
 }
 
 /* acc += chunk j of unit u against the staged x (tokens g and g + 8). */
@@ -274,8 +254,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     uint4 b0[2][MMA_U], b1[2][MMA_U];
     if (nchunks > 0)
         mma_load(b0, lu, 0, tig);
-    for (int c = 1; c <= p.pf; c++)
-        mma_prefetch<PAIR, W>(p, c, nchunks, blk, grid, tig);
     /* Weights never change, so their first loads may overlap the previous
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
@@ -293,8 +271,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
             if ((c + 1) % p.cpu == 0)
                 lu = mma_unit_of<PAIR>(p, (((c + 1) / p.cpu) * grid + blk) * W + warp);
             mma_load(b1, lu, (c + 1) % p.cpu, tig);
-            if (p.pf > 0)
-                mma_prefetch<PAIR, W>(p, c + 1 + p.pf, nchunks, blk, grid, tig);
         }
         mma_step<F16, NT>(acc, b0, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
         if ((c + 1) % p.cpu == 0) {
@@ -307,8 +283,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
             if ((c + 2) % p.cpu == 0)
                 lu = mma_unit_of<PAIR>(p, (((c + 2) / p.cpu) * grid + blk) * W + warp);
             mma_load(b0, lu, (c + 2) % p.cpu, tig);
-            if (p.pf > 0)
-                mma_prefetch<PAIR, W>(p, c + 2 + p.pf, nchunks, blk, grid, tig);
         }
         mma_step<F16, NT>(acc, b1, cu, (c + 1) % p.cpu, xs, p.stride, p.n, g, tig);
         if ((c + 2) % p.cpu == 0) {
@@ -397,7 +371,6 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         return cudaErrorNotSupported;
     struct mmap p = {};
     p.out = out;
-    p.pf = cfg->pf;
     p.n = n;
     p.cols = cols;
     p.stride = mma_stride(cols);

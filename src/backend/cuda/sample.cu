@@ -402,15 +402,18 @@ static __device__ void smp_gather(const smp_row &R, smp_shared *S, const smp_fil
     __syncthreads();
 }
 
-/* Id-order walk over the candidates passing F: the first at which the
+/* Id-order walk over the candidates passing F (those at positions [lo,
+ * hi) of the source: the whole source by default): the first at which the
  * running weight (1 each, or its mass) exceeds target, or, when frac >= 0,
  * frac * (total weight) as the host's u * sum. false when the total does not
  * exceed the target; else *id and *cum (the running weight including it). */
 static __device__ bool smp_idscan(const smp_row &R, smp_shared *S, const smp_filter &F,
-                                  bool mass, u64 target, double frac, int *id, u64 *cum)
+                                  bool mass, u64 target, double frac, int *id, u64 *cum,
+                                  int lo = 0, int hi = -1)
 {
     const int t = threadIdx.x;
-    int lo = 0, hi = S->n_sh >= 0 ? S->n_sh : R.n;
+    if (hi < 0)
+        hi = S->n_sh >= 0 ? S->n_sh : R.n;
     u64 base = 0;
     for (bool first = true;; first = false) {
         const int c = (hi - lo + SMP_THREADS - 1) / SMP_THREADS;
@@ -534,8 +537,8 @@ static __device__ __forceinline__ u64 smp_best(unsigned key, int id)
 
 #ifdef CLLM_CUDA_EMU
 /* What the fast path did (test_sample_emu): [0] walked the row after
- * all, [1] answered from its candidates. */
-static long smp_emu_fast[2];
+ * all, [1] answered from its candidates, [2] walked one block's span. */
+static long smp_emu_fast[3];
 #endif
 
 /* The fast path's workspace, per row (u64 units; zero between calls but
@@ -547,7 +550,8 @@ static long smp_emu_fast[2];
 #define SMP_PBINS 64
 #define SMP_WS_BLK (SMP_WS_HIST + SMP_PBINS) /* candidates each block gathered */
 #define SMP_MAX_BLOCKS 512                  /* preparation blocks a row at most */
-#define SMP_WS (SMP_WS_BLK + SMP_MAX_BLOCKS)
+#define SMP_WS_BMASS (SMP_WS_BLK + SMP_MAX_BLOCKS) /* each block's mass (k_smp_prob) */
+#define SMP_WS (SMP_WS_BMASS + SMP_MAX_BLOCKS)
 
 /* Bin of a probability p in [0, 1]: b for p in [2^-b, 2^(1-b)) (0: p = 1),
  * the last for 0 and anything under 2^-62. */
@@ -573,59 +577,179 @@ static __device__ __forceinline__ int smp_cut(const u64 *hist)
     return cut;
 }
 
-/* The walks of the host sampler (see the top) over the candidates S holds
- * or the row. fast: S holds only the candidates with p >= p_floor (a prefix
- * of the descending order, every one of them, in id order), and row_mass is
- * the whole row's mass; returns false, having picked nothing, where an
- * answer might lie past them (the caller then walks the row). */
-static __device__ bool smp_walks(const smp_row &R, smp_shared *S, const cuk_sample_param &P,
-                                 u64 m, bool fast, u64 row_mass, float p_floor, int *pick)
+/* The walks of the host sampler (see the top) over the candidates S holds,
+ * or the row; *pick gets the answer (unchanged if a walk found nothing,
+ * which the totals rule out). */
+static __device__ void smp_walks(const smp_row &R, smp_shared *S, const cuk_sample_param &P,
+                                 u64 m, int *pick)
 {
     smp_filter F = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
     const bool topk = P.top_k > 0 && (u64)P.top_k < m;
     u64 cum;
     if (!topk && !(P.top_p < 1)) { /* the host walks in id order */
-        if (fast && !(P.min_p > 0 && P.min_p >= p_floor))
-            return false; /* tokens under p_floor take part */
         F.min_p = P.min_p > 0 ? P.min_p : 0.0f;
         int id;
         if (smp_idscan(R, S, F, true, 0, P.u, &id, &cum))
             *pick = id;
-        return true;
+        return;
     }
     smp_bound b;
-    bool bounded = false; /* F.k or F.p keeps every candidate inside S (fast) */
-    if (topk) {
-        if (fast && (u64)P.top_k > (u64)S->n_sh)
-            return false;
-        if (smp_select(R, S, F, false, (u64)P.top_k - 1, &b, &cum)) {
-            F.k = b;
-            bounded = true;
-        }
-    }
-    u64 kept = fast && !bounded ? row_mass : smp_sum(R, S, F);
+    if (topk && smp_select(R, S, F, false, (u64)P.top_k - 1, &b, &cum))
+        F.k = b;
+    u64 kept = smp_sum(R, S, F);
     if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
         double need = ceil((double)P.top_p * (double)kept);
         u64 nd = need < 1 ? 1 : (u64)need;
-        if (nd <= kept) {
-            if (fast && !bounded && smp_sum(R, S, F) < nd)
-                return false; /* the boundary lies past p_floor */
-            if (smp_select(R, S, F, true, nd - 1, &b, &cum)) {
-                F.p = b;
-                kept = cum;
-                bounded = true;
-            }
+        if (nd <= kept && smp_select(R, S, F, true, nd - 1, &b, &cum)) {
+            F.p = b;
+            kept = cum;
         }
     }
-    if (fast && !bounded)
-        return false;
     if (P.min_p > 0) {
         F.min_p = P.min_p;
         kept = smp_sum(R, S, F);
     }
     if (kept > 0 && smp_select(R, S, F, true, smp_target(P.u, kept), &b, &cum))
         *pick = b.id;
+}
+
+/* Sorted candidates (smp_walks_sorted): over entries [0, end) of wt, the
+ * weights of sk's entries, those under min_p (when > 0) counting 0: *tot
+ * gets their sum; the first index at which the running sum exceeds target
+ * (*cum the sum through it), or -1 when the sum does not. */
+static __device__ int smp_sorted_first(const smp_row &R, smp_shared *S, const u64 *sk,
+                                       const u64 *wt, int end, float min_p, u64 target,
+                                       u64 *tot, u64 *cum)
+{
+    const int t = threadIdx.x, c = (end + SMP_THREADS - 1) / SMP_THREADS;
+    const int a = smp_min(t * c, end), b = smp_min(a + c, end);
+    auto w_of = [&](int i) -> u64 {
+        return min_p > 0 && smp_prob((unsigned)(sk[i] >> 32), R.max) < min_p ? 0 : wt[i];
+    };
+    u64 own = 0, excl;
+    for (int i = a; i < b; i++)
+        own += w_of(i);
+    const u64 total = smp_scan(S, own, &excl);
+    *tot = total;
+    if (total <= target)
+        return -1;
+    if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+        u64 run = excl;
+        for (int i = a; i < b; i++) {
+            run += w_of(i);
+            if (run > target) {
+                S->loc_lo = i;
+                S->loc_own = run;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int i = S->loc_lo;
+    *cum = S->loc_own;
+    __syncthreads(); /* loc_* may be rewritten next */
+    return i;
+}
+
+/* smp_walks on the fast path's candidates (descending walks only: top-k or
+ * top-p on), sorted once in descending (key, id) order, so that each walk
+ * is one prefix sum instead of a radix select's eight histogram passes:
+ * the same answers, as every walk asks for the first candidate in that
+ * order at which a running weight exceeds a target. false where an answer
+ * might lie past the candidates. */
+static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
+                                        const cuk_sample_param &P, u64 m, u64 row_mass,
+                                        int *pick)
+{
+    const int t = threadIdx.x, c = S->n_sh;
+    u64 *sk = (u64 *)S->hist, *wt = sk + SMP_CAP; /* the histograms' room, unused here */
+    int np = 1;
+    while (np < c)
+        np <<= 1;
+    for (int i = t; i < np; i += SMP_THREADS)
+        sk[i] = i < c ? smp_best(S->key[i], S->id[i]) : 0; /* 0: below every candidate */
+    __syncthreads();
+    for (int k = 2; k <= np; k <<= 1) /* bitonic, descending */
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = t; i < np; i += SMP_THREADS) {
+                const int o = i ^ j;
+                if (o > i) {
+                    const u64 a = sk[i], b = sk[o];
+                    if ((i & k) == 0 ? a < b : a > b) {
+                        sk[i] = b;
+                        sk[o] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = t; i < c; i += SMP_THREADS)
+        wt[i] = smp_weight(smp_prob((unsigned)(sk[i] >> 32), R.max));
+    __syncthreads();
+    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
+    int end = c;
+    bool bounded = false;
+    u64 kept, tot, cum;
+    if (topk) {
+        if ((u64)P.top_k > (u64)c)
+            return false;
+        end = P.top_k;
+        bounded = true;
+    }
+    if (bounded)
+        smp_sorted_first(R, S, sk, wt, end, 0.0f, ~0ull, &kept, &cum);
+    else
+        kept = row_mass;
+    if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
+        double need = ceil((double)P.top_p * (double)kept);
+        u64 nd = need < 1 ? 1 : (u64)need;
+        if (nd <= kept) {
+            const int i = smp_sorted_first(R, S, sk, wt, end, 0.0f, nd - 1, &tot, &cum);
+            if (i < 0)
+                return false; /* the boundary lies past the candidates */
+            end = i + 1;
+            kept = cum;
+            bounded = true;
+        }
+    }
+    if (!bounded)
+        return false;
+    const float min_p = P.min_p > 0 ? P.min_p : 0.0f;
+    if (min_p > 0)
+        smp_sorted_first(R, S, sk, wt, end, min_p, ~0ull, &kept, &cum);
+    if (kept > 0) {
+        const int i = smp_sorted_first(R, S, sk, wt, end, min_p, smp_target(P.u, kept), &tot, &cum);
+        if (i >= 0)
+            *pick = (int)(0xffffffffu - (unsigned)sk[i]);
+    }
     return true;
+}
+
+/* The id-order walk over the whole row (temperature alone) from the
+ * preparation's block masses: the block holding the host's target u *
+ * row_mass, then the walk inside its span alone. */
+static __device__ int smp_block_walk(const smp_row &R, smp_shared *S, const u64 *wsr, int nblk,
+                                     double u, u64 row_mass)
+{
+    const int t = threadIdx.x, per = (R.n + nblk - 1) / nblk;
+    const u64 target = smp_target(u, row_mass);
+    u64 excl;
+    const u64 own = t < nblk ? wsr[SMP_WS_BMASS + t] : 0;
+    smp_scan(S, own, &excl);
+    if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+        S->loc_lo = t;
+        S->loc_excl = excl;
+    }
+    __syncthreads();
+    const int blk = S->loc_lo;
+    const u64 before = S->loc_excl;
+    __syncthreads(); /* loc_* are the walk's next */
+    smp_filter all = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
+    int id = -1;
+    u64 cum;
+    smp_idscan(R, S, all, true, target - before, -1.0, &id, &cum, smp_min(blk * per, R.n),
+               smp_min((blk + 1) * per, R.n));
+    return id;
 }
 
 /* S takes the candidates k_smp_gather left for this row: nblk blocks'
@@ -711,9 +835,24 @@ __global__ void __launch_bounds__(SMP_THREADS)
     }
     int pick = amax; /* only if a walk found nothing, which the totals rule out */
     bool done = false;
-    if (m > SMP_CAP && cut >= 0) {
+    const bool id_order = !(P.top_k > 0 && (u64)P.top_k < m) && !(P.top_p < 1);
+    if (m > SMP_CAP && cand && id_order && !(P.min_p > 0)) {
+        const int id = smp_block_walk(R, S, wsr, nblk, P.u, row_mass);
+        pick = id >= 0 ? id : pick;
+        done = true;
+#ifdef CLLM_CUDA_EMU
+        if (t == 0)
+            smp_emu_fast[2]++;
+#endif
+    } else if (m > SMP_CAP && cut >= 0) {
         smp_load_cands(R, S, cand + off, wsr, nblk);
-        done = smp_walks(R, S, P, m, true, row_mass, __uint_as_float((127u - cut) << 23), &pick);
+        if (!id_order) {
+            done = smp_walks_sorted(R, S, P, m, row_mass, &pick);
+        } else if (P.min_p >= __uint_as_float((127u - cut) << 23)) {
+            /* min-p: every token it keeps is a candidate, in id order */
+            smp_walks(R, S, P, m, &pick);
+            done = true;
+        }
 #ifdef CLLM_CUDA_EMU
         if (t == 0)
             smp_emu_fast[done]++;
@@ -730,7 +869,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
             smp_filter all = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
             smp_gather(R, S, all, 0, 0xffffffffu);
         }
-        smp_walks(R, S, P, m, false, 0, 0.0f, &pick);
+        smp_walks(R, S, P, m, &pick);
     }
     if (t == 0)
         out[blockIdx.x] = pick;
@@ -808,7 +947,8 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
 }
 
 /* pr row r = smp_prob of each element (0 for NaN, which no walk reads);
- * ws row r: the mass and the histogram. Sampled rows only. */
+ * ws row r: the mass, the block's own mass and the histogram. Sampled rows
+ * only. */
 __global__ void __launch_bounds__(SMP_PREP_THREADS)
     k_smp_prob(const float *x, int n, const struct cuk_sample_param *ps, u64 *ws, float *pr)
 {
@@ -839,8 +979,11 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
         out[j] = p;
     }
     mass = smp_block_sum(mass, part); /* its barrier covers hist too */
-    if (threadIdx.x == 0 && mass)
-        atomicAdd((unsigned long long *)&w[SMP_WS_MASS], (unsigned long long)mass);
+    if (threadIdx.x == 0) {
+        w[SMP_WS_BMASS + blockIdx.x] = mass;
+        if (mass)
+            atomicAdd((unsigned long long *)&w[SMP_WS_MASS], (unsigned long long)mass);
+    }
     for (int i = threadIdx.x; i < SMP_PBINS; i += SMP_PREP_THREADS)
         if (hist[i])
             atomicAdd((unsigned long long *)&w[SMP_WS_HIST + i], (unsigned long long)hist[i]);
