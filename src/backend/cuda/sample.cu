@@ -37,7 +37,18 @@
  *
  * Kept to a subset that tests/test_sample_emu.cpp runs on the host (CUDA
  * C++ without warp intrinsics or atomics: shared memory and barriers only),
- * so the kernel's logic is tested on machines without a GPU. */
+ * so the kernel's logic is tested on machines without a GPU.
+ *
+ * The fast path (cuk_sample_rows with a struct cuk_sample_ws; the three
+ * preparation kernels at the end use atomics and are not emulated: the
+ * test makes what they make on the host) moves the work off the row's one
+ * block: each row's maximum, probabilities, masses and largest
+ * probabilities are made over the whole device first, and the block then
+ * answers from a block's span (temperature alone) or from its candidates,
+ * sorted once (top-k, top-p), walking the row only where an answer might
+ * lie past them. Each walk still asks for the first token, in the same
+ * order, at which the same integer sum exceeds the same target: the same
+ * ids. */
 #ifdef CLLM_CUDA_EMU
 #include "cuda_emu.h"
 #include "backend/cuda/cuda_backend.h"
