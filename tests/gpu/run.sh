@@ -147,7 +147,7 @@ elif command -v compute-sanitizer >/dev/null; then
         # top-p wide enough to keep most of the row)
         big="$WORK/tiny-llama3-bf16.gguf"
         [ -f "$big" ] || timeout 120 "$BIN/gen_model" --shape tiny-llama3 --dtype bf16 -o "$big" >/dev/null
-        for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0"; do
+        for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 0.8 --top-k 0 --top-p 1 --min-p 0"; do
             if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
                 note "compute-sanitizer $tool sampled $(basename ${args%% *}) ${args#* -n }: clean"
             else
