@@ -644,8 +644,10 @@ static void smp_prep_free(struct cuda_backend *c)
 }
 
 /* Whether the sampler's fast-path buffers hold rows rows of n, making them
- * when not. A failure to allocate (they are rows x n floats) is no error:
- * the sampler then works without them, as it always can. */
+ * when not. A failure to allocate (they are rows x n x 8 bytes) is no
+ * error: the sampler works without them from then on, as it always can,
+ * rather than try again (a synchronization and three allocations) every
+ * step. */
 static bool smp_prep_reserve(struct cuda_backend *c, int rows, int n)
 {
     if (!c->smp_prep)
@@ -663,8 +665,12 @@ static bool smp_prep_reserve(struct cuda_backend *c, int rows, int n)
         cudaMalloc((void **)&f->cand, row_bytes) != cudaSuccess ||
         cudaMalloc(&f->ws, ws) != cudaSuccess ||
         cudaMemsetAsync(f->ws, 0, ws, c->stream) != cudaSuccess) {
-        cudaGetLastError(); /* not sticky: the plain path needs none of it */
+        cudaError_t err = cudaGetLastError(); /* not sticky: the plain path needs none of it */
         smp_prep_free(c);
+        c->smp_prep = false;
+        fprintf(stderr, "%s: no room for the sampler's fast path (%.1f MiB for %d rows: %s); "
+                        "sampling goes on without it\n", c->name,
+                (2.0 * (double)row_bytes + (double)ws) / (1 << 20), cap, cudaGetErrorString(err));
         return false;
     }
     c->smp_rows = cap;
