@@ -1667,7 +1667,8 @@ static void check_sample_rows(void)
     struct backend *be = gpu_create(false);
     if (!be)
         return;
-    /* the same rows without the fast path (its ids must be the same) */
+    /* a second backend with the fast path flipped (off, unless the
+     * environment turned it off here): the same ids either way */
     const char *prev = getenv("CLLM_CUDA_SAMPLE_PREP");
     char *saved = prev ? strdup(prev) : NULL;
     setenv("CLLM_CUDA_SAMPLE_PREP", prev && !strcmp(prev, "0") ? "1" : "0", 1);

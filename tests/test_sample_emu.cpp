@@ -10,8 +10,6 @@
  * must a run on the fast path, from the maxima, probabilities and
  * candidates its preparation kernels make (made here on the host). Runs
  * without a GPU; test_cuda runs the same cases on one. */
-#include <algorithm>
-
 #include "emu/cuda_emu.h"
 
 #include "backend/cuda/sample.cu"
@@ -32,7 +30,6 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
     pr.assign((size_t)rows * n, 0.0f);
     cand.assign((size_t)rows * n, -1);
     ws.assign((size_t)rows * SMP_WS, 0);
-    const int per = (n + nblk - 1) / nblk;
     for (int r = 0; r < rows; r++) {
         const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
         const float *row = x + (size_t)r * n;
@@ -57,15 +54,17 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
                 continue;
             p[j] = smp_prob(smp_key(y), mx);
             w[SMP_WS_MASS] += smp_weight(p[j]);
-            w[SMP_WS_BMASS + j / per] += smp_weight(p[j]);
             w[SMP_WS_HIST + smp_pbin(p[j])]++;
         }
         const int cut = smp_cut(w + SMP_WS_HIST);
-        for (int b = 0; b < nblk; b++) {
-            int k = 0;
-            for (int j = std::min(b * per, n); j < std::min((b + 1) * per, n) && cut >= 0; j++)
-                if (smp_pbin(p[j]) <= cut)
-                    cand[(size_t)r * n + b * per + k++] = j;
+        for (int b = 0; b < nblk; b++) { /* each block's mass and candidates */
+            int a, e, k = 0;
+            smp_span(n, nblk, b, &a, &e);
+            for (int j = a; j < e; j++) {
+                w[SMP_WS_BMASS + b] += smp_weight(p[j]);
+                if (cut >= 0 && smp_pbin(p[j]) <= cut)
+                    cand[(size_t)r * n + a + k++] = j;
+            }
             w[SMP_WS_BLK + b] = (u64)k;
         }
     }

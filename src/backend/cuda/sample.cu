@@ -102,6 +102,7 @@ struct smp_shared {
     int id[SMP_CAP];
     u64 total;
     int loc_lo, loc_hi;    /* smp_idscan: the chunk holding the target */
+    int cut;               /* the fast path's smp_cut, from thread 0 */
     u64 loc_excl, loc_own;
     int n_sh;              /* < 0: the candidates are the row; else key/id[0, n_sh) */
 };
@@ -573,6 +574,15 @@ static __device__ __forceinline__ int smp_pbin(float p)
     return b < 0 ? 0 : b > SMP_PBINS - 1 ? SMP_PBINS - 1 : b;
 }
 
+/* Elements [*a, *e) of an n-element row: the span of preparation block b
+ * of nblk, which k_smp_gather writes and the sampling block reads by. */
+static __device__ __forceinline__ void smp_span(int n, int nblk, int b, int *a, int *e)
+{
+    const int per = (n + nblk - 1) / nblk;
+    *a = smp_min(b * per, n);
+    *e = smp_min(*a + per, n);
+}
+
 /* The largest bin B whose candidates (every p >= 2^-B) fit in shared
  * memory, from a row's histogram; -1 when even p = 1 does not. */
 static __device__ __forceinline__ int smp_cut(const u64 *hist)
@@ -742,7 +752,7 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
 static __device__ int smp_block_walk(const smp_row &R, smp_shared *S, const u64 *wsr, int nblk,
                                      double u, u64 row_mass)
 {
-    const int t = threadIdx.x, per = (R.n + nblk - 1) / nblk;
+    const int t = threadIdx.x;
     const u64 target = smp_target(u, row_mass);
     u64 excl;
     const u64 own = t < nblk ? wsr[SMP_WS_BMASS + t] : 0;
@@ -756,10 +766,10 @@ static __device__ int smp_block_walk(const smp_row &R, smp_shared *S, const u64 
     const u64 before = S->loc_excl;
     __syncthreads(); /* loc_* are the walk's next */
     smp_filter all = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
-    int id = -1;
+    int id = -1, a, e;
     u64 cum;
-    smp_idscan(R, S, all, true, target - before, -1.0, &id, &cum, smp_min(blk * per, R.n),
-               smp_min((blk + 1) * per, R.n));
+    smp_span(R.n, nblk, blk, &a, &e);
+    smp_idscan(R, S, all, true, target - before, -1.0, &id, &cum, a, e);
     return id;
 }
 
@@ -768,7 +778,7 @@ static __device__ int smp_block_walk(const smp_row &R, smp_shared *S, const u64 
 static __device__ void smp_load_cands(const smp_row &R, smp_shared *S, const int *cand,
                                       const u64 *wsr, int nblk)
 {
-    const int t = threadIdx.x, per = (R.n + nblk - 1) / nblk;
+    const int t = threadIdx.x;
     int *boff = (int *)S->hist; /* free until a histogram pass */
     u64 excl;
     const u64 c = t < nblk ? wsr[SMP_WS_BLK + t] : 0;
@@ -785,7 +795,9 @@ static __device__ void smp_load_cands(const smp_row &R, smp_shared *S, const int
             else
                 hi = mid - 1;
         }
-        const int id = cand[smp_min(lo * per, R.n) + (o - boff[lo])];
+        int a, e;
+        smp_span(R.n, nblk, lo, &a, &e);
+        const int id = cand[a + (o - boff[lo])];
         S->key[o] = smp_key(__fmul_rn(R.x[id], R.inv_t));
         S->id[o] = id;
     }
@@ -795,11 +807,12 @@ static __device__ void smp_load_cands(const smp_row &R, smp_shared *S, const int
     __syncthreads();
 }
 
-/* The fast path (cuk_sample_rows with a struct cuk_sample_ws): the row's
- * best value, count, mass and probability histogram from ws (SMP_WS u64
- * a row), its probabilities from pr and its largest ones from cand
- * (k_smp_gather, nblk blocks), read here and ws zeroed for the next call.
- * Without them (NULL) the block works it all out from the row. */
+/* The fast path (cuk_sample_rows with a struct cuk_sample_ws: pr, ws and
+ * cand all given): the row's best value, count, mass and probability
+ * histogram from ws (SMP_WS u64 a row), its probabilities from pr and its
+ * largest ones from cand (k_smp_gather, nblk blocks), read here and ws
+ * zeroed for the next call. Without them (NULL) the block works it all
+ * out from the row. */
 __global__ void __launch_bounds__(SMP_THREADS)
     k_sample_rows(int *out, const float *x, int n, const struct cuk_sample_param *ps,
                   const float *pr, u64 *ws, const int *cand, int nblk)
@@ -820,8 +833,10 @@ __global__ void __launch_bounds__(SMP_THREADS)
         best = wsr[SMP_WS_BEST];
         m = wsr[SMP_WS_CNT];
         row_mass = wsr[SMP_WS_MASS];
-        cut = cand ? smp_cut(wsr + SMP_WS_HIST) : -1;
+        if (t == 0)
+            S->cut = smp_cut(wsr + SMP_WS_HIST);
         __syncthreads(); /* every thread has read them */
+        cut = S->cut;
         for (int i = t; i < SMP_WS_BLK; i += SMP_THREADS)
             wsr[i] = 0;
     } else {
@@ -847,7 +862,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     int pick = amax; /* only if a walk found nothing, which the totals rule out */
     bool done = false;
     const bool id_order = !(P.top_k > 0 && (u64)P.top_k < m) && !(P.top_p < 1);
-    if (m > SMP_CAP && cand && id_order && !(P.min_p > 0)) {
+    if (m > SMP_CAP && wsr && id_order && !(P.min_p > 0)) {
         const int id = smp_block_walk(R, S, wsr, nblk, P.u, row_mass);
         pick = id >= 0 ? id : pick;
         done = true;
@@ -893,17 +908,10 @@ __global__ void __launch_bounds__(SMP_THREADS)
  * rows' maxima (k_smp_max), their probabilities, masses and a histogram of
  * the probabilities by binary exponent (k_smp_prob), and the largest
  * probabilities that fit the sampling block's shared memory, gathered in
- * id order (k_smp_gather). Block b of row r (blockIdx.y) takes elements
- * [b * per, (b + 1) * per), per = ceil(n / gridDim.x). */
+ * id order (k_smp_gather). Block b of row r (blockIdx.y) takes the
+ * elements of smp_span(n, gridDim.x, b). */
 #define SMP_PREP_THREADS 256
 #define SMP_PREP_WARPS (SMP_PREP_THREADS / 32)
-
-static __device__ __forceinline__ void smp_prep_span(int n, int *a, int *b)
-{
-    const int per = (n + (int)gridDim.x - 1) / (int)gridDim.x;
-    *a = min((int)blockIdx.x * per, n);
-    *b = min(*a + per, n);
-}
 
 /* The block's sum of v (every thread's), at thread 0. */
 static __device__ __forceinline__ u64 smp_block_sum(u64 v, u64 *part)
@@ -929,7 +937,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
     const float inv_t = ps[r].greedy ? 1.0f : ps[r].inv_t;
     const float *row = x + (size_t)r * n;
     int a, b;
-    smp_prep_span(n, &a, &b);
+    smp_span(n, (int)gridDim.x, (int)blockIdx.x, &a, &b);
     u64 best = 0, cnt = 0;
     for (int j = a + threadIdx.x; j < b; j += SMP_PREP_THREADS) {
         const float y = __fmul_rn(row[j], inv_t);
@@ -977,7 +985,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
         hist[i] = 0;
     __syncthreads();
     int a, b;
-    smp_prep_span(n, &a, &b);
+    smp_span(n, (int)gridDim.x, (int)blockIdx.x, &a, &b);
     u64 mass = 0;
     for (int j = a + threadIdx.x; j < b; j += SMP_PREP_THREADS) {
         const float y = __fmul_rn(row[j], inv_t);
@@ -1017,7 +1025,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
     __syncthreads();
     const int cut = cut_s, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int a, b;
-    smp_prep_span(n, &a, &b);
+    smp_span(n, (int)gridDim.x, (int)blockIdx.x, &a, &b);
     const float *p = pr + (size_t)r * n;
     int *dst = cand + (size_t)r * n + a, total = 0;
     for (int base = a; base < b && cut >= 0; base += SMP_PREP_THREADS) {
