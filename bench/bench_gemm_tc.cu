@@ -1,12 +1,16 @@
 /* bench_gemm_tc - times cuk_gemm_tc (the tensor-core GEMM of batched
  * decode steps) on the matrices of a Llama-3.1-8B and a Qwen3-0.6B decode
  * layer in bf16, for n = 2..64 tokens, against cuBLAS (cublasGemmEx, the
- * same bf16 operands and f32 output), and prints µs per call and the
+ * same bf16 operands and f32 output) and, up to CUK_MMA_MAX_N tokens, the
+ * tensor-core GEMV of batched steps (cuk_gemv_mma, under programmatic
+ * dependent launch as decode runs it; --mma-ks N,... times it with each
+ * column-slice count, 0 = its own choice), and prints µs per call and the
  * weight bandwidth as a % of --bw. Each timed matrix cycles through
  * enough copies (>= 256 MB) that the weights do not stay in L2; calls
  * replay in a CUDA graph, as a decode step does.
  *
  *   bench_gemm_tc [--bw BYTES_PER_S] [--reps N] [--n N,...] [--smem BYTES] [--ctas 1|2]
+ *                 [--mma-ks N,...]
  *
  * --ctas 2 launches two blocks per SM (with --smem at most half of it).
  */
@@ -30,6 +34,7 @@ int main(int argc, char **argv)
 {
     double bw = 4.26e12;
     int reps = 20, smem = 0, ctas = 1, ns[16] = {2, 4, 8, 16, 32, 64}, nn = 6;
+    int mks[8] = {0}, nmks = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bw") && i + 1 < argc)
             bw = atof(argv[++i]);
@@ -43,14 +48,23 @@ int main(int argc, char **argv)
             nn = 0;
             for (char *t = strtok(argv[++i], ","); t && nn < 16; t = strtok(NULL, ","))
                 ns[nn++] = atoi(t);
+        } else if (!strcmp(argv[i], "--mma-ks") && i + 1 < argc) {
+            nmks = 0;
+            for (char *t = strtok(argv[++i], ","); t && nmks < 8; t = strtok(NULL, ","))
+                mks[nmks++] = atoi(t);
         } else {
-            fprintf(stderr, "usage: bench_gemm_tc [--bw B] [--reps N] [--n N,...] [--smem B] [--ctas 1|2]\n");
+            fprintf(stderr, "usage: bench_gemm_tc [--bw B] [--reps N] [--n N,...] [--smem B] "
+                            "[--ctas 1|2] [--mma-ks N,...]\n");
             return 2;
         }
     }
     int dev = 0, sms = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    struct cuk_mma_cfg mcfg = {};
+    mcfg.n_sms = sms;
+    CK(cudaDeviceGetAttribute(&mcfg.smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CK(cudaDeviceGetAttribute(&mcfg.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     void *ws;
     size_t wsb = cuk_gemm_tc_ws_bytes(2 * sms);
     CK(cudaMalloc(&ws, wsb));
@@ -64,11 +78,16 @@ int main(int argc, char **argv)
         {"0.6B gate", 3072, 1024}, {"0.6B down", 1024, 3072},
     };
     uint16_t *x;
-    float *out;
+    float *out, *xf;
     CK(cudaMalloc(&x, (size_t)64 * 14336 * 2));
+    CK(cudaMalloc(&xf, (size_t)64 * 14336 * 4));
     CK(cudaMalloc(&out, (size_t)64 * 14336 * 4));
     k_fill_bf16<<<256, 256>>>(x, (size_t)64 * 14336, 99, 1.0f);
-    printf("%-12s %4s %10s %8s %10s %8s\n", "matrix", "n", "tc us", "tc %", "cuBLAS us", "%");
+    k_fill_f32<<<256, 256>>>(xf, (size_t)64 * 14336, 98);
+    printf("%-12s %4s %10s %8s %10s %8s", "matrix", "n", "tc us", "tc %", "cuBLAS us", "%");
+    for (int i = 0; i < nmks; i++)
+        printf("  mma ks=%-2d %%", mks[i]);
+    printf("\n");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const struct mshape sh = shapes[si];
         size_t bytes = (size_t)sh.rows * sh.cols * 2;
@@ -99,8 +118,32 @@ int main(int argc, char **argv)
                 }
             });
             double floor_us = bytes / bw * 1e6;
-            printf("%-12s %4d %10.2f %7.1f%% %10.2f %7.1f%%\n", sh.name, n, us[0],
+            printf("%-12s %4d %10.2f %7.1f%% %10.2f %7.1f%%", sh.name, n, us[0],
                    100 * floor_us / us[0], us[1], 100 * floor_us / us[1]);
+            for (int i = 0; i < nmks && n <= CUK_MMA_MAX_N; i++) {
+                struct cuk_mma_cfg mc = mcfg;
+                mc.ks = mks[i];
+                struct cuk_gemv_in in = {};
+                in.kind = CUK_IN_X;
+                in.x = xf;
+                struct cuk_weight w0 = {DT_BF16, sh.rows, sh.cols, w[0], NULL};
+                const struct cuk_weight *w0p = &w0;
+                cudaError_t e = cuk_gemv_mma(0, &out, &in, n, &w0p, 1, CUK_OUT_STORE, &mc);
+                if (e == cudaErrorNotSupported) {
+                    printf(" %14s", "declined");
+                    continue;
+                }
+                CK(e);
+                cuk_set_pdl(1);
+                double u = time_graph(3, reps, copies, [&](cudaStream_t s, int c) {
+                    struct cuk_weight wt = {DT_BF16, sh.rows, sh.cols, w[c], NULL};
+                    const struct cuk_weight *wp = &wt;
+                    CK(cuk_gemv_mma(s, &out, &in, n, &wp, 1, CUK_OUT_STORE, &mc));
+                });
+                cuk_set_pdl(0);
+                printf(" %8.2f %5.1f%%", u, 100 * floor_us / u);
+            }
+            printf("\n");
         }
         for (int c = 0; c < copies; c++)
             cudaFree(w[c]);
