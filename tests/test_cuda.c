@@ -1546,9 +1546,11 @@ static void check_argmax(void)
 }
 
 /* argmax_rows (a batched step's greedy sequences) against the host's
- * sample_argmax row by row: random rows with ties (the lowest index wins),
- * NaNs (never win; at index 0 too; an all-NaN row gives 0), -inf rows, and
- * row counts that make the op grow its buffers. */
+ * sample_argmax row by row: random rows with ties (the lowest index wins,
+ * also between the blocks a row is split over, and -0 against +0), NaNs
+ * (never win; at index 0 too; an all-NaN row gives 0), -inf rows, and row
+ * counts that make the op grow its buffers; every call after the first
+ * runs on the workspace the one before re-armed. */
 static void check_argmax_rows(void)
 {
     struct backend *be = gpu_create(false);
@@ -1566,7 +1568,7 @@ static void check_argmax_rows(void)
             float *h = malloc(sizeof(float) * (size_t)n * (size_t)rows);
             for (int r = 0; r < rows; r++) {
                 float *x = h + (size_t)r * n;
-                int variant = r % 6;
+                int variant = r % 7;
                 for (int i = 0; i < n; i++)
                     x[i] = variant == 4 ? -INFINITY : variant == 5 ? NAN : frand() * 10.0f;
                 if (variant == 1 && n > 2) { /* a tie: the lower index wins */
@@ -1581,6 +1583,10 @@ static void check_argmax_rows(void)
                 }
                 if (variant == 3 && n > 1)
                     x[r % n] = 25.0f;
+                if (variant == 6) { /* zeros of both signs tie: index 0 */
+                    for (int i = 0; i < n; i++)
+                        x[i] = i == 0 ? -0.0f : i > n / 2 ? 0.0f : -5.0f;
+                }
             }
             float *d = dev_alloc_copy(be, h, (size_t)n * (size_t)rows);
             int *got = malloc(sizeof(int) * (size_t)rows);

@@ -260,6 +260,7 @@ struct cuda_backend {
     int *am_host;      /* pinned: the id copied back */
     int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: ids on the device, pinned copy */
     int amr_cap;             /* ids both hold */
+    void *amr_ws;            /* cuk_argmax_rows's workspace for amr_cap rows, after amr_dev's ids */
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
     bool timing, t_open;
@@ -589,7 +590,8 @@ static int cu_argmax(struct backend *be, int *out, const float *x, int n, struct
     return 0;
 }
 
-/* Makes amr_dev / amr_host hold rows ids; -1 with the failure kept. */
+/* Makes amr_dev / amr_host hold rows ids (and amr_ws the argmax's
+ * workspace for as many rows, zeroed); -1 with the failure kept. */
 static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
 {
     if (rows > c->amr_cap) { /* grows rarely: the batch size bounds rows */
@@ -603,12 +605,18 @@ static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
             cudaFreeHost(c->amr_host);
         c->amr_dev = NULL;
         c->amr_host = NULL;
+        c->amr_ws = NULL;
         c->amr_cap = 0;
-        if (fail_cuda(c, "allocate token ids", cudaMalloc((void **)&c->amr_dev,
-                                                         sizeof(int) * (size_t)cap)) ||
+        const size_t ids = ((size_t)cap * sizeof(int) + 15) / 16 * 16;
+        const size_t wsb = CUK_ARGMAX_ROWS_WS_BYTES(cap);
+        if (fail_cuda(c, "allocate token ids",
+                      cudaMalloc((void **)&c->amr_dev, ids + wsb)) ||
+            fail_cuda(c, "zero the argmax workspace",
+                      cudaMemsetAsync((char *)c->amr_dev + ids, 0, wsb, c->stream)) ||
             fail_cuda(c, "allocate token ids (host)",
                       cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap, 0)))
             return sticky(c, e);
+        c->amr_ws = (char *)c->amr_dev + ids;
         c->amr_cap = cap;
     }
     return 0;
@@ -624,7 +632,8 @@ static int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows
     if (sticky(c, e) || ids_reserve(c, rows, e))
         return -1;
     bool timed = timing_mark(c);
-    if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n)) ||
+    if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n, c->amr_ws,
+                                                         2 * c->n_sms)) ||
         fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);

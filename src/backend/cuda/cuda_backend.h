@@ -393,8 +393,12 @@ cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const vo
  * are skipped (0 when nothing compares). One launch. */
 cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws);
 /* out[r] (device) = cuk_argmax of row r of x[rows][n], for every row; one
- * launch, no workspace. */
-cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n);
+ * launch of about `blocks` blocks (each row split over blocks / rows of
+ * them). ws: CUK_ARGMAX_ROWS_WS_BYTES(rows) of device memory zeroed once
+ * before first use (the kernel leaves it re-armed); rows <= 65535. */
+#define CUK_ARGMAX_ROWS_WS_BYTES(rows) ((size_t)(rows) * 12)
+cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n, void *ws,
+                            int blocks);
 
 /* One row of cuk_sample_rows: the host sampler's parameters as
  * sampler_pick uses them (engine/sampler.c). */

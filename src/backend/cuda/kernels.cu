@@ -668,39 +668,73 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
     return cudaGetLastError();
 }
 
-/* Several rows at once (a batched step's greedy sequences): one block per
- * row, the same comparison as k_argmax, so each id is the one k_argmax
+/* Several rows at once (a batched step's greedy sequences): each row split
+ * over blocks so that the launch fills the GPU (one block a row left a
+ * step of 8 rows of 128,256 on 8 SMs for ~33 us). A block keeps the best
+ * of its span by k_argmax's comparison and offers it to its row as one
+ * 64-bit key, the value's order in the high word and the complement of
+ * the index in the low (the larger value wins, then the lower index; both
+ * zeros as one value), by atomicMax; the row's last block reads the key,
+ * writes the id and re-arms the row. So each id is the one k_argmax
  * would give for that row alone. */
 #define AMR_THREADS 512
+#define AMR_MIN_SPAN 4096 /* elements a block at least */
+
+static __device__ __forceinline__ unsigned long long amr_key(float v, int i)
+{
+    unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0: they tie */
+    u = u & 0x80000000u ? ~u : u | 0x80000000u;          /* order as unsigned */
+    return (unsigned long long)u << 32 | (unsigned)~i;  /* -inf's key is still > 0 */
+}
 
 __global__ void __launch_bounds__(AMR_THREADS)
-    k_argmax_rows(int *out, const float *x, int n)
+    k_argmax_rows(int *out, const float *x, int n, unsigned long long *keys, unsigned *counts)
 {
     cuk_pdl_start();
     __shared__ float sv[AMR_THREADS / 32];
     __shared__ int si[AMR_THREADS / 32];
-    const float *row = x + (size_t)blockIdx.x * (size_t)n;
+    const int r = blockIdx.y, splits = gridDim.x;
+    const float *row = x + (size_t)r * (size_t)n;
+    const int end = (int)((long long)n * (blockIdx.x + 1) / splits);
     float bv = -INFINITY;
-    int bi = INT_MAX, i = threadIdx.x, bd = blockDim.x;
+    int bi = INT_MAX, bd = blockDim.x;
+    int i = (int)((long long)n * blockIdx.x / splits) + threadIdx.x;
     /* four loads in flight per thread (am_better does not depend on order) */
-    for (; i + 3 * bd < n; i += 4 * bd) {
+    for (; i + 3 * bd < end; i += 4 * bd) {
         float v0 = row[i], v1 = row[i + bd], v2 = row[i + 2 * bd], v3 = row[i + 3 * bd];
         am_better(bv, bi, v0, i);
         am_better(bv, bi, v1, i + bd);
         am_better(bv, bi, v2, i + 2 * bd);
         am_better(bv, bi, v3, i + 3 * bd);
     }
-    for (; i < n; i += bd)
+    for (; i < end; i += bd)
         am_better(bv, bi, row[i], i);
     am_block(bv, bi, sv, si);
-    if (threadIdx.x == 0)
-        out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+    if (threadIdx.x != 0)
+        return;
+    if (splits == 1) {
+        out[r] = bi == INT_MAX ? 0 : bi;
+        return;
+    }
+    if (bi != INT_MAX) /* a span of NaNs offers nothing; 0 is below every key */
+        atomicMax(keys + r, amr_key(bv, bi));
+    __threadfence();
+    if (atomicAdd(counts + r, 1u) != (unsigned)splits - 1)
+        return;
+    const unsigned long long k = atomicExch(keys + r, 0ull);
+    counts[r] = 0;
+    out[r] = k == 0 ? 0 : (int)~(unsigned)k;
 }
 
-extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n)
+extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
+                                       void *ws, int blocks)
 {
-    if (n < 1 || rows < 1)
+    if (n < 1 || rows < 1 || rows > 65535 || !ws)
         return cudaErrorInvalidValue;
-    cuk_launch(k_argmax_rows, rows, AMR_THREADS, 0, s, out, x, n);
+    int splits = blocks / rows, most = (n + AMR_MIN_SPAN - 1) / AMR_MIN_SPAN;
+    splits = splits < 1 ? 1 : splits > most ? most : splits;
+    unsigned long long *keys = (unsigned long long *)ws;
+    cuk_launch(k_argmax_rows, dim3((unsigned)splits, (unsigned)rows), AMR_THREADS, 0, s, out, x,
+               n, keys, (unsigned *)(keys + rows));
     return cudaGetLastError();
 }
