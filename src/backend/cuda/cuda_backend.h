@@ -394,8 +394,10 @@ cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const vo
 cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws);
 /* out[r] (device) = cuk_argmax of row r of x[rows][n], for every row; one
  * launch of about `blocks` blocks (each row split over blocks / rows of
- * them). ws: CUK_ARGMAX_ROWS_WS_BYTES(rows) of device memory zeroed once
- * before first use (the kernel leaves it re-armed); rows <= 65535. */
+ * them); rows <= 65535. ws: 8-byte aligned device memory of at least
+ * CUK_ARGMAX_ROWS_WS_BYTES(rows), all zero before the call and all zero
+ * again after it (the kernel re-arms what it used), so one workspace
+ * zeroed once serves every later call of as many rows or fewer. */
 #define CUK_ARGMAX_ROWS_WS_BYTES(rows) ((size_t)(rows) * 12)
 cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n, void *ws,
                             int blocks);
