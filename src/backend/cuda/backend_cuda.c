@@ -2818,7 +2818,9 @@ static struct backend *cuda_create(int device, struct err *e)
     p = getenv("CLLM_CUDA_MMA_BPS"); /* measurement: its blocks per SM, slices per tile */
     c->mma.blocks_per_sm = p && atoi(p) >= 1 && atoi(p) <= 2 ? atoi(p) : 0;
     p = getenv("CLLM_CUDA_MMA_KS");
-    c->mma.ks = p && (atoi(p) == 1 || atoi(p) == 2 || atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
+    c->mma.ks = p && (atoi(p) == 1 || atoi(p) == 2 || atoi(p) == 4 || atoi(p) == 8 || atoi(p) == 16)
+                    ? atoi(p)
+                    : 0;
     p = getenv("CLLM_CUDA_MMA_MAX_MB");
     c->mma_max_bytes = (p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_MB) << 20;
     p = getenv("CLLM_CUDA_MMA_MAX_X");

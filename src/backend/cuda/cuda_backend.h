@@ -333,7 +333,8 @@ struct cuk_mma_cfg {
     int smem_max; /* shared memory a block may opt into (bytes) */
     int smem_sm;  /* shared memory of an SM (bytes): two blocks where they fit */
     int blocks_per_sm, ks, warps; /* measurement: at most this many blocks an
-                                   * SM, column slices a tile (1, 2, 4, 8),
+                                   * SM, column slices a tile (1, 2, 4, 8,
+                                   * and 16 with 16 warps),
                                    * warps a block (8, 16); 0: automatic */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with

@@ -387,9 +387,13 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         tiles += p.tiles[i];
     }
     /* Warps a block: 16 (one block an SM, x staged once an SM) where
-     * that fits, else 8. Column slices per tile: the fewest 32-column
-     * steps for the slowest warp (rounds of units x the chunks of a unit),
-     * ties to fewer slices (fewer barriers and sums). */
+     * that fits, else 8. Column slices per tile (up to a block's warps):
+     * the least time for the slowest warp, counted in chunks: per round of
+     * units, its chunks plus one for the barrier and the slices' sums when
+     * there are several; ties to fewer slices. (Without that one, 16
+     * slices won an 8B model's q/k/v in three rounds and were slower than
+     * 4 in one; with it, a 0.6B model's o and down projections take 16 and
+     * twice the SMs: docs/benchmarks.md, nineteenth pass.) */
     const int steps = cols / 32;
     const size_t smem_max = cfg->smem_max > 0 ? (size_t)cfg->smem_max : 48 * 1024;
     long best = -1;
@@ -399,7 +403,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         const int ww = wi == 0 ? 16 : 8;
         if (cfg->warps > 0 && cfg->warps != ww)
             continue;
-        for (int ks = 1; ks <= 8; ks *= 2) {
+        for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
             size_t sm = mma_smem(n, cols, ks, ww);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
@@ -409,7 +413,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
             long bunits = (tiles * ks + ww - 1) / ww;
             long gr = bunits < (long)cfg->n_sms * per_sm ? bunits : (long)cfg->n_sms * per_sm;
             int slice = (steps + ks - 1) / ks, cpu = (slice + MMA_U - 1) / MMA_U;
-            long cost = (bunits + gr - 1) / gr * cpu;
+            long cost = (bunits + gr - 1) / gr * (cpu + (ks > 1));
             if (best < 0 || cost < best) {
                 best = cost;
                 p.ks = ks;
