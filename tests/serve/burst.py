@@ -14,7 +14,9 @@ after its first events (the client closes the socket). Checks:
     otherwise, at least its first word does, and the count of identical
     answers is reported;
   - afterwards /stats returns to idle: nothing running or waiting, every
-    KV block free but the prompt cache's, the drops counted as cancelled;
+    KV block free but the prompt cache's, every burst request counted and
+    ended (completed, or cancelled if it was dropped: a drop whose last
+    tokens went out before the server saw the close completes);
   - /health still answers.
 Prints "burst: N passed, M failed" and exits non-zero on a failure. Only
 the standard library: runs wherever python3 does (the GPU machine too).
@@ -186,9 +188,6 @@ def main():
         if time.time() > end:
             break
         time.sleep(0.2)
-    _, s = cl.get("/stats")
-    cancelled0 = json.loads(s)["requests"]["cancelled"]
-
     alone = {}
     for p in PROMPTS:
         for route in ROUTES:
@@ -196,6 +195,8 @@ def main():
             check(st == 200 and ntok == a.max_tokens, f"alone {route}: {st} {text} {ntok}")
             alone[(route, p)] = text
 
+    _, s = cl.get("/stats")
+    before = json.loads(s)["requests"]
     jobs = []
     for i in range(a.requests):
         route, p, stream = ROUTES[i % 4], PROMPTS[(i // 4) % len(PROMPTS)], i % 3 != 0
@@ -245,15 +246,22 @@ def main():
         else:
             check(text.split()[:1] == want.split()[:1], f"{what}: first word of {text!r} alone {want!r}")
 
-    # back to idle: the drops noticed and cancelled, every block free but the cache's
+    # back to idle: every burst request received and ended, completed or
+    # (only the drops) cancelled, every block free but the cache's. A drop
+    # may end as completed: its last tokens can be out before the server
+    # sees the socket close.
     idle, stats = False, {}
     for _ in range(200):
         st, s = cl.get("/stats")
         stats = json.loads(s)
-        kv, pc = stats["kv"], stats["prompt_cache"]
+        kv, pc, rq = stats["kv"], stats["prompt_cache"], stats["requests"]
+        got = rq["total"] - before["total"]
+        done = rq["completed"] - before["completed"]
+        cancelled = rq["cancelled"] - before["cancelled"]
         if (stats["running"] == 0 and stats["queue"]["waiting"] == 0 and
                 kv["blocks_free"] + pc.get("blocks", 0) == kv["blocks_total"] and
-                stats["requests"]["cancelled"] - cancelled0 == drops):
+                got == len(jobs) and done + cancelled == got and cancelled <= drops and
+                done >= len(jobs) - drops):
             idle = True
             break
         time.sleep(0.05)
