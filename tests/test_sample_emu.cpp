@@ -38,7 +38,7 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
             float y = __fmul_rn(row[j], inv_t);
             if (smp_is_nan(y))
                 continue;
-            u64 v = smp_best(smp_key(y), j);
+            u64 v = cuk_best_key(cuk_order_key(y), j);
             best = v > best ? v : best;
             cnt++;
         }
@@ -46,13 +46,13 @@ static void prep_rows(const float *x, int n, const cuk_sample_param *ps, int row
         w[SMP_WS_CNT] = cnt;
         if (ps[r].greedy)
             continue;
-        const float mx = smp_value((unsigned)(best >> 32));
+        const float mx = cuk_order_value((unsigned)(best >> 32));
         float *p = &pr[(size_t)r * n];
         for (int j = 0; j < n; j++) {
             float y = __fmul_rn(row[j], inv_t);
             if (smp_is_nan(y))
                 continue;
-            p[j] = smp_prob(smp_key(y), mx);
+            p[j] = smp_prob(cuk_order_key(y), mx);
             w[SMP_WS_MASS] += smp_weight(p[j]);
             w[SMP_WS_HIST + smp_pbin(p[j])]++;
         }

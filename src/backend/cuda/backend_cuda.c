@@ -682,6 +682,7 @@ static bool smp_prep_reserve(struct cuda_backend *c, int rows, int n)
                 (2.0 * (double)row_bytes + (double)ws) / (1 << 20), cap, cudaGetErrorString(err));
         return false;
     }
+    f->blocks = 4 * c->n_sms;
     c->smp_rows = cap;
     c->smp_n = n;
     return true;

@@ -419,11 +419,13 @@ struct cuk_sample_param {
 #define CUK_SAMPLE_MAX_N (4095 * 512)
 /* The sampler's fast path (device buffers): pr and cand rows x n each,
  * ws cuk_sample_ws_bytes(rows), zeroed once before first use (each call
- * leaves it so). */
+ * leaves it so); blocks: the preparation launches' blocks in all (about
+ * four an SM), split evenly over the rows. */
 struct cuk_sample_ws {
     float *pr;
     int *cand;
     void *ws;
+    int blocks;
 };
 size_t cuk_sample_ws_bytes(int rows);
 /* out[r] (device) = the id sampler_pick gives for row r of x[rows][n] with

@@ -153,10 +153,12 @@ static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_
     for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
         const int j = i / nf, f = i - j * nf;
         float4 v = __ldg((const float4 *)(in.x + (size_t)j * cols) + f);
-        if (IN == CUK_IN_RMSNORM)
-            v = gemv_in_op4<IN>(v, __ldg((const float4 *)in.nw + f), sinv[j]);
-        else if (IN == CUK_IN_SWIGLU)
-            v = gemv_in_op4<IN>(v, __ldg((const float4 *)(in.x2 + (size_t)j * cols) + f), 0.0f);
+        if (IN != CUK_IN_X) /* the norm's weights, or SwiGLU's up row */
+            v = gemv_in_op4<IN>(v,
+                                __ldg((const float4 *)(IN == CUK_IN_RMSNORM
+                                                           ? in.nw
+                                                           : in.x2 + (size_t)j * cols) + f),
+                                IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
         uint2 h;
         h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
         h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;

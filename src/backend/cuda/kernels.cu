@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/order_key.cuh"
 
 /* ---- launch mode ---- */
 
@@ -672,20 +673,12 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
  * over blocks so that the launch fills the GPU (one block a row left a
  * step of 8 rows of 128,256 on 8 SMs for ~33 us). A block keeps the best
  * of its span by k_argmax's comparison and offers it to its row as one
- * 64-bit key, the value's order in the high word and the complement of
- * the index in the low (the larger value wins, then the lower index; both
- * zeros as one value), by atomicMax; the row's last block reads the key,
+ * cuk_best_key (order_key.cuh: the larger value, then the lower index; both
+ * zeros as one value) by atomicMax; the row's last block reads the key,
  * writes the id and re-arms the row. So each id is the one k_argmax
  * would give for that row alone. */
 #define AMR_THREADS 512
 #define AMR_MIN_SPAN 4096 /* elements a block at least */
-
-static __device__ __forceinline__ unsigned long long amr_key(float v, int i)
-{
-    unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0: they tie */
-    u = u & 0x80000000u ? ~u : u | 0x80000000u;          /* order as unsigned */
-    return (unsigned long long)u << 32 | (unsigned)~i;  /* -inf's key is still > 0 */
-}
 
 __global__ void __launch_bounds__(AMR_THREADS)
     k_argmax_rows(int *out, const float *x, int n, unsigned long long *keys, unsigned *counts)
@@ -717,13 +710,13 @@ __global__ void __launch_bounds__(AMR_THREADS)
         return;
     }
     if (bi != INT_MAX) /* a span of NaNs offers nothing; 0 is below every key */
-        atomicMax(keys + r, amr_key(bv, bi));
+        atomicMax(keys + r, cuk_best_key(cuk_order_key(bv), bi));
     __threadfence();
     if (atomicAdd(counts + r, 1u) != (unsigned)splits - 1)
         return;
     const unsigned long long k = atomicExch(keys + r, 0ull);
     counts[r] = 0;
-    out[r] = k == 0 ? 0 : (int)~(unsigned)k;
+    out[r] = k == 0 ? 0 : cuk_best_id(k);
 }
 
 extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x, int rows, int n,

@@ -55,6 +55,7 @@
 #else
 #include "backend/cuda/cuda_common.cuh"
 #endif
+#include "backend/cuda/order_key.cuh"
 
 #include <limits.h>
 #include <math.h>
@@ -122,21 +123,6 @@ static __device__ __forceinline__ bool smp_is_nan(float v)
     return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
 }
 
-/* Order-preserving bits of a non-NaN float; -0 ranks as +0, as the host's
- * comparisons have it. */
-static __device__ __forceinline__ unsigned smp_key(float v)
-{
-    unsigned b = __float_as_uint(v);
-    if (b == 0x80000000u)
-        b = 0;
-    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
-}
-
-static __device__ __forceinline__ float smp_value(unsigned key)
-{
-    return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
-}
-
 static __device__ __forceinline__ bool smp_at_or_before(unsigned key, int id, smp_bound b)
 {
     return key > b.key || (key == b.key && id <= b.id);
@@ -145,7 +131,7 @@ static __device__ __forceinline__ bool smp_at_or_before(unsigned key, int id, sm
 /* p = expf(x - max) as the host forms it (see the top of the file). */
 static __device__ __forceinline__ float smp_prob(unsigned key, float mx)
 {
-    return (float)exp((double)__fsub_rn(smp_value(key), mx));
+    return (float)exp((double)__fsub_rn(cuk_order_value(key), mx));
 }
 
 /* p in units of 2^-40; a positive p counts at least 1, so the tokens with
@@ -155,6 +141,20 @@ static __device__ __forceinline__ u64 smp_weight(float p)
 {
     u64 w = __float2ull_rn(p * 0x1p40f);
     return w == 0 && p > 0 ? 1 : w;
+}
+
+/* Whether the thread whose weights are own, after excl before it in a
+ * block scan, holds the target (the running sum first exceeds it in its
+ * share): exactly one thread does when the total exceeds the target. */
+static __device__ __forceinline__ bool smp_holds(u64 own, u64 excl, u64 target)
+{
+    return own > 0 && excl <= target && target - excl < own;
+}
+
+/* Whether P's top-k cuts a row of m candidates (else every one is kept). */
+static __device__ __forceinline__ bool smp_topk(const cuk_sample_param &P, u64 m)
+{
+    return P.top_k > 0 && (u64)P.top_k < m;
 }
 
 /* The host's u * sum as a target for "first running sum > target" over
@@ -216,14 +216,14 @@ static __device__ __forceinline__ void smp_each(const smp_row &R, const smp_shar
                 for (int c = 0; c < 4; c++) {
                     float y = __fmul_rn(e[c], R.inv_t);
                     if (!smp_is_nan(y))
-                        f(smp_key(y), 4 * (q + u * SMP_THREADS) + c, pe[c]);
+                        f(cuk_order_key(y), 4 * (q + u * SMP_THREADS) + c, pe[c]);
                 }
             }
         }
         for (j = 4 * nv + t; j < R.n; j += SMP_THREADS) {
             float y = __fmul_rn(R.x[j], R.inv_t);
             if (!smp_is_nan(y))
-                f(smp_key(y), j, lp ? R.p[j] : -1.0f);
+                f(cuk_order_key(y), j, lp ? R.p[j] : -1.0f);
         }
         return;
     }
@@ -239,13 +239,13 @@ static __device__ __forceinline__ void smp_each(const smp_row &R, const smp_shar
         for (int u = 0; u < 8; u++) {
             float y = __fmul_rn(v[u], R.inv_t);
             if (!smp_is_nan(y))
-                f(smp_key(y), j + u * SMP_THREADS, w[u]);
+                f(cuk_order_key(y), j + u * SMP_THREADS, w[u]);
         }
     }
     for (; j < R.n; j += SMP_THREADS) {
         float y = __fmul_rn(R.x[j], R.inv_t);
         if (!smp_is_nan(y))
-            f(smp_key(y), j, lp ? R.p[j] : -1.0f);
+            f(cuk_order_key(y), j, lp ? R.p[j] : -1.0f);
     }
 }
 
@@ -273,13 +273,13 @@ static __device__ __forceinline__ void smp_range(const smp_row &R, const smp_sha
         for (int u = 0; u < 8; u++) {
             float y = __fmul_rn(v[u], R.inv_t);
             if (!smp_is_nan(y))
-                f(smp_key(y), j + u, w[u]);
+                f(cuk_order_key(y), j + u, w[u]);
         }
     }
     for (; j < b; j++) {
         float y = __fmul_rn(R.x[j], R.inv_t);
         if (!smp_is_nan(y))
-            f(smp_key(y), j, lp ? R.p[j] : -1.0f);
+            f(cuk_order_key(y), j, lp ? R.p[j] : -1.0f);
     }
 }
 
@@ -444,7 +444,7 @@ static __device__ bool smp_idscan(const smp_row &R, smp_shared *S, const smp_fil
         }
         if (total <= target)
             return false;
-        if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+        if (smp_holds(own, excl, target)) {
             S->loc_lo = a;
             S->loc_hi = b;
             S->loc_excl = excl;
@@ -540,13 +540,6 @@ static __device__ bool smp_select(const smp_row &R, smp_shared *S, const smp_fil
     return found;
 }
 
-/* The largest value of a row (its key, and the lowest id among equals) as
- * one number, so that the largest number wins. */
-static __device__ __forceinline__ u64 smp_best(unsigned key, int id)
-{
-    return (u64)key << 32 | (0xffffffffu - (unsigned)id);
-}
-
 #ifdef CLLM_CUDA_EMU
 /* What the fast path did (test_sample_emu): [0] walked the row after
  * all, [1] answered from its candidates, [2] walked one block's span. */
@@ -555,7 +548,7 @@ static long smp_emu_fast[3];
 
 /* The fast path's workspace, per row (u64 units; zero between calls but
  * for the block counts): */
-#define SMP_WS_BEST 0  /* smp_best of the row (k_smp_max) */
+#define SMP_WS_BEST 0  /* cuk_best_key of the row (k_smp_max) */
 #define SMP_WS_CNT 1   /* its non-NaN values (k_smp_max) */
 #define SMP_WS_MASS 2  /* the sum of smp_weight(p) over them (k_smp_prob) */
 #define SMP_WS_HIST 4  /* SMP_PBINS counts of p by binary exponent (k_smp_prob) */
@@ -605,7 +598,7 @@ static __device__ void smp_walks(const smp_row &R, smp_shared *S, const cuk_samp
                                  u64 m, int *pick)
 {
     smp_filter F = {{0, INT_MAX}, {0, INT_MAX}, 0.0f, false, 0};
-    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
+    const bool topk = smp_topk(P, m);
     u64 cum;
     if (!topk && !(P.top_p < 1)) { /* the host walks in id order */
         F.min_p = P.min_p > 0 ? P.min_p : 0.0f;
@@ -654,7 +647,7 @@ static __device__ int smp_sorted_first(const smp_row &R, smp_shared *S, const u6
     *tot = total;
     if (total <= target)
         return -1;
-    if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+    if (smp_holds(own, excl, target)) {
         u64 run = excl;
         for (int i = a; i < b; i++) {
             run += w_of(i);
@@ -688,7 +681,7 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
     while (np < c)
         np <<= 1;
     for (int i = t; i < np; i += SMP_THREADS)
-        sk[i] = i < c ? smp_best(S->key[i], S->id[i]) : 0; /* 0: below every candidate */
+        sk[i] = i < c ? cuk_best_key(S->key[i], S->id[i]) : 0; /* 0: below every candidate */
     __syncthreads();
     for (int k = 2; k <= np; k <<= 1) /* bitonic, descending */
         for (int j = k >> 1; j > 0; j >>= 1) {
@@ -707,20 +700,16 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
     for (int i = t; i < c; i += SMP_THREADS)
         wt[i] = smp_weight(smp_prob((unsigned)(sk[i] >> 32), R.max));
     __syncthreads();
-    const bool topk = P.top_k > 0 && (u64)P.top_k < m;
+    /* bounded: the walks' candidates end before the row's do */
+    bool bounded = smp_topk(P, m);
     int end = c;
-    bool bounded = false;
-    u64 kept, tot, cum;
-    if (topk) {
+    u64 kept = row_mass, tot, cum;
+    if (bounded) {
         if ((u64)P.top_k > (u64)c)
             return false;
         end = P.top_k;
-        bounded = true;
-    }
-    if (bounded)
         smp_sorted_first(R, S, sk, wt, end, 0.0f, ~0ull, &kept, &cum);
-    else
-        kept = row_mass;
+    }
     if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
         double need = ceil((double)P.top_p * (double)kept);
         u64 nd = need < 1 ? 1 : (u64)need;
@@ -741,7 +730,7 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
     if (kept > 0) {
         const int i = smp_sorted_first(R, S, sk, wt, end, min_p, smp_target(P.u, kept), &tot, &cum);
         if (i >= 0)
-            *pick = (int)(0xffffffffu - (unsigned)sk[i]);
+            *pick = cuk_best_id(sk[i]);
     }
     return true;
 }
@@ -757,7 +746,7 @@ static __device__ int smp_block_walk(const smp_row &R, smp_shared *S, const u64 
     u64 excl;
     const u64 own = t < nblk ? wsr[SMP_WS_BMASS + t] : 0;
     smp_scan(S, own, &excl);
-    if (own > 0 && excl <= target && target - excl < own) { /* exactly one thread */
+    if (smp_holds(own, excl, target)) {
         S->loc_lo = t;
         S->loc_excl = excl;
     }
@@ -798,7 +787,7 @@ static __device__ void smp_load_cands(const smp_row &R, smp_shared *S, const int
         int a, e;
         smp_span(R.n, nblk, lo, &a, &e);
         const int id = cand[a + (o - boff[lo])];
-        S->key[o] = smp_key(__fmul_rn(R.x[id], R.inv_t));
+        S->key[o] = cuk_order_key(__fmul_rn(R.x[id], R.inv_t));
         S->id[o] = id;
     }
     __syncthreads();
@@ -843,15 +832,15 @@ __global__ void __launch_bounds__(SMP_THREADS)
         __syncthreads();
         /* The largest value (the lowest id among equals) and the candidates. */
         smp_each(R, S, false, [&](unsigned key, int id, float) {
-            u64 v = smp_best(key, id);
+            u64 v = cuk_best_key(key, id);
             best = v > best ? v : best;
             cnt++;
         });
         best = smp_max(S, best);
         m = smp_scan(S, cnt, &excl);
     }
-    const int amax = (int)(0xffffffffu - (unsigned)best);
-    R.max = smp_value((unsigned)(best >> 32));
+    const int amax = cuk_best_id(best);
+    R.max = cuk_order_value((unsigned)(best >> 32));
     /* All NaN: 0. Greedy, or nothing to normalize (all -inf, or an
      * infinite maximum): the argmax. As sampler_pick. */
     if (m == 0 || P.greedy || (__float_as_uint(R.max) & 0x7fffffffu) == 0x7f800000u) {
@@ -861,7 +850,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     }
     int pick = amax; /* only if a walk found nothing, which the totals rule out */
     bool done = false;
-    const bool id_order = !(P.top_k > 0 && (u64)P.top_k < m) && !(P.top_p < 1);
+    const bool id_order = !smp_topk(P, m) && !(P.top_p < 1);
     if (m > SMP_CAP && wsr && id_order && !(P.min_p > 0)) {
         const int id = smp_block_walk(R, S, wsr, nblk, P.u, row_mass);
         pick = id >= 0 ? id : pick;
@@ -927,7 +916,7 @@ static __device__ __forceinline__ u64 smp_block_sum(u64 v, u64 *part)
     return v;
 }
 
-/* ws row r: the largest smp_best and the non-NaN count. */
+/* ws row r: the largest cuk_best_key and the non-NaN count. */
 __global__ void __launch_bounds__(SMP_PREP_THREADS)
     k_smp_max(const float *x, int n, const struct cuk_sample_param *ps, u64 *ws)
 {
@@ -943,7 +932,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
         const float y = __fmul_rn(row[j], inv_t);
         if (smp_is_nan(y))
             continue;
-        const u64 v = smp_best(smp_key(y), j);
+        const u64 v = cuk_best_key(cuk_order_key(y), j);
         best = v > best ? v : best;
         cnt++;
     }
@@ -978,7 +967,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
     if (ps[r].greedy)
         return;
     u64 *w = ws + (size_t)r * SMP_WS;
-    const float inv_t = ps[r].inv_t, mx = smp_value((unsigned)(w[SMP_WS_BEST] >> 32));
+    const float inv_t = ps[r].inv_t, mx = cuk_order_value((unsigned)(w[SMP_WS_BEST] >> 32));
     const float *row = x + (size_t)r * n;
     float *out = pr + (size_t)r * n;
     for (int i = threadIdx.x; i < SMP_PBINS; i += SMP_PREP_THREADS)
@@ -991,7 +980,7 @@ __global__ void __launch_bounds__(SMP_PREP_THREADS)
         const float y = __fmul_rn(row[j], inv_t);
         float p = 0.0f;
         if (!smp_is_nan(y)) {
-            p = smp_prob(smp_key(y), mx);
+            p = smp_prob(cuk_order_key(y), mx);
             mass += smp_weight(p);
             atomicAdd(&hist[smp_pbin(p)], 1u);
         }
@@ -1069,8 +1058,8 @@ extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x,
         return err;
     int per_row = 0;
     if (fw) {
-        /* about four blocks an SM in all, each at least 2048 elements */
-        per_row = 528 / rows;
+        /* the caller's blocks, each at least 2048 elements */
+        per_row = fw->blocks / rows;
         const int most = (n + 2047) / 2048;
         per_row = per_row < 1 ? 1 : per_row > most ? most : per_row;
         per_row = per_row > SMP_MAX_BLOCKS ? SMP_MAX_BLOCKS : per_row;
