@@ -4,13 +4,15 @@
  * same bf16 operands and f32 output) and, up to CUK_MMA_MAX_N tokens, the
  * tensor-core GEMV of batched steps (cuk_gemv_mma, under programmatic
  * dependent launch as decode runs it; --mma-ks N,... times it with each
- * column-slice count, 0 = its own choice), and prints µs per call and the
+ * column-slice count, 0 = its own choice; --mma-in rmsnorm gives it the
+ * norm's input op as q/k/v and gate/up have it, --stage-regs stages x
+ * through registers), and prints µs per call and the
  * weight bandwidth as a % of --bw. Each timed matrix cycles through
  * enough copies (>= 256 MB) that the weights do not stay in L2; calls
  * replay in a CUDA graph, as a decode step does.
  *
  *   bench_gemm_tc [--bw BYTES_PER_S] [--reps N] [--n N,...] [--smem BYTES] [--ctas 1|2]
- *                 [--mma-ks N,...]
+ *                 [--mma-ks N,...] [--mma-in x|rmsnorm] [--stage-regs]
  *
  * --ctas 2 launches two blocks per SM (with --smem at most half of it).
  */
@@ -34,7 +36,7 @@ int main(int argc, char **argv)
 {
     double bw = 4.26e12;
     int reps = 20, smem = 0, ctas = 1, ns[16] = {2, 4, 8, 16, 32, 64}, nn = 6;
-    int mks[8] = {0}, nmks = 1;
+    int mks[8] = {0}, nmks = 1, mma_norm = 0, stage_regs = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bw") && i + 1 < argc)
             bw = atof(argv[++i]);
@@ -48,13 +50,17 @@ int main(int argc, char **argv)
             nn = 0;
             for (char *t = strtok(argv[++i], ","); t && nn < 16; t = strtok(NULL, ","))
                 ns[nn++] = atoi(t);
+        } else if (!strcmp(argv[i], "--mma-in") && i + 1 < argc) {
+            mma_norm = !strcmp(argv[++i], "rmsnorm");
+        } else if (!strcmp(argv[i], "--stage-regs")) {
+            stage_regs = 1;
         } else if (!strcmp(argv[i], "--mma-ks") && i + 1 < argc) {
             nmks = 0;
             for (char *t = strtok(argv[++i], ","); t && nmks < 8; t = strtok(NULL, ","))
                 mks[nmks++] = atoi(t);
         } else {
             fprintf(stderr, "usage: bench_gemm_tc [--bw B] [--reps N] [--n N,...] [--smem B] "
-                            "[--ctas 1|2] [--mma-ks N,...]\n");
+                            "[--ctas 1|2] [--mma-ks N,...] [--mma-in x|rmsnorm] [--stage-regs]\n");
             return 2;
         }
     }
@@ -63,6 +69,7 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     struct cuk_mma_cfg mcfg = {};
     mcfg.n_sms = sms;
+    mcfg.stage_regs = stage_regs;
     CK(cudaDeviceGetAttribute(&mcfg.smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CK(cudaDeviceGetAttribute(&mcfg.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     void *ws;
@@ -124,8 +131,10 @@ int main(int argc, char **argv)
                 struct cuk_mma_cfg mc = mcfg;
                 mc.ks = mks[i];
                 struct cuk_gemv_in in = {};
-                in.kind = CUK_IN_X;
+                in.kind = mma_norm ? CUK_IN_RMSNORM : CUK_IN_X;
                 in.x = xf;
+                in.nw = xf + (size_t)32 * 14336; /* rows no call reads as x */
+                in.eps = 1e-6f;
                 struct cuk_weight w0 = {DT_BF16, sh.rows, sh.cols, w[0], NULL};
                 const struct cuk_weight *w0p = &w0;
                 cudaError_t e = cuk_gemv_mma(0, &out, &in, n, &w0p, 1, CUK_OUT_STORE, &mc);

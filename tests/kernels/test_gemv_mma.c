@@ -144,16 +144,23 @@ static void check_case(int dt, struct mcase m, int warps)
     CHECK(worst <= 1e-5, "%s: error %.3g of the terms' sum", what, worst);
     CHECK(kept, "%s: wrote past the n output rows (or the up output)", what);
 
-    /* the same call again: the same bits */
+    /* the same call again: the same bits; and with x staged through
+     * registers instead of copied in (where it fits, the default): the
+     * same bits too */
     if (m.out == CUK_OUT_STORE) {
         float *again = malloc((size_t)n * m.rows[0] * 4);
-        cudaMemset(dout[0], 0xff, (size_t)n * m.rows[0] * 4);
-        err = cuk_gemv_mma(0, dout, &in, n, wp, k, m.out, &cfg);
-        sync = cudaDeviceSynchronize();
-        cudaMemcpy(again, dout[0], (size_t)n * m.rows[0] * 4, cudaMemcpyDeviceToHost);
-        CHECK(err == cudaSuccess && sync == cudaSuccess &&
-                  !memcmp(again, got[0], (size_t)n * m.rows[0] * 4),
-              "%s: a repeated call gave other bits", what);
+        for (int regs = 0; regs < 2; regs++) {
+            struct cuk_mma_cfg c2 = cfg;
+            c2.stage_regs = regs;
+            cudaMemset(dout[0], 0xff, (size_t)n * m.rows[0] * 4);
+            err = cuk_gemv_mma(0, dout, &in, n, wp, k, m.out, &c2);
+            sync = cudaDeviceSynchronize();
+            cudaMemcpy(again, dout[0], (size_t)n * m.rows[0] * 4, cudaMemcpyDeviceToHost);
+            CHECK(err == cudaSuccess && sync == cudaSuccess &&
+                      !memcmp(again, got[0], (size_t)n * m.rows[0] * 4),
+                  "%s: a repeated call%s gave other bits", what,
+                  regs ? " staging x through registers" : "");
+        }
         free(again);
     }
     for (int i = 0; i < k; i++) {

@@ -37,24 +37,6 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t 
                  : "r"(addr));
 }
 
-/* 16 bytes global -> shared, bypassing registers; zero-filled when !ok
- * (keys past the range: V rows must be zeros, as 0 * garbage may be NaN). */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-
-static __device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-template <int N> static __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 /* r / G for the row numbers of a block (0 <= r < 1024, 1 <= G <= 64) by a
  * multiply and a shift instead of a division's ~25 instructions: with
  * m = ceil(2^16 / G), m G - 2^16 < G, so (r m) >> 16 is exact while
@@ -141,12 +123,12 @@ static __device__ __forceinline__ void load_kv_tile(uint32_t kt, uint32_t vt, co
         const bool ok = t0 + j < k_end;
         const size_t off = ok ? (size_t)table[bi] * blk_elems + (size_t)rem * HD : 0;
         /* tile_addr(j, c) is chunk position c ^ (j & 7) = pc: t0 % 8 == 0 */
-        cp_async16(tile_addr<HD>(kt, j, c), kb + off, ok);
-        cp_async16(tile_addr<HD>(vt, j, c), vb + off, ok);
+        cuk_cp_async16(tile_addr<HD>(kt, j, c), kb + off, ok);
+        cuk_cp_async16(tile_addr<HD>(vt, j, c), vb + off, ok);
         for (rem += STEP; rem >= bs; rem -= bs)
             bi++;
     }
-    cp_async_commit();
+    cuk_cp_async_commit();
 }
 
 /* A row's sum l over the four threads (tig 0..3) of its quad that hold
@@ -354,9 +336,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
         if (it + 1 < te) {
             load_tile(t0 + AM_KEYS, b ^ 1); /* its buffer was released at the end of it-1 */
-            cp_async_wait<1>();
+            cuk_cp_async_wait<1>();
         } else {
-            cp_async_wait<0>();
+            cuk_cp_async_wait<0>();
         }
         __syncthreads();
 
@@ -828,9 +810,9 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         cuk_mbar_wait(tbar + b, (unsigned)((it - tb) >> 1) & 1u);
 #else
         if (it + 1 < te)
-            cp_async_wait<1>();
+            cuk_cp_async_wait<1>();
         else
-            cp_async_wait<0>();
+            cuk_cp_async_wait<0>();
         __syncthreads();
 #endif
         if (it == tb)

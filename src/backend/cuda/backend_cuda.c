@@ -2828,6 +2828,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma_max_x = p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_X;
     p = getenv("CLLM_CUDA_MMA_WARPS");
     c->mma.warps = p && (atoi(p) == 8 || atoi(p) == 16) ? atoi(p) : 0;
+    c->mma.stage_regs = env_on("CLLM_CUDA_MMA_STAGE_REGS"); /* measurement */
     c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
                      : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
                                                        : -1;

@@ -336,6 +336,8 @@ struct cuk_mma_cfg {
                                    * SM, column slices a tile (1, 2, 4, 8,
                                    * and 16 with 16 warps),
                                    * warps a block (8, 16); 0: automatic */
+    int stage_regs; /* measurement: x staged through registers even where
+                     * its f32 rows fit in shared memory (the same bits) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend

@@ -215,6 +215,30 @@ static __device__ __forceinline__ bool cuk_last_block(unsigned *cnt, unsigned n)
     return l;
 }
 
+/* ---- Asynchronous 16-byte copies global -> shared (sm_80 cp.async):
+ * no registers held while they fly, so a thread may have many out at
+ * once. The attention tiles (attention_mma.cu) and the tensor-core GEMV's
+ * staging of x (gemv_mma.cu) use them. */
+
+/* 16 bytes, zero-filled when !ok (keys past the range: V rows must be
+ * zeros, as 0 * garbage may be NaN). dst: a shared-memory address. */
+static __device__ __forceinline__ void cuk_cp_async16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cuk_cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Until at most N of this thread's committed groups are still in flight. */
+template <int N> static __device__ __forceinline__ void cuk_cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* ---- Bulk asynchronous copies into shared memory, completing on an
  * mbarrier (Hopper, sm_90): what the staged kernels (gemv_staged.cu,
  * gemm_tc.cu) fill their rings with. A slot's barrier is armed by one

@@ -48,6 +48,11 @@
  * suffices. */
 #define MMA_SCRATCH(W) (2 * (W) * 8 * 32 * 4)
 #define MMA_INV (CUK_MMA_MAX_N * 4)
+/* Shared memory x's f32 copy leaves unused on an SM: the rest of the
+ * unified L1 holds the weights' loads in flight. Taking it (a block of
+ * 209 KB, L1 down to 28 KB) slowed an 8B model's gate matrix at 8 tokens
+ * from 34 to 46 us (docs/benchmarks.md, twentieth pass). */
+#define MMA_L1_KEEP (32 * 1024)
 
 struct mmap {
     float *outp[3];
@@ -61,6 +66,8 @@ struct mmap {
     int cpu;    /* chunks per unit */
     int bunits; /* ceil(units / warps a block): a block's worth of units, in all */
     int out;    /* CUK_OUT_* */
+    int ubytes; /* shared memory between x and 1/rms: the slices' sums, or x in f32 */
+    int copy_x; /* stage x by mma_copy_x + mma_convert (else mma_stage) */
 };
 
 /* Where unit uid's weights are, for the calling lane. */
@@ -166,6 +173,54 @@ static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_
     }
 }
 
+/* Issues 16-byte asynchronous copies of x's n rows (and SwiGLU's n up
+ * rows after them) as f32 into shared memory at xf, every thread its share
+ * at once (mma_stage's loads go one after another per thread: an L2 round
+ * trip per 2 KB of a block, ~0.5 us a token at 4,096 columns;
+ * docs/benchmarks.md, twentieth pass). mma_convert waits for them. */
+template <int IN>
+static __device__ __forceinline__ void mma_copy_x(float *xf, const struct cuk_gemv_in &in, int n,
+                                                  int cols)
+{
+    const int nx = n * cols / 4, n2 = IN == CUK_IN_SWIGLU ? nx : 0;
+    const uint32_t dst = cuk_smem_addr(xf);
+    for (int i = threadIdx.x; i < nx + n2; i += blockDim.x)
+        cuk_cp_async16(dst + 16 * i, i < nx ? in.x + 4 * (size_t)i : in.x2 + 4 * (size_t)(i - nx),
+                       true);
+    cuk_cp_async_commit();
+}
+
+/* mma_stage's results from the rows mma_copy_x is bringing to xf: the same
+ * operations on the same values, so the same bits. Thread t takes float4
+ * columns t, t + blockDim, ... of every row, so it loads each of the
+ * norm's weights once. */
+template <int IN>
+static __device__ __forceinline__ void mma_convert(uint16_t *xs, const float *xf,
+                                                   const struct cuk_gemv_in &in,
+                                                   const float *sinv, int n, int cols, int stride,
+                                                   int bf16)
+{
+    const int nf = cols / 4;
+    const float4 *x4 = (const float4 *)xf, *y4 = x4 + (size_t)n * nf;
+    cuk_cp_async_wait<0>();
+    __syncthreads();
+    for (int f = threadIdx.x; f < nf; f += blockDim.x) {
+        const float4 w = IN == CUK_IN_RMSNORM ? __ldg((const float4 *)in.nw + f)
+                                              : make_float4(0, 0, 0, 0);
+        for (int j = 0; j < n; j++) {
+            const size_t i = (size_t)j * nf + f;
+            float4 v = x4[i];
+            if (IN != CUK_IN_X)
+                v = gemv_in_op4<IN>(v, IN == CUK_IN_RMSNORM ? w : y4[i],
+                                    IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
+            uint2 h;
+            h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
+            h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
+            *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
+        }
+    }
+}
+
 /* sinv[j] = 1 / rms of row j of x (norm weights w), a warp per row
  * (cuk_warp_rms_inv): cuk_rmsnorm's order for rows up to 512, another past
  * that (a block's), so there the last bit of a sum may differ, which the
@@ -245,8 +300,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     extern __shared__ __align__(16) unsigned char mm_smem[];
     uint16_t *xs = (uint16_t *)mm_smem;
     const size_t xbytes = ((size_t)p.n * p.stride * 2 + 15) / 16 * 16;
-    float *scratch = (float *)(mm_smem + xbytes);
-    float *sinv = (float *)(mm_smem + xbytes + (p.ks > 1 ? MMA_SCRATCH(W) : 0));
+    float *scratch = (float *)(mm_smem + xbytes); /* after staging: x's f32 rows before */
+    float *sinv = (float *)(mm_smem + xbytes + p.ubytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
     const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
     /* every warp of a block runs the same rounds (the barriers of ks > 1) */
@@ -259,10 +314,17 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     /* Weights never change, so their first loads may overlap the previous
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
-    if (IN == CUK_IN_RMSNORM)
-        mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
-    __syncthreads();
-    mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
+    if (p.copy_x) { /* the norm's sums while the copies fly */
+        mma_copy_x<IN>(scratch, in, p.n, p.cols);
+        if (IN == CUK_IN_RMSNORM)
+            mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
+        mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, !F16);
+    } else {
+        if (IN == CUK_IN_RMSNORM)
+            mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
+        __syncthreads();
+        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
+    }
     __syncthreads();
     float acc[2][4] = {};
     /* Two chunks per trip so the buffers swap roles without copies; the
@@ -399,7 +461,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const int steps = cols / 32;
     const size_t smem_max = cfg->smem_max > 0 ? (size_t)cfg->smem_max : 48 * 1024;
     long best = -1;
-    int grid = 0, w = 0;
+    int grid = 0, w = 0, blocks_sm = 1;
     size_t smem = 0;
     for (int wi = 0; wi < 2 && best < 0; wi++) {
         const int ww = wi == 0 ? 16 : 8;
@@ -425,11 +487,27 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                 grid = (int)gr;
                 smem = sm;
                 w = ww;
+                blocks_sm = per_sm;
             }
         }
     }
     if (best < 0)
         return cudaErrorNotSupported;
+    /* x copied in as f32 (mma_copy_x) where its rows fit beside the half
+     * copy, in the slices' scratch and beyond, without costing the chosen
+     * shape its blocks per SM, nor the L1 cache the room the weights'
+     * loads in flight need (MMA_L1_KEEP); the choice above does not
+     * depend on it. */
+    const size_t xbytes = ((size_t)n * p.stride * 2 + 15) / 16 * 16;
+    const size_t scratch = p.ks > 1 ? MMA_SCRATCH(w) : 0;
+    const size_t f32 = (size_t)n * cols * 4 * (in->kind == CUK_IN_SWIGLU ? 2 : 1);
+    const size_t area = f32 > scratch ? f32 : scratch;
+    size_t limit = blocks_sm == 2 ? (size_t)cfg->smem_sm / 2 - 1024 : smem_max;
+    if (cfg->smem_sm > MMA_L1_KEEP && limit > (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024)
+        limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
+    p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
+    p.ubytes = (int)(p.copy_x ? area : scratch);
+    smem = xbytes + p.ubytes + MMA_INV;
     cudaError_t err;
     if (dt == DT_F16)
         err = n <= 8 ? mma_launch_in<true, 8>(s, p, *in, grid, smem, w)
