@@ -46,15 +46,16 @@ if [ -x "$BIN/test_gemv_mma" ]; then
     echo "== test_gemv_mma"
     if timeout 300 "$BIN/test_gemv_mma"; then note "test_gemv_mma: PASS"; else note "test_gemv_mma: FAIL"; fails=$((fails+1)); fi
 fi
-# Batched steps through the engine: the default dispatch (steps past 4
-# tokens on the tensor-core GEMV), then with the x-tile bound lowered so
-# that the bf16 fixtures' 4-token steps mix staged GEMVs and cuBLAS GEMMs
-# in one layer, as an 8B model's 3-4-token steps do, then with the
-# tensor-core GEMV off (those steps on cuBLAS).
+# Batched steps through the engine: the default dispatch (steps past 2
+# tokens on the tensor-core GEMV), then with the tensor-core GEMV off and
+# the x-tile bound lowered so that the bf16 fixtures' 4-token steps mix
+# staged GEMVs and cuBLAS GEMMs in one layer, then with the tensor-core
+# GEMV off alone (3-4-token steps staged, longer ones on cuBLAS).
 if [ -x "$BIN/test_batch" ]; then
-    for v in "" CLLM_CUDA_STAGE_X_MAX=1536 CLLM_CUDA_GEMV_MMA=0; do
+    for v in "" "CLLM_CUDA_GEMV_MMA=0 CLLM_CUDA_STAGE_X_MAX=1536" CLLM_CUDA_GEMV_MMA=0; do
         echo "== test_batch (cuda${v:+, $v})"
-        if env ${v:+"$v"} CLLM_TEST_DEVICE=cuda timeout 300 "$BIN/test_batch"; then note "test_batch cuda${v:+ $v}: PASS"
+        # shellcheck disable=SC2086 # $v: zero or more VAR=VALUE words
+        if env $v CLLM_TEST_DEVICE=cuda timeout 300 "$BIN/test_batch"; then note "test_batch cuda${v:+ $v}: PASS"
         else note "test_batch cuda${v:+ $v}: FAIL"; fails=$((fails+1)); fi
     done
 fi

@@ -900,13 +900,23 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
     c->half_type = -1;
     if (m->cfg.n_layers > 0 && (m->layers[0].wq.dtype == DT_BF16 || m->layers[0].wq.dtype == DT_F16))
         c->half_type = m->layers[0].wq.dtype;
-    /* Batched decode steps of up to CUK_STAGE_MAX_N tokens take the staged
-     * GEMVs (every weight read once, norms and SwiGLU fused) for the
-     * matrices gemv_rows gives them, the rest cuBLAS (measured: see
+    /* Steps of 2 tokens or more (batched decodes) go to the tensor-core
+     * GEMV where it is on, and what it does not take to cuBLAS (H200,
+     * docs/benchmarks.md, twentieth pass: against the staged GEMVs up to 4
+     * tokens, 0.6B at 3 / 4 streams 2,193 -> 2,713 / 2,414 -> 3,563 tok/s;
+     * against the GEMVs up to 2, 0.6B at 2 streams 1,769 -> 1,939, 8B at
+     * 3 streams 563 -> 608).
+     * Where it is off, steps of up to CUK_STAGE_MAX_N tokens take the
+     * staged GEMVs (every weight read once, norms and SwiGLU fused) for
+     * the matrices gemv_rows gives them, the rest cuBLAS (see
      * STAGED_X_BYTES; a 0.6B model, every matrix staged, at 3 / 4 streams
-     * 1,190 -> 2,060 / 1,946 -> 2,226 tok/s). */
-    if (!c->gemv_max_env && c->gemv_staged && c->half_type >= 0)
-        c->gemv_max = CUK_STAGE_MAX_N;
+     * 1,190 -> 2,060 / 1,946 -> 2,226 tok/s against cuBLAS). */
+    if (!c->gemv_max_env && c->half_type >= 0) {
+        if (c->gemv_mma && !c->precise)
+            c->gemv_max = 1;
+        else if (c->gemv_staged)
+            c->gemv_max = CUK_STAGE_MAX_N;
+    }
     const struct tensor **ts = NULL;
     bool *pair = NULL;
     int n = collect_tensors(m, &ts, &pair, e);
@@ -1271,9 +1281,11 @@ static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, 
  * activations) rather than a tensor-core GEMM: up to gemv_max rows, and
  * past CUK_GEMV_DEFAULT rows only where their x tiles fit in
  * stage_x_max bytes beside the staged GEMV's ring (unless
- * CLLM_CUDA_GEMV_MAX chose). So a batched step of 3-4 tokens may mix the
- * two: an 8B model's down projection (14,336 columns) on cuBLAS, its
- * other matrices staged. */
+ * CLLM_CUDA_GEMV_MAX chose; gemv_max is 1 where the tensor-core GEMV is
+ * on: see cu_load_weights). So where it is off, a batched step of 3-4
+ * tokens may mix the two: an 8B
+ * model's down projection (14,336 columns) on cuBLAS, its other matrices
+ * staged. */
 static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
 {
     return n <= c->gemv_max &&
@@ -1290,7 +1302,7 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
  * model's gate/up and down lose what the saved launches gain) and x of at
  * most mma_max_x elements (every block stages all of x from L2 before its
  * first product: at 16 tokens x 4,096 columns, 256 KB of f32 a block). So
- * an 8B model's step of 4-8 tokens takes it for q/k/v and o, a 0.6B
+ * an 8B model's step of 2-8 tokens takes it for q/k/v and o, a 0.6B
  * model's for every matrix but the LM head and, past 10 tokens, the down
  * projection. */
 static bool mma_takes(const struct cuda_backend *c, const struct tensor *const *ts, int k,
@@ -2785,7 +2797,7 @@ static struct backend *cuda_create(int device, struct err *e)
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
     const char *p = getenv("CLLM_CUDA_GEMV_MAX");
-    c->gemv_max_env = p && atoi(p) >= 1 && atoi(p) <= CUK_GEMV_MAX;
+    c->gemv_max_env = p && *p && atoi(p) >= 0 && atoi(p) <= CUK_GEMV_MAX; /* 0: measurement */
     c->gemv_max = c->gemv_max_env ? atoi(p) : CUK_GEMV_DEFAULT; /* see cu_load_weights */
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     p = getenv("CLLM_CUDA_STAGE_X_MAX");

@@ -246,11 +246,12 @@ cudaError_t cuk_rope_kv_attention_batch(cudaStream_t s, float *out, float *q, fl
 
 /* Largest n the GEMV kernels take. */
 #define CUK_GEMV_MAX 8
-/* Rows up to which the backend uses them by default (CLLM_CUDA_GEMV_MAX
- * changes it): measured on the H200 with the 8B shape, the tensor-core
- * GEMM is faster from 3 rows on (4 rows: 540 vs 496 tok/s; 8 rows: 1026
- * vs 658), the GEMV reads the weights once at 1 and 2 rows (88%, 80% of
- * the floor). */
+/* Rows up to which the backend uses them by default where the tensor-core
+ * GEMV (cuk_gemv_mma) is off (CLLM_CUDA_GEMV_MAX changes it; with it on,
+ * 1): measured on the H200 with the 8B shape, the tensor-core GEMM is
+ * faster from 3 rows on (4 rows: 540 vs 496 tok/s; 8 rows: 1026 vs 658),
+ * the GEMV reads the weights once at 1 and 2 rows (88%, 80% of the
+ * floor). */
 #define CUK_GEMV_DEFAULT 2
 /* out[n][rows] = x[n][cols] . W^T for n <= CUK_GEMV_MAX, f32 accumulation,
  * any weight dtype. */
