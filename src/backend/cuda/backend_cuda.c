@@ -1283,9 +1283,8 @@ static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, 
  * stage_x_max bytes beside the staged GEMV's ring (unless
  * CLLM_CUDA_GEMV_MAX chose; gemv_max is 1 where the tensor-core GEMV is
  * on: see cu_load_weights). So where it is off, a batched step of 3-4
- * tokens may mix the two: an 8B
- * model's down projection (14,336 columns) on cuBLAS, its other matrices
- * staged. */
+ * tokens may mix the two: an 8B model's down projection (14,336 columns)
+ * on cuBLAS, its other matrices staged. */
 static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
 {
     return n <= c->gemv_max &&
@@ -2797,8 +2796,11 @@ static struct backend *cuda_create(int device, struct err *e)
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
     const char *p = getenv("CLLM_CUDA_GEMV_MAX");
-    c->gemv_max_env = p && *p && atoi(p) >= 0 && atoi(p) <= CUK_GEMV_MAX; /* 0: measurement */
-    c->gemv_max = c->gemv_max_env ? atoi(p) : CUK_GEMV_DEFAULT; /* see cu_load_weights */
+    char *end = NULL;
+    long gmax = p ? strtol(p, &end, 10) : -1;
+    /* 0 (measurement): none, even for one token; other text: the default */
+    c->gemv_max_env = p && *p && !*end && gmax >= 0 && gmax <= CUK_GEMV_MAX;
+    c->gemv_max = c->gemv_max_env ? (int)gmax : CUK_GEMV_DEFAULT; /* see cu_load_weights */
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     p = getenv("CLLM_CUDA_STAGE_X_MAX");
     c->stage_x_max = p && atol(p) > 0 ? (size_t)atol(p) : STAGED_X_BYTES;
