@@ -904,8 +904,7 @@ static int cu_load_weights(struct backend *be, const struct model *m, struct err
      * GEMV where it is on, and what it does not take to cuBLAS (H200,
      * docs/benchmarks.md, twentieth pass: against the staged GEMVs up to 4
      * tokens, 0.6B at 3 / 4 streams 2,193 -> 2,713 / 2,414 -> 3,563 tok/s;
-     * against the GEMVs up to 2, 0.6B at 2 streams 1,769 -> 1,939, 8B at
-     * 3 streams 563 -> 608).
+     * against the GEMVs up to 2, 0.6B at 2 streams 1,769 -> 1,939).
      * Where it is off, steps of up to CUK_STAGE_MAX_N tokens take the
      * staged GEMVs (every weight read once, norms and SwiGLU fused) for
      * the matrices gemv_rows gives them, the rest cuBLAS (see
