@@ -50,7 +50,8 @@ int main(int argc, char **argv)
             nn = 0;
             for (char *t = strtok(argv[++i], ","); t && nn < 16; t = strtok(NULL, ","))
                 ns[nn++] = atoi(t);
-        } else if (!strcmp(argv[i], "--mma-in") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "--mma-in") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "x") || !strcmp(argv[i + 1], "rmsnorm"))) {
             mma_norm = !strcmp(argv[++i], "rmsnorm");
         } else if (!strcmp(argv[i], "--stage-regs")) {
             stage_regs = 1;

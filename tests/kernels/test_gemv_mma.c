@@ -6,7 +6,8 @@
  * SwiGLU of a gate/up pair), up to three matrices of other row counts,
  * rows that end inside a tile, few SMs (many rounds of units) and many
  * (column slices summed across warps); that nothing past the n output
- * rows is written, that a call repeats its bits, and that it declines
+ * rows is written, that a call repeats its bits (with x copied in as f32
+ * where it fits, and staged through registers), and that it declines
  * what it does not take. Links the kernel library directly; prints
  * "skipped: no GPU" and passes without a Hopper GPU. */
 #include <cuda_runtime.h>
