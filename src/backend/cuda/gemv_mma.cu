@@ -48,6 +48,9 @@
  * suffices. */
 #define MMA_SCRATCH(W) (2 * (W) * 8 * 32 * 4)
 #define MMA_INV (CUK_MMA_MAX_N * 4)
+/* Bytes of the staged half copy of x (n rows, stride halves apart), which
+ * the rest of a block's shared memory follows. */
+#define MMA_XBYTES(n, stride) (((size_t)(n) * (stride) * 2 + 15) / 16 * 16)
 /* Shared memory x's f32 copy leaves unused on an SM: the rest of the
  * unified L1 holds the weights' loads in flight. Taking it (a block of
  * 209 KB, L1 down to 28 KB) slowed an 8B model's gate matrix at 8 tokens
@@ -148,6 +151,16 @@ static __device__ __forceinline__ void mma_step(float (&acc)[2][4], const uint4 
     }
 }
 
+/* Element 4f.. of staged row j: v rounded to half. */
+static __device__ __forceinline__ void mma_put4(uint16_t *xs, int stride, int j, int f, float4 v,
+                                                int bf16)
+{
+    uint2 h;
+    h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
+    h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
+    *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
+}
+
 /* Stages rows [0, n) of x after the input op, rounded to half, into xs
  * (row j at j * stride). (Batching each thread's loads, four at a time,
  * was slower on the H200: docs/benchmarks.md, seventeenth pass.) */
@@ -166,10 +179,7 @@ static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_
                                                            ? in.nw
                                                            : in.x2 + (size_t)j * cols) + f),
                                 IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
-        uint2 h;
-        h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
-        h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
-        *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
+        mma_put4(xs, stride, j, f, v, bf16);
     }
 }
 
@@ -213,10 +223,7 @@ static __device__ __forceinline__ void mma_convert(uint16_t *xs, const float *xf
             if (IN != CUK_IN_X)
                 v = gemv_in_op4<IN>(v, IN == CUK_IN_RMSNORM ? w : y4[i],
                                     IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
-            uint2 h;
-            h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
-            h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
-            *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
+            mma_put4(xs, stride, j, f, v, bf16);
         }
     }
 }
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) unsigned char mm_smem[];
     uint16_t *xs = (uint16_t *)mm_smem;
-    const size_t xbytes = ((size_t)p.n * p.stride * 2 + 15) / 16 * 16;
+    const size_t xbytes = MMA_XBYTES(p.n, p.stride);
     float *scratch = (float *)(mm_smem + xbytes); /* after staging: x's f32 rows before */
     float *sinv = (float *)(mm_smem + xbytes + p.ubytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
@@ -370,8 +377,7 @@ static int mma_stride(int cols)
 /* w: warps a block. */
 static size_t mma_smem(int n, int cols, int ks, int w)
 {
-    return ((size_t)n * mma_stride(cols) * 2 + 15) / 16 * 16 + (ks > 1 ? MMA_SCRATCH(w) : 0) +
-           MMA_INV;
+    return MMA_XBYTES(n, mma_stride(cols)) + (ks > 1 ? MMA_SCRATCH(w) : 0) + MMA_INV;
 }
 
 extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
@@ -498,7 +504,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
      * shape its blocks per SM, nor the L1 cache the room the weights'
      * loads in flight need (MMA_L1_KEEP); the choice above does not
      * depend on it. */
-    const size_t xbytes = ((size_t)n * p.stride * 2 + 15) / 16 * 16;
+    const size_t xbytes = MMA_XBYTES(n, p.stride);
     const size_t scratch = p.ks > 1 ? MMA_SCRATCH(w) : 0;
     const size_t f32 = (size_t)n * cols * 4 * (in->kind == CUK_IN_SWIGLU ? 2 : 1);
     const size_t area = f32 > scratch ? f32 : scratch;
