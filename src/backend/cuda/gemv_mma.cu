@@ -380,6 +380,16 @@ static size_t mma_smem(int n, int cols, int ks, int w)
     return MMA_XBYTES(n, mma_stride(cols)) + (ks > 1 ? MMA_SCRATCH(w) : 0) + MMA_INV;
 }
 
+/* The most shared memory a block may take with per_sm (1 or 2) blocks on
+ * an SM: two must fit beside each other with the 1 KB each reserves. */
+static size_t mma_block_room(const struct cuk_mma_cfg *cfg, int per_sm, size_t smem_max)
+{
+    if (per_sm == 1)
+        return smem_max;
+    const size_t half = (size_t)cfg->smem_sm / 2;
+    return half > 1024 ? half - 1024 : 0;
+}
+
 extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
 {
     return mma_smem(n, cols, 2, 8);
@@ -477,7 +487,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
             size_t sm = mma_smem(n, cols, ks, ww);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
-            int per_sm = ww == 8 && 2 * (sm + 1024) <= (size_t)cfg->smem_sm ? 2 : 1;
+            int per_sm = ww == 8 && sm <= mma_block_room(cfg, 2, smem_max) ? 2 : 1;
             if (cfg->blocks_per_sm > 0 && cfg->blocks_per_sm < per_sm)
                 per_sm = cfg->blocks_per_sm;
             long bunits = (tiles * ks + ww - 1) / ww;
@@ -508,7 +518,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const size_t scratch = p.ks > 1 ? MMA_SCRATCH(w) : 0;
     const size_t f32 = (size_t)n * cols * 4 * (in->kind == CUK_IN_SWIGLU ? 2 : 1);
     const size_t area = f32 > scratch ? f32 : scratch;
-    size_t limit = blocks_sm == 2 ? (size_t)cfg->smem_sm / 2 - 1024 : smem_max;
+    size_t limit = mma_block_room(cfg, blocks_sm, smem_max);
     if (cfg->smem_sm > MMA_L1_KEEP && limit > (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024)
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
