@@ -194,6 +194,18 @@ static __device__ __forceinline__ float cuk_split_weights(float *m, const float 
     return L;
 }
 
+/* The one-thread form of cuk_last_block, for kernels whose thread 0
+ * speaks for its block: the caller's writes made visible, then whether it
+ * is the last of n arrivals at *cnt, which the last re-arms. */
+static __device__ __forceinline__ bool cuk_last_arrival(unsigned *cnt, unsigned n)
+{
+    __threadfence();
+    const bool last = atomicAdd(cnt, 1u) == n - 1;
+    if (last)
+        *cnt = 0;
+    return last;
+}
+
 /* Whether the calling block is the last of n to get here on the counter
  * *cnt (split-K attention: the last split merges them all); the last one
  * re-arms *cnt for the next call, and every block's writes before the call

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/order_key.cuh"
+#include "backend/cuda/row_split.h"
 
 /* ---- launch mode ---- */
 
@@ -621,7 +622,8 @@ static __device__ __forceinline__ void am_block(float &bv, int &bi, float *sv, i
 }
 
 /* Each block reduces a strided share into ws; the last block to finish
- * reduces the blocks' results, writes the index and re-arms the counter. */
+ * (cuk_last_arrival, which re-arms the counter) reduces the blocks'
+ * results and writes the index. */
 __global__ void __launch_bounds__(AM_THREADS)
     k_argmax(int *out, const float *x, int n, float *pv, int *pi, unsigned *count)
 {
@@ -637,8 +639,7 @@ __global__ void __launch_bounds__(AM_THREADS)
     if (threadIdx.x == 0) {
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
-        __threadfence();
-        last = atomicAdd(count, 1u) == gridDim.x - 1;
+        last = cuk_last_arrival(count, gridDim.x);
     }
     __syncthreads();
     if (!last)
@@ -649,10 +650,8 @@ __global__ void __launch_bounds__(AM_THREADS)
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
         am_better(bv, bi, ((volatile float *)pv)[b], ((volatile int *)pi)[b]);
     am_block(bv, bi, sv, si);
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         *out = bi == INT_MAX ? 0 : bi;
-        *count = 0;
-    }
 }
 
 extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws)
@@ -711,11 +710,9 @@ __global__ void __launch_bounds__(AMR_THREADS)
     }
     if (bi != INT_MAX) /* a span of NaNs offers nothing; 0 is below every key */
         atomicMax(keys + r, cuk_best_key(cuk_order_key(bv), bi));
-    __threadfence();
-    if (atomicAdd(counts + r, 1u) != (unsigned)splits - 1)
+    if (!cuk_last_arrival(counts + r, (unsigned)splits))
         return;
     const unsigned long long k = atomicExch(keys + r, 0ull);
-    counts[r] = 0;
     out[r] = k == 0 ? 0 : cuk_best_id(k);
 }
 
@@ -724,8 +721,7 @@ extern "C" cudaError_t cuk_argmax_rows(cudaStream_t s, int *out, const float *x,
 {
     if (n < 1 || rows < 1 || rows > 65535 || !ws)
         return cudaErrorInvalidValue;
-    int splits = blocks / rows, most = (n + AMR_MIN_SPAN - 1) / AMR_MIN_SPAN;
-    splits = splits < 1 ? 1 : splits > most ? most : splits;
+    const int splits = cuk_row_blocks(blocks, rows, n, AMR_MIN_SPAN, 0);
     unsigned long long *keys = (unsigned long long *)ws;
     cuk_launch(k_argmax_rows, dim3((unsigned)splits, (unsigned)rows), AMR_THREADS, 0, s, out, x,
                n, keys, (unsigned *)(keys + rows));

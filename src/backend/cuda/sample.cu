@@ -56,6 +56,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #endif
 #include "backend/cuda/order_key.cuh"
+#include "backend/cuda/row_split.h"
 
 #include <limits.h>
 #include <math.h>
@@ -1059,10 +1060,7 @@ extern "C" cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x,
     int per_row = 0;
     if (fw) {
         /* the caller's blocks, each at least 2048 elements */
-        per_row = fw->blocks / rows;
-        const int most = (n + 2047) / 2048;
-        per_row = per_row < 1 ? 1 : per_row > most ? most : per_row;
-        per_row = per_row > SMP_MAX_BLOCKS ? SMP_MAX_BLOCKS : per_row;
+        per_row = cuk_row_blocks(fw->blocks, rows, n, 2048, SMP_MAX_BLOCKS);
         const dim3 grid((unsigned)per_row, (unsigned)rows);
         u64 *ws = (u64 *)fw->ws;
         cuk_launch(k_smp_max, grid, SMP_PREP_THREADS, 0, s, x, n, ps, ws);
