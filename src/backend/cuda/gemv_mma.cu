@@ -228,16 +228,39 @@ static __device__ __forceinline__ void mma_convert(uint16_t *xs, const float *xf
     }
 }
 
-/* sinv[j] = 1 / rms of row j of x (norm weights w), a warp per row
- * (cuk_warp_rms_inv): cuk_rmsnorm's order for rows up to 512, another past
- * that (a block's), so there the last bit of a sum may differ, which the
- * rounding to half almost always hides. */
-static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, const float *w,
-                                                   int n, int cols, float eps)
+/* 1 / rms of one row of x (cols floats, 16-byte aligned) for the calling
+ * warp, its squares summed in f32: four sums a lane (float4 lane, lane +
+ * 32, ...), added, then the warp's. Not cuk_warp_rms_inv's f64 sums: the
+ * conversions and multiply-adds of every element, in every block, run on
+ * the SM's FP64 pipe, ~0.75 us of an 8B model's 8-token q/k/v launch
+ * (docs/benchmarks.md, twenty-first pass). f32 is what HF sums in; the
+ * rounding of x to half hides the difference from cuk_rmsnorm's f64 but
+ * for a rare last bit. */
+static __device__ __forceinline__ float mma_row_inv(const float *x, int cols, float eps,
+                                                    int lane)
+{
+    const float4 *x4 = (const float4 *)x;
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = lane; i < cols / 4; i += 32) {
+        const float4 v = __ldg(x4 + i);
+        s.x = fmaf(v.x, v.x, s.x);
+        s.y = fmaf(v.y, v.y, s.y);
+        s.z = fmaf(v.z, v.z, s.z);
+        s.w = fmaf(v.w, v.w, s.w);
+    }
+    float ss = (s.x + s.y) + (s.z + s.w);
+    for (int o = 16; o > 0; o >>= 1) /* commutative steps: every lane the same sum */
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    return 1.0f / sqrtf(ss / (float)cols + eps);
+}
+
+/* sinv[j] = 1 / rms of row j of x, a warp per row. */
+static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, int n, int cols,
+                                                   float eps)
 {
     const int lane = threadIdx.x & 31;
     for (int j = threadIdx.x >> 5; j < n; j += blockDim.x >> 5) {
-        const float inv = cuk_warp_rms_inv(x + (size_t)j * cols, w, cols, eps, lane);
+        const float inv = mma_row_inv(x + (size_t)j * cols, cols, eps, lane);
         if (lane == 0)
             sinv[j] = inv;
     }
@@ -321,14 +344,13 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     /* Weights never change, so their first loads may overlap the previous
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
-    if (p.copy_x) { /* the norm's sums while the copies fly */
+    if (p.copy_x) /* the norm's sums while the copies fly */
         mma_copy_x<IN>(scratch, in, p.n, p.cols);
-        if (IN == CUK_IN_RMSNORM)
-            mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
+    if (IN == CUK_IN_RMSNORM)
+        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
+    if (p.copy_x) {
         mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, !F16);
     } else {
-        if (IN == CUK_IN_RMSNORM)
-            mma_rms_inv(sinv, in.x, in.nw, p.n, p.cols, in.eps);
         __syncthreads();
         mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
     }
