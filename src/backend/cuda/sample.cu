@@ -629,21 +629,17 @@ static __device__ void smp_walks(const smp_row &R, smp_shared *S, const cuk_samp
 }
 
 /* Sorted candidates (smp_walks_sorted): over entries [0, end) of wt, the
- * weights of sk's entries, those under min_p (when > 0) counting 0: *tot
- * gets their sum; the first index at which the running sum exceeds target
- * (*cum the sum through it), or -1 when the sum does not. */
-static __device__ int smp_sorted_first(const smp_row &R, smp_shared *S, const u64 *sk,
-                                       const u64 *wt, int end, float min_p, u64 target,
+ * weights of the sorted candidates: *tot gets their sum; the first index
+ * at which the running sum exceeds target (*cum the sum through it), or
+ * -1 when the sum does not. */
+static __device__ int smp_sorted_first(smp_shared *S, const u64 *wt, int end, u64 target,
                                        u64 *tot, u64 *cum)
 {
     const int t = threadIdx.x, c = (end + SMP_THREADS - 1) / SMP_THREADS;
     const int a = smp_min(t * c, end), b = smp_min(a + c, end);
-    auto w_of = [&](int i) -> u64 {
-        return min_p > 0 && smp_prob((unsigned)(sk[i] >> 32), R.max) < min_p ? 0 : wt[i];
-    };
     u64 own = 0, excl;
     for (int i = a; i < b; i++)
-        own += w_of(i);
+        own += wt[i];
     const u64 total = smp_scan(S, own, &excl);
     *tot = total;
     if (total <= target)
@@ -651,7 +647,7 @@ static __device__ int smp_sorted_first(const smp_row &R, smp_shared *S, const u6
     if (smp_holds(own, excl, target)) {
         u64 run = excl;
         for (int i = a; i < b; i++) {
-            run += w_of(i);
+            run += wt[i];
             if (run > target) {
                 S->loc_lo = i;
                 S->loc_own = run;
@@ -709,13 +705,13 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
         if ((u64)P.top_k > (u64)c)
             return false;
         end = P.top_k;
-        smp_sorted_first(R, S, sk, wt, end, 0.0f, ~0ull, &kept, &cum);
+        smp_sorted_first(S, wt, end, ~0ull, &kept, &cum);
     }
     if (P.top_p < 1) { /* the first where the running mass >= top_p * sum */
         double need = ceil((double)P.top_p * (double)kept);
         u64 nd = need < 1 ? 1 : (u64)need;
         if (nd <= kept) {
-            const int i = smp_sorted_first(R, S, sk, wt, end, 0.0f, nd - 1, &tot, &cum);
+            const int i = smp_sorted_first(S, wt, end, nd - 1, &tot, &cum);
             if (i < 0)
                 return false; /* the boundary lies past the candidates */
             end = i + 1;
@@ -725,11 +721,15 @@ static __device__ bool smp_walks_sorted(const smp_row &R, smp_shared *S,
     }
     if (!bounded)
         return false;
-    const float min_p = P.min_p > 0 ? P.min_p : 0.0f;
-    if (min_p > 0)
-        smp_sorted_first(R, S, sk, wt, end, min_p, ~0ull, &kept, &cum);
+    if (P.min_p > 0) { /* those under min_p weigh nothing from here on */
+        for (int i = t; i < end; i += SMP_THREADS)
+            if (smp_prob((unsigned)(sk[i] >> 32), R.max) < P.min_p)
+                wt[i] = 0;
+        __syncthreads();
+        smp_sorted_first(S, wt, end, ~0ull, &kept, &cum);
+    }
     if (kept > 0) {
-        const int i = smp_sorted_first(R, S, sk, wt, end, min_p, smp_target(P.u, kept), &tot, &cum);
+        const int i = smp_sorted_first(S, wt, end, smp_target(P.u, kept), &tot, &cum);
         if (i >= 0)
             *pick = cuk_best_id(sk[i]);
     }
