@@ -348,7 +348,9 @@ size_t cuk_gemv_mma_smem(int n, int cols);
 /* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
  * cores (sm_80 and newer), except that the input rows, after the input
  * op, are rounded to the weights' half type (nearest even) before the
- * product, as a half-precision GEMM reads them; f32 accumulation. In one
+ * product, as a half-precision GEMM reads them, and that the RMSNorm's
+ * sums of squares are f32 (cuk_rmsnorm's f64: a last bit may differ
+ * before the rounding); f32 accumulation. In one
  * launch (under programmatic dependent launch where that is on): x
  * staged once per block, the weights read once, every output summed in an
  * order fixed by (rows, cols, n, cfg): the same bits on every call.

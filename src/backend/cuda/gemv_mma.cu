@@ -500,7 +500,6 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const size_t smem_max = cfg->smem_max > 0 ? (size_t)cfg->smem_max : 48 * 1024;
     long best = -1;
     int grid = 0, w = 0, blocks_sm = 1;
-    size_t smem = 0;
     for (int wi = 0; wi < 2 && best < 0; wi++) {
         const int ww = wi == 0 ? 16 : 8;
         if (cfg->warps > 0 && cfg->warps != ww)
@@ -523,7 +522,6 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                 p.cpu = cpu;
                 p.bunits = (int)bunits;
                 grid = (int)gr;
-                smem = sm;
                 w = ww;
                 blocks_sm = per_sm;
             }
@@ -545,7 +543,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
     p.ubytes = (int)(p.copy_x ? area : scratch);
-    smem = xbytes + p.ubytes + MMA_INV;
+    const size_t smem = xbytes + p.ubytes + MMA_INV;
     cudaError_t err;
     if (dt == DT_F16)
         err = n <= 8 ? mma_launch_in<true, 8>(s, p, *in, grid, smem, w)
