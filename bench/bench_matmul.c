@@ -374,7 +374,13 @@ static enum cpu_isa parse_isa(const char *s)
 int main(int argc, char **argv)
 {
     int quick = 0, mem_only = 0;
-    enum cpu_isa isa = cpu_isa_detect();
+    struct err isa_err;
+    int detected = cpu_isa_detect(&isa_err);
+    if (detected < 0) {
+        fprintf(stderr, "bench_matmul: %s\n", isa_err.msg);
+        return 2;
+    }
+    enum cpu_isa isa = (enum cpu_isa)detected;
     int threads[8] = {1, 2}, n_threads = 2;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {

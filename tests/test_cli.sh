@@ -27,6 +27,10 @@ check '[ $rc -eq 0 ] && [ "$(tr "," "\n" <<<"$ids_bf" | grep -c .)" = 8 ]' "CLLM
 CLLM_KV_DTYPE=f16 "$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80 -n 2 >/dev/null 2>"$tmp/err"
 rc=$?
 check '[ $rc -ne 0 ] && grep -q "CLLM_KV_DTYPE=f16: .* f32 or bf16" "$tmp/err"' "CLLM_KV_DTYPE=f16: $(cat "$tmp/err")"
+# a CPU kernel ISA it does not know is refused, naming the known ones
+CLLM_ISA=avx-512 "$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80 -n 2 >/dev/null 2>"$tmp/err"
+rc=$?
+check '[ $rc -ne 0 ] && grep -q "CLLM_ISA=\"avx-512\": needs scalar, avx2 or avx512" "$tmp/err"' "CLLM_ISA=avx-512: $(cat "$tmp/err")"
 ids2=$("$CLLM" run "$SHARED/models/tinystories-656k" -p "Once upon a time" -n 8 --temp 0 --print-ids 2>/dev/null)
 check '[ "$ids2" = "$ids" ]' "tinystories -p ids: got '$ids2'"
 

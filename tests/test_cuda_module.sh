@@ -4,7 +4,8 @@
 # CPU run (and --device auto without an NVIDIA driver) never loads the
 # module; --device cuda finds the module next to the binary, through
 # $CLLM_CUDA_MODULE or at its build-time path and, without a GPU, fails
-# with "no CUDA device found"; a module that cannot be loaded is named with
+# with "no CUDA device found"; a numeric CUDA lever it cannot take is
+# refused by name, GPU or not; a module that cannot be loaded is named with
 # the loader's reason. Builds without CUDA: --device cuda says so.
 # Usage: test_cuda_module.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
@@ -30,6 +31,13 @@ if command -v nm >/dev/null; then
     syms=$(nm -D --defined-only "$MOD" | awk '{print $3}' | tr '\n' ' ')
     check '[ "$syms" = "cllm_cuda_module " ]' "module exports: $syms"
 fi
+
+# 2b. A numeric CUDA lever set to what it cannot take is refused by name,
+#     before the device is looked for, so with or without a GPU.
+for lv in CLLM_CUDA_DEC_BPS=9 CLLM_CUDA_GEMV_MAX=8x CLLM_CUDA_MMA_KS=3 CLLM_CUDA_STAGE_COLS=300; do
+    env "$lv" "$CLLM" run "$MODEL" -p Zoo -n 2 --temp 0 --device cuda >/dev/null 2>"$tmp/err"; rc=$?
+    check '[ $rc -ne 0 ] && grep -q "${lv%%=*}=\"${lv#*=}\": needs" "$tmp/err"' "$lv: $(cat "$tmp/err")"
+done
 
 # 3. CPU runs (and auto on a machine without an NVIDIA driver) never map it.
 maps() { # runs cllm with args, printing the CUDA objects it had mapped at exit

@@ -1,5 +1,6 @@
 /* config.c - builds the serve config snapshot: defaults, then CLLM_*
  * environment variables, then `cllm serve` flags (see config.h). */
+#include "base/env.h"
 #include "serve/config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,20 +58,6 @@ void serve_usage(FILE *f)
 
 /* ---- environment ---- */
 
-static int env_long(const char *name, long lo, long hi, long *out, struct err *e)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi)
-        return err_set(e, "%s=\"%s\": needs an integer in [%ld, %ld]", name, v, lo, hi);
-    *out = x;
-    return 0;
-}
-
 /* --device values: cpu, auto, cuda, cuda:N (N decimal). */
 static bool device_ok(const char *v)
 {
@@ -119,33 +106,33 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
 
     long v;
     v = c->shutdown_timeout_ms;
-    if (env_long("CLLM_SHUTDOWN_TIMEOUT_MS", 1, 86400000L, &v, e))
+    if (env_long("CLLM_SHUTDOWN_TIMEOUT_MS", 1, 86400000L, &v, e) < 0)
         return -1;
     c->shutdown_timeout_ms = (int)v;
     v = c->max_queue;
-    if (env_long("CLLM_MAX_QUEUE", 1, 1 << 20, &v, e))
+    if (env_long("CLLM_MAX_QUEUE", 1, 1 << 20, &v, e) < 0)
         return -1;
     c->max_queue = (int)v;
     v = (long)c->max_body_bytes;
-    if (env_long("CLLM_MAX_BODY_BYTES", 1024, 1L << 30, &v, e))
+    if (env_long("CLLM_MAX_BODY_BYTES", 1024, 1L << 30, &v, e) < 0)
         return -1;
     c->max_body_bytes = (size_t)v;
     v = c->conn_timeout_s;
-    if (env_long("CLLM_CONNECTION_TIMEOUT_S", 1, 86400, &v, e))
+    if (env_long("CLLM_CONNECTION_TIMEOUT_S", 1, 86400, &v, e) < 0)
         return -1;
     c->conn_timeout_s = (int)v;
     v = c->max_connections;
-    if (env_long("CLLM_MAX_CONNECTIONS", 4, 65536, &v, e))
+    if (env_long("CLLM_MAX_CONNECTIONS", 4, 65536, &v, e) < 0)
         return -1;
     c->max_connections = (int)v;
     v = 16;
-    if (env_long("CLLM_KV_BLOCK_SIZE", 8, 256, &v, e))
+    if (env_long("CLLM_KV_BLOCK_SIZE", 8, 256, &v, e) < 0)
         return -1;
     if (v & (v - 1))
         return err_set(e, "CLLM_KV_BLOCK_SIZE=%ld: needs a power of two from 8 to 256", v);
     c->kv_block_size = (int)v;
     v = c->responses_store;
-    if (env_long("CLLM_RESPONSES_STORE", 0, 1 << 20, &v, e))
+    if (env_long("CLLM_RESPONSES_STORE", 0, 1 << 20, &v, e) < 0)
         return -1;
     c->responses_store = (int)v;
     env_bool("CLLM_LOG_REQUESTS", &c->log_requests);

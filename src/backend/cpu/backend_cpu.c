@@ -287,8 +287,9 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
         free(c);
         return NULL;
     }
-    c->tp = tp_create(n_threads, e);
-    if (!c->tp || cpu_matmul_init(&c->mm, c->tp, cpu_isa_detect(), e)) {
+    int isa = cpu_isa_detect(e);
+    c->tp = isa < 0 ? NULL : tp_create(n_threads, e);
+    if (!c->tp || cpu_matmul_init(&c->mm, c->tp, (enum cpu_isa)isa, e)) {
         if (c->tp)
             tp_destroy(c->tp);
         free(c);

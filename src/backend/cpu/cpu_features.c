@@ -66,9 +66,7 @@ int cpu_has_avx512_vnni(void)
 #endif
 }
 
-/* CLLM_ISA can only lower the choice: asking for a wider ISA than the CPU
- * has would crash with SIGILL, so that request is ignored. */
-enum cpu_isa cpu_isa_detect(void)
+int cpu_isa_detect(struct err *e)
 {
     enum cpu_isa isa = cpu_isa_hw();
     const char *env = getenv("CLLM_ISA");
@@ -81,6 +79,8 @@ enum cpu_isa cpu_isa_detect(void)
         want = CPU_ISA_AVX2;
     else if (strcmp(env, "avx512") == 0)
         want = CPU_ISA_AVX512;
+    else
+        return err_set(e, "CLLM_ISA=\"%s\": needs scalar, avx2 or avx512", env);
     return want < isa ? want : isa;
 }
 

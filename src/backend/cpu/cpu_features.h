@@ -3,13 +3,19 @@
 #ifndef CLLM_BACKEND_CPU_FEATURES_H
 #define CLLM_BACKEND_CPU_FEATURES_H
 
+#include "base/err.h"
+
 enum cpu_isa {
     CPU_ISA_SCALAR = 0,
     CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
     CPU_ISA_AVX512 = 2, /* AVX-512 F/BW/VL (+VNNI when present) */
 };
 
-enum cpu_isa cpu_isa_detect(void);
+/* The ISA the kernels use: the best the hardware has, lowered by CLLM_ISA
+ * (a wider one than the hardware has is ignored: it would crash with
+ * SIGILL); -1 with a message naming the allowed values when CLLM_ISA is set
+ * to something else. */
+int cpu_isa_detect(struct err *e);
 const char *cpu_isa_name(enum cpu_isa isa);
 
 /* The best ISA the hardware and OS support, ignoring CLLM_ISA (tests use it

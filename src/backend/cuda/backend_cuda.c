@@ -44,6 +44,7 @@
  * Void ops cannot return errors: the first CUDA failure is kept ("sticky")
  * and reported by the next matmul, attention or finish. */
 #include "backend/backend.h"
+#include "base/env.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -2698,10 +2699,44 @@ static bool env_on(const char *name)
     return p && *p && strcmp(p, "0") != 0;
 }
 
+/* The numeric levers (docs/config.md), read before anything is allocated
+ * so that a bad value is the same error with or without a GPU. 0 means
+ * unset (gemv_max: -1, since 0 is a value). */
+struct cuda_levers {
+    long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb;
+};
+
+static int cuda_levers_read(struct cuda_levers *l, struct err *e)
+{
+    static const long rpw[] = {4, 8}, ks[] = {1, 2, 4, 8, 16}, warps[] = {8, 16};
+    *l = (struct cuda_levers){.gemv_max = -1};
+    if (env_long("CLLM_CUDA_GEMV_MAX", 0, CUK_GEMV_MAX, &l->gemv_max, e) < 0 ||
+        env_long("CLLM_CUDA_STAGE_X_MAX", 1, 1L << 30, &l->stage_x_max, e) < 0 ||
+        env_long_of("CLLM_ATT_RPW", rpw, 2, &l->att_rpw, e) < 0 ||
+        env_long("CLLM_CUDA_DEC_BPS", 1, 8, &l->dec_bps, e) < 0 ||
+        env_long("CLLM_CUDA_MMA_BPS", 1, 2, &l->mma_bps, e) < 0 ||
+        env_long_of("CLLM_CUDA_MMA_KS", ks, 5, &l->mma_ks, e) < 0 ||
+        env_long("CLLM_CUDA_MMA_MAX_MB", 1, 1L << 20, &l->mma_max_mb, e) < 0 ||
+        env_long("CLLM_CUDA_MMA_MAX_X", 1, 1L << 30, &l->mma_max_x, e) < 0 ||
+        env_long_of("CLLM_CUDA_MMA_WARPS", warps, 2, &l->mma_warps, e) < 0 ||
+        env_long("CLLM_CUDA_TC_CTAS", 1, 2, &l->tc_ctas, e) < 0 ||
+        env_long("CLLM_CUDA_TC_SMEM", 1, 227 * 1024, &l->tc_smem, e) < 0 ||
+        env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
+        env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0)
+        return -1;
+    if (l->stage_cols % 256)
+        return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
+    return 0;
+}
+
 static struct backend *cuda_create(int device, struct err *e)
 {
     int kv_dt = backend_kv_dtype_env(DT_BF16, e);
     if (kv_dt < 0)
+        return NULL;
+    struct cuda_levers lv;
+    if (cuda_levers_read(&lv, e))
         return NULL;
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -2794,21 +2829,16 @@ static struct backend *cuda_create(int device, struct err *e)
     c->precise = env_on("CLLM_CUDA_PRECISE");
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
-    const char *p = getenv("CLLM_CUDA_GEMV_MAX");
-    char *end = NULL;
-    long gmax = p ? strtol(p, &end, 10) : -1;
-    /* 0 (measurement): none, even for one token; other text: the default */
-    c->gemv_max_env = p && *p && !*end && gmax >= 0 && gmax <= CUK_GEMV_MAX;
-    c->gemv_max = c->gemv_max_env ? (int)gmax : CUK_GEMV_DEFAULT; /* see cu_load_weights */
+    /* 0 (measurement): none, even for one token */
+    c->gemv_max_env = lv.gemv_max >= 0;
+    c->gemv_max = c->gemv_max_env ? (int)lv.gemv_max : CUK_GEMV_DEFAULT; /* see cu_load_weights */
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
-    p = getenv("CLLM_CUDA_STAGE_X_MAX");
-    c->stage_x_max = p && atol(p) > 0 ? (size_t)atol(p) : STAGED_X_BYTES;
+    c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
     c->half_type = -1;
-    p = getenv("CLLM_ATT_RPW"); /* measurement: fix the tiled attention's rows per warp */
-    c->att_rpw = p && (atoi(p) == 4 || atoi(p) == 8) ? atoi(p) : 0;
+    c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = !env_off("CLLM_CUDA_ATT_MMA");
-    p = getenv("CLLM_CUDA_DEC_BPS"); /* measurement: decode attention blocks per SM */
-    c->dec_blocks = c->n_sms * (p && atoi(p) >= 1 && atoi(p) <= 8 ? atoi(p) : CUK_DEC_BLOCKS_PER_SM);
+    /* measurement: decode attention blocks per SM */
+    c->dec_blocks = c->n_sms * (lv.dec_bps ? (int)lv.dec_bps : CUK_DEC_BLOCKS_PER_SM);
     cuk_set_pdl(hopper && !env_off("CLLM_CUDA_PDL"));
     c->kv_bf16 = !c->precise && kv_dt == DT_BF16;
     c->graphs = !env_off("CLLM_COMPILED_DECODE");
@@ -2829,30 +2859,22 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
     c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;
-    p = getenv("CLLM_CUDA_MMA_BPS"); /* measurement: its blocks per SM, slices per tile */
-    c->mma.blocks_per_sm = p && atoi(p) >= 1 && atoi(p) <= 2 ? atoi(p) : 0;
-    p = getenv("CLLM_CUDA_MMA_KS");
-    c->mma.ks = p && (atoi(p) == 1 || atoi(p) == 2 || atoi(p) == 4 || atoi(p) == 8 || atoi(p) == 16)
-                    ? atoi(p)
-                    : 0;
-    p = getenv("CLLM_CUDA_MMA_MAX_MB");
-    c->mma_max_bytes = (p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_MB) << 20;
-    p = getenv("CLLM_CUDA_MMA_MAX_X");
-    c->mma_max_x = p && atol(p) > 0 ? (size_t)atol(p) : MMA_MAX_X;
-    p = getenv("CLLM_CUDA_MMA_WARPS");
-    c->mma.warps = p && (atoi(p) == 8 || atoi(p) == 16) ? atoi(p) : 0;
+    /* measurement: its blocks per SM, slices per tile, warps (0: automatic) */
+    c->mma.blocks_per_sm = (int)lv.mma_bps;
+    c->mma.ks = (int)lv.mma_ks;
+    c->mma.warps = (int)lv.mma_warps;
+    c->mma_max_bytes = (lv.mma_max_mb ? (size_t)lv.mma_max_mb : MMA_MAX_MB) << 20;
+    c->mma_max_x = lv.mma_max_x ? (size_t)lv.mma_max_x : MMA_MAX_X;
     c->mma.stage_regs = env_on("CLLM_CUDA_MMA_STAGE_REGS"); /* measurement */
     c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
                      : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
                                                        : -1;
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
-    p = getenv("CLLM_CUDA_GEMM_TC");
+    const char *p = getenv("CLLM_CUDA_GEMM_TC");
     if (hopper && p && !strcmp(p, "1")) { /* opt-in: "1" only */
-        p = getenv("CLLM_CUDA_TC_CTAS");
-        c->tc_blocks = c->n_sms * (p && atoi(p) == 2 ? 2 : 1);
-        p = getenv("CLLM_CUDA_TC_SMEM");
-        c->tc_cfg.smem_bytes = p ? atoi(p) : 0;
+        c->tc_blocks = c->n_sms * (lv.tc_ctas ? (int)lv.tc_ctas : 1);
+        c->tc_cfg.smem_bytes = (int)lv.tc_smem;
         size_t b = cuk_gemm_tc_ws_bytes(c->tc_blocks);
         if (cudaMalloc(&c->tc_ws, b) == cudaSuccess &&
             cudaMemsetAsync(c->tc_ws, 0, b, c->stream) == cudaSuccess) {
@@ -2866,10 +2888,8 @@ static struct backend *cuda_create(int device, struct err *e)
     }
     c->stage.blocks = c->n_sms;
     /* measurement: the staged GEMV's columns per copy and shared memory */
-    p = getenv("CLLM_CUDA_STAGE_COLS");
-    c->stage.chunk_cols = p && atoi(p) > 0 && atoi(p) % 256 == 0 ? atoi(p) : 0;
-    p = getenv("CLLM_CUDA_STAGE_KB");
-    c->stage.smem_bytes = p && atoi(p) >= 16 && atoi(p) <= 227 ? atoi(p) * 1024 : 0;
+    c->stage.chunk_cols = (int)lv.stage_cols;
+    c->stage.smem_bytes = (int)lv.stage_kb * 1024;
     c->timing = env_on("CLLM_CUDA_TIMING");
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

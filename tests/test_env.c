@@ -1,0 +1,75 @@
+/* test_env.c - strict numeric environment levers (base/env.c):
+ *   1. unset and empty leave the value alone and return 0;
+ *   2. an integer in range is taken (1), at both ends and with a sign;
+ *   3. out of range, trailing text, no digits, spaces and overflow are
+ *      errors (-1) naming the variable, its value and the range, and leave
+ *      the value alone;
+ *   4. env_long_of takes only its listed values and names them all. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/env.h"
+#include "testutil.h"
+
+#define VAR "CLLM_TEST_ENV_LEVER"
+
+static int parse(const char *val, long lo, long hi, long *out, struct err *e)
+{
+    if (val)
+        setenv(VAR, val, 1);
+    else
+        unsetenv(VAR);
+    e->msg[0] = 0;
+    return env_long(VAR, lo, hi, out, e);
+}
+
+int main(void)
+{
+    struct err e;
+    long v = 42;
+    CHECK(parse(NULL, 1, 8, &v, &e) == 0 && v == 42, "unset: rc, v = %ld", v);
+    CHECK(parse("", 1, 8, &v, &e) == 0 && v == 42, "empty: v = %ld", v);
+
+    CHECK(parse("1", 1, 8, &v, &e) == 1 && v == 1, "low end: v = %ld", v);
+    CHECK(parse("8", 1, 8, &v, &e) == 1 && v == 8, "high end: v = %ld", v);
+    CHECK(parse("-3", -5, 5, &v, &e) == 1 && v == -3, "negative: v = %ld", v);
+    CHECK(parse("+4", 0, 5, &v, &e) == 1 && v == 4, "plus sign: v = %ld", v);
+
+    static const char *const bad[] = {"0", "9", "8x", "x8", " ", "4 ", "0x4", "1e3",
+                                      "99999999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        v = 42;
+        int rc = parse(bad[i], 1, 8, &v, &e);
+        char want[64];
+        snprintf(want, sizeof want, VAR "=\"%s\"", bad[i]);
+        CHECK(rc == -1 && v == 42, "\"%s\": rc %d, v %ld", bad[i], rc, v);
+        CHECK(strstr(e.msg, want) && strstr(e.msg, "[1, 8]"), "\"%s\": message \"%s\"", bad[i],
+              e.msg);
+    }
+    CHECK(parse("9223372036854775807", 0, LONG_MAX, &v, &e) == 1 && v == LONG_MAX,
+          "LONG_MAX: v = %ld", v);
+
+    static const long ks[] = {1, 2, 4, 8, 16};
+    static const char *const ok_of[] = {"1", "2", "4", "8", "16"};
+    for (int i = 0; i < 5; i++) {
+        setenv(VAR, ok_of[i], 1);
+        v = 0;
+        CHECK(env_long_of(VAR, ks, 5, &v, &e) == 1 && v == ks[i], "of: %s gave %ld", ok_of[i], v);
+    }
+    static const char *const bad_of[] = {"3", "0", "17", "2k", "-1"};
+    for (int i = 0; i < 5; i++) {
+        setenv(VAR, bad_of[i], 1);
+        v = 42;
+        e.msg[0] = 0;
+        int rc = env_long_of(VAR, ks, 5, &v, &e);
+        CHECK(rc == -1 && v == 42, "of: \"%s\": rc %d, v %ld", bad_of[i], rc, v);
+        CHECK(strstr(e.msg, "needs 1, 2, 4, 8 or 16") && strstr(e.msg, bad_of[i]),
+              "of: \"%s\": message \"%s\"", bad_of[i], e.msg);
+    }
+    unsetenv(VAR);
+    v = 42;
+    CHECK(env_long_of(VAR, ks, 5, &v, &e) == 0 && v == 42, "of: unset: v = %ld", v);
+    return test_summary("test_env");
+}
