@@ -1,7 +1,8 @@
 /* cuda_backend.h - the C-linkage entry points of the CUDA kernels (*.cu).
- * backend_cuda.c (C17) implements the backend op set and calls only these;
- * each launcher enqueues its kernel(s) on stream s and returns the launch
- * status. All pointers are device pointers unless a comment says otherwise.
+ * The host C files (backend_cuda.c and its siblings, C17) implement the
+ * op set and call only these; each launcher enqueues its kernel(s) on
+ * stream s and returns the launch status. All pointers are device
+ * pointers unless a comment says otherwise.
  *
  * Weight layouts on the device: f32/f16/bf16 as in the file (row-major
  * [rows][cols]); Q8_0 repacked at upload into int8 quants [rows][cols] plus

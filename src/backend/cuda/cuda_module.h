@@ -1,5 +1,5 @@
 /* cuda_module.h - the one entry point of the CUDA backend module
- * (libcllm_cuda.so: the kernels of src/backend/cuda + backend_cuda.c, linked against
+ * (libcllm_cuda.so: the kernels and host C files of src/backend/cuda, linked against
  * cudart/cuBLAS). The cllm binary and the tests do not link CUDA; backend.c
  * dlopens the module only when a CUDA device is asked for and calls
  * CLLM_CUDA_MODULE_SYMBOL to get this table. The module carries its own copy

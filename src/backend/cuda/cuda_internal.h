@@ -1,0 +1,423 @@
+/* cuda_internal.h - what the CUDA backend's host files share: its state
+ * (struct cuda_backend), its limits, and what one file defines for the
+ * others (backend_cuda.c's file comment says how the backend works). Only
+ * src/backend/cuda's C files include it. */
+#ifndef CLLM_BACKEND_CUDA_INTERNAL_H
+#define CLLM_BACKEND_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "model/model.h"
+
+#ifndef CLLM_CUDA_ARCH_MIN
+#define CLLM_CUDA_ARCH_MIN 90 /* CMake passes the lowest of CMAKE_CUDA_ARCHITECTURES */
+#endif
+#ifndef CLLM_CUDA_ARCH_MAX
+#define CLLM_CUDA_ARCH_MAX 90 /* and the highest (0: "native" or "all", no number) */
+#endif
+
+/* Bytes of f32 weights one chunk of the widening path may take. */
+#define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
+#define MAX_GRAPHS 32
+#define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
+#define MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+/* The most shared memory the x tiles of a GEMV of more than
+ * CUK_GEMV_DEFAULT tokens may take (gemv_rows): measured on the H200, an
+ * 8B model's 4,096-column matrices staged and its down projection on
+ * cuBLAS, 3 streams 516 -> 543-563 tok/s (48 KB of x tiles), 4 streams
+ * 733 -> 654-658 (64 KB of x tiles: more x read from shared memory per
+ * weight byte than the SM reads a clock; a ring as deep as one token's
+ * beside them did no better), so 4 tokens of 4,096 columns stay with
+ * cuBLAS; a 0.6B model's widest, 4 x 3,072 columns, is staged. */
+#define STAGED_X_BYTES ((size_t)48 << 10)
+/* Most weight megabytes of a tensor-core GEMV launch, and most elements
+ * of the x it stages (n x cols): see mma_takes. */
+#define MMA_MAX_MB 64
+#define MMA_MAX_X 32768
+/* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
+ * step's) go through cuBLASLt with their descriptors and algorithm chosen
+ * once per shape (lt_plan), LT_PLANS shapes kept. */
+#define LT_MAX_N 64
+#define LT_PLANS 64
+
+struct step_graph {
+    const void *owner, *kpool; /* forward state and KV pool it was recorded for */
+    int bucket;                /* block-table entries its record carries (per sequence) */
+    int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
+    struct attn_args att;      /* batched: the attention geometry its metadata is built for */
+    cudaGraphExec_t exec;
+};
+
+struct wentry {
+    const void *host;      /* key: the tensor's host data pointer */
+    struct cuk_weight w;   /* device copy */
+    void *mem, *mem2;      /* allocations (quants and scales for Q8_0) */
+};
+
+struct dbuf { /* a growable device buffer */
+    void *p;
+    size_t cap;
+};
+
+/* Pinned staging for host-to-device copies of per-step inputs: a copy
+ * from pageable memory makes the host wait for the stream, which would
+ * serialize issuing a step's ops with running the previous ones. */
+struct pinned {
+    void *p;
+    size_t cap;
+    cudaEvent_t ev;  /* recorded after the last copy out of p */
+    bool pending;
+};
+
+struct alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
+/* One GEMM shape's cuBLASLt setup (see gemm). */
+struct lt_plan {
+    int rows, n, cols, ldc, type, align; /* the key; rows == 0: an empty slot */
+    int batch; /* 1, or 2: a pair of same-shape matrices over one x (gemm_pair) */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    bool usable; /* set up, and the heuristic found an algorithm */
+};
+
+struct cuda_backend {
+    struct backend be;
+    struct backend_ops ops; /* cuda_ops, less what the environment turns off */
+    int device, n_sms;
+    char name[128];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    bool precise;
+    bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool rope_att;     /* the decode attention kernel does RoPE + K/V store
+                        * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
+    bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
+                        * (CLLM_CUDA_SWIGLU_OUT != 0; with fuse) */
+    bool gemm_pair;    /* k/v and gate/up GEMMs as one batched cuBLASLt call
+                        * (CLLM_CUDA_GEMM_PAIR != 0) */
+    bool gemv_staged;  /* few-row bf16/f16 GEMVs stage their weights in shared
+                        * memory (cuk_gemv_staged; Hopper and newer,
+                        * CLLM_CUDA_GEMV_STAGED != 0) */
+    struct cuk_stage_cfg stage; /* its launch shape */
+    bool gemv_mma;     /* batched steps past the GEMVs' rows go to the
+                        * tensor-core GEMV (cuk_gemv_mma) where it takes the
+                        * shape, not cuBLAS (CLLM_CUDA_GEMV_MMA != 0) */
+    struct cuk_mma_cfg mma; /* the device as cuk_gemv_mma needs it */
+    size_t mma_max_bytes; /* weights of its largest launch (CLLM_CUDA_MMA_MAX_MB) */
+    size_t mma_max_x;  /* most n x cols of x it takes (CLLM_CUDA_MMA_MAX_X) */
+    int defer_merge;   /* a decode step's key-split merge is left to the o
+                        * projection's staged GEMV when the model says that
+                        * comes next (attn_args.o_next): 0 never, 1 always,
+                        * -1 (default) when it pays (defer_pays);
+                        * CLLM_CUDA_DEFER_MERGE=0/1 */
+    /* A merge left undone (pend.out != NULL): the o projection's GEMV
+     * does it (cu_matmul_fused), any other op first settles it. */
+    struct {
+        float *out;
+        const float *ws;
+        int splits, n_heads, n_kv_heads, head_dim;
+    } pend;
+    bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
+                        * CLLM_KV_DTYPE=f32) */
+
+    struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
+    size_t map_cap, map_n;
+    size_t weight_bytes;
+
+    struct alloc_rec *allocs;
+    size_t n_allocs, cap_allocs, alloc_bytes;
+
+    struct dbuf ids, table, ws, xh, wf, invf;
+    struct dbuf mm_in, mm_out; /* matmul_fused's temporaries when it issues the plain ops */
+    struct dbuf cnt;   /* attention split counters, kept zero between calls */
+    struct dbuf dn;    /* int: splits with keys of a deferred merge */
+    /* xh holds xh_src (xh_n elements) rounded to xh_type, valid while
+     * op_seq == xh_valid_at: every op bumps op_seq, so a copy made by an op
+     * for its successor (half_out) or by a matmul for the rest of its own
+     * call never outlives a change of xh_src. */
+    const float *xh_src;
+    size_t xh_n;
+    int xh_type;
+    unsigned long op_seq, xh_valid_at;
+    int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
+    int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
+    int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
+    size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
+    bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
+    int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
+    int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
+    int dec_blocks;    /* decode attention blocks the GPU runs at once (key splits) */
+    struct pinned up_ids, up_tab, up_bat, up_smp; /* staging of ids, block table, batch
+                                                   * metadata, sampling parameters */
+    struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
+    struct cuk_sample_param *smp_host; /* their host form */
+    int smp_cap;
+    /* cuk_sample_rows' fast path, for smp_rows rows of smp_n: made on
+     * first use, left off where they cannot be had (CLLM_CUDA_SAMPLE_PREP=0:
+     * always) */
+    struct cuk_sample_ws smp_fw;
+    int smp_rows, smp_n;
+    bool smp_prep;
+    struct dbuf bat;   /* device copy of bat_host */
+    int *bat_host;     /* batch step metadata last copied to `bat` (see cuk_bseg) */
+    int *bat_tmp;      /* the metadata bat_plan built, compared with bat_host */
+    size_t bat_n, bat_cap; /* ints (bat_host and bat_tmp, each) */
+    int *tab_host;  /* the block table last copied to `table` */
+    int tab_n, tab_cap;
+    float *invf_host; /* the RoPE table last copied to `invf` */
+    int invf_n;
+
+    char err[256]; /* first deferred failure */
+
+    /* decode graphs */
+    bool graphs;       /* enabled (CLLM_COMPILED_DECODE != 0) */
+    bool capturing;    /* ops are being recorded, not run */
+    bool bgraphs;      /* batched decode steps too (off after a failed recording) */
+    int eager_decodes; /* decode steps run eagerly so far */
+    /* The batched decode step in progress (see batch_step_begin): its
+     * block-table bucket, 0 when the step is not one. */
+    int bstep;
+    const void *bowner;
+    /* The attention geometry the last batched decode step's op got, for
+     * building a step's metadata before its ops run (recording, replay). */
+    struct attn_args batt;
+    const void *batt_owner; /* NULL: none yet */
+    struct step_graph seen[SEEN_KEYS];
+    int n_seen;
+    long g_rec[2], g_rep[2]; /* graphs recorded / replayed: single, batched */
+    int att_heads, att_hd;
+    struct step_graph cache[MAX_GRAPHS];
+    int n_graphs;
+    struct step_graph rec; /* key of the graph being recorded */
+    int *h_step;       /* pinned [pos0, id, table[cap]] */
+    int step_cap;      /* table entries h_step and `step` hold */
+    struct dbuf step;  /* device copy of h_step */
+    void *blas_ws;
+    void *tc_ws;       /* cuk_gemm_tc's workspace (NULL, the default: every
+                        * GEMM through cuBLAS; CLLM_CUDA_GEMM_TC=1 on Hopper
+                        * sets it up) */
+    size_t tc_ws_bytes;
+    int tc_blocks;     /* its blocks: CLLM_CUDA_TC_CTAS (1 or 2) per SM */
+    struct cuk_tc_cfg tc_cfg; /* CLLM_CUDA_TC_SMEM (measurement) */
+    cublasLtHandle_t lt; /* NULL: every GEMM through cublasGemmEx (CLLM_CUDA_LT=0) */
+    struct lt_plan *lt_plans; /* [LT_PLANS] */
+    int lt_next;              /* the slot the next new shape takes */
+    void *am_ws;       /* cuk_argmax workspace + the result id (device) */
+    int *am_host;      /* pinned: the id copied back */
+    int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: ids on the device, pinned copy */
+    int amr_cap;             /* ids both hold */
+    void *amr_ws;            /* cuk_argmax_rows's workspace for amr_cap rows, after amr_dev's ids */
+
+    /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
+    bool timing, t_open;
+    int t_b;                 /* bucket of the open step: 0 one row (decode), 1 several
+                              * decodes, 2 steps with prefill */
+    double t_mark;           /* host clock when the step's last op was issued */
+    cudaEvent_t ev[3];       /* step start, logits copy start, copy end */
+    double t_begin, t_end;   /* host clock at step_begin / after download */
+    long t_steps[3], t_gaps[3];
+    double t_gpu[3], t_copy[3], t_wall[3], t_enq[3], t_gap[3]; /* sums, ms */
+};
+
+/* A batch step's attention plan (bat_plan): what its launches need. */
+struct bat_plan {
+    struct cuk_attn g;  /* the step's geometry (layer as asked) */
+    size_t need;        /* ints of metadata */
+    int max_splits;     /* the batch kernel's key splits (0: it only stores K/V) */
+    int dec_rows;       /* > 0: short segments go to the tensor-core decode kernel */
+    int n_short;        /* segments of at most short_rows queries */
+    bool use_short;     /* those go to a short-segment kernel */
+    int short_splits;   /* its grid depth */
+    size_t ws_floats;   /* attention workspace */
+    size_t n_cnt;       /* split counters (0: none) */
+};
+
+/* ---- backend_cuda.c: failures, work buffers, host-to-device copies ---- */
+
+double now_s(void);
+
+static inline struct cuda_backend *cb(struct backend *be) { return be->impl; }
+
+static inline void use_device(struct cuda_backend *c) { cudaSetDevice(c->device); }
+
+/* Records the first failure of a void op; returns true when err != success. */
+bool fail_cuda(struct cuda_backend *c, const char *what, cudaError_t err);
+
+void fail_msg(struct cuda_backend *c, const char *msg);
+
+/* The entry of every op that issues work: a merge the decode attention
+ * left to the o projection is completed first (c->pend; cu_matmul_fused,
+ * which may consume it, settles it itself), and the op counter moves on
+ * (see half_x). */
+struct cuda_backend *op_begin(struct backend *be);
+
+int sticky(struct cuda_backend *c, struct err *e);
+
+size_t dbuf_bytes(const struct cuda_backend *c);
+
+void graphs_flush(struct cuda_backend *c);
+
+/* Grows a work buffer to at least bytes (contents are not kept). */
+void *dbuf_get(struct cuda_backend *c, struct dbuf *b, size_t bytes, const char *what);
+
+void dbuf_free(struct dbuf *b);
+
+/* Copies bytes of host memory to dst on the stream through pin: waits for
+ * pin's previous copy only (usually long done), never for the stream. */
+bool upload_async(struct cuda_backend *c, struct pinned *pin, void *dst, const void *src,
+                  size_t bytes, const char *what);
+
+/* ---- cuda_weights.c: the weight map and load_weights ---- */
+
+struct wentry *map_find(const struct cuda_backend *c, const void *host);
+
+const float *dev_vec(struct cuda_backend *c, const float *host, const char *op);
+
+int cu_load_weights(struct backend *be, const struct model *m, struct err *e);
+
+/* ---- cuda_memory.c: the engine's buffers, copies and results (op set entries) ---- */
+
+void *cu_alloc(struct backend *be, size_t bytes);
+
+void cu_free(struct backend *be, void *p);
+
+void cu_download(struct backend *be, float *dst, const float *src, size_t n);
+
+int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e);
+
+int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                   struct err *e);
+
+void smp_prep_free(struct cuda_backend *c);
+
+int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                   const struct sample_params *p, struct err *e);
+
+void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+
+int cu_finish(struct backend *be, struct err *e);
+
+void cu_mem_info(struct backend *be, struct backend_mem *out);
+
+/* ---- cuda_matmul.c: embedding, matmuls, norms (op set entries and their helpers) ---- */
+
+const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct tensor *t,
+                                    const char *op);
+
+/* The device copy of n token ids (c->ids), copied on the stream; NULL
+ * with the failure kept. */
+const int *ids_upload(struct cuda_backend *c, const int *ids, int n);
+
+void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n);
+
+/* Destroys what a plan holds; its key stays. */
+void lt_plan_clear(struct lt_plan *pl);
+
+int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
+              struct err *e);
+
+int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
+                    const struct tensor *const *ts, int k, struct err *e);
+
+void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
+                    const float *w, int n, int dim, float eps);
+
+void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
+                int dim, float eps);
+
+void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim);
+
+void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+
+void cu_add(struct backend *be, float *x, const float *y, size_t n);
+
+int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_in *in,
+                    int n, const struct tensor *const *ts, int k, enum matmul_out out,
+                    struct err *e);
+
+/* ---- cuda_attention.c: RoPE, K/V store, attention (op set entries and their helpers) ---- */
+
+void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
+             const float *inv_freq, bool interleaved);
+
+/* Block-table entries a decode graph carries: a power of two >= 64. */
+int table_bucket(int n_blocks);
+
+/* The split counters of count (query, head) rows; zeroed when (re)made,
+ * and the attention kernels leave them zero. */
+unsigned *att_counters(struct cuda_backend *c, size_t count);
+
+/* Completes a key-split merge the decode attention left to the o
+ * projection (c->pend) when another op comes first. Every op that reads
+ * or writes device memory calls it before its work: through op_begin, or
+ * itself where the op leaves the op counter alone (download, finish,
+ * load_weights, step_end). */
+void pend_settle(struct cuda_backend *c);
+
+/* The o projection of a deferred merge (c->pend), out += merged . W^T in
+ * one staged GEMV that merges as it stages x; cudaErrorNotSupported when
+ * that GEMV does not take the shape (the caller settles instead). */
+cudaError_t pend_o_gemv(struct cuda_backend *c, float *out, const struct tensor *t);
+
+void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
+                 int layer, const float *k, const float *v, int n, int pos0);
+
+void cu_rope_kv_store(struct backend *be, float *q, float *k, const float *v, int n,
+                      int n_heads, int n_kv_heads, int head_dim, int pos0,
+                      const float *inv_freq, bool interleaved, const struct qk_norm *norm,
+                      struct kv_pool *pool, const struct kv_seq *seq, int layer);
+
+int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
+                 const struct kv_seq *seq, int layer, const struct attn_args *a,
+                 struct err *e);
+
+int cu_rope_kv_attention(struct backend *be, float *out, float *q, float *k,
+                         const float *v, const float *inv_freq, bool interleaved,
+                         const struct qk_norm *norm, struct kv_pool *pool,
+                         const struct kv_seq *seq, int layer, const struct attn_args *a,
+                         struct err *e);
+
+/* Plans the attention of a batch step's segments and builds its metadata
+ * in c->bat_tmp. bucket > 0 (a batched decode step, see batch_step_begin):
+ * every block table is padded to bucket entries and every key range split
+ * by the bucket's capacity rather than by its length, so the metadata's
+ * layout and the launches' grids depend only on (segments, bucket): a
+ * recorded step replays with new positions and tables, and eager steps
+ * split alike, so replays are bit-identical to them. */
+int bat_plan(struct cuda_backend *c, const struct batch_seg *segs, int n_seg,
+             const struct kv_pool *pool, int layer, const struct attn_args *a, int bucket,
+             struct bat_plan *p, struct err *e);
+
+/* The workspace and split counters a plan needs (*ws, *cnt: NULL where it
+ * needs none), and its metadata on the device (bat_upload); false with
+ * the failure kept. */
+bool bat_buffers(struct cuda_backend *c, const struct bat_plan *p, float **ws,
+                 unsigned **cnt);
+
+int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
+                               const float *v, const struct batch_seg *segs, int n_seg,
+                               const float *inv_freq, bool interleaved,
+                               const struct qk_norm *norm, struct kv_pool *pool,
+                               int layer, const struct attn_args *a, struct err *e);
+
+/* ---- cuda_graphs.c: decode graphs and the step hooks (op set entries) ---- */
+
+int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
+
+int cu_step_end(struct backend *be, int ops_rc, struct err *e);
+
+void cu_step_stats(struct backend *be, long recorded[2], long replayed[2]);
+
+#endif
