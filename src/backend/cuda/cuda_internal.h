@@ -246,15 +246,19 @@ struct bat_plan {
 
 /* ---- backend_cuda.c: failures, work buffers, host-to-device copies ---- */
 
+/* The monotonic clock in seconds (CLLM_CUDA_TIMING, load progress). */
 double now_s(void);
 
 static inline struct cuda_backend *cb(struct backend *be) { return be->impl; }
 
+/* Makes c's GPU the calling thread's current device (the thread calling
+ * an op need not be the one that created the backend). */
 static inline void use_device(struct cuda_backend *c) { cudaSetDevice(c->device); }
 
 /* Records the first failure of a void op; returns true when err != success. */
 bool fail_cuda(struct cuda_backend *c, const char *what, cudaError_t err);
 
+/* fail_cuda for a failure that is not a CUDA error (msg as it is). */
 void fail_msg(struct cuda_backend *c, const char *msg);
 
 /* The entry of every op that issues work: a merge the decode attention
@@ -263,15 +267,20 @@ void fail_msg(struct cuda_backend *c, const char *msg);
  * (see half_x). */
 struct cuda_backend *op_begin(struct backend *be);
 
+/* -1 with the first kept failure in e, 0 when there is none. */
 int sticky(struct cuda_backend *c, struct err *e);
 
+/* Device bytes the backend's own work buffers hold (mem_info's scratch). */
 size_t dbuf_bytes(const struct cuda_backend *c);
 
+/* Drops every recorded decode graph (before memory they may reference is
+ * freed or reallocated). */
 void graphs_flush(struct cuda_backend *c);
 
 /* Grows a work buffer to at least bytes (contents are not kept). */
 void *dbuf_get(struct cuda_backend *c, struct dbuf *b, size_t bytes, const char *what);
 
+/* Frees a work buffer and leaves it empty. */
 void dbuf_free(struct dbuf *b);
 
 /* Copies bytes of host memory to dst on the stream through pin: waits for
@@ -279,40 +288,25 @@ void dbuf_free(struct dbuf *b);
 bool upload_async(struct cuda_backend *c, struct pinned *pin, void *dst, const void *src,
                   size_t bytes, const char *what);
 
-/* ---- cuda_weights.c: the weight map and load_weights ---- */
+/* ---- cuda_weights.c: the weight map ---- */
 
+/* The device copy of the tensor or vector whose host data is host; NULL
+ * when it was not uploaded. */
 struct wentry *map_find(const struct cuda_backend *c, const void *host);
 
+/* The device copy of a norm or bias vector; NULL with the failure kept
+ * (naming op) when it was not uploaded. */
 const float *dev_vec(struct cuda_backend *c, const float *host, const char *op);
 
-int cu_load_weights(struct backend *be, const struct model *m, struct err *e);
+/* ---- cuda_memory.c: the sampler's buffers ---- */
 
-/* ---- cuda_memory.c: the engine's buffers, copies and results (op set entries) ---- */
-
-void *cu_alloc(struct backend *be, size_t bytes);
-
-void cu_free(struct backend *be, void *p);
-
-void cu_download(struct backend *be, float *dst, const float *src, size_t n);
-
-int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e);
-
-int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
-                   struct err *e);
-
+/* Frees the device sampler's fast-path buffers (cu_sample_rows makes them
+ * again when needed). */
 void smp_prep_free(struct cuda_backend *c);
 
-int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
-                   const struct sample_params *p, struct err *e);
+/* ---- cuda_matmul.c: weights as the ops see them, ids, cuBLASLt plans ---- */
 
-void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes);
-
-int cu_finish(struct backend *be, struct err *e);
-
-void cu_mem_info(struct backend *be, struct backend_mem *out);
-
-/* ---- cuda_matmul.c: embedding, matmuls, norms (op set entries and their helpers) ---- */
-
+/* dev_vec for a weight matrix (its cuk_weight view). */
 const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct tensor *t,
                                     const char *op);
 
@@ -320,37 +314,10 @@ const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct tensor 
  * with the failure kept. */
 const int *ids_upload(struct cuda_backend *c, const int *ids, int n);
 
-void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n);
-
 /* Destroys what a plan holds; its key stays. */
 void lt_plan_clear(struct lt_plan *pl);
 
-int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
-              struct err *e);
-
-int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
-                    const struct tensor *const *ts, int k, struct err *e);
-
-void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
-                    const float *w, int n, int dim, float eps);
-
-void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
-                int dim, float eps);
-
-void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim);
-
-void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
-
-void cu_add(struct backend *be, float *x, const float *y, size_t n);
-
-int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_in *in,
-                    int n, const struct tensor *const *ts, int k, enum matmul_out out,
-                    struct err *e);
-
-/* ---- cuda_attention.c: RoPE, K/V store, attention (op set entries and their helpers) ---- */
-
-void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
-             const float *inv_freq, bool interleaved);
+/* ---- cuda_attention.c: block tables, split counters, the deferred merge, batch plans ---- */
 
 /* Block-table entries a decode graph carries: a power of two >= 64. */
 int table_bucket(int n_blocks);
@@ -371,24 +338,6 @@ void pend_settle(struct cuda_backend *c);
  * that GEMV does not take the shape (the caller settles instead). */
 cudaError_t pend_o_gemv(struct cuda_backend *c, float *out, const struct tensor *t);
 
-void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
-                 int layer, const float *k, const float *v, int n, int pos0);
-
-void cu_rope_kv_store(struct backend *be, float *q, float *k, const float *v, int n,
-                      int n_heads, int n_kv_heads, int head_dim, int pos0,
-                      const float *inv_freq, bool interleaved, const struct qk_norm *norm,
-                      struct kv_pool *pool, const struct kv_seq *seq, int layer);
-
-int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
-                 const struct kv_seq *seq, int layer, const struct attn_args *a,
-                 struct err *e);
-
-int cu_rope_kv_attention(struct backend *be, float *out, float *q, float *k,
-                         const float *v, const float *inv_freq, bool interleaved,
-                         const struct qk_norm *norm, struct kv_pool *pool,
-                         const struct kv_seq *seq, int layer, const struct attn_args *a,
-                         struct err *e);
-
 /* Plans the attention of a batch step's segments and builds its metadata
  * in c->bat_tmp. bucket > 0 (a batched decode step, see batch_step_begin):
  * every block table is padded to bucket entries and every key range split
@@ -406,18 +355,64 @@ int bat_plan(struct cuda_backend *c, const struct batch_seg *segs, int n_seg,
 bool bat_buffers(struct cuda_backend *c, const struct bat_plan *p, float **ws,
                  unsigned **cnt);
 
+/* ---- the op set's entries (backend.h has their contracts), for
+ * backend_cuda.c's op table, by the file that defines them ---- */
+
+/* cuda_weights.c */
+int cu_load_weights(struct backend *be, const struct model *m, struct err *e);
+/* cuda_memory.c */
+void *cu_alloc(struct backend *be, size_t bytes);
+void cu_free(struct backend *be, void *p);
+void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+void cu_download(struct backend *be, float *dst, const float *src, size_t n);
+int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e);
+int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                   struct err *e);
+int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
+                   const struct sample_params *p, struct err *e);
+int cu_finish(struct backend *be, struct err *e);
+void cu_mem_info(struct backend *be, struct backend_mem *out);
+/* cuda_matmul.c */
+void cu_embed(struct backend *be, float *out, const struct tensor *t, const int *ids, int n);
+int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
+              struct err *e);
+int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int n,
+                    const struct tensor *const *ts, int k, struct err *e);
+int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_in *in,
+                    int n, const struct tensor *const *ts, int k, enum matmul_out out,
+                    struct err *e);
+void cu_add_rmsnorm(struct backend *be, float *out, float *x, const float *y,
+                    const float *w, int n, int dim, float eps);
+void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
+                int dim, float eps);
+void cu_add_bias(struct backend *be, float *x, const float *b, int n, int dim);
+void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n);
+void cu_add(struct backend *be, float *x, const float *y, size_t n);
+/* cuda_attention.c */
+void cu_rope(struct backend *be, float *x, int n, int n_heads, int head_dim, int pos0,
+             const float *inv_freq, bool interleaved);
+void cu_kv_store(struct backend *be, struct kv_pool *pool, const struct kv_seq *seq,
+                 int layer, const float *k, const float *v, int n, int pos0);
+void cu_rope_kv_store(struct backend *be, float *q, float *k, const float *v, int n,
+                      int n_heads, int n_kv_heads, int head_dim, int pos0,
+                      const float *inv_freq, bool interleaved, const struct qk_norm *norm,
+                      struct kv_pool *pool, const struct kv_seq *seq, int layer);
+int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,
+                 const struct kv_seq *seq, int layer, const struct attn_args *a,
+                 struct err *e);
+int cu_rope_kv_attention(struct backend *be, float *out, float *q, float *k,
+                         const float *v, const float *inv_freq, bool interleaved,
+                         const struct qk_norm *norm, struct kv_pool *pool,
+                         const struct kv_seq *seq, int layer, const struct attn_args *a,
+                         struct err *e);
 int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *k,
                                const float *v, const struct batch_seg *segs, int n_seg,
                                const float *inv_freq, bool interleaved,
                                const struct qk_norm *norm, struct kv_pool *pool,
                                int layer, const struct attn_args *a, struct err *e);
-
-/* ---- cuda_graphs.c: decode graphs and the step hooks (op set entries) ---- */
-
+/* cuda_graphs.c */
 int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
-
 int cu_step_end(struct backend *be, int ops_rc, struct err *e);
-
 void cu_step_stats(struct backend *be, long recorded[2], long replayed[2]);
 
 #endif
