@@ -7,7 +7,9 @@
 #      vs on the host (CLLM_CUDA_SAMPLE=0) from the same GPU logits, and
 #      `cllm serve --device cuda` under a burst of concurrent clients,
 #   3. benchmarks (random-weight models made by gen_model): prefill of a
-#      512-token prompt and batch-1 decode, with --device cuda,
+#      512-token prompt and batch-1 decode, with --device cuda, then the
+#      aggregate decode of BATCH (default 8,32,64; 0 skips) streams of 512
+#      + 128 tokens (cllm bench --batch),
 #   4. compute-sanitizer (memcheck, racecheck) on short runs.
 # TESTS=0 skips 1-2 (2 includes CPU vs CUDA greedy ids on CROSS_SHAPES,
 # random-weight gen_model shapes), SANITIZE=0 skips 4, EAGER=0 times only the default
@@ -116,6 +118,16 @@ for shape in $SHAPES; do
         cat "$WORK/bench.log"
         note "bench $shape bf16 cuda $mode (--warmup, pp512 + tg128): $line"
     done
+    # the fourth target: S independent sequences of 512 + 128
+    # tokens, aggregate decode tok/s while all S decode
+    if [ "${BATCH:-8,32,64}" != 0 ]; then
+        timeout 300 "$BIN/cllm" bench "$f" --device cuda -p 512 -n 128 --batch "${BATCH:-8,32,64}" >"$WORK/batch.log" 2>&1
+        cat "$WORK/batch.log"
+        while read -r _ S _ agg _; do
+            note "bench $shape bf16 cuda, $S streams of 512 + 128 (cllm bench --batch): agg $agg tok/s"
+        done < <(grep -E '^batch +[0-9]+ +agg' "$WORK/batch.log")
+        grep -qE '^batch +[0-9]+ +agg' "$WORK/batch.log" || note "bench $shape --batch ${BATCH:-8,32,64}: no result (see the log above)"
+    fi
     rm -f "$f"
 done
 
