@@ -388,8 +388,9 @@ static int cuda_device_count(struct err *e)
     return n;
 }
 
-/* The environment's switches: env_off for those on unless set to "0",
- * env_on for those off unless set to something other than "" or "0". */
+/* The environment's switches, read as docs/config.md says boolean levers
+ * are (the spec's flagOn): env_off for those on unless set to "0", env_on
+ * for those off unless set to "1"; any other value leaves the default. */
 static bool env_off(const char *name)
 {
     const char *p = getenv(name);
@@ -399,7 +400,7 @@ static bool env_off(const char *name)
 static bool env_on(const char *name)
 {
     const char *p = getenv(name);
-    return p && *p && strcmp(p, "0") != 0;
+    return p && !strcmp(p, "1");
 }
 
 /* The numeric levers (docs/config.md), read before anything is allocated
