@@ -1,4 +1,6 @@
-/* test_env.c - strict numeric environment levers (base/env.c):
+/* test_env.c - strict numeric environment levers (base/env.c) and the
+ * integer rule they share with the flags (base/parse.c):
+ *   0. parse_long takes a whole decimal integer in range and nothing else;
  *   1. unset and empty leave the value alone and return 0;
  *   2. an integer in range is taken (1), at both ends and with a sign;
  *   3. out of range, trailing text, no digits, spaces and overflow are
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "base/env.h"
+#include "base/parse.h"
 #include "testutil.h"
 
 #define VAR "CLLM_TEST_ENV_LEVER"
@@ -27,6 +30,16 @@ static int parse(const char *val, long lo, long hi, long *out, struct err *e)
 
 int main(void)
 {
+    long x = 7;
+    CHECK(parse_long("-12", -12, 0, &x) && x == -12, "parse_long -12: %ld", x);
+    CHECK(parse_long("0", 0, 0, &x) && x == 0, "parse_long 0: %ld", x);
+    static const char *const not_ints[] = {NULL, "", " 1", "1 ", "1.0", "0x10", "--1", "1,2", "13"};
+    for (size_t i = 0; i < sizeof not_ints / sizeof *not_ints; i++) {
+        x = 7;
+        CHECK(!parse_long(not_ints[i], -12, 12, &x) && x == 7, "parse_long \"%s\" took %ld",
+              not_ints[i] ? not_ints[i] : "(null)", x);
+    }
+
     struct err e;
     long v = 42;
     CHECK(parse(NULL, 1, 8, &v, &e) == 0 && v == 42, "unset: rc, v = %ld", v);

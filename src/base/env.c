@@ -1,22 +1,19 @@
 /* env.c - strict parsing of numeric environment levers (see env.h). */
 #include "base/env.h"
 
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "base/parse.h"
 
 int env_long(const char *name, long lo, long hi, long *out, struct err *e)
 {
     const char *v = getenv(name);
     if (!v || !*v)
         return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi)
+    if (!parse_long(v, lo, hi, out))
         return err_set(e, "%s=\"%s\": needs an integer in [%ld, %ld]", name, v, lo, hi);
-    *out = x;
     return 1;
 }
 

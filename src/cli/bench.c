@@ -18,6 +18,7 @@
 
 #include "cli/cli.h"
 #include "backend/backend.h"
+#include "base/parse.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
@@ -78,10 +79,8 @@ static void bench_usage(FILE *f)
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || end == v || x < lo || x > hi) {
+    long x;
+    if (!parse_long(v, lo, hi, &x)) {
         fprintf(stderr, "cllm bench: %s needs an integer in [%d, %d] (got \"%s\")\n", flag, lo, hi,
                 v ? v : "");
         return -1;

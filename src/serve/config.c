@@ -1,6 +1,7 @@
 /* config.c - builds the serve config snapshot: defaults, then CLLM_*
  * environment variables, then `cllm serve` flags (see config.h). */
 #include "base/env.h"
+#include "base/parse.h"
 #include "serve/config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -173,10 +174,8 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
 
 static int parse_i(const char *flag, const char *v, long lo, long hi, int *out, struct err *e)
 {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi)
+    long x;
+    if (!parse_long(v, lo, hi, &x))
         return err_set(e, "%s needs an integer in [%ld, %ld] (got \"%s\")", flag, lo, hi, v);
     *out = (int)x;
     return 0;

@@ -1,0 +1,13 @@
+/* parse.h - the strict integer rule of cllm's flags and environment
+ * levers: the whole string is one decimal integer (an optional sign, no
+ * spaces, no trailing text) within [lo, hi]. Callers word the error. */
+#ifndef CLLM_BASE_PARSE_H
+#define CLLM_BASE_PARSE_H
+
+#include <stdbool.h>
+
+/* true with *out set when s (may be NULL) holds such an integer; false
+ * with *out untouched otherwise. */
+bool parse_long(const char *s, long lo, long hi, long *out);
+
+#endif
