@@ -18,8 +18,9 @@
  *
  * Shape: one block per SM, GEMV_WARPS warps. The units (output rows over
  * the k matrices; (gate, up) row pairs for the SwiGLU output) are split
- * evenly over the blocks, and a block's units go round-robin to its warps.
- * Each warp owns a ring of slots; a slot holds one column chunk of the
+ * evenly over the blocks, and a block's units go round-robin to its warps
+ * (cuk_stage_cfg.deal, measurement: dealt round-robin over all the grid's
+ * warps instead, so a block's last round is whole warps). Each warp owns a ring of slots; a slot holds one column chunk of the
  * warp's current unit (its one or two rows). Lane 0 issues the copies and
  * refills a slot as soon as the warp has read it; no block barrier after
  * x is staged.
@@ -49,6 +50,8 @@ struct sgp {
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
+    int deal;    /* cuk_stage_cfg's */
+    int ustride; /* units from one of a warp's units to its next */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -68,13 +71,13 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
 }
 
 /* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
- * GEMV_WARPS, column chunk ch) into slot s (the item's number modulo
+ * p.ustride, column chunk ch) into slot s (the item's number modulo
  * p.slots): the callers step j, ch and s along, no division. */
 template <int BYTES, bool PAIR>
 static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int j, int ch,
                                                 int s, unsigned char *slot0, uint64_t *bar)
 {
-    int u = ubase + j * GEMV_WARPS;
+    int u = ubase + j * p.ustride;
     int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
     unsigned bytes = (unsigned)(nc * BYTES);
     unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
@@ -201,10 +204,18 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gp_warp gpw;
     gpw.t0 = gp_now();
 #endif
-    const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
-    const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
-    const int ubase = u0 + warp;
-    const int nu = u1 - ubase > 0 ? (u1 - ubase + GEMV_WARPS - 1) / GEMV_WARPS : 0;
+    /* the warp's units: ubase, ubase + p.ustride, ... (nu of them), in a
+     * run of the block's (default) or dealt over the grid's warps */
+    int ubase, nu;
+    if (p.deal) {
+        ubase = (int)blockIdx.x * GEMV_WARPS + warp;
+        nu = ubase < p.units ? (p.units - ubase + p.ustride - 1) / p.ustride : 0;
+    } else {
+        const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
+        const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
+        ubase = u0 + warp;
+        nu = u1 - ubase > 0 ? (u1 - ubase + GEMV_WARPS - 1) / GEMV_WARPS : 0;
+    }
     const int nch = (p.cols + p.chunk - 1) / p.chunk, items = nu * nch;
     uint64_t *bar = bars + warp * p.slots;
     unsigned char *slot0 = ring + (size_t)warp * p.slots * p.slot_bytes;
@@ -328,7 +339,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 parity ^= 1u;
             }
         }
-        const int u = ubase + j * GEMV_WARPS;
+        const int u = ubase + j * p.ustride;
 #pragma unroll
         for (int r = 0; r < NT; r++) {
             if (PAIR) {
@@ -373,6 +384,8 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     }
     if (blocks > p->units)
         blocks = p->units;
+    p->deal = cfg && cfg->deal;
+    p->ustride = p->deal ? blocks * GEMV_WARPS : GEMV_WARPS;
     p->tile_cols = (p->cols + 255) / 256 * 256;
     int chunk = cfg && cfg->chunk_cols > 0 ? cfg->chunk_cols : SG_CHUNK_DEFAULT;
     if (chunk % 256)
