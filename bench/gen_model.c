@@ -32,6 +32,8 @@ static const struct shape shapes[] = {
     {"tiny-qwen2", "qwen2", 64, 128, 2, 4, 2, 16, 256, 512, 1e6f, 1e-6f, true, false, true},
     /* the llama3 vocabulary (128256) for serving with --tokenizer llama3_1: ~33 MB in bf16 */
     {"tiny-llama3", "llama", 64, 128, 2, 4, 2, 16, 128256, 8192, 5e5f, 1e-5f, false, false, false},
+    /* the qwen3 vocabulary (151936) for serving with --tokenizer qwen3: ~20 MB in bf16 */
+    {"tiny-qwen3", "qwen3", 64, 128, 2, 4, 2, 16, 151936, 8192, 1e6f, 1e-6f, true, true, false},
     /* published model shapes */
     {"qwen3-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e6f, 1e-6f, true, true, false},
     {"qwen3-1.7b", "qwen3", 2048, 6144, 28, 16, 8, 128, 151936, 40960, 1e6f, 1e-6f, true, true, false},
