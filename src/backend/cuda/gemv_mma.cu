@@ -248,9 +248,7 @@ static __device__ __forceinline__ float mma_row_inv(const float *x, int cols, fl
         s.z = fmaf(v.z, v.z, s.z);
         s.w = fmaf(v.w, v.w, s.w);
     }
-    float ss = (s.x + s.y) + (s.z + s.w);
-    for (int o = 16; o > 0; o >>= 1) /* commutative steps: every lane the same sum */
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float ss = cuk_warp_sum((s.x + s.y) + (s.z + s.w)); /* every lane the same sum */
     return 1.0f / sqrtf(ss / (float)cols + eps);
 }
 
