@@ -6,7 +6,8 @@
  *   3. out of range, trailing text, no digits, spaces and overflow are
  *      errors (-1) naming the variable, its value and the range, and leave
  *      the value alone;
- *   4. env_long_of takes only its listed values and names them all. */
+ *   4. env_long_of takes only its listed values and names them all;
+ *   5. env_flag is the spec's flagOn: "1" on, "0" off, else the default. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,5 +85,19 @@ int main(void)
     unsetenv(VAR);
     v = 42;
     CHECK(env_long_of(VAR, ks, 5, &v, &e) == 0 && v == 42, "of: unset: v = %ld", v);
+
+    /* flagOn: "1" and "0" decide, anything else (or unset) is the default */
+    CHECK(env_flag(VAR, true) && !env_flag(VAR, false), "flag: unset");
+    static const char *const not_flags[] = {"", "true", "false", "yes", "2", " 1", "01"};
+    for (size_t i = 0; i < sizeof not_flags / sizeof *not_flags; i++) {
+        setenv(VAR, not_flags[i], 1);
+        CHECK(env_flag(VAR, true) && !env_flag(VAR, false), "flag: \"%s\" not the default",
+              not_flags[i]);
+    }
+    setenv(VAR, "1", 1);
+    CHECK(env_flag(VAR, false) && env_flag(VAR, true), "flag: \"1\"");
+    setenv(VAR, "0", 1);
+    CHECK(!env_flag(VAR, true) && !env_flag(VAR, false), "flag: \"0\"");
+    unsetenv(VAR);
     return test_summary("test_env");
 }

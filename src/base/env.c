@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/parse.h"
 
@@ -15,6 +16,12 @@ int env_long(const char *name, long lo, long hi, long *out, struct err *e)
     if (!parse_long(v, lo, hi, out))
         return err_set(e, "%s=\"%s\": needs an integer in [%ld, %ld]", name, v, lo, hi);
     return 1;
+}
+
+bool env_flag(const char *name, bool dflt)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "1") ? true : v && !strcmp(v, "0") ? false : dflt;
 }
 
 int env_long_of(const char *name, const long *allowed, int n, long *out, struct err *e)

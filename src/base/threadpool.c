@@ -18,6 +18,7 @@
  * CPUs fell from 40 to 7 tok/s, with two to 1.7. Now the threads that are
  * running take the slots of those that are not. */
 #include "base/threadpool.h"
+#include "base/env.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -90,8 +91,7 @@ static void tp_pin_self(const cpu_set_t *set)
  * allowed CPUs than threads or CLLM_PIN_THREADS=0. */
 static int tp_plan_pinning(struct threadpool *tp)
 {
-    const char *env = getenv("CLLM_PIN_THREADS");
-    if (tp->n < 2 || (env && strcmp(env, "0") == 0))
+    if (tp->n < 2 || !env_flag("CLLM_PIN_THREADS", true))
         return 0;
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < tp->n)

@@ -81,16 +81,6 @@ static int set_device(struct serve_config *c, bool env, const char *v, struct er
     return 0;
 }
 
-/* Boolean levers: "1" on, "0" off, anything else unset (the spec's flagOn). */
-static void env_bool(const char *name, bool *out)
-{
-    const char *v = getenv(name);
-    if (v && !strcmp(v, "1"))
-        *out = true;
-    else if (v && !strcmp(v, "0"))
-        *out = false;
-}
-
 int serve_config_from_env(struct serve_config *c, struct err *e)
 {
     memset(c, 0, sizeof *c);
@@ -136,7 +126,7 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
     if (env_long("CLLM_RESPONSES_STORE", 0, 1 << 20, &v, e) < 0)
         return -1;
     c->responses_store = (int)v;
-    env_bool("CLLM_LOG_REQUESTS", &c->log_requests);
+    c->log_requests = env_flag("CLLM_LOG_REQUESTS", c->log_requests);
     const char *dv = getenv("CLLM_DEVICE");
     if (dv && *dv && set_device(c, true, dv, e))
         return -1;

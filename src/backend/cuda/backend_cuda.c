@@ -388,21 +388,6 @@ static int cuda_device_count(struct err *e)
     return n;
 }
 
-/* The environment's switches, read as docs/config.md says boolean levers
- * are (the spec's flagOn): env_off for those on unless set to "0", env_on
- * for those off unless set to "1"; any other value leaves the default. */
-static bool env_off(const char *name)
-{
-    const char *p = getenv(name);
-    return p && !strcmp(p, "0");
-}
-
-static bool env_on(const char *name)
-{
-    const char *p = getenv(name);
-    return p && !strcmp(p, "1");
-}
-
 /* The numeric levers (docs/config.md), read before anything is allocated
  * so that a bad value is the same error with or without a GPU. 0 means
  * unset (gemv_max: -1, since 0 is a value). */
@@ -530,7 +515,7 @@ static struct backend *cuda_create(int device, struct err *e)
         free(c);
         return NULL;
     }
-    c->precise = env_on("CLLM_CUDA_PRECISE");
+    c->precise = env_flag("CLLM_CUDA_PRECISE", false);
     /* Rows up to which matmuls use the GEMV kernels (f32 activations) rather
      * than a tensor-core GEMM (activations rounded to bf16/f16). */
     /* 0 (measurement): none, even for one token */
@@ -540,26 +525,26 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
     c->half_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
-    c->att_mma = !env_off("CLLM_CUDA_ATT_MMA");
+    c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);
     /* measurement: decode attention blocks per SM */
     c->dec_blocks = c->n_sms * (lv.dec_bps ? (int)lv.dec_bps : CUK_DEC_BLOCKS_PER_SM);
-    cuk_set_pdl(hopper && !env_off("CLLM_CUDA_PDL"));
+    cuk_set_pdl(hopper && env_flag("CLLM_CUDA_PDL", true));
     c->kv_bf16 = !c->precise && kv_dt == DT_BF16;
-    c->graphs = !env_off("CLLM_COMPILED_DECODE");
-    c->bgraphs = !env_off("CLLM_COMPILED_BATCH");
-    c->fuse = !env_off("CLLM_CUDA_FUSE");
-    c->rope_att = !env_off("CLLM_CUDA_ROPE_ATT");
-    c->swiglu_out = !env_off("CLLM_CUDA_SWIGLU_OUT");
-    if (!env_off("CLLM_CUDA_LT") && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
+    c->graphs = env_flag("CLLM_COMPILED_DECODE", true);
+    c->bgraphs = env_flag("CLLM_COMPILED_BATCH", true);
+    c->fuse = env_flag("CLLM_CUDA_FUSE", true);
+    c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
+    c->swiglu_out = env_flag("CLLM_CUDA_SWIGLU_OUT", true);
+    if (env_flag("CLLM_CUDA_LT", true) && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
-    c->gemm_pair = !env_off("CLLM_CUDA_GEMM_PAIR");
-    c->gemv_staged = hopper && !env_off("CLLM_CUDA_GEMV_STAGED");
-    c->smp_prep = !env_off("CLLM_CUDA_SAMPLE_PREP");
+    c->gemm_pair = env_flag("CLLM_CUDA_GEMM_PAIR", true);
+    c->gemv_staged = hopper && env_flag("CLLM_CUDA_GEMV_STAGED", true);
+    c->smp_prep = env_flag("CLLM_CUDA_SAMPLE_PREP", true);
     /* mma.sync on bf16/f16: compute capability 8.0 and newer, in code
      * built for it (its body is compiled out below sm_80, like hopper's) */
     c->gemv_mma = prop.major >= 8 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 80) &&
-                  !env_off("CLLM_CUDA_GEMV_MMA");
+                  env_flag("CLLM_CUDA_GEMV_MMA", true);
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
     c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;
@@ -569,14 +554,13 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma.warps = (int)lv.mma_warps;
     c->mma_max_bytes = (lv.mma_max_mb ? (size_t)lv.mma_max_mb : MMA_MAX_MB) << 20;
     c->mma_max_x = lv.mma_max_x ? (size_t)lv.mma_max_x : MMA_MAX_X;
-    c->mma.stage_regs = env_on("CLLM_CUDA_MMA_STAGE_REGS"); /* measurement */
-    c->defer_merge = env_off("CLLM_CUDA_DEFER_MERGE")  ? 0
-                     : env_on("CLLM_CUDA_DEFER_MERGE") ? 1
-                                                       : -1;
+    c->mma.stage_regs = env_flag("CLLM_CUDA_MMA_STAGE_REGS", false); /* measurement */
+    c->defer_merge = !env_flag("CLLM_CUDA_DEFER_MERGE", true)   ? 0
+                     : env_flag("CLLM_CUDA_DEFER_MERGE", false) ? 1
+                                                                : -1;
     /* The tensor-core GEMM's partial sums and counters (zeroed once), when
      * asked for; a failed allocation leaves those GEMMs to cuBLAS. */
-    const char *p = getenv("CLLM_CUDA_GEMM_TC");
-    if (hopper && p && !strcmp(p, "1")) { /* opt-in: "1" only */
+    if (hopper && env_flag("CLLM_CUDA_GEMM_TC", false)) { /* opt-in */
         c->tc_blocks = c->n_sms * (lv.tc_ctas ? (int)lv.tc_ctas : 1);
         c->tc_cfg.smem_bytes = (int)lv.tc_smem;
         size_t b = cuk_gemm_tc_ws_bytes(c->tc_blocks);
@@ -593,14 +577,14 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage.blocks = c->n_sms;
     /* measurement: the staged GEMV's columns per copy and shared memory */
     c->stage.chunk_cols = (int)lv.stage_cols;
-    c->stage.deal = env_on("CLLM_CUDA_STAGE_DEAL");
+    c->stage.deal = env_flag("CLLM_CUDA_STAGE_DEAL", false);
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
-    c->timing = env_on("CLLM_CUDA_TIMING");
+    c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)
             c->timing = false;
     c->ops = cuda_ops;
-    if (env_off("CLLM_CUDA_SAMPLE")) /* sampled rows go to the host's sampler */
+    if (!env_flag("CLLM_CUDA_SAMPLE", true)) /* sampled rows go to the host's sampler */
         c->ops.sample_rows = NULL;
     c->be.ops = &c->ops;
     c->be.impl = c;
