@@ -364,11 +364,8 @@ static void bench_model(struct cpu_matmul *mm, enum dtype dt, int n_prefill, dou
 
 static enum cpu_isa parse_isa(const char *s)
 {
-    if (strcmp(s, "scalar") == 0)
-        return CPU_ISA_SCALAR;
-    if (strcmp(s, "avx2") == 0)
-        return CPU_ISA_AVX2;
-    return CPU_ISA_AVX512;
+    int i = cpu_isa_from_name(s);
+    return i < 0 ? CPU_ISA_AVX512 : (enum cpu_isa)i;
 }
 
 int main(int argc, char **argv)

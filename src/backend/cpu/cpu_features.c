@@ -72,16 +72,18 @@ int cpu_isa_detect(struct err *e)
     const char *env = getenv("CLLM_ISA");
     if (!env || !*env)
         return isa;
-    enum cpu_isa want = isa;
-    if (strcmp(env, "scalar") == 0)
-        want = CPU_ISA_SCALAR;
-    else if (strcmp(env, "avx2") == 0)
-        want = CPU_ISA_AVX2;
-    else if (strcmp(env, "avx512") == 0)
-        want = CPU_ISA_AVX512;
-    else
+    int want = cpu_isa_from_name(env);
+    if (want < 0)
         return err_set(e, "CLLM_ISA=\"%s\": needs scalar, avx2 or avx512", env);
-    return want < isa ? want : isa;
+    return want < (int)isa ? want : (int)isa;
+}
+
+int cpu_isa_from_name(const char *s)
+{
+    for (int i = CPU_ISA_SCALAR; i <= CPU_ISA_AVX512; i++)
+        if (!strcmp(s, cpu_isa_name((enum cpu_isa)i)))
+            return i;
+    return -1;
 }
 
 const char *cpu_isa_name(enum cpu_isa isa)

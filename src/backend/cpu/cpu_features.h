@@ -17,6 +17,8 @@ enum cpu_isa {
  * to something else. */
 int cpu_isa_detect(struct err *e);
 const char *cpu_isa_name(enum cpu_isa isa);
+/* The ISA cpu_isa_name calls s; -1 for any other string. */
+int cpu_isa_from_name(const char *s);
 
 /* The best ISA the hardware and OS support, ignoring CLLM_ISA (tests use it
  * to enumerate every kernel family the machine can run). */
