@@ -50,8 +50,7 @@ struct sgp {
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
-    int deal;    /* cuk_stage_cfg's */
-    int ustride; /* units from one of a warp's units to its next */
+    int deal; /* cuk_stage_cfg's */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -71,13 +70,14 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
 }
 
 /* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
- * p.ustride, column chunk ch) into slot s (the item's number modulo
+ * ustride, column chunk ch) into slot s (the item's number modulo
  * p.slots): the callers step j, ch and s along, no division. */
 template <int BYTES, bool PAIR>
-static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int j, int ch,
-                                                int s, unsigned char *slot0, uint64_t *bar)
+static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int ustride, int j,
+                                                int ch, int s, unsigned char *slot0,
+                                                uint64_t *bar)
 {
-    int u = ubase + j * p.ustride;
+    int u = ubase + j * ustride;
     int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
     unsigned bytes = (unsigned)(nc * BYTES);
     unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
@@ -204,12 +204,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gp_warp gpw;
     gpw.t0 = gp_now();
 #endif
-    /* the warp's units: ubase, ubase + p.ustride, ... (nu of them), in a
+    /* the warp's units: ubase, ubase + ustride, ... (nu of them), in a
      * run of the block's (default) or dealt over the grid's warps */
+    const int ustride = p.deal ? (int)gridDim.x * GEMV_WARPS : GEMV_WARPS;
     int ubase, nu;
     if (p.deal) {
         ubase = (int)blockIdx.x * GEMV_WARPS + warp;
-        nu = ubase < p.units ? (p.units - ubase + p.ustride - 1) / p.ustride : 0;
+        nu = ubase < p.units ? (p.units - ubase + ustride - 1) / ustride : 0;
     } else {
         const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
         const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int i = 0, j = 0, ch = 0; i < items && i < p.slots; i++) {
-            sg_issue<BYTES, PAIR>(p, ubase, j, ch, i, slot0, bar);
+            sg_issue<BYTES, PAIR>(p, ubase, ustride, j, ch, i, slot0, bar);
             if (++ch == nch) {
                 ch = 0;
                 j++;
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
              * above), so lane 0 may refill it */
             __syncwarp();
             if (lane == 0 && i + p.slots < items)
-                sg_issue<BYTES, PAIR>(p, ubase, rj, rch, s, slot0, bar);
+                sg_issue<BYTES, PAIR>(p, ubase, ustride, rj, rch, s, slot0, bar);
             if (++rch == nch) {
                 rch = 0;
                 rj++;
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                 parity ^= 1u;
             }
         }
-        const int u = ubase + j * p.ustride;
+        const int u = ubase + j * ustride;
 #pragma unroll
         for (int r = 0; r < NT; r++) {
             if (PAIR) {
@@ -385,7 +386,6 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     if (blocks > p->units)
         blocks = p->units;
     p->deal = cfg && cfg->deal;
-    p->ustride = p->deal ? blocks * GEMV_WARPS : GEMV_WARPS;
     p->tile_cols = (p->cols + 255) / 256 * 256;
     int chunk = cfg && cfg->chunk_cols > 0 ? cfg->chunk_cols : SG_CHUNK_DEFAULT;
     if (chunk % 256)
