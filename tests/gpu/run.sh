@@ -123,10 +123,12 @@ for shape in $SHAPES; do
     if [ "${BATCH:-8,32,64}" != 0 ]; then
         timeout 300 "$BIN/cllm" bench "$f" --device cuda -p 512 -n 128 --batch "${BATCH:-8,32,64}" >"$WORK/batch.log" 2>&1
         cat "$WORK/batch.log"
+        got=0
         while read -r _ S _ agg _; do
             note "bench $shape bf16 cuda, $S streams of 512 + 128 (cllm bench --batch): agg $agg tok/s"
+            got=$((got + 1))
         done < <(grep -E '^batch +[0-9]+ +agg' "$WORK/batch.log")
-        grep -qE '^batch +[0-9]+ +agg' "$WORK/batch.log" || note "bench $shape --batch ${BATCH:-8,32,64}: no result (see the log above)"
+        [ "$got" -gt 0 ] || note "bench $shape --batch ${BATCH:-8,32,64}: no result (see the log above)"
     fi
     rm -f "$f"
 done
