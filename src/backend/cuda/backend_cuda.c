@@ -577,7 +577,6 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage.blocks = c->n_sms;
     /* measurement: the staged GEMV's columns per copy and shared memory */
     c->stage.chunk_cols = (int)lv.stage_cols;
-    c->stage.deal = env_flag("CLLM_CUDA_STAGE_DEAL", false);
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)

@@ -308,9 +308,6 @@ struct cuk_stage_cfg {
     int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
     int any_size;   /* also take rows under 4 KB (tests; declined
                      * otherwise, see cuk_gemv_staged) */
-    int deal;       /* 1 (measurement): unit u goes to warp u mod (blocks x
-                     * warps) of the whole grid instead of a block taking a
-                     * run of units; the same bits */
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */

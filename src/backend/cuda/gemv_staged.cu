@@ -17,13 +17,15 @@
  * was slower (112 KB: 8B 194 tok/s), as was a larger one (200 KB: 218).
  *
  * Shape: one block per SM, GEMV_WARPS warps. The units (output rows over
- * the k matrices; (gate, up) row pairs for the SwiGLU output) are split
- * evenly over the blocks, and a block's units go round-robin to its warps
- * (cuk_stage_cfg.deal, measurement: dealt round-robin over all the grid's
- * warps instead, so a block's last round is whole warps). Each warp owns a ring of slots; a slot holds one column chunk of the
- * warp's current unit (its one or two rows). Lane 0 issues the copies and
- * refills a slot as soon as the warp has read it; no block barrier after
- * x is staged.
+ * the k matrices; (gate, up) row pairs for the SwiGLU output) are dealt
+ * round-robin over all the grid's warps, unit u to warp u mod (blocks x
+ * warps), so a launch's last round is whole warps of every block. (Runs
+ * of units per block, dealt over the block's warps, left the last round to
+ * some blocks' warps: 8B 241.3 -> 245.5 tok/s, 0.6B 1,182 -> 1,208 dealt
+ * over the grid, docs/benchmarks.md twenty-second pass.) Each warp owns a
+ * ring of slots; a slot holds one column chunk of the warp's current unit
+ * (its one or two rows). Lane 0 issues the copies and refills a slot as
+ * soon as the warp has read it; no block barrier after x is staged.
  *
  * Arithmetic: gemv.cu's, so the outputs are cuk_gemv_fused's bits: x (or
  * rmsnorm(x), silu(x) * x2) staged by gemv_stage, lane l accumulating the
@@ -50,7 +52,6 @@ struct sgp {
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
-    int deal; /* cuk_stage_cfg's */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -204,19 +205,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gp_warp gpw;
     gpw.t0 = gp_now();
 #endif
-    /* the warp's units: ubase, ubase + ustride, ... (nu of them), in a
-     * run of the block's (default) or dealt over the grid's warps */
-    const int ustride = p.deal ? (int)gridDim.x * GEMV_WARPS : GEMV_WARPS;
-    int ubase, nu;
-    if (p.deal) {
-        ubase = (int)blockIdx.x * GEMV_WARPS + warp;
-        nu = ubase < p.units ? (p.units - ubase + ustride - 1) / ustride : 0;
-    } else {
-        const int u0 = (int)((long long)p.units * blockIdx.x / gridDim.x);
-        const int u1 = (int)((long long)p.units * (blockIdx.x + 1) / gridDim.x);
-        ubase = u0 + warp;
-        nu = u1 - ubase > 0 ? (u1 - ubase + GEMV_WARPS - 1) / GEMV_WARPS : 0;
-    }
+    /* the warp's units: ubase, ubase + ustride, ... (nu of them) */
+    const int ustride = (int)gridDim.x * GEMV_WARPS, ubase = (int)blockIdx.x * GEMV_WARPS + warp;
+    const int nu = ubase < p.units ? (p.units - ubase + ustride - 1) / ustride : 0;
     const int nch = (p.cols + p.chunk - 1) / p.chunk, items = nu * nch;
     uint64_t *bar = bars + warp * p.slots;
     unsigned char *slot0 = ring + (size_t)warp * p.slots * p.slot_bytes;
@@ -385,7 +376,6 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     }
     if (blocks > p->units)
         blocks = p->units;
-    p->deal = cfg && cfg->deal;
     p->tile_cols = (p->cols + 255) / 256 * 256;
     int chunk = cfg && cfg->chunk_cols > 0 ? cfg->chunk_cols : SG_CHUNK_DEFAULT;
     if (chunk % 256)
