@@ -256,9 +256,8 @@ static void cu_destroy(struct backend *be)
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
-    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws,     &c->cnt,    &c->dn,
-                           &c->hcnt, &c->xh,  &c->wf, &c->invf, &c->step,
-                           &c->bat,  &c->mm_in, &c->mm_out, &c->smp};
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->hcnt, &c->xh,
+                           &c->wf, &c->invf, &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);

@@ -395,8 +395,10 @@ static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
     if (n <= CUK_STAGE_MAX_N && c->gemv_staged) {
         struct cuk_gemv_in hin = *in;
         int groups = head_count_groups(c, in, n, ws, k, out);
-        if (groups)
-            hin.head_cnt = head_counters(c, groups), hin.head_groups = groups;
+        if (groups) {
+            hin.head_cnt = head_counters(c, groups);
+            hin.head_groups = groups;
+        }
         cudaError_t err = cuk_gemv_staged(c->stream, outs, &hin, n, ws, k, out, &c->stage);
         if (err == cudaSuccess && hin.head_cnt) {
             c->hcnt_armed = true;
