@@ -18,7 +18,6 @@
 
 #include "cli/cli.h"
 #include "backend/backend.h"
-#include "base/parse.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
@@ -79,14 +78,7 @@ static void bench_usage(FILE *f)
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 {
-    long x;
-    if (!parse_long(v, lo, hi, &x)) {
-        fprintf(stderr, "cllm bench: %s needs an integer in [%d, %d] (got \"%s\")\n", flag, lo, hi,
-                v ? v : "");
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
+    return cli_parse_int("cllm bench", flag, v, lo, hi, out);
 }
 
 /* "1,8,32" into o->batch; every entry a stream count in [1, MAX_STREAMS]. */

@@ -19,6 +19,10 @@ int cmd_bench(int argc, char **argv);
  * empty list) or -1 with e naming flag. */
 int cli_parse_ids(const char *flag, const char *s, long limit, int **out, struct err *e);
 
+/* flag's value v (may be NULL) as an integer in [lo, hi] into *out: 0, or
+ * -1 with "cmd: flag needs an integer in [lo, hi]" on stderr. */
+int cli_parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out);
+
 struct forward_state;
 struct kv_pool;
 struct kv_seq;

@@ -9,7 +9,6 @@
 
 #include "cli/cli.h"
 #include "backend/backend.h"
-#include "base/parse.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
@@ -78,14 +77,7 @@ struct run_opts {
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 {
-    long x;
-    if (!parse_long(v, lo, hi, &x)) {
-        fprintf(stderr, "cllm: %s needs an integer in [%d, %d] (got \"%s\")\n", flag, lo, hi,
-                v ? v : "");
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
+    return cli_parse_int("cllm", flag, v, lo, hi, out);
 }
 
 static int parse_float(const char *flag, const char *v, float *out)
