@@ -87,6 +87,13 @@ static float frand(void) /* uniform in [-1, 1) */
     return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
+/* A RoPE frequency table: invf[i] = base^(-2i / hd), hd / 2 floats. */
+static void rope_freqs(float *invf, int hd, float base)
+{
+    for (int i = 0; i < hd / 2; i++)
+        invf[i] = 1.0f / powf(base, (float)(2 * i) / hd);
+}
+
 static float *dev_alloc_copy(struct backend *be, const float *h, size_t n)
 {
     float *d = be->ops->alloc(be, n * sizeof(float));
@@ -287,8 +294,7 @@ static void check_norm_rope(struct backend *cpu)
         return;
     int hd = 128, heads = 4, n = 5, pos0 = 5000;
     float invf[64];
-    for (int i = 0; i < hd / 2; i++)
-        invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / hd);
+    rope_freqs(invf, hd, 1e6f);
     for (int inter = 0; inter < 2; inter++) {
         size_t nel = (size_t)n * heads * hd;
         float *x = malloc(sizeof(float) * nel);
@@ -503,8 +509,7 @@ static void check_attention_batch(struct backend *cpu, bool kv_bf16, bool qk_nor
         return;
     }
     float inv_freq[HD / 2];
-    for (int i = 0; i < HD / 2; i++)
-        inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / HD);
+    rope_freqs(inv_freq, HD, 10000.0f);
     struct kv_seq sa[S], sb[S], sc[S];
     struct batch_seg segs[S];
     memset(sa, 0, sizeof sa);
@@ -651,8 +656,7 @@ static bool qkn_open(struct qkn_fixture *f, int hd, bool kv_bf16, struct err *e)
  * (invf: hd / 2 floats, base 5e5). */
 static struct qk_norm qkn_rope(const struct qkn_fixture *f, int hd, float eps, float *invf)
 {
-    for (int i = 0; i < hd / 2; i++)
-        invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / hd);
+    rope_freqs(invf, hd, 5e5f);
     return (struct qk_norm){.q = f->qn.t.data, .k = f->kn.t.data, .eps = eps};
 }
 
@@ -962,8 +966,7 @@ static void check_att_early(void)
     float *x = malloc(sizeof(float) * D * STEPS * LAYERS), invf[HD / 2];
     for (int i = 0; i < D * STEPS * LAYERS; i++)
         x[i] = frand() * 2.0f;
-    for (int i = 0; i < HD / 2; i++)
-        invf[i] = 1.0f / powf(5e5f, (float)(2 * i) / HD);
+    rope_freqs(invf, HD, 5e5f);
     /* the cached prefix of each layer, the same on both backends */
     const size_t np = (size_t)POS0 * kvd;
     float *pk = malloc(sizeof(float) * np * LAYERS), *pv = malloc(sizeof(float) * np * LAYERS);
@@ -1076,8 +1079,7 @@ static void check_rope_norm(struct backend *cpu)
             }
             struct backend *be = fx.be;
             float invf[128];
-            for (int i = 0; i < hd / 2; i++)
-                invf[i] = 1.0f / powf(1e6f, (float)(2 * i) / hd);
+            rope_freqs(invf, hd, 1e6f);
             struct qk_norm norm = {.q = fx.qn.t.data, .k = fx.kn.t.data, .eps = eps};
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int inter = 0; inter < 2; inter++) {
