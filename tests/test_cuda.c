@@ -933,126 +933,6 @@ static void check_deferred_merge(void)
            "deferred\n", same, total, deferred);
 }
 
-/* CLLM_CUDA_ATT_EARLY (measurement): the one-token q/k/v GEMV (staged:
- * rows of 2,048 bf16 columns) counts its rows per KV head and the decode
- * attention after it waits there, head by head, instead of for the whole
- * GEMV. Against a backend without it, over consecutive steps of two
- * layers each (so the counters must be re-armed after every layer): the
- * attention outputs the same bits, and no step hangs. A backend's first
- * layer runs with the plain wait (no attention geometry known yet); where
- * the staged GEMV is off (not Hopper, CLLM_CUDA_GEMV_STAGED=0) the lever
- * does nothing and the check still holds. */
-static void check_att_early(void)
-{
-    enum { H = 16, KVH = 4, HD = 128, D = 2048, LAYERS = 2, STEPS = 3, POS0 = 300 };
-    const int qd = H * HD, kvd = KVH * HD;
-    struct test_mat wq, wk, wv, an;
-    mat_make(&wq, DT_BF16, qd, D);
-    mat_make(&wk, DT_BF16, kvd, D);
-    mat_make(&wv, DT_BF16, kvd, D);
-    mat_make(&an, DT_F32, 1, D);
-    struct layer_weights lw[LAYERS];
-    memset(lw, 0, sizeof lw);
-    for (int l = 0; l < LAYERS; l++) {
-        lw[l].wq = wq.t;
-        lw[l].wk = wk.t;
-        lw[l].wv = wv.t;
-        lw[l].attn_norm = an.t;
-    }
-    struct model md;
-    memset(&md, 0, sizeof md);
-    md.cfg.n_layers = LAYERS;
-    md.layers = lw;
-    float *x = malloc(sizeof(float) * D * STEPS * LAYERS), invf[HD / 2];
-    for (int i = 0; i < D * STEPS * LAYERS; i++)
-        x[i] = frand() * 2.0f;
-    rope_freqs(invf, HD, 5e5f);
-    /* the cached prefix of each layer, the same on both backends */
-    const size_t np = (size_t)POS0 * kvd;
-    float *pk = malloc(sizeof(float) * np * LAYERS), *pv = malloc(sizeof(float) * np * LAYERS);
-    for (size_t i = 0; i < np * LAYERS; i++) {
-        pk[i] = frand();
-        pv[i] = frand();
-    }
-    const size_t per = (size_t)STEPS * LAYERS * qd;
-    float *got[2] = {calloc(per, sizeof(float)), calloc(per, sizeof(float))};
-    int ran[2] = {0, 0};
-    for (int v = 0; v < 2; v++) {
-        struct err e = {{0}};
-        if (v)
-            setenv("CLLM_CUDA_ATT_EARLY", "1", 1);
-        kv_bf16_next = true;
-        struct backend *be = gpu_create(false);
-        unsetenv("CLLM_CUDA_ATT_EARLY");
-        struct kv_pool pool = {0};
-        struct kv_seq seq = {0};
-        if (!be || backend_load_weights(be, &md, &e) ||
-            kv_pool_init(&pool, be, LAYERS, KVH, HD, 16, (POS0 + STEPS + 15) / 16 + 1, &e) ||
-            kv_seq_reserve(&pool, &seq, POS0 + STEPS, &e)) {
-            CHECK(0, "q/k/v heads counted: setup: %s", e.msg);
-            if (pool.k)
-                kv_pool_free(&pool);
-            backend_destroy(be);
-            break;
-        }
-        for (int l = 0; l < LAYERS; l++) {
-            float *dpk = dev_alloc_copy(be, pk + l * np, np), *dpv = dev_alloc_copy(be, pv + l * np, np);
-            be->ops->kv_store(be, &pool, &seq, l, dpk, dpv, POS0, 0);
-            CHECK(be->ops->finish(be, &e) == 0, "q/k/v heads counted: prefix: %s", e.msg);
-            be->ops->free(be, dpk);
-            be->ops->free(be, dpv);
-        }
-        float *dq = dev_alloc_copy(be, NULL, qd), *dk = dev_alloc_copy(be, NULL, kvd),
-              *dv = dev_alloc_copy(be, NULL, kvd), *dout = dev_alloc_copy(be, NULL, qd);
-        float *dx = dev_alloc_copy(be, NULL, D);
-        for (int st = 0; st < STEPS; st++)
-            for (int l = 0; l < LAYERS; l++) {
-                const size_t at = ((size_t)st * LAYERS + l);
-                backend_upload(be, dx, x + at * D, sizeof(float) * D);
-                float *outs[3] = {dq, dk, dv};
-                const struct tensor *ws[3] = {&lw[l].wq, &lw[l].wk, &lw[l].wv};
-                struct matmul_in in = {.kind = MATMUL_IN_RMSNORM, .x = dx,
-                                       .norm = lw[l].attn_norm.data, .eps = 1e-5f};
-                struct attn_args a = {.n = 1, .pos0 = POS0 + st, .n_heads = H, .n_kv_heads = KVH,
-                                      .head_dim = HD, .scale = 1.0f / sqrtf((float)HD)};
-                bool ok = be->ops->matmul_fused(be, outs, &in, 1, ws, 3, MATMUL_OUT_STORE, &e) == 0 &&
-                          be->ops->rope_kv_attention(be, dout, dq, dk, dv, invf, false, NULL, &pool,
-                                                     &seq, l, &a, &e) == 0;
-                float *h = ok ? dev_fetch(be, dout, (size_t)qd) : NULL;
-                ok = ok && be->ops->finish(be, &e) == 0;
-                CHECK(ok, "q/k/v heads counted (%s), step %d layer %d: %s", v ? "on" : "off", st,
-                      l, e.msg);
-                if (ok) {
-                    memcpy(got[v] + at * qd, h, sizeof(float) * qd);
-                    ran[v]++;
-                }
-                free(h);
-            }
-        float *bufs[] = {dq, dk, dv, dout, dx};
-        for (int i = 0; i < 5; i++)
-            be->ops->free(be, bufs[i]);
-        kv_seq_release(&pool, &seq);
-        kv_pool_free(&pool);
-        backend_destroy(be);
-    }
-    bool same = ran[0] == STEPS * LAYERS && ran[1] == ran[0] &&
-                !memcmp(got[0], got[1], sizeof(float) * per);
-    CHECK(same, "q/k/v heads counted: %d and %d layers ran, attention outputs %s", ran[0], ran[1],
-          same ? "same" : "DIFFER");
-    printf("q/k/v heads counted (CLLM_CUDA_ATT_EARLY): %d of %d one-token layers ran, attention "
-           "outputs %s the plain wait's\n", ran[1], STEPS * LAYERS,
-           same ? "bit-identical to" : "NOT the bits of");
-    free(got[0]);
-    free(got[1]);
-    free(x);
-    free(pk);
-    free(pv);
-    mat_free(&wq);
-    mat_free(&wk);
-    mat_free(&wv);
-    mat_free(&an);
-}
-
 /* rope_kv_store with Qwen3's q/k norm (folded into the RoPE + K/V store
  * kernel) against rmsnorm, rope, rope and kv_store on the same GPU: q, k
  * and the cache (expected bit-identical, printed; checked at 1e-5, the
@@ -2294,7 +2174,6 @@ int main(void)
     check_rope_norm(cpu);
     check_rope_kv_attention();
     check_deferred_merge();
-    check_att_early();
     check_matmul_fused();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);

@@ -629,25 +629,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         const int p = g.pos0 + (int)threadIdx.x / NCH, c = (int)threadIdx.x % NCH;
         new_off = cuk_kv_row(&g, table, p, kvh) + cuk_kv_col(&g, p, 8 * c);
     }
-    if (RP && rope.head_cnt) {
-        /* (measurement, CLLM_CUDA_ATT_EARLY) not the whole q/k/v GEMV,
-         * only this KV head's rows of it: the q/k/v launch counts them
-         * (cuk_gemv_in.head_cnt), so the heads done early start while it
-         * still streams. The blocks of the head that have passed count
-         * themselves at head_cnt[n_kv_heads + kvh]; the last re-arms both
-         * counters. (The next layer's q/k/v counts only after this grid has
-         * ended: it waits for the down projection, which waited for ...
-         * the o projection, which waits for this.) */
-        if (threadIdx.x == 0) {
-            cuk_count_wait(rope.head_cnt + kvh, (unsigned)((G + 2) * HD));
-            if (cuk_last_arrival(rope.head_cnt + g.n_kv_heads + kvh, (unsigned)n_used))
-                rope.head_cnt[kvh] = 0;
-        }
-        __syncthreads();
-        cuk_pdl_trigger();
-    } else {
-        cuk_pdl_start();
-    }
+    cuk_pdl_start();
     PROBE(RP, 1);
 
     /* With RP the block first does what RoPE + K/V store would have done
@@ -702,28 +684,26 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                 const float *vr = rope.v + (size_t)it.qi * g.kv_dim + (size_t)kvh * HD;
                 const float *nw = it.isk ? rope.kn : rope.qn;
                 vec[u] = cuk_rms_vec(x, nw, HD);
-                /* from L2 (ld.cg): with rope.head_cnt the rows were
-                 * written while this kernel ran */
                 if (nw) { /* cuk_warp_rms_inv's loads */
                     if (vec[u])
-                        x4[u] = __ldcg((const float4 *)x + lane);
+                        x4[u] = ((const float4 *)x)[lane];
                     else
 #pragma unroll
                         for (int k = 0; k < HD / 32; k++)
-                            xs[u][k] = __ldcg(x + lane + 32 * k);
+                            xs[u][k] = x[lane + 32 * k];
                 }
 #pragma unroll
                 for (int i = 0; i < NF; i++) {
                     const int a = pair_a(lane + 32 * i), b = pair_b(lane + 32 * i);
-                    xa[u][i] = __ldcg(x + a);
-                    xb[u][i] = __ldcg(x + b);
+                    xa[u][i] = x[a];
+                    xb[u][i] = x[b];
                     if (nw) {
                         nwa[u][i] = nw[a];
                         nwb[u][i] = nw[b];
                     }
                     if (it.isk) {
-                        va[u][i] = __ldcg(vr + a);
-                        vb[u][i] = __ldcg(vr + b);
+                        va[u][i] = vr[a];
+                        vb[u][i] = vr[b];
                     }
                 }
             }
@@ -1066,7 +1046,7 @@ extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float
     int qmax = cuk_attention_dec_rows(g);
     if (!qmax || g->n < 1 || g->n > qmax || n_splits < 1 || n_splits > 64 ||
         (n_splits > 1 && (!ws || !cnt)) || (rope && g->kv_dim != g->n_kv_heads * g->head_dim) ||
-        (dnused && (!rope || g->n != 1 || n_splits < 2)) || (rope && rope->head_cnt && g->n != 1))
+        (dnused && (!rope || g->n != 1 || n_splits < 2)))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
         return launch_dec_hd<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope,

@@ -256,8 +256,8 @@ static void cu_destroy(struct backend *be)
     for (size_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
-    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->hcnt, &c->xh,
-                           &c->wf, &c->invf, &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp};
+    struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->xh, &c->wf, &c->invf,
+                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -540,7 +540,6 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = env_flag("CLLM_CUDA_GEMM_PAIR", true);
     c->gemv_staged = hopper && env_flag("CLLM_CUDA_GEMV_STAGED", true);
-    c->att_early = c->gemv_staged && env_flag("CLLM_CUDA_ATT_EARLY", false); /* measurement */
     c->smp_prep = env_flag("CLLM_CUDA_SAMPLE_PREP", true);
     /* mma.sync on bf16/f16: compute capability 8.0 and newer, in code
      * built for it (its body is compiled out below sm_80, like hopper's) */

@@ -280,17 +280,6 @@ static int attention_run(struct backend *be, float *out, const float *q,
         return sticky(c, e);
     if (rope && !dec)
         return err_set(e, "%s: internal: RoPE in a non-decode attention kernel", c->name);
-    /* the q/k/v launch before counted its rows per KV head (CLLM_CUDA_ATT_EARLY):
-     * this kernel waits there per head; any other op leaves them to the
-     * next such launch to zero */
-    struct cuk_dec_rope early;
-    if (rope && c->hcnt_armed && a->n == 1 && c->hcnt_groups == a->n_kv_heads &&
-        c->hcnt_per == (a->n_heads / a->n_kv_heads + 2) * a->head_dim) {
-        early = *rope;
-        early.head_cnt = (unsigned *)c->hcnt.p;
-        rope = &early;
-        c->hcnt_armed = false;
-    }
     const int *dpos = c->capturing ? (const int *)c->step.p : NULL;
     /* one query with RoPE whose o projection comes next: that GEMV merges
      * the key splits as it stages its input (cu_matmul_fused) */

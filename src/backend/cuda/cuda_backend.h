@@ -157,12 +157,6 @@ struct cuk_dec_rope {
     const float *qn, *kn;
     float eps;
     int interleaved;
-    /* measurement (CLLM_CUDA_ATT_EARLY; one query): 2 x n_kv_heads
-     * counters, zero, the first half those of the q/k/v launch
-     * (cuk_gemv_in.head_cnt): each block waits for its KV head's rows
-     * there instead of for the whole previous kernel, and leaves them
-     * zero again; NULL: the PDL wait */
-    unsigned *head_cnt;
 };
 /* The measurement builds' records (dec_probe.cuh, gemv_probe.cuh): zeroed
  * when the backend is created, printed when it is destroyed. */
@@ -288,13 +282,6 @@ struct cuk_gemv_in {
     float eps;
     const int *nused;    /* CUK_IN_SPLITS: the attention's dnused */
     int n_splits, head_dim; /* CUK_IN_SPLITS */
-    /* cuk_gemv_staged only (measurement, CLLM_CUDA_ATT_EARLY): one token's
-     * q, k and v (3 matrices, CUK_IN_RMSNORM, CUK_OUT_STORE) in
-     * head_groups groups (KV heads), each group's output rows counted at
-     * head_cnt[group] as they land (cuk_count_release), the groups' rows
-     * done one group after another; NULL in every other launch */
-    unsigned *head_cnt;
-    int head_groups;
 };
 /* What a fused GEMV does with its results. */
 enum {

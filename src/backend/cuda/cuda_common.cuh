@@ -206,32 +206,6 @@ static __device__ __forceinline__ bool cuk_last_arrival(unsigned *cnt, unsigned 
     return last;
 }
 
-/* One more at the counter *cnt, after the caller's earlier writes (a
- * release at GPU scope): whoever sees the count by cuk_count_wait sees
- * them too. No fence of the whole memory system, unlike
- * cuk_last_arrival's. */
-static __device__ __forceinline__ void cuk_count_release(unsigned *cnt)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(cnt) : "memory");
-#endif
-}
-
-/* Waits until the counter *cnt reaches n (acquire loads at GPU scope);
- * one thread, whose block then synchronises to pass it on. */
-static __device__ __forceinline__ void cuk_count_wait(const unsigned *cnt, unsigned n)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    for (;;) {
-        unsigned v;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
-        if (v >= n)
-            return;
-        __nanosleep(32);
-    }
-#endif
-}
-
 /* Whether the calling block is the last of n to get here on the counter
  * *cnt (split-K attention: the last split merges them all); the last one
  * re-arms *cnt for the next call, and every block's writes before the call
@@ -476,15 +450,6 @@ static __device__ __forceinline__ void cuk_pdl_start()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* cuk_pdl_start's second half alone: lets the next kernel launch, for a
- * kernel that waits for what it reads some other way (counters). */
-static __device__ __forceinline__ void cuk_pdl_trigger()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -143,14 +143,6 @@ struct cuda_backend {
     struct dbuf mm_in, mm_out; /* matmul_fused's temporaries when it issues the plain ops */
     struct dbuf cnt;   /* attention split counters, kept zero between calls */
     struct dbuf dn;    /* int: splits with keys of a deferred merge */
-    /* measurement (CLLM_CUDA_ATT_EARLY): a one-token q/k/v GEMV counts
-     * each KV head's rows in hcnt (2 x groups counters, zero between
-     * uses) and the decode attention after it waits there per head;
-     * hcnt_armed: a launch counted and no attention has taken it yet */
-    bool att_early;
-    struct dbuf hcnt;
-    bool hcnt_armed;
-    int hcnt_groups, hcnt_per; /* its KV heads, rows counted per head */
     /* xh holds xh_src (xh_n elements) rounded to xh_type, valid while
      * op_seq == xh_valid_at: every op bumps op_seq, so a copy made by an op
      * for its successor (half_out) or by a matmul for the rest of its own

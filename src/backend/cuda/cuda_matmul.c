@@ -349,38 +349,6 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
-/* CLLM_CUDA_ATT_EARLY (measurement): the KV heads a one-token q/k/v
- * launch should count its rows by (cuk_gemv_in.head_cnt) for the decode
- * attention after it, or 0. The heads' geometry is the last one-query
- * attention's (none yet: 0, as on a model's first decode step, which
- * runs eagerly before any recording). */
-static int head_count_groups(const struct cuda_backend *c, const struct cuk_gemv_in *in, int n,
-                             const struct cuk_weight *const *ws, int k, int out)
-{
-    if (!c->att_early || n != 1 || k != 3 || out != CUK_OUT_STORE ||
-        in->kind != CUK_IN_RMSNORM || c->att_hd <= 0 ||
-        (long)ws[0]->rows != (long)c->att_heads * c->att_hd || ws[1]->rows != ws[2]->rows ||
-        ws[1]->rows % c->att_hd || (!c->hcnt.p && c->capturing))
-        return 0; /* (no buffer can be made while recording) */
-    int groups = ws[1]->rows / c->att_hd;
-    return c->att_heads % groups ? 0 : groups;
-}
-
-/* The counters of head_count_groups' launch, zero: made on first use,
- * zeroed again after a launch no attention took. NULL when they cannot
- * be (the failure kept; the launch then counts nothing). */
-static unsigned *head_counters(struct cuda_backend *c, int groups)
-{
-    size_t bytes = 2 * (size_t)groups * sizeof(unsigned);
-    bool fresh = !c->hcnt.p || c->hcnt.cap < bytes;
-    unsigned *p = dbuf_get(c, &c->hcnt, bytes, "q/k/v head counters");
-    if (p && (fresh || c->hcnt_armed) &&
-        fail_cuda(c, "zero q/k/v head counters", cudaMemsetAsync(p, 0, c->hcnt.cap, c->stream)))
-        p = NULL;
-    c->hcnt_armed = false;
-    return p;
-}
-
 /* A GEMV launch of cuk_gemv_fused's contract: past the GEMVs' rows the
  * tensor-core GEMV (mma_takes); else the staged kernel for up to
  * CUK_STAGE_MAX_N rows where it is on and takes the shape, else the
@@ -393,18 +361,7 @@ static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
     if (!gemv_rows(c, (size_t)ws[0]->cols, n)) /* the caller saw mma_takes */
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (n <= CUK_STAGE_MAX_N && c->gemv_staged) {
-        struct cuk_gemv_in hin = *in;
-        int groups = head_count_groups(c, in, n, ws, k, out);
-        if (groups) {
-            hin.head_cnt = head_counters(c, groups);
-            hin.head_groups = groups;
-        }
-        cudaError_t err = cuk_gemv_staged(c->stream, outs, &hin, n, ws, k, out, &c->stage);
-        if (err == cudaSuccess && hin.head_cnt) {
-            c->hcnt_armed = true;
-            c->hcnt_groups = groups;
-            c->hcnt_per = (ws[0]->rows + 2 * ws[1]->rows) / groups;
-        }
+        cudaError_t err = cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
         if (err != cudaErrorNotSupported)
             return err;
     }

@@ -52,24 +52,12 @@ struct sgp {
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
-    unsigned *hcnt; /* SIG: cuk_gemv_in's head_cnt */
-    int hgroups;    /* SIG: its groups (KV heads) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* Matrix and row of unit u (not PAIR). SIG: the units go group by group
- * (KV head g: its query heads' rows of matrix 0, then its rows of 1 and of
- * 2), so that dealt over the grid's warps a group's rows are all done
- * early in the launch but the last group's. */
-template <bool SIG>
+/* Matrix and row of unit u (not PAIR). */
 static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
 {
-    if (SIG) {
-        const int qg = p.rows[0] / p.hgroups, kg = p.rows[1] / p.hgroups, per = qg + 2 * kg;
-        const int g = u / per, o = u - g * per;
-        *m = o < qg ? 0 : o < qg + kg ? 1 : 2;
-        return *m == 0 ? g * qg + o : g * kg + o - qg - (*m == 2 ? kg : 0);
-    }
     *m = 0;
     if (u >= p.rows[0]) {
         u -= p.rows[0];
@@ -85,7 +73,7 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
 /* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
  * ustride, column chunk ch) into slot s (the item's number modulo
  * p.slots): the callers step j, ch and s along, no division. */
-template <int BYTES, bool PAIR, bool SIG>
+template <int BYTES, bool PAIR>
 static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int ustride, int j,
                                                 int ch, int s, unsigned char *slot0,
                                                 uint64_t *bar)
@@ -101,7 +89,7 @@ static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, 
         cuk_bulk_copy(dst, p.w[0] + off, bytes, bar + s, pol);
         cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s, pol);
     } else {
-        int m, r = sg_row<SIG>(p, u, &m);
+        int m, r = sg_row(p, u, &m);
         cuk_mbar_expect(bar + s, bytes);
         const char *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
         cuk_bulk_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s, pol);
@@ -199,7 +187,7 @@ static __device__ __forceinline__ void sg_splits_stage(float4 *xs, const struct 
  * memory leaves room for one block per SM.) NT: input rows (tokens), each
  * row of x staged as its own tile and accumulated on its own, in the
  * one-row order, as gemv.cu does for NT rows. */
-template <int WT, int IN, bool PAIR, int NT, bool SIG>
+template <int WT, int IN, bool PAIR, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     k_gemv_staged(const struct sgp p, const struct cuk_gemv_in in)
 {
@@ -228,7 +216,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         for (int i = 0, j = 0, ch = 0; i < items && i < p.slots; i++) {
-            sg_issue<BYTES, PAIR, SIG>(p, ubase, ustride, j, ch, i, slot0, bar);
+            sg_issue<BYTES, PAIR>(p, ubase, ustride, j, ch, i, slot0, bar);
             if (++ch == nch) {
                 ch = 0;
                 j++;
@@ -333,7 +321,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
              * above), so lane 0 may refill it */
             __syncwarp();
             if (lane == 0 && i + p.slots < items)
-                sg_issue<BYTES, PAIR, SIG>(p, ubase, ustride, rj, rch, s, slot0, bar);
+                sg_issue<BYTES, PAIR>(p, ubase, ustride, rj, rch, s, slot0, bar);
             if (++rch == nch) {
                 rch = 0;
                 rj++;
@@ -353,14 +341,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             } else {
                 float v = cuk_warp_sum(acc0[r]);
                 if (lane == 0) {
-                    int m, row = sg_row<SIG>(p, u, &m);
+                    int m, row = sg_row(p, u, &m);
                     /* no local copy of p: no indexing of its arrays */
                     int mrows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
                     float *o = (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) +
                                (size_t)r * mrows + row;
                     *o = p.out == CUK_OUT_ADD ? *o + v : v;
-                    if (SIG) /* the row is in: its group counts it */
-                        cuk_count_release(p.hcnt + u / ((p.rows[0] + 2 * p.rows[1]) / p.hgroups));
                 }
             }
         }
@@ -374,7 +360,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #endif
 }
 
-template <int WT, int IN, bool PAIR, int NT, bool SIG = false>
+template <int WT, int IN, bool PAIR, int NT>
 static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cuk_gemv_in *in,
                                  const struct cuk_stage_cfg *cfg)
 {
@@ -426,7 +412,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
             return cudaErrorNotSupported; /* x leaves no room for two slots */
     }
     p->slots = slots;
-    auto k = k_gemv_staged<WT, IN, PAIR, NT, SIG>;
+    auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
     static struct cuk_opted opted;
@@ -442,9 +428,6 @@ static cudaError_t launch_staged_in(cudaStream_t st, struct sgp *p, const struct
 {
     if (p->out == CUK_OUT_SWIGLU)
         return launch_staged<WT, CUK_IN_RMSNORM, true, NT>(st, p, in, cfg);
-    if constexpr (NT == 1)
-        if (p->hcnt) /* cuk_gemv_staged checked the shape */
-            return launch_staged<WT, CUK_IN_RMSNORM, false, 1, true>(st, p, in, cfg);
     if (in->kind == CUK_IN_RMSNORM)
         return launch_staged<WT, CUK_IN_RMSNORM, false, NT>(st, p, in, cfg);
     if (in->kind == CUK_IN_SWIGLU)
@@ -516,15 +499,6 @@ extern "C" cudaError_t cuk_gemv_staged(cudaStream_t s, float *const *outs,
     if (units <= 0 || units > (1LL << 30))
         return units == 0 ? cudaSuccess : cudaErrorNotSupported;
     p.units = (int)units;
-    /* head_cnt: q/k/v of one token after the norm, whole KV heads each */
-    if (in->head_cnt) {
-        const int g = in->head_groups;
-        if (n != 1 || k != 3 || out != CUK_OUT_STORE || in->kind != CUK_IN_RMSNORM || g < 1 ||
-            p.rows[1] != p.rows[2] || p.rows[0] % g || p.rows[1] % g)
-            return cudaErrorInvalidValue;
-        p.hcnt = in->head_cnt;
-        p.hgroups = g;
-    }
     cudaError_t err = dt == DT_BF16 ? launch_staged_n<WT_BF16>(s, &p, in, n, cfg)
                                     : launch_staged_n<WT_F16>(s, &p, in, n, cfg);
     cudaError_t last = cudaGetLastError();
