@@ -6,7 +6,8 @@
 # max_tokens, usage counts against the tokenizer, errors, CORS, keep-alive,
 # disconnects, 429, SIGTERM drain, a burst of concurrent clients checked
 # against their answers alone (tests/serve/burst.py, python3); the official
-# openai and @anthropic-ai/sdk packages and a bounded load run go through
+# openai and @anthropic-ai/sdk packages, a bounded load run and the tool-call
+# and reasoning checks (a scripted fixture, tests/serve/tools.mjs) go through
 # node (skipped, visibly, when npm is absent). Usage: test_serve.sh <cllm binary> <shared dir> <fixtures dir>
 set -u
 CLLM=$1 SHARED=$2
@@ -222,7 +223,7 @@ call /v1/messages '{"model":"claude-x","max_tokens":10,"temperature":0,"system":
 check '[ "$code" = 200 ] && jq -e ".type == \"message\" and .role == \"assistant\" and .model == \"claude-x\" and .content[0].type == \"text\" and .stop_reason == \"max_tokens\" and .usage.output_tokens == 10 and .usage.input_tokens == $(ntok "$STORIES" $'"'"'system: Stories.\nuser: Zoo\nassistant:'"'"')" <<<"$body" >/dev/null' "messages: $body"
 stream /v1/messages '{"max_tokens":10,"temperature":0,"stream":true,"messages":[{"role":"user","content":"Zoo"}]}'
 events=$(sed -n 's/^event: //p' <<<"$body" | uniq | tr '\n' ' ')
-check '[ "$events" = "message_start content_block_start ping content_block_delta content_block_stop message_delta message_stop " ]' "messages event grammar: $events"
+check '[ "$events" = "message_start ping content_block_start content_block_delta content_block_stop message_delta message_stop " ]' "messages event grammar: $events"
 check 'sse_data | jq -se "all(.[]; .type != null) and (.[-2].delta.stop_reason == \"max_tokens\") and (.[-2].usage.output_tokens == 10)" >/dev/null' "messages stream message_delta"
 msg_text=$(curl -s "$B/v1/messages" -d '{"max_tokens":10,"temperature":0,"messages":[{"role":"user","content":"Zoo"}]}' | jq -r '.content[0].text')
 check '[ "$(sse_data | jq -rj "select(.type == \"content_block_delta\") | .delta.text")" = "$msg_text" ]' "messages stream text"
@@ -398,6 +399,30 @@ else
         wait "$cpid"
         check '[ $rc -eq 0 ] && grep -q "cancelling 1" "$tmp/log.$P3"' "shutdown timeout exit $rc: $(tail -3 "$tmp/log.$P3")"
         check 'grep -q "shutting down" "$tmp/cut3" && ! grep -q "DONE" "$tmp/cut3"' "cancelled stream does not end in an error event: $(tail -c 300 "$tmp/cut3")"
+    fi
+
+    # tool calls and reasoning: a fixture that always writes one known turn
+    # (tools.mjs), its ids from the real tokenizer; the first is the
+    # generation prompt's last
+    turn='<think>Checking.</think>Sure!<tool_call>{"name":"get_weather","arguments":{"days":3}}</tool_call><|im_end|>'
+    printf '[{"role":"user","content":"Weather?"}]' >"$tmp/w.json"
+    last=$("$CLLM" template "$Q" --messages "$tmp/w.json" | "$CLLM" tokenize "$Q" --no-special --json - | jq '.ids[-1]')
+    ids=$(printf '%s' "$turn" | "$CLLM" tokenize "$Q" --no-special --json - | jq -r '.ids | join(",")')
+    QS="$tmp/qwen3-script"
+    if node "$HERE/serve/gen_fixture.mjs" "$SHARED" "$QS" --script "$last,$ids" >"$tmp/gen.log" 2>&1; then
+        P4=$(free_port)
+        B4="http://127.0.0.1:$P4"
+        if start S4 "$P4" "$QS"; then
+            node "$HERE/serve/tools.mjs" "$B4" || bad "tool-call and reasoning checks"
+            # curl: the streamed chat deltas, in order
+            curl -sN -m 60 "$B4/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hello there"}],"temperature":0,"stream":true,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}' >"$tmp/tools.sse"
+            kinds=$(sed -n 's/^data: {/{/p' "$tmp/tools.sse" | jq -r '.choices[0].delta // {} | keys[] | select(. != "role")' | uniq | tr '\n' ' ')
+            check '[ "$kinds" = "content reasoning_content content tool_calls " ]' "chat stream delta kinds: $kinds"
+        else
+            bad "the scripted fixture did not start: $(tail -3 "$tmp/log.$P4")"
+        fi
+    else
+        bad "cannot write the scripted fixture: $(cat "$tmp/gen.log")"
     fi
 fi
 

@@ -1,7 +1,8 @@
 /* anthropic.c - the Anthropic Messages adapter, POST /v1/messages: system +
- * content blocks -> chat_req; output as a message object or the streaming
- * event grammar message_start, content_block_start, ping,
- * content_block_delta*, content_block_stop, message_delta, message_stop. */
+ * content blocks -> chat_req; output (thinking, text and tool_use blocks)
+ * as a message object or the streaming event grammar message_start, ping,
+ * (content_block_start, content_block_delta*, content_block_stop)*,
+ * message_delta, message_stop. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,11 +10,49 @@
 
 static const char *const text_types[] = {"text", NULL};
 
-static const char *stop_reason(const struct gen_result *res)
+static const char *stop_reason(const struct gen_result *res, int n_calls)
 {
     if (res->finish == GEN_FINISH_LENGTH)
         return "max_tokens";
+    if (n_calls)
+        return "tool_use";
     return res->stop_index >= 0 ? "stop_sequence" : "end_turn";
+}
+
+/* A tool_use block; its input starts empty when streamed (the arguments
+ * follow as one input_json_delta). NULL when args is not an object. */
+static json_t *tool_use_json(const char *name, const char *args, bool streamed)
+{
+    json_t *input = streamed ? json_object() : json_loads(args, 0, NULL);
+    if (!json_is_object(input)) {
+        json_decref(input);
+        return NULL;
+    }
+    char id[64];
+    serve_make_id(id, sizeof id, "toolu_");
+    return json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name", name, "input",
+                     input);
+}
+
+/* A whole answer's blocks: thinking, then text (also when it is all there
+ * is, even empty), then the tool calls. */
+static json_t *content_json(const struct turn_parts *tp)
+{
+    json_t *content = json_array();
+    if (tp->reasoning.n)
+        json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking",
+                                                 "thinking",
+                                                 json_text(tp->reasoning.p, tp->reasoning.n),
+                                                 "signature", ""));
+    if (tp->content.n || !json_array_size(tp->calls))
+        json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
+                                                 json_text(tp->content.p, tp->content.n)));
+    size_t i;
+    json_t *c;
+    json_array_foreach(tp->calls, i, c) json_array_append_new(
+        content, tool_use_json(json_string_value(json_object_get(c, "name")),
+                               json_string_value(json_object_get(c, "arguments")), false));
+    return content;
 }
 
 static json_t *usage_json(int in, int out, int cached)
@@ -201,9 +240,14 @@ static int parse_request(const json_t *req, struct chat_req *r, bool need_max,
 
 /* ---- SSE ---- */
 
+enum { BLOCK_NONE, BLOCK_TEXT, BLOCK_THINKING };
+
 struct ant_stream {
     char id[64];
     char model[256];
+    int index; /* the open block's, or the next one's */
+    int open;  /* BLOCK_*: the block open now */
+    int n_calls;
 };
 
 static void ev(struct stream *s, const char *name, json_t *data)
@@ -219,17 +263,71 @@ static void ant_begin(struct stream *s)
        json_pack("{s:s, s:o}", "type", "message_start", "message",
                  message_json(a->id, a->model, json_array(), NULL, NULL,
                               usage_json(gen_prompt_tokens(s->gen), 0, 0))));
-    ev(s, "content_block_start",
-       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_start", "index", 0,
-                 "content_block", "type", "text", "text", ""));
     ev(s, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+static void block_stop(struct stream *s)
+{
+    struct ant_stream *a = s->st;
+    if (a->open == BLOCK_NONE)
+        return;
+    ev(s, "content_block_stop",
+       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", a->index));
+    a->index++;
+    a->open = BLOCK_NONE;
+}
+
+/* Opens a text or thinking block unless one of that kind is open. */
+static void block_open(struct stream *s, int kind)
+{
+    struct ant_stream *a = s->st;
+    if (a->open == kind)
+        return;
+    block_stop(s);
+    json_t *b = kind == BLOCK_TEXT
+                    ? json_pack("{s:s, s:s}", "type", "text", "text", "")
+                    : json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", "");
+    ev(s, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start",
+                                           "index", a->index, "content_block", b));
+    a->open = kind;
 }
 
 static void ant_delta(struct stream *s, const char *text, size_t n)
 {
+    struct ant_stream *a = s->st;
+    block_open(s, BLOCK_TEXT);
     ev(s, "content_block_delta",
-       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", 0, "delta",
-                 "type", "text_delta", "text", json_text(text, n)));
+       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->index,
+                 "delta", "type", "text_delta", "text", json_text(text, n)));
+}
+
+static void ant_reasoning(struct stream *s, const char *text, size_t n)
+{
+    struct ant_stream *a = s->st;
+    block_open(s, BLOCK_THINKING);
+    ev(s, "content_block_delta",
+       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->index,
+                 "delta", "type", "thinking_delta", "thinking", json_text(text, n)));
+}
+
+static void ant_tool_call(struct stream *s, const char *name, const char *args)
+{
+    struct ant_stream *a = s->st;
+    json_t *b = tool_use_json(name, args, true);
+    if (!b) {
+        s->out.oom = true;
+        return;
+    }
+    block_stop(s);
+    ev(s, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start",
+                                           "index", a->index, "content_block", b));
+    ev(s, "content_block_delta",
+       json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", a->index,
+                 "delta", "type", "input_json_delta", "partial_json", args));
+    ev(s, "content_block_stop",
+       json_pack("{s:s, s:i}", "type", "content_block_stop", "index", a->index));
+    a->index++;
+    a->n_calls++;
 }
 
 static void ant_end(struct stream *s, const struct gen_result *res)
@@ -239,16 +337,20 @@ static void ant_end(struct stream *s, const struct gen_result *res)
         ev(s, "error", api_error_body(&ae, SHAPE_ANTHROPIC));
         return;
     }
-    ev(s, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", 0));
+    struct ant_stream *a = s->st;
+    if (a->index == 0 && a->open == BLOCK_NONE)
+        block_open(s, BLOCK_TEXT); /* an empty answer is one empty text block */
+    block_stop(s);
     ev(s, "message_delta",
        json_pack("{s:s, s:{s:s, s:o}, s:{s:i, s:i}}", "type", "message_delta", "delta",
-                 "stop_reason", stop_reason(res), "stop_sequence",
+                 "stop_reason", stop_reason(res, a->n_calls), "stop_sequence",
                  res->stop ? json_string(res->stop) : json_null(), "usage", "output_tokens",
                  res->n_completion, "cache_read_input_tokens", res->n_cached));
     ev(s, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }
 
-static const struct stream_ops ant_ops = {ant_begin, ant_delta, ant_end, free};
+static const struct stream_ops ant_ops = {ant_begin,     ant_delta,    ant_end, free,
+                                          ant_reasoning, ant_tool_call};
 
 /* ---- POST /v1/messages/count_tokens ---- */
 
@@ -304,18 +406,22 @@ void anthropic_messages(struct server *srv, const json_t *req, const struct clie
     }
     struct sbuf text = {0};
     struct gen_result res;
+    struct turn_parts tp = {0};
     if (gen_collect(g, &text, &res, cl)) {
         rp->status = 0; /* the client left */
     } else if (gen_failed(&res, NULL, &ae)) {
         reply_error(rp, &ae, SHAPE_ANTHROPIC);
+    } else if (text.oom || turn_parts_split(gen_syntax(g), text.p, text.n, &tp)) {
+        api_fail(&ae, 500, NULL, NULL, "out of memory");
+        reply_error(rp, &ae, SHAPE_ANTHROPIC);
     } else {
-        json_t *content =
-            json_pack("[{s:s, s:o}]", "type", "text", "text", json_text(text.p, text.n));
         rp->status = 200;
-        rp->body = message_json(id, reply_model_name(srv, req), content, stop_reason(&res),
+        rp->body = message_json(id, reply_model_name(srv, req), content_json(&tp),
+                                stop_reason(&res, (int)json_array_size(tp.calls)),
                                 res.stop, /* owned by g: used before gen_free */
                                 usage_json(res.n_prompt, res.n_completion, res.n_cached));
     }
     sbuf_free(&text);
+    turn_parts_free(&tp);
     gen_free(g);
 }

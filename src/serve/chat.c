@@ -9,6 +9,7 @@
 #include <sys/random.h>
 
 #include "serve/internal.h"
+#include "tokenizer/chat_template.h"
 
 struct gen {
     struct server *srv;
@@ -21,6 +22,7 @@ struct gen {
     size_t stop_len[SERVE_MAX_STOPS];
     int n_stops;
     int n_prompt, n_tokens;
+    struct turn_syntax syn; /* how the turn's text splits (turn.h) */
     bool finished;
     bool listed; /* in srv->gens */
     struct gen_result res;
@@ -61,12 +63,27 @@ static json_t *resolve_thinking(const struct server *srv, const struct chat_req 
     return kw;
 }
 
+/* The syntax of a chat turn rendered with sm's template: the template
+ * prompt_render used (tool_use when there are tools and it exists). */
+static struct turn_syntax chat_syntax(const struct served_model *sm, const json_t *tools,
+                                      const char *prompt, size_t len)
+{
+    bool has_tools = tools && json_array_size(tools) > 0;
+    const char *src = NULL;
+    if (sm->tmpl && has_tools)
+        src = chat_template_source(sm->tmpl, "tool_use");
+    if (sm->tmpl && !src)
+        src = chat_template_source(sm->tmpl, NULL);
+    return turn_syntax_of(src, prompt, len, has_tools);
+}
+
 static int make_prompt(struct server *srv, const struct chat_req *req, int **ids, int *thinking,
-                       struct api_error *ae)
+                       struct turn_syntax *syn, struct api_error *ae)
 {
     const struct served_model *sm = &srv->sm;
     struct err e = {{0}};
     *thinking = -1;
+    *syn = turn_syntax_of(NULL, NULL, 0, false); /* raw prompts: plain text */
     if (req->n_ids > 0) {
         *ids = malloc(sizeof(int) * (size_t)req->n_ids);
         if (!*ids)
@@ -90,6 +107,7 @@ static int make_prompt(struct server *srv, const struct chat_req *req, int **ids
         if (rc)
             return api_fail(ae, 400, NULL, "messages", "cannot render the chat template: %s",
                             e.msg);
+        *syn = chat_syntax(sm, req->tools, text, len);
     }
     int n = tok_encode(sm->tok, text ? text : "", len, add_special, ids, &e);
     if (req->messages)
@@ -106,7 +124,8 @@ static int make_prompt(struct server *srv, const struct chat_req *req, int **ids
 int gen_count_prompt(struct server *srv, const struct chat_req *req, struct api_error *ae)
 {
     int *ids = NULL, thinking;
-    int n = make_prompt(srv, req, &ids, &thinking, ae);
+    struct turn_syntax syn;
+    int n = make_prompt(srv, req, &ids, &thinking, &syn, ae);
     free(ids);
     return n;
 }
@@ -122,7 +141,8 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     if (atomic_load(&srv->draining))
         return api_fail(ae, 503, "server_error", NULL, "the server is shutting down");
     int *ids = NULL, thinking;
-    int n = make_prompt(srv, req, &ids, &thinking, ae);
+    struct turn_syntax syn;
+    int n = make_prompt(srv, req, &ids, &thinking, &syn, ae);
     if (n < 0) {
         free(ids);
         return -1;
@@ -167,6 +187,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     }
     g->srv = srv;
     g->n_prompt = n;
+    g->syn = syn;
     g->piece_cap = detok_max_bytes(sm->tok) + 1;
     g->piece = malloc(g->piece_cap);
     for (int i = 0; i < req->n_stops; i++) {
@@ -216,6 +237,11 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     atomic_fetch_add(&srv->in_flight, 1);
     *out = g;
     return 0;
+}
+
+struct turn_syntax gen_syntax(const struct gen *g)
+{
+    return g->syn;
 }
 
 int gen_prompt_tokens(const struct gen *g) { return g->n_prompt; }
@@ -386,6 +412,18 @@ int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
 
 /* ---- streams ---- */
 
+/* The turn's events to the adapter's ops. */
+static void stream_turn_event(void *ctx, const struct turn_event *ev)
+{
+    struct stream *s = ctx;
+    if (ev->kind == TURN_CONTENT)
+        s->ops->delta(s, ev->text, ev->n);
+    else if (ev->kind == TURN_REASONING)
+        s->ops->reasoning(s, ev->text, ev->n);
+    else
+        s->ops->tool_call(s, ev->name, ev->args);
+}
+
 struct stream *stream_new(struct server *srv, struct gen *gen, const struct stream_ops *ops,
                           void *st)
 {
@@ -400,6 +438,7 @@ struct stream *stream_new(struct server *srv, struct gen *gen, const struct stre
     s->gen = gen;
     s->ops = ops;
     s->st = st;
+    turn_init(&s->turn, gen_syntax(gen), stream_turn_event, s);
     return s;
 }
 
@@ -425,14 +464,18 @@ int stream_fill(struct stream *s, const struct client *cl)
         /* Events that are already there go out in the same write: one
          * event per token still, but one syscall when the socket lags. */
         while (rc == GEN_TEXT && s->out.n - s->off < 16384) {
-            s->ops->delta(s, text.p, text.n);
+            turn_feed(&s->turn, text.p, text.n);
             text.n = 0;
             rc = gen_next(s->gen, &text, 0, &res);
         }
         if (rc == GEN_TEXT) /* the buffer is full: send what there is first */
-            s->ops->delta(s, text.p, text.n);
+            turn_feed(&s->turn, text.p, text.n);
         sbuf_free(&text);
+        if (s->turn.oom)
+            s->out.oom = true;
         if (rc == GEN_DONE) {
+            if (turn_finish(&s->turn))
+                s->out.oom = true;
             s->ops->end(s, &res);
             s->phase = 2;
         } else if (rc == GEN_WAIT && s->off == s->out.n && cl && cl->gone && cl->gone(cl->ctx)) {
@@ -452,6 +495,7 @@ void stream_free(struct stream *s)
     if (s->ops->free)
         s->ops->free(s->st);
     sbuf_free(&s->out);
+    turn_free(&s->turn);
     free(s);
 }
 
@@ -466,4 +510,40 @@ bool gen_failed(const struct gen_result *res, const char *type, struct api_error
         return true;
     }
     return false;
+}
+
+/* ---- a whole turn's parts ---- */
+
+static void parts_event(void *ctx, const struct turn_event *ev)
+{
+    struct turn_parts *p = ctx;
+    if (ev->kind == TURN_CONTENT) {
+        sbuf_put(&p->content, ev->text, ev->n);
+    } else if (ev->kind == TURN_REASONING) {
+        sbuf_put(&p->reasoning, ev->text, ev->n);
+    } else if (!p->calls || json_array_append_new(p->calls, json_pack("{s:s, s:s}", "name", ev->name,
+                                                                      "arguments", ev->args))) {
+        p->oom = true;
+    }
+}
+
+int turn_parts_split(struct turn_syntax syn, const char *text, size_t n, struct turn_parts *p)
+{
+    memset(p, 0, sizeof *p);
+    p->calls = json_array();
+    struct turn t;
+    turn_init(&t, syn, parts_event, p);
+    if (turn_feed(&t, text, n) || turn_finish(&t))
+        p->oom = true;
+    turn_free(&t);
+    p->oom = p->oom || !p->calls || p->content.oom || p->reasoning.oom;
+    return p->oom ? -1 : 0;
+}
+
+void turn_parts_free(struct turn_parts *p)
+{
+    sbuf_free(&p->content);
+    sbuf_free(&p->reasoning);
+    json_decref(p->calls);
+    p->calls = NULL;
 }

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "serve/config.h"
+#include "serve/turn.h"
 #include "tokenizer/tokenizer.h"
 
 #define SERVE_MAX_STOPS 16      /* stop strings per request */
@@ -208,6 +209,20 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
  * nothing yet. */
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res);
 int gen_prompt_tokens(const struct gen *g);
+/* How the generated text splits into reasoning, content and tool calls:
+ * from the chat template and the request's tools (plain for raw prompts). */
+struct turn_syntax gen_syntax(const struct gen *g);
+
+/* A whole turn split (non-streamed answers): reasoning and content text,
+ * calls [{name, arguments: compact JSON text}] in order. */
+struct turn_parts {
+    struct sbuf reasoning, content;
+    json_t *calls;
+    bool oom;
+};
+/* -1 when out of memory (p is still freed with turn_parts_free). */
+int turn_parts_split(struct turn_syntax syn, const char *text, size_t n, struct turn_parts *p);
+void turn_parts_free(struct turn_parts *p);
 /* The prompt's token count without generating (-1 with ae on failure). */
 int gen_count_prompt(struct server *srv, const struct chat_req *req, struct api_error *ae);
 void gen_cancel(struct gen *g);
@@ -235,11 +250,16 @@ bool gen_failed(const struct gen_result *res, const char *type, struct api_error
 
 struct stream;
 
+/* A stream's text goes through the turn parser (turn.h) of its gen's
+ * syntax: content, reasoning and tool calls reach their own ops (a raw
+ * prompt's stream has only content). */
 struct stream_ops {
-    void (*begin)(struct stream *s);                          /* first events */
-    void (*delta)(struct stream *s, const char *text, size_t n); /* a text delta */
-    void (*end)(struct stream *s, const struct gen_result *res); /* last events */
-    void (*free)(void *st);                                  /* adapter state */
+    void (*begin)(struct stream *s);                              /* first events */
+    void (*delta)(struct stream *s, const char *text, size_t n);     /* content */
+    void (*end)(struct stream *s, const struct gen_result *res);     /* last events */
+    void (*free)(void *st);                                       /* adapter state */
+    void (*reasoning)(struct stream *s, const char *text, size_t n); /* reasoning text */
+    void (*tool_call)(struct stream *s, const char *name, const char *args); /* a whole call */
 };
 
 struct stream {
@@ -249,6 +269,7 @@ struct stream {
     void *st;          /* adapter state */
     struct sbuf out;   /* bytes not yet handed to HTTP: [off, out.n) */
     size_t off;
+    struct turn turn;  /* the gen's text into the ops */
     int phase;         /* 0 before begin, 1 streaming, 2 ended */
 };
 

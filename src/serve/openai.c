@@ -36,9 +36,22 @@ static json_t *usage_json(const struct gen_result *res, const char *lane)
                      "reasoning_tokens", 0, "lane", lane);
 }
 
-static const char *finish_reason(const struct gen_result *res)
+/* "tool_calls" when the turn ended on its own after calling tools. */
+static const char *finish_reason(const struct gen_result *res, int n_calls)
 {
-    return res->finish == GEN_FINISH_LENGTH ? "length" : "stop";
+    return res->finish == GEN_FINISH_LENGTH ? "length" : n_calls ? "tool_calls" : "stop";
+}
+
+/* One entry of a message's (or a delta's) tool_calls. */
+static json_t *tool_call_json(const char *name, const char *args, int index, bool streamed)
+{
+    char id[64];
+    serve_make_id(id, sizeof id, "call_");
+    json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
+                          "name", name, "arguments", args);
+    if (c && streamed)
+        json_object_set_new(c, "index", json_integer(index));
+    return c;
 }
 
 /* Fields shared by both endpoints. */
@@ -71,6 +84,7 @@ struct oai_stream {
     long created;
     bool chat, include_usage;
     const char *lane; /* usage.lane */
+    int n_calls;      /* tool calls sent */
 };
 
 static json_t *chunk(const struct oai_stream *o, json_t *choice)
@@ -113,6 +127,22 @@ static void oai_delta(struct stream *s, const char *text, size_t n)
                                    "logprobs", "finish_reason")));
 }
 
+static void oai_reasoning(struct stream *s, const char *text, size_t n)
+{
+    struct oai_stream *o = s->st;
+    emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
+                               "reasoning_content", json_text(text, n), "logprobs",
+                               "finish_reason")));
+}
+
+static void oai_tool_call(struct stream *s, const char *name, const char *args)
+{
+    struct oai_stream *o = s->st;
+    emit(s, chunk(o, json_pack("{s:i, s:{s:[o]}, s:n, s:n}", "index", 0, "delta", "tool_calls",
+                               tool_call_json(name, args, o->n_calls++, true), "logprobs",
+                               "finish_reason")));
+}
+
 static void oai_end(struct stream *s, const struct gen_result *res)
 {
     struct oai_stream *o = s->st;
@@ -124,10 +154,10 @@ static void oai_end(struct stream *s, const struct gen_result *res)
     }
     if (o->chat)
         emit(s, chunk(o, json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs",
-                                   "finish_reason", finish_reason(res))));
+                                   "finish_reason", finish_reason(res, o->n_calls))));
     else
         emit(s, chunk(o, json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs",
-                                   "finish_reason", finish_reason(res))));
+                                   "finish_reason", finish_reason(res, 0))));
     if (o->include_usage) {
         json_t *c = chunk(o, NULL);
         json_object_set_new(c, "usage", usage_json(res, o->lane));
@@ -136,7 +166,33 @@ static void oai_end(struct stream *s, const struct gen_result *res)
     sbuf_puts(&s->out, "data: [DONE]\n\n");
 }
 
-static const struct stream_ops oai_ops = {oai_begin, oai_delta, oai_end, free};
+static const struct stream_ops oai_ops = {oai_begin, oai_delta, oai_end, free, oai_reasoning,
+                                          oai_tool_call};
+
+/* A chat answer's message: content (null when the turn only called tools),
+ * reasoning_content when there was reasoning, tool_calls when there were
+ * calls. */
+static json_t *chat_message(const struct turn_parts *tp)
+{
+    size_t n_calls = json_array_size(tp->calls);
+    json_t *m = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
+                          tp->content.n || !n_calls ? json_text(tp->content.p, tp->content.n)
+                                                    : json_null(),
+                          "refusal");
+    if (tp->reasoning.n)
+        json_object_set_new(m, "reasoning_content", json_text(tp->reasoning.p, tp->reasoning.n));
+    if (n_calls) {
+        json_t *calls = json_array();
+        size_t i;
+        json_t *c;
+        json_array_foreach(tp->calls, i, c) json_array_append_new(
+            calls, tool_call_json(json_string_value(json_object_get(c, "name")),
+                                  json_string_value(json_object_get(c, "arguments")), (int)i,
+                                  false));
+        json_object_set_new(m, "tool_calls", calls);
+    }
+    return m;
+}
 
 /* ---- both endpoints ---- */
 
@@ -181,23 +237,30 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         rp->status = 0;
         return;
     }
+    struct turn_syntax syn = gen_syntax(g);
     gen_free(g);
-    if (gen_failed(&res, "server_error", &ae) || text.oom) {
-        if (text.oom)
-            api_fail(&ae, 500, "server_error", NULL, "out of memory");
+    struct turn_parts tp = {0};
+    bool failed = gen_failed(&res, "server_error", &ae);
+    if (!failed && (text.oom || (chat && turn_parts_split(syn, text.p, text.n, &tp)))) {
+        api_fail(&ae, 500, "server_error", NULL, "out of memory");
+        failed = true;
+    }
+    if (failed) {
         sbuf_free(&text);
+        turn_parts_free(&tp);
         reply_error(rp, &ae, SHAPE_OPENAI);
         return;
     }
     json_t *choice;
     if (chat)
-        choice = json_pack("{s:i, s:{s:s, s:o, s:n}, s:n, s:s}", "index", 0, "message", "role",
-                           "assistant", "content", json_text(text.p, text.n), "refusal",
-                           "logprobs", "finish_reason", finish_reason(&res));
+        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", chat_message(&tp),
+                           "logprobs", "finish_reason",
+                           finish_reason(&res, (int)json_array_size(tp.calls)));
     else
         choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", json_text(text.p, text.n),
-                           "logprobs", "finish_reason", finish_reason(&res));
+                           "logprobs", "finish_reason", finish_reason(&res, 0));
     sbuf_free(&text);
+    turn_parts_free(&tp);
     rp->status = 200;
     rp->body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                          chat ? "chat.completion" : "text_completion", "created",

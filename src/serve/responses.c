@@ -1,6 +1,7 @@
 /* responses.c - the OpenAI Responses adapter, POST /v1/responses: input
- * string or items + instructions -> chat_req; output as a response object
- * or the response.* event stream (with sequence_number); finished
+ * string or items + instructions -> chat_req; output items (reasoning, the
+ * message, function_call) as a response object or the response.* event
+ * stream (with sequence_number); finished
  * conversations are kept in a bounded LRU so previous_response_id continues
  * them, and GET /v1/responses/{id} returns the stored object. */
 #include <stdlib.h>
@@ -165,9 +166,18 @@ struct resp_ctx {
     json_t *conversation; /* messages without instructions, for the store */
     bool store;
     struct server *srv;
-    struct sbuf text; /* the whole answer (streams) */
     int seq;
+    /* streams: the items done, the one open (ITEM_*) and its text */
+    json_t *output;
+    int open;
+    char item_id[64];
+    struct sbuf text;
+    /* the answer as a chat message, for the store: content and tool_calls */
+    struct sbuf answer;
+    json_t *calls;
 };
+
+enum { ITEM_NONE, ITEM_MESSAGE, ITEM_REASONING };
 
 static void ctx_free(void *p)
 {
@@ -176,7 +186,10 @@ static void ctx_free(void *p)
         return;
     json_decref(c->echo);
     json_decref(c->conversation);
+    json_decref(c->output);
+    json_decref(c->calls);
     sbuf_free(&c->text);
+    sbuf_free(&c->answer);
     free(c);
 }
 
@@ -278,6 +291,39 @@ static json_t *message_item(const struct resp_ctx *c, const char *status, json_t
                      status, "role", "assistant", "content", content);
 }
 
+/* A reasoning item: its text (none while it streams) as reasoning_text. */
+static json_t *reasoning_item(const char *id, const char *status, const char *text, size_t n)
+{
+    json_t *content = json_array();
+    if (status[0] == 'c')
+        json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
+                                                 json_text(text, n)));
+    return json_pack("{s:s, s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "status",
+                     status, "summary", "content", content);
+}
+
+static json_t *call_item(const char *id, const char *call_id, const char *status,
+                         const char *name, const char *args)
+{
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call",
+                     "status", status, "call_id", call_id, "name", name, "arguments", args);
+}
+
+/* A call of the answer: its item (completed), and the same call in chat
+ * form kept for the store. */
+static json_t *answer_call(struct resp_ctx *c, const char *name, const char *args)
+{
+    char id[64], call_id[64];
+    serve_make_id(id, sizeof id, "fc_");
+    serve_make_id(call_id, sizeof call_id, "call_");
+    if (!c->calls)
+        c->calls = json_array();
+    json_array_append_new(c->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", call_id, "type",
+                                              "function", "function", "name", name, "arguments",
+                                              args));
+    return call_item(id, call_id, "completed", name, args);
+}
+
 static json_t *response_json(const struct resp_ctx *c, const char *status, json_t *output,
                              const struct gen_result *res, json_t *error)
 {
@@ -312,14 +358,18 @@ static const char *final_status(const struct gen_result *res)
     return res->finish == GEN_FINISH_LENGTH ? "incomplete" : "completed";
 }
 
-/* Stores the finished conversation; `response` is borrowed. */
-static void remember(struct resp_ctx *c, const char *text, size_t n, const json_t *response)
+/* Stores the finished conversation (the answer: c->answer, c->calls);
+ * `response` is borrowed. */
+static void remember(struct resp_ctx *c, const json_t *response)
 {
     if (!c->store || !response)
         return;
     json_t *conv = json_deep_copy(c->conversation);
-    json_array_append_new(conv, json_pack("{s:s, s:o}", "role", "assistant", "content",
-                                          json_text(text, n)));
+    json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                          json_text(c->answer.p, c->answer.n));
+    if (m && c->calls)
+        json_object_set(m, "tool_calls", c->calls);
+    json_array_append_new(conv, m);
     store_put(c->srv->store, c->id, conv, json_deep_copy(response));
 }
 
@@ -343,21 +393,105 @@ static void rs_begin(struct stream *s)
                                         response_json(c, "in_progress", json_array(), NULL, NULL)));
     ev(s, "response.in_progress",
        json_pack("{s:o}", "response", response_json(c, "in_progress", json_array(), NULL, NULL)));
+}
+
+static int out_index(const struct resp_ctx *c)
+{
+    return (int)json_array_size(c->output);
+}
+
+/* Ends the item being streamed, if any. */
+static void item_close(struct stream *s)
+{
+    struct resp_ctx *c = s->st;
+    const char *t = c->text.p ? c->text.p : "";
+    size_t n = c->text.n;
+    json_t *item = NULL;
+    if (c->open == ITEM_MESSAGE) {
+        ev(s, "response.output_text.done",
+           json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index",
+                     out_index(c), "content_index", 0, "text", json_text(t, n), "logprobs"));
+        ev(s, "response.content_part.done",
+           json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
+                     "content_index", 0, "part", part_json(t, n)));
+        item = message_item(c, "completed", json_pack("[o]", part_json(t, n)));
+        sbuf_put(&c->answer, t, n);
+    } else if (c->open == ITEM_REASONING) {
+        ev(s, "response.reasoning_text.done",
+           json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->item_id, "output_index", out_index(c),
+                     "content_index", 0, "text", json_text(t, n)));
+        item = reasoning_item(c->item_id, "completed", t, n);
+    } else {
+        return;
+    }
+    ev(s, "response.output_item.done",
+       json_pack("{s:i, s:O}", "output_index", out_index(c), "item", item));
+    json_array_append_new(c->output, item);
+    c->text.n = 0;
+    c->open = ITEM_NONE;
+}
+
+/* Starts a message or reasoning item unless one of that kind is open. */
+static void item_open(struct stream *s, int kind)
+{
+    struct resp_ctx *c = s->st;
+    if (c->open == kind)
+        return;
+    item_close(s);
+    c->open = kind;
+    if (kind == ITEM_REASONING) {
+        serve_make_id(c->item_id, sizeof c->item_id, "rs_");
+        ev(s, "response.output_item.added",
+           json_pack("{s:i, s:o}", "output_index", out_index(c), "item",
+                     reasoning_item(c->item_id, "in_progress", "", 0)));
+        return;
+    }
     ev(s, "response.output_item.added",
-       json_pack("{s:i, s:o}", "output_index", 0, "item",
+       json_pack("{s:i, s:o}", "output_index", out_index(c), "item",
                  message_item(c, "in_progress", json_array())));
     ev(s, "response.content_part.added",
-       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", 0, "content_index",
-                 0, "part", part_json("", 0)));
+       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
+                 "content_index", 0, "part", part_json("", 0)));
 }
 
 static void rs_delta(struct stream *s, const char *text, size_t n)
 {
     struct resp_ctx *c = s->st;
+    item_open(s, ITEM_MESSAGE);
     sbuf_put(&c->text, text, n);
     ev(s, "response.output_text.delta",
-       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", 0,
+       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", out_index(c),
                  "content_index", 0, "delta", json_text(text, n), "logprobs"));
+}
+
+static void rs_reasoning(struct stream *s, const char *text, size_t n)
+{
+    struct resp_ctx *c = s->st;
+    item_open(s, ITEM_REASONING);
+    sbuf_put(&c->text, text, n);
+    ev(s, "response.reasoning_text.delta",
+       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->item_id, "output_index", out_index(c),
+                 "content_index", 0, "delta", json_text(text, n)));
+}
+
+static void rs_tool_call(struct stream *s, const char *name, const char *args)
+{
+    struct resp_ctx *c = s->st;
+    item_close(s);
+    json_t *done = answer_call(c, name, args);
+    const char *id = json_string_value(json_object_get(done, "id"));
+    json_t *added = call_item(id, json_string_value(json_object_get(done, "call_id")),
+                              "in_progress", name, "");
+    ev(s, "response.output_item.added",
+       json_pack("{s:i, s:o}", "output_index", out_index(c), "item", added));
+    ev(s, "response.function_call_arguments.delta",
+       json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", out_index(c), "delta", args));
+    ev(s, "response.function_call_arguments.done",
+       json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index", out_index(c), "name",
+                 name, "arguments", args));
+    ev(s, "response.output_item.done",
+       json_pack("{s:i, s:O}", "output_index", out_index(c), "item", done));
+    json_array_append_new(c->output, done);
 }
 
 static void rs_end(struct stream *s, const struct gen_result *res)
@@ -372,27 +506,41 @@ static void rs_end(struct stream *s, const struct gen_result *res)
                                              ae.message))));
         return;
     }
-    const char *t = c->text.p ? c->text.p : "";
-    size_t n = c->text.n;
-    ev(s, "response.output_text.done",
-       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", 0,
-                 "content_index", 0, "text", json_text(t, n), "logprobs"));
-    ev(s, "response.content_part.done",
-       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", 0, "content_index",
-                 0, "part", part_json(t, n)));
-    ev(s, "response.output_item.done",
-       json_pack("{s:i, s:o}", "output_index", 0, "item",
-                 message_item(c, "completed", json_pack("[o]", part_json(t, n)))));
-    json_t *resp = response_json(c, final_status(res),
-                                 json_pack("[o]", message_item(c, "completed",
-                                                               json_pack("[o]", part_json(t, n)))),
-                                 res, NULL);
-    remember(c, t, n, resp);
+    if (!out_index(c) && c->open == ITEM_NONE)
+        item_open(s, ITEM_MESSAGE); /* an empty answer is one empty message */
+    item_close(s);
+    json_t *resp = response_json(c, final_status(res), json_deep_copy(c->output), res, NULL);
+    remember(c, resp);
     ev(s, res->finish == GEN_FINISH_LENGTH ? "response.incomplete" : "response.completed",
        json_pack("{s:o}", "response", resp));
 }
 
-static const struct stream_ops rs_ops = {rs_begin, rs_delta, rs_end, ctx_free};
+static const struct stream_ops rs_ops = {rs_begin, rs_delta,     rs_end,
+                                         ctx_free, rs_reasoning, rs_tool_call};
+
+/* A whole answer's items: reasoning, the message (also when it is all
+ * there is, even empty), the calls. */
+static json_t *output_json(struct resp_ctx *c, const struct turn_parts *tp)
+{
+    json_t *out = json_array();
+    if (tp->reasoning.n) {
+        char id[64];
+        serve_make_id(id, sizeof id, "rs_");
+        json_array_append_new(out,
+                              reasoning_item(id, "completed", tp->reasoning.p, tp->reasoning.n));
+    }
+    if (tp->content.n || !json_array_size(tp->calls))
+        json_array_append_new(out, message_item(c, "completed",
+                                                json_pack("[o]", part_json(tp->content.p ? tp->content.p : "",
+                                                                           tp->content.n))));
+    sbuf_put(&c->answer, tp->content.p, tp->content.n);
+    size_t i;
+    json_t *call;
+    json_array_foreach(tp->calls, i, call) json_array_append_new(
+        out, answer_call(c, json_string_value(json_object_get(call, "name")),
+                         json_string_value(json_object_get(call, "arguments"))));
+    return out;
+}
 
 /* ---- POST /v1/responses ---- */
 
@@ -422,6 +570,7 @@ void responses_create(struct server *srv, const json_t *req, const struct client
     snprintf(c->model, sizeof c->model, "%s", reply_model_name(srv, req));
     c->created = (long)time(NULL);
     if (stream) {
+        c->output = json_array();
         rp->status = 200;
         rp->stream = stream_new(srv, g, &rs_ops, c);
         if (!rp->stream) {
@@ -432,20 +581,21 @@ void responses_create(struct server *srv, const json_t *req, const struct client
     }
     struct sbuf text = {0};
     struct gen_result res;
+    struct turn_parts tp = {0};
     if (gen_collect(g, &text, &res, cl)) {
         rp->status = 0; /* the client left */
     } else if (gen_failed(&res, "server_error", &ae)) {
         reply_error(rp, &ae, SHAPE_OPENAI);
+    } else if (text.oom || turn_parts_split(gen_syntax(g), text.p, text.n, &tp)) {
+        api_fail(&ae, 500, "server_error", NULL, "out of memory");
+        reply_error(rp, &ae, SHAPE_OPENAI);
     } else {
-        const char *t = text.p ? text.p : "";
         rp->status = 200;
-        rp->body = response_json(c, final_status(&res),
-                                 json_pack("[o]", message_item(c, "completed",
-                                                               json_pack("[o]", part_json(t, text.n)))),
-                                 &res, NULL);
-        remember(c, t, text.n, rp->body);
+        rp->body = response_json(c, final_status(&res), output_json(c, &tp), &res, NULL);
+        remember(c, rp->body);
     }
     sbuf_free(&text);
+    turn_parts_free(&tp);
     gen_free(g);
     ctx_free(c);
 }

@@ -1,0 +1,134 @@
+// tools.mjs - tool calls and reasoning through the official OpenAI and
+// Anthropic SDKs, against a cllm serve of the scripted Qwen3 fixture
+// (gen_fixture.mjs --script), which always writes
+//   <think>Checking.</think>Sure!<tool_call>{"name":"get_weather","arguments":{"days":3}}</tool_call>
+// Chat completions, Messages and Responses, each non-streamed and streamed,
+// must split it the same way; without tools the call stays text; a cut-off
+// call comes back as text; the calls go back in as history.
+//
+//   node tools.mjs <base url>
+//
+// Prints one line; exits 1 when any check failed.
+import Anthropic from '@anthropic-ai/sdk';
+import OpenAI from 'openai';
+import assert from 'node:assert';
+
+const [base] = process.argv.slice(2);
+let pass = 0, fail = 0;
+const check = (cond, what) => {
+  if (cond) pass++;
+  else { fail++; console.error(`FAIL [tools]: ${what}`); }
+};
+const same = (a, b) => { try { assert.deepStrictEqual(a, b); return true; } catch { return false; } };
+
+const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+const anthropic = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+const fn = { name: 'get_weather', description: 'The forecast', parameters: { type: 'object', properties: { days: { type: 'integer' } } } };
+const messages = [{ role: 'user', content: 'Weather for the next days?' }];
+const args = { days: 3 };
+
+try {
+  // ---- chat completions ----
+  const c = await openai.chat.completions.create({ model: 'm', messages, tools: [{ type: 'function', function: fn }],
+    tool_choice: 'auto', parallel_tool_calls: true, temperature: 0 });
+  const m = c.choices[0].message;
+  check(m.reasoning_content === 'Checking.', `chat reasoning_content ${JSON.stringify(m)}`);
+  check(m.content === 'Sure!', `chat content ${JSON.stringify(m.content)}`);
+  check(m.tool_calls?.length === 1 && m.tool_calls[0].type === 'function' && m.tool_calls[0].id.startsWith('call_') &&
+    m.tool_calls[0].function.name === 'get_weather' && same(JSON.parse(m.tool_calls[0].function.arguments), args),
+    `chat tool_calls ${JSON.stringify(m.tool_calls)}`);
+  check(c.choices[0].finish_reason === 'tool_calls', `chat finish_reason ${c.choices[0].finish_reason}`);
+
+  const s = await openai.chat.completions.create({ model: 'm', messages, tools: [{ type: 'function', function: fn }],
+    temperature: 0, stream: true });
+  let reasoning = '', content = '', finish = null;
+  const calls = [];
+  for await (const ch of s)
+    for (const choice of ch.choices) {
+      reasoning += choice.delta?.reasoning_content ?? '';
+      content += choice.delta?.content ?? '';
+      for (const tc of choice.delta?.tool_calls ?? []) {
+        calls[tc.index] ??= { id: '', name: '', arguments: '' };
+        calls[tc.index].id += tc.id ?? '';
+        calls[tc.index].name += tc.function?.name ?? '';
+        calls[tc.index].arguments += tc.function?.arguments ?? '';
+      }
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+  check(reasoning === 'Checking.' && content === 'Sure!', `chat stream text ${reasoning} / ${content}`);
+  check(calls.length === 1 && calls[0].id.startsWith('call_') && calls[0].name === 'get_weather' &&
+    same(JSON.parse(calls[0].arguments), args), `chat stream tool_calls ${JSON.stringify(calls)}`);
+  check(finish === 'tool_calls', `chat stream finish_reason ${finish}`);
+
+  // no tools in the request: the call is the model's text, finish "stop"
+  const plain = await openai.chat.completions.create({ model: 'm', messages, temperature: 0 });
+  check(plain.choices[0].message.content === 'Sure!<tool_call>{"name":"get_weather","arguments":{"days":3}}</tool_call>' &&
+    !plain.choices[0].message.tool_calls && plain.choices[0].finish_reason === 'stop',
+    `chat without tools ${JSON.stringify(plain.choices[0])}`);
+
+  // cut off inside the call: nothing is lost, it comes back as text
+  const cut = await openai.chat.completions.create({ model: 'm', messages, tools: [{ type: 'function', function: fn }],
+    temperature: 0, max_tokens: 10 });
+  check(cut.choices[0].message.content === 'Sure!<tool_call>{"name":"' && !cut.choices[0].message.tool_calls &&
+    cut.choices[0].finish_reason === 'length', `chat cut-off call ${JSON.stringify(cut.choices[0])}`);
+
+  // the call and its result go back in as history
+  const turn2 = await openai.chat.completions.create({ model: 'm', temperature: 0, max_tokens: 2,
+    tools: [{ type: 'function', function: fn }], messages: [...messages,
+      { role: 'assistant', content: m.content, tool_calls: m.tool_calls },
+      { role: 'tool', tool_call_id: m.tool_calls[0].id, content: '{"forecast":"sun"}' }] });
+  check(turn2.usage.prompt_tokens > c.usage.prompt_tokens + 20, `chat tool round trip ${JSON.stringify(turn2.usage)}`);
+
+  // ---- Anthropic Messages ----
+  const tool = { name: fn.name, description: fn.description, input_schema: fn.parameters };
+  const a = await anthropic.messages.create({ model: 'm', max_tokens: 100, messages, tools: [tool],
+    tool_choice: { type: 'auto' }, temperature: 0 });
+  check(same(a.content.map(b => b.type), ['thinking', 'text', 'tool_use']), `messages blocks ${JSON.stringify(a.content)}`);
+  check(a.content[0].thinking === 'Checking.' && a.content[1].text === 'Sure!', 'messages thinking and text');
+  check(a.content[2].id.startsWith('toolu_') && a.content[2].name === 'get_weather' && same(a.content[2].input, args),
+    `messages tool_use ${JSON.stringify(a.content[2])}`);
+  check(a.stop_reason === 'tool_use', `messages stop_reason ${a.stop_reason}`);
+
+  const as = anthropic.messages.stream({ model: 'm', max_tokens: 100, messages, tools: [tool], temperature: 0 });
+  const af = await as.finalMessage();
+  check(same(af.content.map(b => b.type), ['thinking', 'text', 'tool_use']) && af.content[0].thinking === 'Checking.' &&
+    af.content[1].text === 'Sure!' && af.content[2].name === 'get_weather' && same(af.content[2].input, args) &&
+    af.stop_reason === 'tool_use', `messages stream ${JSON.stringify(af)}`);
+
+  const a2 = await anthropic.messages.create({ model: 'm', max_tokens: 2, tools: [tool], messages: [...messages,
+    { role: 'assistant', content: a.content },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: a.content[2].id, content: 'sun' }] }] });
+  check(a2.usage.input_tokens > a.usage.input_tokens + 20, `messages tool round trip ${JSON.stringify(a2.usage)}`);
+
+  // ---- Responses ----
+  const rtool = { type: 'function', name: fn.name, description: fn.description, parameters: fn.parameters, strict: false };
+  const r = await openai.responses.create({ model: 'm', input: 'Weather for the next days?', tools: [rtool], temperature: 0 });
+  check(same(r.output.map(o => o.type), ['reasoning', 'message', 'function_call']), `responses output ${JSON.stringify(r.output)}`);
+  check(r.output[0].content?.[0]?.text === 'Checking.' && r.output_text === 'Sure!', `responses reasoning and text ${JSON.stringify(r.output)}`);
+  const call = r.output[2];
+  check(call.name === 'get_weather' && call.call_id.startsWith('call_') && call.status === 'completed' &&
+    same(JSON.parse(call.arguments), args), `responses function_call ${JSON.stringify(call)}`);
+
+  const rs = await openai.responses.create({ model: 'm', input: 'Weather for the next days?', tools: [rtool],
+    temperature: 0, stream: true });
+  let done = null, argsDone = null, rtext = '', rreason = '';
+  for await (const e of rs) {
+    if (e.type === 'response.completed') done = e.response;
+    if (e.type === 'response.function_call_arguments.done') argsDone = e.arguments;
+    if (e.type === 'response.output_text.delta') rtext += e.delta;
+    if (e.type === 'response.reasoning_text.delta') rreason += e.delta;
+  }
+  check(done && same(done.output.map(o => o.type), ['reasoning', 'message', 'function_call']) &&
+    done.output[2].name === 'get_weather' && rtext === 'Sure!' && rreason === 'Checking.' &&
+    same(JSON.parse(argsDone), args), `responses stream ${JSON.stringify(done?.output)}`);
+
+  // the stored turn and a function_call_output continue it
+  const r2 = await openai.responses.create({ model: 'm', previous_response_id: r.id, max_output_tokens: 2,
+    tools: [rtool], input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"forecast":"sun"}' }] });
+  check(r2.usage.input_tokens > r.usage.input_tokens + 20, `responses tool round trip ${JSON.stringify(r2.usage)}`);
+} catch (e) {
+  fail++;
+  console.error(`FAIL [tools]: ${e.stack || e}`);
+}
+console.log(`tools: ${pass} passed, ${fail} failed`);
+process.exit(fail ? 1 : 0);
