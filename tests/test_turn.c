@@ -171,16 +171,16 @@ int main(void)
     expect(qwen, "<thinking>x", "", "<thinking>x", "");
     /* Hermes tool calls */
     expect(qwen, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-           "", "", "get_weather {\"city\":\"Paris\"}|");
+           "", "", "get_weather {\"city\": \"Paris\"}|");
     expect(qwen,
            "<think>\nneed weather\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"a\", "
            "\"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": "
            "{\"x\": [1, 2]}}\n</tool_call>",
-           "need weather", "Let me check.", "a {}|b {\"x\":[1,2]}|");
+           "need weather", "Let me check.", "a {}|b {\"x\": [1, 2]}|");
     expect(qwen, "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"k\\\": 1}\"}</tool_call>", "",
-           "", "f {\"k\":1}|");
+           "", "f {\"k\": 1}|");
     expect(qwen, "<tool_call>{\"name\":\"f\",\"parameters\":{\"k\":\"é\"}}</tool_call>", "", "",
-           "f {\"k\":\"é\"}|");
+           "f {\"k\": \"é\"}|");
     expect(qwen, "<tool_call>{\"name\":\"f\"}</tool_call>", "", "", "f {}|");
     /* not calls: back as content, as written */
     expect(qwen, "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call> after", "",
@@ -191,14 +191,14 @@ int main(void)
     expect(qwen, "text <tool_call>{\"name\": \"f\", \"argu", "", "text <tool_call>{\"name\": \"f\", \"argu", "");
     /* ended without the closing tag (EOS or a stop string right after) */
     expect(qwen, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", "", "",
-           "f {\"a\":1}|");
+           "f {\"a\": 1}|");
     expect(qwen, "a <tool_ca", "", "a <tool_ca", "");
     expect(qwen, "<tool_call>{\"name\":\"f\"}</tool_call>\n\n", "", "", "f {}|");
     /* Llama 3.x JSON calls: the whole turn */
     expect(llama, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", "", "",
-           "get_weather {\"city\":\"Oslo\"}|");
+           "get_weather {\"city\": \"Oslo\"}|");
     expect(llama, " {\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"n\": 2}}",
-           "", "", "a {}|b {\"n\":2}|");
+           "", "", "a {}|b {\"n\": 2}|");
     expect(llama, "{\"answer\": 42}", "", "{\"answer\": 42}", "");
     expect(llama, "{\"name\": \"a\", \"parameters\": {}} and more", "", "{\"name\": \"a\", \"parameters\": {}} and more", "");
     expect(llama, "Plain {\"name\": \"a\"}", "", "Plain {\"name\": \"a\"}", "");

@@ -138,6 +138,17 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
         const json_t *id = json_object_get(it, "call_id");
         if (call && json_is_string(id))
             json_object_set(call, "id", (json_t *)id);
+        /* The calls of one answer (and its text before them) are one
+         * assistant turn, as the model wrote them. */
+        json_t *last = json_array_get(out, json_array_size(out) - 1);
+        const char *lr = json_string_value(json_object_get(last, "role"));
+        if (lr && !strcmp(lr, "assistant")) {
+            json_t *calls = json_object_get(last, "tool_calls");
+            if (!json_is_array(calls))
+                json_object_set_new(last, "tool_calls", calls = json_array());
+            json_array_append_new(calls, call);
+            return 0;
+        }
         json_array_append_new(out, json_pack("{s:s, s:s, s:[o]}", "role", "assistant", "content",
                                              "", "tool_calls", call));
         return 0;

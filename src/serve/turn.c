@@ -93,18 +93,21 @@ static size_t partial_tail(const char *buf, size_t n, const char *marker)
     return 0;
 }
 
-/* The compact text of a call's arguments: an object, or a string holding
- * one; absent or null is {}. NULL when they are anything else. */
+/* The text of a call's arguments: an object, or a string holding one;
+ * absent or null is {}. NULL when they are anything else. Written with
+ * ", " and ": " (jansson without JSON_COMPACT), as Python's json.dumps and
+ * so the chat templates' tojson write it: the history a client sends back
+ * renders to the tokens the model wrote, and the prefix cache keeps them. */
 static char *args_text(const json_t *a)
 {
     if (!a || json_is_null(a))
         return strdup("{}");
     if (json_is_object(a))
-        return json_dumps(a, JSON_COMPACT);
+        return json_dumps(a, 0);
     if (!json_is_string(a))
         return NULL;
     json_t *o = json_loads(json_string_value(a), 0, NULL);
-    char *s = json_is_object(o) ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *s = json_is_object(o) ? json_dumps(o, 0) : NULL;
     json_decref(o);
     return s;
 }

@@ -39,7 +39,7 @@ struct turn_event {
     const char *text; /* REASONING, CONTENT: a piece of text */
     size_t n;
     const char *name; /* TOOL_CALL: the function's name, and */
-    const char *args; /* its arguments, a JSON object as compact text */
+    const char *args; /* its arguments, a JSON object as text ({"k": 1}) */
 };
 
 typedef void (*turn_emit_fn)(void *ctx, const struct turn_event *ev);

@@ -126,6 +126,24 @@ try {
   const r2 = await openai.responses.create({ model: 'm', previous_response_id: r.id, max_output_tokens: 2,
     tools: [rtool], input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"forecast":"sun"}' }] });
   check(r2.usage.input_tokens > r.usage.input_tokens + 20, `responses tool round trip ${JSON.stringify(r2.usage)}`);
+
+  // two calls of one answer and their results: the same prompt from all three
+  // APIs (arguments as this server returns them, which is how the template
+  // writes an object's)
+  const two = [{ id: 'call_a', days: 1 }, { id: 'call_b', days: 2 }];
+  const cc = await openai.chat.completions.create({ model: 'm', max_tokens: 1, tools: [{ type: 'function', function: fn }],
+    messages: [...messages, { role: 'assistant', content: null, tool_calls: two.map(t => ({ id: t.id, type: 'function',
+      function: { name: 'get_weather', arguments: `{"days": ${t.days}}` } })) },
+    ...two.map(t => ({ role: 'tool', tool_call_id: t.id, content: `sun ${t.days}` }))] });
+  const ca = await anthropic.messages.create({ model: 'm', max_tokens: 1, tools: [tool], messages: [...messages,
+    { role: 'assistant', content: two.map(t => ({ type: 'tool_use', id: t.id, name: 'get_weather', input: { days: t.days } })) },
+    { role: 'user', content: two.map(t => ({ type: 'tool_result', tool_use_id: t.id, content: `sun ${t.days}` })) }] });
+  const cr = await openai.responses.create({ model: 'm', max_output_tokens: 1, tools: [rtool], input: [
+    { role: 'user', content: messages[0].content },
+    ...two.map(t => ({ type: 'function_call', call_id: t.id, name: 'get_weather', arguments: `{"days": ${t.days}}` })),
+    ...two.map(t => ({ type: 'function_call_output', call_id: t.id, output: `sun ${t.days}` }))] });
+  check(cc.usage.prompt_tokens === ca.usage.input_tokens && ca.usage.input_tokens === cr.usage.input_tokens,
+    `two calls: chat ${cc.usage.prompt_tokens}, messages ${ca.usage.input_tokens}, responses ${cr.usage.input_tokens} prompt tokens`);
 } catch (e) {
   fail++;
   console.error(`FAIL [tools]: ${e.stack || e}`);
