@@ -65,16 +65,16 @@ static json_t *resolve_thinking(const struct server *srv, const struct chat_req 
 
 /* The syntax of a chat turn rendered with sm's template: the template
  * prompt_render used (tool_use when there are tools and it exists). */
-static struct turn_syntax chat_syntax(const struct served_model *sm, const json_t *tools,
+static struct turn_syntax chat_syntax(const struct served_model *sm, const struct chat_req *req,
                                       const char *prompt, size_t len)
 {
-    bool has_tools = tools && json_array_size(tools) > 0;
+    bool has_tools = req->tools && json_array_size(req->tools) > 0;
     const char *src = NULL;
     if (sm->tmpl && has_tools)
         src = chat_template_source(sm->tmpl, "tool_use");
     if (sm->tmpl && !src)
         src = chat_template_source(sm->tmpl, NULL);
-    return turn_syntax_of(src, prompt, len, has_tools);
+    return turn_syntax_of(src, prompt, len, has_tools && !req->calls_off);
 }
 
 static int make_prompt(struct server *srv, const struct chat_req *req, int **ids, int *thinking,
@@ -107,7 +107,7 @@ static int make_prompt(struct server *srv, const struct chat_req *req, int **ids
         if (rc)
             return api_fail(ae, 400, NULL, "messages", "cannot render the chat template: %s",
                             e.msg);
-        *syn = chat_syntax(sm, req->tools, text, len);
+        *syn = chat_syntax(sm, req, text, len);
     }
     int n = tok_encode(sm->tok, text ? text : "", len, add_special, ids, &e);
     if (req->messages)

@@ -266,3 +266,11 @@ int field_reasoning_effort(const json_t *obj, const char *key, struct chat_req *
         r->thinking = strcmp(eff, "none") != 0;
     return 0;
 }
+
+bool field_tool_choice_none(const json_t *obj)
+{
+    const json_t *tc = json_object_get(obj, "tool_choice");
+    const char *v = json_is_object(tc) ? json_string_value(json_object_get(tc, "type"))
+                                       : json_string_value(tc);
+    return v && !strcmp(v, "none");
+}

@@ -100,6 +100,7 @@ struct chat_req {
      * chat template; NULL for a raw prompt (/v1/completions). */
     json_t *messages;
     json_t *tools;  /* array or NULL */
+    bool calls_off; /* tool_choice "none": the model's calls stay text */
     json_t *kwargs; /* chat_template_kwargs object or NULL */
     int thinking;   /* from reasoning_effort: -1 unset, 0 off, 1 on */
     /* raw prompt: text, or ids when n_ids > 0 */
@@ -139,6 +140,9 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
  * refused with a 400 naming param. */
 int content_text(const json_t *content, const char *param, const char *const *types,
                  struct sbuf *out, struct api_error *ae);
+/* tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): true.
+ * Other choices are accepted and left to the model. */
+bool field_tool_choice_none(const json_t *obj);
 /* reasoning_effort: "none" -> 0, any other level -> 1. */
 int field_reasoning_effort(const json_t *obj, const char *key, struct chat_req *r,
                            struct api_error *ae);

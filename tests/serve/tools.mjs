@@ -66,6 +66,20 @@ try {
     !plain.choices[0].message.tool_calls && plain.choices[0].finish_reason === 'stop',
     `chat without tools ${JSON.stringify(plain.choices[0])}`);
 
+  // tool_choice "none": the call stays text, in each API's form of it
+  const tcText = 'Sure!<tool_call>{"name":"get_weather","arguments":{"days":3}}</tool_call>';
+  const nc = await openai.chat.completions.create({ model: 'm', messages, tools: [{ type: 'function', function: fn }],
+    tool_choice: 'none', temperature: 0 });
+  check(nc.choices[0].message.content === tcText && !nc.choices[0].message.tool_calls &&
+    nc.choices[0].finish_reason === 'stop', `chat tool_choice none ${JSON.stringify(nc.choices[0])}`);
+  const na = await anthropic.messages.create({ model: 'm', max_tokens: 100, messages, temperature: 0,
+    tools: [{ name: fn.name, input_schema: fn.parameters }], tool_choice: { type: 'none' } });
+  check(same(na.content.map(b => b.type), ['thinking', 'text']) && na.content[1].text === tcText &&
+    na.stop_reason === 'end_turn', `messages tool_choice none ${JSON.stringify(na.content)}`);
+  const nr = await openai.responses.create({ model: 'm', input: 'Weather?', temperature: 0, tool_choice: 'none',
+    tools: [{ type: 'function', name: fn.name, parameters: fn.parameters, strict: false }] });
+  check(nr.output_text === tcText && !nr.output.some(o => o.type === 'function_call'), `responses tool_choice none ${JSON.stringify(nr.output)}`);
+
   // cut off inside the call: nothing is lost, it comes back as text
   const cut = await openai.chat.completions.create({ model: 'm', messages, tools: [{ type: 'function', function: fn }],
     temperature: 0, max_tokens: 10 });
