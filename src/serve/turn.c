@@ -209,7 +209,7 @@ static bool step(struct turn *t)
                 t->state = ST_THINK;
                 return true;
             }
-            if (!memcmp(b + k, THINK_OPEN, n - k))
+            if (n - k < to && !memcmp(b + k, THINK_OPEN, n - k))
                 return false; /* may still be <think> */
         }
         if (t->syn.tools == TURN_TOOLS_JSON && b[k] == '{') {
