@@ -311,7 +311,7 @@ if [ $have_node = 1 ] && [ ! -d "$HERE/serve/node_modules/openai" ]; then
         bad "npm install in tests/serve failed: $(tail -5 "$tmp/npm.log")"
 fi
 if [ $have_node = 0 ]; then
-    skipped+=("SDK, load, real-tokenizer model, disconnect, 429 and drain checks: node/npm not installed")
+    skipped+=("SDK, load, real-tokenizer model, disconnect, 429, drain and tool-call checks: node/npm not installed")
 else
     node "$HERE/serve/sdk.mjs" "$B" stories260K || bad "SDK checks on stories260K"
     node "$HERE/serve/load.mjs" "$B" "$S1" 200 16 || bad "load run"
