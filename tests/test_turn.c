@@ -96,7 +96,7 @@ static void expect(struct turn_syntax syn, const char *text, const char *reasoni
  * to its middle already hold its start. */
 static void check_streams(void)
 {
-    struct turn_syntax syn = {TURN_TOOLS_HERMES, true, false};
+    struct turn_syntax syn = {.tools = TURN_TOOLS_HERMES, .think = true};
     struct got g = {0};
     struct turn t;
     turn_init(&t, syn, on_event, &g);
@@ -149,11 +149,20 @@ static void check_syntax(void)
 
 int main(void)
 {
-    const struct turn_syntax plain = {TURN_TOOLS_NONE, false, false};
-    const struct turn_syntax qwen = {TURN_TOOLS_HERMES, true, false};
-    const struct turn_syntax qwen_open = {TURN_TOOLS_HERMES, true, true};
-    const struct turn_syntax think_only = {TURN_TOOLS_NONE, true, false};
-    const struct turn_syntax llama = {TURN_TOOLS_JSON, false, false};
+    const struct turn_syntax plain = {.tools = TURN_TOOLS_NONE};
+    const struct turn_syntax qwen = {.tools = TURN_TOOLS_HERMES, .think = true};
+    const struct turn_syntax qwen_open = {.tools = TURN_TOOLS_HERMES, .think = true, .think_open = true};
+    const struct turn_syntax think_only = {.tools = TURN_TOOLS_NONE, .think = true};
+    const struct turn_syntax llama = {.tools = TURN_TOOLS_JSON};
+    /* Qwen3-Coder's XML calls: values typed by the tools' schemas */
+    json_t *schema = json_loads(
+        "[{\"type\": \"function\", \"function\": {\"name\": \"edit\", \"parameters\": {\"type\": "
+        "\"object\", \"properties\": {\"path\": {\"type\": \"string\"}, \"line\": {\"type\": "
+        "\"integer\"}, \"zip\": {\"type\": [\"string\", \"null\"]}, \"opts\": {\"type\": "
+        "\"object\"}}}}}]",
+        0, NULL);
+    CHECK(schema != NULL, "the test's schema parses");
+    const struct turn_syntax coder = {.tools = TURN_TOOLS_HERMES, .schema = schema};
 
     /* plain text is untouched, markers and all */
     expect(plain, "Hello <think>x</think> <tool_call>{}</tool_call>", "",
@@ -194,6 +203,27 @@ int main(void)
            "f {\"a\": 1}|");
     expect(qwen, "a <tool_ca", "", "a <tool_ca", "");
     expect(qwen, "<tool_call>{\"name\":\"f\"}</tool_call>\n\n", "", "", "f {}|");
+    expect(coder,
+           "I will edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.c\n</parameter>\n"
+           "<parameter=line>\n42\n</parameter>\n<parameter=zip>\n02134\n</parameter>\n"
+           "<parameter=opts>\n{\"dry\": true}\n</parameter>\n<parameter=other>\n7\n</parameter>\n"
+           "</function>\n</tool_call>",
+           "", "I will edit it.",
+           "edit {\"path\": \"src/a.c\", \"line\": 42, \"zip\": \"02134\", \"opts\": {\"dry\": true}, "
+           "\"other\": 7}|");
+    expect(coder, "<tool_call><function=edit><parameter=path>two\nlines\n\n</parameter></function></tool_call>",
+           "", "", "edit {\"path\": \"two\\nlines\\n\"}|");
+    expect(coder, "<tool_call>\n<function=edit>\n</function>\n</tool_call>", "", "", "edit {}|");
+    expect(coder, "<tool_call>\n<function=edit>\n<parameter=path>\nx\n</parameter>\n", "", "",
+           "edit {\"path\": \"x\"}|");
+    expect(qwen, "<tool_call><function=f><parameter=a>1</parameter></function></tool_call>", "", "",
+           "f {\"a\": 1}|");
+    expect(coder, "<tool_call><function=edit><parameter=path>x</function></tool_call>", "",
+           "<tool_call><function=edit><parameter=path>x</function></tool_call>", "");
+    expect(coder, "<tool_call><function=>x</function></tool_call>", "",
+           "<tool_call><function=>x</function></tool_call>", "");
+    expect(coder, "<tool_call><function=edit></function> trailing</tool_call>", "",
+           "<tool_call><function=edit></function> trailing</tool_call>", "");
     /* Llama 3.x JSON calls: the whole turn */
     expect(llama, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", "", "",
            "get_weather {\"city\": \"Oslo\"}|");
@@ -204,6 +234,7 @@ int main(void)
     expect(llama, "Plain {\"name\": \"a\"}", "", "Plain {\"name\": \"a\"}", "");
     check_streams();
     check_syntax();
+    json_decref(schema);
     printf("turn: %d cases, each fed whole, in two pieces at every cut and a byte at a time\n",
            n_cases);
     return test_summary("test_turn");

@@ -23,6 +23,7 @@ struct gen {
     int n_stops;
     int n_prompt, n_tokens;
     struct turn_syntax syn; /* how the turn's text splits (turn.h) */
+    json_t *tools;          /* the request's, held for syn.schema */
     bool finished;
     bool listed; /* in srv->gens */
     struct gen_result res;
@@ -187,7 +188,9 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     }
     g->srv = srv;
     g->n_prompt = n;
+    g->tools = json_incref(req->tools);
     g->syn = syn;
+    g->syn.schema = g->tools;
     g->piece_cap = detok_max_bytes(sm->tok) + 1;
     g->piece = malloc(g->piece_cap);
     for (int i = 0; i < req->n_stops; i++) {
@@ -276,6 +279,7 @@ void gen_free(struct gen *g)
         free(g->stops[i]);
     free(g->piece);
     sbuf_free(&g->pending);
+    json_decref(g->tools);
     free(g);
 }
 

@@ -214,7 +214,8 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res);
 int gen_prompt_tokens(const struct gen *g);
 /* How the generated text splits into reasoning, content and tool calls:
- * from the chat template and the request's tools (plain for raw prompts). */
+ * from the chat template and the request's tools (plain for raw prompts).
+ * Its schema is g's: valid until gen_free(g). */
 struct turn_syntax gen_syntax(const struct gen *g);
 
 /* A whole turn split (non-streamed answers): reasoning and content text,

@@ -237,14 +237,13 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         rp->status = 0;
         return;
     }
-    struct turn_syntax syn = gen_syntax(g);
-    gen_free(g);
     struct turn_parts tp = {0};
     bool failed = gen_failed(&res, "server_error", &ae);
-    if (!failed && (text.oom || (chat && turn_parts_split(syn, text.p, text.n, &tp)))) {
+    if (!failed && (text.oom || (chat && turn_parts_split(gen_syntax(g), text.p, text.n, &tp)))) {
         api_fail(&ae, 500, "server_error", NULL, "out of memory");
         failed = true;
     }
+    gen_free(g); /* after the split: the syntax borrows its tools */
     if (failed) {
         sbuf_free(&text);
         turn_parts_free(&tp);

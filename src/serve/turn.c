@@ -15,7 +15,7 @@ static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
 struct turn_syntax turn_syntax_of(const char *template_src, const char *prompt, size_t prompt_len,
                                   bool has_tools)
 {
-    struct turn_syntax s = {TURN_TOOLS_NONE, false, false};
+    struct turn_syntax s = {TURN_TOOLS_NONE, false, false, NULL};
     if (!template_src)
         return s;
     if (has_tools) {
@@ -133,13 +133,125 @@ static bool emit_call(struct turn *t, const json_t *o)
     return true;
 }
 
-/* One call's JSON (HERMES), surrounding whitespace allowed. */
+/* Whether p[0..n) starts with s, and past it. */
+static bool eat(const char **p, const char *end, const char *s)
+{
+    size_t k = strlen(s);
+    if ((size_t)(end - *p) < k || memcmp(*p, s, k))
+        return false;
+    *p += k;
+    return true;
+}
+
+static void skip_space(const char **p, const char *end)
+{
+    while (*p < end && is_space(**p))
+        (*p)++;
+}
+
+/* The JSON schema type of parameter key of tool name ("" unknown), and
+ * whether it admits a string. */
+static bool param_is_string(const json_t *tools, const char *name, const char *key,
+                            bool *known)
+{
+    size_t i;
+    const json_t *tl;
+    *known = false;
+    json_array_foreach(tools, i, tl) {
+        const json_t *fn = json_object_get(tl, "function");
+        const char *tn = json_string_value(json_object_get(fn, "name"));
+        if (!tn || strcmp(tn, name))
+            continue;
+        const json_t *ty = json_object_get(
+            json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), key),
+            "type");
+        if (json_is_string(ty)) {
+            *known = true;
+            return !strcmp(json_string_value(ty), "string");
+        }
+        size_t j;
+        const json_t *v;
+        json_array_foreach(ty, j, v) {
+            *known = true;
+            if (json_is_string(v) && !strcmp(json_string_value(v), "string"))
+                return true;
+        }
+        return false;
+    }
+    return false;
+}
+
+/* A parameter value as written (XML form): the schema's string as it is,
+ * anything else as JSON when it parses (3, true, {"a": 1}), else text. */
+static json_t *param_value(const json_t *tools, const char *name, const char *key,
+                           const char *v, size_t n)
+{
+    bool known;
+    if (!(param_is_string(tools, name, key, &known) && known)) {
+        json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+        if (j)
+            return j;
+    }
+    return json_stringn(v, n);
+}
+
+/* <function=NAME> (<parameter=KEY>VALUE</parameter>)* </function>, the
+ * newline after an opening tag and before a closing one not part of the
+ * value; the closing </function> may be missing at the end. */
+static bool parse_xml_call(struct turn *t, const char *p, size_t n)
+{
+    const char *end = p + n, *q;
+    skip_space(&p, end);
+    if (!eat(&p, end, "<function=") || !(q = memchr(p, '>', (size_t)(end - p))) || q == p)
+        return false;
+    char *name = strndup(p, (size_t)(q - p));
+    json_t *args = json_object();
+    bool ok = name && args;
+    p = q + 1;
+    while (ok) {
+        skip_space(&p, end);
+        if (p == end || eat(&p, end, "</function>"))
+            break;
+        const char *kq;
+        long ve;
+        if (!eat(&p, end, "<parameter=") || !(kq = memchr(p, '>', (size_t)(end - p))) ||
+            kq == p || (ve = find(kq + 1, (size_t)(end - kq - 1), "</parameter>")) < 0) {
+            ok = false;
+            break;
+        }
+        const char *v = kq + 1, *vend = v + ve;
+        if (v < vend && *v == '\n')
+            v++;
+        if (vend > v && vend[-1] == '\n')
+            vend--;
+        char *key = strndup(p, (size_t)(kq - p));
+        json_t *val = key ? param_value(t->syn.schema, name, key, v, (size_t)(vend - v)) : NULL;
+        ok = key && val && !json_object_set_new(args, key, val);
+        free(key);
+        p = kq + 1 + ve + sizeof "</parameter>" - 1;
+    }
+    skip_space(&p, end);
+    ok = ok && p == end;
+    char *text = ok ? json_dumps(args, 0) : NULL;
+    if (text) {
+        struct turn_event ev = {.kind = TURN_TOOL_CALL, .name = name, .args = text};
+        t->emit(t->ctx, &ev);
+        t->n_calls++;
+    }
+    free(text);
+    free(name);
+    json_decref(args);
+    return text != NULL;
+}
+
+/* One call's body (HERMES): JSON, or the XML form; surrounding whitespace
+ * allowed. */
 static bool parse_call(struct turn *t, const char *p, size_t n)
 {
     json_t *o = json_loadb(p, n, 0, NULL);
     bool ok = o && emit_call(t, o);
     json_decref(o);
-    return ok;
+    return ok || (!o && parse_xml_call(t, p, n));
 }
 
 /* The whole turn as calls (JSON): one object, an array of them, or objects

@@ -10,13 +10,16 @@
 #ifndef CLLM_SERVE_TURN_H
 #define CLLM_SERVE_TURN_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 enum turn_tools {
     TURN_TOOLS_NONE,   /* no tool calls are parsed */
     TURN_TOOLS_HERMES, /* <tool_call>{"name": .., "arguments": {..}}</tool_call>, any
-                        * number (Qwen2.5, Qwen3, Hermes, ...) */
+                        * number (Qwen2.5, Qwen3, Hermes, ...); the body may
+                        * also be <function=NAME><parameter=KEY>VALUE</parameter>
+                        * ...</function> (Qwen3-Coder) */
     TURN_TOOLS_JSON    /* the whole turn is {"name": .., "parameters": {..}} (or
                         * "arguments"), or several separated by ';' (Llama 3.1-3.3) */
 };
@@ -25,6 +28,10 @@ struct turn_syntax {
     enum turn_tools tools;
     bool think;      /* <think>..</think> opening the turn is reasoning */
     bool think_open; /* the prompt ends inside <think>: the turn starts as reasoning */
+    /* the request's tools in the chat form ([{type, function: {name,
+     * parameters}}], borrowed; may be NULL): the types of XML parameter
+     * values */
+    const json_t *schema;
 };
 
 /* What a model writes, from its chat template's source (NULL: none) and
