@@ -112,18 +112,24 @@ static char *args_text(const json_t *a)
     return s;
 }
 
+/* The arguments text of the call an object describes (caller frees), and
+ * its name; NULL when it is not one: a non-empty string "name" and object
+ * arguments under "arguments" or "parameters". */
+static char *call_of(const json_t *o, const char **name)
+{
+    *name = json_string_value(json_object_get(o, "name"));
+    if (!json_is_object(o) || !*name || !**name)
+        return NULL;
+    const json_t *a = json_object_get(o, "arguments");
+    return args_text(a ? a : json_object_get(o, "parameters"));
+}
+
 /* Emits the call an object describes; false (nothing emitted) when it is
- * not one: a non-empty string "name" and object arguments under
- * "arguments" or "parameters". */
+ * not one (call_of). */
 static bool emit_call(struct turn *t, const json_t *o)
 {
-    const char *name = json_string_value(json_object_get(o, "name"));
-    if (!json_is_object(o) || !name || !*name)
-        return false;
-    const json_t *a = json_object_get(o, "arguments");
-    if (!a)
-        a = json_object_get(o, "parameters");
-    char *args = args_text(a);
+    const char *name;
+    char *args = call_of(o, &name);
     if (!args)
         return false;
     struct turn_event ev = {.kind = TURN_TOOL_CALL, .name = name, .args = args};
@@ -149,14 +155,12 @@ static void skip_space(const char **p, const char *end)
         (*p)++;
 }
 
-/* The JSON schema type of parameter key of tool name ("" unknown), and
- * whether it admits a string. */
-static bool param_is_string(const json_t *tools, const char *name, const char *key,
-                            bool *known)
+/* Whether the schema of parameter key of tool name types it as a string
+ * (alone or among other types); false when it says nothing. */
+static bool param_is_string(const json_t *tools, const char *name, const char *key)
 {
     size_t i;
     const json_t *tl;
-    *known = false;
     json_array_foreach(tools, i, tl) {
         const json_t *fn = json_object_get(tl, "function");
         const char *tn = json_string_value(json_object_get(fn, "name"));
@@ -165,14 +169,11 @@ static bool param_is_string(const json_t *tools, const char *name, const char *k
         const json_t *ty = json_object_get(
             json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"), key),
             "type");
-        if (json_is_string(ty)) {
-            *known = true;
+        if (json_is_string(ty))
             return !strcmp(json_string_value(ty), "string");
-        }
         size_t j;
         const json_t *v;
         json_array_foreach(ty, j, v) {
-            *known = true;
             if (json_is_string(v) && !strcmp(json_string_value(v), "string"))
                 return true;
         }
@@ -186,8 +187,7 @@ static bool param_is_string(const json_t *tools, const char *name, const char *k
 static json_t *param_value(const json_t *tools, const char *name, const char *key,
                            const char *v, size_t n)
 {
-    bool known;
-    if (!(param_is_string(tools, name, key, &known) && known)) {
+    if (!param_is_string(tools, name, key)) {
         json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
         if (j)
             return j;
@@ -287,11 +287,8 @@ static bool parse_json_calls(struct turn *t, const char *p, size_t n)
     json_t *c;
     ok = ok && json_array_size(calls) > 0;
     json_array_foreach(calls, k, c) {
-        const char *name = json_string_value(json_object_get(c, "name"));
-        const json_t *a = json_object_get(c, "parameters");
-        if (!a)
-            a = json_object_get(c, "arguments");
-        char *args = ok && json_is_object(c) && name && *name ? args_text(a) : NULL;
+        const char *name;
+        char *args = ok ? call_of(c, &name) : NULL;
         ok = args != NULL;
         free(args);
     }
