@@ -220,6 +220,10 @@ int main(void)
            "f {\"a\": 1}|");
     expect(coder, "<tool_call><function=edit><parameter=path>x</function></tool_call>", "",
            "<tool_call><function=edit><parameter=path>x</function></tool_call>", "");
+    expect(coder, "<tool_call><function=a b></function></tool_call>", "",
+           "<tool_call><function=a b></function></tool_call>", "");
+    expect(qwen, "<tool_call>{\"name\": \"a\\u0000b\"}</tool_call>", "",
+           "<tool_call>{\"name\": \"a\\u0000b\"}</tool_call>", "");
     expect(coder, "<tool_call><function=>x</function></tool_call>", "",
            "<tool_call><function=>x</function></tool_call>", "");
     expect(coder, "<tool_call><function=edit></function> trailing</tool_call>", "",

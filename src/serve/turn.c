@@ -112,13 +112,23 @@ static char *args_text(const json_t *a)
     return s;
 }
 
+/* A function name: non-empty, no spaces or control bytes (NUL included). */
+static bool name_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= ' ')
+            return false;
+    return n > 0;
+}
+
 /* The arguments text of the call an object describes (caller frees), and
- * its name; NULL when it is not one: a non-empty string "name" and object
+ * its name; NULL when it is not one: a string "name" (name_ok) and object
  * arguments under "arguments" or "parameters". */
 static char *call_of(const json_t *o, const char **name)
 {
-    *name = json_string_value(json_object_get(o, "name"));
-    if (!json_is_object(o) || !*name || !**name)
+    const json_t *nm = json_object_get(o, "name");
+    *name = json_string_value(nm);
+    if (!json_is_object(o) || !*name || !name_ok(*name, json_string_length(nm)))
         return NULL;
     const json_t *a = json_object_get(o, "arguments");
     return args_text(a ? a : json_object_get(o, "parameters"));
@@ -202,7 +212,8 @@ static bool parse_xml_call(struct turn *t, const char *p, size_t n)
 {
     const char *end = p + n, *q;
     skip_space(&p, end);
-    if (!eat(&p, end, "<function=") || !(q = memchr(p, '>', (size_t)(end - p))) || q == p)
+    if (!eat(&p, end, "<function=") || !(q = memchr(p, '>', (size_t)(end - p))) ||
+        !name_ok(p, (size_t)(q - p)))
         return false;
     char *name = strndup(p, (size_t)(q - p));
     json_t *args = json_object();
@@ -215,7 +226,8 @@ static bool parse_xml_call(struct turn *t, const char *p, size_t n)
         const char *kq;
         long ve;
         if (!eat(&p, end, "<parameter=") || !(kq = memchr(p, '>', (size_t)(end - p))) ||
-            kq == p || (ve = find(kq + 1, (size_t)(end - kq - 1), "</parameter>")) < 0) {
+            !name_ok(p, (size_t)(kq - p)) ||
+            (ve = find(kq + 1, (size_t)(end - kq - 1), "</parameter>")) < 0) {
             ok = false;
             break;
         }
