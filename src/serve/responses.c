@@ -303,11 +303,12 @@ static json_t *message_item(const struct resp_ctx *c, const char *status, json_t
                      status, "role", "assistant", "content", content);
 }
 
-/* A reasoning item: its text (none while it streams) as reasoning_text. */
+/* A reasoning item: its text as reasoning_text (text NULL: none yet, while
+ * it streams). */
 static json_t *reasoning_item(const char *id, const char *status, const char *text, size_t n)
 {
     json_t *content = json_array();
-    if (status[0] == 'c')
+    if (text)
         json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
                                                  json_text(text, n)));
     return json_pack("{s:s, s:s, s:s, s:[], s:o}", "id", id, "type", "reasoning", "status",
@@ -455,7 +456,7 @@ static void item_open(struct stream *s, int kind)
         serve_make_id(c->item_id, sizeof c->item_id, "rs_");
         ev(s, "response.output_item.added",
            json_pack("{s:i, s:o}", "output_index", out_index(c), "item",
-                     reasoning_item(c->item_id, "in_progress", "", 0)));
+                     reasoning_item(c->item_id, "in_progress", NULL, 0)));
         return;
     }
     ev(s, "response.output_item.added",
