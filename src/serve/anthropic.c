@@ -293,22 +293,26 @@ static void block_open(struct stream *s, int kind)
     a->open = kind;
 }
 
-static void ant_delta(struct stream *s, const char *text, size_t n)
+/* A text or thinking delta, in a block of its kind. */
+static void block_delta(struct stream *s, int kind, const char *text, size_t n)
 {
     struct ant_stream *a = s->st;
-    block_open(s, BLOCK_TEXT);
+    const bool is_text = kind == BLOCK_TEXT;
+    block_open(s, kind);
     ev(s, "content_block_delta",
        json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->index,
-                 "delta", "type", "text_delta", "text", json_text(text, n)));
+                 "delta", "type", is_text ? "text_delta" : "thinking_delta",
+                 is_text ? "text" : "thinking", json_text(text, n)));
+}
+
+static void ant_delta(struct stream *s, const char *text, size_t n)
+{
+    block_delta(s, BLOCK_TEXT, text, n);
 }
 
 static void ant_reasoning(struct stream *s, const char *text, size_t n)
 {
-    struct ant_stream *a = s->st;
-    block_open(s, BLOCK_THINKING);
-    ev(s, "content_block_delta",
-       json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->index,
-                 "delta", "type", "thinking_delta", "thinking", json_text(text, n)));
+    block_delta(s, BLOCK_THINKING, text, n);
 }
 
 static void ant_tool_call(struct stream *s, const char *name, const char *args)

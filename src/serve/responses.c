@@ -467,24 +467,29 @@ static void item_open(struct stream *s, int kind)
                  "content_index", 0, "part", part_json("", 0)));
 }
 
-static void rs_delta(struct stream *s, const char *text, size_t n)
+/* A message's or reasoning item's text delta, in an item of its kind. */
+static void item_delta(struct stream *s, int kind, const char *text, size_t n)
 {
     struct resp_ctx *c = s->st;
-    item_open(s, ITEM_MESSAGE);
+    const bool msg = kind == ITEM_MESSAGE;
+    item_open(s, kind);
     sbuf_put(&c->text, text, n);
-    ev(s, "response.output_text.delta",
-       json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index", out_index(c),
-                 "content_index", 0, "delta", json_text(text, n), "logprobs"));
+    json_t *d = json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg ? c->msg_id : c->item_id,
+                          "output_index", out_index(c), "content_index", 0, "delta",
+                          json_text(text, n));
+    if (d && msg)
+        json_object_set_new(d, "logprobs", json_array());
+    ev(s, msg ? "response.output_text.delta" : "response.reasoning_text.delta", d);
+}
+
+static void rs_delta(struct stream *s, const char *text, size_t n)
+{
+    item_delta(s, ITEM_MESSAGE, text, n);
 }
 
 static void rs_reasoning(struct stream *s, const char *text, size_t n)
 {
-    struct resp_ctx *c = s->st;
-    item_open(s, ITEM_REASONING);
-    sbuf_put(&c->text, text, n);
-    ev(s, "response.reasoning_text.delta",
-       json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->item_id, "output_index", out_index(c),
-                 "content_index", 0, "delta", json_text(text, n)));
+    item_delta(s, ITEM_REASONING, text, n);
 }
 
 static void rs_tool_call(struct stream *s, const char *name, const char *args)
