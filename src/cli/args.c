@@ -1,6 +1,8 @@
-/* args.c - the integer flag values of the verbs' own parsers (`run`,
- * `bench`): the strict rule of base/parse.h, the message on stderr. */
+/* args.c - the integer and number flag values of the verbs' own parsers
+ * (`run`, `bench`): the strict rule (the whole string, in range), the
+ * message on stderr. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "base/parse.h"
 #include "cli/cli.h"
@@ -14,5 +16,17 @@ int cli_parse_int(const char *cmd, const char *flag, const char *v, int lo, int 
         return -1;
     }
     *out = (int)x;
+    return 0;
+}
+
+int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out)
+{
+    char *end;
+    float x = v ? strtof(v, &end) : 0;
+    if (!v || end == v || *end) {
+        fprintf(stderr, "%s: %s needs a number (got \"%s\")\n", cmd, flag, v ? v : "");
+        return -1;
+    }
+    *out = x;
     return 0;
 }

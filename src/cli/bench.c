@@ -136,18 +136,9 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
             rc = parse_int(a, v, 0, 2147483647, &seed);
             o->sp.seed = (uint64_t)seed;
         }
-        else if (!strcmp(a, "--temp") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p")) {
-            char *end;
-            double x = v ? strtod(v, &end) : 0;
-            if (!v || *end || end == v) {
-                fprintf(stderr, "cllm bench: %s needs a number (got \"%s\")\n", a, v ? v : "");
-                return -1;
-            }
-            float *dst = !strcmp(a, "--temp")    ? &o->sp.temperature
-                         : !strcmp(a, "--top-p") ? &o->sp.top_p
-                                                 : &o->sp.min_p;
-            *dst = (float)x;
-        }
+        else if (!strcmp(a, "--temp")) rc = cli_parse_float("cllm bench", a, v, &o->sp.temperature);
+        else if (!strcmp(a, "--top-p")) rc = cli_parse_float("cllm bench", a, v, &o->sp.top_p);
+        else if (!strcmp(a, "--min-p")) rc = cli_parse_float("cllm bench", a, v, &o->sp.min_p);
         else if (!strcmp(a, "--bandwidth")) {
             char *end;
             double x = v ? strtod(v, &end) : 0;

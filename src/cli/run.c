@@ -82,14 +82,7 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 
 static int parse_float(const char *flag, const char *v, float *out)
 {
-    char *end;
-    float x = v ? strtof(v, &end) : 0;
-    if (!v || *end || end == v) {
-        fprintf(stderr, "cllm: %s needs a number (got \"%s\")\n", flag, v ? v : "");
-        return -1;
-    }
-    *out = x;
-    return 0;
+    return cli_parse_float("cllm", flag, v, out);
 }
 
 static int parse_run_args(int argc, char **argv, struct run_opts *o)
