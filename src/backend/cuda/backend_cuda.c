@@ -374,18 +374,24 @@ static const struct backend_ops cuda_ops = {
     .sample_rows = cu_sample_rows,
 };
 
-static int cuda_device_count(struct err *e)
+/* The driver's device count; 0 with "no CUDA device found (why)" and the
+ * hint after it in e. */
+static int device_count(struct err *e, const char *hint)
 {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-        err_set(e, "no CUDA device found (%s)", cudaGetErrorString(err));
+    if (err != cudaSuccess || n == 0) {
+        err_set(e, "no CUDA device found (%s)%s",
+                err != cudaSuccess ? cudaGetErrorString(err) : "the driver reports none", hint);
         cudaGetLastError();
         return 0;
     }
-    if (n == 0)
-        err_set(e, "no CUDA device found (the driver reports none)");
     return n;
+}
+
+static int cuda_device_count(struct err *e)
+{
+    return device_count(e, "");
 }
 
 /* The numeric levers (docs/config.md), read before anything is allocated
@@ -427,14 +433,9 @@ static struct backend *cuda_create(int device, struct err *e)
     struct cuda_levers lv;
     if (cuda_levers_read(&lv, e))
         return NULL;
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        err_set(e, "no CUDA device found (%s); use --device cpu",
-                err != cudaSuccess ? cudaGetErrorString(err) : "the driver reports none");
-        cudaGetLastError();
+    int count = device_count(e, "; use --device cpu");
+    if (!count)
         return NULL;
-    }
     if (device < 0 || device >= count) {
         err_set(e, "cuda:%d: there %s only %d CUDA device%s (cuda:0..cuda:%d)", device,
                 count == 1 ? "is" : "are", count, count == 1 ? "" : "s", count - 1);
@@ -447,6 +448,7 @@ static struct backend *cuda_create(int device, struct err *e)
     }
     c->device = device;
     struct cudaDeviceProp prop;
+    cudaError_t err;
     if ((err = cudaSetDevice(device)) != cudaSuccess ||
         (err = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
         (err = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) {
