@@ -141,6 +141,28 @@ try {
     tools: [rtool], input: [{ type: 'function_call_output', call_id: call.call_id, output: '{"forecast":"sun"}' }] });
   check(r2.usage.input_tokens > r.usage.input_tokens + 20, `responses tool round trip ${JSON.stringify(r2.usage)}`);
 
+  // request bodies shaped like the coding agents' own: Claude Code's (system
+  // blocks with cache_control, thinking, metadata, betas) and Codex's
+  // (include, reasoning summary, store false, a built-in tool among the
+  // functions, prompt_cache_key, text verbosity), streamed as they stream
+  const cc1 = await anthropic.messages.stream({ model: 'claude-sonnet-4-5', max_tokens: 32000, temperature: 1,
+    system: [{ type: 'text', text: 'You are a coding agent.', cache_control: { type: 'ephemeral' } }],
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Weather?', cache_control: { type: 'ephemeral' } }] }],
+    tools: [tool, { name: 'Bash', description: 'Run a command', input_schema: { type: 'object', properties: { command: { type: 'string' } },
+      required: ['command'], additionalProperties: false, $schema: 'http://json-schema.org/draft-07/schema#' } }],
+    tool_choice: { type: 'auto' }, thinking: { type: 'enabled', budget_tokens: 1024 }, metadata: { user_id: 'u' } },
+    { headers: { 'anthropic-beta': 'interleaved-thinking-2025-05-14' } }).finalMessage();
+  check(cc1.stop_reason === 'tool_use' && cc1.content.at(-1).name === 'get_weather', `a Claude Code shaped request ${JSON.stringify(cc1.content)}`);
+  let cx = null;
+  for await (const e of await openai.responses.create({ model: 'gpt-5-codex', instructions: 'You are a coding agent.',
+    input: [{ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Weather?' }] }],
+    tools: [rtool, { type: 'web_search' }], tool_choice: 'auto', parallel_tool_calls: false,
+    reasoning: { effort: 'medium', summary: 'auto' }, store: false, stream: true,
+    include: ['reasoning.encrypted_content'], prompt_cache_key: 'k', text: { verbosity: 'medium' } }))
+    if (e.type === 'response.completed') cx = e.response;
+  check(cx?.output.at(-1)?.type === 'function_call' && cx.output.at(-1).name === 'get_weather',
+    `a Codex shaped request ${JSON.stringify(cx?.output)}`);
+
   // two calls of one answer and their results: the same prompt from all three
   // APIs (arguments as this server returns them, which is how the template
   // writes an object's)
