@@ -25,19 +25,22 @@ if (!shared || !out || (flag !== undefined && (flag !== '--script' || !list))) {
   console.error('usage: node gen_fixture.mjs <shared dir> <out dir> [--script ID,ID,...]');
   process.exit(2);
 }
+const V = 151936, D = 64, I = 128, L = 2, H = 4, KV = 2, HD = 16;
 const script = flag ? list.split(',').map(Number) : null;
+if (script && (script.length < 2 || !script.every(x => Number.isInteger(x) && x >= 0 && x < V))) {
+  console.error(`gen_fixture: --script needs two or more ids in [0, ${V})`);
+  process.exit(2);
+}
 const axis = new Map(); // predecessor id -> its embedding axis
 if (script) {
   for (let i = 0; i + 1 < script.length; i++) {
-    const [a, b] = [script[i], script[i + 1]];
-    if (axis.has(a)) {
-      console.error(`gen_fixture: id ${a} comes before two ids in the script`);
+    if (axis.has(script[i])) {
+      console.error(`gen_fixture: id ${script[i]} comes before two ids in the script`);
       process.exit(2);
     }
-    axis.set(a, axis.size);
+    axis.set(script[i], axis.size);
   }
 }
-const V = 151936, D = 64, I = 128, L = 2, H = 4, KV = 2, HD = 16;
 if (axis.size > D) {
   console.error(`gen_fixture: a script of at most ${D} steps`);
   process.exit(2);
