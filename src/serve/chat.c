@@ -316,12 +316,9 @@ static int stop_scan(const struct gen *g, size_t *emit)
     }
     size_t hold = 0;
     for (int i = 0; i < g->n_stops; i++) {
-        size_t k = g->stop_len[i] - 1 < n ? g->stop_len[i] - 1 : n;
-        for (; k > hold; k--)
-            if (!memcmp(p + n - k, g->stops[i], k)) {
-                hold = k;
-                break;
-            }
+        size_t k = turn_held_tail(p, n, g->stops[i], g->stop_len[i]);
+        if (k > hold)
+            hold = k;
     }
     *emit = n - hold;
     return -1;

@@ -75,22 +75,21 @@ static void emit_text(struct turn *t, enum turn_kind kind, const char *p, size_t
 /* Where marker starts in buf[0..n), or -1. */
 static long find(const char *buf, size_t n, const char *marker)
 {
-    size_t m = strlen(marker);
-    for (size_t i = 0; i + m <= n; i++)
-        if (buf[i] == marker[0] && !memcmp(buf + i, marker, m))
-            return (long)i;
-    return -1;
+    const char *hit = memmem(buf, n, marker, strlen(marker));
+    return hit ? (long)(hit - buf) : -1;
 }
 
-/* The longest tail of buf[0..n) that is a proper beginning of marker:
- * text that may still become it. */
-static size_t partial_tail(const char *buf, size_t n, const char *marker)
+size_t turn_held_tail(const char *p, size_t n, const char *marker, size_t m)
 {
-    size_t m = strlen(marker);
     for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--)
-        if (!memcmp(buf + n - k, marker, k))
+        if (!memcmp(p + n - k, marker, k))
             return k;
     return 0;
+}
+
+static size_t partial_tail(const char *buf, size_t n, const char *marker)
+{
+    return turn_held_tail(buf, n, marker, strlen(marker));
 }
 
 /* The text of a call's arguments: an object, or a string holding one;
@@ -382,15 +381,18 @@ static bool step(struct turn *t)
             return false;
         /* the whitespace and the marker stay: content again if the call
          * does not parse */
-        t->call_body = e - r + sizeof CALL_OPEN - 1;
+        t->call_body = t->call_scan = e - r + sizeof CALL_OPEN - 1;
         t->state = ST_CALL;
         return true;
     }
-    case ST_CALL: {
-        const size_t at = t->call_body;
-        long i = find(b + at, n - at, CALL_CLOSE);
-        if (i < 0)
+    case ST_CALL: { /* searched from where the last search could not match */
+        const size_t at = t->call_body, from = t->call_scan;
+        long i = find(b + from, n - from, CALL_CLOSE);
+        if (i < 0) {
+            t->call_scan = n - partial_tail(b + from, n - from, CALL_CLOSE);
             return false;
+        }
+        i += (long)(from - at);
         const size_t end = at + (size_t)i + sizeof CALL_CLOSE - 1;
         if (!parse_call(t, b + at, (size_t)i))
             emit_text(t, TURN_CONTENT, b, end); /* as written */

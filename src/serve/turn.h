@@ -57,13 +57,19 @@ struct turn {
     bool after_think; /* a reasoning block has closed */
     bool reasoned;    /* some reasoning text was emitted */
     int n_calls;      /* tool calls emitted */
-    size_t call_body; /* in a call: where its JSON starts in buf */
+    size_t call_body; /* in a call: where its JSON starts in buf, and */
+    size_t call_scan; /* where the search for its end goes on (before: no end) */
     char *buf;        /* text not yet emitted */
     size_t n, cap;
     bool oom;
     turn_emit_fn emit;
     void *ctx;
 };
+
+/* The longest tail of p[0..n) that is a proper beginning of marker[0..m):
+ * text that may still become it, and is held (markers here, stop strings
+ * in chat.c). */
+size_t turn_held_tail(const char *p, size_t n, const char *marker, size_t m);
 
 void turn_init(struct turn *t, struct turn_syntax syn, turn_emit_fn emit, void *ctx);
 /* Takes the next piece of the turn. -1 when out of memory (t->oom). */
