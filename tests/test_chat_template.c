@@ -718,7 +718,9 @@ static void test_loading(void)
         out = apply(ct, "{\"role\": \"user\"}", NULL, NULL, NULL, &e);
         CHECK(!out && strstr(e.msg, "messages must be a JSON array"), "messages object: %s", e.msg);
         free(out);
-        CHECK(!strncmp(chat_template_source(ct, NULL), "D{{", 3), "default source");
+        CHECK(!strncmp(chat_template_source(ct, NULL, false), "D{{", 3), "default source");
+        CHECK(!strncmp(chat_template_source(ct, NULL, true), "T{{", 3),
+              "with tools, the source apply picks: tool_use");
         chat_template_free(ct);
     }
     /* chat_template.jinja overrides the config, as in transformers */

@@ -65,16 +65,12 @@ static json_t *resolve_thinking(const struct server *srv, const struct chat_req 
 }
 
 /* The syntax of a chat turn rendered with sm's template: the template
- * prompt_render used (tool_use when there are tools and it exists). */
+ * prompt_render used (which passes tools only when there are some). */
 static struct turn_syntax chat_syntax(const struct served_model *sm, const struct chat_req *req,
                                       const char *prompt, size_t len)
 {
     bool has_tools = req->tools && json_array_size(req->tools) > 0;
-    const char *src = NULL;
-    if (sm->tmpl && has_tools)
-        src = chat_template_source(sm->tmpl, "tool_use");
-    if (sm->tmpl && !src)
-        src = chat_template_source(sm->tmpl, NULL);
+    const char *src = sm->tmpl ? chat_template_source(sm->tmpl, NULL, has_tools) : NULL;
     return turn_syntax_of(src, prompt, len, has_tools && !req->calls_off);
 }
 

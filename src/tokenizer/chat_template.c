@@ -407,9 +407,9 @@ static const struct named_template *pick(const struct chat_template *ct, const c
     return t;
 }
 
-const char *chat_template_source(const struct chat_template *ct, const char *name)
+const char *chat_template_source(const struct chat_template *ct, const char *name, bool tools)
 {
-    const struct named_template *t = pick(ct, name, false, NULL);
+    const struct named_template *t = pick(ct, name, tools, NULL);
     return t ? t->source : NULL;
 }
 

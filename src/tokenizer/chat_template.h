@@ -28,8 +28,9 @@ void chat_template_free(struct chat_template *ct);
 /* Named templates ("default", "tool_use", ...) in file order. */
 int chat_template_count(const struct chat_template *ct);
 const char *chat_template_name(const struct chat_template *ct, int i);
-/* The source of a template (name NULL: the one used without tools). */
-const char *chat_template_source(const struct chat_template *ct, const char *name);
+/* The source of a template: the one named, or (name NULL) the one
+ * chat_template_apply renders with when it is given tools or not. */
+const char *chat_template_source(const struct chat_template *ct, const char *name, bool tools);
 
 struct chat_template_input {
     const json_t *messages;  /* JSON array of messages (required) */
