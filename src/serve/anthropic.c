@@ -294,25 +294,15 @@ static void block_open(struct stream *s, int kind)
 }
 
 /* A text or thinking delta, in a block of its kind. */
-static void block_delta(struct stream *s, int kind, const char *text, size_t n)
+static void ant_text(struct stream *s, enum turn_kind kind, const char *text, size_t n)
 {
     struct ant_stream *a = s->st;
-    const bool is_text = kind == BLOCK_TEXT;
-    block_open(s, kind);
+    const bool is_text = kind != TURN_REASONING;
+    block_open(s, is_text ? BLOCK_TEXT : BLOCK_THINKING);
     ev(s, "content_block_delta",
        json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->index,
                  "delta", "type", is_text ? "text_delta" : "thinking_delta",
                  is_text ? "text" : "thinking", json_text(text, n)));
-}
-
-static void ant_delta(struct stream *s, const char *text, size_t n)
-{
-    block_delta(s, BLOCK_TEXT, text, n);
-}
-
-static void ant_reasoning(struct stream *s, const char *text, size_t n)
-{
-    block_delta(s, BLOCK_THINKING, text, n);
 }
 
 static void ant_tool_call(struct stream *s, const char *name, const char *args)
@@ -354,8 +344,7 @@ static void ant_end(struct stream *s, const struct gen_result *res)
     ev(s, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }
 
-static const struct stream_ops ant_ops = {ant_begin,     ant_delta,    ant_end, free,
-                                          ant_reasoning, ant_tool_call};
+static const struct stream_ops ant_ops = {ant_begin, ant_text, ant_tool_call, ant_end, free};
 
 /* ---- POST /v1/messages/count_tokens ---- */
 

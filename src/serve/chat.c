@@ -413,12 +413,10 @@ int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
 static void stream_turn_event(void *ctx, const struct turn_event *ev)
 {
     struct stream *s = ctx;
-    if (ev->kind == TURN_CONTENT)
-        s->ops->delta(s, ev->text, ev->n);
-    else if (ev->kind == TURN_REASONING)
-        s->ops->reasoning(s, ev->text, ev->n);
-    else
+    if (ev->kind == TURN_TOOL_CALL)
         s->ops->tool_call(s, ev->name, ev->args);
+    else
+        s->ops->text(s, ev->kind, ev->text, ev->n);
 }
 
 struct stream *stream_new(struct server *srv, struct gen *gen, const struct stream_ops *ops,

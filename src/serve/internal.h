@@ -256,15 +256,14 @@ bool gen_failed(const struct gen_result *res, const char *type, struct api_error
 struct stream;
 
 /* A stream's text goes through the turn parser (turn.h) of its gen's
- * syntax: content, reasoning and tool calls reach their own ops (a raw
- * prompt's stream has only content). */
+ * syntax: content and reasoning reach `text` with their kind, tool calls
+ * `tool_call` (a raw prompt's stream has only content). */
 struct stream_ops {
-    void (*begin)(struct stream *s);                              /* first events */
-    void (*delta)(struct stream *s, const char *text, size_t n);     /* content */
-    void (*end)(struct stream *s, const struct gen_result *res);     /* last events */
-    void (*free)(void *st);                                       /* adapter state */
-    void (*reasoning)(struct stream *s, const char *text, size_t n); /* reasoning text */
+    void (*begin)(struct stream *s); /* first events */
+    void (*text)(struct stream *s, enum turn_kind kind, const char *text, size_t n);
     void (*tool_call)(struct stream *s, const char *name, const char *args); /* a whole call */
+    void (*end)(struct stream *s, const struct gen_result *res); /* last events */
+    void (*free)(void *st);                                      /* adapter state */
 };
 
 struct stream {

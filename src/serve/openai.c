@@ -116,23 +116,18 @@ static void oai_begin(struct stream *s)
                                    "assistant", "content", "", "logprobs", "finish_reason")));
 }
 
-static void oai_delta(struct stream *s, const char *text, size_t n)
+/* Content (chat's delta.content, completions' text) or reasoning
+ * (delta.reasoning_content). */
+static void oai_text(struct stream *s, enum turn_kind kind, const char *text, size_t n)
 {
     struct oai_stream *o = s->st;
     if (o->chat)
-        emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "content",
+        emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
+                                   kind == TURN_REASONING ? "reasoning_content" : "content",
                                    json_text(text, n), "logprobs", "finish_reason")));
     else
         emit(s, chunk(o, json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", json_text(text, n),
                                    "logprobs", "finish_reason")));
-}
-
-static void oai_reasoning(struct stream *s, const char *text, size_t n)
-{
-    struct oai_stream *o = s->st;
-    emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
-                               "reasoning_content", json_text(text, n), "logprobs",
-                               "finish_reason")));
 }
 
 static void oai_tool_call(struct stream *s, const char *name, const char *args)
@@ -166,8 +161,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
     sbuf_puts(&s->out, "data: [DONE]\n\n");
 }
 
-static const struct stream_ops oai_ops = {oai_begin, oai_delta, oai_end, free, oai_reasoning,
-                                          oai_tool_call};
+static const struct stream_ops oai_ops = {oai_begin, oai_text, oai_tool_call, oai_end, free};
 
 /* A chat answer's message: content (null when the turn only called tools),
  * reasoning_content when there was reasoning, tool_calls when there were

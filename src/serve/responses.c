@@ -468,11 +468,11 @@ static void item_open(struct stream *s, int kind)
 }
 
 /* A message's or reasoning item's text delta, in an item of its kind. */
-static void item_delta(struct stream *s, int kind, const char *text, size_t n)
+static void rs_text(struct stream *s, enum turn_kind kind, const char *text, size_t n)
 {
     struct resp_ctx *c = s->st;
-    const bool msg = kind == ITEM_MESSAGE;
-    item_open(s, kind);
+    const bool msg = kind != TURN_REASONING;
+    item_open(s, msg ? ITEM_MESSAGE : ITEM_REASONING);
     sbuf_put(&c->text, text, n);
     json_t *d = json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg ? c->msg_id : c->item_id,
                           "output_index", out_index(c), "content_index", 0, "delta",
@@ -480,16 +480,6 @@ static void item_delta(struct stream *s, int kind, const char *text, size_t n)
     if (d && msg)
         json_object_set_new(d, "logprobs", json_array());
     ev(s, msg ? "response.output_text.delta" : "response.reasoning_text.delta", d);
-}
-
-static void rs_delta(struct stream *s, const char *text, size_t n)
-{
-    item_delta(s, ITEM_MESSAGE, text, n);
-}
-
-static void rs_reasoning(struct stream *s, const char *text, size_t n)
-{
-    item_delta(s, ITEM_REASONING, text, n);
 }
 
 static void rs_tool_call(struct stream *s, const char *name, const char *args)
@@ -533,8 +523,7 @@ static void rs_end(struct stream *s, const struct gen_result *res)
        json_pack("{s:o}", "response", resp));
 }
 
-static const struct stream_ops rs_ops = {rs_begin, rs_delta,     rs_end,
-                                         ctx_free, rs_reasoning, rs_tool_call};
+static const struct stream_ops rs_ops = {rs_begin, rs_text, rs_tool_call, rs_end, ctx_free};
 
 /* A whole answer's items: reasoning, the message (also when it is all
  * there is, even empty), the calls. */
