@@ -94,6 +94,7 @@ expect_err "no model" "$CLLM" bench
 expect_err "temperature must be >= 0" "$CLLM" bench "$MODEL" --temp -1
 expect_err "top_p must be in" "$CLLM" bench "$MODEL" --top-p 2
 expect_err "--temp needs a number" "$CLLM" bench "$MODEL" --temp abc
+expect_err "--top-p needs a number" "$CLLM" bench "$MODEL" --top-p 1e50
 "$CLLM" bench --help >"$tmp/o" 2>&1
 rc=$?
 check '[ $rc -eq 0 ] && grep -q "usage: cllm bench" "$tmp/o"' "bench --help"

@@ -57,6 +57,7 @@ expect_err "no such file" "$CLLM" run /nonexistent/model -p hi
 expect_err "unknown option" "$CLLM" run "$SHARED/models/stories260K" --bogus
 expect_err "outside the vocabulary" "$CLLM" run "$SHARED/models/stories260K" --prompt-ids 1,99999 -n 1
 expect_err "needs an integer" "$CLLM" run "$SHARED/models/stories260K" -n abc
+expect_err "--temp needs a number" "$CLLM" run "$SHARED/models/stories260K" --temp nan
 expect_err "top_p" "$CLLM" run "$SHARED/models/stories260K" -p hi --top-p 2
 expect_err "not a model" "$CLLM" run "$SHARED/models/SOURCES.md"
 expect_err "unknown command" "$CLLM" frobnicate

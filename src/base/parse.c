@@ -1,8 +1,9 @@
-/* parse.c - the strict integer rule (see parse.h). */
+/* parse.c - the strict integer and number rules (see parse.h). */
 #include "base/parse.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 
 bool parse_long(const char *s, long lo, long hi, long *out)
@@ -14,6 +15,19 @@ bool parse_long(const char *s, long lo, long hi, long *out)
     errno = 0;
     long x = strtol(s, &end, 10);
     if (errno || end == s || *end || x < lo || x > hi)
+        return false;
+    *out = x;
+    return true;
+}
+
+bool parse_double(const char *s, double lo, double hi, double *out)
+{
+    if (!s)
+        return false;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || *end || isnan(x) || x < lo || x > hi)
         return false;
     *out = x;
     return true;

@@ -1,6 +1,8 @@
-/* parse.h - the strict integer rule of cllm's flags and environment
- * levers: the whole string is one decimal integer (an optional sign, no
- * spaces, no trailing text) within [lo, hi]. Callers word the error. */
+/* parse.h - the strict rules of cllm's flags and environment levers: the
+ * whole string is one decimal integer (an optional sign, no spaces, no
+ * trailing text) within [lo, hi], or one number (strtod's syntax, no
+ * trailing text, not NaN, no overflow or underflow) within [lo, hi].
+ * Callers word the error. */
 #ifndef CLLM_BASE_PARSE_H
 #define CLLM_BASE_PARSE_H
 
@@ -9,5 +11,7 @@
 /* true with *out set when s (may be NULL) holds such an integer; false
  * with *out untouched otherwise. */
 bool parse_long(const char *s, long lo, long hi, long *out);
+/* The same for a number. */
+bool parse_double(const char *s, double lo, double hi, double *out);
 
 #endif

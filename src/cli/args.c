@@ -1,8 +1,8 @@
 /* args.c - the integer and number flag values of the verbs' own parsers
  * (`run`, `bench`): the strict rule (the whole string, in range), the
  * message on stderr. */
+#include <float.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "base/parse.h"
 #include "cli/cli.h"
@@ -21,12 +21,11 @@ int cli_parse_int(const char *cmd, const char *flag, const char *v, int lo, int 
 
 int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out)
 {
-    char *end;
-    float x = v ? strtof(v, &end) : 0;
-    if (!v || end == v || *end) {
+    double x;
+    if (!parse_double(v, -FLT_MAX, FLT_MAX, &x)) {
         fprintf(stderr, "%s: %s needs a number (got \"%s\")\n", cmd, flag, v ? v : "");
         return -1;
     }
-    *out = x;
+    *out = (float)x;
     return 0;
 }

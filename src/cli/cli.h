@@ -22,8 +22,8 @@ int cli_parse_ids(const char *flag, const char *s, long limit, int **out, struct
 /* flag's value v (may be NULL) as an integer in [lo, hi] into *out: 0, or
  * -1 with "cmd: flag needs an integer in [lo, hi]" on stderr. */
 int cli_parse_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out);
-/* A number flag's value, the whole string (strtof): 0, or -1 with the
- * message "CMD: FLAG needs a number (got ...)" on stderr. */
+/* A number flag's value, base/parse.h's rule (a finite float): 0, or -1
+ * with the message "CMD: FLAG needs a number (got ...)" on stderr. */
 int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out);
 
 struct forward_state;

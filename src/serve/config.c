@@ -5,8 +5,6 @@
 #include "serve/config.h"
 #include "tokenizer/tokenizer.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,10 +133,8 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         c->tokenizer = tv;
     const char *pcv = getenv("CLLM_PROMPT_CACHE_GB");
     if (pcv && *pcv) {
-        char *end;
-        errno = 0;
-        double x = strtod(pcv, &end);
-        if (errno || *end || end == pcv || isnan(x) || x < 0 || x > 1e6)
+        double x;
+        if (!parse_double(pcv, 0, 1e6, &x))
             return err_set(e, "CLLM_PROMPT_CACHE_GB=\"%s\": needs a number in [0, 1e+06]", pcv);
         c->prompt_cache_gb.v = (float)x;
         c->prompt_cache_gb.set = true;
@@ -149,10 +145,8 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         const char *gv = getenv(gb_env[i]);
         if (!gv || !*gv)
             continue;
-        char *end;
-        errno = 0;
-        double x = strtod(gv, &end);
-        if (errno || *end || end == gv || isnan(x) || x <= 0 || x > 1e6)
+        double x;
+        if (!parse_double(gv, 0, 1e6, &x) || x == 0)
             return err_set(e, "%s=\"%s\": needs a number in (0, 1e+06]", gb_env[i], gv);
         gb_out[i]->v = (float)x;
         gb_out[i]->set = true;
@@ -174,10 +168,8 @@ static int parse_i(const char *flag, const char *v, long lo, long hi, int *out, 
 static int parse_f(const char *flag, const char *v, double lo, double hi, float *out,
                    struct err *e)
 {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || *end || end == v || isnan(x) || x < lo || x > hi)
+    double x;
+    if (!parse_double(v, lo, hi, &x))
         return err_set(e, "%s needs a number in [%g, %g] (got \"%s\")", flag, lo, hi, v);
     *out = (float)x;
     return 0;
