@@ -248,7 +248,6 @@ struct ant_stream {
     char model[256];
     int index; /* the open block's, or the next one's */
     int open;  /* BLOCK_*: the block open now */
-    int n_calls;
 };
 
 static void ev(struct stream *s, const char *name, json_t *data)
@@ -322,7 +321,6 @@ static void ant_tool_call(struct stream *s, const char *name, const char *args)
     ev(s, "content_block_stop",
        json_pack("{s:s, s:i}", "type", "content_block_stop", "index", a->index));
     a->index++;
-    a->n_calls++;
 }
 
 static void ant_end(struct stream *s, const struct gen_result *res)
@@ -338,7 +336,7 @@ static void ant_end(struct stream *s, const struct gen_result *res)
     block_stop(s);
     ev(s, "message_delta",
        json_pack("{s:s, s:{s:s, s:o}, s:{s:i, s:i}}", "type", "message_delta", "delta",
-                 "stop_reason", stop_reason(res, a->n_calls), "stop_sequence",
+                 "stop_reason", stop_reason(res, s->turn.n_calls), "stop_sequence",
                  res->stop ? json_string(res->stop) : json_null(), "usage", "output_tokens",
                  res->n_completion, "cache_read_input_tokens", res->n_cached));
     ev(s, "message_stop", json_pack("{s:s}", "type", "message_stop"));

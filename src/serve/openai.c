@@ -84,7 +84,6 @@ struct oai_stream {
     long created;
     bool chat, include_usage;
     const char *lane; /* usage.lane */
-    int n_calls;      /* tool calls sent */
 };
 
 static json_t *chunk(const struct oai_stream *o, json_t *choice)
@@ -134,7 +133,7 @@ static void oai_tool_call(struct stream *s, const char *name, const char *args)
 {
     struct oai_stream *o = s->st;
     emit(s, chunk(o, json_pack("{s:i, s:{s:[o]}, s:n, s:n}", "index", 0, "delta", "tool_calls",
-                               tool_call_json(name, args, o->n_calls++, true), "logprobs",
+                               tool_call_json(name, args, s->turn.n_calls, true), "logprobs",
                                "finish_reason")));
 }
 
@@ -149,7 +148,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
     }
     if (o->chat)
         emit(s, chunk(o, json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs",
-                                   "finish_reason", finish_reason(res, o->n_calls))));
+                                   "finish_reason", finish_reason(res, s->turn.n_calls))));
     else
         emit(s, chunk(o, json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs",
                                    "finish_reason", finish_reason(res, 0))));

@@ -56,7 +56,8 @@ struct turn {
     int state;
     bool after_think; /* a reasoning block has closed */
     bool reasoned;    /* some reasoning text was emitted */
-    int n_calls;      /* tool calls emitted */
+    int n_calls;      /* tool calls emitted (during a call's event: before it,
+                       * so its index) */
     size_t call_body; /* in a call: where its JSON starts in buf, and */
     size_t call_scan; /* where the search for its end goes on (before: no end) */
     char *buf;        /* text not yet emitted */
