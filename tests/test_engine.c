@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
 #include "testutil.h"
 
 /* Reads events until the final one; returns the number of tokens. Every
@@ -256,6 +258,86 @@ static void kv_budget_tests(const struct model *m, const int *want)
     engine_destroy(eng);
 }
 
+/* The bytes of ids as the grammar sees them (mid-text: no first-token
+ * space rule). */
+static size_t ids_text(const struct tokenizer *t, const int *ids, int n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        const char *s;
+        char byte;
+        int len = tok_id_bytes(t, ids[i], &s, &byte);
+        for (int j = 0; j < len && k + 1 < cap; j++)
+            out[k++] = s[j];
+    }
+    out[k] = 0;
+    return k;
+}
+
+/* Structured output through the engine: a permissive grammar leaves greedy
+ * output as it was; a narrow one holds greedy and sampled output, alone and
+ * batched, to its sentences and stops the sequence once nothing may follow. */
+static void grammar_tests(const struct model *m, const char *model_dir, const int *want)
+{
+    struct err e = {{0}};
+    struct tokenizer *t = tok_load_for_model(model_dir, &e);
+    CHECK(t != NULL, "tokenizer: %s", e.msg);
+    if (!t)
+        return;
+    struct grammar_vocab *v = grammar_vocab_new(t, m->cfg.vocab_size, &e);
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64,
+                                .max_running = 4};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(v && eng, "setup: %s", e.msg);
+    if (!v || !eng)
+        goto out;
+    int bos = 1, got[512];
+    struct engine_event last;
+    const char *any = "root ::= .*";
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 60,
+                              .grammar = grammar_parse(any, strlen(any), &e), .grammar_vocab = v};
+    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
+    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+    int n = r ? drain(r, got, 512, &last) : 0;
+    CHECK(n == 60 && !memcmp(got, want, sizeof(int) * 60), "'.*' changed greedy output (%d ids)", n);
+    engine_request_release(r);
+
+    /* lowercase words, then a period: at most 30 bytes before it */
+    const char *words = "root ::= [a-z ]{1,30} \".\"";
+    struct grammar *g = grammar_parse(words, strlen(words), &e);
+    CHECK(g != NULL, "%s", e.msg);
+    struct engine_request *rs[6];
+    for (int i = 0; i < 6; i++) {
+        struct engine_params pi = {.sp = {.temperature = i < 2 ? 0.0f : 1.0f, .top_p = 1,
+                                          .seed = (uint64_t)i},
+                                   .max_tokens = 200,
+                                   .grammar = grammar_parse(words, strlen(words), &e),
+                                   .grammar_vocab = v};
+        rs[i] = engine_request_new(&bos, 1, &pi, &e);
+    }
+    CHECK(engine_submit_many(eng, rs, 6, &e) == 0, "submit: %s", e.msg);
+    for (int i = 0; i < 6; i++) {
+        n = drain(rs[i], got, 512, &last);
+        char text[2048];
+        size_t len = ids_text(t, got, n, text, sizeof text);
+        CHECK(last.finish == ENGINE_FINISH_STOP, "request %d: finish %d after %d ids", i,
+              last.finish, n);
+        CHECK(g && grammar_accepts(g, text, len), "request %d: \"%s\" is not a sentence", i, text);
+        engine_request_release(rs[i]);
+    }
+    grammar_free(g);
+
+    /* a grammar without the vocabulary is refused up front */
+    struct engine_params bad = {.sp = {.top_p = 1}, .grammar = grammar_parse(any, 11, &e)};
+    CHECK(engine_request_new(&bos, 1, &bad, &e) == NULL && strstr(e.msg, "vocabulary"),
+          "grammar without vocabulary: %s", e.msg);
+    grammar_free(bad.grammar);
+out:
+    engine_destroy(eng);
+    grammar_vocab_free(v);
+    tok_free(t);
+}
+
 int main(void)
 {
     char path[1024];
@@ -394,6 +476,8 @@ int main(void)
     engine_request_release(q2);
     prefix_cache_tests(&m, want);
     kv_budget_tests(&m, want);
+    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    grammar_tests(&m, path, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

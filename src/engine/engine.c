@@ -89,6 +89,10 @@ struct engine_request *engine_request_new(const int *prompt, int n_prompt,
     struct sampler tmp;
     if (sampler_init(&tmp, &p->sp, 1, e))
         return NULL;
+    if (p->grammar && !p->grammar_vocab) {
+        err_set(e, "a grammar needs the vocabulary to match tokens against");
+        return NULL;
+    }
     sampler_free(&tmp);
     struct engine_request *r = calloc(1, sizeof *r);
     if (!r)
@@ -127,6 +131,7 @@ void engine_request_release(struct engine_request *r)
     free(r->ev);
     free(r->prompt);
     free(r->stop_ids);
+    grammar_free(r->p.grammar);
     free(r);
 }
 
@@ -259,11 +264,13 @@ struct seq {
     uint64_t order;          /* admission order: larger = younger */
     long long proj;          /* projected KV bytes, counted in eng->proj_total */
     bool prompt_done;        /* the original prompt was prefilled once */
+    struct grammar_matcher *gm; /* structured output: where the text stands */
 };
 
 static void seq_free(struct seq *s)
 {
     sampler_free(&s->smp);
+    grammar_matcher_free(s->gm);
     free(s->toks);
     free(s);
 }
@@ -367,6 +374,10 @@ static struct seq *seq_new(struct engine *eng, struct engine_request *r, struct 
         free(s);
         return NULL;
     }
+    if (r->p.grammar && !(s->gm = grammar_matcher_new(r->p.grammar, r->p.grammar_vocab, e))) {
+        seq_free(s);
+        return NULL;
+    }
     s->r = r;
     memcpy(s->toks, r->prompt, sizeof(int) * (size_t)r->n_prompt);
     s->n_toks = r->n_prompt;
@@ -459,15 +470,45 @@ static void take_token(struct engine *eng, struct seq *s, int tok)
         retire(eng, s, ENGINE_FINISH_STOP, NULL);
         return;
     }
+    struct err e = {{0}};
+    if (s->gm && grammar_matcher_feed_token(s->gm, tok, &e)) { /* the mask allowed it: a bug */
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+        return;
+    }
     s->n_gen++;
     struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = s->n_gen,
                               .n_cached = r->n_cached};
     push_event(r, &ev);
+    if (s->gm && grammar_matcher_must_end(s->gm)) { /* the sentence is whole */
+        retire(eng, s, ENGINE_FINISH_STOP, NULL);
+        return;
+    }
     if (s->n_gen == s->max_gen) {
         retire(eng, s, ENGINE_FINISH_LENGTH, NULL);
         return;
     }
     s->toks[s->n_toks++] = tok;
+}
+
+/* Structured output: only tokens that continue the grammar keep their
+ * logits; the end ids (EOS unless ignored, stop ids) only where the
+ * sentence may end. Retires the sequence (and returns -1) when nothing in
+ * the vocabulary can continue it. */
+static int mask_row(struct engine *eng, struct seq *s, float *row)
+{
+    const struct engine_request *r = s->r;
+    int ends[64], n = 0;
+    for (int i = 0; !r->p.ignore_eos && i < eng->m->cfg.n_eos && n < 64; i++)
+        ends[n++] = eng->m->cfg.eos_ids[i];
+    for (int i = 0; i < r->p.n_stop_ids && n < 64; i++)
+        ends[n++] = r->p.stop_ids[i];
+    struct err e = {{0}};
+    int left = grammar_matcher_mask(s->gm, row, ends, n, &e);
+    if (left > 0)
+        return 0;
+    retire(eng, s, ENGINE_FINISH_ERROR,
+           left < 0 ? e.msg : "the grammar allows no token of the vocabulary here");
+    return -1;
 }
 
 /* One engine step over the running sequences. */
@@ -541,6 +582,8 @@ static void engine_step(struct engine *eng)
         assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
         bool logits = s->kv.n_tokens + cands[i].n == s->n_toks;
         bool sampled = logits && !sampler_is_greedy(&s->smp);
+        /* a grammar masks the row on the host, so the row comes back */
+        bool masked = logits && s->gm;
         if (sampled) {
             const struct sampler_params *p = &s->smp.p;
             cands[i].sp = (struct sample_params){.temperature = p->temperature,
@@ -550,8 +593,8 @@ static void engine_step(struct engine *eng)
         }
         segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
                                        .n = cands[i].n, .logits = logits,
-                                       .next = logits ? &cands[i].tok : NULL,
-                                       .sample = sampled ? &cands[i].sp : NULL};
+                                       .next = logits && !masked ? &cands[i].tok : NULL,
+                                       .sample = sampled && !masked ? &cands[i].sp : NULL};
     }
     struct err e = {{0}};
     if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
@@ -576,9 +619,12 @@ static void engine_step(struct engine *eng)
             pthread_mutex_unlock(&eng->mu);
         }
         int tok = cands[i].tok;
-        if (tok < 0) /* sampled from its logits row on the host, with the step's draw */
-            tok = sampler_pick(&s->smp.p, eng->logits + (size_t)row++ * vocab, vocab,
-                               cands[i].sp.u, s->smp.probs, s->smp.idx);
+        if (tok < 0) { /* sampled from its logits row on the host, with the step's draw */
+            float *lr = eng->logits + (size_t)row++ * vocab;
+            if (s->gm && mask_row(eng, s, lr))
+                continue;
+            tok = sampler_pick(&s->smp.p, lr, vocab, cands[i].sp.u, s->smp.probs, s->smp.idx);
+        }
         take_token(eng, s, tok);
     }
 }

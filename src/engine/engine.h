@@ -21,6 +21,7 @@
 
 #include "base/err.h"
 #include "engine/sampler.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 
 struct engine;
@@ -107,6 +108,14 @@ struct engine_params {
     bool ignore_eos;
     const int *stop_ids;    /* extra ids that end generation (copied) */
     int n_stop_ids;
+    /* Structured output: every generated token must continue a sentence of
+     * grammar (its bytes from grammar_vocab), which the request takes over
+     * when engine_request_new succeeds (the caller frees it otherwise). The
+     * end-of-sequence ids and stop_ids are allowed only where the sentence
+     * may end, and generation stops once nothing may follow. The vocabulary
+     * is borrowed: it must outlive the request. Both NULL: unconstrained. */
+    struct grammar *grammar;
+    const struct grammar_vocab *grammar_vocab;
 };
 
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,

@@ -377,6 +377,19 @@ size_t detok_feed(struct detok *d, int id, char *out, size_t cap)
     return o.n;
 }
 
+int tok_id_bytes(const struct tokenizer *t, int id, const char **s, char *byte)
+{
+    if (id < 0 || id >= t->n_vocab || (t->attr[id] & TOK_ATTR_SPECIAL))
+        return -1;
+    if (t->attr[id] & TOK_ATTR_BYTE) {
+        *byte = (char)t->byte_val[id];
+        *s = byte;
+        return 1;
+    }
+    *s = t->dec[id] ? t->dec[id] : "";
+    return t->dec[id] ? (int)t->dec_len[id] : 0;
+}
+
 size_t detok_flush(struct detok *d, char *out, size_t cap)
 {
     struct outw o = {out, cap, 0};

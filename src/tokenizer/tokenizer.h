@@ -68,6 +68,11 @@ struct tokenizer *tok_load_gguf_vocab(char **tokens, const float *scores, const 
                                       int n, int bos, int eos, bool add_bos, struct err *e);
 void tok_set_add_space_prefix(struct tokenizer *t, bool on);
 
+/* The bytes id adds to a text after other text (what detok_feed writes for
+ * it mid-sequence, before UTF-8 completion): returns their number and points
+ * *s at them (at *byte for a byte-fallback token), or -1 for a special
+ * token (BOS, EOS, control, unk) or an id out of range. */
+int tok_id_bytes(const struct tokenizer *t, int id, const char **s, char *byte);
 /* Streaming detokenizer: feed ids one at a time, get back only complete
  * UTF-8 text (bytes of a partial character are held until completed). */
 struct detok {
