@@ -66,6 +66,26 @@ expect_err "cut.bin" "$CLLM" run "$tmp/cut.bin" --prompt-ids 1
 printf 'GGUF\3\0\0\0' >"$tmp/bad.gguf"
 expect_err "bad.gguf" "$CLLM" run "$tmp/bad.gguf" --prompt-ids 1
 
+# 6b. Structured output: a schema's answer parses with exactly its keys and
+# stops by itself; a grammar file; greedy and sampled; refusals name the flag.
+S='{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"n":{"type":"integer"}},"required":["mood","n"],"additionalProperties":false}'
+for temp in 0 1; do
+    out=$("$CLLM" run "$SHARED/models/stories260K" --prompt-ids 1 -n 300 --temp $temp --seed 3 --json-schema "$S" 2>"$tmp/err")
+    check '[ $? -eq 0 ] && jq -e "keys == [\"mood\",\"n\"] and (.mood == \"happy\" or .mood == \"sad\") and (.n | type == \"number\")" <<<"$out" >/dev/null' "--json-schema at temp $temp: '$out' $(cat "$tmp/err")"
+    check '! grep -q "decode: 300 tokens" "$tmp/err"' "--json-schema at temp $temp did not stop by itself: $(cat "$tmp/err")"
+done
+printf '%s' "$S" >"$tmp/s.json"
+out=$("$CLLM" run "$SHARED/models/stories260K" --prompt-ids 1 -n 300 --temp 0 --json-schema-file "$tmp/s.json" 2>/dev/null)
+check 'jq -e ".mood" <<<"$out" >/dev/null' "--json-schema-file: '$out'"
+printf 'root ::= " there was a " animal "."\nanimal ::= "cat" | "dog"  # either\n' >"$tmp/g.gbnf"
+out=$("$CLLM" run "$SHARED/models/stories260K" -p "Once upon a time," -n 40 --temp 0 --grammar-file "$tmp/g.gbnf" 2>/dev/null)
+check '[ "$out" = "Once upon a time, there was a cat." ] || [ "$out" = "Once upon a time, there was a dog." ]' "--grammar-file: '$out'"
+expect_err "pattern" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{"type":"string","pattern":"a"}'
+expect_err "--json-schema: not JSON" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{"type":'
+expect_err "--grammar-file $tmp/g2.gbnf: grammar: line 1: rule 'x' is used but not defined" bash -c "printf 'root ::= x' >$tmp/g2.gbnf; \"$CLLM\" run \"$SHARED/models/stories260K\" -p hi --grammar-file $tmp/g2.gbnf"
+expect_err "give one of" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{}' --grammar-file "$tmp/g.gbnf"
+expect_err "allows no token" "$CLLM" run "$SHARED/models/tinystories-656k" -p hi -n 50 --json-schema '{"type":"object"}'
+
 # 7. cllm tokenize: ids and pieces, JSON, decode, no BOS, every real tokenizer.
 TOK=$SHARED/tokenizers
 out=$("$CLLM" tokenize "$TOK/llama3_1" "Hello world" 2>"$tmp/err")

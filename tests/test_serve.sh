@@ -280,6 +280,39 @@ check '[ "$code" = 405 ] && jq -e "$oai" "$tmp/body" >/dev/null' "GET on a POST 
 code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$B/stats")
 check '[ "$code" = 405 ]' "DELETE /stats: $code"
 
+# ---- structured output: every API's form of a schema, a grammar, refusals ----
+# Greedy on stories260K (byte-fallback vocabulary): the answer must parse and
+# carry exactly the schema's keys with their types, and end with "stop".
+SCHEMA='{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["mood","n","ok"],"additionalProperties":false}'
+valid='fromjson | (keys == ["mood","n","ok"]) and (.mood == "happy" or .mood == "sad") and (.n | type == "number" and floor == .) and (.ok | type == "boolean")'
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":300,"temperature":0,"response_format":{"type":"json_schema","json_schema":{"name":"s","strict":true,"schema":'"$SCHEMA"'}}}'
+so_text=$(jq -r '.choices[0].message.content' <<<"$body")
+check '[ "$code" = 200 ] && jq -e ".choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null && jq -Rse "$valid" <<<"$so_text" >/dev/null' "chat json_schema: $code $body"
+stream /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":300,"temperature":0,"stream":true,"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":'"$SCHEMA"'}}}'
+check '[ "$(sse_data | jq -rj ".choices[0].delta.content // empty")" = "$so_text" ]' "chat json_schema streamed differs: $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":300,"temperature":0.9,"seed":5,"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":'"$SCHEMA"'}}}'
+check '[ "$code" = 200 ] && jq -r ".choices[0].message.content" <<<"$body" | jq -Rse "$valid" >/dev/null' "chat json_schema sampled: $code $body"
+call /v1/responses '{"input":"Once upon a time","max_output_tokens":300,"temperature":0,"text":{"format":{"type":"json_schema","name":"s","schema":'"$SCHEMA"'}}}'
+check '[ "$code" = 200 ] && jq -r ".output[-1].content[0].text" <<<"$body" | jq -Rse "$valid" >/dev/null' "responses text.format: $code $body"
+call /v1/messages '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":300,"temperature":0,"output_format":{"type":"json_schema","schema":'"$SCHEMA"'}}'
+check '[ "$code" = 200 ] && jq -e ".stop_reason == \"end_turn\"" <<<"$body" >/dev/null && jq -r ".content[0].text" <<<"$body" | jq -Rse "$valid" >/dev/null' "messages output_format: $code $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"guided_grammar":"root ::= \" there was a \" (\"cat\" | \"dog\") \".\""}'
+check '[ "$code" = 200 ] && jq -e "(.choices[0].text == \" there was a cat.\" or .choices[0].text == \" there was a dog.\") and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "completions guided_grammar: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"temperature":0,"response_format":{"type":"json_object"}}'
+check '[ "$code" = 200 ] && { jq -e ".choices[0].finish_reason == \"length\"" <<<"$body" >/dev/null || jq -r ".choices[0].message.content" <<<"$body" | jq -Rse "fromjson | type == \"object\"" >/dev/null; }' "chat json_object: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"^a+$"}}}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"pattern\"))" <<<"$body" >/dev/null' "schema with pattern refused: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"yaml"}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\"" <<<"$body" >/dev/null' "unknown response_format type: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}'
+check '[ "$code" = 400 ] && jq -e ".error.message | test(\"schema\")" <<<"$body" >/dev/null' "json_schema without a schema: $code $body"
+call /v1/completions '{"prompt":"x","guided_grammar":"root ::= \"a\"\nroot ::= item"}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"guided_grammar\" and (.error.message | test(\"line 2\"))" <<<"$body" >/dev/null' "bad grammar refused with its line: $code $body"
+call /v1/completions '{"prompt":"x","guided_grammar":"root ::= \"a\"","response_format":{"type":"json_object"}}'
+check '[ "$code" = 400 ] && jq -e ".error.message | test(\"give one\")" <<<"$body" >/dev/null' "two constraints refused: $code $body"
+call /v1/messages '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"output_format":{"type":"json_schema","schema":{"type":"object","not":{}}}}'
+check '[ "$code" = 400 ] && jq -e ".type == \"error\" and (.error.message | test(\"not\"))" <<<"$body" >/dev/null' "messages: unsupported schema keyword: $code $body"
+
 # ---- HTTP: CORS, keep-alive ----
 curl -s -i -X OPTIONS "$B/v1/chat/completions" -H 'Origin: http://x' -H 'Access-Control-Request-Method: POST' \
     -H 'Access-Control-Request-Headers: content-type,authorization' | tr -d '\r' >"$tmp/h"

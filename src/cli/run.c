@@ -9,6 +9,9 @@
 
 #include "cli/cli.h"
 #include "backend/backend.h"
+#include "base/file.h"
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
@@ -63,6 +66,9 @@ void cli_usage(FILE *f)
             "  --ignore-eos             keep generating after end-of-sequence\n"
             "  --warmup                 run the prompt and two decode steps once, untimed,\n"
             "                           before the timed run (for benchmarks)\n"
+            "  --grammar-file FILE      hold the output to a GBNF grammar (docs/grammar.md)\n"
+            "  --json-schema JSON       hold the output to JSON valid under this schema\n"
+            "  --json-schema-file FILE  the same, the schema read from a file\n"
             "  --print-ids              print generated token ids instead of text\n"
             "  --logits-out FILE        write float32 logits of every prompt position\n"
             "                           (row-major [n_prompt, vocab])\n");
@@ -70,6 +76,7 @@ void cli_usage(FILE *f)
 
 struct run_opts {
     const char *model, *prompt, *prompt_ids, *logits_out, *device, *tokenizer;
+    const char *grammar_file, *json_schema, *json_schema_file;
     int n_predict, threads, ctx, batch;
     bool print_ids, ignore_eos, seed_set, warmup;
     struct sampler_params sp;
@@ -99,6 +106,9 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
         else if (!strcmp(a, "--device")) o->device = v;
         else if (!strcmp(a, "--tokenizer")) o->tokenizer = v;
+        else if (!strcmp(a, "--grammar-file")) o->grammar_file = v;
+        else if (!strcmp(a, "--json-schema")) o->json_schema = v;
+        else if (!strcmp(a, "--json-schema-file")) o->json_schema_file = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 0, 1 << 24, &o->n_predict);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) rc = parse_int(a, v, 1, 1 << 24, &o->ctx);
@@ -179,6 +189,63 @@ static int write_logits(const char *path, const float *logits, size_t n, struct 
     return 0;
 }
 
+/* The grammar of --grammar-file, --json-schema or --json-schema-file (at
+ * most one); NULL without an error when none is given. */
+static struct grammar *run_grammar(const struct run_opts *o, struct err *e)
+{
+    int given = !!o->grammar_file + !!o->json_schema + !!o->json_schema_file;
+    if (given > 1) {
+        err_set(e, "give one of --grammar-file, --json-schema and --json-schema-file");
+        return NULL;
+    }
+    if (!given)
+        return NULL;
+    char *text = NULL;
+    struct grammar *g = NULL;
+    if (o->grammar_file) {
+        if (!(text = read_file(o->grammar_file, NULL, e))) {
+            err_wrap(e, "--grammar-file");
+            return NULL;
+        }
+        g = grammar_parse(text, strlen(text), e);
+        if (!g)
+            err_wrap(e, "--grammar-file %s", o->grammar_file);
+        free(text);
+        return g;
+    }
+    const char *flag = o->json_schema ? "--json-schema" : "--json-schema-file";
+    json_error_t je;
+    json_t *schema = o->json_schema ? json_loads(o->json_schema, JSON_DECODE_ANY, &je)
+                                    : json_load_file(o->json_schema_file, JSON_DECODE_ANY, &je);
+    if (!schema) {
+        err_set(e, "%s: not JSON: %s (line %d)", flag, je.text, je.line);
+        return NULL;
+    }
+    text = json_schema_gbnf(schema, e);
+    json_decref(schema);
+    if (!text) {
+        err_wrap(e, "%s", flag);
+        return NULL;
+    }
+    g = grammar_parse(text, strlen(text), e);
+    free(text);
+    return g;
+}
+
+/* The next token from a logits row the grammar masks first. */
+static int pick_constrained(struct grammar_matcher *gm, const struct model_config *c,
+                            bool ignore_eos, struct sampler *smp, float *row, int *next,
+                            struct err *e)
+{
+    int n = grammar_matcher_mask(gm, row, c->eos_ids, ignore_eos ? 0 : c->n_eos, e);
+    if (n < 0)
+        return -1;
+    if (n == 0)
+        return err_set(e, "the grammar allows no token of the vocabulary here");
+    *next = sampler_sample(smp, row);
+    return 0;
+}
+
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o;
@@ -194,17 +261,21 @@ int cmd_run(int argc, char **argv)
     struct sampler smp = {0};
     int *prompt = NULL, n_prompt = 0, rc = 1;
     float *logits = NULL;
+    struct grammar *gram = NULL;
+    struct grammar_vocab *gvocab = NULL;
+    struct grammar_matcher *gm = NULL;
 
     if (model_load(&m, o.model, &e)) {
         fprintf(stderr, "cllm: %s\n", e.msg);
         return 1;
     }
     const struct model_config *c = &m.cfg;
-    bool need_tok = !o.prompt_ids || !o.print_ids;
+    bool constrained = o.grammar_file || o.json_schema || o.json_schema_file;
+    bool need_tok = !o.prompt_ids || !o.print_ids || constrained;
     if (need_tok) {
         tok = o.tokenizer ? tok_load_override(o.tokenizer, c->vocab_size, &e)
                           : tok_load_for_model(o.model, &e);
-        if (!tok && (!o.prompt_ids || o.tokenizer))
+        if (!tok && (!o.prompt_ids || o.tokenizer || constrained))
             goto fail;
         if (!tok) { /* ids in, text out impossible: fall back to printing ids */
             fprintf(stderr, "cllm: no tokenizer (%s); printing ids\n", e.msg);
@@ -223,6 +294,10 @@ int cmd_run(int argc, char **argv)
         n_prompt = tok_encode(tok, text, strlen(text), true, &prompt, &e);
     }
     if (n_prompt < 0)
+        goto fail;
+    if (constrained && (!(gram = run_grammar(&o, &e)) ||
+                        !(gvocab = grammar_vocab_new(tok, c->vocab_size, &e)) ||
+                        !(gm = grammar_matcher_new(gram, gvocab, &e))))
         goto fail;
     if (n_prompt == 0) {
         err_set(&e, "the prompt encodes to no tokens and the tokenizer has no BOS; give a prompt");
@@ -285,10 +360,16 @@ int cmd_run(int argc, char **argv)
      * yields the next (on the device when the backend can pick it: no
      * logits row crosses to the host). One draw per token in the same
      * order either way, so a seed gives the same ids. */
-    int next = sampler_sample(&smp, last);
+    int next;
+    if (!gm)
+        next = sampler_sample(&smp, last);
+    else if (pick_constrained(gm, c, o.ignore_eos, &smp, (float *)last, &next, &e))
+        goto fail;
     while (n_gen < o.n_predict) {
         if (!o.ignore_eos && is_eos(c, next))
             break;
+        if (gm && grammar_matcher_feed_token(gm, next, &e))
+            goto fail;
         if (o.print_ids) {
             printf(n_gen ? ",%d" : "%d", next);
         } else {
@@ -297,10 +378,12 @@ int cmd_run(int argc, char **argv)
             fputs(buf, stdout);
         }
         fflush(stdout);
-        if (++n_gen == o.n_predict)
+        if (++n_gen == o.n_predict || (gm && grammar_matcher_must_end(gm)))
             break; /* the last token needs no forward pass */
         int tok = next;
-        if (cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, &e))
+        if (gm ? forward_tokens(&fs, &pool, &seq, &tok, 1, false, logits, &e) ||
+                     pick_constrained(gm, c, o.ignore_eos, &smp, logits, &next, &e)
+               : cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, &e))
             goto fail;
         n_fwd++;
     }
@@ -322,6 +405,9 @@ fail:
 done:
     free(logits);
     free(prompt);
+    grammar_matcher_free(gm);
+    grammar_vocab_free(gvocab);
+    grammar_free(gram);
     sampler_free(&smp);
     if (pool.k)
         kv_seq_release(&pool, &seq);

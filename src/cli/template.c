@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "base/file.h"
 #include "tokenizer/chat_template.h"
 
 struct template_opts {
@@ -120,30 +121,11 @@ int cmd_template(int argc, char **argv)
     char *out = NULL;
 
     if (o.template_file) {
-        FILE *f = fopen(o.template_file, "rb");
-        if (!f) {
-            fprintf(stderr, "cllm template: %s: cannot open\n", o.template_file);
-            goto done;
-        }
-        char *src = NULL;
-        size_t n = 0, cap = 0, k;
-        do {
-            if (n + 4097 > cap) {
-                cap = cap ? cap * 2 : 8192;
-                char *nb = realloc(src, cap);
-                if (!nb)
-                    break;
-                src = nb;
-            }
-            k = fread(src + n, 1, cap - n - 1, f);
-            n += k;
-        } while (k);
-        fclose(f);
+        char *src = read_file(o.template_file, NULL, &e);
         if (!src) {
-            fprintf(stderr, "cllm template: out of memory\n");
+            fprintf(stderr, "cllm template: %s\n", e.msg);
             goto done;
         }
-        src[n] = 0;
         if (o.path) { /* special tokens still come from the model */
             char cfg[4096];
             snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", o.path);

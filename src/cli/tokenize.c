@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "base/file.h"
 #include "tokenizer/tokenizer.h"
 
 struct tok_opts {
@@ -82,31 +83,6 @@ static int parse_args(int argc, char **argv, struct tok_opts *o)
         return -1;
     }
     return 0;
-}
-
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t k = fread(buf + n, 1, cap - n - 1, stdin);
-        n += k;
-        if (k == 0)
-            break;
-        if (cap - n < 2) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf)
-        buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 /* s as the inside of a JSON string (also used for one-line pieces). */
@@ -198,9 +174,9 @@ int cmd_tokenize(int argc, char **argv)
         size_t len;
         const char *src = o.text;
         if (!strcmp(o.text, "-")) {
-            text = read_stdin(&len);
+            text = read_stream(stdin, &len);
             if (!text) {
-                err_set(&e, "out of memory reading standard input");
+                err_set(&e, "cannot read standard input (out of memory or a read error)");
                 goto done;
             }
             src = text;

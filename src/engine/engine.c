@@ -86,13 +86,13 @@ struct engine_request *engine_request_new(const int *prompt, int n_prompt,
         err_set(e, "empty prompt");
         return NULL;
     }
-    struct sampler tmp;
-    if (sampler_init(&tmp, &p->sp, 1, e))
-        return NULL;
     if (p->grammar && !p->grammar_vocab) {
         err_set(e, "a grammar needs the vocabulary to match tokens against");
         return NULL;
     }
+    struct sampler tmp;
+    if (sampler_init(&tmp, &p->sp, 1, e))
+        return NULL;
     sampler_free(&tmp);
     struct engine_request *r = calloc(1, sizeof *r);
     if (!r)

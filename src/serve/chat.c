@@ -71,7 +71,8 @@ static struct turn_syntax chat_syntax(const struct served_model *sm, const struc
 {
     bool has_tools = req->tools && json_array_size(req->tools) > 0;
     const char *src = sm->tmpl ? chat_template_source(sm->tmpl, NULL, has_tools) : NULL;
-    return turn_syntax_of(src, prompt, len, has_tools && !req->calls_off);
+    /* a constrained answer is the document asked for, not calls */
+    return turn_syntax_of(src, prompt, len, has_tools && !req->calls_off && !req->grammar);
 }
 
 static int make_prompt(struct server *srv, const struct chat_req *req, int **ids, int *thinking,
@@ -175,11 +176,20 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     p.ignore_eos = req->ignore_eos;
     p.stop_ids = sm->stop_ids;
     p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
+    if (req->grammar) {
+        struct err ge = {{0}};
+        if (!(p.grammar = grammar_parse(req->grammar, strlen(req->grammar), &ge))) {
+            free(ids); /* the adapter compiled it once already: only memory can fail */
+            return api_fail(ae, 500, "server_error", NULL, "%s", ge.msg);
+        }
+        p.grammar_vocab = sm->gvocab;
+    }
 
     struct gen *g = calloc(1, sizeof *g);
     struct err e = {{0}};
     if (!g) {
         free(ids);
+        grammar_free(p.grammar);
         return api_fail(ae, 500, "server_error", NULL, "out of memory");
     }
     g->srv = srv;
@@ -199,14 +209,16 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     }
     if (!g->piece || g->n_stops != req->n_stops) {
         free(ids);
+        grammar_free(p.grammar);
         gen_free(g);
         return api_fail(ae, 500, "server_error", NULL, "out of memory");
     }
     detok_init(&g->dt, sm->tok, true);
     g->dt.prev_id = ids[n - 1]; /* the first generated piece keeps its leading space */
-    g->r = engine_request_new(ids, n, &p, &e);
+    g->r = engine_request_new(ids, n, &p, &e); /* takes p.grammar when it succeeds */
     free(ids);
     if (!g->r) {
+        grammar_free(p.grammar);
         gen_free(g);
         return api_fail(ae, 400, NULL, NULL, "%s", e.msg);
     }

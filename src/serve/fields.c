@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/json_schema.h"
 #include "serve/internal.h"
 
 int api_fail(struct api_error *ae, int status, const char *type, const char *param,
@@ -56,6 +57,7 @@ void chat_req_free(struct chat_req *r)
     free(r->ids);
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
+    free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -273,4 +275,87 @@ bool field_tool_choice_none(const json_t *obj)
     const char *v = json_is_object(tc) ? json_string_value(json_object_get(tc, "type"))
                                        : json_string_value(tc);
     return v && !strcmp(v, "none");
+}
+
+/* The GBNF of a schema into r->grammar; param names the field. */
+static int schema_grammar(const json_t *schema, const char *param, struct chat_req *r,
+                          struct api_error *ae)
+{
+    struct err e = {{0}};
+    if (!(r->grammar = json_schema_gbnf(schema, &e)))
+        return api_fail(ae, 400, NULL, param, "%s: %s", param, e.msg);
+    return 0;
+}
+
+static int format_grammar(const json_t *f, const char *param, struct chat_req *r,
+                          struct api_error *ae)
+{
+    const char *type = NULL;
+    if (!json_is_object(f))
+        return api_fail(ae, 400, NULL, param, "'%s' must be an object", param);
+    if (field_string(f, "type", &type, ae))
+        return -1;
+    if (!type || !strcmp(type, "text"))
+        return 0;
+    if (!strcmp(type, "json_object")) {
+        json_t *obj = json_pack("{s:s}", "type", "object");
+        int rc = schema_grammar(obj, param, r, ae);
+        json_decref(obj);
+        return rc;
+    }
+    if (strcmp(type, "json_schema"))
+        return api_fail(ae, 400, NULL, param,
+                        "%s.type must be \"text\", \"json_object\" or \"json_schema\", not \"%s\"",
+                        param, type);
+    const json_t *holder = json_object_get(f, "json_schema");
+    if (holder && !json_is_object(holder))
+        return api_fail(ae, 400, NULL, param, "'%s.json_schema' must be an object", param);
+    const json_t *schema = json_object_get(holder ? holder : f, "schema");
+    if (!schema)
+        return api_fail(ae, 400, NULL, param, "%s: a json_schema format needs a 'schema'%s",
+                        param, holder ? " inside 'json_schema'" : "");
+    return schema_grammar(schema, param, r, ae);
+}
+
+int field_structured(const json_t *obj, const char *format_key, const char *format_param,
+                     struct chat_req *r, struct api_error *ae)
+{
+    const char *keys[] = {format_key, "guided_json", "guided_grammar", "grammar"};
+    const char *found = NULL;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const json_t *v = keys[i] ? json_object_get(obj, keys[i]) : NULL;
+        if (!v || json_is_null(v))
+            continue;
+        if (found)
+            return api_fail(ae, 400, NULL, keys[i], "'%s' and '%s' both constrain the answer; "
+                            "give one", found, keys[i]);
+        found = keys[i];
+        int rc;
+        if (i == 0) {
+            rc = format_grammar(v, format_param, r, ae);
+        } else if (i == 1) {
+            json_t *parsed = NULL;
+            if (json_is_string(v)) { /* vLLM takes the schema as text too */
+                json_error_t je;
+                if (!(parsed = json_loads(json_string_value(v), 0, &je)))
+                    return api_fail(ae, 400, NULL, keys[i], "guided_json: %s", je.text);
+            }
+            rc = schema_grammar(parsed ? parsed : v, keys[i], r, ae);
+            json_decref(parsed);
+        } else {
+            if (!json_is_string(v))
+                return api_fail(ae, 400, NULL, keys[i], "'%s' must be GBNF text", keys[i]);
+            rc = (r->grammar = strdup(json_string_value(v))) ? 0
+                 : api_fail(ae, 500, "server_error", NULL, "out of memory");
+        }
+        if (rc)
+            return -1;
+        struct err e = {{0}};
+        struct grammar *g = grammar_parse(r->grammar, strlen(r->grammar), &e);
+        if (!g)
+            return api_fail(ae, 400, NULL, i == 0 ? format_param : keys[i], "%s: %s",
+                            i == 0 ? format_param : keys[i], e.msg);
+        grammar_free(g);
+    }
+    return 0;
 }

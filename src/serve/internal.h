@@ -20,6 +20,7 @@
 
 #include "base/err.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "serve/config.h"
 #include "serve/turn.h"
@@ -81,6 +82,7 @@ struct served_model {
     bool loaded;
     struct tokenizer *tok;
     struct chat_template *tmpl; /* NULL: the plain "role: content" transcript */
+    struct grammar_vocab *gvocab; /* every token's bytes, for structured output */
     char id[256];    /* the name /v1/models reports (the path's base name) */
     char path[1024];
     int ctx_len;     /* tokens per sequence the engine allows */
@@ -117,6 +119,9 @@ struct chat_req {
     char *stops[SERVE_MAX_STOPS];
     int n_stops;
     bool stream;
+    /* structured output: GBNF text the answer must be a sentence of (a
+     * JSON Schema's, or the request's own grammar), or NULL */
+    char *grammar;
 };
 
 void chat_req_free(struct chat_req *r);
@@ -143,6 +148,17 @@ int content_text(const json_t *content, const char *param, const char *const *ty
 /* tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): true.
  * Other choices are accepted and left to the model. */
 bool field_tool_choice_none(const json_t *obj);
+/* Structured output into r->grammar, from whichever of these fields the
+ * request has (two of them: 400): response_format / Anthropic's
+ * output_format ({type: "text" | "json_object" | "json_schema"}, the schema
+ * under json_schema.schema or, as Responses' text.format has it, beside the
+ * type), and the extensions guided_json (a schema), guided_grammar and
+ * grammar (GBNF text). format names where the format object was found
+ * ("response_format", "text.format", "output_format") and is read from obj
+ * under that last name. A schema outside the supported subset or a grammar
+ * that does not compile is a 400 naming the field. */
+int field_structured(const json_t *obj, const char *format_key, const char *format_param,
+                     struct chat_req *r, struct api_error *ae);
 /* reasoning_effort: "none" -> 0, any other level -> 1. */
 int field_reasoning_effort(const json_t *obj, const char *key, struct chat_req *r,
                            struct api_error *ae);

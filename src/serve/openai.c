@@ -65,7 +65,8 @@ static int parse_common(const json_t *req, struct chat_req *r, bool *include_usa
         field_int(req, "n", 1, 128, &n, ae) ||
         field_int(req, "max_tokens", 1, 10000000, &mt, ae) ||
         field_int(req, "max_completion_tokens", 1, 10000000, &mct, ae) ||
-        field_object(req, "stream_options", &so, ae))
+        field_object(req, "stream_options", &so, ae) ||
+        field_structured(req, "response_format", "response_format", r, ae))
         return -1;
     if (n.set && n.v != 1)
         return api_fail(ae, 400, NULL, "n", "'n' must be 1 (one choice per request)");

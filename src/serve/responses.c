@@ -223,6 +223,10 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
     r->max_tokens = mot.set ? mot.v : 0;
     if (reasoning && field_reasoning_effort(reasoning, "effort", r, ae))
         return -1;
+    json_t *text = NULL;
+    if (field_object(req, "text", &text, ae) ||
+        (text && field_structured(text, "format", "text.format", r, ae)))
+        return -1;
     r->kwargs = json_incref(kwargs);
 
     c->conversation = json_array();

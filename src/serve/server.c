@@ -184,6 +184,8 @@ static int load_model(struct served_model *sm, const struct serve_config *cfg, s
     if (read_generation_config(sm, e))
         return -1;
     add_stop_id(sm, tok_eos_id(sm->tok));
+    if (!(sm->gvocab = grammar_vocab_new(sm->tok, sm->m.cfg.vocab_size, e)))
+        return -1;
     struct err te = {{0}};
     sm->tmpl = chat_template_load(cfg->tokenizer ? tdir : cfg->model, &te);
     if (!sm->tmpl)
@@ -201,6 +203,8 @@ static void unload_model(struct served_model *sm)
 {
     chat_template_free(sm->tmpl);
     sm->tmpl = NULL;
+    grammar_vocab_free(sm->gvocab);
+    sm->gvocab = NULL;
     if (sm->tok)
         tok_free(sm->tok);
     if (sm->loaded)

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "model/gguf.h"
 #include "tokenizer/jinja.h"
 
@@ -27,36 +28,6 @@ struct chat_template {
 
 static const char *const special_names[] = {"bos_token", "eos_token", "unk_token",  "sep_token",
                                             "pad_token", "cls_token", "mask_token", NULL};
-
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = nb;
-        }
-        size_t k = fread(buf + n, 1, cap - n - 1, f);
-        n += k;
-        if (k == 0)
-            break;
-    }
-    fclose(f);
-    buf[n] = 0;
-    if (len)
-        *len = n;
-    return buf;
-}
 
 static bool is_dir(const char *p)
 {
@@ -204,7 +175,7 @@ static int add_extra_dir(struct chat_template *ct, const char *dir, struct err *
         char file[4096 + 256];
         snprintf(file, sizeof file, "%s/%s", path, names[i]);
         size_t len;
-        char *src = read_text(file, &len);
+        char *src = read_file(file, &len, NULL);
         names[i][strlen(names[i]) - 6] = 0;
         if (src)
             rc = add_template(ct, names[i], src, len, e);
@@ -240,7 +211,7 @@ static struct chat_template *load_dir(const char *dir, struct err *e)
     /* transformers: a chat_template.jinja file overrides the config */
     size_t len;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    char *src = read_text(path, &len);
+    char *src = read_file(path, &len, NULL); /* missing: none */
     int rc = 0;
     if (src) {
         rc = add_template(ct, "default", src, len, e);
