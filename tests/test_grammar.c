@@ -75,6 +75,29 @@ static void test_language(void)
             (const char *[]){"ooox", "xoo", NULL});
 }
 
+/* Rules renamed apart join into one grammar. */
+static void test_prefix(void)
+{
+    struct err e = {{0}};
+    char *a = grammar_prefix_rules("root ::= x{2} \"root\" [a-z] # root x\nx ::= \"\\\"\" | x-y\n"
+                                   "x-y ::= [\\]q]",
+                                   "p-", &e);
+    CHECK(a && !strcmp(a, "p-root ::= p-x{2} \"root\" [a-z] # root x\np-x ::= \"\\\"\" | p-x-y\n"
+                          "p-x-y ::= [\\]q]"),
+          "prefixed: %s", a ? a : e.msg);
+    char *b = grammar_prefix_rules("root ::= \"b\"+", "q-", &e);
+    size_t n = strlen(a) + strlen(b) + 64;
+    char *both = malloc(n);
+    snprintf(both, n, "root ::= p-root | q-root\n%s\n%s", a, b);
+    accepts(both, (const char *[]){"\"\"rootq", "]]roota", "bbb", NULL},
+            (const char *[]){"\"root", "b\"", NULL});
+    CHECK(!grammar_prefix_rules("root ::= \"open", "p-", &e) && strstr(e.msg, "unterminated"),
+          "unterminated literal: %s", e.msg);
+    free(a);
+    free(b);
+    free(both);
+}
+
 static void test_refusals(void)
 {
     refuses("item ::= \"x\"", "no rule named 'root'");
@@ -176,6 +199,7 @@ int main(void)
 {
     test_language();
     test_refusals();
+    test_prefix();
     test_masks();
     return test_summary("test_grammar");
 }

@@ -310,6 +310,8 @@ call /v1/completions '{"prompt":"x","guided_grammar":"root ::= \"a\"\nroot ::= i
 check '[ "$code" = 400 ] && jq -e ".error.param == \"guided_grammar\" and (.error.message | test(\"line 2\"))" <<<"$body" >/dev/null' "bad grammar refused with its line: $code $body"
 call /v1/completions '{"prompt":"x","guided_grammar":"root ::= \"a\"","response_format":{"type":"json_object"}}'
 check '[ "$code" = 400 ] && jq -e ".error.message | test(\"give one\")" <<<"$body" >/dev/null' "two constraints refused: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"tool_choice\" and (.error.message | test(\"no format\"))" <<<"$body" >/dev/null' "tool_choice required without a tool-call format: $code $body"
 call /v1/messages '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"output_format":{"type":"json_schema","schema":{"type":"object","not":{}}}}'
 check '[ "$code" = 400 ] && jq -e ".type == \"error\" and (.error.message | test(\"not\"))" <<<"$body" >/dev/null' "messages: unsupported schema keyword: $code $body"
 
@@ -371,6 +373,27 @@ else
         call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1}' "$B2"
         on=$(jq .usage.prompt_tokens <<<"$body")
         check '[ "$off" = "$off2" ] && [ "$off" != "$on" ]' "enable_thinking precedence: kwargs $off, effort none $off2, default $on"
+
+        # tool_choice forcing a call (the real Qwen3 template's format, a
+        # random-weight model): named in each API's shape gives exactly
+        # one call of that tool with arguments valid under its schema;
+        # "required" with parallel calls off, one call of some tool
+        TT='[{"type":"function","function":{"name":"set_mood","parameters":{"type":"object","properties":{"mood":{"enum":["happy","sad"]}},"required":["mood"],"additionalProperties":false}}},{"type":"function","function":{"name":"flag","parameters":{"type":"object","properties":{"x":{"type":"boolean"}},"required":["x"],"additionalProperties":false}}}]'
+        NT='{"messages":[{"role":"user","content":"Set the mood"}],"max_tokens":200,"temperature":0,"reasoning_effort":"none","tools":'"$TT"
+        call /v1/chat/completions "$NT"',"tool_choice":{"type":"function","function":{"name":"set_mood"}}}' "$B2"
+        check '[ "$code" = 200 ] && jq -e ".choices[0].finish_reason == \"tool_calls\" and (.choices[0].message.tool_calls | length == 1) and .choices[0].message.tool_calls[0].function.name == \"set_mood\" and (.choices[0].message.tool_calls[0].function.arguments | fromjson | .mood == \"happy\" or .mood == \"sad\")" <<<"$body" >/dev/null' "chat tool_choice named: $code $body"
+        call /v1/chat/completions "$NT"',"tool_choice":"required","parallel_tool_calls":false}' "$B2"
+        check '[ "$code" = 200 ] && jq -e ".choices[0].finish_reason == \"tool_calls\" and (.choices[0].message.tool_calls | length == 1) and (.choices[0].message.content == null)" <<<"$body" >/dev/null' "chat tool_choice required, one call: $code $body"
+        call /v1/messages '{"messages":[{"role":"user","content":"Set the mood"}],"max_tokens":200,"temperature":0,"thinking":{"type":"disabled"},"tools":[{"name":"flag","input_schema":{"type":"object","properties":{"x":{"type":"boolean"}},"required":["x"],"additionalProperties":false}},{"name":"other","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"flag"}}' "$B2"
+        check '[ "$code" = 200 ] && jq -e ".stop_reason == \"tool_use\" and ([.content[] | select(.type == \"tool_use\")] | length == 1) and (.content[] | select(.type == \"tool_use\") | .name == \"flag\" and (.input.x | type == \"boolean\"))" <<<"$body" >/dev/null' "messages tool_choice tool: $code $body"
+        call /v1/responses '{"input":"Set the mood","max_output_tokens":200,"temperature":0,"reasoning":{"effort":"none"},"tools":[{"type":"function","name":"set_mood","parameters":{"type":"object","properties":{"mood":{"enum":["happy","sad"]}},"required":["mood"],"additionalProperties":false}}],"tool_choice":{"type":"function","name":"set_mood"}}' "$B2"
+        check '[ "$code" = 200 ] && jq -e "[.output[] | select(.type == \"function_call\")] | length == 1 and .[0].name == \"set_mood\"" <<<"$body" >/dev/null' "responses tool_choice function: $code $body"
+        call /v1/chat/completions "$NT"',"tool_choice":{"type":"function","function":{"name":"rm"}}}' "$B2"
+        check '[ "$code" = 400 ] && jq -e ".error.param == \"tool_choice\" and (.error.message | test(\"no tool named\"))" <<<"$body" >/dev/null' "named tool not in tools: $code $body"
+        call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"tool_choice":"required"}' "$B2"
+        check '[ "$code" = 400 ] && jq -e ".error.message | test(\"no .tools.\")" <<<"$body" >/dev/null' "required without tools: $code $body"
+        call /v1/chat/completions "$NT"',"tool_choice":"required","response_format":{"type":"json_object"}}' "$B2"
+        check '[ "$code" = 400 ] && jq -e ".error.message | test(\"cannot be combined\")" <<<"$body" >/dev/null' "required with response_format: $code $body"
 
         long='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":7000,"ignore_eos":true,"temperature":0'
         # a client that disconnects mid-stream frees its slot at once

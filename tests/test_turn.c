@@ -128,7 +128,7 @@ static void check_syntax(void)
         const char *src = json_string_value(json_object_get(cfg, "chat_template"));
         CHECK(src != NULL, "%s: no chat_template", path);
         struct turn_syntax s = turn_syntax_of(src, "", 0, true);
-        CHECK(s.tools == want[i].tools && s.think == want[i].think,
+        CHECK(s.tools == want[i].tools && s.think == want[i].think && !s.xml_calls,
               "%s: tools %d think %d, want %d %d", want[i].dir, (int)s.tools, (int)s.think,
               (int)want[i].tools, (int)want[i].think);
         s = turn_syntax_of(src, "", 0, false);
@@ -140,7 +140,10 @@ static void check_syntax(void)
     CHECK(s.think && s.think_open, "a prompt ending in <think> opens the reasoning");
     p = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
     s = turn_syntax_of("{{ '</think>' }}", p, strlen(p), false);
-    CHECK(s.think && !s.think_open, "thinking off: the prompt closed it");
+    CHECK(s.think && !s.think_open && s.think_done, "thinking off: the prompt closed it");
+    CHECK(!turn_syntax_of("{{ '</think>' }}", "x", 1, false).think_done, "think_done unprompted");
+    s = turn_syntax_of("{{ '<tool_call>\n<function=' }}", "", 0, true);
+    CHECK(s.tools == TURN_TOOLS_HERMES && s.xml_calls, "Qwen3-Coder's template: XML bodies");
     s = turn_syntax_of("<|start_header_id|>{% if tools %}", "", 0, true);
     CHECK(s.tools == TURN_TOOLS_JSON, "a Llama 3 template with tools: JSON calls");
     s = turn_syntax_of(NULL, "", 0, true);

@@ -817,6 +817,49 @@ void grammar_free(struct grammar *g)
     free(g);
 }
 
+char *grammar_prefix_rules(const char *text, const char *prefix, struct err *e)
+{
+    size_t n = strlen(text), np = strlen(prefix), names = 0;
+    for (size_t i = 0; i < n; i++) /* an upper bound: every name start */
+        names += is_name_char(text[i]) && (i == 0 || !is_name_char(text[i - 1]));
+    char *out = malloc(n + names * np + 1), *o = out;
+    if (!out) {
+        err_set(e, "grammar: out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n;) {
+        char c = text[i];
+        if (c == '"' || c == '[') { /* a literal or class, escapes and all */
+            char close = c == '"' ? '"' : ']';
+            *o++ = text[i++];
+            while (i < n && text[i] != close) {
+                if (text[i] == '\\' && i + 1 < n)
+                    *o++ = text[i++];
+                *o++ = text[i++];
+            }
+            if (i >= n) {
+                free(out);
+                err_set(e, "grammar: unterminated %s", close == '"' ? "literal" : "class");
+                return NULL;
+            }
+            *o++ = text[i++];
+        } else if (c == '#' || c == '{') { /* a comment, a repetition count */
+            char end = c == '#' ? '\n' : '}';
+            while (i < n && text[i] != end)
+                *o++ = text[i++];
+        } else if (is_name_char(c)) {
+            memcpy(o, prefix, np);
+            o += np;
+            while (i < n && is_name_char(text[i]))
+                *o++ = text[i++];
+        } else {
+            *o++ = text[i++];
+        }
+    }
+    *o = 0;
+    return out;
+}
+
 bool grammar_accepts(const struct grammar *g, const char *s, size_t n)
 {
     struct err e;

@@ -25,6 +25,13 @@ struct tokenizer;
 struct grammar *grammar_parse(const char *text, size_t len, struct err *e);
 void grammar_free(struct grammar *g);
 
+/* GBNF text with every rule name prefixed (`root` becomes `<prefix>root`),
+ * so that grammars written apart can be joined into one text. Literals,
+ * classes, repetition counts and comments are left as they are. Caller
+ * frees; NULL when out of memory or the text has an unterminated literal
+ * or class (message in e). */
+char *grammar_prefix_rules(const char *text, const char *prefix, struct err *e);
+
 /* Whether the n bytes of s are a whole sentence of g. */
 bool grammar_accepts(const struct grammar *g, const char *s, size_t n);
 

@@ -208,8 +208,7 @@ static int parse_request(const json_t *req, struct chat_req *r, bool need_max,
     }
     /* tools: {name, description, input_schema} -> the OpenAI form templates read */
     json_t *tools = NULL;
-    r->calls_off = field_tool_choice_none(req);
-    if (field_array(req, "tools", &tools, ae) ||
+    if (field_tool_choice(req, r, ae) || field_array(req, "tools", &tools, ae) ||
         field_structured(req, "output_format", "output_format", r, ae))
         return -1;
     if (tools && json_array_size(tools)) {

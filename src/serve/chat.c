@@ -9,6 +9,7 @@
 #include <sys/random.h>
 
 #include "serve/internal.h"
+#include "serve/tool_grammar.h"
 #include "tokenizer/chat_template.h"
 
 struct gen {
@@ -128,6 +129,26 @@ int gen_count_prompt(struct server *srv, const struct chat_req *req, struct api_
     return n;
 }
 
+/* A tool_choice that forces a call, as the grammar of the calls the
+ * model's template writes (tool_grammar.h). */
+static int force_call(const struct chat_req *req, const struct turn_syntax *syn, char **text,
+                      struct api_error *ae)
+{
+    if (req->grammar)
+        return api_fail(ae, 400, NULL, "tool_choice",
+                        "a tool_choice that forces a call cannot be combined with a structured "
+                        "output format; give one");
+    if (!req->tools || json_array_size(req->tools) == 0)
+        return api_fail(ae, 400, NULL, "tool_choice",
+                        "tool_choice forces a tool call but the request has no 'tools'");
+    struct err e = {{0}};
+    *text = tool_call_gbnf(syn, req->tools, req->force == TOOLS_NAMED ? req->force_name : NULL,
+                           req->single_call || req->force == TOOLS_NAMED, &e);
+    if (!*text)
+        return api_fail(ae, 400, NULL, "tool_choice", "tool_choice: %s", e.msg);
+    return 0;
+}
+
 /* ---- start / stop ---- */
 
 int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
@@ -176,10 +197,18 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     p.ignore_eos = req->ignore_eos;
     p.stop_ids = sm->stop_ids;
     p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
-    if (req->grammar) {
+    char *forced = NULL;
+    if (req->force != TOOLS_AUTO && force_call(req, &syn, &forced, ae)) {
+        free(ids);
+        return -1;
+    }
+    if (req->grammar || forced) {
+        const char *text = req->grammar ? req->grammar : forced;
         struct err ge = {{0}};
-        if (!(p.grammar = grammar_parse(req->grammar, strlen(req->grammar), &ge))) {
-            free(ids); /* the adapter compiled it once already: only memory can fail */
+        p.grammar = grammar_parse(text, strlen(text), &ge);
+        free(forced);
+        if (!p.grammar) { /* compiled once already, or made here: a bug or memory */
+            free(ids);
             return api_fail(ae, 500, "server_error", NULL, "%s", ge.msg);
         }
         p.grammar_vocab = sm->gvocab;

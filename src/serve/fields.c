@@ -269,12 +269,33 @@ int field_reasoning_effort(const json_t *obj, const char *key, struct chat_req *
     return 0;
 }
 
-bool field_tool_choice_none(const json_t *obj)
+int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *ae)
 {
     const json_t *tc = json_object_get(obj, "tool_choice");
-    const char *v = json_is_object(tc) ? json_string_value(json_object_get(tc, "type"))
-                                       : json_string_value(tc);
-    return v && !strcmp(v, "none");
+    const json_t *par = json_object_get(obj, "parallel_tool_calls");
+    r->single_call = json_is_false(par);
+    const char *type = json_is_object(tc) ? json_string_value(json_object_get(tc, "type"))
+                                          : json_string_value(tc);
+    if (!type)
+        return 0;
+    if (json_is_object(tc) && json_is_true(json_object_get(tc, "disable_parallel_tool_use")))
+        r->single_call = true;
+    if (!strcmp(type, "none")) {
+        r->calls_off = true;
+    } else if (!strcmp(type, "required") || !strcmp(type, "any")) {
+        r->force = TOOLS_REQUIRED;
+    } else if (json_is_object(tc) && (!strcmp(type, "function") || !strcmp(type, "tool"))) {
+        const json_t *fn = json_object_get(tc, "function");
+        const char *name = json_string_value(json_object_get(json_is_object(fn) ? fn : tc, "name"));
+        if (!name || !*name)
+            return api_fail(ae, 400, NULL, "tool_choice",
+                            "tool_choice of type \"%s\" needs the tool's name", type);
+        if (strlen(name) >= sizeof r->force_name)
+            return api_fail(ae, 400, NULL, "tool_choice", "tool_choice: the name is too long");
+        r->force = TOOLS_NAMED;
+        snprintf(r->force_name, sizeof r->force_name, "%s", name);
+    }
+    return 0;
 }
 
 /* The GBNF of a schema into r->grammar; param names the field. */

@@ -103,6 +103,11 @@ struct chat_req {
     json_t *messages;
     json_t *tools;  /* array or NULL */
     bool calls_off; /* tool_choice "none": the model's calls stay text */
+    /* tool_choice that forces a call: "required" / {"type": "any"}, or one
+     * named tool; one call only when parallel calls are turned off */
+    enum { TOOLS_AUTO, TOOLS_REQUIRED, TOOLS_NAMED } force;
+    char force_name[256];
+    bool single_call;
     json_t *kwargs; /* chat_template_kwargs object or NULL */
     int thinking;   /* from reasoning_effort: -1 unset, 0 off, 1 on */
     /* raw prompt: text, or ids when n_ids > 0 */
@@ -145,9 +150,14 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
  * refused with a 400 naming param. */
 int content_text(const json_t *content, const char *param, const char *const *types,
                  struct sbuf *out, struct api_error *ae);
-/* tool_choice "none" (OpenAI) or {"type": "none"} (Anthropic): true.
- * Other choices are accepted and left to the model. */
-bool field_tool_choice_none(const json_t *obj);
+/* tool_choice in any API's shape into r: "none" / {"type": "none"} turns
+ * call parsing off; "required", {"type": "any"} or "required" forces a
+ * call; {"type": "function", "function": {"name"}} (chat), {"type":
+ * "function", "name"} (Responses) or {"type": "tool", "name"} (Messages)
+ * forces that tool; parallel_tool_calls false or Anthropic's
+ * disable_parallel_tool_use allow one call. "auto" and choices cllm does
+ * not know are left to the model. A named choice without a name: 400. */
+int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *ae);
 /* Structured output into r->grammar, from whichever of these fields the
  * request has (two of them: 400): response_format / Anthropic's
  * output_format ({type: "text" | "json_object" | "json_schema"}, the schema

@@ -320,8 +320,9 @@ void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
         api_fail(&ae, 400, NULL, "logprobs", "'logprobs' is not supported yet");
         goto fail;
     }
+    if (field_tool_choice(req, &r, &ae))
+        goto fail;
     r.tools = json_incref(tools);
-    r.calls_off = field_tool_choice_none(req);
     r.kwargs = json_incref(kwargs);
     run(srv, req, &r, true, include_usage, cl, rp);
     chat_req_free(&r);

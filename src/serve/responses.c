@@ -261,7 +261,8 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
                               json_pack("{s:s, s:s}", "role", "system", "content", instructions));
     json_array_extend(r->messages, c->conversation);
 
-    r->calls_off = field_tool_choice_none(req);
+    if (field_tool_choice(req, r, ae))
+        return -1;
     if (tools) { /* {type:function, name, description, parameters} -> the chat form */
         r->tools = json_array();
         size_t i;

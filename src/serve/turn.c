@@ -15,12 +15,14 @@ static const char CALL_OPEN[] = "<tool_call>", CALL_CLOSE[] = "</tool_call>";
 struct turn_syntax turn_syntax_of(const char *template_src, const char *prompt, size_t prompt_len,
                                   bool has_tools)
 {
-    struct turn_syntax s = {TURN_TOOLS_NONE, false, false, NULL};
+    struct turn_syntax s = {.tools = TURN_TOOLS_NONE};
     if (!template_src)
         return s;
     if (has_tools) {
-        if (strstr(template_src, CALL_OPEN))
+        if (strstr(template_src, CALL_OPEN)) {
             s.tools = TURN_TOOLS_HERMES;
+            s.xml_calls = strstr(template_src, "<function=") != NULL;
+        }
         else if (strstr(template_src, "<|start_header_id|>") && strstr(template_src, "tools"))
             s.tools = TURN_TOOLS_JSON; /* Llama 3.x: tools rendered, calls written as JSON */
     }
@@ -29,8 +31,9 @@ struct turn_syntax turn_syntax_of(const char *template_src, const char *prompt, 
         size_t n = prompt_len;
         while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' '))
             n--;
-        size_t k = sizeof THINK_OPEN - 1;
+        size_t k = sizeof THINK_OPEN - 1, kc = sizeof THINK_CLOSE - 1;
         s.think_open = n >= k && !memcmp(prompt + n - k, THINK_OPEN, k);
+        s.think_done = n >= kc && !memcmp(prompt + n - kc, THINK_CLOSE, kc);
     }
     return s;
 }

@@ -28,10 +28,14 @@ struct turn_syntax {
     enum turn_tools tools;
     bool think;      /* <think>..</think> opening the turn is reasoning */
     bool think_open; /* the prompt ends inside <think>: the turn starts as reasoning */
+    bool think_done; /* the prompt ends with </think>: reasoning is off this turn
+                      * (Qwen3's enable_thinking false writes an empty block) */
     /* the request's tools in the chat form ([{type, function: {name,
      * parameters}}], borrowed; may be NULL): the types of XML parameter
      * values */
     const json_t *schema;
+    bool xml_calls; /* HERMES: the template shows Qwen3-Coder's XML bodies
+                     * (what a forced call is held to; both parse) */
 };
 
 /* What a model writes, from its chat template's source (NULL: none) and
