@@ -75,6 +75,13 @@ for m in stories260K tinystories-656k; do
         else cat "$WORK/run_$m.err"; note "cli cuda sampled on host vs device $m ($sp): DIFFER"; echo "host:   $a"; echo "device: $b"; fails=$((fails+1)); fi
     done
 done
+# Structured output on the GPU: the logits row of a constrained sequence
+# comes to the host for its mask; greedy text identical to the CPU's.
+S='{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"n":{"type":"integer"}},"required":["mood","n"],"additionalProperties":false}'
+a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/stories260K" --device cpu -t 4 --prompt-ids 1 -n 300 --temp 0 --json-schema "$S" 2>/dev/null)
+b=$(timeout 60 "$BIN/cllm" run "$SHARED/models/stories260K" --device cuda --prompt-ids 1 -n 300 --temp 0 --json-schema "$S" 2>"$WORK/run_schema.err")
+if [ -n "$a" ] && [ "$a" = "$b" ] && jq -e .mood <<<"$b" >/dev/null 2>&1; then note "cli --json-schema cpu vs cuda stories260K: identical ($b)"
+else cat "$WORK/run_schema.err"; note "cli --json-schema cpu vs cuda: DIFFER"; echo "cpu:  $a"; echo "cuda: $b"; fails=$((fails+1)); fi
 # cllm serve on the GPU: a burst of concurrent clients over the four
 # routes, some dropped mid-stream (tests/serve/burst.py): every answer
 # well-formed, at least its first word the answer alone (batched steps sum
@@ -90,6 +97,20 @@ if command -v python3 >/dev/null; then
     else
         cat "$WORK/burst.log" "$WORK/serve.log"; note "serve --device cuda burst: FAIL"; fails=$((fails+1))
     fi
+    # grammar-held and free requests in the same batched steps
+    G='{"prompt":"Once upon a time,","max_tokens":40,"temperature":0,"guided_grammar":"root ::= \" there was a \" (\"cat\" | \"dog\") \".\""}'
+    F='{"prompt":"Once upon a time,","max_tokens":40,"temperature":0}'
+    pids=()
+    for i in 1 2 3 4; do
+        curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -d "$([ $((i % 2)) = 1 ] && echo "$G" || echo "$F")" >"$WORK/mix.$i" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    ok=1
+    for i in 1 3; do jq -e '.choices[0].text == " there was a cat." or .choices[0].text == " there was a dog."' "$WORK/mix.$i" >/dev/null || ok=0; done
+    for i in 2 4; do jq -e '.usage.completion_tokens == 40 or .choices[0].finish_reason == "stop"' "$WORK/mix.$i" >/dev/null || ok=0; done
+    if [ $ok = 1 ]; then note "serve --device cuda: grammar-held and free requests batched together: PASS ($(jq -c .choices[0].text "$WORK/mix.1"))"
+    else cat "$WORK"/mix.*; note "serve --device cuda grammar mix: FAIL"; fails=$((fails+1)); fi
     kill -TERM "$spid" 2>/dev/null
     wait "$spid" || { note "serve --device cuda: exit $? after SIGTERM"; cat "$WORK/serve.log"; fails=$((fails+1)); }
 fi
