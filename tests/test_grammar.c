@@ -188,6 +188,19 @@ static void test_masks(void)
           "only EOS should be left");
     CHECK(m && grammar_matcher_feed(m, "!", 1, &e) == -1 && grammar_matcher_must_end(m),
           "a byte past the end is refused, the matcher unchanged");
+    /* a grammar whose stacks double with each byte fails its own mask
+     * with a message, at once, instead of working without bound */
+    grammar_matcher_free(m);
+    grammar_free(g);
+    g = parse("root ::= a\na ::= \"x\" a \"y\" | \"x\" a \"z\" | \"\"");
+    m = g ? grammar_matcher_new(g, v, &e) : NULL;
+    int rc = 0;
+    for (int i = 0; m && i < 40 && rc >= 0; i++) {
+        rc = grammar_matcher_mask(m, logits, &eos, 1, &e);
+        if (rc >= 0 && grammar_matcher_feed(m, "x", 1, &e))
+            break;
+    }
+    CHECK(rc == -1 && strstr(e.msg, "too ambiguous"), "ambiguity bound: rc %d, %s", rc, e.msg);
     free(logits);
     grammar_matcher_free(m);
     grammar_vocab_free(v);

@@ -31,6 +31,12 @@
 #define MAX_NODES (1 << 22)
 #define MAX_STATES (1 << 16)
 #define MAX_STACKS (1 << 14) /* stacks in one state: an ambiguity bound */
+/* Stack steps (a node expanded or a stack advanced) one matcher may take
+ * over its life: the engine thread works masks out between steps for every
+ * sequence, so a grammar that is ambiguous enough to need more (~5 s of
+ * work) fails its own request instead of stalling everyone's. A JSON
+ * schema's generation takes a few million. */
+#define MAX_WORK 500000000LL
 
 enum { T_UNKNOWN = -2, T_DEAD = -1, T_ERROR = -3 };
 
@@ -72,6 +78,7 @@ struct grammar_matcher {
     int cur;
     struct ids tmp, work; /* closure scratch */
     int *walk;            /* [max_len + 1] states along a token's bytes */
+    long long steps;      /* stack steps so far, against MAX_WORK */
     char err[160];
 };
 
@@ -173,6 +180,8 @@ static int closure(struct grammar_matcher *m, int n)
     if (ids_push(&m->work, n))
         return oom(m, "out of memory");
     while (m->work.n) {
+        if (++m->steps > MAX_WORK)
+            return oom(m, "the grammar is too ambiguous to follow (work limit)");
         n = m->work.v[--m->work.n];
         if (n == 0 || g->el[m->npos[n]].type == GEL_SET) {
             if (m->tmp.n >= MAX_STACKS)
@@ -288,6 +297,8 @@ static int advance(struct grammar_matcher *m, int s, unsigned char b)
         return r;
     const struct grammar *g = m->g;
     m->tmp.n = 0;
+    if ((m->steps += m->st[s].n) > MAX_WORK)
+        return oom(m, "the grammar is too ambiguous to follow (work limit)");
     for (int i = 0; i < m->st[s].n; i++) {
         int n = m->pool.v[m->st[s].off + i];
         if (n == 0 || !byteset_has(&g->sets[g->el[m->npos[n]].v], b))

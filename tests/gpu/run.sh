@@ -80,7 +80,7 @@ done
 S='{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"n":{"type":"integer"}},"required":["mood","n"],"additionalProperties":false}'
 a=$(timeout 60 "$BIN/cllm" run "$SHARED/models/stories260K" --device cpu -t 4 --prompt-ids 1 -n 300 --temp 0 --json-schema "$S" 2>/dev/null)
 b=$(timeout 60 "$BIN/cllm" run "$SHARED/models/stories260K" --device cuda --prompt-ids 1 -n 300 --temp 0 --json-schema "$S" 2>"$WORK/run_schema.err")
-if [ -n "$a" ] && [ "$a" = "$b" ] && jq -e .mood <<<"$b" >/dev/null 2>&1; then note "cli --json-schema cpu vs cuda stories260K: identical ($b)"
+if [ -n "$a" ] && [ "$a" = "$b" ] && python3 -c 'import json,sys; assert json.loads(sys.argv[1])["mood"]' "$b" 2>/dev/null; then note "cli --json-schema cpu vs cuda stories260K: identical ($b)"
 else cat "$WORK/run_schema.err"; note "cli --json-schema cpu vs cuda: DIFFER"; echo "cpu:  $a"; echo "cuda: $b"; fails=$((fails+1)); fi
 # cllm serve on the GPU: a burst of concurrent clients over the four
 # routes, some dropped mid-stream (tests/serve/burst.py): every answer
@@ -106,10 +106,13 @@ if command -v python3 >/dev/null; then
         pids+=($!)
     done
     wait "${pids[@]}"
-    ok=1
-    for i in 1 3; do jq -e '.choices[0].text == " there was a cat." or .choices[0].text == " there was a dog."' "$WORK/mix.$i" >/dev/null || ok=0; done
-    for i in 2 4; do jq -e '.usage.completion_tokens == 40 or .choices[0].finish_reason == "stop"' "$WORK/mix.$i" >/dev/null || ok=0; done
-    if [ $ok = 1 ]; then note "serve --device cuda: grammar-held and free requests batched together: PASS ($(jq -c .choices[0].text "$WORK/mix.1"))"
+    if python3 - "$WORK" <<'PY'
+import json, sys
+r = [json.load(open(f"{sys.argv[1]}/mix.{i}"))["choices"][0] for i in (1, 2, 3, 4)]
+assert all(c["text"] in (" there was a cat.", " there was a dog.") for c in r[0::2]), r
+assert all(c["text"] and c["finish_reason"] in ("length", "stop") for c in r[1::2]), r
+PY
+    then note "serve --device cuda: grammar-held and free requests batched together: PASS"
     else cat "$WORK"/mix.*; note "serve --device cuda grammar mix: FAIL"; fails=$((fails+1)); fi
     kill -TERM "$spid" 2>/dev/null
     wait "$spid" || { note "serve --device cuda: exit $? after SIGTERM"; cat "$WORK/serve.log"; fails=$((fails+1)); }
