@@ -474,6 +474,14 @@ else
             curl -sN -m 60 "$B4/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hello there"}],"temperature":0,"stream":true,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}' >"$tmp/tools.sse"
             kinds=$(sed -n 's/^data: {/{/p' "$tmp/tools.sse" | jq -r '.choices[0].delta // {} | keys[] | select(. != "role")' | uniq | tr '\n' ' ')
             check '[ "$kinds" = "content reasoning_content content tool_calls " ]' "chat stream delta kinds: $kinds"
+            # reasoning tokens: those of "<think>Checking.</think>", in chat and Responses usage
+            nr=$(printf '<think>Checking.</think>' | "$CLLM" tokenize "$Q" --no-special --json - | jq '.ids | length')
+            call /v1/chat/completions '{"messages":[{"role":"user","content":"Hello there"}],"temperature":0}' "$B4"
+            check '[ "$nr" -ge 3 ] && jq -e ".usage.completion_tokens_details.reasoning_tokens == $nr" <<<"$body" >/dev/null' "chat reasoning_tokens (want $nr): $body"
+            sse_body=$(curl -sN -m 60 "$B4/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hello there"}],"temperature":0,"stream":true,"stream_options":{"include_usage":true}}')
+            check 'sed -n "s/^data: {/{/p" <<<"$sse_body" | tail -1 | jq -e ".usage.completion_tokens_details.reasoning_tokens == $nr" >/dev/null' "streamed chat reasoning_tokens (want $nr)"
+            call /v1/responses '{"input":"Hello there","temperature":0}' "$B4"
+            check 'jq -e ".usage.output_tokens_details.reasoning_tokens == $nr" <<<"$body" >/dev/null' "responses reasoning_tokens (want $nr): $body"
         else
             bad "the scripted fixture did not start: $(tail -3 "$tmp/log.$P4")"
         fi

@@ -24,6 +24,12 @@ struct gen {
     int n_stops;
     int n_prompt, n_tokens;
     struct turn_syntax syn; /* how the turn's text splits (turn.h) */
+    /* reasoning tokens: 0 before the turn's first text, 1 inside its
+     * <think> block, 2 past it (or there is none); undecided: tokens of
+     * blanks and of a possible "<think>" not yet whole */
+    int think, think_undecided;
+    char think_tail[8]; /* the last bytes seen: "<think>" or "</think>" may straddle tokens */
+    size_t think_n;
     json_t *tools;          /* the request's, held for syn.schema */
     bool finished;
     bool listed; /* in srv->gens */
@@ -225,6 +231,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     g->n_prompt = n;
     g->tools = json_incref(req->tools);
     g->syn = syn;
+    g->think = !syn.think ? 2 : syn.think_open ? 1 : 0;
     g->syn.schema = g->tools;
     g->piece_cap = detok_max_bytes(sm->tok) + 1;
     g->piece = malloc(g->piece_cap);
@@ -330,6 +337,57 @@ void gen_cancel_all(struct server *srv)
 
 /* ---- token events -> text ---- */
 
+/* Counts a token toward res.n_reasoning when it is part of the reasoning
+ * block that opens the turn, as turn.c splits it: blanks, "<think>", the
+ * reasoning, "</think>" (or everything, when the prompt opened it). A
+ * token's text is scanned once; only the marker-long tail is kept. */
+static void count_reasoning(struct gen *g, const char *p, size_t k)
+{
+    static const char open[] = "<think>", close[] = "</think>";
+    if (g->think == 2)
+        return;
+    for (size_t i = 0; i < k && g->think == 0; i++) {
+        char c = p[i];
+        if (g->think_n == 0 && (c == ' ' || c == '\n' || c == '\t' || c == '\r'))
+            continue;
+        g->think_tail[g->think_n++] = c;
+        if (memcmp(g->think_tail, open, g->think_n)) {
+            g->think = 2; /* the turn does not open with reasoning */
+            return;
+        }
+        if (g->think_n == sizeof open - 1) {
+            g->think = 1;
+            g->think_n = 0;
+            p += i + 1; /* the rest of this token is reasoning text */
+            k -= i + 1;
+        }
+    }
+    if (g->think == 0) {
+        g->think_undecided++;
+        return;
+    }
+    g->res.n_reasoning += 1 + g->think_undecided;
+    g->think_undecided = 0;
+    /* "</think>" in this token, or across the kept tail and its start */
+    const size_t keep = sizeof close - 2;
+    char win[2 * (sizeof close - 2)];
+    size_t w = g->think_n, take = k < keep ? k : keep;
+    memcpy(win, g->think_tail, w);
+    memcpy(win + w, p, take);
+    if (memmem(win, w + take, close, sizeof close - 1) || memmem(p, k, close, sizeof close - 1)) {
+        g->think = 2;
+        return;
+    }
+    if (k >= keep) { /* the tail: the last bytes seen */
+        memcpy(g->think_tail, p + k - keep, keep);
+        g->think_n = keep;
+    } else {
+        size_t n = w + take < keep ? w + take : keep;
+        memmove(g->think_tail, win + w + take - n, n);
+        g->think_n = n;
+    }
+}
+
 /* Looks for a stop string in the pending text. Returns its index and sets
  * *emit to the bytes before it; or returns -1 and sets *emit to the bytes
  * that can no longer be part of a stop string (the rest is held: it is a
@@ -393,6 +451,7 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
         if (ev.finish == ENGINE_FINISH_NONE) {
             g->n_tokens++;
             size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);
+            count_reasoning(g, g->piece, k);
             sbuf_put(&g->pending, g->piece, k);
             size_t emit;
             int hit = stop_scan(g, &emit);

@@ -224,6 +224,7 @@ struct gen_result {
     int stop_index;     /* which stop string matched, or -1 (EOS / stop token) */
     const char *stop;   /* that string (owned by the gen), or NULL */
     int n_prompt, n_completion, n_cached;
+    int n_reasoning; /* generated tokens of the <think> block opening the turn */
     char error[256];
 };
 

@@ -33,7 +33,7 @@ static json_t *usage_json(const struct gen_result *res, const char *lane)
                      "completion_tokens", res->n_completion, "total_tokens",
                      res->n_prompt + res->n_completion, "prompt_tokens_details",
                      "cached_tokens", res->n_cached, "completion_tokens_details",
-                     "reasoning_tokens", 0, "lane", lane);
+                     "reasoning_tokens", res->n_reasoning, "lane", lane);
 }
 
 /* "tool_calls" when the turn ended on its own after calling tools. */

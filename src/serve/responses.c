@@ -364,7 +364,7 @@ static json_t *response_json(const struct resp_ctx *c, const char *status, json_
             r, "usage",
             json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", res->n_prompt,
                       "input_tokens_details", "cached_tokens", res->n_cached, "output_tokens",
-                      res->n_completion, "output_tokens_details", "reasoning_tokens", 0,
+                      res->n_completion, "output_tokens_details", "reasoning_tokens", res->n_reasoning,
                       "total_tokens", res->n_prompt + res->n_completion));
     else
         json_object_set_new(r, "usage", json_null());
