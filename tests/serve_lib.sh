@@ -14,7 +14,10 @@ trap cleanup EXIT
 free_port() {
     local p
     for _ in $(seq 1 100); do
-        p=$((20000 + RANDOM % 40000))
+        # below Linux's ephemeral range (32768-60999): a port a client
+        # socket of this same test holds (or left in TIME_WAIT) cannot be
+        # picked and then fail to bind
+        p=$((20000 + RANDOM % 12000))
         (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
     done
 }

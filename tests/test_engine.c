@@ -258,6 +258,128 @@ static void kv_budget_tests(const struct model *m, const int *want)
     engine_destroy(eng);
 }
 
+/* Files of the SSD tier's identity directories under dir. */
+static int count_files(const char *dir)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "find '%s' -name '*.kvb' | sort", dir);
+    FILE *f = popen(cmd, "r");
+    int n = 0;
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) {
+        n++;
+    }
+    if (f)
+        pclose(f);
+    return n;
+}
+
+/* The SSD tier: blocks written at shutdown are restored by the next engine
+ * (same output, the prompt's full blocks cached); a damaged file is refused
+ * and recomputed; RAM eviction spills to it; the byte cap holds; another KV
+ * block size is another identity. */
+static void ssd_tests(const struct model *m, const int *want)
+{
+    char dir[] = "/tmp/cllm_ssd_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64,
+                                .ssd_dir = dir};
+    int P[51], a[512], b[512];
+    P[0] = 1;
+    memcpy(P + 1, want, sizeof(int) * 50);
+    struct engine_event last;
+    struct engine_stats st;
+
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create with --ssd-cache: %s", e.msg);
+    if (!eng)
+        return;
+    int na = run_one(eng, P, 51, 30, a, &last);
+    CHECK(na == 30 && !memcmp(a, want + 50, sizeof(int) * 30), "first run");
+    engine_destroy(eng); /* flushes every indexed block */
+    int files = count_files(dir);
+    CHECK(files == (51 + 30 - 1) / 16, "files after shutdown: %d", files);
+
+    eng = engine_create(m, &cfg, &e);
+    int nb = eng ? run_one(eng, P, 51, 30, b, &last) : 0;
+    CHECK(last.n_cached == 48 && nb == 30 && !memcmp(a, b, sizeof(int) * 30),
+          "restart: %d cached (want 48), %d tokens, same output %d", last.n_cached, nb,
+          !memcmp(a, b, sizeof(int) * 30));
+    if (eng) {
+        engine_get_stats(eng, &st);
+        CHECK(st.ssd && st.ssd_reads == 3 && st.ssd_files == files && strstr(st.ssd_dir, dir),
+              "stats: ssd %d reads %llu files %lld dir %s", st.ssd, (unsigned long long)st.ssd_reads,
+              st.ssd_files, st.ssd_dir);
+    }
+    engine_destroy(eng);
+
+    /* damage every file: each is refused (removed), the output recomputed */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "for f in $(find '%s' -name '*.kvb'); do truncate -s -7 \"$f\"; done", dir);
+    CHECK(system(cmd) == 0, "truncate");
+    eng = engine_create(m, &cfg, &e);
+    nb = eng ? run_one(eng, P, 51, 30, b, &last) : 0;
+    CHECK(last.n_cached == 0 && nb == 30 && !memcmp(a, b, sizeof(int) * 30),
+          "damaged files: %d cached, same output %d", last.n_cached, !memcmp(a, b, sizeof(int) * 30));
+    if (eng) {
+        engine_get_stats(eng, &st);
+        CHECK(st.ssd_bad >= 1 && st.ssd_reads == 0, "damaged: %llu refused, %llu read",
+              (unsigned long long)st.ssd_bad, (unsigned long long)st.ssd_reads);
+    }
+    engine_destroy(eng);
+
+    /* RAM eviction spills: a prompt cache of one block keeps little in RAM,
+     * the rest of the chain comes back from files in the same engine */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'/*", dir);
+    CHECK(system(cmd) == 0, "rm");
+    struct engine_config small = cfg;
+    small.prompt_cache_bytes = 2 * 20480; /* two stories260K blocks (5 layers x 16 x 2 x 64 x f32) */
+    eng = engine_create(m, &small, &e);
+    na = eng ? run_one(eng, P, 51, 30, a, &last) : 0;
+    int Q[40];
+    for (int i = 0; i < 40; i++)
+        Q[i] = 1 + (i * 7) % 300; /* another prompt, to push P's blocks out */
+    run_one(eng, Q, 40, 20, b, &last);
+    nb = eng ? run_one(eng, P, 51, 30, b, &last) : 0;
+    if (eng)
+        engine_get_stats(eng, &st);
+    CHECK(eng && last.n_cached == 48 && !memcmp(a, b, sizeof(int) * 30) && st.ssd_reads >= 1 &&
+              st.ssd_writes >= 3,
+          "spilled and restored: %d cached, %llu read, %llu written", last.n_cached,
+          (unsigned long long)st.ssd_reads, (unsigned long long)st.ssd_writes);
+    engine_destroy(eng);
+
+    /* the cap: a byte leaves no file; another block size, another identity */
+    int files0 = count_files(dir);
+    snprintf(cmd, sizeof cmd, "ls '%s' | wc -l", dir);
+    FILE *f = popen(cmd, "r");
+    int dirs0 = 0, dirs1 = 0;
+    CHECK(f && fscanf(f, "%d", &dirs0) == 1, "ls");
+    if (f)
+        pclose(f);
+    struct engine_config capped = cfg;
+    capped.ssd_max_bytes = 1;
+    capped.kv_block_size = 32;
+    eng = engine_create(m, &capped, &e);
+    nb = eng ? run_one(eng, P, 51, 30, b, &last) : 0;
+    CHECK(last.n_cached == 0 && !memcmp(a, b, sizeof(int) * 30), "block size 32: nothing shared");
+    engine_destroy(eng);
+    f = popen(cmd, "r");
+    CHECK(f && fscanf(f, "%d", &dirs1) == 1, "ls");
+    if (f)
+        pclose(f);
+    CHECK(dirs1 == dirs0 + 1 && count_files(dir) == files0,
+          "capped, block 32: %d -> %d identity dirs, %d -> %d files", dirs0, dirs1, files0,
+          count_files(dir));
+    /* a directory that cannot be made is a clear error */
+    struct engine_config bad = cfg;
+    bad.ssd_dir = "/proc/nope/cache";
+    CHECK(engine_create(m, &bad, &e) == NULL && strstr(e.msg, "--ssd-cache"), "bad dir: %s", e.msg);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 /* The bytes of ids as the grammar sees them (mid-text: no first-token
  * space rule). */
 static size_t ids_text(const struct tokenizer *t, const int *ids, int n, char *out, size_t cap)
@@ -478,6 +600,7 @@ int main(void)
     kv_budget_tests(&m, want);
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
     grammar_tests(&m, path, want);
+    ssd_tests(&m, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

@@ -100,6 +100,26 @@ if start S4 "$P4" "$STORIES" CLLM_PROMPT_CACHE_GB=2 -- --prompt-cache 0; then
     kill -TERM "$S4"
     wait "$S4"
 fi
+# --ssd-cache: blocks written at shutdown are restored after a restart (the
+# same greedy text, the prompt's full blocks cached), counted in /stats
+P5=$(free_port)
+if start S5 "$P5" "$STORIES" -- --ssd-cache "$tmp/ssd"; then
+    call /v1/chat/completions "$pc_req" "http://127.0.0.1:$P5"
+    check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".prompt_cache.ssd.dir | startswith(\"$tmp/ssd/\")" >/dev/null' "/stats prompt_cache.ssd: $(curl -s http://127.0.0.1:$P5/stats | jq -c .prompt_cache)"
+    kill -TERM "$S5"
+    wait "$S5"
+fi
+if start S5 "$P5" "$STORIES" -- --ssd-cache "$tmp/ssd" --ssd-cache-max 1; then
+    call /v1/chat/completions "$pc_req" "http://127.0.0.1:$P5"
+    check '[ "$code" = 200 ] && jq -e ".usage.prompt_tokens_details.cached_tokens > 0" <<<"$body" >/dev/null && [ "$(jq -r ".choices[0].message.content" <<<"$body")" = "$(jq -r ".choices[0].message.content" <<<"$pc_first")" ]' "--ssd-cache after a restart: $body"
+    check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".prompt_cache.ssd.restored > 0 and .prompt_cache.ssd.max_bytes == 1073741824" >/dev/null' "/stats after restore: $(curl -s http://127.0.0.1:$P5/stats | jq -c .prompt_cache.ssd)"
+    check 'grep -q "SSD cache in $tmp/ssd/" "$tmp/log.$P5"' "no SSD cache line at start-up: $(cat "$tmp/log.$P5")"
+    kill -TERM "$S5"
+    wait "$S5"
+fi
+"$CLLM" serve "$STORIES" --port "$P5" --ssd-cache /proc/nope >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -ne 0 ] && grep -q -- "--ssd-cache: cannot create /proc/nope" "$tmp/e"' "bad --ssd-cache: rc $rc $(cat "$tmp/e")"
 CLLM_PROMPT_CACHE_GB=lots "$CLLM" serve "$STORIES" --port "$P4" >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 2 ] && grep -q "CLLM_PROMPT_CACHE_GB" "$tmp/e"' "bad CLLM_PROMPT_CACHE_GB: $(cat "$tmp/e")"

@@ -253,6 +253,13 @@ struct backend_ops {
      * forward_seg's sample). */
     int (*sample_rows)(struct backend *be, int *out, const float *x, int rows, int n,
                        const struct sample_params *p, struct err *e);
+    /* Optional: copies pool block `block`'s K (into or from k) and V (v),
+     * every layer, kv_pool_bytes_per_block / 2 bytes each, between backend
+     * and host memory, in the backend's own layout (the SSD tier's files
+     * hold it as it is); waits. NULL: the pool is host memory laid out as
+     * kv_offset says, one contiguous span a block. */
+    int (*kv_block_copy)(struct backend *be, const struct kv_pool *p, int block, void *k,
+                         void *v, bool to_host, struct err *e);
     /* Optional: steps recorded (step_begin/step_end) and replayed so far,
      * by kind: [0] single-sequence decodes, [1] batched decodes. */
     void (*step_stats)(struct backend *be, long recorded[2], long replayed[2]);

@@ -6,17 +6,21 @@
 #include "engine/engine.h"
 
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_disk.h"
 #include "kv/prefix_cache.h"
 #include "model/forward.h"
 
@@ -50,6 +54,9 @@ struct engine {
     struct forward_state fs;
     struct kv_pool pool;
     struct prefix_cache pc;
+    struct kv_disk *disk;    /* --ssd-cache, or NULL */
+    bool disk_dirty;         /* blocks may lack files: flush while idle */
+    struct kv_disk_stats disk_st; /* copied under the lock, for stats */
     int *match;              /* prefix_cache_lookup's output */
     float *logits;
 
@@ -299,6 +306,8 @@ static void retire(struct engine *eng, struct seq *s, enum engine_finish why, co
     eng->st.tokens_generated += (uint64_t)s->n_gen;
     if (why == ENGINE_FINISH_CANCELLED)
         eng->st.requests_cancelled++;
+    else if (why == ENGINE_FINISH_STOP || why == ENGINE_FINISH_LENGTH)
+        eng->st.requests_completed++;
     list_remove(eng->run, &eng->n_run, s);
     list_remove(eng->pre, &eng->n_pre, s);
     eng->running = eng->n_run + eng->n_pre;
@@ -403,6 +412,7 @@ static void admit(struct engine *eng)
         /* Start on the longest cached chain of full blocks, but compute at
          * least the last known token (its logits are needed). */
         int n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match);
+        n_match = prefix_cache_restore(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match, n_match);
         int avail = eng->pool.n_free + eng->pc.n_idle - blocks_outstanding(eng);
         if (eng->n_run > 0 && blocks_for(eng, n + 1) - n_match > avail)
             return; /* wait for blocks */
@@ -739,8 +749,17 @@ static void *engine_main(void *arg)
     struct engine *eng = arg;
     pthread_mutex_lock(&eng->mu);
     for (;;) {
-        while (!eng->stopping && !eng->q_head && eng->n_run == 0 && eng->n_pre == 0)
+        while (!eng->stopping && !eng->q_head && eng->n_run == 0 && eng->n_pre == 0) {
+            if (eng->disk_dirty) { /* idle: the SSD tier catches up, a few blocks at a time */
+                pthread_mutex_unlock(&eng->mu);
+                int k = prefix_cache_flush(&eng->pc, 8);
+                pthread_mutex_lock(&eng->mu);
+                eng->disk_dirty = k > 0;
+                kv_disk_get_stats(eng->disk, &eng->disk_st);
+                continue;
+            }
             pthread_cond_wait(&eng->cv, &eng->mu);
+        }
         if (eng->stopping)
             break;
         if (eng->cap_pending) { /* the engine thread owns the pool */
@@ -751,6 +770,10 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&eng->mu);
         engine_step(eng);
         pthread_mutex_lock(&eng->mu);
+        if (eng->disk) {
+            eng->disk_dirty = true;
+            kv_disk_get_stats(eng->disk, &eng->disk_st);
+        }
     }
     pthread_mutex_unlock(&eng->mu);
     /* Shutdown: nothing may be lost silently; each gets a final event. */
@@ -777,7 +800,10 @@ static void *engine_main(void *arg)
  * missing (a failed create). The thread and its lock are the caller's. */
 static void engine_free_parts(struct engine *eng)
 {
+    if (eng->disk) /* what the SSD tier lacks is written before the pool goes */
+        prefix_cache_flush(&eng->pc, INT_MAX);
     prefix_cache_free(&eng->pc);
+    kv_disk_close(eng->disk);
     kv_pool_free(&eng->pool);
     forward_free(&eng->fs);
     backend_destroy(eng->be);
@@ -788,6 +814,50 @@ static void engine_free_parts(struct engine *eng)
     free(eng->cands);
     free(eng->segs);
     free(eng);
+}
+
+/* Sizes and times of the model's files (the path, or the files of its
+ * directory), hashed: weights replaced in place make a new SSD tier. */
+static uint64_t weights_stamp(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb))
+        return 0;
+    uint64_t h = (uint64_t)sb.st_size ^ ((uint64_t)sb.st_mtim.tv_sec << 20) ^
+                 (uint64_t)sb.st_mtim.tv_nsec;
+    DIR *dh = S_ISDIR(sb.st_mode) ? opendir(path) : NULL;
+    struct dirent *de;
+    char p[4600];
+    while (dh && (de = readdir(dh))) {
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+        if (stat(p, &sb) || !S_ISREG(sb.st_mode))
+            continue;
+        uint64_t f[3] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec,
+                         (uint64_t)sb.st_mtim.tv_nsec};
+        h ^= prefix_hash_bytes(f, sizeof f) ^ prefix_hash_bytes(de->d_name, strlen(de->d_name));
+    }
+    if (dh)
+        closedir(dh);
+    return h;
+}
+
+/* The SSD tier, named by everything the K/V depend on: the model
+ * fingerprint (fp), the backend (its block layout), the weights' files. */
+static int open_disk(struct engine *eng, const char *fp, struct err *e)
+{
+    char id[1700];
+    snprintf(id, sizeof id, "%s|backend=%s|weights=%016llx", fp, eng->be->ops->name,
+             (unsigned long long)weights_stamp(eng->m->path));
+    struct kv_pool *p = &eng->pool;
+    size_t bytes = kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size, p->elt_bytes);
+    eng->disk = kv_disk_open(eng->cfg.ssd_dir, prefix_hash_bytes(id, strlen(id)), eng->bs, bytes,
+                             eng->cfg.ssd_max_bytes, e);
+    if (!eng->disk || prefix_cache_set_disk(&eng->pc, eng->disk, e))
+        return -1;
+    kv_disk_get_stats(eng->disk, &eng->disk_st);
+    return 0;
 }
 
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,
@@ -889,6 +959,8 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))
         goto fail;
     prefix_cache_set_cap(&eng->pc, cap_blocks(eng, cfg->prompt_cache_bytes));
+    if (cfg->ssd_dir && open_disk(eng, fp, e))
+        goto fail;
     pthread_mutex_init(&eng->mu, NULL);
     pthread_cond_init(&eng->cv, NULL);
     if (pthread_create(&eng->thread, NULL, engine_main, eng)) {
@@ -1016,5 +1088,18 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->cache_blocks_idle = eng->pc.n_idle;
     out->cache_max_blocks = eng->pc.max_idle;
     out->cache_evictions = eng->pc.evictions;
+    if (eng->disk) {
+        const struct kv_disk_stats *d = &eng->disk_st;
+        out->ssd = true;
+        snprintf(out->ssd_dir, sizeof out->ssd_dir, "%s", kv_disk_path(eng->disk));
+        out->ssd_writes = d->writes;
+        out->ssd_reads = d->reads;
+        out->ssd_bad = d->bad;
+        out->ssd_evictions = d->evictions;
+        out->ssd_bytes = d->bytes;
+        out->ssd_files = d->files;
+        out->ssd_max_bytes = d->max_bytes;
+        snprintf(out->ssd_error, sizeof out->ssd_error, "%s", eng->pc.disk_err);
+    }
     pthread_mutex_unlock(&eng->mu);
 }

@@ -71,6 +71,13 @@ struct engine_config {
      * prefix sharing and of admission; <= 0: ENGINE_KV_BLOCK_DEFAULT. A
      * power of two, 8..256 (engine_create refuses others). */
     int kv_block_size;
+    /* --ssd-cache DIR: the prompt cache's SSD tier (kv/kv_disk.h) under DIR,
+     * or NULL. Blocks the RAM cache evicts, and those the engine has not yet
+     * written while idle, become files; a prompt whose chain continues past
+     * the RAM cache is restored from them, across restarts. ssd_max_bytes
+     * (--ssd-cache-max) caps the files (<= 0: no cap). */
+    const char *ssd_dir;
+    long long ssd_max_bytes;
 };
 
 #define ENGINE_MEMORY_DEFAULT (-1LL)
@@ -151,7 +158,10 @@ struct engine_stats {
     int max_running;         /* --batch */
     uint64_t preemptions;    /* sequences preempted under block pressure */
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
-    uint64_t requests_total, requests_cancelled, tokens_prompt, tokens_generated;
+    /* requests submitted, ended cancelled, ended by EOS / a stop token / the
+     * length (every request ends as exactly one of those or an error) */
+    uint64_t requests_total, requests_cancelled, requests_completed, tokens_prompt,
+        tokens_generated;
     int kv_blocks_total, kv_blocks_free;
     int kv_block_tokens;           /* tokens per block */
     long long kv_block_bytes;      /* bytes of one pool block (all layers, K and V) */
@@ -169,6 +179,14 @@ struct engine_stats {
      * evicted blocks, the idle cap in blocks (0: disabled) */
     uint64_t cache_hits, cache_misses, cache_tokens, cache_evictions;
     int cache_blocks, cache_blocks_idle, cache_max_blocks;
+    /* the SSD tier: on, its directory, blocks written / restored / refused
+     * (corrupt or foreign files) / removed by the cap, bytes and files on
+     * disk, the cap (0: none), the last write failure ("" when none) */
+    bool ssd;
+    char ssd_dir[512];
+    uint64_t ssd_writes, ssd_reads, ssd_bad, ssd_evictions;
+    long long ssd_bytes, ssd_files, ssd_max_bytes;
+    char ssd_error[256];
 };
 void engine_get_stats(struct engine *eng, struct engine_stats *out);
 /* Changes the prompt cache cap (same meaning as prompt_cache_bytes); < 0

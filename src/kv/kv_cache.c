@@ -117,3 +117,22 @@ int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos)
     int b = s->blocks[i];
     return p->refcount[b] == 1 && !(p->pc && p->pc->indexed[b]);
 }
+
+int kv_block_io(struct kv_pool *p, int block, void *buf, bool to_host, struct err *e)
+{
+    size_t half = kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size, p->elt_bytes) / 2;
+    char *k = buf, *v = k + half;
+    if (p->be->ops->kv_block_copy)
+        return p->be->ops->kv_block_copy(p->be, p, block, k, v, to_host, e);
+    if (backend_on_device(p->be))
+        return err_set(e, "the %s backend cannot copy KV blocks to the host", p->be->ops->name);
+    char *pk = (char *)p->k + (size_t)block * half, *pv = (char *)p->v + (size_t)block * half;
+    if (to_host) {
+        memcpy(k, pk, half);
+        memcpy(v, pv, half);
+    } else {
+        memcpy(pk, k, half);
+        memcpy(pv, v, half);
+    }
+    return 0;
+}

@@ -5,6 +5,7 @@
 #ifndef CLLM_KV_KV_CACHE_H
 #define CLLM_KV_KV_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "base/err.h"
@@ -63,6 +64,11 @@ void kv_seq_release(struct kv_pool *p, struct kv_seq *s);
 /* True when position pos of the sequence may be written: its block is held
  * by this sequence alone (shared/indexed blocks are read-only). */
 int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos);
+
+/* Copies a pool block's K/V (every layer; kv_pool_bytes_per_block bytes:
+ * K's half, then V's) to the host buffer (to_host) or from it, in the
+ * backend's layout. -1 with a message when the backend cannot. */
+int kv_block_io(struct kv_pool *p, int block, void *buf, bool to_host, struct err *e);
 
 /* The CPU backend's element offset of (layer, pos) in k or v. */
 static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos)

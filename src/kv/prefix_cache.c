@@ -2,7 +2,10 @@
  * blocks (see prefix_cache.h for the contract). */
 #include "kv/prefix_cache.h"
 
+#include "kv/kv_disk.h"
+
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -55,8 +58,11 @@ int prefix_cache_init(struct prefix_cache *pc, struct kv_pool *pool, uint64_t se
     pc->lru_prev = calloc((size_t)n, sizeof *pc->lru_prev);
     pc->lru_next = calloc((size_t)n, sizeof *pc->lru_next);
     pc->buckets = malloc((size_t)pc->n_buckets * sizeof *pc->buckets);
+    pc->pkey = calloc((size_t)n, sizeof *pc->pkey);
+    pc->on_disk = calloc((size_t)n, sizeof *pc->on_disk);
     if (!pc->indexed || !pc->in_lru || !pc->key || !pc->parent || !pc->parent_gen || !pc->gen ||
-        !pc->tokens || !pc->hnext || !pc->lru_prev || !pc->lru_next || !pc->buckets) {
+        !pc->tokens || !pc->hnext || !pc->lru_prev || !pc->lru_next || !pc->buckets ||
+        !pc->pkey || !pc->on_disk) {
         prefix_cache_free(pc);
         return err_set(e, "prefix cache: out of memory");
     }
@@ -141,7 +147,27 @@ void prefix_cache_free(struct prefix_cache *pc)
     free(pc->lru_prev);
     free(pc->lru_next);
     free(pc->buckets);
+    free(pc->pkey);
+    free(pc->on_disk);
+    free(pc->disk_buf);
     memset(pc, 0, sizeof *pc);
+}
+
+/* Writes block b to the SSD tier unless it has a file; false when it
+ * could not (the reason kept in disk_err). */
+static bool spill(struct prefix_cache *pc, int b)
+{
+    if (!pc->disk || pc->on_disk[b])
+        return true;
+    struct err e = {{0}};
+    if (kv_block_io(pc->pool, b, pc->disk_buf, true, &e) ||
+        kv_disk_write(pc->disk, pc->key[b], pc->pkey[b], pc->tokens + (size_t)b * pc->block_size,
+                      pc->disk_buf, &e)) {
+        snprintf(pc->disk_err, sizeof pc->disk_err, "%s", e.msg);
+        return false;
+    }
+    pc->on_disk[b] = true;
+    return true;
 }
 
 int prefix_cache_evict(struct prefix_cache *pc, int n)
@@ -150,6 +176,7 @@ int prefix_cache_evict(struct prefix_cache *pc, int n)
     while (done < n && pc->lru_head >= 0) {
         int b = pc->lru_head;
         assert(pc->pool->refcount[b] == 1);
+        spill(pc, b); /* RAM eviction demotes to the SSD tier */
         unindex(pc, b);
         pc->evictions++;
         done++;
@@ -244,6 +271,26 @@ int prefix_cache_attach(struct prefix_cache *pc, struct kv_seq *seq, const int *
     return 0;
 }
 
+/* Indexes block b under key (child of parent, -1 for a first block, whose
+ * key is pkey) with the index's reference. */
+static void index_block(struct prefix_cache *pc, int b, uint64_t key, uint64_t pkey, int parent,
+                        const int *tokens)
+{
+    size_t bs = (size_t)pc->block_size;
+    pc->indexed[b] = true;
+    pc->key[b] = key;
+    pc->pkey[b] = pkey;
+    pc->parent[b] = parent;
+    pc->parent_gen[b] = parent >= 0 ? pc->gen[parent] : 0;
+    pc->gen[b]++;
+    memcpy(pc->tokens + (size_t)b * bs, tokens, bs * sizeof *tokens);
+    size_t h = key & (uint64_t)(pc->n_buckets - 1);
+    pc->hnext[b] = pc->buckets[h];
+    pc->buckets[h] = b;
+    pc->pool->refcount[b]++;
+    pc->n_indexed++;
+}
+
 int prefix_cache_register(struct prefix_cache *pc, const struct kv_seq *seq, const int *tokens)
 {
     if (pc->max_idle == 0)
@@ -264,21 +311,93 @@ int prefix_cache_register(struct prefix_cache *pc, const struct kv_seq *seq, con
             if (pc->indexed[b])
                 unindex(pc, b);
             assert(p->refcount[b] >= 1);
-            pc->indexed[b] = true;
-            pc->key[b] = key;
-            pc->parent[b] = parent;
-            pc->parent_gen[b] = pgen;
-            pc->gen[b]++;
-            memcpy(pc->tokens + (size_t)b * (size_t)bs, t, (size_t)bs * sizeof *t);
-            size_t h = key & (uint64_t)(pc->n_buckets - 1);
-            pc->hnext[b] = pc->buckets[h];
-            pc->buckets[h] = b;
-            p->refcount[b]++;
-            pc->n_indexed++;
+            index_block(pc, b, key, parent >= 0 ? pc->key[parent] : pc->seed, parent, t);
+            pc->on_disk[b] = false;
             added++;
         }
         parent = b;
         pgen = pc->gen[b];
     }
     return added;
+}
+
+int prefix_cache_set_disk(struct prefix_cache *pc, struct kv_disk *disk, struct err *e)
+{
+    free(pc->disk_buf);
+    pc->disk_buf = NULL;
+    pc->disk = disk;
+    if (!disk)
+        return 0;
+    struct kv_pool *p = pc->pool;
+    if (!(pc->disk_buf = malloc(kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size,
+                                                        p->elt_bytes)))) {
+        pc->disk = NULL;
+        return err_set(e, "prefix cache: out of memory for the SSD tier's block buffer");
+    }
+    return 0;
+}
+
+/* A pool block for a restored one: a free block, else the least recently
+ * used idle block when it is not in chain[0, n) (evicted, and so spilled);
+ * -1 when neither. */
+static int take_block(struct prefix_cache *pc, const int *chain, int n)
+{
+    struct kv_pool *p = pc->pool;
+    if (p->n_free == 0) {
+        int b = pc->lru_head;
+        if (b < 0)
+            return -1;
+        for (int i = 0; i < n; i++)
+            if (chain[i] == b)
+                return -1;
+        prefix_cache_evict(pc, 1);
+    }
+    if (p->n_free == 0)
+        return -1;
+    return p->free_list[--p->n_free];
+}
+
+int prefix_cache_restore(struct prefix_cache *pc, const int *tokens, int n, int max_blocks,
+                         int *out, int found)
+{
+    if (!pc->disk || pc->max_idle == 0)
+        return found;
+    struct kv_pool *p = pc->pool;
+    int bs = pc->block_size;
+    uint64_t key = found ? pc->key[out[found - 1]] : pc->seed;
+    while (found < max_blocks && (found + 1) * bs <= n) {
+        const int *t = tokens + (size_t)found * bs;
+        uint64_t pk = key;
+        key = prefix_block_key(pk, t, bs);
+        if (!kv_disk_has(pc->disk, key))
+            break;
+        int b = take_block(pc, out, found);
+        if (b < 0)
+            break;
+        struct err e = {{0}};
+        if (kv_disk_read(pc->disk, key, pk, t, pc->disk_buf) != 1 ||
+            kv_block_io(p, b, pc->disk_buf, false, &e)) {
+            p->free_list[p->n_free++] = b;
+            break;
+        }
+        index_block(pc, b, key, pk, found ? out[found - 1] : -1, t); /* refcount 0 -> 1 */
+        pc->on_disk[b] = true;
+        lru_push(pc, b);
+        out[found++] = b;
+    }
+    return found;
+}
+
+int prefix_cache_flush(struct prefix_cache *pc, int max)
+{
+    int done = 0;
+    if (!pc->disk)
+        return 0;
+    for (int b = 0; b < pc->pool->n_blocks && done < max; b++)
+        if (pc->indexed[b] && !pc->on_disk[b]) {
+            if (!spill(pc, b))
+                break; /* the disk refuses: try again later */
+            done++;
+        }
+    return done;
 }

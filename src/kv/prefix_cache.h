@@ -48,6 +48,13 @@ struct prefix_cache {
     /* counts */
     int n_indexed, n_idle;
     uint64_t evictions;
+    /* the SSD tier (kv_disk.h), or NULL: evicted and flushed blocks are
+     * written there, and a lookup's chain continues from it */
+    struct kv_disk *disk;
+    uint64_t *pkey;   /* per pool block: its parent's chain key (the seed for a first) */
+    bool *on_disk;    /* per pool block: its current indexing has a file */
+    void *disk_buf;   /* one block's K/V on the host */
+    char disk_err[256]; /* the last write failure, for the log */
 };
 
 /* A 64-bit fingerprint of a byte string (XXH3); for model fingerprints. */
@@ -79,6 +86,18 @@ int prefix_cache_attach(struct prefix_cache *pc, struct kv_seq *seq, const int *
  * the ids its K/V were computed from) that is not indexed yet. Returns the
  * number of newly indexed blocks. */
 int prefix_cache_register(struct prefix_cache *pc, const struct kv_seq *seq, const int *tokens);
+/* Attaches the SSD tier (owned by the caller; NULL detaches). */
+int prefix_cache_set_disk(struct prefix_cache *pc, struct kv_disk *disk, struct err *e);
+/* Continues a lookup's chain (found blocks in out, from prefix_cache_lookup)
+ * with blocks read from the SSD tier into free pool blocks (or idle ones
+ * outside the chain, evicted), indexed and idle like any cached block, up
+ * to max_blocks; returns the new count. A block that cannot be read ends
+ * the chain there. */
+int prefix_cache_restore(struct prefix_cache *pc, const int *tokens, int n, int max_blocks,
+                         int *out, int found);
+/* Writes up to max indexed blocks that have no file yet to the SSD tier
+ * (full blocks never change, so busy ones too); returns how many. */
+int prefix_cache_flush(struct prefix_cache *pc, int max);
 /* Evicts up to n idle blocks, LRU first, to the free list; returns how many. */
 int prefix_cache_evict(struct prefix_cache *pc, int n);
 

@@ -433,9 +433,6 @@ static void finish(struct gen *g, enum gen_finish why, const struct engine_event
     g->res.n_completion = g->n_tokens;
     if (ev)
         g->res.n_cached = ev->n_cached;
-    pthread_mutex_lock(&g->srv->mu);
-    g->srv->ctr.completions++;
-    pthread_mutex_unlock(&g->srv->mu);
 }
 
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res)

@@ -38,6 +38,10 @@ void serve_usage(FILE *f)
             "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
+            "  --ssd-cache DIR          the prompt cache's SSD tier: KV blocks the RAM cache\n"
+            "                           evicts (or that sit idle) become files in DIR, restored\n"
+            "                           for a matching prompt, across restarts (default off)\n"
+            "  --ssd-cache-max GB       cap on those files (GiB; default 0 = unlimited)\n"
             "  --kv-budget GB           aggregate projected KV (prompt + max_tokens) of running\n"
             "                           requests; joiners over it queue, a request over it\n"
             "                           alone is refused (400 memory_admission; default off)\n"
@@ -188,7 +192,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
-       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK };
+       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX };
 
 static const struct {
     const char *name, *alias;
@@ -205,6 +209,7 @@ static const struct {
     {"--kv-budget", NULL, F_KV_BUDGET}, {"--memory-budget", NULL, F_MEMORY_BUDGET},
     {"--device", NULL, F_DEVICE},       {"--tokenizer", NULL, F_TOKENIZER},
     {"--kv-block-size", NULL, F_KV_BLOCK},
+    {"--ssd-cache", NULL, F_SSD},       {"--ssd-cache-max", NULL, F_SSD_MAX},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -305,6 +310,15 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             rc = parse_f(a, v, 1e-9, 1e6, &c->memory_budget_gb.v, e);
             c->memory_budget_gb.set = true;
             break;
+        case F_SSD:
+            c->ssd_cache = v;
+            if (!*v)
+                rc = err_set(e, "%s needs a directory", a);
+            break;
+        case F_SSD_MAX:
+            rc = parse_f(a, v, 0, 1e6, &c->ssd_cache_max_gb.v, e);
+            c->ssd_cache_max_gb.set = true;
+            break;
         }
         if (rc)
             return -1;
@@ -313,6 +327,8 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         c->temperature = temp_alias;
     if (!c->batch.set && conc_alias.set) /* explicit --batch wins over --decode-concurrency */
         c->batch = conc_alias;
+    if (c->ssd_cache_max_gb.set && !c->ssd_cache && warn) /* as the spec: warn, ignore */
+        fprintf(warn, "cllm serve: warning: --ssd-cache-max without --ssd-cache is ignored\n");
     c->model = model_flag ? model_flag : positional;
     if (!c->model)
         return err_set(e, "no model given (cllm serve <model>)");

@@ -184,7 +184,6 @@ struct server_counters {
     uint64_t status_2xx, status_4xx, status_5xx;
     uint64_t rejected_queue_full; /* 429 */
     uint64_t disconnects;         /* clients that left before the end */
-    uint64_t completions;         /* generations that ran to a finish */
 };
 
 struct server {

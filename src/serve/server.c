@@ -281,6 +281,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
     if (cfg->memory_budget_gb.set)
         ec.memory_budget_bytes = llround((double)cfg->memory_budget_gb.v * 1e9);
+    ec.ssd_dir = cfg->ssd_cache;
+    if (cfg->ssd_cache_max_gb.set) /* binary GiB, as the spec's --ssd-cache-max */
+        ec.ssd_max_bytes = (long long)((double)cfg->ssd_cache_max_gb.v * 1073741824.0);
     if (cfg->prompt_cache_gb.set) /* 0 disables; unset keeps the default (the whole pool) */
         ec.prompt_cache_bytes = cfg->prompt_cache_gb.v > 0
                                     ? (long long)((double)cfg->prompt_cache_gb.v * 1e9) + 1
@@ -316,6 +319,10 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     char kvb[96] = "";
     if (es.kv_budget_bytes > 0)
         snprintf(kvb, sizeof kvb, ", KV budget %lld bytes", es.kv_budget_bytes);
+    if (es.ssd)
+        fprintf(stderr, "cllm serve: SSD cache in %s: %lld blocks (%.1f MiB) there%s\n",
+                es.ssd_dir, es.ssd_files, (double)es.ssd_bytes / 1048576.0,
+                es.ssd_max_bytes > 0 ? "" : ", no cap");
     fprintf(stderr, "cllm serve: KV pool %d blocks of %d tokens x %lld bytes = %.1f MiB (%s; "
             "weights %.1f MiB)\n", es.kv_blocks_total, es.kv_block_tokens, es.kv_block_bytes,
             es.kv_blocks_total * block_mib,

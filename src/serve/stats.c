@@ -53,7 +53,7 @@ json_t *stats_json(struct server *srv)
         "queue", "waiting", es.queued, "max", cfg->max_queue,
         "running", es.running,
         "requests", "total", (json_int_t)es.requests_total, "cancelled",
-        (json_int_t)es.requests_cancelled, "completed", (json_int_t)ctr.completions,
+        (json_int_t)es.requests_cancelled, "completed", (json_int_t)es.requests_completed,
         "rejected_queue_full", (json_int_t)ctr.rejected_queue_full,
         "tokens", "prompt", (json_int_t)es.tokens_prompt, "generated",
         (json_int_t)es.tokens_generated,
@@ -77,6 +77,17 @@ json_t *stats_json(struct server *srv)
                             lookups > 0 ? (double)es.cache_hits / lookups : 0.0);
     json_object_update(json_object_get(root, "prompt_cache"), pcs);
     json_decref(pcs);
+    /* the SSD tier: null when off */
+    json_t *ssd = json_null();
+    if (es.ssd)
+        ssd = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o}", "dir", es.ssd_dir,
+                        "files", (json_int_t)es.ssd_files, "bytes", (json_int_t)es.ssd_bytes,
+                        "writes", (json_int_t)es.ssd_writes, "restored",
+                        (json_int_t)es.ssd_reads, "refused", (json_int_t)es.ssd_bad,
+                        "evictions", (json_int_t)es.ssd_evictions, "max_bytes",
+                        es.ssd_max_bytes > 0 ? json_integer(es.ssd_max_bytes) : json_null(),
+                        "last_error", es.ssd_error[0] ? json_string(es.ssd_error) : json_null());
+    json_object_set_new(json_object_get(root, "prompt_cache"), "ssd", ssd);
     /* the spec's batch block: mode "batch" with --batch > 1, "off" = --batch 1;
      * kv_bytes: blocks held by sequences (idle prompt-cache blocks not
      * counted); kv_budget_bytes: --kv-budget, null when unset;

@@ -88,7 +88,7 @@ else cat "$WORK/run_schema.err"; note "cli --json-schema cpu vs cuda: DIFFER"; e
 # in other orders than one-token ones, so later tokens may part at a near
 # tie; the count of identical answers is printed), the server back to idle.
 if command -v python3 >/dev/null; then
-    port=$((20000 + RANDOM % 40000))
+    port=$((20000 + RANDOM % 12000)) # below the ephemeral range, as serve_lib.sh's free_port
     timeout 300 "$BIN/cllm" serve "$SHARED/models/tinystories-656k" --device cuda --port "$port" >"$WORK/serve.log" 2>&1 &
     spid=$!
     if timeout 240 python3 "$ROOT/tests/serve/burst.py" "http://127.0.0.1:$port" --wait 60 \

@@ -364,6 +364,7 @@ static const struct backend_ops cuda_ops = {
     .load_weights = cu_load_weights,
     .finish = cu_finish,
     .upload = cu_upload,
+    .kv_block_copy = cu_kv_block_copy,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .step_stats = cu_step_stats,

@@ -364,6 +364,8 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e);
 void *cu_alloc(struct backend *be, size_t bytes);
 void cu_free(struct backend *be, void *p);
 void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes);
+int cu_kv_block_copy(struct backend *be, const struct kv_pool *p, int block, void *k, void *v,
+                     bool to_host, struct err *e);
 void cu_download(struct backend *be, float *dst, const float *src, size_t n);
 int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e);
 int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,

@@ -283,6 +283,32 @@ void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
         fail_cuda(c, "synchronize after upload", cudaStreamSynchronize(c->stream));
 }
 
+/* A pool block's rows: n_layers x n_kv_heads runs of block_size rows, one
+ * pool stride apart (cuk_kv_row's layout), copied as one 2D copy each for
+ * K and V. */
+int cu_kv_block_copy(struct backend *be, const struct kv_pool *p, int block, void *k, void *v,
+                     bool to_host, struct err *e)
+{
+    struct cuda_backend *c = op_begin(be);
+    use_device(c);
+    size_t run = (size_t)p->block_size * (size_t)p->head_dim * (size_t)p->elt_bytes;
+    size_t pitch = run * (size_t)p->n_blocks, rows = (size_t)p->n_layers * (size_t)p->n_kv_heads;
+    size_t at = run * (size_t)block;
+    for (int i = 0; i < 2; i++) {
+        char *dev = (char *)(i ? p->v : p->k) + at;
+        void *host = i ? v : k;
+        cudaError_t err = to_host ? cudaMemcpy2DAsync(host, run, dev, pitch, run, rows,
+                                                      cudaMemcpyDeviceToHost, c->stream)
+                                  : cudaMemcpy2DAsync(dev, pitch, host, run, run, rows,
+                                                      cudaMemcpyHostToDevice, c->stream);
+        if (fail_cuda(c, "copy a KV block", err))
+            return sticky(c, e);
+    }
+    if (fail_cuda(c, "synchronize after a KV block copy", cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    return 0;
+}
+
 int cu_finish(struct backend *be, struct err *e)
 {
     pend_settle(cb(be)); /* see c->pend */
