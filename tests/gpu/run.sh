@@ -117,6 +117,32 @@ PY
     kill -TERM "$spid" 2>/dev/null
     wait "$spid" || { note "serve --device cuda: exit $? after SIGTERM"; cat "$WORK/serve.log"; fails=$((fails+1)); }
 fi
+# The SSD tier on the GPU: blocks copied off the device at shutdown come
+# back after a restart (CUDA's kv_block_copy both ways): cached tokens, and
+# the same greedy text as the first run computed.
+if command -v python3 >/dev/null; then
+    port=$((20000 + RANDOM % 12000))
+    rm -rf "$WORK/ssd"
+    req='{"prompt":"Once upon a time there was a little girl named Lily who loved to play in the park with her dog and her cat","max_tokens":24,"temperature":0}'
+    for run in 1 2; do
+        timeout 120 "$BIN/cllm" serve "$SHARED/models/tinystories-656k" --device cuda --port "$port" --ssd-cache "$WORK/ssd" >"$WORK/ssd.$run.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 1 100); do curl -s -m 1 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+        curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -d "$req" >"$WORK/ssd.$run.json"
+        kill -TERM "$spid" 2>/dev/null
+        wait "$spid"
+    done
+    if python3 - "$WORK" <<'PY'
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/ssd.{i}.json")) for i in (1, 2))
+assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a
+assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, b
+assert a["choices"][0]["text"] == b["choices"][0]["text"], (a, b)
+print("cached", b["usage"]["prompt_tokens_details"]["cached_tokens"])
+PY
+    then note "serve --device cuda --ssd-cache: restored after a restart, same text: PASS"
+    else cat "$WORK"/ssd.*; note "serve --device cuda --ssd-cache: FAIL"; fails=$((fails+1)); fi
+fi
 # A random-weight shape the sample models do not cover (head_dim 64, 7
 # query heads per KV head, q/k/v biases): greedy ids of the CPU backend
 # and of CUDA (its tensor-core decode attention, staged GEMVs) after a
