@@ -98,6 +98,22 @@ static void test_prefix(void)
     free(both);
 }
 
+/* A literal of any bytes is a grammar of exactly those bytes. */
+static void test_literal(void)
+{
+    const char *texts[] = {"plain", "q\"uo\\te", "line\nbreak\ttab\x01\x7f", "日本 😀", ""};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        char q[128], g[160];
+        size_t n = strlen(texts[i]);
+        size_t k = grammar_literal(texts[i], n, q);
+        CHECK(k == strlen(q) && k <= 4 * n + 2, "length %zu", k);
+        snprintf(g, sizeof g, "root ::= %s", q);
+        char longer[64];
+        snprintf(longer, sizeof longer, "%sx", texts[i]);
+        accepts(g, (const char *[]){texts[i], NULL}, (const char *[]){longer, NULL});
+    }
+}
+
 static void test_refusals(void)
 {
     refuses("item ::= \"x\"", "no rule named 'root'");
@@ -213,6 +229,7 @@ int main(void)
     test_language();
     test_refusals();
     test_prefix();
+    test_literal();
     test_masks();
     return test_summary("test_grammar");
 }

@@ -817,6 +817,29 @@ void grammar_free(struct grammar *g)
     free(g);
 }
 
+size_t grammar_literal(const char *s, size_t n, char *out)
+{
+    char *o = out;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c == '\n') {
+            *o++ = '\\';
+            *o++ = 'n';
+        } else if (c < 0x20 || c == 0x7f) {
+            o += sprintf(o, "\\x%02X", c);
+        } else {
+            *o++ = (char)c; /* UTF-8 passes through */
+        }
+    }
+    *o++ = '"';
+    *o = 0;
+    return (size_t)(o - out);
+}
+
 char *grammar_prefix_rules(const char *text, const char *prefix, struct err *e)
 {
     size_t n = strlen(text), np = strlen(prefix), names = 0;

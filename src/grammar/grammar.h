@@ -32,6 +32,10 @@ void grammar_free(struct grammar *g);
  * or class (message in e). */
 char *grammar_prefix_rules(const char *text, const char *prefix, struct err *e);
 
+/* The GBNF literal (quotes and escapes) whose sentence is exactly the n
+ * bytes of s, into out (at least 4 * n + 3 bytes); returns its length. */
+size_t grammar_literal(const char *s, size_t n, char *out);
+
 /* Whether the n bytes of s are a whole sentence of g. */
 bool grammar_accepts(const struct grammar *g, const char *s, size_t n);
 

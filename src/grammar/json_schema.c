@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/grammar.h"
+
 #if JANSSON_VERSION_HEX < 0x020800
 #error "json_schema.c needs jansson >= 2.8 (object iteration in insertion order)"
 #endif
@@ -211,22 +213,16 @@ static void subpath(char *out, size_t n, const char *path, const char *fmt, ...)
     snprintf(out, n, "%s%s%s", path, *path ? "." : "", tail);
 }
 
-/* A GBNF literal of raw bytes (UTF-8 passes through). */
+/* A GBNF literal of raw bytes (grammar_literal). */
 static void put_lit(struct buf *x, const char *s, size_t n)
 {
-    put(x, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            putf(x, "\\%c", ch);
-        else if (ch == '\n')
-            put(x, "\\n");
-        else if (ch < 0x20 || ch == 0x7f)
-            putf(x, "\\x%02X", ch);
-        else
-            putn(x, (const char *)&ch, 1);
+    char *q = malloc(4 * n + 3);
+    if (!q) {
+        x->oom = true;
+        return;
     }
-    put(x, "\"");
+    putn(x, q, grammar_literal(s, n, q));
+    free(q);
 }
 
 /* A JSON value as the literal of its compact text. Reals take the fewest

@@ -13,18 +13,14 @@
 
 static void put_lit(struct sbuf *b, const char *s)
 {
-    sbuf_puts(b, "\"");
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            sbuf_printf(b, "\\%c", *s);
-        else if (*s == '\n')
-            sbuf_puts(b, "\\n");
-        else if ((unsigned char)*s < 0x20)
-            sbuf_printf(b, "\\x%02x", (unsigned char)*s);
-        else
-            sbuf_put(b, s, 1);
+    size_t n = strlen(s);
+    char *q = malloc(4 * n + 3);
+    if (!q) {
+        b->oom = true;
+        return;
     }
-    sbuf_puts(b, "\"");
+    sbuf_put(b, q, grammar_literal(s, n, q));
+    free(q);
 }
 
 /* Rules `<name>-0 .. <name>-(m-1)`: any text up to and including the first
