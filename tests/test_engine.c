@@ -380,6 +380,58 @@ static void ssd_tests(const struct model *m, const int *want)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* Speculation by prompt lookup: a lone greedy sequence's output is the one
+ * token a step gives (the CPU's rows do not depend on the span), in fewer
+ * steps; max_tokens and stop ids land on the same token. */
+static void spec_tests(const struct model *m, const int *want)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64,
+                                .spec_draft = 8, .ngram_min = 1, .ngram_max = 3};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create with speculation: %s", e.msg);
+    if (!eng)
+        return;
+    int bos = 1, got[512];
+    struct engine_event last;
+    int n = run_one(eng, &bos, 1, 256, got, &last);
+    CHECK(n == 256 && !memcmp(got, want, sizeof(int) * 256), "speculative greedy differs");
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    CHECK(st.spec_steps > 0 && st.spec_accepted > 0 && st.batch_steps < 256,
+          "speculation: %llu verify steps, %llu of %llu drafts kept, %llu steps for 256 tokens",
+          (unsigned long long)st.spec_steps, (unsigned long long)st.spec_accepted,
+          (unsigned long long)st.spec_drafted, (unsigned long long)st.batch_steps);
+    for (int len = 1; len < 60; len += 7) {
+        n = run_one(eng, &bos, 1, len, got, &last);
+        CHECK(n == len && !memcmp(got, want, sizeof(int) * (size_t)len) &&
+                  last.finish == ENGINE_FINISH_LENGTH,
+              "max_tokens %d: %d tokens", len, n);
+    }
+    /* a stop id met inside the kept drafts ends there */
+    int stop = want[40];
+    int first = 0;
+    while (want[first] != stop)
+        first++;
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 200,
+                              .stop_ids = &stop, .n_stop_ids = 1};
+    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
+    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+    n = r ? drain(r, got, 512, &last) : 0;
+    CHECK(n == first && !memcmp(got, want, sizeof(int) * (size_t)n) &&
+              last.finish == ENGINE_FINISH_STOP,
+          "stop id %d: %d tokens (want %d)", stop, n, first);
+    engine_request_release(r);
+    engine_get_stats(eng, &st);
+    CHECK(st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total,
+          "blocks after speculation: %d free + %d cached of %d", st.kv_blocks_free,
+          st.cache_blocks_idle, st.kv_blocks_total);
+    engine_destroy(eng);
+    struct engine_config bad = cfg;
+    bad.ngram_min = 4;
+    CHECK(engine_create(m, &bad, &e) == NULL && strstr(e.msg, "n-grams"), "bad n-grams: %s", e.msg);
+}
+
 /* The bytes of ids as the grammar sees them (mid-text: no first-token
  * space rule). */
 static size_t ids_text(const struct tokenizer *t, const int *ids, int n, char *out, size_t cap)
@@ -601,6 +653,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
     grammar_tests(&m, path, want);
     ssd_tests(&m, want);
+    spec_tests(&m, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

@@ -100,6 +100,25 @@ if start S4 "$P4" "$STORIES" CLLM_PROMPT_CACHE_GB=2 -- --prompt-cache 0; then
     kill -TERM "$S4"
     wait "$S4"
 fi
+# --draft-kind ngram: the same greedy text as without it, in fewer steps;
+# the flags' errors name the flag
+P6=$(free_port)
+if start S6 "$P6" "$STORIES" -- --draft-kind ngram --num-draft-tokens 6; then
+    call /v1/completions '{"prompt":"Zoo","max_tokens":120,"temperature":0,"ignore_eos":true}' "http://127.0.0.1:$P6"
+    spec_text=$(jq -r .choices[0].text <<<"$body")
+    call /v1/completions '{"prompt":"Zoo","max_tokens":120,"temperature":0,"ignore_eos":true}'
+    check '[ -n "$spec_text" ] && [ "$spec_text" = "$(jq -r .choices[0].text <<<"$body")" ]' "speculative text differs: $spec_text / $body"
+    check 'curl -s http://127.0.0.1:$P6/stats | jq -e ".speculation.draft_kind == \"ngram\" and .speculation.num_draft_tokens == 6 and .speculation.steps > 0 and .speculation.accepted > 0 and .batch.steps < 120" >/dev/null' "/stats speculation: $(curl -s http://127.0.0.1:$P6/stats | jq -c '[.speculation, .batch.steps]')"
+    kill -TERM "$S6"
+    wait "$S6"
+fi
+check 'curl -s $B/stats | jq -e ".speculation == null" >/dev/null' "speculation off by default"
+for bad in "--draft-kind eagle:draft-kind eagle" "--draft-model x:drafter models are not supported" "--num-draft-tokens 0:--num-draft-tokens" "--ngram-min 3 --ngram-max 2:--ngram-min 3 is more than --ngram-max 2"; do
+    # shellcheck disable=SC2086 # the flags split on purpose
+    "$CLLM" serve "$STORIES" --port "$P6" ${bad%%:*} >"$tmp/o" 2>"$tmp/e"
+    rc=$?
+    check '[ $rc -eq 2 ] && grep -q -- "${bad#*:}" "$tmp/e"' "serve ${bad%%:*}: rc $rc $(cat "$tmp/e")"
+done
 # --ssd-cache: blocks written at shutdown are restored after a restart (the
 # same greedy text, the prompt's full blocks cached), counted in /stats
 P5=$(free_port)

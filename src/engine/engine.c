@@ -57,6 +57,8 @@ struct engine {
     struct kv_disk *disk;    /* --ssd-cache, or NULL */
     bool disk_dirty;         /* blocks may lack files: flush while idle */
     struct kv_disk_stats disk_st; /* copied under the lock, for stats */
+    int *spec_span;          /* speculation: the last token and the drafts */
+    float *spec_logits;      /* their rows */
     int *match;              /* prefix_cache_lookup's output */
     float *logits;
 
@@ -472,18 +474,19 @@ struct cand {
 };
 
 /* Appends the sequence's next token (sampled from its logits row, or its
- * greedy id from the step): stop checks, the event, the length limit. */
-static void take_token(struct engine *eng, struct seq *s, int tok)
+ * greedy id from the step): stop checks, the event, the length limit.
+ * False when that ended the sequence (it is retired and freed). */
+static bool take_token(struct engine *eng, struct seq *s, int tok)
 {
     struct engine_request *r = s->r;
     if (is_stop(eng, r, tok)) {
         retire(eng, s, ENGINE_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     struct err e = {{0}};
     if (s->gm && grammar_matcher_feed_token(s->gm, tok, &e)) { /* the mask allowed it: a bug */
         retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
-        return;
+        return false;
     }
     s->n_gen++;
     struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = s->n_gen,
@@ -491,13 +494,14 @@ static void take_token(struct engine *eng, struct seq *s, int tok)
     push_event(r, &ev);
     if (s->gm && grammar_matcher_must_end(s->gm)) { /* the sentence is whole */
         retire(eng, s, ENGINE_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     if (s->n_gen == s->max_gen) {
         retire(eng, s, ENGINE_FINISH_LENGTH, NULL);
-        return;
+        return false;
     }
     s->toks[s->n_toks++] = tok;
+    return true;
 }
 
 /* Structured output: only tokens that continue the grammar keep their
@@ -521,6 +525,89 @@ static int mask_row(struct engine *eng, struct seq *s, float *row)
     return -1;
 }
 
+/* ---- speculation: prompt-lookup drafts, verified in one forward ----
+ *
+ * A sequence decoding alone (the common case of one agent talking to the
+ * server) proposes the tokens that followed an earlier occurrence of its
+ * own last n tokens (n from ngram_max down to ngram_min; the first
+ * occurrence in the prompt and what it generated wins), feeds its
+ * last token and the drafts as one span, and keeps the drafts up to the
+ * first whose row's greedy pick differs, plus that pick: every kept token is
+ * the one the model picks after the ones before it, so greedy output is
+ * what one token a step gives, in fewer steps when drafts land — up to the
+ * few ulps a row of a longer span may differ by (design.md, "Batch
+ * invariance"): a near-tie may resolve the other way, as in a batch. */
+
+/* Up to max drafts for s into d: the tokens after the first earlier
+ * occurrence of its last n tokens, longest n first. */
+static int propose(const struct engine *eng, const struct seq *s, int *d, int max)
+{
+    const int *t = s->toks, L = s->n_toks;
+    for (int n = eng->cfg.ngram_max; n >= eng->cfg.ngram_min; n--) {
+        if (n >= L)
+            continue;
+        const int *tail = t + L - n;
+        for (int i = 0; i + n < L; i++) {
+            if (memcmp(t + i, tail, sizeof *t * (size_t)n))
+                continue;
+            int k = 0;
+            while (k < max && i + n + k < L)
+                d[k] = t[i + n + k], k++;
+            if (k > 0)
+                return k;
+        }
+    }
+    return 0;
+}
+
+/* A greedy decode of s alone, with drafts: returns 1 when it ran (tokens
+ * taken), 0 when there was nothing to try (the caller steps as usual), -1
+ * when the forward failed (s retired). */
+static int spec_step(struct engine *eng, struct seq *s)
+{
+    const int vocab = eng->m->cfg.vocab_size;
+    int room = s->max_gen - s->n_gen - 1; /* the last token needs no draft */
+    int ctx_room = eng->cfg.ctx_len - s->n_toks - 1;
+    int max = eng->cfg.spec_draft;
+    max = max < room ? max : room;
+    max = max < ctx_room ? max : ctx_room;
+    int *span = eng->spec_span;
+    int k = max > 0 ? propose(eng, s, span + 1, max) : 0;
+    if (k == 0)
+        return 0;
+    struct err e = {{0}};
+    int base = s->kv.n_tokens; /* = n_toks - 1: the last token has no K/V yet */
+    if (kv_seq_reserve(&eng->pool, &s->kv, base + k + 1, &e))
+        return 0; /* no room for the drafts now: one token, as usual */
+    span[0] = s->toks[s->n_toks - 1];
+    if (forward_tokens(&eng->fs, &eng->pool, &s->kv, span, k + 1, true, eng->spec_logits, &e)) {
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+        return -1;
+    }
+    int a = 0, pick[ENGINE_SPEC_MAX + 1];
+    for (int i = 0; i <= k; i++) {
+        pick[i] = sample_argmax(eng->spec_logits + (size_t)i * vocab, vocab);
+        if (i < k && pick[i] == span[1 + i])
+            a++;
+        else
+            break;
+    }
+    /* K/V past the last kept draft belong to drafts the model did not
+     * pick: positions from there on are written again */
+    s->kv.n_tokens = base + a + 1;
+    pthread_mutex_lock(&eng->mu);
+    eng->st.batch_steps++;
+    eng->st.batch_rows++;
+    eng->st.spec_steps++;
+    eng->st.spec_drafted += (uint64_t)k;
+    eng->st.spec_accepted += (uint64_t)a;
+    pthread_mutex_unlock(&eng->mu);
+    for (int i = 0; i <= a; i++)
+        if (!take_token(eng, s, pick[i]))
+            break;
+    return 1;
+}
+
 /* One engine step over the running sequences. */
 static void engine_step(struct engine *eng)
 {
@@ -533,6 +620,11 @@ static void engine_step(struct engine *eng)
         if (atomic_load(&eng->pre[i]->r->cancel))
             retire(eng, eng->pre[i], ENGINE_FINISH_CANCELLED, NULL);
     if (eng->n_run == 0)
+        return;
+    struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
+    if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->gm &&
+        lone->n_toks - lone->kv.n_tokens == 1 && sampler_is_greedy(&lone->smp) &&
+        spec_step(eng, lone) != 0)
         return;
     /* Decodes first (one token each), then prefill chunks in admission
      * order with what is left of the budget. */
@@ -813,6 +905,8 @@ static void engine_free_parts(struct engine *eng)
     free(eng->pre);
     free(eng->cands);
     free(eng->segs);
+    free(eng->spec_span);
+    free(eng->spec_logits);
     free(eng);
 }
 
@@ -915,6 +1009,21 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     eng->pre = calloc(mr, sizeof *eng->pre);
     eng->cands = calloc(mr, sizeof *eng->cands);
     eng->segs = calloc(mr, sizeof *eng->segs);
+    if (eng->cfg.spec_draft > 0) {
+        if (eng->cfg.spec_draft > ENGINE_SPEC_MAX || eng->cfg.ngram_min < 1 ||
+            eng->cfg.ngram_max < eng->cfg.ngram_min) {
+            err_set(e, "speculation: %d draft tokens (1..%d), n-grams %d..%d (1 <= min <= max)",
+                    eng->cfg.spec_draft, ENGINE_SPEC_MAX, eng->cfg.ngram_min, eng->cfg.ngram_max);
+            goto fail;
+        }
+        eng->spec_span = malloc(sizeof(int) * (size_t)(eng->cfg.spec_draft + 1));
+        eng->spec_logits = malloc(sizeof(float) * (size_t)c->vocab_size *
+                                  (size_t)(eng->cfg.spec_draft + 1));
+        if (!eng->spec_span || !eng->spec_logits) {
+            oom = true;
+            goto fail;
+        }
+    }
     if (eng->be && (!eng->logits || !eng->run || !eng->pre || !eng->cands || !eng->segs)) {
         oom = true;
         goto fail;

@@ -78,7 +78,14 @@ struct engine_config {
      * (--ssd-cache-max) caps the files (<= 0: no cap). */
     const char *ssd_dir;
     long long ssd_max_bytes;
+    /* Speculation by prompt lookup (--draft-kind ngram): a greedy sequence
+     * decoding alone drafts up to spec_draft tokens (1..ENGINE_SPEC_MAX; 0
+     * off) from an earlier occurrence of its last ngram_max .. ngram_min
+     * tokens and keeps those the model's own picks confirm (engine.c). */
+    int spec_draft, ngram_min, ngram_max;
 };
+
+#define ENGINE_SPEC_MAX 32
 
 #define ENGINE_MEMORY_DEFAULT (-1LL)
 /* Measured with `cllm bench --batch` (docs/benchmarks.md): no block size
@@ -157,6 +164,8 @@ struct engine_stats {
     int pending;             /* queued + preempted (waiting to resume) */
     int max_running;         /* --batch */
     uint64_t preemptions;    /* sequences preempted under block pressure */
+    uint64_t spec_steps, spec_drafted, spec_accepted; /* speculation: verify steps,
+                                                       * drafts fed, drafts kept */
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     /* requests submitted, ended cancelled, ended by EOS / a stop token / the
      * length (every request ends as exactly one of those or an error) */

@@ -38,6 +38,12 @@ void serve_usage(FILE *f)
             "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
+            "  --draft-kind ngram       speculative decoding by prompt lookup: a greedy request\n"
+            "                           decoding alone drafts the tokens that followed an\n"
+            "                           earlier occurrence of its last tokens and keeps those\n"
+            "                           the model confirms (same output, fewer steps)\n"
+            "  --num-draft-tokens N     drafts per step (1..32; default 10)\n"
+            "  --ngram-max K, --ngram-min K  trailing n-gram lengths searched (3, 1)\n"
             "  --ssd-cache DIR          the prompt cache's SSD tier: KV blocks the RAM cache\n"
             "                           evicts (or that sit idle) become files in DIR, restored\n"
             "                           for a matching prompt, across restarts (default off)\n"
@@ -96,6 +102,9 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
     c->conn_timeout_s = 300;
     c->max_connections = 256;
     c->responses_store = 256;
+    c->num_draft_tokens = 10; /* the spec's ngram defaults */
+    c->ngram_max = 3;
+    c->ngram_min = 1;
 
     long v;
     v = c->shutdown_timeout_ms;
@@ -192,7 +201,8 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
-       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX };
+       F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX,
+       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN };
 
 static const struct {
     const char *name, *alias;
@@ -210,6 +220,9 @@ static const struct {
     {"--device", NULL, F_DEVICE},       {"--tokenizer", NULL, F_TOKENIZER},
     {"--kv-block-size", NULL, F_KV_BLOCK},
     {"--ssd-cache", NULL, F_SSD},       {"--ssd-cache-max", NULL, F_SSD_MAX},
+    {"--draft-kind", NULL, F_DRAFT_KIND}, {"--draft-model", NULL, F_DRAFT_MODEL},
+    {"--num-draft-tokens", NULL, F_NUM_DRAFT}, {"--ngram-max", NULL, F_NGRAM_MAX},
+    {"--ngram-min", NULL, F_NGRAM_MIN},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -315,6 +328,25 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             if (!*v)
                 rc = err_set(e, "%s needs a directory", a);
             break;
+        case F_DRAFT_KIND:
+            if (strcmp(v, "ngram"))
+                rc = err_set(e, "%s %s: only \"ngram\" (prompt lookup) is supported; "
+                             "drafter models are not", a, v);
+            c->draft_kind = v;
+            break;
+        case F_DRAFT_MODEL:
+            rc = err_set(e, "%s: drafter models are not supported; --draft-kind ngram drafts "
+                         "from the prompt without one", a);
+            break;
+        case F_NUM_DRAFT: rc = parse_i(a, v, 1, 32, &c->num_draft_tokens, e); break;
+        case F_NGRAM_MAX:
+            rc = parse_i(a, v, 1, 64, &c->ngram_max, e);
+            c->ngram_flags = true;
+            break;
+        case F_NGRAM_MIN:
+            rc = parse_i(a, v, 1, 64, &c->ngram_min, e);
+            c->ngram_flags = true;
+            break;
         case F_SSD_MAX:
             rc = parse_f(a, v, 0, 1e6, &c->ssd_cache_max_gb.v, e);
             c->ssd_cache_max_gb.set = true;
@@ -327,6 +359,12 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         c->temperature = temp_alias;
     if (!c->batch.set && conc_alias.set) /* explicit --batch wins over --decode-concurrency */
         c->batch = conc_alias;
+    if (c->ngram_min > c->ngram_max)
+        return err_set(e, "--ngram-min %d is more than --ngram-max %d", c->ngram_min,
+                       c->ngram_max);
+    if (c->ngram_flags && !c->draft_kind && warn)
+        fprintf(warn, "cllm serve: warning: --ngram-max/--ngram-min without --draft-kind ngram "
+                      "are ignored\n");
     if (c->ssd_cache_max_gb.set && !c->ssd_cache && warn) /* as the spec: warn, ignore */
         fprintf(warn, "cllm serve: warning: --ssd-cache-max without --ssd-cache is ignored\n");
     c->model = model_flag ? model_flag : positional;

@@ -281,6 +281,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
     if (cfg->memory_budget_gb.set)
         ec.memory_budget_bytes = llround((double)cfg->memory_budget_gb.v * 1e9);
+    if (cfg->draft_kind) { /* "ngram": prompt lookup */
+        ec.spec_draft = cfg->num_draft_tokens;
+        ec.ngram_min = cfg->ngram_min;
+        ec.ngram_max = cfg->ngram_max;
+    }
     ec.ssd_dir = cfg->ssd_cache;
     if (cfg->ssd_cache_max_gb.set) /* binary GiB, as the spec's --ssd-cache-max */
         ec.ssd_max_bytes = (long long)((double)cfg->ssd_cache_max_gb.v * 1073741824.0);

@@ -88,6 +88,17 @@ json_t *stats_json(struct server *srv)
                         es.ssd_max_bytes > 0 ? json_integer(es.ssd_max_bytes) : json_null(),
                         "last_error", es.ssd_error[0] ? json_string(es.ssd_error) : json_null());
     json_object_set_new(json_object_get(root, "prompt_cache"), "ssd", ssd);
+    /* speculation: null when off */
+    json_t *spec = json_null();
+    if (srv->cfg->draft_kind)
+        spec = json_pack("{s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:f}", "draft_kind", "ngram",
+                         "num_draft_tokens", srv->cfg->num_draft_tokens, "ngram_max",
+                         srv->cfg->ngram_max, "ngram_min", srv->cfg->ngram_min, "steps",
+                         (json_int_t)es.spec_steps, "drafted", (json_int_t)es.spec_drafted,
+                         "accepted", (json_int_t)es.spec_accepted, "acceptance_rate",
+                         es.spec_drafted ? (double)es.spec_accepted / (double)es.spec_drafted
+                                         : 0.0);
+    json_object_set_new(root, "speculation", spec);
     /* the spec's batch block: mode "batch" with --batch > 1, "off" = --batch 1;
      * kv_bytes: blocks held by sequences (idle prompt-cache blocks not
      * counted); kv_budget_bytes: --kv-budget, null when unset;
