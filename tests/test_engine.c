@@ -285,7 +285,7 @@ static void ssd_tests(const struct model *m, const int *want)
     struct err e = {{0}};
     struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64,
                                 .ssd_dir = dir};
-    int P[51], a[512], b[512];
+    int P[51], a[512] = {0}, b[512] = {0};
     P[0] = 1;
     memcpy(P + 1, want, sizeof(int) * 50);
     struct engine_event last;
@@ -422,7 +422,23 @@ static void spec_tests(const struct model *m, const int *want)
               last.finish == ENGINE_FINISH_STOP,
           "stop id %d: %d tokens (want %d)", stop, n, first);
     engine_request_release(r);
+    /* sampled: the same seed gives the same tokens, drafts are kept, and
+     * the length holds */
+    uint64_t kept0 = st.spec_accepted;
+    int s1[512], s2[512];
+    for (int run = 0; run < 2; run++) {
+        struct engine_params sp = {.sp = {.temperature = 0.6f, .top_p = 0.95f, .seed = 11},
+                                   .max_tokens = 150, .ignore_eos = true};
+        r = engine_request_new(&bos, 1, &sp, &e);
+        CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+        n = r ? drain(r, run ? s2 : s1, 512, &last) : 0;
+        CHECK(n == 150 && last.finish == ENGINE_FINISH_LENGTH, "sampled: %d tokens", n);
+        engine_request_release(r);
+    }
     engine_get_stats(eng, &st);
+    CHECK(!memcmp(s1, s2, sizeof(int) * 150) && st.spec_accepted > kept0,
+          "sampled speculation: same seed same tokens %d, %llu drafts kept",
+          !memcmp(s1, s2, sizeof(int) * 150), (unsigned long long)(st.spec_accepted - kept0));
     CHECK(st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total,
           "blocks after speculation: %d free + %d cached of %d", st.kv_blocks_free,
           st.cache_blocks_idle, st.kv_blocks_total);

@@ -251,6 +251,38 @@ static void check_distribution(void)
     free(count);
 }
 
+/* Speculative sampling's step keeps a draft d with probability P(d) and
+ * otherwise draws from P without d, so its output is distributed as P for
+ * every d: on a grid of (u_accept, u), its frequencies equal sampler_pick's
+ * on a grid of u. */
+static void check_verify(void)
+{
+    const float row[6] = {2.0f, 1.5f, 1.5f, 0.2f, -1.0f, -30.0f};
+    const struct sampler_params ps[] = {
+        {.temperature = 1, .top_p = 1}, {.temperature = 0.7f, .top_k = 3, .top_p = 1},
+        {.temperature = 1.3f, .top_p = 0.8f}, {.temperature = 1, .top_p = 1, .min_p = 0.2f},
+        {.temperature = 0, .top_p = 1}};
+    float pr[6];
+    int idx[6];
+    enum { M = 400 };
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        double want[6] = {0};
+        for (int j = 0; j < M; j++)
+            want[sampler_pick(&ps[k], row, 6, (j + 0.5) / M, pr, idx)] += 1.0 / M;
+        for (int d = 0; d < 6; d++) {
+            double got[6] = {0};
+            for (int a = 0; a < M; a++)
+                for (int j = 0; j < M; j++)
+                    got[sampler_verify(&ps[k], row, 6, d, (a + 0.5) / M, (j + 0.5) / M, pr,
+                                       idx)] += 1.0 / ((double)M * M);
+            double worst = 0;
+            for (int t = 0; t < 6; t++)
+                worst = fmax(worst, fabs(got[t] - want[t]));
+            CHECK(worst < 6.0 / M, "params %zu, draft %d: off by %.4f", k, d, worst);
+        }
+    }
+}
+
 int main(void)
 {
     check_recorded();
@@ -258,5 +290,6 @@ int main(void)
     check_contract();
     check_edges();
     check_distribution();
+    check_verify();
     return test_summary("test_sampler");
 }

@@ -532,11 +532,15 @@ static int mask_row(struct engine *eng, struct seq *s, float *row)
  * own last n tokens (n from ngram_max down to ngram_min; the first
  * occurrence in the prompt and what it generated wins), feeds its
  * last token and the drafts as one span, and keeps the drafts up to the
- * first whose row's greedy pick differs, plus that pick: every kept token is
- * the one the model picks after the ones before it, so greedy output is
- * what one token a step gives, in fewer steps when drafts land — up to the
- * few ulps a row of a longer span may differ by (design.md, "Batch
- * invariance"): a near-tie may resolve the other way, as in a batch. */
+ * first the row's pick rejects, plus that pick. Greedy: every kept token
+ * is the model's argmax after the ones before it, so the output is what
+ * one token a step gives, in fewer steps when drafts land — up to the few
+ * ulps a row of a longer span may differ by (design.md, "Batch
+ * invariance"): a near-tie may resolve the other way, as in a batch.
+ * Sampled: speculative sampling (sampler_verify), whose tokens follow the
+ * same distribution as one-at-a-time sampling's; a seed still gives the
+ * same tokens run to run, but other ones than without speculation (the
+ * draws are spent differently). */
 
 /* Up to max drafts for s into d: the tokens after the first earlier
  * occurrence of its last n tokens, longest n first. */
@@ -560,7 +564,7 @@ static int propose(const struct engine *eng, const struct seq *s, int *d, int ma
     return 0;
 }
 
-/* A greedy decode of s alone, with drafts: returns 1 when it ran (tokens
+/* A decode of s alone, with drafts: returns 1 when it ran (tokens
  * taken), 0 when there was nothing to try (the caller steps as usual), -1
  * when the forward failed (s retired). */
 static int spec_step(struct engine *eng, struct seq *s)
@@ -584,13 +588,28 @@ static int spec_step(struct engine *eng, struct seq *s)
         retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
         return -1;
     }
+    /* Greedy: a draft is kept when it is the row's argmax. Sampled: kept
+     * with the row's probability of it, else the row's pick without it
+     * (sampler_verify: speculative sampling, whose tokens are distributed
+     * as one-at-a-time sampling's); after every draft kept, the next row's
+     * own pick. Two draws a verified draft, one for the last pick. */
+    bool greedy = sampler_is_greedy(&s->smp);
     int a = 0, pick[ENGINE_SPEC_MAX + 1];
     for (int i = 0; i <= k; i++) {
-        pick[i] = sample_argmax(eng->spec_logits + (size_t)i * vocab, vocab);
-        if (i < k && pick[i] == span[1 + i])
-            a++;
-        else
+        const float *row = eng->spec_logits + (size_t)i * vocab;
+        if (greedy) {
+            pick[i] = sample_argmax(row, vocab);
+        } else if (i == k) {
+            pick[i] = sampler_pick(&s->smp.p, row, vocab, rng_uniform(&s->smp.rng),
+                                   s->smp.probs, s->smp.idx);
+        } else {
+            double ua = rng_uniform(&s->smp.rng), u = rng_uniform(&s->smp.rng);
+            pick[i] = sampler_verify(&s->smp.p, row, vocab, span[1 + i], ua, u, s->smp.probs,
+                                     s->smp.idx);
+        }
+        if (i == k || pick[i] != span[1 + i])
             break;
+        a++;
     }
     /* K/V past the last kept draft belong to drafts the model did not
      * pick: positions from there on are written again */
@@ -623,8 +642,7 @@ static void engine_step(struct engine *eng)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
     if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->gm &&
-        lone->n_toks - lone->kv.n_tokens == 1 && sampler_is_greedy(&lone->smp) &&
-        spec_step(eng, lone) != 0)
+        lone->n_toks - lone->kv.n_tokens == 1 && spec_step(eng, lone) != 0)
         return;
     /* Decodes first (one token each), then prefill chunks in admission
      * order with what is left of the budget. */

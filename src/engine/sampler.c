@@ -114,8 +114,12 @@ static void partial_sort(int *idx, int n, int k, const float *key)
     qsort_r(idx, (size_t)(k < n ? k : n), sizeof(int), cmp_desc, (void *)key);
 }
 
-int sampler_pick(const struct sampler_params *p, const float *logits, int n, double u,
-                 float *pr, int *idx)
+/* The distribution sampler_pick draws from: idx[0, *keep) are the kept
+ * tokens in walking order with their unnormalized weights in pr. Returns
+ * -1, or a token when the argmax rule decides instead (greedy, nothing to
+ * normalize, an infinite maximum): a point mass. *best is the largest. */
+static int warp(const struct sampler_params *p, const float *logits, int n, float *pr, int *idx,
+                int *keep_out, int *best_out)
 {
     if (p->temperature <= 0)
         return sample_argmax(logits, n);
@@ -174,12 +178,24 @@ int sampler_pick(const struct sampler_params *p, const float *logits, int n, dou
                 idx[w++] = idx[i];
         keep = w;
     }
-    sum = 0;
+    *keep_out = keep;
+    *best_out = best;
+    return -1;
+}
+
+/* The first kept token (but skip) where the running weight exceeds u times
+ * the kept weight (without skip's). */
+static int walk(const float *pr, const int *idx, int keep, int best, int skip, double u)
+{
+    double sum = 0;
     for (int i = 0; i < keep; i++)
-        sum += pr[idx[i]];
+        if (idx[i] != skip)
+            sum += pr[idx[i]];
     double r = u * sum, acc = 0;
-    int last = best; /* always kept, probability 1 before normalizing */
+    int last = best == skip ? -1 : best; /* always kept, probability 1 before normalizing */
     for (int i = 0; i < keep; i++) {
+        if (idx[i] == skip)
+            continue;
         acc += pr[idx[i]];
         if (pr[idx[i]] > 0)
             last = idx[i];
@@ -187,6 +203,31 @@ int sampler_pick(const struct sampler_params *p, const float *logits, int n, dou
             return idx[i];
     }
     return last; /* u * sum rounded up to sum */
+}
+
+int sampler_pick(const struct sampler_params *p, const float *logits, int n, double u,
+                 float *pr, int *idx)
+{
+    int keep, best, t = warp(p, logits, n, pr, idx, &keep, &best);
+    return t >= 0 ? t : walk(pr, idx, keep, best, -1, u);
+}
+
+int sampler_verify(const struct sampler_params *p, const float *logits, int n, int d,
+                   double u_accept, double u, float *pr, int *idx)
+{
+    int keep, best, t = warp(p, logits, n, pr, idx, &keep, &best);
+    if (t >= 0) /* a point mass at t: d is accepted only if it is t */
+        return t;
+    double sum = 0, pd = 0;
+    for (int i = 0; i < keep; i++) {
+        sum += pr[idx[i]];
+        if (idx[i] == d)
+            pd = pr[idx[i]];
+    }
+    if (u_accept * sum < pd)
+        return d;
+    int r = walk(pr, idx, keep, best, d, u);
+    return r >= 0 ? r : d; /* d held all the mass: nothing else to draw */
 }
 
 int sampler_sample(struct sampler *s, const float *logits)

@@ -66,4 +66,14 @@ int sampler_sample(struct sampler *s, const float *logits);
 int sampler_pick(const struct sampler_params *p, const float *logits, int n, double u,
                  float *pr, int *idx);
 
+/* Speculative sampling's step for a drafted token d (a draft that came
+ * from elsewhere, with probability 1): with P the distribution sampler_pick
+ * draws from for p and logits, returns d when u_accept * 1 < P(d) (d kept
+ * with probability P(d)), else a token drawn with u from P without d,
+ * renormalized (walked as sampler_pick walks). Over uniform u_accept and u
+ * the result is distributed as P itself. A point-mass P (greedy, the argmax
+ * rule's cases) returns its token. pr, idx: scratch of n entries. */
+int sampler_verify(const struct sampler_params *p, const float *logits, int n, int d,
+                   double u_accept, double u, float *pr, int *idx);
+
 #endif
