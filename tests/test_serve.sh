@@ -65,6 +65,11 @@ check '[ "$(curl -s $B/v1/models | jq -r ".data[0].id")" = stories260K ]' "/v1/m
 curl -s "$B/stats" >"$tmp/stats"
 check 'jq -e ".running == 0 and .queue.waiting == 0 and .queue.max == 64 and .kv.blocks_total > 0 and .model.vocab_size == 512 and .batch.mode == \"batch\" and .batch.max_running == 8 and .batch.kv_budget_bytes == null and .uptime_s >= 0" "$tmp/stats" >/dev/null' "/stats fields: $(cat "$tmp/stats")"
 
+# /metrics: /stats's numbers in Prometheus's text format, line by line
+code=$(curl -s -o "$tmp/metrics" -w '%{http_code} %{content_type}' "$B/metrics")
+curl -s "$B/stats" >"$tmp/stats"
+check '[ "$code" = "200 text/plain; version=0.0.4" ] && grep -qx "cllm_kv_blocks_total $(jq .kv.blocks_total "$tmp/stats")" "$tmp/metrics" && grep -qx "cllm_prompt_cache_enabled 1" "$tmp/metrics" && ! grep -v "^#" "$tmp/metrics" | grep -vqE "^cllm_[A-Za-z0-9_]+ -?[0-9.e+-]+$"' "/metrics: $code $(head -c 400 "$tmp/metrics")"
+
 # ---- chat completions: greedy, max_tokens -> length, usage = tokenizer counts ----
 want_prompt=$(ntok "$STORIES" $'user: Zoo\nassistant:')
 call /v1/chat/completions '{"model":"m","messages":[{"role":"user","content":"Zoo"}],"max_tokens":12,"temperature":0}'

@@ -277,6 +277,22 @@ static enum MHD_Result route(struct http *h, struct MHD_Connection *c, struct re
                                   "%s %s: use POST", method, url);
             return run_generation(h, c, rq, gens[i].fn, gens[i].shape);
         }
+    if (is(url, "/metrics")) {
+        if (!get)
+            return send_error(h, c, rq, 405, SHAPE_OPENAI, "GET, HEAD, OPTIONS",
+                              "%s %s: use GET", method, url);
+        size_t n = 0;
+        char *text = metrics_text(srv, &n);
+        struct MHD_Response *r =
+            text ? MHD_create_response_from_buffer(n, text, MHD_RESPMEM_MUST_FREE) : NULL;
+        if (!r) {
+            free(text);
+            return send_error(h, c, rq, 500, SHAPE_OPENAI, NULL, "cannot format the metrics");
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+        server_count_status(h->srv, 200);
+        return queue(c, rq, 200, r);
+    }
     json_t *body = NULL;
     bool known = true;
     if (is(url, "/health") || is(url, "/v1/health"))

@@ -343,6 +343,10 @@ struct response_store *response_store_new(int cap);
 void response_store_free(struct response_store *st);
 
 json_t *stats_json(struct server *srv);
+/* GET /metrics: /stats in Prometheus's text format, every number and
+ * boolean a metric named cllm_<path> (cllm_kv_blocks_free, ...). Caller
+ * frees; NULL when out of memory. */
+char *metrics_text(struct server *srv, size_t *len);
 json_t *health_json(struct server *srv);
 
 /* ---- HTTP (http.c) ---- */

@@ -122,3 +122,48 @@ json_t *health_json(struct server *srv)
     return json_pack("{s:s, s:s}", "status", atomic_load(&srv->draining) ? "draining" : "ok",
                      "model", srv->sm.id);
 }
+
+/* Each number (and boolean) of v under name, flattened: objects add
+ * "_key" to the name (characters Prometheus does not allow become '_'). */
+static void flatten(struct sbuf *b, const char *name, const json_t *v)
+{
+    if (json_is_object(v)) {
+        const char *k;
+        const json_t *x;
+        json_object_foreach((json_t *)v, k, x) {
+            char sub[256];
+            int n = snprintf(sub, sizeof sub, "%s_%s", name, k);
+            if (n <= 0 || (size_t)n >= sizeof sub)
+                continue;
+            for (char *c = sub; *c; c++)
+                if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                      (*c >= '0' && *c <= '9') || *c == '_'))
+                    *c = '_';
+            flatten(b, sub, x);
+        }
+    } else if (json_is_integer(v)) {
+        sbuf_printf(b, "%s %lld\n", name, (long long)json_integer_value(v));
+    } else if (json_is_real(v)) {
+        sbuf_printf(b, "%s %.17g\n", name, json_real_value(v));
+    } else if (json_is_boolean(v)) {
+        sbuf_printf(b, "%s %d\n", name, json_is_true(v));
+    }
+}
+
+char *metrics_text(struct server *srv, size_t *len)
+{
+    json_t *st = stats_json(srv);
+    if (!st)
+        return NULL;
+    struct sbuf b = {0};
+    sbuf_puts(&b, "# cllm: every number of GET /stats, named by its path (docs/api.md)\n");
+    flatten(&b, "cllm", st);
+    json_decref(st);
+    if (b.oom) {
+        sbuf_free(&b);
+        return NULL;
+    }
+    *len = b.n;
+    sbuf_put(&b, "", 1);
+    return b.p;
+}
