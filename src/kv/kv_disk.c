@@ -267,12 +267,12 @@ int kv_disk_read(struct kv_disk *d, uint64_t key, uint64_t parent_key, const int
         ok = t == tokens[i];
     }
     ok = ok && XXH3_64bits(pl, d->block_bytes) == h.payload_hash;
-    if (!ok) {
-        /* a torn or foreign file: never K/V, and out of the way */
-        bool same_tokens_other_parent = whole && h.key == key && h.parent_key != parent_key;
+    if (!ok) { /* a torn or foreign file: never K/V, and out of the way */
+        struct stat sb;
+        long long size = fstat(fd, &sb) == 0 ? (long long)sb.st_size : (long long)off;
         close(fd);
-        if (!same_tokens_other_parent && unlink(p) == 0) {
-            d->st.bytes -= (long long)off;
+        if (unlink(p) == 0) {
+            d->st.bytes -= size;
             d->st.files--;
         }
         d->st.bad++;

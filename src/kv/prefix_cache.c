@@ -390,14 +390,22 @@ int prefix_cache_restore(struct prefix_cache *pc, const int *tokens, int n, int 
 
 int prefix_cache_flush(struct prefix_cache *pc, int max)
 {
-    int done = 0;
+    int done = 0, n = pc->pool->n_blocks;
     if (!pc->disk)
         return 0;
-    for (int b = 0; b < pc->pool->n_blocks && done < max; b++)
+    /* resumes where the last call stopped: an idle engine flushing a few
+     * blocks at a time does not rescan the pool from its start each time */
+    int start = pc->flush_next;
+    for (int i = 0; i < n && done < max; i++) {
+        int b = (start + i) % n;
         if (pc->indexed[b] && !pc->on_disk[b]) {
-            if (!spill(pc, b))
-                break; /* the disk refuses: try again later */
+            if (!spill(pc, b)) {
+                pc->flush_next = b;
+                return done; /* the disk refuses: try again later */
+            }
             done++;
+            pc->flush_next = (b + 1) % n;
         }
+    }
     return done;
 }

@@ -54,6 +54,7 @@ struct prefix_cache {
     uint64_t *pkey;   /* per pool block: its parent's chain key (the seed for a first) */
     bool *on_disk;    /* per pool block: its current indexing has a file */
     void *disk_buf;   /* one block's K/V on the host */
+    int flush_next;   /* where prefix_cache_flush's scan resumes */
     char disk_err[256]; /* the last write failure, for the log */
 };
 
