@@ -342,6 +342,10 @@ call /v1/messages '{"messages":[{"role":"user","content":"Once upon a time"}],"m
 check '[ "$code" = 200 ] && jq -e ".stop_reason == \"end_turn\"" <<<"$body" >/dev/null && jq -r ".content[0].text" <<<"$body" | jq -Rse "$valid" >/dev/null' "messages output_format: $code $body"
 call /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0,"guided_grammar":"root ::= \" there was a \" (\"cat\" | \"dog\") \".\""}'
 check '[ "$code" = 200 ] && jq -e "(.choices[0].text == \" there was a cat.\" or .choices[0].text == \" there was a dog.\") and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "completions guided_grammar: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Pick one"}],"max_tokens":20,"temperature":0.9,"seed":3,"guided_choice":["a cat","a dog","\"quoted\" bird"]}'
+check '[ "$code" = 200 ] && jq -e "(.choices[0].message.content | IN(\"a cat\", \"a dog\", \"\\\"quoted\\\" bird\")) and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "guided_choice: $code $body"
+call /v1/completions '{"prompt":"x","guided_choice":["a",7]}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"guided_choice\" and (.error.message | test(\"guided_choice\\\\[1\\\\]\"))" <<<"$body" >/dev/null' "guided_choice with a number: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"temperature":0,"response_format":{"type":"json_object"}}'
 check '[ "$code" = 200 ] && { jq -e ".choices[0].finish_reason == \"length\"" <<<"$body" >/dev/null || jq -r ".choices[0].message.content" <<<"$body" | jq -Rse "fromjson | type == \"object\"" >/dev/null; }' "chat json_object: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"^a+$"}}}}'

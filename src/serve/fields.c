@@ -338,10 +338,43 @@ static int format_grammar(const json_t *f, const char *param, struct chat_req *r
     return schema_grammar(schema, param, r, ae);
 }
 
+/* guided_choice: the answer is exactly one of the strings. */
+static int choice_grammar(const json_t *v, struct chat_req *r, struct api_error *ae)
+{
+    size_t n = json_array_size(v), i;
+    const json_t *c;
+    if (!json_is_array(v) || n == 0 || n > 4096)
+        return api_fail(ae, 400, NULL, "guided_choice",
+                        "'guided_choice' must be an array of 1 to 4096 strings");
+    struct sbuf b = {0};
+    sbuf_puts(&b, "root ::=");
+    json_array_foreach(v, i, c) {
+        const char *s = json_string_value(c);
+        size_t len = s ? strlen(s) : 0;
+        char *q = s && len ? malloc(4 * len + 3) : NULL;
+        if (!q) {
+            sbuf_free(&b);
+            return s && len ? api_fail(ae, 500, "server_error", NULL, "out of memory")
+                            : api_fail(ae, 400, NULL, "guided_choice",
+                                       "guided_choice[%zu] must be a non-empty string", i);
+        }
+        sbuf_puts(&b, i ? " | " : " ");
+        sbuf_put(&b, q, grammar_literal(s, len, q));
+        free(q);
+    }
+    sbuf_put(&b, "", 1);
+    if (b.oom) {
+        sbuf_free(&b);
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
+    r->grammar = b.p;
+    return 0;
+}
+
 int field_structured(const json_t *obj, const char *format_key, const char *format_param,
                      struct chat_req *r, struct api_error *ae)
 {
-    const char *keys[] = {format_key, "guided_json", "guided_grammar", "grammar"};
+    const char *keys[] = {format_key, "guided_json", "guided_grammar", "grammar", "guided_choice"};
     const char *found = NULL;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const json_t *v = keys[i] ? json_object_get(obj, keys[i]) : NULL;
@@ -363,6 +396,8 @@ int field_structured(const json_t *obj, const char *format_key, const char *form
             }
             rc = schema_grammar(parsed ? parsed : v, keys[i], r, ae);
             json_decref(parsed);
+        } else if (i == 4) {
+            rc = choice_grammar(v, r, ae);
         } else {
             if (!json_is_string(v))
                 return api_fail(ae, 400, NULL, keys[i], "'%s' must be GBNF text", keys[i]);

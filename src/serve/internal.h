@@ -163,7 +163,7 @@ int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *a
  * output_format ({type: "text" | "json_object" | "json_schema"}, the schema
  * under json_schema.schema or, as Responses' text.format has it, beside the
  * type), and the extensions guided_json (a schema), guided_grammar and
- * grammar (GBNF text). format names where the format object was found
+ * grammar (GBNF text), guided_choice (an array of strings: one of them). format names where the format object was found
  * ("response_format", "text.format", "output_format") and is read from obj
  * under that last name. A schema outside the supported subset or a grammar
  * that does not compile is a 400 naming the field. */
