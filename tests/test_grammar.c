@@ -130,6 +130,9 @@ static void test_refusals(void)
     refuses("root ::= \"a\"{5000}", "over 1000");
     refuses("root ::= \"\\q\"", "unknown escape");
     refuses("root = \"a\"", "expected '::='");
+    refuses("root ::= \"\xc1\x81\"", "invalid UTF-8");       /* overlong 'A' */
+    refuses("root ::= \"\xed\xa0\x80\"", "invalid UTF-8");   /* a surrogate */
+    refuses("root ::= \"\xf4\x90\x80\x80\"", "invalid UTF-8"); /* past U+10FFFF */
     refuses("root ::= \"a\" @", "unexpected '@'");
 }
 

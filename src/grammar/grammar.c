@@ -246,6 +246,11 @@ static long read_char(struct builder *b)
             return fail(b, "invalid UTF-8");
         v = (v << 6) | (p[i] & 0x3F);
     }
+    /* overlong forms, surrogates and values past U+10FFFF are not UTF-8: a
+     * literal must match the very bytes it was written with */
+    static const long min_of[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (v < min_of[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+        return fail(b, "invalid UTF-8");
     if (*p == '\n')
         b->line++;
     b->p += n;

@@ -33,7 +33,9 @@ void grammar_free(struct grammar *g);
 char *grammar_prefix_rules(const char *text, const char *prefix, struct err *e);
 
 /* The GBNF literal (quotes and escapes) whose sentence is exactly the n
- * bytes of s, into out (at least 4 * n + 3 bytes); returns its length. */
+ * bytes of s, into out (at least 4 * n + 3 bytes); returns its length. s
+ * must be UTF-8 (as JSON strings are): GBNF is text, so a byte that is not
+ * makes a literal grammar_parse refuses. */
 size_t grammar_literal(const char *s, size_t n, char *out);
 
 /* Whether the n bytes of s are a whole sentence of g. */

@@ -1,0 +1,91 @@
+/* fuzz_grammar.c - libFuzzer target: the GBNF compiler and the matcher on
+ * arbitrary text, since a request's guided_grammar is untrusted. The input
+ * is a grammar, then (after the first NUL, if any) a text: the grammar
+ * either compiles or is refused with a message; a compiled one accepts or
+ * refuses the text without crashing, and agrees with a byte-at-a-time
+ * matcher fed the same text; the text's literal is a grammar that accepts
+ * exactly the text. JSON Schemas go the same way: the input parsed as JSON
+ * either converts to GBNF that compiles, or is refused.
+ * Run: build-fuzz/fuzz_grammar -max_total_time=60 -dict=tests/fuzz/grammar.dict */
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Whether the n bytes are UTF-8 (the literals' contract: GBNF is text). */
+static bool utf8(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        int k = s[i] < 0x80 ? 1 : (s[i] & 0xE0) == 0xC0 ? 2 : (s[i] & 0xF0) == 0xE0 ? 3
+                : (s[i] & 0xF8) == 0xF0 ? 4 : 0;
+        if (!k || i + (size_t)k > n)
+            return false;
+        long v = k == 1 ? s[i] : s[i] & (0x7F >> k);
+        for (int j = 1; j < k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80)
+                return false;
+            v = (v << 6) | (s[i + j] & 0x3F);
+        }
+        static const long min_of[] = {0, 0, 0x80, 0x800, 0x10000};
+        if (v < min_of[k] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+            return false; /* overlong, a surrogate, past U+10FFFF */
+        i += (size_t)k;
+    }
+    return true;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *p = (const char *)data;
+    const char *nul = memchr(p, 0, size);
+    size_t gn = nul ? (size_t)(nul - p) : size;
+    const char *text = nul ? nul + 1 : "";
+    size_t tn = nul ? size - gn - 1 : 0;
+    struct err e = {{0}};
+    struct grammar *g = grammar_parse(p, gn, &e);
+    if (!g && !e.msg[0])
+        abort(); /* a refusal always says why */
+    if (g) {
+        bool whole = grammar_accepts(g, text, tn);
+        struct grammar_matcher *m = grammar_matcher_new(g, NULL, &e);
+        bool ok = m != NULL;
+        for (size_t i = 0; ok && i < tn; i++)
+            ok = grammar_matcher_feed(m, text + i, 1, &e) == 0;
+        bool bytewise = ok && grammar_matcher_can_end(m);
+        if (m && bytewise != whole && !strstr(e.msg, "limit"))
+            abort(); /* fed whole or byte by byte, the same answer */
+        grammar_matcher_free(m);
+        grammar_free(g);
+    }
+    if (tn < 256 && utf8((const unsigned char *)text, tn)) { /* a literal of the text is a grammar of exactly it */
+        char q[4 * 256 + 16], gt[4 * 256 + 32];
+        grammar_literal(text, tn, q);
+        snprintf(gt, sizeof gt, "root ::= %s", q);
+        struct grammar *lg = grammar_parse(gt, strlen(gt), &e);
+        if (!lg || !grammar_accepts(lg, text, tn))
+            abort();
+        grammar_free(lg);
+    }
+    json_error_t je;
+    json_t *schema = json_loadb(p, gn, JSON_DECODE_ANY, &je);
+    if (schema) {
+        char *gb = json_schema_gbnf(schema, &e);
+        if (gb) {
+            struct grammar *sg = grammar_parse(gb, strlen(gb), &e);
+            if (!sg)
+                abort(); /* the converter's output always compiles */
+            grammar_free(sg);
+            free(gb);
+        } else if (!e.msg[0]) {
+            abort();
+        }
+        json_decref(schema);
+    }
+    return 0;
+}
