@@ -350,6 +350,10 @@ call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tok
 check '[ "$code" = 200 ] && { jq -e ".choices[0].finish_reason == \"length\"" <<<"$body" >/dev/null || jq -r ".choices[0].message.content" <<<"$body" | jq -Rse "fromjson | type == \"object\"" >/dev/null; }' "chat json_object: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"^a+$"}}}}'
 check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"pattern\"))" <<<"$body" >/dev/null' "schema with pattern refused: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"response_format":{"type":"text"}}'
+check '[ "$code" = 200 ] && jq -e ".usage.completion_tokens == 3" <<<"$body" >/dev/null' "response_format text: $code $body"
+call /v1/responses '{"input":"Hi","max_output_tokens":3,"text":{"format":{"name":"no type"}}}'
+check '[ "$code" = 200 ]' "text.format without a type (plain text): $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"yaml"}}'
 check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\"" <<<"$body" >/dev/null' "unknown response_format type: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}'

@@ -406,6 +406,8 @@ int field_structured(const json_t *obj, const char *format_key, const char *form
         }
         if (rc)
             return -1;
+        if (!r->grammar) /* {"type": "text"} (or no type): nothing to hold the answer to */
+            continue;
         struct err e = {{0}};
         struct grammar *g = grammar_parse(r->grammar, strlen(r->grammar), &e);
         if (!g)

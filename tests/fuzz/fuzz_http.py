@@ -3,7 +3,8 @@
 
 Each request is a valid body of one endpoint (OpenAI chat and completions,
 Anthropic messages and count_tokens, Responses; with tools, tool calls and
-tool results, multi-part content, streaming) mutated at random: fields
+tool results, multi-part content, streaming, forced tool calls and
+structured-output formats) mutated at random: fields
 dropped or replaced by values of the wrong type, odd numbers and strings,
 nested containers, bodies cut short. The server must answer every one with
 a 2xx or a 4xx and keep serving: a 5xx, a dropped connection or a server
@@ -31,9 +32,14 @@ BASE = {
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "r"}],
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", 1]}},
+            "required": ["a"], "additionalProperties": False}}}},
     '/v1/completions': {"model": "m", "prompt": "Once", "max_tokens": 4, "temperature": 0,
-                        "stream": False, "stop": "\n", "echo": False},
+                        "stream": False, "stop": "\n", "echo": False,
+                        "guided_choice": ["yes", "no"], "guided_grammar": "root ::= [a-z]{1,3}"},
     '/v1/messages': {
         "model": "m", "max_tokens": 4, "stream": False, "thinking": {"type": "disabled"},
         "metadata": {"user_id": "u"},
@@ -43,7 +49,10 @@ BASE = {
             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                           "content": [{"type": "text", "text": "r"}]}]}],
-        "tools": [{"name": "f", "input_schema": {"type": "object"}}]},
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+        "output_format": {"type": "json_schema", "schema": {"type": "array", "items": {"type": "boolean"},
+                                                            "maxItems": 2}}},
     '/v1/messages/count_tokens': {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     '/v1/responses': {
         "model": "m", "max_output_tokens": 4, "stream": False, "instructions": "be brief",
@@ -51,7 +60,8 @@ BASE = {
         "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
                   {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
                   {"type": "function_call_output", "call_id": "c", "output": "r"}],
-        "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+        "tools": [{"type": "function", "name": "f", "parameters": {}}],
+        "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
 }
 ODD = [None, True, False, 0, -1, 1, 2**31, 2**63, -2**63, 1e308, -1e308, 1.5, 1e-7, -0.0, "", "x",
        "\u0000", "\ud7ff\ue000", "a" * 5000, [], {}, [[[]]], {"a": {"b": {}}}, [None], ["x"], [1, 2],
