@@ -14,4 +14,17 @@ bool parse_long(const char *s, long lo, long hi, long *out);
 /* The same for a number. */
 bool parse_double(const char *s, double lo, double hi, double *out);
 
+/* The value of a hexadecimal digit, or -1 (the GBNF and Jinja lexers and
+ * the <0xXX> byte tokens read them). */
+static inline int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/parse.h"
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 
@@ -186,17 +187,6 @@ static bool at_rule_start(const struct builder *b)
     while (q < b->end && (*q == ' ' || *q == '\t' || *q == '\r' || *q == '\n'))
         q++;
     return b->end - q >= 3 && memcmp(q, "::=", 3) == 0;
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 /* One character of a literal or class (escapes decoded, UTF-8 read), as a

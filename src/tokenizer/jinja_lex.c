@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/parse.h"
 #include "tokenizer/jinja_internal.h"
 
 struct lexer {
@@ -127,17 +128,6 @@ static void emit_text(struct lexer *lx, size_t from, size_t to, char sign, bool 
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes a string literal's body like Python's unicode-escape codec. */
 static struct jstr *unescape(struct lexer *lx, const char *p, size_t n, int line)
 {
@@ -172,7 +162,7 @@ static struct jstr *unescape(struct lexer *lx, const char *p, size_t n, int line
             int want = c == 'x' ? 2 : c == 'u' ? 4 : 8;
             cp = 0;
             for (int i = 0; i < want; i++) {
-                int h = p + i < end ? hexval(p[i]) : -1;
+                int h = p + i < end ? hex_value(p[i]) : -1;
                 if (h < 0)
                     jfail(lx->f, line, "truncated \\%cXX escape in a string", c);
                 cp = cp * 16 + (uint32_t)h;
@@ -237,7 +227,7 @@ static size_t digits(const struct lexer *lx, size_t p, bool (*ok)(char))
 static bool is_dec(char c) { return c >= '0' && c <= '9'; }
 static bool is_bin(char c) { return c == '0' || c == '1'; }
 static bool is_oct(char c) { return c >= '0' && c <= '7'; }
-static bool is_hex(char c) { return hexval(c) >= 0; }
+static bool is_hex(char c) { return hex_value(c) >= 0; }
 
 static void lex_number(struct lexer *lx, int line)
 {
@@ -305,7 +295,7 @@ static void lex_number(struct lexer *lx, int line)
     buf[k] = 0;
     int64_t v = 0;
     for (size_t i = 0; i < k; i++) {
-        int d = hexval(buf[i]);
+        int d = hex_value(buf[i]);
         if (v > (INT64_MAX - d) / base)
             jfail(lx->f, line, "integer literal too large");
         v = v * base + d;

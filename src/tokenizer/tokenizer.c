@@ -3,6 +3,8 @@
  * that belongs with a model path. */
 #include "tokenizer/tok_internal.h"
 
+#include "base/parse.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -66,24 +68,13 @@ int tok_set_dec(struct tokenizer *t, int id, const char *s, size_t n)
     return 0;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 void tok_mark_byte_pieces(struct tokenizer *t)
 {
     for (int id = 0; id < t->n_vocab; id++) {
         const char *p = t->pieces[id];
         if (!p || t->piece_len[id] != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
             continue;
-        int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
+        int hi = hex_value(p[3]), lo = hex_value(p[4]);
         if (hi < 0 || lo < 0)
             continue;
         unsigned b = (unsigned)(hi * 16 + lo);
