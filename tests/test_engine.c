@@ -7,8 +7,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <math.h>
+
 #include "engine/engine.h"
 #include "grammar/grammar.h"
+#include "oracle.h"
 #include "tokenizer/tokenizer.h"
 #include "testutil.h"
 
@@ -528,6 +531,184 @@ out:
     tok_free(t);
 }
 
+/* The test's own reading of mlx-lm's processors (logits.h), to check the
+ * engine's against: bias, then the sign-aware repetition factor and the
+ * presence penalty once per distinct token of their windows, then the
+ * frequency penalty per occurrence. */
+static void ref_process(const struct logits_params *p, const int *t, int n, float *row)
+{
+    for (int i = 0; i < p->n_bias; i++)
+        row[p->bias_ids[i]] += p->bias[i];
+    int wr = n - p->repetition_window, wp = n - p->presence_window, wf = n - p->frequency_window;
+    for (int i = wr > 0 ? wr : 0; i < n; i++) {
+        bool first = true;
+        for (int j = wr > 0 ? wr : 0; j < i; j++)
+            first = first && t[j] != t[i];
+        if (first)
+            row[t[i]] = row[t[i]] < 0 ? row[t[i]] * p->repetition : row[t[i]] / p->repetition;
+    }
+    for (int i = wp > 0 ? wp : 0; i < n; i++) {
+        bool first = true;
+        for (int j = wp > 0 ? wp : 0; j < i; j++)
+            first = first && t[j] != t[i];
+        if (first)
+            row[t[i]] -= p->presence;
+    }
+    for (int i = wf > 0 ? wf : 0; i < n; i++)
+        row[t[i]] -= p->frequency;
+}
+
+static double ref_lse(const float *row, int n)
+{
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        m = row[i] > m ? row[i] : m;
+    for (int i = 0; i < n; i++)
+        s += exp((double)row[i] - m);
+    return m + log(s);
+}
+
+/* Runs p after prompt and collects every token event. */
+static int run_events(struct engine *eng, const int *prompt, int n_prompt,
+                      const struct engine_params *p, struct engine_event *evs, int cap)
+{
+    struct err e = {{0}};
+    struct engine_request *r = engine_request_new(prompt, n_prompt, p, &e);
+    if (!r || engine_submit(eng, r, &e)) {
+        CHECK(0, "submit: %s", e.msg);
+        engine_request_release(r);
+        return 0;
+    }
+    int n = 0;
+    struct engine_event ev;
+    while (engine_request_next(r, &ev, 30000) == 1 && ev.finish == ENGINE_FINISH_NONE)
+        if (n < cap)
+            evs[n++] = ev;
+    CHECK(ev.finish == ENGINE_FINISH_LENGTH, "finish %d: %s", ev.finish, ev.error);
+    engine_request_release(r);
+    return n;
+}
+
+/* logprobs and logits processing through the engine, against the model's
+ * own rows (the oracle runner, one forward over the whole text): each
+ * token's log-probability and top alternatives are the log-softmax of the
+ * unprocessed row; greedy with a bias and penalties picks what the test's
+ * reading of the rules picks. Two requests in one step share the batch. */
+static void logits_tests(const struct model *m, const char *path, const int *want)
+{
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 256, .prefill_chunk = 8,
+                                .max_queue = 8, .max_running = 4};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    struct runner ref;
+    bool ok = eng && runner_open(&ref, path, backend_create("cpu", 1, &e), true, 64, 32) == 0;
+    CHECK(ok, "engine / runner: %s", e.msg);
+    if (!ok) {
+        engine_destroy(eng);
+        return;
+    }
+    const int V = m->cfg.vocab_size, N = 40, bos = 1;
+    int bias_ids[2] = {want[3], 50};
+    float bias[2] = {-10.0f, 1.5f};
+    struct engine_params plain = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = N,
+                                  .logprobs = true, .top_logprobs = 5};
+    /* each processor alone, then all together */
+    const struct logits_params procs[] = {
+        {.bias_ids = bias_ids, .bias = bias, .n_bias = 2},
+        {.repetition = 1.5f, .repetition_window = 8},
+        {.repetition = 0.8f},
+        {.presence = 1.0f, .presence_window = 16},
+        {.frequency = 0.7f, .frequency_window = 12},
+        {.frequency = -1.5f, .frequency_window = 30},
+        {.bias_ids = bias_ids, .bias = bias, .n_bias = 2, .repetition = 1.3f,
+         .repetition_window = 8, .presence = 0.5f, .presence_window = 16, .frequency = 0.3f,
+         .frequency_window = 12},
+    };
+    struct engine_event a[64], b[64];
+    int na = run_events(eng, &bos, 1, &plain, a, 64);
+    CHECK(na == N, "%d tokens", na);
+
+    /* plain greedy: the recorded ids, and the model's log-softmax */
+    int seq[64] = {bos};
+    for (int i = 0; i < na; i++) {
+        CHECK(a[i].token == want[i] && a[i].has_logprobs, "token %d: %d", i, a[i].token);
+        seq[i + 1] = a[i].token;
+    }
+    float *rows = runner_logits(&ref, seq, na);
+    double worst = 0;
+    for (int i = 0; rows && i < na; i++) {
+        const float *row = rows + (size_t)i * V;
+        double lse = ref_lse(row, V);
+        worst = fmax(worst, fabs(a[i].lp.logprob - (row[a[i].token] - lse)));
+        CHECK(a[i].lp.n_top == 5 && a[i].lp.top_id[0] == a[i].token &&
+                  a[i].lp.top_lp[0] == a[i].lp.logprob,
+              "step %d: greedy pick is not the top entry", i);
+        for (int j = 0; j < a[i].lp.n_top; j++) {
+            worst = fmax(worst, fabs(a[i].lp.top_lp[j] - (row[a[i].lp.top_id[j]] - lse)));
+            if (j > 0)
+                CHECK(a[i].lp.top_lp[j] <= a[i].lp.top_lp[j - 1], "step %d: top not sorted", i);
+        }
+        int above = 0; /* entries of the row above the 5th: exactly the other four */
+        for (int v = 0; v < V; v++)
+            above += row[v] > row[a[i].lp.top_id[4]];
+        CHECK(above <= 4, "step %d: %d ids rank above the fifth entry", i, above);
+    }
+    CHECK(rows && worst < 1e-4, "logprobs against the model's rows: worst %.3g", worst);
+    free(rows);
+
+    /* processed greedy: the test's reading of the rules, step by step on
+     * the model's rows; the logprobs stay those of the raw rows */
+    for (size_t c = 0; c < sizeof procs / sizeof procs[0]; c++) {
+        struct engine_params pp = plain;
+        pp.proc = procs[c];
+        int nb = run_events(eng, &bos, 1, &pp, b, 64);
+        struct logits_params rp = procs[c]; /* the windows as the engine reads them */
+        rp.repetition_window = rp.repetition_window > 0 ? rp.repetition_window : 20;
+        rp.presence_window = rp.presence_window > 0 ? rp.presence_window : 20;
+        rp.frequency_window = rp.frequency_window > 0 ? rp.frequency_window : 20;
+        if (rp.repetition == 0)
+            rp.repetition = 1;
+        int diverged = 0, changed = 0;
+        worst = 0;
+        for (int i = 0; i < nb; i++) {
+            float *row = runner_logits(&ref, seq, i + 1);
+            if (!row)
+                break;
+            float *last = row + (size_t)i * V;
+            double lse = ref_lse(last, V);
+            worst = fmax(worst, fabs(b[i].lp.logprob - (last[b[i].token] - lse)));
+            ref_process(&rp, seq, i + 1, last);
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                best = last[v] > last[best] ? v : best;
+            diverged += best != b[i].token;
+            changed += b[i].token != a[i].token;
+            seq[i + 1] = b[i].token;
+            free(row);
+        }
+        CHECK(nb == N && diverged == 0, "processors %zu: %d of %d steps differ from the rules", c,
+              diverged, nb);
+        CHECK(changed > 0, "processors %zu changed no token", c);
+        CHECK(worst < 1e-4, "processors %zu: logprobs off the raw rows by %.3g", c, worst);
+    }
+
+    /* Out-of-range values are refused, naming the field. */
+    struct engine_params bad = plain;
+    bad.top_logprobs = 21;
+    CHECK(!engine_request_new(&bos, 1, &bad, &e) && strstr(e.msg, "top_logprobs"), "%s", e.msg);
+    bad = plain;
+    bad.proc.presence = 3;
+    CHECK(!engine_request_new(&bos, 1, &bad, &e) && strstr(e.msg, "presence"), "%s", e.msg);
+    int far = V;
+    bad.proc = (struct logits_params){.bias_ids = &far, .bias = bias, .n_bias = 1};
+    struct engine_request *r = engine_request_new(&bos, 1, &bad, &e);
+    CHECK(r && engine_submit(eng, r, &e) == ENGINE_SUBMIT_INVALID && strstr(e.msg, "logit_bias"),
+          "bias id past the vocabulary: %s", e.msg);
+    engine_request_release(r);
+    runner_close(&ref);
+    engine_destroy(eng);
+}
+
 int main(void)
 {
     char path[1024];
@@ -668,6 +849,7 @@ int main(void)
     kv_budget_tests(&m, want);
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
     grammar_tests(&m, path, want);
+    logits_tests(&m, path, want);
     ssd_tests(&m, want);
     spec_tests(&m, want);
     json_decref(root);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/logits.h"
 #include "engine/sampler.h"
 #include "sample_ref.h"
 #include "testutil.h"
@@ -283,6 +284,72 @@ static void check_verify(void)
     }
 }
 
+/* logits.h's rules on a row small enough to work out by hand. */
+static void check_processors(void)
+{
+    const float row0[8] = {2, -2, 1, 0.5f, -1, 3, 0, 4};
+    const int toks[6] = {5, 1, 1, 3, 1, 7};
+    uint8_t mark[8] = {0};
+    struct {
+        struct logits_params p;
+        float want[8];
+    } cases[] = {
+        /* the window's distinct tokens 1, 3, 7: negative times, positive over */
+        {{.repetition = 2, .repetition_window = 4}, {2, -4, 1, 0.25f, -1, 3, 0, 2}},
+        {{.repetition = 1}, {2, -2, 1, 0.5f, -1, 3, 0, 4}},
+        /* once per distinct token of the window (3, 1, 7; then 1, 3, 7) */
+        {{.presence = 0.5f, .presence_window = 3}, {2, -2.5f, 1, 0, -1, 3, 0, 3.5f}},
+        {{.presence = 0.5f, .presence_window = 5}, {2, -2.5f, 1, 0, -1, 3, 0, 3.5f}},
+        /* per occurrence: 1 three times */
+        {{.frequency = 0.5f, .frequency_window = 5}, {2, -3.5f, 1, 0, -1, 3, 0, 3.5f}},
+        /* a window <= 0 is 20: every token, 5 too */
+        {{.frequency = 0.5f}, {2, -3.5f, 1, 0, -1, 2.5f, 0, 3.5f}},
+        /* bias first, then the factor sees the biased value */
+        {{.bias_ids = (int[]){7, 0}, .bias = (float[]){-5, 1}, .n_bias = 2, .repetition = 2,
+          .repetition_window = 1},
+         {3, -2, 1, 0.5f, -1, 3, 0, -2}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float row[8];
+        memcpy(row, row0, sizeof row);
+        CHECK(logits_params_active(&cases[c].p) == (c != 1), "case %zu: active", c);
+        logits_process(&cases[c].p, toks, 6, row, mark);
+        for (int i = 0; i < 8; i++)
+            CHECK(row[i] == cases[c].want[i], "case %zu: row[%d] = %g, want %g", c, i, row[i],
+                  cases[c].want[i]);
+        for (int i = 0; i < 8; i++)
+            CHECK(mark[i] == 0, "case %zu: scratch left dirty at %d", c, i);
+    }
+    struct err e = {{0}};
+    struct logits_params bad = {.bias_ids = (int[]){8}, .bias = (float[]){1}, .n_bias = 1};
+    CHECK(logits_params_check(&bad, 8, &e) && strstr(e.msg, "vocabulary"), "%s", e.msg);
+    bad = (struct logits_params){.bias_ids = (int[]){1}, .bias = (float[]){101}, .n_bias = 1};
+    CHECK(logits_params_check(&bad, 8, &e) && strstr(e.msg, "[-100, 100]"), "%s", e.msg);
+    bad = (struct logits_params){.repetition = -1};
+    CHECK(logits_params_check(&bad, 8, &e) && strstr(e.msg, "repetition"), "%s", e.msg);
+    bad = (struct logits_params){.frequency = NAN};
+    CHECK(logits_params_check(&bad, 8, &e) && strstr(e.msg, "frequency"), "%s", e.msg);
+
+    /* log-probabilities: the normalizer skips NaN; the top list is larger
+     * first, the lower id on ties, NaN never */
+    const float lr[6] = {1, NAN, 3, 3, -INFINITY, 2};
+    double lse = logits_lse(lr, 6);
+    double want = log(exp(1.0) + 2 * exp(3.0) + exp(2.0));
+    CHECK(fabs(lse - want) < 1e-12, "lse %.15g, want %.15g", lse, want);
+    struct token_logprobs lp;
+    logprobs_top(lr, 6, 4, lse, &lp);
+    int ids[4] = {2, 3, 5, 0};
+    CHECK(lp.n_top == 4, "n_top %d", lp.n_top);
+    for (int j = 0; j < 4 && j < lp.n_top; j++)
+        CHECK(lp.top_id[j] == ids[j] && fabs(lp.top_lp[j] - (lr[ids[j]] - want)) < 1e-6,
+              "top %d: id %d lp %g", j, lp.top_id[j], lp.top_lp[j]);
+    logprobs_top(lr, 6, 1, lse, &lp); /* a tie at the cut: the lower id */
+    CHECK(lp.n_top == 1 && lp.top_id[0] == 2, "tie at the cut went to %d", lp.top_id[0]);
+    logprobs_top(lr, 6, 30, lse, &lp); /* more than there are: the non-NaN ones */
+    CHECK(lp.n_top == 5 && lp.top_id[4] == 4 && isinf(lp.top_lp[4]), "n_top %d", lp.n_top);
+    CHECK(isinf(logits_lse((const float[]){-INFINITY, NAN}, 2)), "nothing finite: -inf");
+}
+
 int main(void)
 {
     check_recorded();
@@ -291,5 +358,6 @@ int main(void)
     check_edges();
     check_distribution();
     check_verify();
+    check_processors();
     return test_summary("test_sampler");
 }

@@ -344,6 +344,30 @@ call /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature"
 check '[ "$code" = 200 ] && jq -e "(.choices[0].text == \" there was a cat.\" or .choices[0].text == \" there was a dog.\") and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "completions guided_grammar: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Pick one"}],"max_tokens":20,"temperature":0.9,"seed":3,"guided_choice":["a cat","a dog","\"quoted\" bird"]}'
 check '[ "$code" = 200 ] && jq -e "(.choices[0].message.content | IN(\"a cat\", \"a dog\", \"\\\"quoted\\\" bird\")) and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "guided_choice: $code $body"
+# ---- logprobs, logit_bias and penalties ----
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":12,"temperature":0,"logprobs":true,"top_logprobs":3}'
+lp_chat=$body
+check '[ "$code" = 200 ] && jq -e "(.choices[0].logprobs.content | length) == .usage.completion_tokens and ([.choices[0].logprobs.content[] | .logprob <= 0 and (.top_logprobs | length) == 3 and .top_logprobs[0].token == .token and .top_logprobs[0].logprob == .logprob and .top_logprobs[0].logprob >= .top_logprobs[1].logprob and .top_logprobs[1].logprob >= .top_logprobs[2].logprob and (.bytes | length) > 0] | all) and ([.choices[0].logprobs.content[].token] | join(\"\")) == .choices[0].message.content" <<<"$body" >/dev/null' "chat logprobs: $code $body"
+stream /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":12,"temperature":0,"logprobs":true,"top_logprobs":3,"stream":true}'
+check '[ "$code" = 200 ] && [ "$(sse_data | jq -sc "[.[] | .choices[0].logprobs.content // empty | .[]]")" = "$(jq -c ".choices[0].logprobs.content" <<<"$lp_chat")" ]' "chat stream logprobs differ from non-stream: $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":4}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].logprobs == null" <<<"$body" >/dev/null' "logprobs null unless asked: $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":10,"temperature":0,"logprobs":2}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].logprobs as \$l | (\$l.tokens | join(\"\")) == .choices[0].text and (\$l.token_logprobs | length) == .usage.completion_tokens and \$l.text_offset[0] == 0 and ([range(1; \$l.text_offset | length) as \$i | \$l.text_offset[\$i] == \$l.text_offset[\$i-1] + (\$l.tokens[\$i-1] | length)] | all) and ([\$l.top_logprobs[] | length <= 2 and length >= 1] | all)" <<<"$body" >/dev/null' "completions logprobs: $code $body"
+call /v1/responses '{"input":"Once upon a time","max_output_tokens":6,"temperature":0,"include":["message.output_text.logprobs"],"top_logprobs":2}'
+check '[ "$code" = 200 ] && jq -e ".output[-1].content[0] as \$c | (\$c.logprobs | length) == .usage.output_tokens and ([\$c.logprobs[].token] | join(\"\")) == \$c.text and ([\$c.logprobs[] | (.top_logprobs | length) == 2] | all)" <<<"$body" >/dev/null' "responses logprobs: $code $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":4,"temperature":0,"logprobs":0,"logit_bias":{"300":100}}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].logprobs.tokens | length == 4 and (unique | length) == 1" <<<"$body" >/dev/null' "logit_bias +100 picks that token every step: $code $body"
+call /v1/messages '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":8,"temperature":0,"repetition_penalty":1.3,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_context_size":10}'
+check '[ "$code" = 200 ] && jq -e ".usage.output_tokens == 8" <<<"$body" >/dev/null' "penalties through Messages: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"abc":1}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"logit_bias\"" <<<"$body" >/dev/null' "logit_bias key not an id: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"logit_bias":{"512":1}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"logit_bias\" and (.error.message | test(\"0..511\"))" <<<"$body" >/dev/null' "logit_bias id past the vocabulary: $code $body"
+call /v1/responses '{"input":"Hi","presence_penalty":2.5}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"presence_penalty\"" <<<"$body" >/dev/null' "presence_penalty out of range: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":21}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"top_logprobs\"" <<<"$body" >/dev/null' "top_logprobs out of range: $code $body"
 call /v1/completions '{"prompt":"x","guided_choice":["a",7]}'
 check '[ "$code" = 400 ] && jq -e ".error.param == \"guided_choice\" and (.error.message | test(\"guided_choice\\\\[1\\\\]\"))" <<<"$body" >/dev/null' "guided_choice with a number: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"temperature":0,"response_format":{"type":"json_object"}}'

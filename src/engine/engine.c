@@ -30,6 +30,8 @@ struct engine_request {
     int n_prompt;
     struct engine_params p;
     int *stop_ids;
+    int *bias_ids;           /* p.proc's arrays, owned */
+    float *bias;
     atomic_int refs;
     atomic_bool cancel;
     int n_cached;            /* prompt tokens served from the prefix cache */
@@ -103,12 +105,22 @@ struct engine_request *engine_request_new(const int *prompt, int n_prompt,
     if (sampler_init(&tmp, &p->sp, 1, e))
         return NULL;
     sampler_free(&tmp);
+    if (p->logprobs && (p->top_logprobs < 0 || p->top_logprobs > LOGPROBS_TOP_MAX)) {
+        err_set(e, "top_logprobs must be in [0, %d] (got %d)", LOGPROBS_TOP_MAX,
+                p->top_logprobs);
+        return NULL;
+    }
+    if (logits_params_check(&p->proc, INT32_MAX, e)) /* ids against the model at submit */
+        return NULL;
     struct engine_request *r = calloc(1, sizeof *r);
     if (!r)
         goto oom;
     r->prompt = malloc(sizeof(int) * (size_t)n_prompt);
     r->stop_ids = malloc(sizeof(int) * (size_t)(p->n_stop_ids > 0 ? p->n_stop_ids : 1));
-    if (!r->prompt || !r->stop_ids)
+    int nb = p->proc.n_bias > 0 ? p->proc.n_bias : 1;
+    r->bias_ids = malloc(sizeof(int) * (size_t)nb);
+    r->bias = malloc(sizeof(float) * (size_t)nb);
+    if (!r->prompt || !r->stop_ids || !r->bias_ids || !r->bias)
         goto oom;
     memcpy(r->prompt, prompt, sizeof(int) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
@@ -116,6 +128,12 @@ struct engine_request *engine_request_new(const int *prompt, int n_prompt,
     if (p->n_stop_ids > 0)
         memcpy(r->stop_ids, p->stop_ids, sizeof(int) * (size_t)p->n_stop_ids);
     r->p.stop_ids = r->stop_ids;
+    if (p->proc.n_bias > 0) {
+        memcpy(r->bias_ids, p->proc.bias_ids, sizeof(int) * (size_t)p->proc.n_bias);
+        memcpy(r->bias, p->proc.bias, sizeof(float) * (size_t)p->proc.n_bias);
+    }
+    r->p.proc.bias_ids = r->bias_ids;
+    r->p.proc.bias = r->bias;
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancel, false);
     pthread_mutex_init(&r->mu, NULL);
@@ -125,6 +143,8 @@ oom:
     if (r) {
         free(r->prompt);
         free(r->stop_ids);
+        free(r->bias_ids);
+        free(r->bias);
         free(r);
     }
     err_set(e, "out of memory");
@@ -140,6 +160,8 @@ void engine_request_release(struct engine_request *r)
     free(r->ev);
     free(r->prompt);
     free(r->stop_ids);
+    free(r->bias_ids);
+    free(r->bias);
     grammar_free(r->p.grammar);
     free(r);
 }
@@ -274,12 +296,20 @@ struct seq {
     long long proj;          /* projected KV bytes, counted in eng->proj_total */
     bool prompt_done;        /* the original prompt was prefilled once */
     struct grammar_matcher *gm; /* structured output: where the text stands */
+    /* the row comes back to the host (a grammar, logits processing or
+     * logprobs); raw: the row before processing, when logprobs need it;
+     * mark: logits_process's scratch */
+    bool host_row, processed;
+    float *raw;
+    uint8_t *mark;
 };
 
 static void seq_free(struct seq *s)
 {
     sampler_free(&s->smp);
     grammar_matcher_free(s->gm);
+    free(s->raw);
+    free(s->mark);
     free(s->toks);
     free(s);
 }
@@ -389,6 +419,15 @@ static struct seq *seq_new(struct engine *eng, struct engine_request *r, struct 
         seq_free(s);
         return NULL;
     }
+    const size_t vocab = (size_t)eng->m->cfg.vocab_size;
+    s->processed = logits_params_active(&r->p.proc);
+    s->host_row = s->gm || s->processed || r->p.logprobs;
+    if ((s->processed && !(s->mark = calloc(vocab, 1))) ||
+        (r->p.logprobs && (s->gm || s->processed) && !(s->raw = malloc(vocab * sizeof(float))))) {
+        seq_free(s);
+        err_set(e, "out of memory");
+        return NULL;
+    }
     s->r = r;
     memcpy(s->toks, r->prompt, sizeof(int) * (size_t)r->n_prompt);
     s->n_toks = r->n_prompt;
@@ -476,7 +515,8 @@ struct cand {
 /* Appends the sequence's next token (sampled from its logits row, or its
  * greedy id from the step): stop checks, the event, the length limit.
  * False when that ended the sequence (it is retired and freed). */
-static bool take_token(struct engine *eng, struct seq *s, int tok)
+static bool take_token(struct engine *eng, struct seq *s, int tok,
+                       const struct token_logprobs *lp)
 {
     struct engine_request *r = s->r;
     if (is_stop(eng, r, tok)) {
@@ -490,7 +530,9 @@ static bool take_token(struct engine *eng, struct seq *s, int tok)
     }
     s->n_gen++;
     struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = s->n_gen,
-                              .n_cached = r->n_cached};
+                              .n_cached = r->n_cached, .has_logprobs = lp != NULL};
+    if (lp)
+        ev.lp = *lp;
     push_event(r, &ev);
     if (s->gm && grammar_matcher_must_end(s->gm)) { /* the sentence is whole */
         retire(eng, s, ENGINE_FINISH_STOP, NULL);
@@ -622,7 +664,7 @@ static int spec_step(struct engine *eng, struct seq *s)
     eng->st.spec_accepted += (uint64_t)a;
     pthread_mutex_unlock(&eng->mu);
     for (int i = 0; i <= a; i++)
-        if (!take_token(eng, s, pick[i]))
+        if (!take_token(eng, s, pick[i], NULL))
             break;
     return 1;
 }
@@ -641,7 +683,7 @@ static void engine_step(struct engine *eng)
     if (eng->n_run == 0)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
-    if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->gm &&
+    if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->host_row &&
         lone->n_toks - lone->kv.n_tokens == 1 && spec_step(eng, lone) != 0)
         return;
     /* Decodes first (one token each), then prefill chunks in admission
@@ -702,8 +744,9 @@ static void engine_step(struct engine *eng)
         assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
         bool logits = s->kv.n_tokens + cands[i].n == s->n_toks;
         bool sampled = logits && !sampler_is_greedy(&s->smp);
-        /* a grammar masks the row on the host, so the row comes back */
-        bool masked = logits && s->gm;
+        /* a grammar's mask, logits processing and logprobs are the
+         * host's: the row comes back */
+        bool host = logits && s->host_row;
         if (sampled) {
             const struct sampler_params *p = &s->smp.p;
             cands[i].sp = (struct sample_params){.temperature = p->temperature,
@@ -713,8 +756,8 @@ static void engine_step(struct engine *eng)
         }
         segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
                                        .n = cands[i].n, .logits = logits,
-                                       .next = logits && !masked ? &cands[i].tok : NULL,
-                                       .sample = sampled && !masked ? &cands[i].sp : NULL};
+                                       .next = logits && !host ? &cands[i].tok : NULL,
+                                       .sample = sampled && !host ? &cands[i].sp : NULL};
     }
     struct err e = {{0}};
     if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
@@ -739,13 +782,30 @@ static void engine_step(struct engine *eng)
             pthread_mutex_unlock(&eng->mu);
         }
         int tok = cands[i].tok;
+        struct token_logprobs lp, *lpp = NULL;
         if (tok < 0) { /* sampled from its logits row on the host, with the step's draw */
             float *lr = eng->logits + (size_t)row++ * vocab;
+            const struct engine_params *p = &s->r->p;
+            const float *raw = lr;
+            double lse = 0;
+            if (p->logprobs) { /* of the model's row, before anything changes it */
+                lse = logits_lse(lr, vocab);
+                logprobs_top(lr, vocab, p->top_logprobs, lse, &lp);
+                if (s->raw) {
+                    memcpy(s->raw, lr, sizeof(float) * (size_t)vocab);
+                    raw = s->raw;
+                }
+                lpp = &lp;
+            }
+            if (s->processed)
+                logits_process(&p->proc, s->toks, s->n_toks, lr, s->mark);
             if (s->gm && mask_row(eng, s, lr))
                 continue;
             tok = sampler_pick(&s->smp.p, lr, vocab, cands[i].sp.u, s->smp.probs, s->smp.idx);
+            if (lpp)
+                lp.logprob = (float)((double)raw[tok] - lse);
         }
-        take_token(eng, s, tok);
+        take_token(eng, s, tok, lpp);
     }
 }
 
@@ -1135,6 +1195,8 @@ static int submit_check(const struct engine *eng, const struct engine_request *r
                     eng->m->cfg.vocab_size - 1);
             return ENGINE_SUBMIT_INVALID;
         }
+    if (logits_params_check(&r->p.proc, eng->m->cfg.vocab_size, e))
+        return ENGINE_SUBMIT_INVALID;
     if (eng->cfg.kv_budget_bytes > 0) {
         long long need = projected_bytes(eng, r);
         if (need > eng->cfg.kv_budget_bytes) {

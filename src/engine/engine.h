@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "engine/logits.h"
 #include "engine/sampler.h"
 #include "grammar/grammar.h"
 #include "model/model.h"
@@ -113,6 +114,10 @@ struct engine_event {
     enum engine_finish finish; /* != NONE on the final event */
     int n_prompt, n_generated; /* running usage counts */
     int n_cached;              /* prompt tokens served from cache */
+    /* with engine_params.logprobs, on a token event: its log-probability
+     * and the top_logprobs most likely ids' (logits.h) */
+    bool has_logprobs;
+    struct token_logprobs lp;
     char error[256];
 };
 
@@ -130,6 +135,13 @@ struct engine_params {
      * is borrowed: it must outlive the request. Both NULL: unconstrained. */
     struct grammar *grammar;
     const struct grammar_vocab *grammar_vocab;
+    /* logit_bias and repetition penalties (logits.h; the bias arrays are
+     * copied) */
+    struct logits_params proc;
+    /* every token event carries its log-probability and those of the
+     * top_logprobs (0..LOGPROBS_TOP_MAX) most likely ids */
+    bool logprobs;
+    int top_logprobs;
 };
 
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,

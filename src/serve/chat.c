@@ -31,6 +31,12 @@ struct gen {
     char think_tail[8]; /* the last bytes seen: "<think>" or "</think>" may straddle tokens */
     size_t think_n;
     json_t *tools;          /* the request's, held for syn.schema */
+    /* logprobs: every token's entry; those before `taken` were handed out
+     * (gen_take_logprobs); chars: code points of text decoded so far */
+    bool logprobs, lp_oom;
+    struct gen_logprob *lps;
+    int n_lps, cap_lps, taken;
+    long long chars;
     bool finished;
     bool listed; /* in srv->gens */
     struct gen_result res;
@@ -182,6 +188,13 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
         return -1;
     }
 
+    for (int i = 0; i < req->n_bias; i++)
+        if (req->bias_ids[i] >= sm->m.cfg.vocab_size) {
+            free(ids);
+            return api_fail(ae, 400, NULL, "logit_bias",
+                            "'logit_bias': token id %d is outside the vocabulary (0..%d)",
+                            req->bias_ids[i], sm->m.cfg.vocab_size - 1);
+        }
     struct engine_params p = {0};
     bool temp_from_request;
     p.sp.temperature = pick_f(req->temperature, cfg->temperature, sm->gc_temperature, 0.7f,
@@ -201,6 +214,16 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     p.max_tokens = req->max_tokens > 0 ? req->max_tokens
                    : cfg->max_tokens.set ? cfg->max_tokens.v : 0;
     p.ignore_eos = req->ignore_eos;
+    p.proc = (struct logits_params){
+        .bias_ids = req->bias_ids, .bias = req->bias, .n_bias = req->n_bias,
+        .repetition = pick_f(req->repetition, (struct opt_f){0}, sm->gc_repetition, 1, NULL),
+        .presence = req->presence.set ? req->presence.v : 0,
+        .frequency = req->frequency.set ? req->frequency.v : 0,
+        .repetition_window = req->repetition_window.set ? req->repetition_window.v : 0,
+        .presence_window = req->presence_window.set ? req->presence_window.v : 0,
+        .frequency_window = req->frequency_window.set ? req->frequency_window.v : 0};
+    p.logprobs = req->logprobs;
+    p.top_logprobs = req->top_logprobs;
     p.stop_ids = sm->stop_ids;
     p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
     char *forced = NULL;
@@ -229,6 +252,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     }
     g->srv = srv;
     g->n_prompt = n;
+    g->logprobs = req->logprobs;
     g->tools = json_incref(req->tools);
     g->syn = syn;
     g->think = !syn.think ? 2 : syn.think_open ? 1 : 0;
@@ -322,6 +346,7 @@ void gen_free(struct gen *g)
     for (int i = 0; i < g->n_stops; i++)
         free(g->stops[i]);
     free(g->piece);
+    free(g->lps);
     sbuf_free(&g->pending);
     json_decref(g->tools);
     free(g);
@@ -435,6 +460,33 @@ static void finish(struct gen *g, enum gen_finish why, const struct engine_event
         g->res.n_cached = ev->n_cached;
 }
 
+static int keep_logprob(struct gen *g, const struct engine_event *ev)
+{
+    if (g->n_lps == g->cap_lps) {
+        int cap = g->cap_lps ? 2 * g->cap_lps : 64;
+        struct gen_logprob *n = realloc(g->lps, sizeof *n * (size_t)cap);
+        if (!n)
+            return -1;
+        g->lps = n;
+        g->cap_lps = cap;
+    }
+    g->lps[g->n_lps++] = (struct gen_logprob){.token = ev->token, .offset = g->chars,
+                                              .lp = ev->lp};
+    return 0;
+}
+
+int gen_take_logprobs(struct gen *g, const struct gen_logprob **out)
+{
+    *out = g->lps + g->taken;
+    int n = g->n_lps - g->taken;
+    g->taken = g->n_lps;
+    return n;
+}
+
+bool gen_has_logprobs(const struct gen *g) { return g->logprobs; }
+
+const struct tokenizer *gen_tokenizer(const struct gen *g) { return g->srv->sm.tok; }
+
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res)
 {
     size_t start = text->n;
@@ -447,7 +499,11 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
         g->res.n_cached = ev.n_cached; /* every event carries it */
         if (ev.finish == ENGINE_FINISH_NONE) {
             g->n_tokens++;
+            if (g->logprobs && !g->lp_oom && ev.has_logprobs && keep_logprob(g, &ev))
+                g->lp_oom = true; /* out of memory: the rest go without */
             size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);
+            for (size_t i = 0; i < k; i++)
+                g->chars += ((unsigned char)g->piece[i] & 0xC0) != 0x80;
             count_reasoning(g, g->piece, k);
             sbuf_put(&g->pending, g->piece, k);
             size_t emit;

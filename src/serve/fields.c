@@ -1,5 +1,6 @@
 /* fields.c - typed readers for request JSON fields (a wrong type or range is
  * a 400 that names the field) and the two API error body shapes. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -58,6 +59,8 @@ void chat_req_free(struct chat_req *r)
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     free(r->grammar);
+    free(r->bias_ids);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -162,6 +165,61 @@ int field_array(const json_t *obj, const char *key, json_t **out, struct api_err
     return 0;
 }
 
+/* logit_bias: {"<token id>": bias, ...}, as OpenAI writes it. */
+static int field_logit_bias(const json_t *obj, struct chat_req *r, struct api_error *ae)
+{
+    const json_t *v = get(obj, "logit_bias");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return api_fail(ae, 400, NULL, "logit_bias",
+                        "'logit_bias' must be an object of token ids to biases, not %s",
+                        type_name(v));
+    size_t n = json_object_size(v);
+    if (n > LOGIT_BIAS_MAX)
+        return api_fail(ae, 400, NULL, "logit_bias",
+                        "'logit_bias' has %zu entries; at most %d are allowed", n,
+                        LOGIT_BIAS_MAX);
+    if (n == 0)
+        return 0;
+    r->bias_ids = malloc(sizeof(int) * n);
+    r->bias = malloc(sizeof(float) * n);
+    if (!r->bias_ids || !r->bias)
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    const char *key;
+    const json_t *b;
+    json_object_foreach((json_t *)v, key, b) {
+        char *end;
+        errno = 0;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || id > INT32_MAX)
+            return api_fail(ae, 400, NULL, "logit_bias",
+                            "'logit_bias': the key \"%.64s\" is not a token id", key);
+        if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
+            return api_fail(ae, 400, NULL, "logit_bias",
+                            "'logit_bias': the bias of token %ld must be a number in [-100, 100]",
+                            id);
+        r->bias_ids[r->n_bias] = (int)id;
+        r->bias[r->n_bias++] = (float)json_number_value(b);
+    }
+    return 0;
+}
+
+static int field_processors(const json_t *obj, struct chat_req *r, struct api_error *ae)
+{
+    return field_number(obj, "repetition_penalty", 0, 100, &r->repetition, ae) ||
+                   field_number(obj, "presence_penalty", -2, 2, &r->presence, ae) ||
+                   field_number(obj, "frequency_penalty", -2, 2, &r->frequency, ae) ||
+                   field_int(obj, "repetition_context_size", 1, 10000000, &r->repetition_window,
+                             ae) ||
+                   field_int(obj, "presence_context_size", 1, 10000000, &r->presence_window, ae) ||
+                   field_int(obj, "frequency_context_size", 1, 10000000, &r->frequency_window,
+                             ae) ||
+                   field_logit_bias(obj, r, ae)
+               ? -1
+               : 0;
+}
+
 int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae)
 {
     if (field_number(obj, "temperature", 0, 5, &r->temperature, ae) ||
@@ -180,7 +238,7 @@ int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae)
     }
     if (r->top_k.set && r->top_k.v < 0) /* -1 is the common spelling of "off" */
         r->top_k.v = 0;
-    return 0;
+    return field_processors(obj, r, ae);
 }
 
 static int add_stop(struct chat_req *r, const char *key, const json_t *s, struct api_error *ae)

@@ -87,7 +87,7 @@ struct served_model {
     char path[1024];
     int ctx_len;     /* tokens per sequence the engine allows */
     /* generation_config.json sampling defaults (below the server flags) */
-    struct opt_f gc_temperature, gc_top_p, gc_min_p;
+    struct opt_f gc_temperature, gc_top_p, gc_min_p, gc_repetition;
     struct opt_i gc_top_k;
     /* ids that end generation beyond config.json's eos ids:
      * generation_config.json eos_token_id and the tokenizer's eos */
@@ -127,6 +127,18 @@ struct chat_req {
     /* structured output: GBNF text the answer must be a sentence of (a
      * JSON Schema's, or the request's own grammar), or NULL */
     char *grammar;
+    /* logits processing (engine/logits.h): logit_bias (arrays owned) and
+     * the penalties with their windows (*_context_size); unset repetition
+     * falls back to generation_config.json's */
+    int *bias_ids;
+    float *bias;
+    int n_bias;
+    struct opt_f repetition, presence, frequency;
+    struct opt_i repetition_window, presence_window, frequency_window;
+    /* each generated token's log-probability and the top_logprobs most
+     * likely alternatives' come back with it */
+    bool logprobs;
+    int top_logprobs;
 };
 
 void chat_req_free(struct chat_req *r);
@@ -141,7 +153,9 @@ int field_bool(const json_t *obj, const char *key, bool *out, struct api_error *
 int field_string(const json_t *obj, const char *key, const char **out, struct api_error *ae);
 int field_object(const json_t *obj, const char *key, json_t **out, struct api_error *ae);
 int field_array(const json_t *obj, const char *key, json_t **out, struct api_error *ae);
-/* temperature, top_p, top_k, min_p, seed, ignore_eos into r. */
+/* temperature, top_p, top_k, min_p, seed, ignore_eos, and the logits
+ * processors (logit_bias, repetition_penalty, presence_penalty,
+ * frequency_penalty and their *_context_size windows) into r. */
 int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae);
 /* A stop string or list of stop strings (key names the field). */
 int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct api_error *ae);
@@ -239,6 +253,29 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
  * nothing yet. */
 int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res);
 int gen_prompt_tokens(const struct gen *g);
+/* A generated token's log-probabilities (the request asked for logprobs):
+ * offset counts the code points of the text before it. */
+struct gen_logprob {
+    int token;
+    long long offset;
+    struct token_logprobs lp;
+};
+/* The entries of the tokens that came since the last call (every one, the
+ * first time), in order; valid until gen_free. Tokens whose text is still
+ * held back (a possible stop string) are among them. */
+int gen_take_logprobs(struct gen *g, const struct gen_logprob **out);
+/* Whether the request asked for logprobs. */
+bool gen_has_logprobs(const struct gen *g);
+const struct tokenizer *gen_tokenizer(const struct gen *g);
+
+/* ---- logprobs in each API's shape (logprobs.c) ---- */
+
+/* Chat's logprobs.content and Responses' output_text logprobs: [{token,
+ * logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]. */
+json_t *logprobs_content(const struct tokenizer *t, const struct gen_logprob *e, int n);
+/* Completions' logprobs: {tokens, token_logprobs, top_logprobs: [{token:
+ * logprob}], text_offset}. */
+json_t *logprobs_completion(const struct tokenizer *t, const struct gen_logprob *e, int n);
 /* How the generated text splits into reasoning, content and tool calls:
  * from the chat template and the request's tools (plain for raw prompts).
  * Its schema is g's: valid until gen_free(g). */

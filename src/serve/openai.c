@@ -108,6 +108,22 @@ static void emit(struct stream *s, json_t *c)
     json_decref(c);
 }
 
+/* A choice's logprobs: those of the tokens generated since the last
+ * chunk (a chunk carries the tokens whose text it releases, and held-back
+ * tokens' entries may come a chunk early); null when not asked for, or
+ * for a chunk with no new tokens. */
+static json_t *choice_logprobs(struct gen *g, bool chat)
+{
+    const struct gen_logprob *e;
+    int n = gen_has_logprobs(g) ? gen_take_logprobs(g, &e) : 0;
+    if (n == 0)
+        return json_null();
+    if (!chat)
+        return logprobs_completion(gen_tokenizer(g), e, n);
+    return json_pack("{s:o, s:n}", "content", logprobs_content(gen_tokenizer(g), e, n),
+                     "refusal");
+}
+
 static void oai_begin(struct stream *s)
 {
     struct oai_stream *o = s->st;
@@ -121,21 +137,22 @@ static void oai_begin(struct stream *s)
 static void oai_text(struct stream *s, enum turn_kind kind, const char *text, size_t n)
 {
     struct oai_stream *o = s->st;
+    json_t *lp = choice_logprobs(s->gen, o->chat);
     if (o->chat)
-        emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta",
+        emit(s, chunk(o, json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta",
                                    kind == TURN_REASONING ? "reasoning_content" : "content",
-                                   json_text(text, n), "logprobs", "finish_reason")));
+                                   json_text(text, n), "logprobs", lp, "finish_reason")));
     else
-        emit(s, chunk(o, json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", json_text(text, n),
-                                   "logprobs", "finish_reason")));
+        emit(s, chunk(o, json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text", json_text(text, n),
+                                   "logprobs", lp, "finish_reason")));
 }
 
 static void oai_tool_call(struct stream *s, const char *name, const char *args)
 {
     struct oai_stream *o = s->st;
-    emit(s, chunk(o, json_pack("{s:i, s:{s:[o]}, s:n, s:n}", "index", 0, "delta", "tool_calls",
+    emit(s, chunk(o, json_pack("{s:i, s:{s:[o]}, s:o, s:n}", "index", 0, "delta", "tool_calls",
                                tool_call_json(name, args, s->turn.n_calls, true), "logprobs",
-                               "finish_reason")));
+                               choice_logprobs(s->gen, true), "finish_reason")));
 }
 
 static void oai_end(struct stream *s, const struct gen_result *res)
@@ -147,11 +164,12 @@ static void oai_end(struct stream *s, const struct gen_result *res)
         emit(s, e);
         return;
     }
+    json_t *lp = choice_logprobs(s->gen, o->chat); /* entries no text chunk took */
     if (o->chat)
-        emit(s, chunk(o, json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs",
+        emit(s, chunk(o, json_pack("{s:i, s:{}, s:o, s:s}", "index", 0, "delta", "logprobs", lp,
                                    "finish_reason", finish_reason(res, s->turn.n_calls))));
     else
-        emit(s, chunk(o, json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs",
+        emit(s, chunk(o, json_pack("{s:i, s:s, s:o, s:s}", "index", 0, "text", "", "logprobs", lp,
                                    "finish_reason", finish_reason(res, 0))));
     if (o->include_usage) {
         json_t *c = chunk(o, NULL);
@@ -237,8 +255,10 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         api_fail(&ae, 500, "server_error", NULL, "out of memory");
         failed = true;
     }
+    json_t *lp = failed ? NULL : choice_logprobs(g, chat);
     gen_free(g); /* after the split: the syntax borrows its tools */
     if (failed) {
+        json_decref(lp);
         sbuf_free(&text);
         turn_parts_free(&tp);
         reply_error(rp, &ae, SHAPE_OPENAI);
@@ -246,12 +266,12 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
     }
     json_t *choice;
     if (chat)
-        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", chat_message(&tp),
-                           "logprobs", "finish_reason",
+        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", chat_message(&tp),
+                           "logprobs", lp, "finish_reason",
                            finish_reason(&res, (int)json_array_size(tp.calls)));
     else
-        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", json_text(text.p, text.n),
-                           "logprobs", "finish_reason", finish_reason(&res, 0));
+        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "text", json_text(text.p, text.n),
+                           "logprobs", lp, "finish_reason", finish_reason(&res, 0));
     sbuf_free(&text);
     turn_parts_free(&tp);
     rp->status = 200;
@@ -308,18 +328,17 @@ void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
 {
     struct chat_req r = {.thinking = -1};
     struct api_error ae;
-    bool include_usage = false, logprobs = false;
+    bool include_usage = false;
+    struct opt_i top = {0};
     json_t *tools = NULL, *kwargs = NULL;
     if (parse_messages(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
         field_array(req, "tools", &tools, &ae) ||
         field_object(req, "chat_template_kwargs", &kwargs, &ae) ||
         field_reasoning_effort(req, "reasoning_effort", &r, &ae) ||
-        field_bool(req, "logprobs", &logprobs, &ae))
+        field_bool(req, "logprobs", &r.logprobs, &ae) ||
+        field_int(req, "top_logprobs", 0, LOGPROBS_TOP_MAX, &top, &ae))
         goto fail;
-    if (logprobs) {
-        api_fail(&ae, 400, NULL, "logprobs", "'logprobs' is not supported yet");
-        goto fail;
-    }
+    r.top_logprobs = top.set ? top.v : 0; /* without logprobs: ignored */
     if (field_tool_choice(req, &r, &ae))
         goto fail;
     r.tools = json_incref(tools);
@@ -384,17 +403,15 @@ void openai_completions(struct server *srv, const json_t *req, const struct clie
     struct opt_i logprobs = {0}, best_of = {0};
     if (parse_prompt(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
         field_bool(req, "echo", &echo, &ae) ||
-        field_int(req, "logprobs", 0, 20, &logprobs, &ae) ||
+        field_int(req, "logprobs", 0, LOGPROBS_TOP_MAX, &logprobs, &ae) ||
         field_int(req, "best_of", 1, 128, &best_of, &ae))
         goto fail;
     if (echo) {
         api_fail(&ae, 400, NULL, "echo", "'echo' is not supported");
         goto fail;
     }
-    if (logprobs.set && logprobs.v > 0) {
-        api_fail(&ae, 400, NULL, "logprobs", "'logprobs' is not supported yet");
-        goto fail;
-    }
+    r.logprobs = logprobs.set; /* 0: the chosen tokens' alone */
+    r.top_logprobs = logprobs.set ? logprobs.v : 0;
     if (best_of.set && best_of.v != 1) {
         api_fail(&ae, 400, NULL, "best_of", "'best_of' must be 1");
         goto fail;

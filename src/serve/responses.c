@@ -186,6 +186,10 @@ struct resp_ctx {
     /* the answer as a chat message, for the store: content and tool_calls */
     struct sbuf answer;
     json_t *calls;
+    /* include "message.output_text.logprobs" (or top_logprobs): the
+     * message's tokens' entries, for its output_text part */
+    bool logprobs;
+    json_t *lps;
 };
 
 enum { ITEM_NONE, ITEM_MESSAGE, ITEM_REASONING };
@@ -199,6 +203,7 @@ static void ctx_free(void *p)
     json_decref(c->conversation);
     json_decref(c->output);
     json_decref(c->calls);
+    json_decref(c->lps);
     sbuf_free(&c->text);
     sbuf_free(&c->answer);
     free(c);
@@ -223,6 +228,22 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
     r->max_tokens = mot.set ? mot.v : 0;
     if (reasoning && field_reasoning_effort(reasoning, "effort", r, ae))
         return -1;
+    struct opt_i top = {0};
+    json_t *include = NULL;
+    if (field_int(req, "top_logprobs", 0, LOGPROBS_TOP_MAX, &top, ae) ||
+        field_array(req, "include", &include, ae))
+        return -1;
+    size_t k;
+    const json_t *inc;
+    json_array_foreach(include, k, inc) {
+        if (json_is_string(inc) && !strcmp(json_string_value(inc), "message.output_text.logprobs"))
+            c->logprobs = true; /* other inclusions name data this server has none of */
+    }
+    c->logprobs = c->logprobs || (top.set && top.v > 0);
+    r->logprobs = c->logprobs;
+    r->top_logprobs = top.set ? top.v : 0;
+    if (c->logprobs && !(c->lps = json_array()))
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
     json_t *text = NULL;
     if (field_object(req, "text", &text, ae) ||
         (text && field_structured(text, "format", "text.format", r, ae)))
@@ -296,10 +317,31 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
 
 /* ---- response objects ---- */
 
-static json_t *part_json(const char *text, size_t n)
+/* An output_text part; with lps (borrowed), its logprobs. */
+static json_t *part_json(const char *text, size_t n, const json_t *lps)
 {
-    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", json_text(text, n),
-                     "annotations");
+    json_t *p = json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", json_text(text, n),
+                          "annotations");
+    if (p && lps)
+        json_object_set_new(p, "logprobs", json_deep_copy(lps));
+    return p;
+}
+
+/* The entries of the tokens since the last call, appended to c->lps when
+ * they are the message's (kind content); else dropped (reasoning, calls:
+ * Responses reports the message's text alone). Returns the new entries
+ * (NULL without logprobs). */
+static json_t *take_logprobs(struct resp_ctx *c, struct gen *g, bool message)
+{
+    if (!c->logprobs)
+        return NULL;
+    const struct gen_logprob *e;
+    int n = gen_take_logprobs(g, &e);
+    if (!message)
+        return NULL;
+    json_t *a = logprobs_content(gen_tokenizer(g), e, n);
+    json_array_extend(c->lps, a);
+    return a;
 }
 
 static json_t *message_item(const struct resp_ctx *c, const char *status, json_t *content)
@@ -427,12 +469,13 @@ static void item_close(struct stream *s)
     json_t *item = NULL;
     if (c->open == ITEM_MESSAGE) {
         ev(s, "response.output_text.done",
-           json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", c->msg_id, "output_index",
-                     out_index(c), "content_index", 0, "text", json_text(t, n), "logprobs"));
+           json_pack("{s:s, s:i, s:i, s:o, s:o}", "item_id", c->msg_id, "output_index",
+                     out_index(c), "content_index", 0, "text", json_text(t, n), "logprobs",
+                     c->lps ? json_deep_copy(c->lps) : json_array()));
         ev(s, "response.content_part.done",
            json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
-                     "content_index", 0, "part", part_json(t, n)));
-        item = message_item(c, "completed", json_pack("[o]", part_json(t, n)));
+                     "content_index", 0, "part", part_json(t, n, c->lps)));
+        item = message_item(c, "completed", json_pack("[o]", part_json(t, n, c->lps)));
         sbuf_put(&c->answer, t, n);
     } else if (c->open == ITEM_REASONING) {
         ev(s, "response.reasoning_text.done",
@@ -469,7 +512,7 @@ static void item_open(struct stream *s, int kind)
                  message_item(c, "in_progress", json_array())));
     ev(s, "response.content_part.added",
        json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
-                 "content_index", 0, "part", part_json("", 0)));
+                 "content_index", 0, "part", part_json("", 0, NULL)));
 }
 
 /* A message's or reasoning item's text delta, in an item of its kind. */
@@ -482,8 +525,9 @@ static void rs_text(struct stream *s, enum turn_kind kind, const char *text, siz
     json_t *d = json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg ? c->msg_id : c->item_id,
                           "output_index", out_index(c), "content_index", 0, "delta",
                           json_text(text, n));
+    json_t *lp = take_logprobs(c, s->gen, msg);
     if (d && msg)
-        json_object_set_new(d, "logprobs", json_array());
+        json_object_set_new(d, "logprobs", lp ? lp : json_array());
     ev(s, msg ? "response.output_text.delta" : "response.reasoning_text.delta", d);
 }
 
@@ -491,6 +535,7 @@ static void rs_tool_call(struct stream *s, const char *name, const char *args)
 {
     struct resp_ctx *c = s->st;
     item_close(s);
+    take_logprobs(c, s->gen, false);
     json_t *done = answer_call(c, name, args);
     const char *id = json_string_value(json_object_get(done, "id"));
     json_t *added = call_item(id, json_string_value(json_object_get(done, "call_id")),
@@ -544,7 +589,7 @@ static json_t *output_json(struct resp_ctx *c, const struct turn_parts *tp)
     if (tp->content.n || !json_array_size(tp->calls))
         json_array_append_new(out, message_item(c, "completed",
                                                 json_pack("[o]", part_json(tp->content.p ? tp->content.p : "",
-                                                                           tp->content.n))));
+                                                                           tp->content.n, c->lps))));
     sbuf_put(&c->answer, tp->content.p, tp->content.n);
     size_t i;
     json_t *call;
@@ -602,6 +647,12 @@ void responses_create(struct server *srv, const json_t *req, const struct client
         api_fail(&ae, 500, "server_error", NULL, "out of memory");
         reply_error(rp, &ae, SHAPE_OPENAI);
     } else {
+        if (c->logprobs) { /* the tokens after the reasoning block */
+            const struct gen_logprob *e;
+            int n = gen_take_logprobs(g, &e), skip = res.n_reasoning < n ? res.n_reasoning : n;
+            json_decref(c->lps);
+            c->lps = logprobs_content(gen_tokenizer(g), e + skip, n - skip);
+        }
         rp->status = 200;
         rp->body = response_json(c, final_status(&res), output_json(c, &tp), &res, NULL);
         remember(c, rp->body);

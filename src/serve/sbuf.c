@@ -74,7 +74,10 @@ void sbuf_free(struct sbuf *b)
 
 char *json_compact(const json_t *v, size_t *len)
 {
-    char *s = json_dumps(v, JSON_COMPACT);
+    /* 15 significant digits: a double written from a float's short
+     * decimal (json_float) prints as that decimal, not its 17-digit
+     * expansion, and other doubles keep their value to 1e-15 */
+    char *s = json_dumps(v, JSON_COMPACT | JSON_REAL_PRECISION(15));
     if (s && len)
         *len = strlen(s);
     return s;

@@ -146,6 +146,8 @@ static int read_generation_config(struct served_model *sm, struct err *e)
         sm->gc_min_p = (struct opt_f){true, (float)json_number_value(v)};
     if (json_is_integer(v = json_object_get(g, "top_k")))
         sm->gc_top_k = (struct opt_i){true, (int)json_integer_value(v)};
+    if (json_is_number(v = json_object_get(g, "repetition_penalty")))
+        sm->gc_repetition = (struct opt_f){true, (float)json_number_value(v)};
     v = json_object_get(g, "eos_token_id");
     if (json_is_integer(v))
         add_stop_id(sm, (int)json_integer_value(v));
@@ -163,6 +165,8 @@ static int read_generation_config(struct served_model *sm, struct err *e)
         sm->gc_min_p.set = false;
     if (sm->gc_top_k.set && sm->gc_top_k.v < 0)
         sm->gc_top_k.set = false;
+    if (sm->gc_repetition.set && !(sm->gc_repetition.v > 0 && sm->gc_repetition.v <= 100))
+        sm->gc_repetition.set = false;
     return 0;
 }
 

@@ -50,6 +50,15 @@ try {
   check(finish === c.choices[0].finish_reason, 'chat stream finish_reason');
   check(isUsage(usage, c.usage.prompt_tokens) && usage.completion_tokens === c.usage.completion_tokens, 'chat stream usage');
 
+  // logprobs through the SDK's types: one entry a token, the text they spell
+  const lp = await openai.chat.completions.create({ model: 'anything', messages, max_tokens: 6, temperature: 0,
+    logprobs: true, top_logprobs: 2, presence_penalty: 0.5, logit_bias: { '5': -1 } });
+  const entries = lp.choices[0].logprobs?.content ?? [];
+  check(entries.length === lp.usage.completion_tokens && entries.every((e) => e.top_logprobs.length === 2 &&
+    e.logprob <= 0 && Array.isArray(e.bytes)), `chat logprobs ${JSON.stringify(lp.choices[0].logprobs)}`);
+  if (!lp.choices[0].message.reasoning_content && !lp.choices[0].message.tool_calls) // markup is not text
+    check(entries.map((e) => e.token).join('') === (lp.choices[0].message.content ?? ''), 'chat logprobs spell the text');
+
   // legacy completions, non-stream + stream
   const p = await openai.completions.create({ model: 'x', prompt: 'Once upon a time', max_tokens: 6, temperature: 0 });
   check(p.object === 'text_completion' && typeof p.choices[0].text === 'string' && isUsage(p.usage), 'completions');
