@@ -692,6 +692,55 @@ static void logits_tests(const struct model *m, const char *path, const int *wan
         CHECK(worst < 1e-4, "processors %zu: logprobs off the raw rows by %.3g", c, worst);
     }
 
+    /* Prompt logprobs: every prompt token's entry from the row before it
+     * (two chunks of rows), then the usual greedy continuation; a plain
+     * request beside it is not disturbed. */
+    {
+        int P[31] = {bos};
+        memcpy(P + 1, want, sizeof(int) * 30);
+        struct engine_params pl = plain;
+        pl.max_tokens = 5;
+        pl.top_logprobs = 3;
+        pl.prompt_logprobs = true;
+        struct engine_request *rq[2] = {engine_request_new(P, 31, &pl, &e),
+                                        engine_request_new(P, 31, &plain, &e)};
+        CHECK(rq[0] && rq[1] && engine_submit_many(eng, rq, 2, &e) == 0, "submit: %s", e.msg);
+        struct engine_event ev, pe[40];
+        int np = 0, ng = 0, gen[8];
+        while (rq[0] && engine_request_next(rq[0], &ev, 30000) == 1 &&
+               ev.finish == ENGINE_FINISH_NONE) {
+            if (ev.prompt) {
+                CHECK(ng == 0, "a prompt event after a generated one");
+                if (np < 40)
+                    pe[np] = ev;
+                np++;
+            } else if (ng < 8) {
+                gen[ng++] = ev.token;
+            }
+        }
+        CHECK(np == 31 && ng == 5 && !memcmp(gen, want + 30, sizeof(int) * 5),
+              "prompt logprobs: %d prompt events, %d generated", np, ng);
+        float *pr = runner_logits(&ref, P, 31);
+        worst = 0;
+        for (int i = 0; pr && i < np && i < 31; i++) {
+            CHECK(pe[i].token == P[i] && pe[i].has_logprobs == (i > 0), "prompt event %d", i);
+            if (i == 0)
+                continue;
+            const float *row = pr + (size_t)(i - 1) * V;
+            double lse = ref_lse(row, V);
+            worst = fmax(worst, fabs(pe[i].lp.logprob - (row[P[i]] - lse)));
+            CHECK(pe[i].lp.n_top == 3, "prompt event %d: %d top", i, pe[i].lp.n_top);
+            for (int j = 0; j < pe[i].lp.n_top; j++)
+                worst = fmax(worst, fabs(pe[i].lp.top_lp[j] - (row[pe[i].lp.top_id[j]] - lse)));
+        }
+        CHECK(pr && worst < 1e-4, "prompt logprobs against the model's rows: worst %.3g", worst);
+        free(pr);
+        int n1 = drain(rq[1], gen, 8, &ev);
+        CHECK(n1 == N && ev.finish == ENGINE_FINISH_LENGTH, "the request beside it: %d", n1);
+        engine_request_release(rq[0]);
+        engine_request_release(rq[1]);
+    }
+
     /* Out-of-range values are refused, naming the field. */
     struct engine_params bad = plain;
     bad.top_logprobs = 21;

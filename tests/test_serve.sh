@@ -304,7 +304,6 @@ err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_
 err_case /v1/chat/completions '{"messages":"x"}' 400 "$oai and .error.param == \"messages\"" "messages not an array"
 err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"n":3}' 400 "$oai and .error.param == \"n\"" "n != 1"
 err_case /v1/chat/completions '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}' 400 "$oai" "image part"
-err_case /v1/completions '{"prompt":"x","echo":true}' 400 "$oai and .error.param == \"echo\"" "echo"
 err_case /v1/completions '{"prompt":[1,99999]}' 400 "$oai and (.error.message | test(\"vocabulary\"))" "id out of vocabulary"
 err_case /v1/messages '{"messages":[{"role":"user","content":"x"}]}' 400 "$ant and (.error.message | test(\"max_tokens\"))" "messages without max_tokens"
 err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"robot","content":"x"}]}' 400 "$ant" "messages bad role"
@@ -356,6 +355,17 @@ call /v1/completions '{"prompt":"Once upon a time","max_tokens":10,"temperature"
 check '[ "$code" = 200 ] && jq -e ".choices[0].logprobs as \$l | (\$l.tokens | join(\"\")) == .choices[0].text and (\$l.token_logprobs | length) == .usage.completion_tokens and \$l.text_offset[0] == 0 and ([range(1; \$l.text_offset | length) as \$i | \$l.text_offset[\$i] == \$l.text_offset[\$i-1] + (\$l.tokens[\$i-1] | length)] | all) and ([\$l.top_logprobs[] | length <= 2 and length >= 1] | all)" <<<"$body" >/dev/null' "completions logprobs: $code $body"
 call /v1/responses '{"input":"Once upon a time","max_output_tokens":6,"temperature":0,"include":["message.output_text.logprobs"],"top_logprobs":2}'
 check '[ "$code" = 200 ] && jq -e ".output[-1].content[0] as \$c | (\$c.logprobs | length) == .usage.output_tokens and ([\$c.logprobs[].token] | join(\"\")) == \$c.text and ([\$c.logprobs[] | (.top_logprobs | length) == 2] | all)" <<<"$body" >/dev/null' "responses logprobs: $code $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":3,"temperature":0,"logprobs":1,"echo":true}'
+check '[ "$code" = 200 ] && jq -e ".choices[0] as \$c | (\$c.text | startswith(\"Once upon a time\")) and (\$c.logprobs.tokens | length) == .usage.prompt_tokens + .usage.completion_tokens and \$c.logprobs.token_logprobs[0] == null and \$c.logprobs.top_logprobs[0] == null and ([\$c.logprobs.token_logprobs[1:][] | . <= 0] | all) and \$c.logprobs.text_offset[1] == 0" <<<"$body" >/dev/null' "echo with logprobs: $code $body"
+# what a generated token was given is what the same token gets as prompt (lm-eval's loglikelihood)
+ids=$(jq -c '[1] + .cases[0].generated_ids[0:20]' "$STORIES/expected_greedy.json")
+ids25=$(jq -c '[1] + .cases[0].generated_ids[0:25]' "$STORIES/expected_greedy.json")
+call /v1/completions '{"prompt":'"$ids"',"max_tokens":5,"temperature":0,"logprobs":0}'
+gen_lp=$(jq -c '.choices[0].logprobs.token_logprobs' <<<"$body")
+call /v1/completions '{"prompt":'"$ids25"',"max_tokens":1,"temperature":0,"logprobs":0,"echo":true}'
+check '[ "$code" = 200 ] && jq -e --argjson g "$gen_lp" "[range(0; 5) as \$i | ((.choices[0].logprobs.token_logprobs[21 + \$i] - \$g[\$i]) | fabs) < 1e-4] | all" <<<"$body" >/dev/null' "echoed prompt logprobs = the same tokens' generated ones: $gen_lp vs $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":2,"temperature":0,"echo":true}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].text | startswith(\"Once upon a time\")" <<<"$body" >/dev/null' "echo without logprobs: $code $body"
 call /v1/completions '{"prompt":"Once upon a time","max_tokens":4,"temperature":0,"logprobs":0,"logit_bias":{"300":100}}'
 check '[ "$code" = 200 ] && jq -e ".choices[0].logprobs.tokens | length == 4 and (unique | length) == 1" <<<"$body" >/dev/null' "logit_bias +100 picks that token every step: $code $body"
 call /v1/messages '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":8,"temperature":0,"repetition_penalty":1.3,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_context_size":10}'

@@ -61,6 +61,7 @@ struct engine {
     struct kv_disk_stats disk_st; /* copied under the lock, for stats */
     int *spec_span;          /* speculation: the last token and the drafts */
     float *spec_logits;      /* their rows */
+    float *plp_rows;         /* prompt logprobs: PLP_ROWS rows, made on first use */
     int *match;              /* prefix_cache_lookup's output */
     float *logits;
 
@@ -302,6 +303,7 @@ struct seq {
     bool host_row, processed;
     float *raw;
     uint8_t *mark;
+    int plp_next; /* prompt_logprobs: the next prompt index to report */
 };
 
 static void seq_free(struct seq *s)
@@ -451,9 +453,14 @@ static void admit(struct engine *eng)
         const int *toks = resumed ? s->toks : r->prompt;
         int n = resumed ? s->n_toks : r->n_prompt;
         /* Start on the longest cached chain of full blocks, but compute at
-         * least the last known token (its logits are needed). */
-        int n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match);
-        n_match = prefix_cache_restore(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match, n_match);
+         * least the last known token (its logits are needed); not where
+         * the prompt's rows are still to be reported. */
+        int n_match = 0;
+        if (!r->p.prompt_logprobs || (s && s->plp_next >= r->n_prompt)) {
+            n_match = prefix_cache_lookup(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match);
+            n_match = prefix_cache_restore(&eng->pc, toks, n, (n - 1) / eng->bs, eng->match,
+                                           n_match);
+        }
         int avail = eng->pool.n_free + eng->pc.n_idle - blocks_outstanding(eng);
         if (eng->n_run > 0 && blocks_for(eng, n + 1) - n_match > avail)
             return; /* wait for blocks */
@@ -669,6 +676,79 @@ static int spec_step(struct engine *eng, struct seq *s)
     return 1;
 }
 
+/* ---- prompt logprobs ----
+ *
+ * The batch returns each sequence's last row only, so a sequence whose
+ * prompt's log-probabilities are asked for (completions' echo) computes
+ * its prompt here first, PLP_ROWS tokens a forward with every row, and
+ * reports each prompt token's entry from the row before it. Its last
+ * prompt token then goes through the batch as any sequence's does (its row
+ * is the first generated token's). Preempted and resumed, it computes its
+ * prompt again but reports only what it had not. */
+
+#define PLP_ROWS 16
+
+static bool plp_pending(const struct seq *s)
+{
+    return s->r->p.prompt_logprobs && s->plp_next < s->r->n_prompt;
+}
+
+/* One chunk of s's prompt: 1 when it ran, 0 when there was no room yet,
+ * -1 when s was retired (the forward failed). */
+static int plp_step(struct engine *eng, struct seq *s)
+{
+    struct engine_request *r = s->r;
+    const int vocab = eng->m->cfg.vocab_size;
+    struct err e = {{0}};
+    if (s->plp_next == 0) { /* the first token: nothing predicts it */
+        struct engine_event ev = {.token = r->prompt[0], .prompt = true,
+                                  .n_prompt = r->n_prompt, .n_cached = r->n_cached};
+        push_event(r, &ev);
+        s->plp_next = 1;
+    }
+    int from = s->kv.n_tokens, end = r->n_prompt - 1;
+    if (end - from > PLP_ROWS)
+        end = from + PLP_ROWS;
+    if (end <= from) { /* a one-token prompt */
+        s->plp_next = r->n_prompt;
+        return 1;
+    }
+    if (!eng->plp_rows &&
+        !(eng->plp_rows = malloc(sizeof(float) * (size_t)vocab * PLP_ROWS))) {
+        retire(eng, s, ENGINE_FINISH_ERROR, "out of memory");
+        return -1;
+    }
+    if (kv_seq_reserve(&eng->pool, &s->kv, end, &e)) {
+        if (eng->n_run > 1)
+            return 0; /* the others' blocks come free as they end */
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg); /* alone and no room: never */
+        return -1;
+    }
+    if (forward_tokens(&eng->fs, &eng->pool, &s->kv, s->toks + from, end - from, true,
+                       eng->plp_rows, &e)) {
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+        return -1;
+    }
+    for (int i = from + 1; i <= end; i++) {
+        if (i < s->plp_next)
+            continue; /* reported before a preemption */
+        const float *row = eng->plp_rows + (size_t)(i - 1 - from) * vocab;
+        struct engine_event ev = {.token = r->prompt[i], .prompt = true, .has_logprobs = true,
+                                  .n_prompt = r->n_prompt, .n_cached = r->n_cached};
+        double lse = logits_lse(row, vocab);
+        logprobs_top(row, vocab, r->p.top_logprobs, lse, &ev.lp);
+        ev.lp.logprob = (float)((double)row[r->prompt[i]] - lse);
+        push_event(r, &ev);
+    }
+    if (end + 1 > s->plp_next)
+        s->plp_next = end + 1;
+    pthread_mutex_lock(&eng->mu);
+    eng->st.batch_steps++;
+    eng->st.batch_rows++;
+    pthread_mutex_unlock(&eng->mu);
+    return 1;
+}
+
 /* One engine step over the running sequences. */
 static void engine_step(struct engine *eng)
 {
@@ -680,6 +760,9 @@ static void engine_step(struct engine *eng)
     for (int i = eng->n_pre - 1; i >= 0; i--)
         if (atomic_load(&eng->pre[i]->r->cancel))
             retire(eng, eng->pre[i], ENGINE_FINISH_CANCELLED, NULL);
+    for (int i = 0; i < eng->n_run; i++)
+        if (plp_pending(eng->run[i]) && plp_step(eng, eng->run[i]) < 0)
+            i--; /* retired: the next one moved into its place */
     if (eng->n_run == 0)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
@@ -696,6 +779,8 @@ static void engine_step(struct engine *eng)
     for (int i = 0; i < eng->n_run; i++) {
         struct seq *s = eng->run[i];
         int left = s->n_toks - s->kv.n_tokens, k = 1;
+        if (plp_pending(s))
+            continue; /* its prompt goes through plp_step */
         if (left > 1) {
             k = left < eng->cfg.prefill_chunk ? left : eng->cfg.prefill_chunk;
             if (k > budget)
@@ -985,6 +1070,7 @@ static void engine_free_parts(struct engine *eng)
     free(eng->segs);
     free(eng->spec_span);
     free(eng->spec_logits);
+    free(eng->plp_rows);
     free(eng);
 }
 

@@ -118,6 +118,11 @@ struct engine_event {
      * and the top_logprobs most likely ids' (logits.h) */
     bool has_logprobs;
     struct token_logprobs lp;
+    /* with engine_params.prompt_logprobs: an event per prompt token, in
+     * order and before any generated one (token = the prompt's id, the
+     * first without logprobs: nothing predicts it); not counted as
+     * generated */
+    bool prompt;
     char error[256];
 };
 
@@ -142,6 +147,9 @@ struct engine_params {
      * top_logprobs (0..LOGPROBS_TOP_MAX) most likely ids */
     bool logprobs;
     int top_logprobs;
+    /* the prompt's tokens' logprobs too (completions' echo): the prompt is
+     * computed outside the prefix cache, a few rows at a time */
+    bool prompt_logprobs;
 };
 
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,

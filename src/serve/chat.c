@@ -37,6 +37,12 @@ struct gen {
     struct gen_logprob *lps;
     int n_lps, cap_lps, taken;
     long long chars;
+    /* echo: the prompt's text, released before anything else; pdt decodes
+     * the prompt's tokens for their entries' offsets */
+    char *echo;
+    size_t echo_n;
+    struct detok pdt;
+    long long pchars;
     bool finished;
     bool listed; /* in srv->gens */
     struct gen_result res;
@@ -161,6 +167,22 @@ static int force_call(const struct chat_req *req, const struct turn_syntax *syn,
     return 0;
 }
 
+/* echo: the prompt's own text, or its ids decoded; generated text's
+ * offsets count from its end. */
+static int echo_text(struct gen *g, const struct chat_req *req, const int *ids, int n)
+{
+    struct err e = {{0}};
+    const struct tokenizer *t = g->srv->sm.tok;
+    g->echo = req->n_ids > 0 ? tok_decode(t, ids, n, true, &e) : strdup(req->text ? req->text : "");
+    if (!g->echo)
+        return -1;
+    g->echo_n = strlen(g->echo);
+    for (size_t i = 0; i < g->echo_n; i++)
+        g->chars += ((unsigned char)g->echo[i] & 0xC0) != 0x80;
+    detok_init(&g->pdt, t, true);
+    return 0;
+}
+
 /* ---- start / stop ---- */
 
 int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
@@ -224,6 +246,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
         .frequency_window = req->frequency_window.set ? req->frequency_window.v : 0};
     p.logprobs = req->logprobs;
     p.top_logprobs = req->top_logprobs;
+    p.prompt_logprobs = req->echo && req->logprobs;
     p.stop_ids = sm->stop_ids;
     p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
     char *forced = NULL;
@@ -253,6 +276,12 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     g->srv = srv;
     g->n_prompt = n;
     g->logprobs = req->logprobs;
+    if (req->echo && echo_text(g, req, ids, n)) {
+        free(ids);
+        grammar_free(p.grammar);
+        gen_free(g);
+        return api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
     g->tools = json_incref(req->tools);
     g->syn = syn;
     g->think = !syn.think ? 2 : syn.think_open ? 1 : 0;
@@ -347,6 +376,7 @@ void gen_free(struct gen *g)
         free(g->stops[i]);
     free(g->piece);
     free(g->lps);
+    free(g->echo);
     sbuf_free(&g->pending);
     json_decref(g->tools);
     free(g);
@@ -460,7 +490,7 @@ static void finish(struct gen *g, enum gen_finish why, const struct engine_event
         g->res.n_cached = ev->n_cached;
 }
 
-static int keep_logprob(struct gen *g, const struct engine_event *ev)
+static int keep_logprob(struct gen *g, const struct engine_event *ev, long long offset)
 {
     if (g->n_lps == g->cap_lps) {
         int cap = g->cap_lps ? 2 * g->cap_lps : 64;
@@ -470,8 +500,8 @@ static int keep_logprob(struct gen *g, const struct engine_event *ev)
         g->lps = n;
         g->cap_lps = cap;
     }
-    g->lps[g->n_lps++] = (struct gen_logprob){.token = ev->token, .offset = g->chars,
-                                              .lp = ev->lp};
+    g->lps[g->n_lps++] = (struct gen_logprob){.token = ev->token, .offset = offset,
+                                              .none = !ev->has_logprobs, .lp = ev->lp};
     return 0;
 }
 
@@ -491,15 +521,27 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
 {
     size_t start = text->n;
     double deadline = serve_now() + timeout_ms / 1000.0;
+    if (g->echo && g->echo_n) { /* before any token: it is no stop string's part */
+        sbuf_put(text, g->echo, g->echo_n);
+        g->echo_n = 0;
+    }
     while (!g->finished) {
         int left = (int)((deadline - serve_now()) * 1000.0);
         struct engine_event ev;
         if (engine_request_next(g->r, &ev, left > 0 ? left : 0) == 0)
             return text->n > start ? GEN_TEXT : GEN_WAIT;
         g->res.n_cached = ev.n_cached; /* every event carries it */
+        if (ev.prompt) { /* echo's prompt entries, before any generated token */
+            if (g->logprobs && !g->lp_oom && keep_logprob(g, &ev, g->pchars))
+                g->lp_oom = true;
+            size_t k = detok_feed(&g->pdt, ev.token, g->piece, g->piece_cap);
+            for (size_t i = 0; i < k; i++)
+                g->pchars += ((unsigned char)g->piece[i] & 0xC0) != 0x80;
+            continue;
+        }
         if (ev.finish == ENGINE_FINISH_NONE) {
             g->n_tokens++;
-            if (g->logprobs && !g->lp_oom && ev.has_logprobs && keep_logprob(g, &ev))
+            if (g->logprobs && !g->lp_oom && ev.has_logprobs && keep_logprob(g, &ev, g->chars))
                 g->lp_oom = true; /* out of memory: the rest go without */
             size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);
             for (size_t i = 0; i < k; i++)

@@ -139,6 +139,9 @@ struct chat_req {
      * likely alternatives' come back with it */
     bool logprobs;
     int top_logprobs;
+    /* completions' echo: the answer's text starts with the prompt's, and
+     * with logprobs the prompt's tokens have entries too */
+    bool echo;
 };
 
 void chat_req_free(struct chat_req *r);
@@ -258,6 +261,7 @@ int gen_prompt_tokens(const struct gen *g);
 struct gen_logprob {
     int token;
     long long offset;
+    bool none; /* the prompt's first token (echo): nothing predicts it */
     struct token_logprobs lp;
 };
 /* The entries of the tokens that came since the last call (every one, the

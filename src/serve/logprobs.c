@@ -64,7 +64,7 @@ json_t *logprobs_completion(const struct tokenizer *t, const struct gen_logprob 
         int k;
         const char *s = token_text(t, e[i].token, &k, &byte);
         json_array_append_new(tokens, json_text(s, (size_t)k));
-        json_array_append_new(lps, lp_json(e[i].lp.logprob));
+        json_array_append_new(lps, e[i].none ? json_null() : lp_json(e[i].lp.logprob));
         json_array_append_new(offs, json_integer(e[i].offset));
         json_t *top = json_object();
         for (int j = 0; j < e[i].lp.n_top; j++) {
@@ -75,7 +75,7 @@ json_t *logprobs_completion(const struct tokenizer *t, const struct gen_logprob 
                 json_object_set_new(top, json_string_value(key), lp_json(e[i].lp.top_lp[j]));
             json_decref(key);
         }
-        json_array_append_new(tops, top);
+        json_array_append_new(tops, e[i].none ? (json_decref(top), json_null()) : top);
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
                      "top_logprobs", tops, "text_offset", offs);

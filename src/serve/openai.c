@@ -406,10 +406,7 @@ void openai_completions(struct server *srv, const json_t *req, const struct clie
         field_int(req, "logprobs", 0, LOGPROBS_TOP_MAX, &logprobs, &ae) ||
         field_int(req, "best_of", 1, 128, &best_of, &ae))
         goto fail;
-    if (echo) {
-        api_fail(&ae, 400, NULL, "echo", "'echo' is not supported");
-        goto fail;
-    }
+    r.echo = echo;
     r.logprobs = logprobs.set; /* 0: the chosen tokens' alone */
     r.top_logprobs = logprobs.set ? logprobs.v : 0;
     if (best_of.set && best_of.v != 1) {
