@@ -170,6 +170,47 @@ PY
     then note "serve --device cuda --draft-kind ngram: same text as without, drafts kept: PASS"
     else cat "$WORK"/spec.*; note "serve --device cuda --draft-kind ngram: FAIL"; fails=$((fails+1)); fi
 fi
+# logprobs and logits processing on the GPU (rows back to the host):
+# greedy text with logprobs = without (host argmax = device argmax), the
+# top entry is the chosen token, an echoed prompt token's log-probability =
+# the same token's when generated (forward_tokens' rows vs the batch's),
+# within bf16's reach of the CPU's, and a +100 logit_bias wins every step.
+if command -v python3 >/dev/null; then
+    ids=$(python3 -c 'import json,sys; w=json.load(open(sys.argv[1]))["cases"][0]["generated_ids"]; d=lambda v: json.dumps(v, separators=(",", ":")); print(d([1]+w[:20]), d([1]+w[:25]))' "$SHARED/models/stories260K/expected_greedy.json")
+    ids20=${ids% *} ids25=${ids#* }
+    for dev in cuda cpu; do
+        port=$((20000 + RANDOM % 12000))
+        timeout 120 "$BIN/cllm" serve "$SHARED/models/stories260K" --device $dev --port "$port" >"$WORK/lp.$dev.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 1 100); do curl -s -m 1 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+        u="http://127.0.0.1:$port/v1/completions"
+        curl -s -m 60 "$u" -d '{"prompt":'"$ids20"',"max_tokens":20,"temperature":0,"logprobs":2}' >"$WORK/lp.$dev.a"
+        curl -s -m 60 "$u" -d '{"prompt":'"$ids20"',"max_tokens":20,"temperature":0}' >"$WORK/lp.$dev.b"
+        curl -s -m 60 "$u" -d '{"prompt":'"$ids25"',"max_tokens":1,"temperature":0,"logprobs":0,"echo":true}' >"$WORK/lp.$dev.e"
+        curl -s -m 60 "$u" -d '{"prompt":'"$ids20"',"max_tokens":4,"temperature":0,"logprobs":0,"logit_bias":{"300":100}}' >"$WORK/lp.$dev.x"
+        kill -TERM "$spid" 2>/dev/null
+        wait "$spid"
+    done
+    if python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+def ch(dev, k): return json.load(open(f"{w}/lp.{dev}.{k}"))["choices"][0]
+a, b, e, x = (ch("cuda", k) for k in "abex")
+assert a["text"] == b["text"], (a["text"], b["text"])
+lp = a["logprobs"]
+for t, l, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+    assert max(top.values()) == l and top.get(t) == l, (t, l, top)
+d_echo = max(abs(e["logprobs"]["token_logprobs"][21 + i] - lp["token_logprobs"][i]) for i in range(5))
+assert d_echo < 5e-2, d_echo
+c = ch("cpu", "a")["logprobs"]["token_logprobs"]
+d_cpu = max(abs(p - q) for p, q in zip(c, lp["token_logprobs"]))
+assert d_cpu < 1e-1, d_cpu
+assert len(set(x["logprobs"]["tokens"])) == 1, x
+print(f"echo vs generated {d_echo:.2g}, cuda vs cpu {d_cpu:.2g}")
+PY
+    then note "serve --device cuda logprobs, echo, logit_bias: PASS"
+    else cat "$WORK"/lp.*; note "serve --device cuda logprobs: FAIL"; fails=$((fails+1)); fi
+fi
 # A random-weight shape the sample models do not cover (head_dim 64, 7
 # query heads per KV head, q/k/v biases): greedy ids of the CPU backend
 # and of CUDA (its tensor-core decode attention, staged GEMVs) after a
