@@ -73,17 +73,18 @@ void logits_process(const struct logits_params *p, const int *toks, int n, float
 
 double logits_lse(const float *row, int n)
 {
-    double m = -INFINITY;
+    float m = -INFINITY;
     for (int i = 0; i < n; i++)
-        if (row[i] > m) /* false for NaN */
-            m = row[i];
+        m = row[i] > m ? row[i] : m; /* NaN never wins */
     if (isinf(m))
         return m;
+    /* float exponentials (libm's expf costs a third of exp), summed in
+     * double: off by about a float ulp of a log-probability */
     double s = 0;
     for (int i = 0; i < n; i++)
         if (!isnan(row[i]))
-            s += exp((double)row[i] - m);
-    return m + log(s);
+            s += expf(row[i] - m);
+    return (double)m + log(s);
 }
 
 void logprobs_top(const float *row, int n, int k, double lse, struct token_logprobs *lp)
@@ -92,20 +93,27 @@ void logprobs_top(const float *row, int n, int k, double lse, struct token_logpr
         k = LOGPROBS_TOP_MAX;
     if (k > n)
         k = n;
-    /* insertion into a short sorted list: k <= 20, one pass over the row */
-    int m = 0;
+    /* insertion into a short sorted list: k <= 20, one pass over the row;
+     * cut is the value an entry must beat once the list is full */
+    int m = 0, id[LOGPROBS_TOP_MAX];
+    float cut = -INFINITY;
+    bool full = false;
     for (int i = 0; i < n && k > 0; i++) {
         float v = row[i];
-        if (isnan(v) || (m == k && !(v > row[lp->top_id[m - 1]])))
+        if (isnan(v) || (full && !(v > cut)))
             continue; /* ties keep the lower id already there */
         int j = m < k ? m++ : k - 1;
-        while (j > 0 && v > row[lp->top_id[j - 1]]) {
-            lp->top_id[j] = lp->top_id[j - 1];
+        while (j > 0 && v > row[id[j - 1]]) {
+            id[j] = id[j - 1];
             j--;
         }
-        lp->top_id[j] = i;
+        id[j] = i;
+        full = m == k;
+        cut = row[id[m - 1]];
     }
     lp->n_top = m;
-    for (int j = 0; j < m; j++)
-        lp->top_lp[j] = (float)((double)row[lp->top_id[j]] - lse);
+    for (int j = 0; j < m; j++) {
+        lp->top_id[j] = id[j];
+        lp->top_lp[j] = (float)((double)row[id[j]] - lse);
+    }
 }
