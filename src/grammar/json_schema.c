@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "grammar/grammar.h"
 
 #if JANSSON_VERSION_HEX < 0x020800
@@ -35,63 +36,13 @@ enum {
     MAX_DEFS = 4096,
 };
 
-/* ---- text buffer: a failed allocation is remembered, reported once */
-
-struct buf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-};
-
-static void putn(struct buf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void put(struct buf *b, const char *s) { putn(b, s, strlen(s)); }
-
-static void putb(struct buf *b, const struct buf *src)
-{
-    b->oom |= src->oom;
-    if (src->n)
-        putn(b, src->p, src->n);
-}
-
-/* For short pieces (names, counts): longer text goes through put. */
-__attribute__((format(printf, 2, 3))) static void putf(struct buf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        putn(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 /* n alternatives joined by " | " as one expression: parenthesized when
  * there are several. */
 static void put_choice(struct buf *x, const struct buf *alts, int n)
 {
-    put(x, n > 1 ? "( " : "");
-    putb(x, alts);
-    put(x, n > 1 ? " )" : "");
+    buf_puts(x, n > 1 ? "( " : "");
+    buf_putb(x, alts);
+    buf_puts(x, n > 1 ? " )" : "");
 }
 
 /* ---- shared primitives: written once each, with what they use */
@@ -198,7 +149,7 @@ __attribute__((format(printf, 3, 4))) static int fail(struct conv *c, const char
 static void prim(struct conv *c, struct buf *x, enum prim p)
 {
     c->prims |= B(p);
-    put(x, PRIMS[p].name);
+    buf_puts(x, PRIMS[p].name);
 }
 
 static void subpath(char *out, size_t n, const char *path, const char *fmt, ...)
@@ -221,7 +172,7 @@ static void put_lit(struct buf *x, const char *s, size_t n)
         x->oom = true;
         return;
     }
-    putn(x, q, grammar_literal(s, n, q));
+    buf_putn(x, q, grammar_literal(s, n, q));
     free(q);
 }
 
@@ -250,17 +201,17 @@ static int put_json(struct conv *c, struct buf *x, const json_t *v, const char *
 static void put_rep(struct buf *x, long lo, long hi)
 {
     if (lo == 0 && hi < 0)
-        put(x, "*");
+        buf_puts(x, "*");
     else if (lo == 1 && hi < 0)
-        put(x, "+");
+        buf_puts(x, "+");
     else if (lo == 0 && hi == 1)
-        put(x, "?");
+        buf_puts(x, "?");
     else if (hi < 0)
-        putf(x, "{%ld,}", lo);
+        buf_printf(x, "{%ld,}", lo);
     else if (lo == hi)
-        putf(x, "{%ld}", lo);
+        buf_printf(x, "{%ld}", lo);
     else
-        putf(x, "{%ld,%ld}", lo, hi);
+        buf_printf(x, "{%ld,%ld}", lo, hi);
 }
 
 /* item{lo,hi} (hi < 0: unbounded). Counts past CHUNK are spelled in chunks
@@ -270,43 +221,43 @@ static void put_rep(struct buf *x, long lo, long hi)
 static void put_count(struct conv *c, struct buf *x, const char *item, long lo, long hi)
 {
     if (lo <= CHUNK && hi <= CHUNK) {
-        put(x, item);
+        buf_puts(x, item);
         put_rep(x, lo, hi);
         return;
     }
     long d = hi < 0 ? -1 : hi - lo;
     if (lo >= CHUNK) {
-        put(x, "( ");
-        put(x, item);
-        putf(x, "{%d} ){%ld}", CHUNK, lo / CHUNK);
+        buf_puts(x, "( ");
+        buf_puts(x, item);
+        buf_printf(x, "{%d} ){%ld}", CHUNK, lo / CHUNK);
     }
     if (lo % CHUNK) {
-        put(x, " ");
-        put(x, item);
-        putf(x, "{%ld}", lo % CHUNK);
+        buf_puts(x, " ");
+        buf_puts(x, item);
+        buf_printf(x, "{%ld}", lo % CHUNK);
     }
     if (d && d <= CHUNK) {
-        put(x, " ");
-        put(x, item);
+        buf_puts(x, " ");
+        buf_puts(x, item);
         put_rep(x, 0, d);
     } else if (d > CHUNK) {
         int id = ++c->n_rules;
         for (long j = 1; j <= d / CHUNK; j++) {
-            putf(&c->rules, "cnt-%d-%ld ::= ", id, j);
-            put(&c->rules, item);
-            putf(&c->rules, "{0,%d} | ", CHUNK - 1);
-            put(&c->rules, item);
-            putf(&c->rules, "{%d}", CHUNK);
+            buf_printf(&c->rules, "cnt-%d-%ld ::= ", id, j);
+            buf_puts(&c->rules, item);
+            buf_printf(&c->rules, "{0,%d} | ", CHUNK - 1);
+            buf_puts(&c->rules, item);
+            buf_printf(&c->rules, "{%d}", CHUNK);
             if (j > 1) {
-                putf(&c->rules, " cnt-%d-%ld", id, j - 1);
+                buf_printf(&c->rules, " cnt-%d-%ld", id, j - 1);
             } else if (d % CHUNK) {
-                put(&c->rules, " ");
-                put(&c->rules, item);
-                putf(&c->rules, "{0,%ld}", d % CHUNK);
+                buf_puts(&c->rules, " ");
+                buf_puts(&c->rules, item);
+                buf_printf(&c->rules, "{0,%ld}", d % CHUNK);
             }
-            put(&c->rules, "\n");
+            buf_puts(&c->rules, "\n");
         }
-        putf(x, " cnt-%d-%ld", id, d / CHUNK);
+        buf_printf(x, " cnt-%d-%ld", id, d / CHUNK);
     }
 }
 
@@ -489,7 +440,7 @@ static int gen_ref(struct conv *c, const json_t *ref, const char *path, struct b
             return fail(c, path, "$ref \"%s\" comes back to itself before any value is written",
                         r);
         d->used = true;
-        put(x, d->name);
+        buf_puts(x, d->name);
         return 0;
     }
     int i = def_add(c, node, seg, path);
@@ -505,10 +456,10 @@ static int gen_ref(struct conv *c, const json_t *ref, const char *path, struct b
     c->defs[i].open = false;
     c->defs[i].used = true;
     if (rc == 0) {
-        putf(&c->rules, "%s ::= ", c->defs[i].name);
-        putb(&c->rules, &body);
-        put(&c->rules, "\n");
-        put(x, c->defs[i].name);
+        buf_printf(&c->rules, "%s ::= ", c->defs[i].name);
+        buf_putb(&c->rules, &body);
+        buf_puts(&c->rules, "\n");
+        buf_puts(x, c->defs[i].name);
     }
     free(body.p);
     return rc;
@@ -547,10 +498,10 @@ static int add_prop(struct conv *c, struct prop **props, int *n, const char *key
     json_decref(k);
     if (rc)
         return rc;
-    put(&p->kv, " ws \":\" ws ");
+    buf_puts(&p->kv, " ws \":\" ws ");
     c->prims |= B(P_WS);
     if (val) {
-        putb(&p->kv, val);
+        buf_putb(&p->kv, val);
         return 0;
     }
     return gen(c, schema, path, &p->kv);
@@ -559,18 +510,18 @@ static int add_prop(struct conv *c, struct prop **props, int *n, const char *key
 /* After a member: `, KV`, optional unless required. */
 static void put_next(struct buf *b, const struct prop *p)
 {
-    put(b, p->req ? " ws \",\" ws " : " ( ws \",\" ws ");
-    putb(b, &p->kv);
+    buf_puts(b, p->req ? " ws \",\" ws " : " ( ws \",\" ws ");
+    buf_putb(b, &p->kv);
     if (!p->req)
-        put(b, " )?");
+        buf_puts(b, " )?");
 }
 
 /* After a member: any number of `, EXTRA`. */
 static void put_extras(struct buf *b, const struct buf *ekv)
 {
-    put(b, " ( ws \",\" ws ");
-    putb(b, ekv);
-    put(b, " )*");
+    buf_puts(b, " ( ws \",\" ws ");
+    buf_putb(b, ekv);
+    buf_puts(b, " )*");
 }
 
 /* Keys in schema order, required ones present, each at most once, then any
@@ -648,8 +599,8 @@ static int gen_object(struct conv *c, const json_t *s, const char *path, struct 
     }
     if (extras) {
         prim(c, &ekv, P_STRING);
-        put(&ekv, " ws \":\" ws ");
-        putb(&ekv, &addval);
+        buf_puts(&ekv, " ws \":\" ws ");
+        buf_putb(&ekv, &addval);
     }
 
     int id = ++c->n_rules, r = 0;
@@ -659,26 +610,26 @@ static int gen_object(struct conv *c, const json_t *s, const char *path, struct 
      * extra member (j == n). */
     int n_alt = (r < n ? r + 1 : n) + (r == n && extras);
     bool tails = n_alt > 1;
-    putf(&body, "obj-%d ::= \"{\" ws ", id);
+    buf_printf(&body, "obj-%d ::= \"{\" ws ", id);
     if (n_alt == 0) {
-        put(&body, "\"}\"\n");
+        buf_puts(&body, "\"}\"\n");
     } else {
         if (r == n)
-            put(&body, "( ");
+            buf_puts(&body, "( ");
         if (tails)
-            put(&body, "( ");
+            buf_puts(&body, "( ");
         for (int j = 0; j < n_alt; j++) {
             if (j)
-                put(&body, " | ");
+                buf_puts(&body, " | ");
             if (j == n) {
-                putb(&body, &ekv);
+                buf_putb(&body, &ekv);
                 put_extras(&body, &ekv);
                 continue;
             }
-            putb(&body, &pr[j].kv);
+            buf_putb(&body, &pr[j].kv);
             if (tails) {
                 if (j + 1 < n || extras)
-                    putf(&body, " obj-%d-t%d", id, j + 1);
+                    buf_printf(&body, " obj-%d-t%d", id, j + 1);
                 continue;
             }
             for (int i = j + 1; i < n; i++)
@@ -687,24 +638,24 @@ static int gen_object(struct conv *c, const json_t *s, const char *path, struct 
                 put_extras(&body, &ekv);
         }
         if (tails)
-            put(&body, " )");
-        put(&body, r == n ? " ws )? \"}\"\n" : " ws \"}\"\n");
+            buf_puts(&body, " )");
+        buf_puts(&body, r == n ? " ws )? \"}\"\n" : " ws \"}\"\n");
         for (int k = 1; tails && k <= n; k++) {
             if (k == n && !extras)
                 break;
-            putf(&body, "obj-%d-t%d ::=", id, k);
+            buf_printf(&body, "obj-%d-t%d ::=", id, k);
             if (k == n) {
                 put_extras(&body, &ekv);
             } else {
                 put_next(&body, &pr[k]);
                 if (k + 1 < n || extras)
-                    putf(&body, " obj-%d-t%d", id, k + 1);
+                    buf_printf(&body, " obj-%d-t%d", id, k + 1);
             }
-            put(&body, "\n");
+            buf_puts(&body, "\n");
         }
     }
-    putb(&c->rules, &body);
-    putf(x, "obj-%d", id);
+    buf_putb(&c->rules, &body);
+    buf_printf(x, "obj-%d", id);
 out:
     for (int i = 0; i < n; i++)
         free(pr[i].kv.p);
@@ -766,16 +717,16 @@ static int gen_array(struct conv *c, const json_t *s, const char *path, struct b
         }
     }
     int id = ++c->n_rules;
-    putf(&body, "arr-%d ::= \"[\" ws ", id);
+    buf_printf(&body, "arr-%d ::= \"[\" ws ", id);
     if (k == 0 && rest_hi == 0) {
-        put(&body, "\"]\"\n");
+        buf_puts(&body, "\"]\"\n");
     } else {
         if (lo == 0)
-            put(&body, "( ");
+            buf_puts(&body, "( ");
         int open = 0;
         for (long i = 0; i < k; i++) {
             if (i)
-                put(&body, i < lo ? " ws \",\" ws " : " ( ws \",\" ws ");
+                buf_puts(&body, i < lo ? " ws \",\" ws " : " ( ws \",\" ws ");
             open += i && i >= lo;
             subpath(sub, sizeof sub, path, "%s[%ld]", prefix_kw, i);
             if ((rc = gen(c, json_array_get(prefix, (size_t)i), sub, &body)))
@@ -784,16 +735,16 @@ static int gen_array(struct conv *c, const json_t *s, const char *path, struct b
         if (rest_hi != 0) {
             long first = k == 0; /* with no prefix the first item has no comma */
             if (first) {
-                putb(&body, &item);
+                buf_putb(&body, &item);
                 rest_lo = rest_lo ? rest_lo - 1 : 0;
                 rest_hi = rest_hi < 0 ? -1 : rest_hi - 1;
             }
             if (rest_hi != 0) {
                 struct buf more = {0};
-                put(&more, "( ws \",\" ws ");
-                putb(&more, &item);
-                put(&more, " )");
-                put(&body, " ");
+                buf_puts(&more, "( ws \",\" ws ");
+                buf_putb(&more, &item);
+                buf_puts(&more, " )");
+                buf_puts(&body, " ");
                 if (more.oom)
                     body.oom = true;
                 else
@@ -802,11 +753,11 @@ static int gen_array(struct conv *c, const json_t *s, const char *path, struct b
             }
         }
         for (; open; open--)
-            put(&body, " )?");
-        put(&body, lo == 0 ? " ws )? \"]\"\n" : " ws \"]\"\n");
+            buf_puts(&body, " )?");
+        buf_puts(&body, lo == 0 ? " ws )? \"]\"\n" : " ws \"]\"\n");
     }
-    putb(&c->rules, &body);
-    putf(x, "arr-%d", id);
+    buf_putb(&c->rules, &body);
+    buf_printf(x, "arr-%d", id);
 out:
     free(item.p);
     free(body.p);
@@ -824,9 +775,9 @@ static int gen_string(struct conv *c, const json_t *s, const char *path, struct 
         if (lengths)
             return fail(c, path, "format \"%s\" with minLength/maxLength is not supported",
                         FORMATS[f]);
-        put(x, "\"\\\"\" ");
+        buf_puts(x, "\"\\\"\" ");
         prim(c, x, FORMAT_PRIMS[f]);
-        put(x, " \"\\\"\"");
+        buf_puts(x, " \"\\\"\"");
         return 0;
     }
     long lo = 0, hi = -1;
@@ -838,13 +789,13 @@ static int gen_string(struct conv *c, const json_t *s, const char *path, struct 
         prim(c, x, P_STRING);
         return 0;
     }
-    put(x, "\"\\\"\" ");
+    buf_puts(x, "\"\\\"\" ");
     if (hi != 0) {
         c->prims |= B(P_CHAR);
         put_count(c, x, "char", lo, hi);
-        put(x, " ");
+        buf_puts(x, " ");
     }
-    put(x, "\"\\\"\"");
+    buf_puts(x, "\"\\\"\"");
     return 0;
 }
 
@@ -885,11 +836,11 @@ static int gen_enum(struct conv *c, const json_t *s, const char *path, bool nul,
         if (!has_type(v, t) && !(nul && json_is_null(v)))
             continue;
         has_null |= json_is_null(v);
-        put(&alts, n++ ? " | " : "");
+        buf_puts(&alts, n++ ? " | " : "");
         rc = put_json(c, &alts, v, path);
     }
     if (!rc && nul && !has_null) {
-        put(&alts, n++ ? " | " : "");
+        buf_puts(&alts, n++ ? " | " : "");
         prim(c, &alts, P_NULL);
     }
     if (!rc && !n)
@@ -927,12 +878,12 @@ static int gen_types(struct conv *c, const json_t *s, const char *path, unsigned
     if (t & T_NUM)
         t &= ~(unsigned)T_INT; /* every integer is a number */
     int n = __builtin_popcount(t);
-    put(x, n > 1 ? "( " : "");
+    buf_puts(x, n > 1 ? "( " : "");
     int rc = 0, k = 0;
     for (unsigned bit = 1; bit <= T_NULL && !rc; bit <<= 1) {
         if (!(t & bit))
             continue;
-        put(x, k++ ? " | " : "");
+        buf_puts(x, k++ ? " | " : "");
         switch (bit) {
         case T_OBJ: rc = gen_object(c, s, path, x); break;
         case T_ARR: rc = gen_array(c, s, path, x); break;
@@ -943,7 +894,7 @@ static int gen_types(struct conv *c, const json_t *s, const char *path, unsigned
         default: prim(c, x, P_NULL); break;
         }
     }
-    put(x, n > 1 ? " )" : "");
+    buf_puts(x, n > 1 ? " )" : "");
     return rc;
 }
 
@@ -965,12 +916,12 @@ static int gen_comb(struct conv *c, const json_t *s, const char *path, const cha
         for (size_t i = 0; i < json_array_size(v) && !rc; i++, n++) {
             char sub[256];
             subpath(sub, sizeof sub, path, "%s[%zu]", kw, i);
-            put(&alts, i ? " | " : "");
+            buf_puts(&alts, i ? " | " : "");
             rc = gen(c, json_array_get(v, i), sub, &alts);
         }
     }
     if (!rc && nul) {
-        put(&alts, " | ");
+        buf_puts(&alts, " | ");
         prim(c, &alts, P_NULL);
         n++;
     }
@@ -1065,12 +1016,12 @@ char *json_schema_gbnf(const json_t *schema, struct err *e)
     if (rc == 0) {
         bool root_used = c.n_defs && c.defs[0].used;
         /* no blanks around the whole text: a model would pad it to the limit */
-        put(&out, "root ::= ");
+        buf_puts(&out, "root ::= ");
         if (root_used)
-            putf(&out, "%s\n%s ::= ", c.defs[0].name, c.defs[0].name);
-        putb(&out, &top);
-        put(&out, "\n");
-        putb(&out, &c.rules);
+            buf_printf(&out, "%s\n%s ::= ", c.defs[0].name, c.defs[0].name);
+        buf_putb(&out, &top);
+        buf_puts(&out, "\n");
+        buf_putb(&out, &c.rules);
         c.prims |= B(P_WS);
         for (bool grew = true; grew;) { /* what the primitives use, transitively */
             grew = false;
@@ -1082,10 +1033,10 @@ char *json_schema_gbnf(const json_t *schema, struct err *e)
         }
         for (int p = 0; p < P_COUNT; p++) {
             if (c.prims & B(p)) {
-                put(&out, PRIMS[p].name);
-                put(&out, " ::= ");
-                put(&out, PRIMS[p].body);
-                put(&out, "\n");
+                buf_puts(&out, PRIMS[p].name);
+                buf_puts(&out, " ::= ");
+                buf_puts(&out, PRIMS[p].body);
+                buf_puts(&out, "\n");
             }
         }
         if (out.oom || c.rules.oom || top.oom)
