@@ -80,7 +80,9 @@ check 'jq -e ".mood" <<<"$out" >/dev/null' "--json-schema-file: '$out'"
 printf 'root ::= " there was a " animal "."\nanimal ::= "cat" | "dog"  # either\n' >"$tmp/g.gbnf"
 out=$("$CLLM" run "$SHARED/models/stories260K" -p "Once upon a time," -n 40 --temp 0 --grammar-file "$tmp/g.gbnf" 2>/dev/null)
 check '[ "$out" = "Once upon a time, there was a cat." ] || [ "$out" = "Once upon a time, there was a dog." ]' "--grammar-file: '$out'"
-expect_err "pattern" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{"type":"string","pattern":"a"}'
+expect_err "pattern: regular expression, at offset 0: lookaround" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{"type":"string","pattern":"(?=a)"}'
+out=$("$CLLM" run "$SHARED/models/stories260K" --prompt-ids 1 -n 40 --temp 0.8 --seed 3 --json-schema '{"type":"string","pattern":"^[a-z]{3}-[0-9]{2}$"}' 2>/dev/null)
+check 'jq -e "test(\"^[a-z]{3}-[0-9]{2}$\")" <<<"$out" >/dev/null' "--json-schema with a pattern: '$out'"
 expect_err "--json-schema: not JSON" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{"type":'
 expect_err "--grammar-file $tmp/g2.gbnf: grammar: line 1: rule 'x' is used but not defined" bash -c "printf 'root ::= x' >$tmp/g2.gbnf; \"$CLLM\" run \"$SHARED/models/stories260K\" -p hi --grammar-file $tmp/g2.gbnf"
 expect_err "give one of" "$CLLM" run "$SHARED/models/stories260K" -p hi --json-schema '{}' --grammar-file "$tmp/g.gbnf"

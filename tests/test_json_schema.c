@@ -245,6 +245,13 @@ static const struct tcase CASES[] = {
      {"01", "1.", ".5", "+1", "1e", "1e999", "12345678901234567", "NaN", "\"1\"", "0x1", "- 1"}},
     {"integer", "{\"type\":\"integer\",\"exclusiveMaximum\":3}", {"0", "-7", "99"},
      {"1.0", "1e2", "-", "--1", "-01"}},
+    {"pattern",
+     "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":"
+     "\"^[A-Z]{2}-\\\\d{3}$\"},\"q\":{\"type\":\"string\",\"pattern\":\"\\\"\"}},"
+     "\"required\":[\"id\",\"q\"]}",
+     {"{\"id\":\"AB-123\",\"q\":\"\\\"\"}", "{\"id\":\"ZZ-000\",\"q\":\"say \\\"hi\\\"\"}"},
+     {"{\"id\":\"AB-12\",\"q\":\"\\\"\"}", "{\"id\":\"ab-123\",\"q\":\"\\\"\"}",
+      "{\"id\":\"AB-123\",\"q\":\"hi\"}", "{\"id\":\"AB-1234\",\"q\":\"\\\"\"}"}},
     {"large counts",
      "{\"type\":\"array\",\"items\":{\"const\":0},\"minItems\":1001,\"maxItems\":2502}",
      {NULL}, {NULL}},
@@ -310,7 +317,9 @@ static void test_refusals(void)
     static const struct {
         const char *schema, *want[3];
     } R[] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", {"pattern is not supported"}},
+        {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", {"pattern: ", "lookaround"}},
+        {"{\"type\":\"string\",\"pattern\":\"^a+$\",\"maxLength\":3}",
+         {"\"pattern\" with minLength/maxLength"}},
         {"{\"properties\":{\"age\":{\"not\":{\"type\":\"string\"}}}}",
          {"schema: properties.age: ", "unsupported keyword \"not\""}},
         {"{\"$ref\":\"#/x\"}", {"schema: ", "$ref \"#/x\"", "does not resolve"}},

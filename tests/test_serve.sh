@@ -382,8 +382,18 @@ call /v1/completions '{"prompt":"x","guided_choice":["a",7]}'
 check '[ "$code" = 400 ] && jq -e ".error.param == \"guided_choice\" and (.error.message | test(\"guided_choice\\\\[1\\\\]\"))" <<<"$body" >/dev/null' "guided_choice with a number: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"temperature":0,"response_format":{"type":"json_object"}}'
 check '[ "$code" = 200 ] && { jq -e ".choices[0].finish_reason == \"length\"" <<<"$body" >/dev/null || jq -r ".choices[0].message.content" <<<"$body" | jq -Rse "fromjson | type == \"object\"" >/dev/null; }' "chat json_object: $code $body"
-call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"^a+$"}}}}'
-check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"pattern\"))" <<<"$body" >/dev/null' "schema with pattern refused: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":40,"temperature":0,"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"id":{"type":"string","pattern":"^[A-Z]{2}-[0-9]{3}$"}},"required":["id"],"additionalProperties":false}}}}'
+check '[ "$code" = 200 ] && jq -r ".choices[0].message.content" <<<"$body" | jq -e ".id | test(\"^[A-Z]{2}-[0-9]{3}$\")" >/dev/null' "schema with a pattern: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"(?<=a)b"}}}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"lookaround\"))" <<<"$body" >/dev/null' "a pattern outside the subset refused: $code $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":30,"temperature":0.9,"seed":5,"guided_regex":" (there|then) [a-z]+ [0-9]{2}\\."}'
+check '[ "$code" = 200 ] && jq -e "(.choices[0].text | test(\"^ (there|then) [a-z]+ [0-9]{2}[.]$\")) and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "guided_regex: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Pick"}],"max_tokens":20,"structured_outputs":{"choice":["left","right"]}}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].message.content | IN(\"left\", \"right\")" <<<"$body" >/dev/null' "structured_outputs.choice: $code $body"
+call /v1/completions '{"prompt":"x","structured_outputs":{"regex":"a","json":{}}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"structured_outputs\"" <<<"$body" >/dev/null' "structured_outputs with two constraints: $code $body"
+call /v1/completions '{"prompt":"x","guided_regex":"a","guided_choice":["a"]}'
+check '[ "$code" = 400 ] && jq -e ".error.message | test(\"both constrain\")" <<<"$body" >/dev/null' "guided_regex beside guided_choice: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3,"response_format":{"type":"text"}}'
 check '[ "$code" = 200 ] && jq -e ".usage.completion_tokens == 3" <<<"$body" >/dev/null' "response_format text: $code $body"
 call /v1/responses '{"input":"Hi","max_output_tokens":3,"text":{"format":{"name":"no type"}}}'

@@ -24,6 +24,7 @@
 
 #include "base/buf.h"
 #include "grammar/grammar.h"
+#include "grammar/regex.h"
 
 #if JANSSON_VERSION_HEX < 0x020800
 #error "json_schema.c needs jansson >= 2.8 (object iteration in insertion order)"
@@ -280,7 +281,7 @@ static const struct {
     {"allOf", K_ALLOF}, {"nullable", K_NULLABLE}, {"properties", K_OBJ}, {"required", K_OBJ},
     {"additionalProperties", K_OBJ}, {"items", K_ARR}, {"prefixItems", K_ARR},
     {"additionalItems", K_ARR}, {"minItems", K_ARR}, {"maxItems", K_ARR},
-    {"minLength", K_STR}, {"maxLength", K_STR}, {"minimum", K_NUM}, {"maximum", K_NUM},
+    {"minLength", K_STR}, {"maxLength", K_STR}, {"pattern", K_STR}, {"minimum", K_NUM}, {"maximum", K_NUM},
     {"exclusiveMinimum", K_NUM}, {"exclusiveMaximum", K_NUM}, {"multipleOf", K_NUM},
     {"format", K_FORMAT},
 };
@@ -771,6 +772,23 @@ static int gen_string(struct conv *c, const json_t *s, const char *path, struct 
 {
     int f = format_of(s);
     bool lengths = json_object_get(s, "minLength") || json_object_get(s, "maxLength");
+    const json_t *pat = json_object_get(s, "pattern");
+    if (pat) { /* the string's characters as the expression's (regex.h) */
+        if (!json_is_string(pat))
+            return fail(c, path, "\"pattern\" must be a string");
+        if (lengths || f >= 0)
+            return fail(c, path, "\"pattern\" with %s is not supported",
+                        lengths ? "minLength/maxLength" : "format");
+        struct err re = {{0}};
+        char *expr = regex_gbnf(json_string_value(pat), REGEX_JSON_STRING, true, &re);
+        if (!expr)
+            return fail(c, path, "pattern: %s", re.msg);
+        buf_puts(x, "\"\\\"\" ");
+        buf_puts(x, expr);
+        buf_puts(x, " \"\\\"\"");
+        free(expr);
+        return 0;
+    }
     if (f >= 0) {
         if (lengths)
             return fail(c, path, "format \"%s\" with minLength/maxLength is not supported",
@@ -954,11 +972,8 @@ static int gen(struct conv *c, const json_t *s, const char *path, struct buf *x)
         while (i < sizeof KEYWORDS / sizeof *KEYWORDS && strcmp(KEYWORDS[i].name, key))
             i++;
         if (i == sizeof KEYWORDS / sizeof *KEYWORDS) {
-            if (!strcmp(key, "pattern") || !strcmp(key, "patternProperties"))
-                return fail(c, path,
-                            "%s is not supported (regular expressions are not compiled into "
-                            "grammars)",
-                            key);
+            if (!strcmp(key, "patternProperties"))
+                return fail(c, path, "patternProperties is not supported");
             return fail(c, path, "unsupported keyword \"%s\"", key);
         }
         enum kind k = KEYWORDS[i].kind;

@@ -7,11 +7,12 @@
  * to "#" and JSON pointers inside the schema (#/$defs/NAME, recursion
  * included), nullable (OpenAPI), properties / required / additionalProperties
  * (keys in the order `properties` lists them, each at most once), items /
- * prefixItems / minItems / maxItems, minLength / maxLength, and format date,
- * time, date-time, uuid. Annotations (title, description, default, ...) and
+ * prefixItems / minItems / maxItems, minLength / maxLength, pattern
+ * (grammar/regex.h, a search unless anchored), and format date, time,
+ * date-time, uuid. Annotations (title, description, default, ...) and
  * unknown formats are ignored. minimum, maximum, exclusiveMinimum,
  * exclusiveMaximum and multipleOf are accepted but NOT enforced: a grammar
- * cannot count. Anything else that constrains values (pattern, not, if,
+ * cannot count. Anything else that constrains values (not, if,
  * uniqueItems, ...) is refused rather than silently widened.
  *
  * The grammar only narrows JSON where it must stay finite or parseable:

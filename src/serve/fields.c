@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 #include "serve/internal.h"
 
 int api_fail(struct api_error *ae, int status, const char *type, const char *param,
@@ -366,6 +367,15 @@ static int schema_grammar(const json_t *schema, const char *param, struct chat_r
     return 0;
 }
 
+/* Any JSON object (json_object formats). */
+static int object_grammar(const char *param, struct chat_req *r, struct api_error *ae)
+{
+    json_t *obj = json_pack("{s:s}", "type", "object");
+    int rc = schema_grammar(obj, param, r, ae);
+    json_decref(obj);
+    return rc;
+}
+
 static int format_grammar(const json_t *f, const char *param, struct chat_req *r,
                           struct api_error *ae)
 {
@@ -376,12 +386,8 @@ static int format_grammar(const json_t *f, const char *param, struct chat_req *r
         return -1;
     if (!type || !strcmp(type, "text"))
         return 0;
-    if (!strcmp(type, "json_object")) {
-        json_t *obj = json_pack("{s:s}", "type", "object");
-        int rc = schema_grammar(obj, param, r, ae);
-        json_decref(obj);
-        return rc;
-    }
+    if (!strcmp(type, "json_object"))
+        return object_grammar(param, r, ae);
     if (strcmp(type, "json_schema"))
         return api_fail(ae, 400, NULL, param,
                         "%s.type must be \"text\", \"json_object\" or \"json_schema\", not \"%s\"",
@@ -397,13 +403,14 @@ static int format_grammar(const json_t *f, const char *param, struct chat_req *r
 }
 
 /* guided_choice: the answer is exactly one of the strings. */
-static int choice_grammar(const json_t *v, struct chat_req *r, struct api_error *ae)
+static int choice_grammar(const json_t *v, const char *param, struct chat_req *r,
+                          struct api_error *ae)
 {
     size_t n = json_array_size(v), i;
     const json_t *c;
     if (!json_is_array(v) || n == 0 || n > 4096)
-        return api_fail(ae, 400, NULL, "guided_choice",
-                        "'guided_choice' must be an array of 1 to 4096 strings");
+        return api_fail(ae, 400, NULL, param, "'%s' must be an array of 1 to 4096 strings",
+                        param);
     struct sbuf b = {0};
     sbuf_puts(&b, "root ::=");
     json_array_foreach(v, i, c) {
@@ -413,8 +420,8 @@ static int choice_grammar(const json_t *v, struct chat_req *r, struct api_error 
         if (!q) {
             sbuf_free(&b);
             return s && len ? api_fail(ae, 500, "server_error", NULL, "out of memory")
-                            : api_fail(ae, 400, NULL, "guided_choice",
-                                       "guided_choice[%zu] must be a non-empty string", i);
+                            : api_fail(ae, 400, NULL, param,
+                                       "%s[%zu] must be a non-empty string", param, i);
         }
         sbuf_puts(&b, i ? " | " : " ");
         sbuf_put(&b, q, grammar_literal(s, len, q));
@@ -429,48 +436,113 @@ static int choice_grammar(const json_t *v, struct chat_req *r, struct api_error 
     return 0;
 }
 
+/* guided_regex: the whole answer matches the expression (grammar/regex.h). */
+static int regex_grammar(const json_t *v, const char *param, struct chat_req *r,
+                         struct api_error *ae)
+{
+    if (!json_is_string(v))
+        return api_fail(ae, 400, NULL, param, "'%s' must be a regular expression (a string)",
+                        param);
+    struct err e = {{0}};
+    char *expr = regex_gbnf(json_string_value(v), REGEX_TEXT, false, &e);
+    if (!expr)
+        return api_fail(ae, 400, NULL, param, "%s: %s", param, e.msg);
+    size_t n = strlen(expr) + 16;
+    if ((r->grammar = malloc(n)))
+        snprintf(r->grammar, n, "root ::= %s\n", expr);
+    free(expr);
+    return r->grammar ? 0 : api_fail(ae, 500, "server_error", NULL, "out of memory");
+}
+
+enum constraint { C_FORMAT, C_JSON, C_GRAMMAR, C_CHOICE, C_REGEX, C_JSON_OBJECT, C_NESTED };
+
+/* One constraint of kind k from v into r->grammar (left NULL for a text
+ * format); param names the field in errors. */
+static int constraint_grammar(enum constraint k, const json_t *v, const char *param,
+                              struct chat_req *r, struct api_error *ae);
+
+/* vLLM's structured_outputs: an object with one of json, regex, choice,
+ * grammar, json_object. */
+static int nested_grammar(const json_t *v, struct chat_req *r, struct api_error *ae)
+{
+    static const struct { const char *key; enum constraint k; } kinds[] = {
+        {"json", C_JSON}, {"regex", C_REGEX}, {"choice", C_CHOICE},
+        {"grammar", C_GRAMMAR}, {"json_object", C_JSON_OBJECT}};
+    if (!json_is_object(v))
+        return api_fail(ae, 400, NULL, "structured_outputs",
+                        "'structured_outputs' must be an object");
+    int found = -1;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        const json_t *x = json_object_get(v, kinds[i].key);
+        if (!x || json_is_null(x) || (kinds[i].k == C_JSON_OBJECT && json_is_false(x)))
+            continue;
+        if (found >= 0)
+            return api_fail(ae, 400, NULL, "structured_outputs",
+                            "structured_outputs: '%s' and '%s' both constrain the answer; give "
+                            "one", kinds[found].key, kinds[i].key);
+        found = (int)i;
+    }
+    if (found < 0)
+        return 0;
+    char param[64];
+    snprintf(param, sizeof param, "structured_outputs.%s", kinds[found].key);
+    return constraint_grammar(kinds[found].k, json_object_get(v, kinds[found].key), param, r, ae);
+}
+
+static int constraint_grammar(enum constraint k, const json_t *v, const char *param,
+                              struct chat_req *r, struct api_error *ae)
+{
+    switch (k) {
+    case C_FORMAT: return format_grammar(v, param, r, ae);
+    case C_CHOICE: return choice_grammar(v, param, r, ae);
+    case C_REGEX: return regex_grammar(v, param, r, ae);
+    case C_NESTED: return nested_grammar(v, r, ae);
+    case C_JSON_OBJECT: return object_grammar(param, r, ae);
+    case C_JSON: {
+        json_t *parsed = NULL;
+        if (json_is_string(v)) { /* vLLM takes the schema as text too */
+            json_error_t je;
+            if (!(parsed = json_loads(json_string_value(v), 0, &je)))
+                return api_fail(ae, 400, NULL, param, "%s: %s", param, je.text);
+        }
+        int rc = schema_grammar(parsed ? parsed : v, param, r, ae);
+        json_decref(parsed);
+        return rc;
+    }
+    default: /* C_GRAMMAR */
+        if (!json_is_string(v))
+            return api_fail(ae, 400, NULL, param, "'%s' must be GBNF text", param);
+        return (r->grammar = strdup(json_string_value(v))) ? 0
+               : api_fail(ae, 500, "server_error", NULL, "out of memory");
+    }
+}
+
 int field_structured(const json_t *obj, const char *format_key, const char *format_param,
                      struct chat_req *r, struct api_error *ae)
 {
-    const char *keys[] = {format_key, "guided_json", "guided_grammar", "grammar", "guided_choice"};
+    static const struct { const char *key; enum constraint k; } fields[] = {
+        {NULL, C_FORMAT}, {"guided_json", C_JSON}, {"guided_grammar", C_GRAMMAR},
+        {"grammar", C_GRAMMAR}, {"guided_choice", C_CHOICE}, {"guided_regex", C_REGEX},
+        {"structured_outputs", C_NESTED}};
     const char *found = NULL;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const json_t *v = keys[i] ? json_object_get(obj, keys[i]) : NULL;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *key = i == 0 ? format_key : fields[i].key;
+        const json_t *v = key ? json_object_get(obj, key) : NULL;
         if (!v || json_is_null(v))
             continue;
         if (found)
-            return api_fail(ae, 400, NULL, keys[i], "'%s' and '%s' both constrain the answer; "
-                            "give one", found, keys[i]);
-        found = keys[i];
-        int rc;
-        if (i == 0) {
-            rc = format_grammar(v, format_param, r, ae);
-        } else if (i == 1) {
-            json_t *parsed = NULL;
-            if (json_is_string(v)) { /* vLLM takes the schema as text too */
-                json_error_t je;
-                if (!(parsed = json_loads(json_string_value(v), 0, &je)))
-                    return api_fail(ae, 400, NULL, keys[i], "guided_json: %s", je.text);
-            }
-            rc = schema_grammar(parsed ? parsed : v, keys[i], r, ae);
-            json_decref(parsed);
-        } else if (i == 4) {
-            rc = choice_grammar(v, r, ae);
-        } else {
-            if (!json_is_string(v))
-                return api_fail(ae, 400, NULL, keys[i], "'%s' must be GBNF text", keys[i]);
-            rc = (r->grammar = strdup(json_string_value(v))) ? 0
-                 : api_fail(ae, 500, "server_error", NULL, "out of memory");
-        }
-        if (rc)
+            return api_fail(ae, 400, NULL, key, "'%s' and '%s' both constrain the answer; "
+                            "give one", found, key);
+        found = key;
+        const char *param = i == 0 ? format_param : key;
+        if (constraint_grammar(fields[i].k, v, param, r, ae))
             return -1;
         if (!r->grammar) /* {"type": "text"} (or no type): nothing to hold the answer to */
             continue;
         struct err e = {{0}};
         struct grammar *g = grammar_parse(r->grammar, strlen(r->grammar), &e);
         if (!g)
-            return api_fail(ae, 400, NULL, i == 0 ? format_param : keys[i], "%s: %s",
-                            i == 0 ? format_param : keys[i], e.msg);
+            return api_fail(ae, 400, NULL, param, "%s: %s", param, e.msg);
         grammar_free(g);
     }
     return 0;

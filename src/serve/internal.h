@@ -180,10 +180,13 @@ int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *a
  * output_format ({type: "text" | "json_object" | "json_schema"}, the schema
  * under json_schema.schema or, as Responses' text.format has it, beside the
  * type), and the extensions guided_json (a schema), guided_grammar and
- * grammar (GBNF text), guided_choice (an array of strings: one of them). format names where the format object was found
- * ("response_format", "text.format", "output_format") and is read from obj
- * under that last name. A schema outside the supported subset or a grammar
- * that does not compile is a 400 naming the field. */
+ * grammar (GBNF text), guided_choice (an array of strings: one of them),
+ * guided_regex (a regular expression the whole answer matches) and vLLM's
+ * structured_outputs ({json | regex | choice | grammar | json_object}).
+ * format_key names where the format object is read from obj, format_param
+ * how errors name it ("response_format", "text.format", "output_format").
+ * A schema outside the supported subset, an unsupported expression or a
+ * grammar that does not compile is a 400 naming the field. */
 int field_structured(const json_t *obj, const char *format_key, const char *format_param,
                      struct chat_req *r, struct api_error *ae);
 /* reasoning_effort: "none" -> 0, any other level -> 1. */
