@@ -133,7 +133,7 @@ int main(void)
     const char *full[] = {
         "a", "ab|b", "a*", "(ab)+", "a?b", "[ab]{2}", "[^a]{1,3}", "a{2,}", "(a|b-)*1",
         "\\d+", "\\w\\W?", "[\\d-]+", "[a-]", "-?\\d{1,2}", "(?:a|)b", "(?P<x>a)b", "a+?", "",
-        "[]a]", "1{", "a{1}b{0,1}", "^ab$", "(((a)))", "[^\\d]",
+        "[]a]", "1{", "a{1}b{0,1}", "^ab$", "(((a)))", "[^\\d]", "(a?){2,3}", "(a|b?)-",
     };
     for (size_t i = 0; i < sizeof full / sizeof *full; i++)
         against_pcre(full[i], false, false, ab, 4, 5);
@@ -167,6 +167,10 @@ int main(void)
     refused("a{5,2}", "below the minimum");
     refused("a{2000}", "over 1000");
     refused("\\p{L}", "\\p");
+    refused("(a*)*", "can match nothing");
+    refused("()+", "can match nothing");
+    refused("(a|)*b", "can match nothing");
+    refused("(a?){2,}", "can match nothing");
     struct err e = {{0}};
     char *x = regex_gbnf("^a|b$", REGEX_TEXT, true, &e);
     CHECK(!x && strstr(e.msg, "^(a|b)$"), "anchors beside a top-level '|': %s", e.msg);

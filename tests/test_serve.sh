@@ -302,7 +302,7 @@ err_case /v1/chat/completions '[1,2]' 400 "$oai" "non-object body"
 err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}' 400 "$oai and .error.param == \"temperature\"" "wrong type"
 err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":"9"}' 400 "$oai and .error.param == \"max_tokens\"" "wrong type max_tokens"
 err_case /v1/chat/completions '{"messages":"x"}' 400 "$oai and .error.param == \"messages\"" "messages not an array"
-err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"n":3}' 400 "$oai and .error.param == \"n\"" "n != 1"
+err_case /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"n":0}' 400 "$oai and .error.param == \"n\"" "n = 0"
 err_case /v1/chat/completions '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}' 400 "$oai" "image part"
 err_case /v1/completions '{"prompt":[1,99999]}' 400 "$oai and (.error.message | test(\"vocabulary\"))" "id out of vocabulary"
 err_case /v1/messages '{"messages":[{"role":"user","content":"x"}]}' 400 "$ant and (.error.message | test(\"max_tokens\"))" "messages without max_tokens"
@@ -343,6 +343,28 @@ call /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature"
 check '[ "$code" = 200 ] && jq -e "(.choices[0].text == \" there was a cat.\" or .choices[0].text == \" there was a dog.\") and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "completions guided_grammar: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Pick one"}],"max_tokens":20,"temperature":0.9,"seed":3,"guided_choice":["a cat","a dog","\"quoted\" bird"]}'
 check '[ "$code" = 200 ] && jq -e "(.choices[0].message.content | IN(\"a cat\", \"a dog\", \"\\\"quoted\\\" bird\")) and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "guided_choice: $code $body"
+# ---- several choices: a list of prompts, n ----
+call /v1/completions '{"prompt":["Once upon a time","The dog",[1,400,300]],"max_tokens":6,"temperature":0}'
+multi=$body
+singles=""
+for p in '"Once upon a time"' '"The dog"' '[1,400,300]'; do
+    call /v1/completions '{"prompt":'"$p"',"max_tokens":6,"temperature":0}'
+    singles="$singles$(jq -c '[.choices[0].text, .usage.prompt_tokens]' <<<"$body")"
+done
+check '[ "$(jq -c "[.choices[] | .index]" <<<"$multi")" = "[0,1,2]" ] && [ "$(jq -c ".choices[] | [.text]" <<<"$multi" | tr -d "\n")" = "$(jq -c ".[0:1]" <<<"$singles" | tr -d "\n")" ] && [ "$(jq ".usage.prompt_tokens" <<<"$multi")" = "$(jq -s "map(.[1]) | add" <<<"$singles")" ]' "a list of prompts: each choice is that prompt's answer: $multi / $singles"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0.9,"seed":11,"n":3}'
+n3=$body
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0.9,"seed":11}'
+check '[ "$(jq -c "[.choices[].index]" <<<"$n3")" = "[0,1,2]" ] && [ "$(jq -r ".choices[0].message.content" <<<"$n3")" = "$(jq -r ".choices[0].message.content" <<<"$body")" ] && jq -e ".usage.completion_tokens <= 24 and .usage.prompt_tokens == $(jq .usage.prompt_tokens <<<"$body")" <<<"$n3" >/dev/null' "n=3: choice 0 is the seed's answer alone: $n3 / $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0.9,"seed":11,"n":3}'
+check '[ "$body" != "" ] && [ "$(jq -c "[.choices[].message.content]" <<<"$body")" = "$(jq -c "[.choices[].message.content]" <<<"$n3")" ]' "n=3 with a seed repeats: $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"n":2,"stream":true}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"n\"" <<<"$body" >/dev/null' "n > 1 streamed: $code $body"
+call /v1/completions '{"prompt":["a","b"],"n":40}'
+check '[ "$code" = 400 ] && jq -e ".error.message | test(\"at most 64\")" <<<"$body" >/dev/null' "80 choices: $code $body"
+call /v1/completions '{"prompt":["a",7]}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"prompt\"" <<<"$body" >/dev/null' "a bad prompt in a list: $code $body"
+
 # ---- logprobs, logit_bias and penalties ----
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":12,"temperature":0,"logprobs":true,"top_logprobs":3}'
 lp_chat=$body

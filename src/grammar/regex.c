@@ -289,7 +289,10 @@ static int put_set(struct rx *x, struct buf *o, struct cset *c)
 
 /* ---- reading ---- */
 
-static int parse_alt(struct rx *x, struct buf *o, int *n_alts);
+/* Each reader also says whether what it read can match the empty string:
+ * a grammar cannot repeat such an item without bound (it would loop
+ * without consuming), so (a*)* and the like are refused. */
+static int parse_alt(struct rx *x, struct buf *o, int *n_alts, bool *nullable);
 
 static int hex_digits(struct rx *x, int k, uint32_t *out)
 {
@@ -396,9 +399,10 @@ static int parse_class(struct rx *x, struct cset *c)
 }
 
 /* One atom (a character, a set, a group) as one GBNF item. */
-static int parse_atom(struct rx *x, struct buf *o)
+static int parse_atom(struct rx *x, struct buf *o, bool *nullable)
 {
     char ch = x->s[x->i];
+    *nullable = false;
     if (ch == '(') {
         x->i++;
         if (at(x, '?')) {
@@ -421,7 +425,7 @@ static int parse_atom(struct rx *x, struct buf *o)
         if (++x->depth > MAX_DEPTH)
             return fail(x, "groups nested deeper than %d", MAX_DEPTH);
         int n;
-        if (parse_alt(x, o, &n))
+        if (parse_alt(x, o, &n, nullable))
             return -1;
         x->depth--;
         if (!at(x, ')'))
@@ -476,15 +480,18 @@ static int read_count(struct rx *x, long *v)
 
 /* A quantifier after an item, if there is one: appended to o. A '{' that
  * does not start a well-formed count is a literal (both dialects agree). */
-static int parse_quant(struct rx *x, struct buf *o, bool *literal_brace)
+static int parse_quant(struct rx *x, struct buf *o, bool *nullable)
 {
-    *literal_brace = false;
     if (x->i >= x->n)
         return 0;
     char ch = x->s[x->i];
+    size_t at_quant = x->i;
+    bool unbounded = false, can_be_none = false;
     if (ch == '*' || ch == '+' || ch == '?') {
         x->i++;
         buf_printf(o, "%c", ch);
+        unbounded = ch != '?';
+        can_be_none = ch != '+';
     } else if (ch == '{') {
         size_t save = x->i++;
         long lo, hi = -2;
@@ -497,9 +504,8 @@ static int parse_quant(struct rx *x, struct buf *o, bool *literal_brace)
                 hi = lo;
             }
         }
-        if (hi == -2 || !at(x, '}')) { /* not a count */
+        if (hi == -2 || !at(x, '}')) { /* not a count: the next atom */
             x->i = save;
-            *literal_brace = true;
             return 0;
         }
         x->i++;
@@ -507,6 +513,8 @@ static int parse_quant(struct rx *x, struct buf *o, bool *literal_brace)
             return fail(x, "a repeat count over %d", MAX_COUNT);
         if (hi >= 0 && hi < lo)
             return fail(x, "{%ld,%ld}: the maximum is below the minimum", lo, hi);
+        unbounded = hi < 0;
+        can_be_none = lo == 0;
         if (hi == lo)
             buf_printf(o, "{%ld}", lo);
         else if (hi < 0)
@@ -516,6 +524,12 @@ static int parse_quant(struct rx *x, struct buf *o, bool *literal_brace)
     } else {
         return 0;
     }
+    if (unbounded && *nullable) {
+        x->i = at_quant;
+        return fail(x, "repeating without bound what can match nothing (as in (a*)* or "
+                       "(a|)+) is not supported");
+    }
+    *nullable = *nullable || can_be_none;
     if (at(x, '?')) /* lazy: the same strings */
         x->i++;
     else if (at(x, '+'))
@@ -527,46 +541,49 @@ static int parse_quant(struct rx *x, struct buf *o, bool *literal_brace)
     return 0;
 }
 
-static int parse_seq(struct rx *x, struct buf *o)
+static int parse_seq(struct rx *x, struct buf *o, bool *nullable)
 {
     int items = 0;
+    *nullable = true;
     while (x->i < x->n && x->s[x->i] != '|' && x->s[x->i] != ')') {
         struct buf item = {0};
-        bool brace;
-        int rc;
+        bool item_nullable = false;
+        int rc = 0;
         if (x->s[x->i] == '{') { /* a brace that starts no count is itself */
             x->i++;
             put_char(x, &item, '{');
-            rc = 0;
         } else {
-            rc = parse_atom(x, &item);
+            rc = parse_atom(x, &item, &item_nullable);
         }
         if (!rc)
-            rc = parse_quant(x, &item, &brace);
+            rc = parse_quant(x, &item, &item_nullable);
         if (!rc) {
             buf_puts(o, items++ ? " " : "");
             buf_putb(o, &item);
+            *nullable = *nullable && item_nullable;
         }
         buf_free(&item);
         if (rc)
             return -1;
-        (void)brace; /* a literal '{' after an item is read as the next atom */
     }
     if (!items)
         buf_puts(o, "\"\"");
     return 0;
 }
 
-static int parse_alt(struct rx *x, struct buf *o, int *n_alts)
+static int parse_alt(struct rx *x, struct buf *o, int *n_alts, bool *nullable)
 {
     struct buf alts = {0};
     int n = 0;
+    *nullable = false;
     for (;;) {
+        bool seq_nullable;
         buf_puts(&alts, n++ ? " | " : "");
-        if (parse_seq(x, &alts)) {
+        if (parse_seq(x, &alts, &seq_nullable)) {
             buf_free(&alts);
             return -1;
         }
+        *nullable = *nullable || seq_nullable;
         if (!at(x, '|'))
             break;
         x->i++;
@@ -590,7 +607,8 @@ char *regex_gbnf(const char *re, enum regex_target t, bool search, struct err *e
     struct rx x = {.s = re, .i = a0, .n = n - a1, .t = t, .e = e};
     struct buf body = {0}, out = {0};
     int n_alts;
-    if (parse_alt(&x, &body, &n_alts)) {
+    bool nullable;
+    if (parse_alt(&x, &body, &n_alts, &nullable)) {
         buf_free(&body);
         return NULL;
     }

@@ -54,22 +54,23 @@ static json_t *tool_call_json(const char *name, const char *args, int index, boo
     return c;
 }
 
+#define MAX_CHOICES 64 /* n times the prompts of one request */
+
 /* Fields shared by both endpoints. */
-static int parse_common(const json_t *req, struct chat_req *r, bool *include_usage,
+static int parse_common(const json_t *req, struct chat_req *r, bool *include_usage, int *n_out,
                         struct api_error *ae)
 {
     struct opt_i n = {0}, mt = {0}, mct = {0};
     json_t *so = NULL;
     if (field_sampling(req, r, ae) || field_stops(req, "stop", r, ae) ||
         field_bool(req, "stream", &r->stream, ae) ||
-        field_int(req, "n", 1, 128, &n, ae) ||
+        field_int(req, "n", 1, MAX_CHOICES, &n, ae) ||
         field_int(req, "max_tokens", 1, 10000000, &mt, ae) ||
         field_int(req, "max_completion_tokens", 1, 10000000, &mct, ae) ||
         field_object(req, "stream_options", &so, ae) ||
         field_structured(req, "response_format", "response_format", r, ae))
         return -1;
-    if (n.set && n.v != 1)
-        return api_fail(ae, 400, NULL, "n", "'n' must be 1 (one choice per request)");
+    *n_out = n.set ? n.v : 1;
     r->max_tokens = mct.set ? mct.v : mt.set ? mt.v : 0;
     if (so && field_bool(so, "include_usage", include_usage, ae))
         return -1;
@@ -208,8 +209,11 @@ static json_t *chat_message(const struct turn_parts *tp)
 
 /* ---- both endpoints ---- */
 
-static void run(struct server *srv, const json_t *req, struct chat_req *r, bool chat,
-                bool include_usage, const struct client *cl, struct reply *rp)
+/* One prompt of a completions request's list into r (text or ids, owned). */
+static int prompt_into(const json_t *p, struct chat_req *r, struct api_error *ae);
+
+static void stream_one(struct server *srv, const json_t *req, const struct chat_req *r,
+                       bool chat, bool include_usage, struct reply *rp)
 {
     struct api_error ae;
     struct gen *g;
@@ -217,70 +221,145 @@ static void run(struct server *srv, const json_t *req, struct chat_req *r, bool 
         reply_error(rp, &ae, SHAPE_OPENAI);
         return;
     }
-    char id[64];
-    serve_make_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-");
-    if (r->stream) {
-        struct oai_stream *o = calloc(1, sizeof *o);
-        if (!o) {
-            gen_free(g);
-            api_fail(&ae, 500, "server_error", NULL, "out of memory");
-            reply_error(rp, &ae, SHAPE_OPENAI);
-            return;
-        }
-        snprintf(o->id, sizeof o->id, "%s", id);
-        snprintf(o->model, sizeof o->model, "%s", reply_model_name(srv, req));
-        o->created = (long)time(NULL);
-        o->chat = chat;
-        o->include_usage = include_usage;
-        o->lane = engine_lane(srv);
-        rp->status = 200;
-        rp->stream = stream_new(srv, g, &oai_ops, o);
-        if (!rp->stream) {
-            api_fail(&ae, 500, "server_error", NULL, "out of memory");
-            reply_error(rp, &ae, SHAPE_OPENAI);
-        }
-        return;
-    }
-    struct sbuf text = {0};
-    struct gen_result res;
-    if (gen_collect(g, &text, &res, cl)) { /* the client left */
+    struct oai_stream *o = calloc(1, sizeof *o);
+    if (!o) {
         gen_free(g);
-        sbuf_free(&text);
-        rp->status = 0;
-        return;
-    }
-    struct turn_parts tp = {0};
-    bool failed = gen_failed(&res, "server_error", &ae);
-    if (!failed && (text.oom || (chat && turn_parts_split(gen_syntax(g), text.p, text.n, &tp)))) {
         api_fail(&ae, 500, "server_error", NULL, "out of memory");
-        failed = true;
-    }
-    json_t *lp = failed ? NULL : choice_logprobs(g, chat);
-    gen_free(g); /* after the split: the syntax borrows its tools */
-    if (failed) {
-        json_decref(lp);
-        sbuf_free(&text);
-        turn_parts_free(&tp);
         reply_error(rp, &ae, SHAPE_OPENAI);
         return;
     }
-    json_t *choice;
-    if (chat)
-        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", chat_message(&tp),
-                           "logprobs", lp, "finish_reason",
-                           finish_reason(&res, (int)json_array_size(tp.calls)));
-    else
-        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "text", json_text(text.p, text.n),
-                           "logprobs", lp, "finish_reason", finish_reason(&res, 0));
-    sbuf_free(&text);
-    turn_parts_free(&tp);
+    serve_make_id(o->id, sizeof o->id, chat ? "chatcmpl-" : "cmpl-");
+    snprintf(o->model, sizeof o->model, "%s", reply_model_name(srv, req));
+    o->created = (long)time(NULL);
+    o->chat = chat;
+    o->include_usage = include_usage;
+    o->lane = engine_lane(srv);
     rp->status = 200;
-    rp->body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+    rp->stream = stream_new(srv, g, &oai_ops, o);
+    if (!rp->stream) {
+        api_fail(&ae, 500, "server_error", NULL, "out of memory");
+        reply_error(rp, &ae, SHAPE_OPENAI);
+    }
+}
+
+/* Choice k of a whole answer, or NULL with ae filled. */
+static json_t *choice_json(struct gen *g, const struct sbuf *text, const struct gen_result *res,
+                           bool chat, int k, struct api_error *ae)
+{
+    if (gen_failed(res, "server_error", ae))
+        return NULL;
+    struct turn_parts tp = {0};
+    if (text->oom || (chat && turn_parts_split(gen_syntax(g), text->p, text->n, &tp))) {
+        turn_parts_free(&tp);
+        api_fail(ae, 500, "server_error", NULL, "out of memory");
+        return NULL;
+    }
+    json_t *lp = choice_logprobs(g, chat), *c;
+    if (chat)
+        c = json_pack("{s:i, s:o, s:o, s:s}", "index", k, "message", chat_message(&tp),
+                      "logprobs", lp, "finish_reason",
+                      finish_reason(res, (int)json_array_size(tp.calls)));
+    else
+        c = json_pack("{s:i, s:o, s:o, s:s}", "index", k, "text", json_text(text->p, text->n),
+                      "logprobs", lp, "finish_reason", finish_reason(res, 0));
+    turn_parts_free(&tp);
+    return c;
+}
+
+/* n answers to each of the prompts (prompts NULL: r's own), generated
+ * together and answered as one JSON body: choice k is copy k % n of prompt
+ * k / n; with a seed, copy c samples with seed + c. usage counts each
+ * prompt once. */
+static void collect_many(struct server *srv, const json_t *req, const struct chat_req *r,
+                         const json_t *prompts, int n, bool chat, const struct client *cl,
+                         struct reply *rp)
+{
+    struct api_error ae = {0};
+    int P = prompts ? (int)json_array_size(prompts) : 1, total = P * n;
+    struct gen **gs = calloc((size_t)total, sizeof *gs);
+    struct sbuf *texts = calloc((size_t)total, sizeof *texts);
+    struct gen_result *res = calloc((size_t)total, sizeof *res);
+    json_t *choices = json_array();
+    bool failed = !gs || !texts || !res || !choices;
+    if (failed)
+        api_fail(&ae, 500, "server_error", NULL, "out of memory");
+    for (int k = 0; k < total && !failed; k++) { /* all submitted before any is awaited */
+        struct chat_req rk = *r; /* borrows r's fields: gen_start copies what it keeps */
+        if (prompts) {
+            rk.text = NULL;
+            rk.ids = NULL;
+            rk.n_ids = 0;
+            failed = prompt_into(json_array_get(prompts, (size_t)(k / n)), &rk, &ae) != 0;
+        }
+        if (r->has_seed)
+            rk.seed = r->seed + (uint64_t)(k % n);
+        failed = failed || gen_start(srv, &rk, &gs[k], &ae) != 0;
+        if (prompts) {
+            free(rk.text);
+            free(rk.ids);
+        }
+    }
+    for (int k = 0; k < total && !failed; k++) {
+        if (gen_collect(gs[k], &texts[k], &res[k], cl)) { /* the client left */
+            rp->status = 0;
+            goto out;
+        }
+        json_t *c = choice_json(gs[k], &texts[k], &res[k], chat, k, &ae);
+        failed = !c || json_array_append_new(choices, c);
+    }
+    if (failed) {
+        reply_error(rp, &ae, SHAPE_OPENAI);
+        goto out;
+    }
+    struct gen_result sum = res[0];
+    for (int k = 1; k < total; k++) {
+        if (k % n == 0) { /* a new prompt */
+            sum.n_prompt += res[k].n_prompt;
+            sum.n_cached += res[k].n_cached;
+        }
+        sum.n_completion += res[k].n_completion;
+        sum.n_reasoning += res[k].n_reasoning;
+    }
+    char id[64];
+    serve_make_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-");
+    rp->status = 200;
+    rp->body = json_pack("{s:s, s:s, s:I, s:s, s:O, s:o}", "id", id, "object",
                          chat ? "chat.completion" : "text_completion", "created",
                          (json_int_t)time(NULL), "model", reply_model_name(srv, req), "choices",
-                         choice, "usage", usage_json(&res, engine_lane(srv)));
+                         choices, "usage", usage_json(&sum, engine_lane(srv)));
     if (chat && rp->body)
         json_object_set_new(rp->body, "system_fingerprint", json_string("cllm"));
+out:
+    for (int k = 0; gs && k < total; k++)
+        gen_free(gs[k]); /* cancels what is still running */
+    for (int k = 0; texts && k < total; k++)
+        sbuf_free(&texts[k]);
+    free(gs);
+    free(texts);
+    free(res);
+    json_decref(choices);
+}
+
+static void run(struct server *srv, const json_t *req, struct chat_req *r, const json_t *prompts,
+                int n, bool chat, bool include_usage, const struct client *cl, struct reply *rp)
+{
+    struct api_error ae;
+    int total = n * (prompts ? (int)json_array_size(prompts) : 1);
+    if (total > MAX_CHOICES) {
+        api_fail(&ae, 400, NULL, prompts ? "prompt" : "n",
+                 "%d choices asked for (n times the prompts); at most %d a request", total,
+                 MAX_CHOICES);
+        reply_error(rp, &ae, SHAPE_OPENAI);
+    } else if (r->stream && total > 1) {
+        api_fail(&ae, 400, NULL, prompts ? "prompt" : "n",
+                 "streaming several choices (n > 1, or several prompts) is not supported; "
+                 "send them as separate requests, or without stream");
+        reply_error(rp, &ae, SHAPE_OPENAI);
+    } else if (r->stream) {
+        stream_one(srv, req, r, chat, include_usage, rp);
+    } else {
+        collect_many(srv, req, r, prompts, n, chat, cl, rp);
+    }
 }
 
 /* ---- POST /v1/chat/completions ---- */
@@ -331,7 +410,8 @@ void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
     bool include_usage = false;
     struct opt_i top = {0};
     json_t *tools = NULL, *kwargs = NULL;
-    if (parse_messages(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
+    int n;
+    if (parse_messages(req, &r, &ae) || parse_common(req, &r, &include_usage, &n, &ae) ||
         field_array(req, "tools", &tools, &ae) ||
         field_object(req, "chat_template_kwargs", &kwargs, &ae) ||
         field_reasoning_effort(req, "reasoning_effort", &r, &ae) ||
@@ -343,7 +423,7 @@ void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
         goto fail;
     r.tools = json_incref(tools);
     r.kwargs = json_incref(kwargs);
-    run(srv, req, &r, true, include_usage, cl, rp);
+    run(srv, req, &r, NULL, n, true, include_usage, cl, rp);
     chat_req_free(&r);
     return;
 fail:
@@ -370,28 +450,46 @@ static int ids_from_array(const json_t *a, struct chat_req *r, struct api_error 
     return 0;
 }
 
-static int parse_prompt(const json_t *req, struct chat_req *r, struct api_error *ae)
+static int prompt_into(const json_t *p, struct chat_req *r, struct api_error *ae)
 {
-    const json_t *p = json_object_get(req, "prompt");
-    if (!p || json_is_null(p))
-        return api_fail(ae, 400, NULL, "prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0); /* a batch of one */
     if (json_is_string(p)) {
         r->text = strdup(json_string_value(p));
         return r->text ? 0 : api_fail(ae, 500, "server_error", NULL, "out of memory");
     }
     if (!json_is_array(p))
         return api_fail(ae, 400, NULL, "prompt",
-                        "'prompt' must be a string or an array of token ids");
+                        "'prompt' must be a string, an array of token ids, or an array of those");
     if (json_array_size(p) == 0)
         return api_fail(ae, 400, NULL, "prompt", "'prompt' is empty");
-    const json_t *first = json_array_get(p, 0);
-    if (json_is_string(first) || json_is_array(first))
-        return api_fail(ae, 400, NULL, "prompt",
-                        "only one prompt per request is supported (send each separately)");
     return ids_from_array(p, r, ae);
+}
+
+/* The prompt into r; a list of several prompts is left in *several (each
+ * checked here) for run() to answer one choice each. */
+static int parse_prompt(const json_t *req, struct chat_req *r, const json_t **several,
+                        struct api_error *ae)
+{
+    const json_t *p = json_object_get(req, "prompt");
+    *several = NULL;
+    if (!p || json_is_null(p))
+        return api_fail(ae, 400, NULL, "prompt", "'prompt' is required");
+    const json_t *first = json_is_array(p) ? json_array_get(p, 0) : NULL;
+    if (first && (json_is_string(first) || json_is_array(first))) { /* a batch */
+        if (json_array_size(p) > 1) {
+            size_t i;
+            const json_t *x;
+            json_array_foreach(p, i, x) {
+                struct chat_req scratch = {0};
+                int rc = prompt_into(x, &scratch, ae);
+                chat_req_free(&scratch);
+                if (rc)
+                    return -1;
+            }
+            *several = p;
+        }
+        p = first;
+    }
+    return prompt_into(p, r, ae);
 }
 
 void openai_completions(struct server *srv, const json_t *req, const struct client *cl,
@@ -401,7 +499,9 @@ void openai_completions(struct server *srv, const json_t *req, const struct clie
     struct api_error ae;
     bool include_usage = false, echo = false;
     struct opt_i logprobs = {0}, best_of = {0};
-    if (parse_prompt(req, &r, &ae) || parse_common(req, &r, &include_usage, &ae) ||
+    const json_t *prompts;
+    int n;
+    if (parse_prompt(req, &r, &prompts, &ae) || parse_common(req, &r, &include_usage, &n, &ae) ||
         field_bool(req, "echo", &echo, &ae) ||
         field_int(req, "logprobs", 0, LOGPROBS_TOP_MAX, &logprobs, &ae) ||
         field_int(req, "best_of", 1, 128, &best_of, &ae))
@@ -413,7 +513,7 @@ void openai_completions(struct server *srv, const json_t *req, const struct clie
         api_fail(&ae, 400, NULL, "best_of", "'best_of' must be 1");
         goto fail;
     }
-    run(srv, req, &r, false, include_usage, cl, rp);
+    run(srv, req, &r, prompts, n, false, include_usage, cl, rp);
     chat_req_free(&r);
     return;
 fail:

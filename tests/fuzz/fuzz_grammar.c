@@ -5,7 +5,8 @@
  * refuses the text without crashing, and agrees with a byte-at-a-time
  * matcher fed the same text; the text's literal is a grammar that accepts
  * exactly the text. JSON Schemas go the same way: the input parsed as JSON
- * either converts to GBNF that compiles, or is refused.
+ * either converts to GBNF that compiles, or is refused; and so does the
+ * input read as a regular expression, as text and inside a JSON string.
  * Run: build-fuzz/fuzz_grammar -max_total_time=60 -dict=tests/fuzz/grammar.dict */
 #include <jansson.h>
 #include <stdbool.h>
@@ -15,6 +16,7 @@
 
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -71,6 +73,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!lg || !grammar_accepts(lg, text, tn))
             abort();
         grammar_free(lg);
+    }
+    char *re = malloc(gn + 1);
+    if (re) {
+        memcpy(re, p, gn);
+        re[gn] = 0;
+        for (int mode = 0; mode < 4; mode++) {
+            enum regex_target t = mode & 1 ? REGEX_JSON_STRING : REGEX_TEXT;
+            char *expr = regex_gbnf(re, t, mode & 2, &e);
+            if (!expr) {
+                if (!e.msg[0])
+                    abort();
+                continue;
+            }
+            size_t n = strlen(expr) + 32;
+            char *gt = malloc(n);
+            snprintf(gt, n, t == REGEX_JSON_STRING ? "root ::= \"\\\"\" %s \"\\\"\"" : "root ::= %s",
+                     expr);
+            struct grammar *rg = grammar_parse(gt, strlen(gt), &e);
+            if (!rg && !strstr(e.msg, "limit"))
+                abort(); /* the compiler's output always compiles */
+            if (rg && t == REGEX_TEXT)
+                (void)grammar_accepts(rg, text, tn);
+            grammar_free(rg);
+            free(gt);
+            free(expr);
+        }
+        free(re);
     }
     json_error_t je;
     json_t *schema = json_loadb(p, gn, JSON_DECODE_ANY, &je);
