@@ -3,8 +3,9 @@
 
 Each request is a valid body of one endpoint (OpenAI chat and completions,
 Anthropic messages and count_tokens, Responses; with tools, tool calls and
-tool results, multi-part content, streaming, forced tool calls and
-structured-output formats) mutated at random: fields
+tool results, multi-part content, streaming, forced tool calls,
+structured-output formats and regular expressions, logprobs, echo, several
+choices, logit bias and penalties) mutated at random: fields
 dropped or replaced by values of the wrong type, odd numbers and strings,
 nested containers, bodies cut short. The server must answer every one with
 a 2xx or a 4xx and keep serving: a 5xx, a dropped connection or a server
@@ -25,7 +26,9 @@ from collections import Counter
 BASE = {
     '/v1/chat/completions': {
         "model": "m", "max_tokens": 4, "temperature": 0, "stream": False, "top_p": 0.9, "seed": 1,
-        "stop": ["x"], "stream_options": {"include_usage": True},
+        "stop": ["x"], "stream_options": {"include_usage": True}, "n": 2, "logprobs": True,
+        "top_logprobs": 3, "logit_bias": {"5": -2, "7": 1.5}, "presence_penalty": 0.5,
+        "repetition_penalty": 1.1, "repetition_context_size": 8,
         "messages": [
             {"role": "system", "content": "s"},
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -37,9 +40,12 @@ BASE = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", 1]}},
             "required": ["a"], "additionalProperties": False}}}},
-    '/v1/completions': {"model": "m", "prompt": "Once", "max_tokens": 4, "temperature": 0,
-                        "stream": False, "stop": "\n", "echo": False,
-                        "guided_choice": ["yes", "no"], "guided_grammar": "root ::= [a-z]{1,3}"},
+    '/v1/completions': {"model": "m", "prompt": ["Once", [1, 5, 9]], "max_tokens": 4, "temperature": 0,
+                        "stream": False, "stop": "\n", "echo": True, "logprobs": 2,
+                        "frequency_penalty": 0.3, "guided_regex": "[a-z]{1,3}(-\\d)?"},
+    '/v1/completions#2': {"model": "m", "prompt": "Once", "max_tokens": 4, "n": 2, "seed": 3,
+                          "structured_outputs": {"regex": "(a|b)+", "json": None},
+                          "guided_choice": ["yes", "no"], "guided_grammar": "root ::= [a-z]{1,3}"},
     '/v1/messages': {
         "model": "m", "max_tokens": 4, "stream": False, "thinking": {"type": "disabled"},
         "metadata": {"user_id": "u"},
@@ -61,14 +67,16 @@ BASE = {
                   {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
                   {"type": "function_call_output", "call_id": "c", "output": "r"}],
         "tools": [{"type": "function", "name": "f", "parameters": {}}],
-        "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+        "tool_choice": "required", "text": {"format": {"type": "json_object"}},
+        "include": ["message.output_text.logprobs"], "top_logprobs": 2},
 }
 ODD = [None, True, False, 0, -1, 1, 2**31, 2**63, -2**63, 1e308, -1e308, 1.5, 1e-7, -0.0, "", "x",
        "\u0000", "\ud7ff\ue000", "a" * 5000, [], {}, [[[]]], {"a": {"b": {}}}, [None], ["x"], [1, 2],
        {"type": "text"}, {"type": "text", "text": None}, "NaN"]
 KEYS = ["type", "role", "content", "text", "name", "stream", "max_tokens", "n", "logprobs",
         "response_format", "tool_choice", "input", "prompt", "id", "arguments", "cache_control",
-        "stop", "top_k", "min_p"]
+        "stop", "top_k", "min_p", "logit_bias", "echo", "top_logprobs", "guided_regex",
+        "structured_outputs", "presence_penalty", "pattern"]
 
 
 def mutate(rnd, v):
@@ -123,8 +131,8 @@ def main():
     rnd = random.Random(a.seed)
     seen, findings, t0 = Counter(), 0, time.time()
     for i in range(a.n):
-        path = rnd.choice(list(BASE))
-        b = BASE[path]
+        key = rnd.choice(list(BASE))
+        path, b = key.split('#')[0], BASE[key]  # "#2": a second body for the same route
         for _ in range(rnd.randint(1, 4)):
             b = mutate(rnd, b)
         if isinstance(b, dict):
