@@ -41,6 +41,7 @@ struct req_spec {
     float temperature; /* 0: greedy */
     int top_k;
     uint64_t seed;
+    bool logprobs; /* its rows come back to the host (logits.h) */
 };
 
 struct live {
@@ -93,6 +94,8 @@ static struct engine_request *request_of(const struct req_spec *s)
     p.sp.temperature = s->temperature;
     p.sp.top_k = s->top_k;
     p.sp.seed = s->seed;
+    p.logprobs = s->logprobs;
+    p.top_logprobs = s->logprobs ? 2 : 0;
     struct engine_request *r = engine_request_new(s->prompt, s->n_prompt, &p, &e);
     CHECK(r != NULL, "request: %s", e.msg);
     return r;
@@ -297,6 +300,26 @@ static void equivalence(const char *name, const struct model *m)
     CHECK(test_pool_idle(&st), "%s: blocks leaked in the mixed batch", name);
     printf("%s: mixed greedy/sampled batch of 12 checked against alone (%.2f sequences per step)\n",
            name, st.batch_steps ? (double)st.batch_rows / (double)st.batch_steps : 0.0);
+    engine_destroy(eng);
+
+    /* 4. The same batch with some sequences taking their rows to the host
+     * (logprobs): a batched decode step's rows are in segment order, the
+     * host's packed out of them and the others picked, and every request
+     * still matches its run alone without logprobs (the references of 3). */
+    for (int i = 0; i < 12; i++)
+        specs[i].logprobs = i % 4 == 0 || i == 5;
+    struct engine_config cfg4 = base;
+    cfg4.max_running = 12;
+    struct err e4 = {{0}};
+    if (!(eng = engine_create(m, &cfg4, &e4))) {
+        CHECK(0, "engine_create: %s", e4.msg);
+        return;
+    }
+    snprintf(what, sizeof what, "%s batch with host rows", name);
+    run_batched(eng, specs, 12, ref, what, false);
+    test_wait_idle(eng, &st);
+    CHECK(test_pool_idle(&st), "%s: blocks leaked in the batch with host rows", name);
+    printf("%s: batch of 12 with 4 taking rows to the host checked against alone\n", name);
     engine_destroy(eng);
 }
 

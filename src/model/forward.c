@@ -270,13 +270,15 @@ static int layer_forward(struct forward_state *fs, struct kv_pool *pool,
 
 /* The ops of one step, from the embedding to the logits in fs->logits:
  * every row when all_rows (one segment), else the last row of each segment
- * with logits set: first those whose rows go to the host (in segment
+ * with logits set: in segment order for a batched decode step (decodes:
+ * the same ops whichever rows the host takes, so one recording serves
+ * every mix), else first those whose rows go to the host (in segment
  * order), then those whose token the step picks (seg_picked, in segment
  * order), so each group is one contiguous block. Returns the logits row
  * count. */
 static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                      const struct forward_seg *segs, int n_seg, const int *tokens, int n,
-                     bool all_rows, struct err *e)
+                     bool all_rows, bool decodes, struct err *e)
 {
     const struct model *m = fs->m;
     const struct model_config *c = &m->cfg;
@@ -310,10 +312,10 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
          * one-token segments, e.g. a batch of decodes) go through one norm
          * launch per run instead of one per sequence. */
         int run_src = 0, run_len = 0;
-        for (int picked = 0; picked < 2; picked++)
+        for (int picked = 0; picked < (decodes ? 1 : 2); picked++)
             for (int s = 0, row = 0; s < n_seg; s++) {
                 row += segs[s].n;
-                if (!segs[s].logits || seg_picked(fs, &segs[s]) != (picked == 1))
+                if (!segs[s].logits || (!decodes && seg_picked(fs, &segs[s]) != (picked == 1)))
                     continue;
                 if (run_len > 0 && row - 1 != run_src + run_len) {
                     op->rmsnorm(fs->be, fs->xb + (size_t)(rows - run_len) * c->dim,
@@ -334,6 +336,69 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     if (rows > 0 && op->matmul(fs->be, fs->logits, fs->xb, rows, &m->lm_head, e))
         return -1;
     return rows;
+}
+
+/* A batched decode step's rows (fs->logits, one a segment, in segment
+ * order) to where forward_batch puts them: the rows of segments the host
+ * takes packed at the front of logits, in segment order, and the tokens
+ * of the others picked on the device when it can (over every row: a host
+ * row's pick is dropped), else on the host from the downloaded rows. */
+static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n_seg,
+                       float *logits, struct err *e)
+{
+    const struct backend_ops *op = fs->be->ops;
+    const int V = fs->m->cfg.vocab_size;
+    const size_t vocab = (size_t)V;
+    int n_pick = 0, n_smp = 0, only = -1;
+    for (int s = 0; s < n_seg; s++)
+        if (seg_picked(fs, &segs[s])) {
+            n_pick++;
+            n_smp += seg_sampled(&segs[s]);
+            only = s;
+        }
+    bool dev = n_pick > 0 && (n_smp > 0 || op->argmax_rows || (n_pick == 1 && op->argmax));
+    int *ids = fs->greedy;
+    if (dev) {
+        for (int s = 0, j = 0; s < n_seg; s++)
+            if (!seg_picked(fs, &segs[s]))
+                op->download(fs->be, logits + (size_t)j++ * vocab, fs->logits + (size_t)s * vocab,
+                             vocab);
+        int rc;
+        if (n_smp > 0) { /* one launch for every row: the others as temperature 0 */
+            for (int s = 0; s < n_seg; s++)
+                fs->sparams[s] = seg_picked(fs, &segs[s]) && seg_sampled(&segs[s])
+                                     ? *segs[s].sample
+                                     : (struct sample_params){0};
+            rc = op->sample_rows(fs->be, ids, fs->logits, n_seg, V, fs->sparams, e);
+        } else if (n_pick == 1 && op->argmax) {
+            rc = op->argmax(fs->be, ids + only, fs->logits + (size_t)only * vocab, V, e);
+        } else {
+            rc = op->argmax_rows(fs->be, ids, fs->logits, n_seg, V, e);
+        }
+        if (rc || (op->finish && op->finish(fs->be, e)))
+            return -1;
+    } else {
+        op->download(fs->be, logits, fs->logits, (size_t)n_seg * vocab);
+        if (op->finish && op->finish(fs->be, e))
+            return -1;
+        for (int s = 0, j = 0; s < n_seg; s++) {
+            const float *row = logits + (size_t)s * vocab;
+            if (seg_picked(fs, &segs[s])) {
+                ids[s] = argmax_f32(row, V);
+            } else {
+                if (j != s) /* j < s: moving rows toward the front never overwrites one */
+                    memmove(logits + (size_t)j * vocab, row, vocab * sizeof(float));
+                j++;
+            }
+        }
+    }
+    for (int s = 0; s < n_seg; s++) {
+        if (seg_picked(fs, &segs[s]))
+            *segs[s].next = ids[s];
+        else if (segs[s].next)
+            *segs[s].next = -1; /* sampled by the caller, from its row */
+    }
+    return 0;
 }
 
 /* One step over n_seg segments (see forward_batch). all_rows: logits of
@@ -368,12 +433,13 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
     for (int s = 0; s < n_seg && n_seg > 1; s++) {
         fs->bsegs[s] = (struct batch_seg){.seq = segs[s].seq, .n = segs[s].n,
                                           .pos0 = segs[s].seq->n_tokens};
-        decodes = decodes && segs[s].logits && seg_picked(fs, &segs[s]);
+        decodes = decodes && segs[s].logits;
     }
     /* A backend may record the step's ops and replay them for later steps
      * of the same shape (CUDA graphs for decode, single or batched); see
-     * backend.h. A batched decode's rows are then in segment order: every
-     * segment is picked, so batch_ops gathers them in one run. */
+     * backend.h. A batched decode's rows are in segment order whichever
+     * of them the host takes (a grammar, logprobs), so its recording does
+     * not depend on that. */
     struct backend_step st = {.owner = fs, .n = n, .n_seg = n_seg, .pos0 = segs[0].seq->n_tokens,
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
                               .segs = n_seg > 1 ? fs->bsegs : NULL,
@@ -388,7 +454,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (r == 1) { /* replayed: a decode, single or batched */
             rows = decodes ? n_seg : 1;
         } else {
-            rows = batch_ops(fs, pool, segs, n_seg, fs->ids, n, all_rows, e);
+            rows = batch_ops(fs, pool, segs, n_seg, fs->ids, n, all_rows, decodes, e);
             rc = rows < 0 ? -1 : 0;
         }
         int end = op->step_end ? op->step_end(fs->be, rc, e) : 0;
@@ -404,8 +470,10 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         segs[s].seq->n_tokens += segs[s].n;
     if (rows == 0)
         return 0;
-    /* fs->logits: the rows for the host, then the picked rows. */
     const size_t vocab = (size_t)c->vocab_size;
+    if (decodes)
+        return decode_rows(fs, segs, n_seg, logits, e);
+    /* fs->logits: the rows for the host, then the picked rows. */
     int n_pick = 0, n_smp = 0;
     for (int s = 0; s < n_seg && !all_rows; s++)
         if (seg_picked(fs, &segs[s])) {
