@@ -31,6 +31,7 @@
 #include "backend/backend.h"
 #include "base/half.h"
 #include "engine/engine.h"
+#include "engine/logits.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/gguf.h"
@@ -1614,6 +1615,81 @@ static void check_argmax_rows(void)
     backend_destroy(be);
 }
 
+/* row_logprobs (reported log-probabilities made on the device) against
+ * logits_lse and logprobs_top on the host: random rows, ties at the cut
+ * (the lower id first), NaN entries (never listed, skipped in the sum),
+ * -inf entries, a row shorter than k, every k from 0 to 20, picks inside
+ * and outside the row. Log-probabilities within 5e-5 (sums in another
+ * order; 1.3e-5 seen), ids identical. */
+/* Two log-probabilities agree: both NaN, equal (infinities), or within
+ * 5e-5 (the worst finite gap is kept). */
+static bool near_lp(float a, float b, double *worst)
+{
+    if (isnan(a) || isnan(b) || a == b)
+        return isnan(a) == isnan(b);
+    *worst = fmax(*worst, fabs(a - b));
+    return fabsf(a - b) < 5e-5f;
+}
+
+static void check_row_logprobs(void)
+{
+    struct backend *be = gpu_create(false);
+    if (!be)
+        return;
+    CHECK(be->ops->row_logprobs != NULL, "cuda backend has no row_logprobs op");
+    int sizes[] = {3, 1000, 151936};
+    int bad = 0, cases = 0;
+    double worst = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0] && be->ops->row_logprobs; si++) {
+        int n = sizes[si], rows = 21;
+        float *h = malloc(sizeof(float) * (size_t)n * (size_t)rows);
+        int *pick = malloc(sizeof(int) * (size_t)rows);
+        for (int r = 0; r < rows; r++) {
+            float *x = h + (size_t)r * n;
+            for (int i = 0; i < n; i++)
+                x[i] = frand() * 12.0f - 6.0f;
+            if (r % 4 == 1 && n > 8) /* ties across the cut */
+                for (int i = 0; i < n; i += n / 8)
+                    x[i] = 9.0f;
+            if (r % 4 == 2) /* NaN and -inf entries */
+                for (int i = 0; i < n; i += 3)
+                    x[i] = i % 2 ? NAN : -INFINITY;
+            pick[r] = r % 5 == 4 ? -1 : (r * 7919) % n;
+        }
+        float *d = dev_alloc_copy(be, h, (size_t)n * (size_t)rows);
+        for (int k = 0; k <= LOGPROBS_TOP_MAX; k++) {
+            struct token_logprobs got[21];
+            struct err e = {{0}};
+            CHECK(be->ops->row_logprobs(be, got, d, rows, n, pick, k, &e) == 0, "row_logprobs: %s",
+                  e.msg);
+            for (int r = 0; r < rows; r++) {
+                const float *x = h + (size_t)r * n;
+                struct token_logprobs want;
+                double lse = logits_lse(x, n);
+                logprobs_top(x, n, k, lse, &want);
+                float wp = pick[r] >= 0 ? (float)((double)x[pick[r]] - lse) : NAN;
+                bool ok = got[r].n_top == want.n_top && near_lp(got[r].logprob, wp, &worst);
+                for (int j = 0; ok && j < want.n_top; j++)
+                    ok = got[r].top_id[j] == want.top_id[j] &&
+                         near_lp(got[r].top_lp[j], want.top_lp[j], &worst);
+                cases++;
+                if (!ok && bad++ < 5)
+                    CHECK(0, "row_logprobs n=%d k=%d row %d: device %d entries (first %d %g), "
+                             "host %d (first %d %g), pick %g vs %g",
+                          n, k, r, got[r].n_top, got[r].top_id[0], got[r].top_lp[0], want.n_top,
+                          want.top_id[0], want.top_lp[0], got[r].logprob, wp);
+            }
+        }
+        be->ops->free(be, d);
+        free(pick);
+        free(h);
+    }
+    CHECK(bad == 0, "row_logprobs: %d of %d rows differ", bad, cases);
+    printf("cuda row_logprobs vs host, %d rows: %s (worst %.2g)\n", cases,
+           bad ? "DIFFER" : "identical ids", worst);
+    backend_destroy(be);
+}
+
 /* Greedy decoding with the device argmax (forward_tokens_greedy, as cllm run
  * does) against the host's argmax over downloaded logits, and the fused
  * launches (matmul_fused's GEMV with the norm, SwiGLU and residual add in
@@ -2159,6 +2235,7 @@ int main(void)
     check_errors();
     check_argmax();
     check_argmax_rows();
+    check_row_logprobs();
     check_sample_rows();
     check_sample_distribution();
     check_sample_speed();

@@ -111,6 +111,18 @@ struct sample_params {
     double u;
 };
 
+#define LOGPROBS_TOP_MAX 20 /* top_logprobs' cap (OpenAI's) */
+
+/* A generated token's log-probability and the most likely alternatives,
+ * from the log-softmax of the model's logits row (row_logprobs, and
+ * engine/logits.h on the host). */
+struct token_logprobs {
+    float logprob;
+    int n_top;                    /* larger first, the lower id on ties */
+    int top_id[LOGPROBS_TOP_MAX];
+    float top_lp[LOGPROBS_TOP_MAX];
+};
+
 struct backend_ops {
     const char *name;
     void (*destroy)(struct backend *be);
@@ -253,6 +265,16 @@ struct backend_ops {
      * forward_seg's sample). */
     int (*sample_rows)(struct backend *be, int *out, const float *x, int rows, int n,
                        const struct sample_params *p, struct err *e);
+    /* Optional: lp[r] (host) = the log-probabilities of row r of rows
+     * consecutive rows of n floats of backend memory x, as logits_lse and
+     * logprobs_top (engine/logits.h) make them on the host: logprob for
+     * the id pick[r] (host ids), and the k (<= LOGPROBS_TOP_MAX) largest
+     * entries, larger first, the lower id on ties, NaN never; the
+     * normalizer's sum in another order, so within a few float ulps of the
+     * host's. One launch, one copy, one wait. A step then copies a
+     * sequence's statistics instead of its logits row. */
+    int (*row_logprobs)(struct backend *be, struct token_logprobs *lp, const float *x, int rows,
+                        int n, const int *pick, int k, struct err *e);
     /* Optional: copies pool block `block`'s K (into or from k) and V (v),
      * every layer, kv_pool_bytes_per_block / 2 bytes each, between backend
      * and host memory, in the backend's own layout (the SSD tier's files

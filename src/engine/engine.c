@@ -423,7 +423,9 @@ static struct seq *seq_new(struct engine *eng, struct engine_request *r, struct 
     }
     const size_t vocab = (size_t)eng->m->cfg.vocab_size;
     s->processed = logits_params_active(&r->p.proc);
-    s->host_row = s->gm || s->processed || r->p.logprobs;
+    /* logprobs alone: the device's pick and statistics where the backend
+     * makes them (row_logprobs), else the row */
+    s->host_row = s->gm || s->processed || (r->p.logprobs && !eng->be->ops->row_logprobs);
     if ((s->processed && !(s->mark = calloc(vocab, 1))) ||
         (r->p.logprobs && (s->gm || s->processed) && !(s->raw = malloc(vocab * sizeof(float))))) {
         seq_free(s);
@@ -517,6 +519,7 @@ struct cand {
     int n;
     int tok;                  /* the id the step took (greedy or sampled), -1: none */
     struct sample_params sp;  /* a sampled sequence's parameters and draw */
+    struct token_logprobs lp; /* with logprobs and no host row: the step's statistics */
 };
 
 /* Appends the sequence's next token (sampled from its logits row, or its
@@ -767,6 +770,7 @@ static void engine_step(struct engine *eng)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
     if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->host_row &&
+        !lone->r->p.logprobs &&
         lone->n_toks - lone->kv.n_tokens == 1 && spec_step(eng, lone) != 0)
         return;
     /* Decodes first (one token each), then prefill chunks in admission
@@ -842,7 +846,10 @@ static void engine_step(struct engine *eng)
         segs[i] = (struct forward_seg){.seq = &s->kv, .tokens = s->toks + s->kv.n_tokens,
                                        .n = cands[i].n, .logits = logits,
                                        .next = logits && !host ? &cands[i].tok : NULL,
-                                       .sample = sampled && !host ? &cands[i].sp : NULL};
+                                       .sample = sampled && !host ? &cands[i].sp : NULL,
+                                       .lp = logits && !host && s->r->p.logprobs ? &cands[i].lp
+                                                                                 : NULL,
+                                       .lp_k = s->r->p.top_logprobs};
     }
     struct err e = {{0}};
     if (forward_batch(&eng->fs, &eng->pool, segs, n_cand, eng->logits, &e)) {
@@ -867,7 +874,7 @@ static void engine_step(struct engine *eng)
             pthread_mutex_unlock(&eng->mu);
         }
         int tok = cands[i].tok;
-        struct token_logprobs lp, *lpp = NULL;
+        struct token_logprobs lp, *lpp = segs[i].lp; /* the device's, when it made them */
         if (tok < 0) { /* sampled from its logits row on the host, with the step's draw */
             float *lr = eng->logits + (size_t)row++ * vocab;
             const struct engine_params *p = &s->r->p;

@@ -11,9 +11,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h" /* struct token_logprobs */
 #include "base/err.h"
 
-#define LOGPROBS_TOP_MAX 20     /* top_logprobs' cap (OpenAI's) */
 #define LOGIT_BIAS_MAX 1024     /* logit_bias entries per request */
 #define PENALTY_WINDOW_DEFAULT 20 /* mlx-lm's *_context_size default */
 
@@ -44,16 +44,9 @@ int logits_params_check(const struct logits_params *p, int vocab, struct err *e)
 void logits_process(const struct logits_params *p, const int *toks, int n, float *row,
                     uint8_t *mark);
 
-/* A generated token's log-probability and the most likely alternatives,
- * from the log-softmax of the model's row before anything above, the
- * sampler's warpers or a grammar's mask changed it (vLLM's default,
- * "raw" log-probabilities). */
-struct token_logprobs {
-    float logprob;
-    int n_top;                    /* larger first, the lower id on ties */
-    int top_id[LOGPROBS_TOP_MAX];
-    float top_lp[LOGPROBS_TOP_MAX];
-};
+/* Reported log-probabilities (struct token_logprobs, backend.h) are of
+ * the model's row before anything above, the sampler's warpers or a
+ * grammar's mask changed it (vLLM's default, "raw" log-probabilities). */
 
 /* log(sum exp(row)) in double; NaN entries are skipped; -inf when there is
  * nothing else, +inf when an entry is. */

@@ -91,6 +91,8 @@ void forward_free(struct forward_state *fs)
     fs->greedy = NULL;
     free(fs->sparams);
     fs->sparams = NULL;
+    free(fs->lps);
+    fs->lps = NULL;
     free(fs->bsegs);
     fs->bsegs = NULL;
 }
@@ -338,6 +340,36 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     return rows;
 }
 
+/* The picked segments' log-probabilities (forward_seg.lp), from rows
+ * consecutive rows x of backend memory whose picks are ids: row r belongs
+ * to the segment rows_seg[r] (-1: none). */
+static int row_stats(struct forward_state *fs, struct forward_seg *segs, const float *x,
+                     const int *rows_seg, int rows, const int *ids, struct err *e)
+{
+    const struct backend_ops *op = fs->be->ops;
+    int k = -1;
+    for (int r = 0; r < rows; r++)
+        if (rows_seg[r] >= 0 && segs[rows_seg[r]].lp && segs[rows_seg[r]].lp_k > k)
+            k = segs[rows_seg[r]].lp_k;
+    if (k < 0)
+        return 0;
+    if (!op->row_logprobs)
+        return err_set(e, "logprobs of a picked token need the backend's row_logprobs");
+    if (!fs->lps && !(fs->lps = malloc(sizeof *fs->lps * (size_t)fs->max_tokens)))
+        return err_set(e, "out of memory");
+    if (op->row_logprobs(fs->be, fs->lps, x, rows, fs->m->cfg.vocab_size, ids, k, e))
+        return -1;
+    for (int r = 0; r < rows; r++) {
+        struct forward_seg *s = rows_seg[r] >= 0 ? &segs[rows_seg[r]] : NULL;
+        if (s && s->lp) {
+            *s->lp = fs->lps[r];
+            if (s->lp->n_top > s->lp_k)
+                s->lp->n_top = s->lp_k;
+        }
+    }
+    return 0;
+}
+
 /* A batched decode step's rows (fs->logits, one a segment, in segment
  * order) to where forward_batch puts them: the rows of segments the host
  * takes packed at the front of logits, in segment order, and the tokens
@@ -392,13 +424,15 @@ static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n
             }
         }
     }
+    int *rows_seg = fs->ids; /* the step's token ids are spent: reuse them */
     for (int s = 0; s < n_seg; s++) {
+        rows_seg[s] = seg_picked(fs, &segs[s]) ? s : -1;
         if (seg_picked(fs, &segs[s]))
             *segs[s].next = ids[s];
         else if (segs[s].next)
             *segs[s].next = -1; /* sampled by the caller, from its row */
     }
-    return 0;
+    return row_stats(fs, segs, fs->logits, rows_seg, n_seg, ids, e);
 }
 
 /* One step over n_seg segments (see forward_batch). all_rows: logits of
@@ -516,10 +550,13 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         for (int i = 0; i < n_pick; i++)
             ids[i] = argmax_f32(logits + (size_t)(n_plain + i) * vocab, c->vocab_size);
     }
+    int *rows_seg = fs->ids; /* the step's token ids are spent: reuse them */
     for (int s = 0, i = 0; s < n_seg; s++)
-        if (seg_picked(fs, &segs[s]))
+        if (seg_picked(fs, &segs[s])) {
+            rows_seg[i] = s;
             *segs[s].next = ids[i++];
-    return 0;
+        }
+    return row_stats(fs, segs, fs->logits + (size_t)n_plain * vocab, rows_seg, n_pick, ids, e);
 }
 
 int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,

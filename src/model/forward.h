@@ -20,6 +20,7 @@ struct forward_state {
     int *ids;        /* host, max_tokens: the step's token ids, concatenated */
     int *greedy;     /* host, max_tokens: greedy or sampled ids of a step's segments */
     struct sample_params *sparams; /* host, max_tokens: sample_rows' parameters */
+    struct token_logprobs *lps; /* host, max_tokens: row_logprobs' output, made on first use */
     struct batch_seg *bsegs; /* host, max_tokens: a multi-sequence step's segments
                               * as rope_kv_attention_batch takes them */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
@@ -74,6 +75,10 @@ struct forward_seg {
     bool logits;
     int *next;                         /* host; NULL: return the logits row */
     const struct sample_params *sample; /* host; with next: sample, see above */
+    /* host; with next, on a backend with row_logprobs: also the picked
+     * token's log-probability and its row's lp_k most likely ids' */
+    struct token_logprobs *lp;
+    int lp_k;
 };
 
 /* One step over n_seg segments of distinct sequences; their tokens total at

@@ -257,7 +257,7 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
     struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->xh, &c->wf, &c->invf,
-                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp};
+                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp, &c->rl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -267,6 +267,9 @@ static void cu_destroy(struct backend *be)
     pinned_free(&c->up_tab);
     pinned_free(&c->up_bat);
     pinned_free(&c->up_smp);
+    pinned_free(&c->up_rl);
+    if (c->rl_host)
+        cudaFreeHost(c->rl_host);
     free(c->smp_host);
     free(c->invf_host);
     if (c->lt_plans)
@@ -373,6 +376,7 @@ static const struct backend_ops cuda_ops = {
     .mem_bandwidth = cu_mem_bandwidth,
     .argmax_rows = cu_argmax_rows,
     .sample_rows = cu_sample_rows,
+    .row_logprobs = cu_row_logprobs,
 };
 
 /* The driver's device count; 0 with "no CUDA device found (why)" and the

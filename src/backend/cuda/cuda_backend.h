@@ -443,6 +443,24 @@ size_t cuk_sample_ws_bytes(int rows);
 cudaError_t cuk_sample_rows(cudaStream_t s, int *out, const float *x, int rows, int n,
                             const struct cuk_sample_param *ps, const struct cuk_sample_ws *fw);
 
+/* One row of cuk_row_logprobs: the row's log-sum-exp, pick's entry and
+ * the k largest as log-probabilities (x - lse). */
+#define CUK_ROW_TOP_MAX 20
+struct cuk_row_logprobs {
+    double lse;
+    float pick;
+    int n_top;
+    int id[CUK_ROW_TOP_MAX];
+    float val[CUK_ROW_TOP_MAX];
+};
+/* out[r] (device) for row r of x[rows][n]: lse = log of the sum of exp over
+ * the row (NaN entries skipped), pick = x[r][pick[r]] - lse (pick: device
+ * ids; NaN for an id outside the row), and the k (<= CUK_ROW_TOP_MAX)
+ * largest entries, larger first, the lower id on ties, NaN never. A block
+ * per row. */
+cudaError_t cuk_row_logprobs(cudaStream_t s, struct cuk_row_logprobs *out, const float *x,
+                             int rows, int n, const int *pick, int k);
+
 #ifdef __cplusplus
 }
 #endif

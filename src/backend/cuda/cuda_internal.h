@@ -162,6 +162,10 @@ struct cuda_backend {
     struct pinned up_ids, up_tab, up_bat, up_smp; /* staging of ids, block table, batch
                                                    * metadata, sampling parameters */
     struct dbuf smp;   /* device copy of the sampling parameters (cu_sample_rows) */
+    struct dbuf rl;    /* cu_row_logprobs: the picked ids, then the rows' statistics */
+    struct pinned up_rl;
+    struct cuk_row_logprobs *rl_host; /* pinned: the statistics copied back */
+    int rl_cap;
     struct cuk_sample_param *smp_host; /* their host form */
     int smp_cap;
     /* cuk_sample_rows' fast path, for smp_rows rows of smp_n: made on
@@ -372,6 +376,8 @@ int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n
                    struct err *e);
 int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,
                    const struct sample_params *p, struct err *e);
+int cu_row_logprobs(struct backend *be, struct token_logprobs *lp, const float *x, int rows,
+                    int n, const int *pick, int k, struct err *e);
 int cu_finish(struct backend *be, struct err *e);
 void cu_mem_info(struct backend *be, struct backend_mem *out);
 /* cuda_matmul.c */

@@ -275,6 +275,52 @@ int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n
     return 0;
 }
 
+/* Reported log-probabilities: the picked ids go up through pinned staging,
+ * one launch (logprobs.cu) makes every row's statistics, one copy brings
+ * them back, instead of rows x n floats and a pass over each on the host. */
+int cu_row_logprobs(struct backend *be, struct token_logprobs *lp, const float *x, int rows,
+                    int n, const int *pick, int k, struct err *e)
+{
+    struct cuda_backend *c = op_begin(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (rows > c->rl_cap) {
+        if (c->rl_host)
+            cudaFreeHost(c->rl_host);
+        c->rl_host = NULL;
+        c->rl_cap = 0;
+        if (fail_cuda(c, "allocate log-probability statistics (host)",
+                      cudaHostAlloc((void **)&c->rl_host, sizeof *c->rl_host * (size_t)rows, 0)))
+            return sticky(c, e);
+        c->rl_cap = rows;
+    }
+    size_t ids = ((size_t)rows * sizeof(int) + 15) / 16 * 16;
+    size_t stats = sizeof(struct cuk_row_logprobs) * (size_t)rows;
+    char *d = dbuf_get(c, &c->rl, ids + stats, "log-probability statistics");
+    if (!d || !upload_async(c, &c->up_rl, d, pick, sizeof(int) * (size_t)rows,
+                            "copy the picked ids"))
+        return sticky(c, e);
+    struct cuk_row_logprobs *dout = (struct cuk_row_logprobs *)(d + ids);
+    if (fail_cuda(c, "log-probability statistics",
+                  cuk_row_logprobs(c->stream, dout, x, rows, n, (const int *)d, k)) ||
+        fail_cuda(c, "copy log-probability statistics",
+                  cudaMemcpyAsync(c->rl_host, dout, stats, cudaMemcpyDeviceToHost, c->stream)) ||
+        fail_cuda(c, "synchronize after log-probability statistics",
+                  cudaStreamSynchronize(c->stream)))
+        return sticky(c, e);
+    for (int r = 0; r < rows; r++) {
+        const struct cuk_row_logprobs *h = &c->rl_host[r];
+        lp[r].logprob = h->pick;
+        lp[r].n_top = h->n_top < LOGPROBS_TOP_MAX ? h->n_top : LOGPROBS_TOP_MAX;
+        for (int j = 0; j < lp[r].n_top; j++) {
+            lp[r].top_id[j] = h->id[j];
+            lp[r].top_lp[j] = h->val[j];
+        }
+    }
+    return 0;
+}
+
 void cu_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cuda_backend *c = op_begin(be);
