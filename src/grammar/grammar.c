@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/parse.h"
+#include "base/utf8.h"
 #include "grammar/grammar.h"
 #include "grammar/grammar_internal.h"
 
@@ -225,50 +226,16 @@ static long read_char(struct builder *b)
             return fail(b, "unknown escape");
         }
     }
-    /* UTF-8 */
-    int n = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3
-                           : (*p & 0xF8) == 0xF0 ? 4 : 0;
-    if (n == 0 || p + n > end)
-        return fail(b, "invalid UTF-8");
-    long v = n == 1 ? *p : *p & (0x7F >> n);
-    for (int i = 1; i < n; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return fail(b, "invalid UTF-8");
-        v = (v << 6) | (p[i] & 0x3F);
-    }
-    /* overlong forms, surrogates and values past U+10FFFF are not UTF-8: a
-     * literal must match the very bytes it was written with */
-    static const long min_of[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min_of[n] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+    /* UTF-8: overlong forms, surrogates and values past U+10FFFF are not
+     * (a literal must match the very bytes it was written with) */
+    uint32_t v;
+    int n = utf8_get((const char *)p, (size_t)(end - p), &v);
+    if (n == 0)
         return fail(b, "invalid UTF-8");
     if (*p == '\n')
         b->line++;
     b->p += n;
     return v;
-}
-
-static int utf8_encode(unsigned long c, unsigned char *out)
-{
-    if (c < 0x80) {
-        out[0] = (unsigned char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        out[0] = (unsigned char)(0xC0 | (c >> 6));
-        out[1] = (unsigned char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        out[0] = (unsigned char)(0xE0 | (c >> 12));
-        out[1] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
-        out[2] = (unsigned char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    out[0] = (unsigned char)(0xF0 | (c >> 18));
-    out[1] = (unsigned char)(0x80 | ((c >> 12) & 0x3F));
-    out[2] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
-    out[3] = (unsigned char)(0x80 | (c & 0x3F));
-    return 4;
 }
 
 /* ---- character classes ---- */
@@ -288,9 +255,10 @@ static int utf8_ranges(struct builder *b, unsigned long lo, unsigned long hi, st
         if (lo <= len_end[i] && hi > len_end[i])
             return utf8_ranges(b, lo, len_end[i], alts) ||
                    utf8_ranges(b, len_end[i] + 1, hi, alts);
-    unsigned char l[4], h[4];
-    int n = utf8_encode(lo, l);
-    utf8_encode(hi, h);
+    char lc[4], hc[4];
+    int n = (int)utf8_put((uint32_t)lo, lc);
+    utf8_put((uint32_t)hi, hc);
+    const unsigned char *l = (const unsigned char *)lc, *h = (const unsigned char *)hc;
     for (int i = 1; i < n; i++) {
         unsigned long m = (1ul << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
@@ -435,10 +403,10 @@ static int parse_literal(struct builder *b, struct seq *out)
         long c = read_char(b);
         if (c < 0)
             return -1;
-        unsigned char u[4];
-        int n = utf8_encode((unsigned long)c, u);
+        char u[4];
+        int n = (int)utf8_put((uint32_t)c, u);
         for (int i = 0; i < n; i++)
-            if (seq_push(b, out, GEL_SET, byte_set(b, u[i])))
+            if (seq_push(b, out, GEL_SET, byte_set(b, (unsigned char)u[i])))
                 return -1;
     }
     if (b->p >= b->end)

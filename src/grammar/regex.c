@@ -12,6 +12,7 @@
 
 #include "base/buf.h"
 #include "base/parse.h"
+#include "base/utf8.h"
 #include "grammar/grammar.h"
 
 #define CP_MAX 0x10FFFFu
@@ -41,23 +42,10 @@ static bool at(const struct rx *x, char c) { return x->i < x->n && x->s[x->i] ==
 /* The next code point of the pattern (UTF-8). */
 static int next_cp(struct rx *x, uint32_t *cp)
 {
-    const unsigned char *p = (const unsigned char *)x->s + x->i;
-    size_t left = x->n - x->i;
-    int len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-            : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || (size_t)len > left)
-        return fail(x, "not UTF-8 text");
-    uint32_t c = len == 1 ? p[0] : p[0] & (0x7F >> len);
-    for (int k = 1; k < len; k++) {
-        if ((p[k] & 0xC0) != 0x80)
-            return fail(x, "not UTF-8 text");
-        c = c << 6 | (p[k] & 0x3F);
-    }
-    static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < least[len] || c > CP_MAX || (c >= 0xD800 && c <= 0xDFFF))
+    int len = utf8_get(x->s + x->i, x->n - x->i, cp);
+    if (len == 0)
         return fail(x, "not UTF-8 text");
     x->i += (size_t)len;
-    *cp = c;
     return 0;
 }
 
@@ -194,30 +182,6 @@ static void put_lit(struct buf *o, const char *text, size_t n)
     buf_puts(o, tmp);
 }
 
-static size_t utf8(uint32_t cp, char *out)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | cp >> 6);
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | cp >> 12);
-        out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | cp >> 18);
-    out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
-    out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* Characters a JSON string writes escaped. */
 static bool json_special(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
 
@@ -237,7 +201,7 @@ static void put_char(const struct rx *x, struct buf *o, uint32_t cp)
         }
         return;
     }
-    put_lit(o, b, utf8(cp, b));
+    put_lit(o, b, utf8_put(cp, b));
 }
 
 /* A set as one GBNF item: a class of what the target writes as itself,

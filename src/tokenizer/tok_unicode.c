@@ -3,6 +3,7 @@
  * define them (HF tokenizers is written in Rust), NFC/NFD/NFKC/NFKD and
  * lowercasing through utf8proc with an ASCII fast path, and GPT-2's
  * byte <-> printable-character table for byte-level BPE. */
+#include "base/utf8.h"
 #include "tokenizer/tok_internal.h"
 
 #include <stdlib.h>
@@ -44,29 +45,7 @@ uint32_t tok_utf8_prev(const char *s, size_t n, size_t *len)
     return cp;
 }
 
-size_t tok_utf8_put(uint32_t cp, char *o)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18);
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
+size_t tok_utf8_put(uint32_t cp, char *o) { return utf8_put(cp, o); }
 
 /* The sequence at s: its length (> 0) when well-formed (no overlongs,
  * surrogates or values past U+10FFFF), else minus the length of its maximal

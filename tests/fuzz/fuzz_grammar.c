@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
@@ -23,22 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Whether the n bytes are UTF-8 (the literals' contract: GBNF is text). */
 static bool utf8(const unsigned char *s, size_t n)
 {
-    for (size_t i = 0; i < n;) {
-        int k = s[i] < 0x80 ? 1 : (s[i] & 0xE0) == 0xC0 ? 2 : (s[i] & 0xF0) == 0xE0 ? 3
-                : (s[i] & 0xF8) == 0xF0 ? 4 : 0;
-        if (!k || i + (size_t)k > n)
+    uint32_t cp;
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = (size_t)utf8_get((const char *)s + i, n - i, &cp)) == 0)
             return false;
-        long v = k == 1 ? s[i] : s[i] & (0x7F >> k);
-        for (int j = 1; j < k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80)
-                return false;
-            v = (v << 6) | (s[i + j] & 0x3F);
-        }
-        static const long min_of[] = {0, 0, 0x80, 0x800, 0x10000};
-        if (v < min_of[k] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
-            return false; /* overlong, a surrogate, past U+10FFFF */
-        i += (size_t)k;
-    }
     return true;
 }
 

@@ -1,0 +1,62 @@
+/* utf8.h - one code point to and from UTF-8, strictly: what the grammar
+ * compiler, the regular-expression reader and the tokenizer share. */
+#ifndef CLLM_BASE_UTF8_H
+#define CLLM_BASE_UTF8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Writes cp (<= U+10FFFF) as UTF-8 to out (room for 4); returns the byte
+ * count. */
+static inline size_t utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12);
+        out[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18);
+    out[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+    out[2] = (char)(0x80 | (cp >> 6 & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* The code point at s (n bytes available) into *cp; returns its byte count,
+ * or 0 when the bytes are not UTF-8: a bad lead or continuation byte, a
+ * sequence cut short, an overlong form, a surrogate, a value past
+ * U+10FFFF (so a character reads back as the very bytes it was written
+ * with). */
+static inline int utf8_get(const char *s, size_t n, uint32_t *cp)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    if (n == 0)
+        return 0;
+    int len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
+            : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || (size_t)len > n)
+        return 0;
+    uint32_t c = len == 1 ? p[0] : p[0] & (0x7Fu >> len);
+    for (int k = 1; k < len; k++) {
+        if ((p[k] & 0xC0) != 0x80)
+            return 0;
+        c = c << 6 | (p[k] & 0x3F);
+    }
+    static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (c < least[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+        return 0;
+    *cp = c;
+    return len;
+}
+
+#endif
