@@ -297,8 +297,9 @@ struct seq {
     long long proj;          /* projected KV bytes, counted in eng->proj_total */
     bool prompt_done;        /* the original prompt was prefilled once */
     struct grammar_matcher *gm; /* structured output: where the text stands */
-    /* the row comes back to the host (a grammar, logits processing or
-     * logprobs); raw: the row before processing, when logprobs need it;
+    /* the row comes back to the host (a grammar, logits processing, or
+     * logprobs where the backend cannot make them); processed: bias or
+     * penalties; raw: the row before processing, when logprobs need it;
      * mark: logits_process's scratch */
     bool host_row, processed;
     float *raw;
@@ -833,8 +834,8 @@ static void engine_step(struct engine *eng)
         assert(kv_seq_writable(&eng->pool, &s->kv, s->kv.n_tokens));
         bool logits = s->kv.n_tokens + cands[i].n == s->n_toks;
         bool sampled = logits && !sampler_is_greedy(&s->smp);
-        /* a grammar's mask, logits processing and logprobs are the
-         * host's: the row comes back */
+        /* a grammar's mask and logits processing are the host's (and
+         * logprobs, on a backend without row_logprobs): the row comes back */
         bool host = logits && s->host_row;
         if (sampled) {
             const struct sampler_params *p = &s->smp.p;
