@@ -390,6 +390,8 @@ static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n
         }
     bool dev = n_pick > 0 && (n_smp > 0 || op->argmax_rows || (n_pick == 1 && op->argmax));
     int *ids = fs->greedy;
+    for (int s = 0; s < n_seg; s++)
+        ids[s] = -1; /* rows no pick covers (row_stats reads every row's) */
     if (dev) {
         for (int s = 0, j = 0; s < n_seg; s++)
             if (!seg_picked(fs, &segs[s]))
