@@ -6,23 +6,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-void buf_putn(struct buf *b, const char *s, size_t n)
+/* Room for extra bytes and the NUL; false (oom set) when there is none. */
+static bool grow(struct buf *b, size_t extra)
 {
     if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
+        return false;
+    if (b->n + extra + 1 <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
     }
-    memcpy(b->p + b->n, s, n);
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void buf_putn(struct buf *b, const void *s, size_t n)
+{
+    if (!grow(b, n))
+        return;
+    if (n)
+        memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
 }
@@ -38,13 +47,28 @@ void buf_putb(struct buf *b, const struct buf *src)
 
 void buf_printf(struct buf *b, const char *fmt, ...)
 {
-    char tmp[512];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    int k = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n > 0)
-        buf_putn(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (k < 0 || !grow(b, (size_t)k))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)k;
+}
+
+void buf_consume(struct buf *b, size_t n)
+{
+    if (n >= b->n) {
+        b->n = 0;
+    } else {
+        memmove(b->p, b->p + n, b->n - n);
+        b->n -= n;
+    }
+    if (b->p)
+        b->p[b->n] = 0;
 }
 
 void buf_free(struct buf *b)

@@ -73,7 +73,7 @@ static json_t *message_json(const char *id, const char *model, json_t *content,
 /* ---- request ---- */
 
 /* A tool_result's content: a string or text blocks. */
-static int tool_result_text(const json_t *block, const char *param, struct sbuf *t,
+static int tool_result_text(const json_t *block, const char *param, struct buf *t,
                             struct api_error *ae)
 {
     return content_text(json_object_get(block, "content"), param, text_types, t, ae);
@@ -102,7 +102,7 @@ static int add_message(json_t *out, const json_t *m, size_t i, struct api_error 
     if (!json_is_array(content))
         return api_fail(ae, 400, NULL, param, "'%s' must be a string or an array of blocks",
                         param);
-    struct sbuf text = {0};
+    struct buf text = {0};
     json_t *calls = json_array();
     size_t k;
     const json_t *b;
@@ -120,15 +120,15 @@ static int add_message(json_t *out, const json_t *m, size_t i, struct api_error 
                 api_fail(ae, 400, NULL, bp, "'%s.text' must be a string", bp);
                 goto fail;
             }
-            sbuf_put(&text, json_string_value(t), json_string_length(t));
+            buf_putn(&text, json_string_value(t), json_string_length(t));
         } else if (!strcmp(type, "tool_result")) {
-            struct sbuf t = {0};
+            struct buf t = {0};
             if (tool_result_text(b, bp, &t, ae)) {
-                sbuf_free(&t);
+                buf_free(&t);
                 goto fail;
             }
             json_t *tm = json_pack("{s:s, s:o}", "role", "tool", "content", json_text(t.p, t.n));
-            sbuf_free(&t);
+            buf_free(&t);
             const json_t *id = json_object_get(b, "tool_use_id");
             if (json_is_string(id))
                 json_object_set(tm, "tool_call_id", (json_t *)id);
@@ -162,11 +162,11 @@ static int add_message(json_t *out, const json_t *m, size_t i, struct api_error 
         json_array_append_new(out, nm);
     }
     json_decref(calls);
-    sbuf_free(&text);
+    buf_free(&text);
     return 0;
 fail:
     json_decref(calls);
-    sbuf_free(&text);
+    buf_free(&text);
     return -1;
 }
 
@@ -191,14 +191,14 @@ static int parse_request(const json_t *req, struct chat_req *r, bool need_max,
     r->messages = json_array();
     const json_t *sys = json_object_get(req, "system");
     if (sys && !json_is_null(sys)) {
-        struct sbuf t = {0};
+        struct buf t = {0};
         if (content_text(sys, "system", text_types, &t, ae)) {
-            sbuf_free(&t);
+            buf_free(&t);
             return -1;
         }
         json_array_append_new(r->messages,
                               json_pack("{s:s, s:o}", "role", "system", "content", json_text(t.p, t.n)));
-        sbuf_free(&t);
+        buf_free(&t);
     }
     size_t i;
     const json_t *m;
@@ -396,7 +396,7 @@ void anthropic_messages(struct server *srv, const json_t *req, const struct clie
         }
         return;
     }
-    struct sbuf text = {0};
+    struct buf text = {0};
     struct gen_result res;
     struct turn_parts tp = {0};
     if (gen_collect(g, &text, &res, cl)) {
@@ -413,7 +413,7 @@ void anthropic_messages(struct server *srv, const json_t *req, const struct clie
                                 res.stop, /* owned by g: used before gen_free */
                                 usage_json(res.n_prompt, res.n_completion, res.n_cached));
     }
-    sbuf_free(&text);
+    buf_free(&text);
     turn_parts_free(&tp);
     gen_free(g);
 }

@@ -18,7 +18,7 @@ struct gen {
     struct detok dt;
     char *piece;           /* detok scratch, detok_max_bytes */
     size_t piece_cap;
-    struct sbuf pending;   /* decoded text not yet released (may start a stop string) */
+    struct buf pending;   /* decoded text not yet released (may start a stop string) */
     char *stops[SERVE_MAX_STOPS];
     size_t stop_len[SERVE_MAX_STOPS];
     int n_stops;
@@ -377,7 +377,7 @@ void gen_free(struct gen *g)
     free(g->piece);
     free(g->lps);
     free(g->echo);
-    sbuf_free(&g->pending);
+    buf_free(&g->pending);
     json_decref(g->tools);
     free(g);
 }
@@ -474,10 +474,10 @@ static int stop_scan(const struct gen *g, size_t *emit)
     return -1;
 }
 
-static void release(struct gen *g, struct sbuf *text, size_t n)
+static void release(struct gen *g, struct buf *text, size_t n)
 {
-    sbuf_put(text, g->pending.p, n);
-    sbuf_consume(&g->pending, n);
+    buf_putn(text, g->pending.p, n);
+    buf_consume(&g->pending, n);
 }
 
 static void finish(struct gen *g, enum gen_finish why, const struct engine_event *ev)
@@ -517,12 +517,12 @@ bool gen_has_logprobs(const struct gen *g) { return g->logprobs; }
 
 const struct tokenizer *gen_tokenizer(const struct gen *g) { return g->srv->sm.tok; }
 
-int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res)
+int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result *res)
 {
     size_t start = text->n;
     double deadline = serve_now() + timeout_ms / 1000.0;
     if (g->echo && g->echo_n) { /* before any token: it is no stop string's part */
-        sbuf_put(text, g->echo, g->echo_n);
+        buf_putn(text, g->echo, g->echo_n);
         g->echo_n = 0;
     }
     while (!g->finished) {
@@ -547,7 +547,7 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
             for (size_t i = 0; i < k; i++)
                 g->chars += ((unsigned char)g->piece[i] & 0xC0) != 0x80;
             count_reasoning(g, g->piece, k);
-            sbuf_put(&g->pending, g->piece, k);
+            buf_putn(&g->pending, g->piece, k);
             size_t emit;
             int hit = stop_scan(g, &emit);
             release(g, text, emit);
@@ -564,7 +564,7 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
         }
         /* The final event: nothing held back can become a stop string now. */
         size_t k = detok_flush(&g->dt, g->piece, g->piece_cap);
-        sbuf_put(&g->pending, g->piece, k);
+        buf_putn(&g->pending, g->piece, k);
         release(g, text, g->pending.n);
         g->res.stop_index = -1;
         switch (ev.finish) {
@@ -583,7 +583,7 @@ int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result
     return GEN_DONE;
 }
 
-int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
+int gen_collect(struct gen *g, struct buf *text, struct gen_result *res,
                 const struct client *cl)
 {
     double next_check = serve_now() + 0.1;
@@ -648,7 +648,7 @@ int stream_fill(struct stream *s, const struct client *cl)
             s->phase = 1;
             continue;
         }
-        struct sbuf text = {0};
+        struct buf text = {0};
         struct gen_result res;
         int rc = gen_next(s->gen, &text, 100, &res);
         /* Events that are already there go out in the same write: one
@@ -660,7 +660,7 @@ int stream_fill(struct stream *s, const struct client *cl)
         }
         if (rc == GEN_TEXT) /* the buffer is full: send what there is first */
             turn_feed(&s->turn, text.p, text.n);
-        sbuf_free(&text);
+        buf_free(&text);
         if (s->turn.oom)
             s->out.oom = true;
         if (rc == GEN_DONE) {
@@ -684,7 +684,7 @@ void stream_free(struct stream *s)
     gen_free(s->gen);
     if (s->ops->free)
         s->ops->free(s->st);
-    sbuf_free(&s->out);
+    buf_free(&s->out);
     turn_free(&s->turn);
     free(s);
 }
@@ -708,9 +708,9 @@ static void parts_event(void *ctx, const struct turn_event *ev)
 {
     struct turn_parts *p = ctx;
     if (ev->kind == TURN_CONTENT) {
-        sbuf_put(&p->content, ev->text, ev->n);
+        buf_putn(&p->content, ev->text, ev->n);
     } else if (ev->kind == TURN_REASONING) {
-        sbuf_put(&p->reasoning, ev->text, ev->n);
+        buf_putn(&p->reasoning, ev->text, ev->n);
     } else if (!p->calls || json_array_append_new(p->calls, json_pack("{s:s, s:s}", "name", ev->name,
                                                                       "arguments", ev->args))) {
         p->oom = true;
@@ -732,8 +732,8 @@ int turn_parts_split(struct turn_syntax syn, const char *text, size_t n, struct 
 
 void turn_parts_free(struct turn_parts *p)
 {
-    sbuf_free(&p->content);
-    sbuf_free(&p->reasoning);
+    buf_free(&p->content);
+    buf_free(&p->reasoning);
     json_decref(p->calls);
     p->calls = NULL;
 }

@@ -284,12 +284,12 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
 }
 
 int content_text(const json_t *content, const char *param, const char *const *types,
-                 struct sbuf *out, struct api_error *ae)
+                 struct buf *out, struct api_error *ae)
 {
     if (!content || json_is_null(content))
         return 0;
     if (json_is_string(content)) {
-        sbuf_put(out, json_string_value(content), json_string_length(content));
+        buf_putn(out, json_string_value(content), json_string_length(content));
         return 0;
     }
     if (!json_is_array(content))
@@ -312,7 +312,7 @@ int content_text(const json_t *content, const char *param, const char *const *ty
         const json_t *text = json_object_get(part, "text");
         if (!json_is_string(text))
             return api_fail(ae, 400, NULL, param, "'%s[%zu].text' must be a string", param, i);
-        sbuf_put(out, json_string_value(text), json_string_length(text));
+        buf_putn(out, json_string_value(text), json_string_length(text));
     }
     return 0;
 }
@@ -411,25 +411,25 @@ static int choice_grammar(const json_t *v, const char *param, struct chat_req *r
     if (!json_is_array(v) || n == 0 || n > 4096)
         return api_fail(ae, 400, NULL, param, "'%s' must be an array of 1 to 4096 strings",
                         param);
-    struct sbuf b = {0};
-    sbuf_puts(&b, "root ::=");
+    struct buf b = {0};
+    buf_puts(&b, "root ::=");
     json_array_foreach(v, i, c) {
         const char *s = json_string_value(c);
         size_t len = s ? strlen(s) : 0;
         char *q = s && len ? malloc(4 * len + 3) : NULL;
         if (!q) {
-            sbuf_free(&b);
+            buf_free(&b);
             return s && len ? api_fail(ae, 500, "server_error", NULL, "out of memory")
                             : api_fail(ae, 400, NULL, param,
                                        "%s[%zu] must be a non-empty string", param, i);
         }
-        sbuf_puts(&b, i ? " | " : " ");
-        sbuf_put(&b, q, grammar_literal(s, len, q));
+        buf_puts(&b, i ? " | " : " ");
+        buf_putn(&b, q, grammar_literal(s, len, q));
         free(q);
     }
-    sbuf_put(&b, "", 1);
+    buf_putn(&b, "", 1);
     if (b.oom) {
-        sbuf_free(&b);
+        buf_free(&b);
         return api_fail(ae, 500, "server_error", NULL, "out of memory");
     }
     r->grammar = b.p;

@@ -27,7 +27,7 @@ struct http {
 
 /* One HTTP request's state, from its headers to its completion. */
 struct req {
-    struct sbuf body;
+    struct buf body;
     bool too_large;
     bool answered; /* a response was queued before the body was read */
     int status;
@@ -351,9 +351,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!rq->answered && !rq->too_large) {
             if (rq->body.n + *upload_size > cap) {
                 rq->too_large = true;
-                sbuf_free(&rq->body);
+                buf_free(&rq->body);
             } else {
-                sbuf_put(&rq->body, upload, *upload_size);
+                buf_putn(&rq->body, upload, *upload_size);
             }
         }
         *upload_size = 0;
@@ -402,7 +402,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                 (serve_now() - rq->t0) * 1e3,
                 why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     }
-    sbuf_free(&rq->body);
+    buf_free(&rq->body);
     free(rq);
     *con_cls = NULL;
     atomic_fetch_sub(&h->srv->active, 1); /* its answer is out (or the client is gone) */

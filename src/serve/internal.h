@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "base/buf.h"
 #include "base/err.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
@@ -29,23 +30,11 @@
 #define SERVE_MAX_STOPS 16      /* stop strings per request */
 #define SERVE_MAX_STOP_LEN 1024 /* bytes per stop string */
 
-/* ---- growable byte buffer (sbuf.c) ---- */
+/* ---- text buffers (base/buf.h), SSE and JSON helpers (sbuf.c) ---- */
 
-struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom; /* an append failed: the content is incomplete */
-};
-
-void sbuf_put(struct sbuf *b, const void *data, size_t n);
-void sbuf_puts(struct sbuf *b, const char *s);
-void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Drops the first n bytes. */
-void sbuf_consume(struct sbuf *b, size_t n);
-void sbuf_free(struct sbuf *b);
 /* One server-sent event: "event: NAME\n" (when name is non-NULL) then
  * "data: <compact JSON>\n\n". Does not take the reference. */
-void sbuf_sse(struct sbuf *b, const char *name, const json_t *data);
+void sbuf_sse(struct buf *b, const char *name, const json_t *data);
 /* A JSON value as compact text (caller frees); NULL when out of memory. */
 char *json_compact(const json_t *v, size_t *len);
 /* A JSON string from text that should be UTF-8 (bad bytes become U+FFFD). */
@@ -166,7 +155,7 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
  * is one of `types` (NULL-terminated). Appends the text; non-text parts are
  * refused with a 400 naming param. */
 int content_text(const json_t *content, const char *param, const char *const *types,
-                 struct sbuf *out, struct api_error *ae);
+                 struct buf *out, struct api_error *ae);
 /* tool_choice in any API's shape into r: "none" / {"type": "none"} turns
  * call parsing off; "required", {"type": "any"} or "required" forces a
  * call; {"type": "function", "function": {"name"}} (chat), {"type":
@@ -257,7 +246,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
  * a stop string or a prefix of one that may still complete); GEN_DONE: the
  * generation ended (res filled; call again and it stays DONE); GEN_WAIT:
  * nothing yet. */
-int gen_next(struct gen *g, struct sbuf *text, int timeout_ms, struct gen_result *res);
+int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result *res);
 int gen_prompt_tokens(const struct gen *g);
 /* A generated token's log-probabilities (the request asked for logprobs):
  * offset counts the code points of the text before it. */
@@ -291,7 +280,7 @@ struct turn_syntax gen_syntax(const struct gen *g);
 /* A whole turn split (non-streamed answers): reasoning and content text,
  * calls [{name, arguments: compact JSON text}] in order. */
 struct turn_parts {
-    struct sbuf reasoning, content;
+    struct buf reasoning, content;
     json_t *calls;
     bool oom;
 };
@@ -314,7 +303,7 @@ struct client {
 
 /* Runs to the end, appending all text. Returns 0, or -1 when the client
  * left (the generation is cancelled). */
-int gen_collect(struct gen *g, struct sbuf *text, struct gen_result *res,
+int gen_collect(struct gen *g, struct buf *text, struct gen_result *res,
                 const struct client *cl);
 /* A generation that did not finish normally (cancelled at shutdown: 503;
  * failed: 500) as an API error of `type` (NULL for the Anthropic shape,
@@ -341,7 +330,7 @@ struct stream {
     struct gen *gen;
     const struct stream_ops *ops;
     void *st;          /* adapter state */
-    struct sbuf out;   /* bytes not yet handed to HTTP: [off, out.n) */
+    struct buf out;   /* bytes not yet handed to HTTP: [off, out.n) */
     size_t off;
     struct turn turn;  /* the gen's text into the ops */
     int phase;         /* 0 before begin, 1 streaming, 2 ended */

@@ -177,7 +177,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
         json_object_set_new(c, "usage", usage_json(res, o->lane));
         emit(s, c);
     }
-    sbuf_puts(&s->out, "data: [DONE]\n\n");
+    buf_puts(&s->out, "data: [DONE]\n\n");
 }
 
 static const struct stream_ops oai_ops = {oai_begin, oai_text, oai_tool_call, oai_end, free};
@@ -243,7 +243,7 @@ static void stream_one(struct server *srv, const json_t *req, const struct chat_
 }
 
 /* Choice k of a whole answer, or NULL with ae filled. */
-static json_t *choice_json(struct gen *g, const struct sbuf *text, const struct gen_result *res,
+static json_t *choice_json(struct gen *g, const struct buf *text, const struct gen_result *res,
                            bool chat, int k, struct api_error *ae)
 {
     if (gen_failed(res, "server_error", ae))
@@ -277,7 +277,7 @@ static void collect_many(struct server *srv, const json_t *req, const struct cha
     struct api_error ae = {0};
     int P = prompts ? (int)json_array_size(prompts) : 1, total = P * n;
     struct gen **gs = calloc((size_t)total, sizeof *gs);
-    struct sbuf *texts = calloc((size_t)total, sizeof *texts);
+    struct buf *texts = calloc((size_t)total, sizeof *texts);
     struct gen_result *res = calloc((size_t)total, sizeof *res);
     json_t *choices = json_array();
     bool failed = !gs || !texts || !res || !choices;
@@ -333,7 +333,7 @@ out:
     for (int k = 0; gs && k < total; k++)
         gen_free(gs[k]); /* cancels what is still running */
     for (int k = 0; texts && k < total; k++)
-        sbuf_free(&texts[k]);
+        buf_free(&texts[k]);
     free(gs);
     free(texts);
     free(res);
@@ -387,14 +387,14 @@ static int parse_messages(const json_t *req, struct chat_req *r, struct api_erro
             return api_fail(ae, 400, NULL, param, "'%s' must be a string", param);
         }
         snprintf(param, sizeof param, "messages[%zu].content", i);
-        struct sbuf t = {0};
+        struct buf t = {0};
         if (content_text(json_object_get(m, "content"), param, part_types, &t, ae)) {
-            sbuf_free(&t);
+            buf_free(&t);
             return -1;
         }
         json_t *nm = json_copy((json_t *)m);
         json_object_set_new(nm, "content", json_text(t.p, t.n));
-        sbuf_free(&t);
+        buf_free(&t);
         if (!strcmp(role, "developer")) /* the newer name of the system role */
             json_object_set_new(nm, "role", json_string("system"));
         json_array_append_new(r->messages, nm);

@@ -8,21 +8,21 @@
 
 static int render_plain(const json_t *messages, char **out, size_t *len, struct err *e)
 {
-    struct sbuf b = {0};
+    struct buf b = {0};
     size_t i;
     const json_t *m;
     json_array_foreach(messages, i, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         const json_t *content = json_object_get(m, "content");
-        sbuf_puts(&b, role ? role : "user");
-        sbuf_puts(&b, ": ");
+        buf_puts(&b, role ? role : "user");
+        buf_puts(&b, ": ");
         if (json_is_string(content))
-            sbuf_put(&b, json_string_value(content), json_string_length(content));
-        sbuf_puts(&b, "\n");
+            buf_putn(&b, json_string_value(content), json_string_length(content));
+        buf_puts(&b, "\n");
     }
-    sbuf_puts(&b, "assistant:");
+    buf_puts(&b, "assistant:");
     if (b.oom) {
-        sbuf_free(&b);
+        buf_free(&b);
         return err_set(e, "out of memory rendering the prompt");
     }
     *out = b.p;

@@ -117,15 +117,15 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
             return api_fail(ae, 400, NULL, param, "'%s.role' must be a string", param);
         char cp[80];
         snprintf(cp, sizeof cp, "%s.content", param);
-        struct sbuf t = {0};
+        struct buf t = {0};
         if (content_text(json_object_get(it, "content"), cp, part_types, &t, ae)) {
-            sbuf_free(&t);
+            buf_free(&t);
             return -1;
         }
         json_array_append_new(out, json_pack("{s:s, s:o}", "role",
                                              strcmp(role, "developer") ? role : "system",
                                              "content", json_text(t.p, t.n)));
-        sbuf_free(&t);
+        buf_free(&t);
         return 0;
     }
     if (!strcmp(type, "function_call")) {
@@ -182,9 +182,9 @@ struct resp_ctx {
     json_t *output;
     int open;
     char item_id[64];
-    struct sbuf text;
+    struct buf text;
     /* the answer as a chat message, for the store: content and tool_calls */
-    struct sbuf answer;
+    struct buf answer;
     json_t *calls;
     /* include "message.output_text.logprobs" (or top_logprobs): the
      * message's tokens' entries, for its output_text part */
@@ -204,8 +204,8 @@ static void ctx_free(void *p)
     json_decref(c->output);
     json_decref(c->calls);
     json_decref(c->lps);
-    sbuf_free(&c->text);
-    sbuf_free(&c->answer);
+    buf_free(&c->text);
+    buf_free(&c->answer);
     free(c);
 }
 
@@ -476,7 +476,7 @@ static void item_close(struct stream *s)
            json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
                      "content_index", 0, "part", part_json(t, n, c->lps)));
         item = message_item(c, "completed", json_pack("[o]", part_json(t, n, c->lps)));
-        sbuf_put(&c->answer, t, n);
+        buf_putn(&c->answer, t, n);
     } else if (c->open == ITEM_REASONING) {
         ev(s, "response.reasoning_text.done",
            json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->item_id, "output_index", out_index(c),
@@ -521,7 +521,7 @@ static void rs_text(struct stream *s, enum turn_kind kind, const char *text, siz
     struct resp_ctx *c = s->st;
     const bool msg = kind != TURN_REASONING;
     item_open(s, msg ? ITEM_MESSAGE : ITEM_REASONING);
-    sbuf_put(&c->text, text, n);
+    buf_putn(&c->text, text, n);
     json_t *d = json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg ? c->msg_id : c->item_id,
                           "output_index", out_index(c), "content_index", 0, "delta",
                           json_text(text, n));
@@ -590,7 +590,7 @@ static json_t *output_json(struct resp_ctx *c, const struct turn_parts *tp)
         json_array_append_new(out, message_item(c, "completed",
                                                 json_pack("[o]", part_json(tp->content.p ? tp->content.p : "",
                                                                            tp->content.n, c->lps))));
-    sbuf_put(&c->answer, tp->content.p, tp->content.n);
+    buf_putn(&c->answer, tp->content.p, tp->content.n);
     size_t i;
     json_t *call;
     json_array_foreach(tp->calls, i, call) json_array_append_new(
@@ -636,7 +636,7 @@ void responses_create(struct server *srv, const json_t *req, const struct client
         }
         return;
     }
-    struct sbuf text = {0};
+    struct buf text = {0};
     struct gen_result res;
     struct turn_parts tp = {0};
     if (gen_collect(g, &text, &res, cl)) {
@@ -657,7 +657,7 @@ void responses_create(struct server *srv, const json_t *req, const struct client
         rp->body = response_json(c, final_status(&res), output_json(c, &tp), &res, NULL);
         remember(c, rp->body);
     }
-    sbuf_free(&text);
+    buf_free(&text);
     turn_parts_free(&tp);
     gen_free(g);
     ctx_free(c);

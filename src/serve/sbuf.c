@@ -1,5 +1,6 @@
-/* sbuf.c - the growable byte buffer the HTTP side writes JSON and
- * server-sent events into, plus ids and a clock. */
+/* sbuf.c - what the HTTP side writes into its buffers (base/buf.h): a
+ * server-sent event, compact JSON, text as a JSON string; plus ids and a
+ * clock. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,69 +9,6 @@
 #include <time.h>
 
 #include "serve/internal.h"
-
-static bool sbuf_grow(struct sbuf *b, size_t extra)
-{
-    if (b->oom)
-        return false;
-    if (b->n + extra + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-void sbuf_put(struct sbuf *b, const void *data, size_t n)
-{
-    if (!sbuf_grow(b, n))
-        return;
-    if (n)
-        memcpy(b->p + b->n, data, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void sbuf_puts(struct sbuf *b, const char *s) { sbuf_put(b, s, strlen(s)); }
-
-void sbuf_printf(struct sbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0 || !sbuf_grow(b, (size_t)k))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->n, (size_t)k + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
-
-void sbuf_consume(struct sbuf *b, size_t n)
-{
-    if (n >= b->n) {
-        b->n = 0;
-    } else {
-        memmove(b->p, b->p + n, b->n - n);
-        b->n -= n;
-    }
-    if (b->p)
-        b->p[b->n] = 0;
-}
-
-void sbuf_free(struct sbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
 
 char *json_compact(const json_t *v, size_t *len)
 {
@@ -83,7 +21,7 @@ char *json_compact(const json_t *v, size_t *len)
     return s;
 }
 
-void sbuf_sse(struct sbuf *b, const char *name, const json_t *data)
+void sbuf_sse(struct buf *b, const char *name, const json_t *data)
 {
     size_t n;
     char *s = json_compact(data, &n);
@@ -92,10 +30,10 @@ void sbuf_sse(struct sbuf *b, const char *name, const json_t *data)
         return;
     }
     if (name)
-        sbuf_printf(b, "event: %s\n", name);
-    sbuf_puts(b, "data: ");
-    sbuf_put(b, s, n);
-    sbuf_puts(b, "\n\n");
+        buf_printf(b, "event: %s\n", name);
+    buf_puts(b, "data: ");
+    buf_putn(b, s, n);
+    buf_puts(b, "\n\n");
     free(s);
 }
 
@@ -128,7 +66,7 @@ json_t *json_text(const char *p, size_t n)
         return s ? s : json_string("");
     /* Not valid UTF-8 (the detokenizer should never produce that): replace
      * each bad byte with U+FFFD rather than fail the response. */
-    struct sbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)p[i];
         size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
@@ -141,15 +79,15 @@ json_t *json_text(const char *p, size_t n)
             json_decref(t);
         }
         if (ok) {
-            sbuf_put(&b, p + i, k);
+            buf_putn(&b, p + i, k);
             i += k;
         } else {
-            sbuf_puts(&b, "\xef\xbf\xbd");
+            buf_puts(&b, "\xef\xbf\xbd");
             i++;
         }
     }
     s = json_stringn(b.p ? b.p : "", b.n);
-    sbuf_free(&b);
+    buf_free(&b);
     return s ? s : json_string("");
 }
 

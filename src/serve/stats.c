@@ -125,7 +125,7 @@ json_t *health_json(struct server *srv)
 
 /* Each number (and boolean) of v under name, flattened: objects add
  * "_key" to the name (characters Prometheus does not allow become '_'). */
-static void flatten(struct sbuf *b, const char *name, const json_t *v)
+static void flatten(struct buf *b, const char *name, const json_t *v)
 {
     if (json_is_object(v)) {
         const char *k;
@@ -142,11 +142,11 @@ static void flatten(struct sbuf *b, const char *name, const json_t *v)
             flatten(b, sub, x);
         }
     } else if (json_is_integer(v)) {
-        sbuf_printf(b, "%s %lld\n", name, (long long)json_integer_value(v));
+        buf_printf(b, "%s %lld\n", name, (long long)json_integer_value(v));
     } else if (json_is_real(v)) {
-        sbuf_printf(b, "%s %.17g\n", name, json_real_value(v));
+        buf_printf(b, "%s %.17g\n", name, json_real_value(v));
     } else if (json_is_boolean(v)) {
-        sbuf_printf(b, "%s %d\n", name, json_is_true(v));
+        buf_printf(b, "%s %d\n", name, json_is_true(v));
     }
 }
 
@@ -155,15 +155,15 @@ char *metrics_text(struct server *srv, size_t *len)
     json_t *st = stats_json(srv);
     if (!st)
         return NULL;
-    struct sbuf b = {0};
-    sbuf_puts(&b, "# cllm: every number of GET /stats, named by its path (docs/api.md)\n");
+    struct buf b = {0};
+    buf_puts(&b, "# cllm: every number of GET /stats, named by its path (docs/api.md)\n");
     flatten(&b, "cllm", st);
     json_decref(st);
     if (b.oom) {
-        sbuf_free(&b);
+        buf_free(&b);
         return NULL;
     }
     *len = b.n;
-    sbuf_put(&b, "", 1);
+    buf_putn(&b, "", 1);
     return b.p;
 }

@@ -11,7 +11,7 @@
 #include "serve/internal.h"
 #include "serve/tool_grammar.h"
 
-static void put_lit(struct sbuf *b, const char *s)
+static void put_lit(struct buf *b, const char *s)
 {
     size_t n = strlen(s);
     char *q = malloc(4 * n + 3);
@@ -19,7 +19,7 @@ static void put_lit(struct sbuf *b, const char *s)
         b->oom = true;
         return;
     }
-    sbuf_put(b, q, grammar_literal(s, n, q));
+    buf_putn(b, q, grammar_literal(s, n, q));
     free(q);
 }
 
@@ -27,7 +27,7 @@ static void put_lit(struct sbuf *b, const char *s)
  * occurrence of stop (ASCII). A KMP automaton written as rules: state i has
  * matched i bytes of stop; a byte of stop moves where the failure function
  * says, any other byte back to state 0. */
-static void put_upto(struct sbuf *b, const char *name, const char *stop)
+static void put_upto(struct buf *b, const char *name, const char *stop)
 {
     int m = (int)strlen(stop), fail[64] = {0};
     for (int i = 1, k = 0; i < m; i++) {
@@ -43,27 +43,27 @@ static void put_upto(struct sbuf *b, const char *name, const char *stop)
         if (!memchr(distinct, stop[i], (size_t)nd))
             distinct[nd++] = stop[i];
     for (int i = 0; i < m; i++) {
-        sbuf_printf(b, "%s-%d ::= [^", name, i);
+        buf_printf(b, "%s-%d ::= [^", name, i);
         for (int d = 0; d < nd; d++)
-            sbuf_printf(b, "\\x%02x", (unsigned char)distinct[d]);
-        sbuf_printf(b, "] %s-0", name);
+            buf_printf(b, "\\x%02x", (unsigned char)distinct[d]);
+        buf_printf(b, "] %s-0", name);
         for (int d = 0; d < nd; d++) {
             int k = i; /* the state after distinct[d] in state i */
             while (k && stop[k] != distinct[d])
                 k = fail[k - 1];
             if (stop[k] == distinct[d])
                 k++;
-            sbuf_printf(b, " | \"\\x%02x\"", (unsigned char)distinct[d]);
+            buf_printf(b, " | \"\\x%02x\"", (unsigned char)distinct[d]);
             if (k < m)
-                sbuf_printf(b, " %s-%d", name, k);
+                buf_printf(b, " %s-%d", name, k);
         }
-        sbuf_puts(b, "\n");
+        buf_puts(b, "\n");
     }
 }
 
 /* The JSON-form call of one tool: its name, then its arguments under
  * args_key, held to the parameters' rules (prefix). */
-static void put_json_call(struct sbuf *b, const char *name, const char *args_key,
+static void put_json_call(struct buf *b, const char *name, const char *args_key,
                           const char *prefix)
 {
     json_t *jn = json_string(name);
@@ -71,44 +71,44 @@ static void put_json_call(struct sbuf *b, const char *name, const char *args_key
     char head[600];
     snprintf(head, sizeof head, "{\"name\": %s, \"%s\": ", quoted ? quoted : "\"\"", args_key);
     put_lit(b, head);
-    sbuf_printf(b, " %sroot \"}\"", prefix);
+    buf_printf(b, " %sroot \"}\"", prefix);
     free(quoted);
     json_decref(jn);
 }
 
 /* Qwen3-Coder's XML body: parameters by name, each value free text. */
-static void put_xml_call(struct sbuf *b, const char *name, const json_t *params, int k)
+static void put_xml_call(struct buf *b, const char *name, const json_t *params, int k)
 {
     char head[600];
     snprintf(head, sizeof head, "<function=%s>\n", name);
     put_lit(b, head);
     const json_t *props = json_object_get(params, "properties");
     if (json_object_size(props)) {
-        sbuf_printf(b, " xparam-%d*", k);
+        buf_printf(b, " xparam-%d*", k);
     }
-    sbuf_puts(b, " \"</function>\"");
+    buf_puts(b, " \"</function>\"");
 }
 
-static void put_xml_params(struct sbuf *b, const json_t *params, int k)
+static void put_xml_params(struct buf *b, const json_t *params, int k)
 {
     const json_t *props = json_object_get(params, "properties");
     if (!json_object_size(props))
         return;
-    sbuf_printf(b, "xparam-%d ::= \"<parameter=\" (", k);
+    buf_printf(b, "xparam-%d ::= \"<parameter=\" (", k);
     const char *key;
     const json_t *v;
     int i = 0;
     json_object_foreach((json_t *)props, key, v) {
-        sbuf_puts(b, i++ ? " | " : " ");
+        buf_puts(b, i++ ? " | " : " ");
         put_lit(b, key);
     }
-    sbuf_puts(b, " ) \">\\n\" xvalue-0 \"\\n\"\n");
+    buf_puts(b, " ) \">\\n\" xvalue-0 \"\\n\"\n");
 }
 
 char *tool_call_gbnf(const struct turn_syntax *syn, const json_t *tools, const char *only,
                      bool single, struct err *e)
 {
-    struct sbuf b = {0}, rules = {0};
+    struct buf b = {0}, rules = {0};
     int n = 0;
     if (syn->tools == TURN_TOOLS_NONE) {
         err_set(e, "the model's chat template writes tool calls in no format cllm knows");
@@ -116,7 +116,7 @@ char *tool_call_gbnf(const struct turn_syntax *syn, const json_t *tools, const c
     }
     size_t i;
     const json_t *t;
-    sbuf_puts(&b, "call ::= ");
+    buf_puts(&b, "call ::= ");
     json_array_foreach(tools, i, t) {
         const json_t *fn = json_object_get(t, "function");
         const char *name = json_string_value(json_object_get(fn, "name"));
@@ -127,7 +127,7 @@ char *tool_call_gbnf(const struct turn_syntax *syn, const json_t *tools, const c
             goto fail;
         }
         const json_t *params = json_object_get(fn, "parameters");
-        sbuf_puts(&b, n ? " | " : "");
+        buf_puts(&b, n ? " | " : "");
         char prefix[32];
         snprintf(prefix, sizeof prefix, "t%d-", n);
         if (syn->tools == TURN_TOOLS_HERMES && syn->xml_calls) {
@@ -149,8 +149,8 @@ char *tool_call_gbnf(const struct turn_syntax *syn, const json_t *tools, const c
             free(g);
             if (!pg)
                 goto fail;
-            sbuf_puts(&rules, pg);
-            sbuf_puts(&rules, "\n");
+            buf_puts(&rules, pg);
+            buf_puts(&rules, "\n");
             free(pg);
         }
         n++;
@@ -160,38 +160,38 @@ char *tool_call_gbnf(const struct turn_syntax *syn, const json_t *tools, const c
                 only ? only : "");
         goto fail;
     }
-    sbuf_puts(&b, "\n");
+    buf_puts(&b, "\n");
     if (syn->tools == TURN_TOOLS_HERMES) {
         /* as the templates write them: <tool_call>\n BODY \n</tool_call>,
          * several separated by a newline */
-        sbuf_puts(&b, "one ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
-        sbuf_puts(&b, single ? "calls ::= one\n" : "calls ::= one (\"\\n\" one)*\n");
+        buf_puts(&b, "one ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
+        buf_puts(&b, single ? "calls ::= one\n" : "calls ::= one (\"\\n\" one)*\n");
         if (syn->xml_calls)
             put_upto(&rules, "xvalue", "</parameter>"); /* as turn.c ends a value */
     } else {
-        sbuf_puts(&b, "one ::= call\n");
-        sbuf_puts(&b, single ? "calls ::= one\n" : "calls ::= one (\"; \" one)*\n");
+        buf_puts(&b, "one ::= call\n");
+        buf_puts(&b, single ? "calls ::= one\n" : "calls ::= one (\"; \" one)*\n");
     }
     if (syn->think && syn->think_open) { /* the prompt opened the reasoning */
-        sbuf_puts(&b, "root ::= think-0 [ \\n]{0,4} calls\n");
+        buf_puts(&b, "root ::= think-0 [ \\n]{0,4} calls\n");
         put_upto(&rules, "think", "</think>");
     } else if (syn->think && !syn->think_done) {
-        sbuf_puts(&b, "root ::= (\"<think>\" think-0 [ \\n]{0,4})? calls\n");
+        buf_puts(&b, "root ::= (\"<think>\" think-0 [ \\n]{0,4})? calls\n");
         put_upto(&rules, "think", "</think>");
     } else {
-        sbuf_puts(&b, "root ::= calls\n");
+        buf_puts(&b, "root ::= calls\n");
     }
-    sbuf_put(&b, rules.p, rules.n);
-    sbuf_free(&rules);
+    buf_putn(&b, rules.p, rules.n);
+    buf_free(&rules);
     if (b.oom) {
         err_set(e, "out of memory");
-        sbuf_free(&b);
+        buf_free(&b);
         return NULL;
     }
-    sbuf_put(&b, "", 1);
+    buf_putn(&b, "", 1);
     return b.p;
 fail:
-    sbuf_free(&b);
-    sbuf_free(&rules);
+    buf_free(&b);
+    buf_free(&rules);
     return NULL;
 }
