@@ -167,6 +167,15 @@ static int force_call(const struct chat_req *req, const struct turn_syntax *syn,
     return 0;
 }
 
+/* Code points in n bytes of UTF-8 (what completions' text_offset counts). */
+static long long code_points(const char *p, size_t n)
+{
+    long long c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return c;
+}
+
 /* echo: the prompt's own text, or its ids decoded; generated text's
  * offsets count from its end. */
 static int echo_text(struct gen *g, const struct chat_req *req, const int *ids, int n)
@@ -177,8 +186,7 @@ static int echo_text(struct gen *g, const struct chat_req *req, const int *ids, 
     if (!g->echo)
         return -1;
     g->echo_n = strlen(g->echo);
-    for (size_t i = 0; i < g->echo_n; i++)
-        g->chars += ((unsigned char)g->echo[i] & 0xC0) != 0x80;
+    g->chars = code_points(g->echo, g->echo_n);
     detok_init(&g->pdt, t, true);
     return 0;
 }
@@ -535,8 +543,7 @@ int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result 
             if (g->logprobs && !g->lp_oom && keep_logprob(g, &ev, g->pchars))
                 g->lp_oom = true;
             size_t k = detok_feed(&g->pdt, ev.token, g->piece, g->piece_cap);
-            for (size_t i = 0; i < k; i++)
-                g->pchars += ((unsigned char)g->piece[i] & 0xC0) != 0x80;
+            g->pchars += code_points(g->piece, k);
             continue;
         }
         if (ev.finish == ENGINE_FINISH_NONE) {
@@ -544,8 +551,8 @@ int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result 
             if (g->logprobs && !g->lp_oom && ev.has_logprobs && keep_logprob(g, &ev, g->chars))
                 g->lp_oom = true; /* out of memory: the rest go without */
             size_t k = detok_feed(&g->dt, ev.token, g->piece, g->piece_cap);
-            for (size_t i = 0; i < k; i++)
-                g->chars += ((unsigned char)g->piece[i] & 0xC0) != 0x80;
+            if (g->logprobs) /* offsets are for logprobs alone */
+                g->chars += code_points(g->piece, k);
             count_reasoning(g, g->piece, k);
             buf_putn(&g->pending, g->piece, k);
             size_t emit;
