@@ -4,6 +4,8 @@
  *
  *   gen_model --shape qwen3-0.6b --dtype bf16 -o /tmp/q.gguf [--seed N]
  *   gen_model --from-hf DIR --dtype q8_0 -o out.gguf
+ *   gen_model --from-hf DIR --dtype f32 --layers 1 -o draft.gguf   (the first layer:
+ *                                                  a draft model for speculation)
  *
  * Random weights are uniform with standard deviation 0.02 (norm weights
  * around 1), from a seeded xorshift generator: the same seed gives the same
@@ -47,6 +49,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: gen_model --shape NAME --dtype f32|f16|bf16|q8_0 -o FILE.gguf [--seed N]\n"
                "       gen_model --from-hf DIR --dtype f32|f16|bf16|q8_0 -o FILE.gguf\n"
+               "       (either: --layers N keeps the first N layers, e.g. for a draft model)\n"
                "shapes:");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         fprintf(f, " %s", shapes[i].name);
@@ -185,6 +188,7 @@ int main(int argc, char **argv)
 {
     const char *shape = NULL, *from = NULL, *out = NULL, *dts = "bf16";
     uint64_t seed = 1;
+    int layers = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -207,6 +211,12 @@ int main(int argc, char **argv)
             out = v;
         else if (!strcmp(a, "--seed"))
             seed = strtoull(v, NULL, 0);
+        else if (!strcmp(a, "--layers")) {
+            if ((layers = atoi(v)) <= 0) {
+                fprintf(stderr, "gen_model: --layers %s: needs a positive count\n", v);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "gen_model: unknown option %s\n", a);
             usage(stderr);
@@ -229,6 +239,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "gen_model: %s\n", e.msg);
             return 1;
         }
+        if (layers > 0 && layers < m.cfg.n_layers)
+            m.cfg.n_layers = layers; /* the first ones: a model's early-exit draft */
         rc = gguf_write_model(&m, dt, out, &e);
     } else {
         const struct shape *s = NULL;
@@ -240,6 +252,10 @@ int main(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+        struct shape sl = *s;
+        if (layers > 0)
+            sl.layers = layers;
+        s = &sl;
         if (build_shape(&m, s, &e)) {
             fprintf(stderr, "gen_model: %s\n", e.msg);
             free(m.layers);

@@ -383,27 +383,34 @@ static void ssd_tests(const struct model *m, const int *want)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
-/* Speculation by prompt lookup: a lone greedy sequence's output is the one
- * token a step gives (the CPU's rows do not depend on the span), in fewer
- * steps; max_tokens and stop ids land on the same token. */
-static void spec_tests(const struct model *m, const int *want)
+/* Speculation, by prompt lookup (draft NULL) or with a draft model: a
+ * lone greedy sequence's output is the one token a step gives (the CPU's
+ * rows do not depend on the span), in fewer steps; max_tokens and stop ids
+ * land on the same token; a seed repeats. The model as its own draft keeps
+ * every draft. */
+static void spec_tests(const struct model *m, const int *want, const struct model *draft,
+                       const char *what)
 {
     struct err e = {{0}};
     struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8, .max_queue = 64,
-                                .spec_draft = 8, .ngram_min = 1, .ngram_max = 3};
+                                .spec_draft = draft ? 4 : 8, .ngram_min = 1, .ngram_max = 3,
+                                .draft_model = draft};
     struct engine *eng = engine_create(m, &cfg, &e);
-    CHECK(eng != NULL, "engine_create with speculation: %s", e.msg);
+    CHECK(eng != NULL, "engine_create with speculation (%s): %s", what, e.msg);
     if (!eng)
         return;
     int bos = 1, got[512];
     struct engine_event last;
     int n = run_one(eng, &bos, 1, 256, got, &last);
-    CHECK(n == 256 && !memcmp(got, want, sizeof(int) * 256), "speculative greedy differs");
+    CHECK(n == 256 && !memcmp(got, want, sizeof(int) * 256), "speculative greedy differs (%s)",
+          what);
     struct engine_stats st;
     engine_get_stats(eng, &st);
-    CHECK(st.spec_steps > 0 && st.spec_accepted > 0 && st.batch_steps < 256,
-          "speculation: %llu verify steps, %llu of %llu drafts kept, %llu steps for 256 tokens",
-          (unsigned long long)st.spec_steps, (unsigned long long)st.spec_accepted,
+    CHECK(st.spec_steps > 0 && st.spec_accepted > 0 && st.batch_steps < 256 &&
+              (draft != m || st.spec_accepted == st.spec_drafted) &&
+              (draft == m || st.spec_accepted < st.spec_drafted),
+          "speculation (%s): %llu verify steps, %llu of %llu drafts kept, %llu steps for 256 "
+          "tokens", what, (unsigned long long)st.spec_steps, (unsigned long long)st.spec_accepted,
           (unsigned long long)st.spec_drafted, (unsigned long long)st.batch_steps);
     for (int len = 1; len < 60; len += 7) {
         n = run_one(eng, &bos, 1, len, got, &last);
@@ -446,9 +453,25 @@ static void spec_tests(const struct model *m, const int *want)
           "blocks after speculation: %d free + %d cached of %d", st.kv_blocks_free,
           st.cache_blocks_idle, st.kv_blocks_total);
     engine_destroy(eng);
+    if (draft)
+        return;
     struct engine_config bad = cfg;
     bad.ngram_min = 4;
     CHECK(engine_create(m, &bad, &e) == NULL && strstr(e.msg, "n-grams"), "bad n-grams: %s", e.msg);
+}
+
+/* Two-model speculation: the model drafting for itself (every draft kept),
+ * its first layer alone drafting (an early-exit draft sharing the weights:
+ * some drafts rejected, the output still the model's), and that draft with
+ * a context of 100 tokens, which stops drafting past it. */
+static void draft_tests(const struct model *m, const int *want)
+{
+    spec_tests(m, want, m, "self-draft");
+    struct model early = *m;
+    early.cfg.n_layers = 1;
+    spec_tests(m, want, &early, "first layer");
+    early.cfg.max_seq = 100;
+    spec_tests(m, want, &early, "first layer, 100 positions");
 }
 
 /* The bytes of ids as the grammar sees them (mid-text: no first-token
@@ -900,7 +923,8 @@ int main(void)
     grammar_tests(&m, path, want);
     logits_tests(&m, path, want);
     ssd_tests(&m, want);
-    spec_tests(&m, want);
+    spec_tests(&m, want, NULL, "ngram");
+    draft_tests(&m, want);
     json_decref(root);
     model_free(&m);
     return test_summary("test_engine");

@@ -34,6 +34,8 @@ struct bench_opts {
     int threads, n_prompt, n_gen, reps;
     int kv_block; /* --kv-block-size for the batched runs (0: the engine's default) */
     int batch[MAX_BATCHES], n_batch;
+    const char *draft;  /* --draft-model: also decode one stream speculatively */
+    int n_draft;        /* --num-draft-tokens (default 3) */
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
     struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
 };
@@ -72,6 +74,10 @@ static void bench_usage(FILE *f)
             "                           greedy); with --top-k K, --top-p P, --min-p M and\n"
             "                           --seed S as for cllm run (on a GPU the draw is made\n"
             "                           there, CLLM_CUDA_SAMPLE=0 moves it to the host)\n"
+            "  --draft-model D          also decode one stream through the engine with D\n"
+            "                           drafting (two-model speculation, as cllm serve\n"
+            "                           --draft-model), next to the same without drafts\n"
+            "  --num-draft-tokens K     drafts a step with --draft-model (1..32; default 3)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
             "  --device D               cpu, cuda, cuda:N or auto (default cpu)\n");
 }
@@ -112,6 +118,7 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 1;
+    o->n_draft = 3;
     o->sp = (struct sampler_params){.temperature = 0, .top_p = 1, .seed = 1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -130,6 +137,8 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
             }
         }
         else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
+        else if (!strcmp(a, "--draft-model")) o->draft = v;
+        else if (!strcmp(a, "--num-draft-tokens")) rc = parse_int(a, v, 1, 32, &o->n_draft);
         else if (!strcmp(a, "--top-k")) rc = parse_int(a, v, 0, 1 << 30, &o->sp.top_k);
         else if (!strcmp(a, "--seed")) {
             int seed = 0;
@@ -383,6 +392,7 @@ struct batch_result {
     double agg_tps;           /* median over reps; 0 when no window */
     double ttft_p50, ttft_p99; /* seconds, over every stream of every rep */
     uint64_t preemptions;
+    uint64_t spec_steps, spec_drafted, spec_accepted; /* with a draft model */
 };
 
 /* Records one event of stream s: a token's arrival time in times[s][i], or
@@ -440,7 +450,7 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
  * every prompt prefilled in one chunk, enough batch tokens that all
  * prefills go in the first steps, no prompt cache, a pool that fits all. */
 static int run_batch(const struct model *m, const struct bench_opts *o, int S,
-                     struct batch_result *r, struct err *e)
+                     const struct model *draft, struct batch_result *r, struct err *e)
 {
     const int P = o->n_prompt, N = o->n_gen, R = o->reps;
     int batch_tokens = P + S > MIN_BATCH_TOKENS ? P + S : MIN_BATCH_TOKENS;
@@ -449,7 +459,8 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                                 .prefill_chunk = P, .batch_tokens = batch_tokens,
                                 .max_queue = S + 8, .max_running = S,
                                 .prompt_cache_bytes = -1, .device = o->device,
-                                .kv_block_size = o->kv_block};
+                                .kv_block_size = o->kv_block,
+                                .spec_draft = draft ? o->n_draft : 0, .draft_model = draft};
     struct engine *eng = engine_create(m, &cfg, e);
     if (!eng)
         return -1;
@@ -523,6 +534,9 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
     struct engine_stats st;
     engine_get_stats(eng, &st);
     r->preemptions = st.preemptions;
+    r->spec_steps = st.spec_steps;
+    r->spec_drafted = st.spec_drafted;
+    r->spec_accepted = st.spec_accepted;
     rc = 0;
 out:
     for (int s = 0; s < n_req && rs; s++)
@@ -535,6 +549,37 @@ out:
     free(times);
     free(ttft);
     free(agg);
+    return rc;
+}
+
+/* One stream through the engine without drafts, then with the draft
+ * model's: decode tok/s of each (the same prompt, so the same tokens when
+ * greedy), and what the drafts did. The warmup also brings the draft
+ * model's first-shape costs forward. */
+static int run_spec(const struct model *m, const struct bench_opts *o, struct err *e)
+{
+    struct model dm;
+    if (model_load(&dm, o->draft, e))
+        return -1;
+    int rc = -1;
+    if (dm.cfg.vocab_size != m->cfg.vocab_size)
+        printf("(the draft model has %d ids, the model %d: drafts past %d stop a step's)\n",
+               dm.cfg.vocab_size, m->cfg.vocab_size, m->cfg.vocab_size);
+    struct batch_result plain = {0}, spec = {0};
+    if (run_batch(m, o, 1, NULL, &plain, e) || run_batch(m, o, 1, &dm, &spec, e))
+        goto out;
+    printf("engine  tg%-5d    %10.1f tok/s  (one stream, no drafts)\n", o->n_gen, plain.agg_tps);
+    double acc = spec.spec_drafted ? (double)spec.spec_accepted / (double)spec.spec_drafted : 0;
+    double per = spec.spec_steps ? (double)(spec.spec_accepted + spec.spec_steps) /
+                                       (double)spec.spec_steps : 0;
+    printf("spec    tg%-5d    %10.1f tok/s  (%.2fx; draft %s, %d drafts a step: %.1f%% kept,\n"
+           "                                  %.2f tokens a verify step over %llu steps)\n",
+           o->n_gen, spec.agg_tps, plain.agg_tps > 0 ? spec.agg_tps / plain.agg_tps : 0,
+           o->draft, o->n_draft, 100 * acc, per, (unsigned long long)spec.spec_steps);
+    fflush(stdout);
+    rc = 0;
+out:
+    model_free(&dm);
     return rc;
 }
 
@@ -608,7 +653,7 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < o.n_batch; i++) {
         int S = o.batch[i];
         struct batch_result br = {0};
-        if (run_batch(&m, &o, S, &br, &e)) {
+        if (run_batch(&m, &o, S, NULL, &br, &e)) {
             fprintf(stderr, "cllm bench: --batch %d: %s\n", S, e.msg);
             rc = 1;
             break;
@@ -622,6 +667,10 @@ int cmd_bench(int argc, char **argv)
             printf("        (%llu preemptions: the pool ran short; the figure includes recompute)\n",
                    (unsigned long long)br.preemptions);
         fflush(stdout);
+    }
+    if (!rc && o.draft && run_spec(&m, &o, &e)) {
+        fprintf(stderr, "cllm bench: --draft-model: %s\n", e.msg);
+        rc = 1;
     }
     model_free(&m);
     return rc;

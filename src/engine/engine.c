@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "engine/drafter.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_disk.h"
 #include "kv/prefix_cache.h"
@@ -59,6 +60,7 @@ struct engine {
     struct kv_disk *disk;    /* --ssd-cache, or NULL */
     bool disk_dirty;         /* blocks may lack files: flush while idle */
     struct kv_disk_stats disk_st; /* copied under the lock, for stats */
+    struct drafter *drafter; /* --draft-model, or NULL */
     int *spec_span;          /* speculation: the last token and the drafts */
     float *spec_logits;      /* their rows */
     float *plp_rows;         /* prompt logprobs: PLP_ROWS rows, made on first use */
@@ -629,10 +631,23 @@ static int spec_step(struct engine *eng, struct seq *s)
     max = max < room ? max : room;
     max = max < ctx_room ? max : ctx_room;
     int *span = eng->spec_span;
-    int k = max > 0 ? propose(eng, s, span + 1, max) : 0;
+    struct err e = {{0}};
+    int k = 0;
+    if (max > 0 && eng->drafter) {
+        k = drafter_propose(eng->drafter, s->toks, s->n_toks, vocab, span + 1, max, &e);
+        if (k < 0) { /* the request goes on without drafts, and so do later ones */
+            pthread_mutex_lock(&eng->mu);
+            snprintf(eng->st.spec_error, sizeof eng->st.spec_error, "%s", e.msg);
+            pthread_mutex_unlock(&eng->mu);
+            fprintf(stderr, "cllm: speculation off: %s\n", e.msg);
+            eng->cfg.spec_draft = 0;
+            return 0;
+        }
+    } else if (max > 0) {
+        k = propose(eng, s, span + 1, max);
+    }
     if (k == 0)
         return 0;
-    struct err e = {{0}};
     int base = s->kv.n_tokens; /* = n_toks - 1: the last token has no K/V yet */
     if (kv_seq_reserve(&eng->pool, &s->kv, base + k + 1, &e))
         return 0; /* no room for the drafts now: one token, as usual */
@@ -1070,6 +1085,7 @@ static void engine_free_parts(struct engine *eng)
     kv_pool_free(&eng->pool);
     forward_free(&eng->fs);
     backend_destroy(eng->be);
+    drafter_free(eng->drafter);
     free(eng->logits);
     free(eng->match);
     free(eng->run);
@@ -1182,8 +1198,9 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     eng->cands = calloc(mr, sizeof *eng->cands);
     eng->segs = calloc(mr, sizeof *eng->segs);
     if (eng->cfg.spec_draft > 0) {
-        if (eng->cfg.spec_draft > ENGINE_SPEC_MAX || eng->cfg.ngram_min < 1 ||
-            eng->cfg.ngram_max < eng->cfg.ngram_min) {
+        if (eng->cfg.spec_draft > ENGINE_SPEC_MAX ||
+            (!cfg->draft_model &&
+             (eng->cfg.ngram_min < 1 || eng->cfg.ngram_max < eng->cfg.ngram_min))) {
             err_set(e, "speculation: %d draft tokens (1..%d), n-grams %d..%d (1 <= min <= max)",
                     eng->cfg.spec_draft, ENGINE_SPEC_MAX, eng->cfg.ngram_min, eng->cfg.ngram_max);
             goto fail;
@@ -1215,6 +1232,14 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     if (!eng->be || backend_load_weights(eng->be, m, e) ||
         forward_init(&eng->fs, m, eng->be, fw_tokens, e))
         goto fail;
+    /* The draft model before the pool: on a device the pool takes what
+     * both models' weights left free. */
+    if (eng->cfg.spec_draft > 0 && cfg->draft_model) {
+        if (!(eng->drafter = drafter_create(cfg->draft_model, cfg->device, cfg->n_threads,
+                                            eng->cfg.ctx_len, e)))
+            goto fail;
+        weights += (long long)drafter_weight_bytes(eng->drafter);
+    }
     snprintf(eng->device, sizeof eng->device, "%s", eng->be->ops->name);
     if (eng->be->ops->mem_info) {
         struct backend_mem bm = {0};

@@ -79,11 +79,14 @@ struct engine_config {
      * (--ssd-cache-max) caps the files (<= 0: no cap). */
     const char *ssd_dir;
     long long ssd_max_bytes;
-    /* Speculation by prompt lookup (--draft-kind ngram): a greedy sequence
-     * decoding alone drafts up to spec_draft tokens (1..ENGINE_SPEC_MAX; 0
-     * off) from an earlier occurrence of its last ngram_max .. ngram_min
-     * tokens and keeps those the model's own picks confirm (engine.c). */
+    /* Speculation: a sequence decoding alone drafts up to spec_draft tokens
+     * (1..ENGINE_SPEC_MAX; 0 off) and keeps those the model's own picks
+     * confirm (engine.c). The drafts come from draft_model when it is set
+     * (--draft-model: its greedy picks; it must read token ids as m does,
+     * and outlive the engine), else from an earlier occurrence of the
+     * sequence's last ngram_max .. ngram_min tokens (--draft-kind ngram). */
     int spec_draft, ngram_min, ngram_max;
+    const struct model *draft_model;
 };
 
 #define ENGINE_SPEC_MAX 32
@@ -186,6 +189,7 @@ struct engine_stats {
     uint64_t preemptions;    /* sequences preempted under block pressure */
     uint64_t spec_steps, spec_drafted, spec_accepted; /* speculation: verify steps,
                                                        * drafts fed, drafts kept */
+    char spec_error[256];    /* why a draft model stopped drafting ("" while it drafts) */
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     /* requests submitted, ended cancelled, ended by EOS / a stop token / the
      * length (every request ends as exactly one of those or an error) */

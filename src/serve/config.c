@@ -38,11 +38,13 @@ void serve_usage(FILE *f)
             "                           serial); alias --decode-concurrency (--batch wins)\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
-            "  --draft-kind ngram       speculative decoding by prompt lookup: a greedy request\n"
+            "  --draft-kind ngram       speculative decoding by prompt lookup: a request\n"
             "                           decoding alone drafts the tokens that followed an\n"
             "                           earlier occurrence of its last tokens and keeps those\n"
             "                           the model confirms (same output, fewer steps)\n"
-            "  --num-draft-tokens N     drafts per step (1..32; default 10)\n"
+            "  --draft-model PATH       speculative decoding with a small model of the same\n"
+            "                           tokenizer drafting (--draft-kind two-model)\n"
+            "  --num-draft-tokens N     drafts per step (1..32; default 10 ngram, 3 two-model)\n"
             "  --ngram-max K, --ngram-min K  trailing n-gram lengths searched (3, 1)\n"
             "  --ssd-cache DIR          the prompt cache's SSD tier: KV blocks the RAM cache\n"
             "                           evicts (or that sit idle) become files in DIR, restored\n"
@@ -231,6 +233,7 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
     const char *positional = NULL, *model_flag = NULL;
     struct opt_f temp_alias = {0};
     struct opt_i conc_alias = {0};
+    bool num_draft_set = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -329,16 +332,22 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
                 rc = err_set(e, "%s needs a directory", a);
             break;
         case F_DRAFT_KIND:
-            if (strcmp(v, "ngram"))
-                rc = err_set(e, "%s %s: only \"ngram\" (prompt lookup) is supported; "
-                             "drafter models are not", a, v);
+            if (strcmp(v, "ngram") && strcmp(v, "two-model"))
+                rc = err_set(e, "%s %s: the kinds are \"ngram\" (prompt lookup) and "
+                             "\"two-model\" (a --draft-model of the same tokenizer); "
+                             "assistant, dspark, deepspec and mtp drafters are not supported",
+                             a, v);
             c->draft_kind = v;
             break;
         case F_DRAFT_MODEL:
-            rc = err_set(e, "%s: drafter models are not supported; --draft-kind ngram drafts "
-                         "from the prompt without one", a);
+            c->draft_model = v;
+            if (!*v)
+                rc = err_set(e, "%s needs a model path", a);
             break;
-        case F_NUM_DRAFT: rc = parse_i(a, v, 1, 32, &c->num_draft_tokens, e); break;
+        case F_NUM_DRAFT:
+            rc = parse_i(a, v, 1, 32, &c->num_draft_tokens, e);
+            num_draft_set = true;
+            break;
         case F_NGRAM_MAX:
             rc = parse_i(a, v, 1, 64, &c->ngram_max, e);
             c->ngram_flags = true;
@@ -359,10 +368,20 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         c->temperature = temp_alias;
     if (!c->batch.set && conc_alias.set) /* explicit --batch wins over --decode-concurrency */
         c->batch = conc_alias;
+    /* the spec's pairing: ngram drafts without a model, every other kind
+     * with one; a model alone means two-model */
+    if (c->draft_model && !c->draft_kind)
+        c->draft_kind = "two-model";
+    if (c->draft_model && !strcmp(c->draft_kind, "ngram"))
+        return err_set(e, "--draft-kind ngram drafts from the prompt: it takes no --draft-model");
+    if (c->draft_kind && !strcmp(c->draft_kind, "two-model") && !c->draft_model)
+        return err_set(e, "--draft-kind two-model needs a --draft-model");
+    if (c->draft_model && !num_draft_set)
+        c->num_draft_tokens = 3; /* mlx_lm.server's default for a drafter model */
     if (c->ngram_min > c->ngram_max)
         return err_set(e, "--ngram-min %d is more than --ngram-max %d", c->ngram_min,
                        c->ngram_max);
-    if (c->ngram_flags && !c->draft_kind && warn)
+    if (c->ngram_flags && (!c->draft_kind || c->draft_model) && warn)
         fprintf(warn, "cllm serve: warning: --ngram-max/--ngram-min without --draft-kind ngram "
                       "are ignored\n");
     if (c->ssd_cache_max_gb.set && !c->ssd_cache && warn) /* as the spec: warn, ignore */

@@ -58,8 +58,10 @@ struct serve_config {
                                    * cached KV; unset = the whole pool, 0 = off */
     struct opt_f kv_budget_gb;    /* --kv-budget GB / CLLM_KV_BUDGET_GB (decimal): aggregate
                                    * projected KV of admitted requests; unset = off */
-    const char *draft_kind;  /* --draft-kind: "ngram" (prompt lookup) or NULL (none) */
-    int num_draft_tokens;    /* --num-draft-tokens (ngram: 10) */
+    const char *draft_kind;  /* --draft-kind: "ngram" (prompt lookup), "two-model" (with
+                              * --draft-model: the default kind there) or NULL (none) */
+    const char *draft_model; /* --draft-model PATH: the drafter of "two-model", or NULL */
+    int num_draft_tokens;    /* --num-draft-tokens (ngram: 10, two-model: 3) */
     int ngram_max, ngram_min; /* --ngram-max / --ngram-min (3 / 1) */
     bool ngram_flags;        /* either --ngram-* flag was given (warned without ngram) */
     const char *ssd_cache;   /* --ssd-cache DIR: the prompt cache's SSD tier, or NULL */

@@ -75,6 +75,8 @@ struct served_model {
     char id[256];    /* the name /v1/models reports (the path's base name) */
     char path[1024];
     int ctx_len;     /* tokens per sequence the engine allows */
+    struct model draft; /* --draft-model, when draft_loaded */
+    bool draft_loaded;
     /* generation_config.json sampling defaults (below the server flags) */
     struct opt_f gc_temperature, gc_top_p, gc_min_p, gc_repetition;
     struct opt_i gc_top_k;

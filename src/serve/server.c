@@ -170,6 +170,43 @@ static int read_generation_config(struct served_model *sm, struct err *e)
     return 0;
 }
 
+/* The draft model of --draft-model must read token ids as the served
+ * model does: with a tokenizer of its own, every piece must match; without
+ * one (a bare GGUF), the vocabulary sizes must. */
+static int load_draft(struct served_model *sm, const char *path, struct err *e)
+{
+    fprintf(stderr, "cllm serve: loading the draft model %s\n", path);
+    if (model_load(&sm->draft, path, e))
+        return err_wrap(e, "--draft-model");
+    sm->draft_loaded = true;
+    struct err te = {{0}};
+    struct tokenizer *dt = tok_load_for_model(path, &te);
+    if (!dt) {
+        if (sm->draft.cfg.vocab_size != sm->m.cfg.vocab_size)
+            return err_set(e, "--draft-model %s: no tokenizer of its own (%s) and %d ids where "
+                              "the served model has %d: drafts would be other tokens",
+                           path, te.msg, sm->draft.cfg.vocab_size, sm->m.cfg.vocab_size);
+        fprintf(stderr, "cllm serve: the draft model has no tokenizer of its own; its %d ids "
+                        "are taken as the served model's\n", sm->draft.cfg.vocab_size);
+        return 0;
+    }
+    int n = tok_vocab_size(sm->tok), bad = -1;
+    if (tok_vocab_size(dt) != n)
+        bad = n < tok_vocab_size(dt) ? n : tok_vocab_size(dt);
+    for (int i = 0; bad < 0 && i < n; i++) {
+        const char *a = tok_piece(sm->tok, i), *b = tok_piece(dt, i);
+        if ((a == NULL) != (b == NULL) || (a && strcmp(a, b)))
+            bad = i;
+    }
+    int vd = tok_vocab_size(dt);
+    tok_free(dt);
+    if (bad >= 0)
+        return err_set(e, "--draft-model %s: its tokenizer is not the served model's (%d and "
+                          "%d tokens, first difference at id %d); a draft model must share "
+                          "the tokenizer", path, vd, n, bad);
+    return 0;
+}
+
 static int load_model(struct served_model *sm, const struct serve_config *cfg, struct err *e)
 {
     snprintf(sm->path, sizeof sm->path, "%s", cfg->model);
@@ -188,6 +225,8 @@ static int load_model(struct served_model *sm, const struct serve_config *cfg, s
     if (read_generation_config(sm, e))
         return -1;
     add_stop_id(sm, tok_eos_id(sm->tok));
+    if (cfg->draft_model && load_draft(sm, cfg->draft_model, e))
+        return -1;
     if (!(sm->gvocab = grammar_vocab_new(sm->tok, sm->m.cfg.vocab_size, e)))
         return -1;
     struct err te = {{0}};
@@ -213,6 +252,9 @@ static void unload_model(struct served_model *sm)
         tok_free(sm->tok);
     if (sm->loaded)
         model_free(&sm->m);
+    if (sm->draft_loaded)
+        model_free(&sm->draft);
+    sm->draft_loaded = false;
     sm->tok = NULL;
     sm->loaded = false;
 }
@@ -285,10 +327,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
     if (cfg->memory_budget_gb.set)
         ec.memory_budget_bytes = llround((double)cfg->memory_budget_gb.v * 1e9);
-    if (cfg->draft_kind) { /* "ngram": prompt lookup */
+    if (cfg->draft_kind) { /* "ngram": prompt lookup; "two-model": the draft model's picks */
         ec.spec_draft = cfg->num_draft_tokens;
         ec.ngram_min = cfg->ngram_min;
         ec.ngram_max = cfg->ngram_max;
+        ec.draft_model = srv->sm.draft_loaded ? &srv->sm.draft : NULL;
     }
     ec.ssd_dir = cfg->ssd_cache;
     if (cfg->ssd_cache_max_gb.set) /* binary GiB, as the spec's --ssd-cache-max */
@@ -336,6 +379,10 @@ int serve_main(const struct serve_config *cfg, struct err *e)
             "weights %.1f MiB)\n", es.kv_blocks_total, es.kv_block_tokens, es.kv_block_bytes,
             es.kv_blocks_total * block_mib,
             es.kv_sizing, (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
+    if (cfg->draft_kind)
+        fprintf(stderr, "cllm serve: speculation: %s%s%s, up to %d drafts a step\n",
+                cfg->draft_kind, cfg->draft_model ? ", draft model " : "",
+                cfg->draft_model ? cfg->draft_model : "", cfg->num_draft_tokens);
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
             "%d, batch %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port,
             es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running, es.kv_blocks_total,

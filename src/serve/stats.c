@@ -90,14 +90,23 @@ json_t *stats_json(struct server *srv)
     json_object_set_new(json_object_get(root, "prompt_cache"), "ssd", ssd);
     /* speculation: null when off */
     json_t *spec = json_null();
-    if (srv->cfg->draft_kind)
-        spec = json_pack("{s:s, s:i, s:i, s:i, s:I, s:I, s:I, s:f}", "draft_kind", "ngram",
-                         "num_draft_tokens", srv->cfg->num_draft_tokens, "ngram_max",
-                         srv->cfg->ngram_max, "ngram_min", srv->cfg->ngram_min, "steps",
+    if (srv->cfg->draft_kind) {
+        const struct serve_config *c = srv->cfg;
+        spec = json_pack("{s:s, s:i, s:I, s:I, s:I, s:f}", "draft_kind", c->draft_kind,
+                         "num_draft_tokens", c->num_draft_tokens, "steps",
                          (json_int_t)es.spec_steps, "drafted", (json_int_t)es.spec_drafted,
                          "accepted", (json_int_t)es.spec_accepted, "acceptance_rate",
                          es.spec_drafted ? (double)es.spec_accepted / (double)es.spec_drafted
                                          : 0.0);
+        if (c->draft_model) {
+            json_object_set_new(spec, "draft_model", json_string(c->draft_model));
+            json_object_set_new(spec, "last_error",
+                                es.spec_error[0] ? json_string(es.spec_error) : json_null());
+        } else {
+            json_object_set_new(spec, "ngram_max", json_integer(c->ngram_max));
+            json_object_set_new(spec, "ngram_min", json_integer(c->ngram_min));
+        }
+    }
     json_object_set_new(root, "speculation", spec);
     /* the spec's batch block: mode "batch" with --batch > 1, "off" = --batch 1;
      * kv_bytes: blocks held by sequences (idle prompt-cache blocks not

@@ -1,0 +1,122 @@
+/* drafter.c - the draft model of two-model speculation: a backend, forward
+ * state and K/V of its own, and the tokens its K/V holds. */
+#include "engine/drafter.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
+#include "model/forward.h"
+
+#define DRAFT_BLOCK 16
+
+struct drafter {
+    const struct model *m;
+    struct backend *be;
+    struct forward_state fs;
+    struct kv_pool pool;
+    struct kv_seq seq;
+    int ctx;       /* tokens the K/V may hold */
+    int *toks;     /* what positions [0, seq.n_tokens) were computed from */
+    float *logits; /* a row, where the backend has no device argmax */
+};
+
+void drafter_free(struct drafter *d)
+{
+    if (!d)
+        return;
+    kv_seq_release(&d->pool, &d->seq);
+    free(d->seq.blocks);
+    kv_pool_free(&d->pool);
+    forward_free(&d->fs);
+    backend_destroy(d->be);
+    free(d->toks);
+    free(d->logits);
+    free(d);
+}
+
+struct drafter *drafter_create(const struct model *m, const char *device, int n_threads,
+                               int ctx_len, struct err *e)
+{
+    struct drafter *d = calloc(1, sizeof *d);
+    if (!d) {
+        err_set(e, "out of memory");
+        return NULL;
+    }
+    const struct model_config *c = &m->cfg;
+    d->m = m;
+    d->ctx = ctx_len > 0 && ctx_len < c->max_seq ? ctx_len : c->max_seq;
+    d->toks = malloc(sizeof(int) * (size_t)d->ctx);
+    d->logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    if (!d->toks || !d->logits) {
+        err_set(e, "out of memory");
+        goto fail;
+    }
+    /* A backend of its own: a backend holds one model's weights. Its
+     * forward takes a prompt's catch-up in chunks of 512 tokens on a
+     * device, 128 on the CPU, as the engine's prefill does. */
+    if (!(d->be = backend_create(device, n_threads, e)) ||
+        backend_load_weights(d->be, m, e) ||
+        forward_init(&d->fs, m, d->be, backend_on_device(d->be) ? 512 : 128, e))
+        goto fail;
+    int blocks = (d->ctx + DRAFT_BLOCK - 1) / DRAFT_BLOCK;
+    if (kv_pool_init(&d->pool, d->be, c->n_layers, c->n_kv_heads, c->head_dim, DRAFT_BLOCK,
+                     blocks, e))
+        goto fail;
+    return d;
+fail:
+    err_wrap(e, "draft model %s", m->path);
+    drafter_free(d);
+    return NULL;
+}
+
+size_t drafter_weight_bytes(const struct drafter *d)
+{
+    return model_weight_bytes_per_token(d->m) + kv_pool_bytes(&d->pool);
+}
+
+/* Feeds toks[0..n) from where it differs from what the K/V holds; *next is
+ * the greedy pick after the last. */
+static int feed(struct drafter *d, const int *toks, int n, int *next, struct err *e)
+{
+    int keep = 0, have = d->seq.n_tokens;
+    while (keep < have && keep < n - 1 && d->toks[keep] == toks[keep])
+        keep++;
+    d->seq.n_tokens = keep; /* positions from here on are written again */
+    if (kv_seq_reserve(&d->pool, &d->seq, n, e) ||
+        forward_tokens_greedy(&d->fs, &d->pool, &d->seq, toks + keep, n - keep, d->logits, next,
+                              e)) {
+        d->seq.n_tokens = 0;
+        return -1;
+    }
+    memcpy(d->toks + keep, toks + keep, sizeof(int) * (size_t)(n - keep));
+    return 0;
+}
+
+int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, int *out, int max,
+                    struct err *e)
+{
+    if (n <= 0 || max <= 0)
+        return 0;
+    if (n + max - 1 > d->ctx) /* the last draft's K/V is never needed */
+        max = d->ctx - n + 1;
+    if (max <= 0)
+        return 0;
+    int next;
+    if (feed(d, toks, n, &next, e))
+        return err_wrap(e, "draft model");
+    int k = 0;
+    while (next >= 0 && next < vocab) {
+        out[k++] = next;
+        if (k == max)
+            break;
+        d->toks[d->seq.n_tokens] = next;
+        if (forward_tokens_greedy(&d->fs, &d->pool, &d->seq, &out[k - 1], 1, d->logits, &next,
+                                  e)) {
+            d->seq.n_tokens = 0;
+            return err_wrap(e, "draft model");
+        }
+    }
+    return k;
+}

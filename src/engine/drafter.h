@@ -1,0 +1,38 @@
+/* drafter.h - a small model that proposes the next tokens of a sequence for
+ * the engine's speculation (--draft-model, the spec's two-model kind): its
+ * own backend on the engine's device, its own K/V and the tokens that K/V
+ * holds, so each proposal only feeds what changed since the last one.
+ *
+ * One sequence at a time (the engine speculates for a sequence decoding
+ * alone): asked about another sequence, the drafter keeps the prefix the two
+ * share and computes the rest. Proposals are the draft model's greedy picks,
+ * a deterministic function of the tokens, which is what lets the engine's
+ * verification treat each draft as certain (sampler_verify). The caller
+ * makes sure both models read token ids alike (the server compares their
+ * tokenizers). */
+#ifndef CLLM_ENGINE_DRAFTER_H
+#define CLLM_ENGINE_DRAFTER_H
+
+#include "base/err.h"
+#include "model/model.h"
+
+struct drafter;
+
+/* The drafter for m (borrowed: it must outlive the drafter) on device
+ * ("cpu", "cuda[:N]", "auto"), holding K/V for up to ctx_len tokens (capped
+ * by the model's own context). */
+struct drafter *drafter_create(const struct model *m, const char *device, int n_threads,
+                               int ctx_len, struct err *e);
+void drafter_free(struct drafter *d);
+
+/* Up to max proposed tokens after toks[0..n) into out; stops early at an id
+ * of vocab or above (one the target cannot take) or where the drafter's
+ * context ends. Returns how many (0 when none), -1 with a message when a
+ * forward failed (the drafter is then empty and still usable). */
+int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, int *out, int max,
+                    struct err *e);
+
+/* Bytes of weights the drafter reads per token (for memory budgets). */
+size_t drafter_weight_bytes(const struct drafter *d);
+
+#endif
