@@ -393,16 +393,19 @@ struct batch_result {
     double ttft_p50, ttft_p99; /* seconds, over every stream of every rep */
     uint64_t preemptions;
     uint64_t spec_steps, spec_drafted, spec_accepted; /* with a draft model */
+    int *ids; /* when set: the last rep's tokens, [S][N] */
 };
 
 /* Records one event of stream s: a token's arrival time in times[s][i], or
  * the end of the stream. */
-static int on_event(const struct engine_event *ev, int s, int N, double *times, int *got,
-                    bool *done, int *n_done, struct err *e)
+static int on_event(const struct engine_event *ev, int s, int N, double *times, int *ids,
+                    int *got, bool *done, int *n_done, struct err *e)
 {
     if (ev->finish == ENGINE_FINISH_NONE) {
         if (got[s] < N)
             times[(size_t)s * N + got[s]] = now_s();
+        if (got[s] < N && ids)
+            ids[(size_t)s * N + got[s]] = ev->token;
         got[s]++;
         return 0;
     }
@@ -416,7 +419,8 @@ static int on_event(const struct engine_event *ev, int s, int N, double *times, 
 }
 
 /* Waits for every stream to end, recording when each token arrived. */
-static int collect(struct engine_request **rs, int S, int N, double *times, int *got, struct err *e)
+static int collect(struct engine_request **rs, int S, int N, double *times, int *ids, int *got,
+                   struct err *e)
 {
     bool *done = calloc((size_t)S, sizeof(bool));
     if (!done)
@@ -429,7 +433,7 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
         for (int s = 0; s < S && !rc; s++)
             while (!rc && !done[s] && engine_request_next(rs[s], &ev, 0) == 1) {
                 any = true;
-                rc = on_event(&ev, s, N, times, got, done, &n_done, e);
+                rc = on_event(&ev, s, N, times, ids, got, done, &n_done, e);
             }
         /* A pass found nothing: block on one unfinished stream (the engine
          * emits every stream's token at the end of the same step) rather
@@ -439,7 +443,7 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
             while (done[s])
                 s++;
             if (engine_request_next(rs[s], &ev, 5) == 1)
-                rc = on_event(&ev, s, N, times, got, done, &n_done, e);
+                rc = on_event(&ev, s, N, times, ids, got, done, &n_done, e);
         }
     }
     free(done);
@@ -483,7 +487,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         if (!(rs[s] = engine_request_new(prompt, P, &par, e)) || engine_submit(eng, rs[s], e) < 0)
             goto out;
     }
-    if (collect(rs, n_req, par.max_tokens, times, got, e))
+    if (collect(rs, n_req, par.max_tokens, times, NULL, got, e))
         goto out;
     for (int s = 0; s < n_req; s++) {
         engine_request_release(rs[s]);
@@ -505,7 +509,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         const double t_sub = now_s();
         if (engine_submit_many(eng, rs, S, e) < 0)
             goto out;
-        if (collect(rs, S, N, times, got, e))
+        if (collect(rs, S, N, times, r->ids, got, e))
             goto out;
         /* The window in which all S streams decode: from the last stream's
          * first token (its prefill done, none left in the batch) to the
@@ -566,8 +570,20 @@ static int run_spec(const struct model *m, const struct bench_opts *o, struct er
         printf("(the draft model has %d ids, the model %d: drafts past %d stop a step's)\n",
                dm.cfg.vocab_size, m->cfg.vocab_size, m->cfg.vocab_size);
     struct batch_result plain = {0}, spec = {0};
+    plain.ids = malloc(sizeof(int) * (size_t)o->n_gen);
+    spec.ids = malloc(sizeof(int) * (size_t)o->n_gen);
+    if (!plain.ids || !spec.ids) {
+        err_set(e, "out of memory");
+        goto out;
+    }
     if (run_batch(m, o, 1, NULL, &plain, e) || run_batch(m, o, 1, &dm, &spec, e))
         goto out;
+    /* Greedy, the tokens are the same up to a near-tie that a span's rows
+     * resolve differently from single-token steps' (docs/design.md, "Batch
+     * invariance"); sampled, the draws are spent differently. */
+    int same = 0;
+    while (same < o->n_gen && plain.ids[same] == spec.ids[same])
+        same++;
     printf("engine  tg%-5d    %10.1f tok/s  (one stream, no drafts)\n", o->n_gen, plain.agg_tps);
     double acc = spec.spec_drafted ? (double)spec.spec_accepted / (double)spec.spec_drafted : 0;
     double per = spec.spec_steps ? (double)(spec.spec_accepted + spec.spec_steps) /
@@ -576,9 +592,12 @@ static int run_spec(const struct model *m, const struct bench_opts *o, struct er
            "                                  %.2f tokens a verify step over %llu steps)\n",
            o->n_gen, spec.agg_tps, plain.agg_tps > 0 ? spec.agg_tps / plain.agg_tps : 0,
            o->draft, o->n_draft, 100 * acc, per, (unsigned long long)spec.spec_steps);
+    printf("        the first %d of %d tokens the same as without drafts\n", same, o->n_gen);
     fflush(stdout);
     rc = 0;
 out:
+    free(plain.ids);
+    free(spec.ids);
     model_free(&dm);
     return rc;
 }

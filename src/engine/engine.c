@@ -630,6 +630,7 @@ static int spec_step(struct engine *eng, struct seq *s)
     int max = eng->cfg.spec_draft;
     max = max < room ? max : room;
     max = max < ctx_room ? max : ctx_room;
+    max = max < eng->fs.max_tokens - 1 ? max : eng->fs.max_tokens - 1; /* one forward */
     int *span = eng->spec_span;
     struct err e = {{0}};
     int k = 0;
@@ -652,7 +653,14 @@ static int spec_step(struct engine *eng, struct seq *s)
     if (kv_seq_reserve(&eng->pool, &s->kv, base + k + 1, &e))
         return 0; /* no room for the drafts now: one token, as usual */
     span[0] = s->toks[s->n_toks - 1];
-    if (forward_tokens(&eng->fs, &eng->pool, &s->kv, span, k + 1, true, eng->spec_logits, &e)) {
+    /* Greedy, each row's pick is all the step needs: taken where the rows
+     * are (on a GPU only the ids cross). */
+    bool greedy = sampler_is_greedy(&s->smp);
+    int a = 0, pick[ENGINE_SPEC_MAX + 1];
+    if (greedy ? forward_tokens_argmax(&eng->fs, &eng->pool, &s->kv, span, k + 1,
+                                       eng->spec_logits, pick, &e)
+               : forward_tokens(&eng->fs, &eng->pool, &s->kv, span, k + 1, true,
+                                eng->spec_logits, &e)) {
         retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
         return -1;
     }
@@ -661,12 +669,10 @@ static int spec_step(struct engine *eng, struct seq *s)
      * (sampler_verify: speculative sampling, whose tokens are distributed
      * as one-at-a-time sampling's); after every draft kept, the next row's
      * own pick. Two draws a verified draft, one for the last pick. */
-    bool greedy = sampler_is_greedy(&s->smp);
-    int a = 0, pick[ENGINE_SPEC_MAX + 1];
     for (int i = 0; i <= k; i++) {
         const float *row = eng->spec_logits + (size_t)i * vocab;
         if (greedy) {
-            pick[i] = sample_argmax(row, vocab);
+            /* picked by the forward */
         } else if (i == k) {
             pick[i] = sampler_pick(&s->smp.p, row, vocab, rng_uniform(&s->smp.rng),
                                    s->smp.probs, s->smp.idx);

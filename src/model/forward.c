@@ -438,9 +438,10 @@ static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n
 }
 
 /* One step over n_seg segments (see forward_batch). all_rows: logits of
- * every row (one segment only, without next). */
+ * every row (one segment only, without next); with all_ids, instead of
+ * them every row's greedy pick (forward_tokens_argmax). */
 static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
-                        int n_seg, bool all_rows, float *logits, struct err *e)
+                        int n_seg, bool all_rows, int *all_ids, float *logits, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
@@ -509,6 +510,8 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
     const size_t vocab = (size_t)c->vocab_size;
     if (decodes)
         return decode_rows(fs, segs, n_seg, logits, e);
+    if (all_ids && op->argmax_rows) /* only the ids cross to the host */
+        return op->argmax_rows(fs->be, all_ids, fs->logits, rows, c->vocab_size, e);
     /* fs->logits: the rows for the host, then the picked rows. */
     int n_pick = 0, n_smp = 0;
     for (int s = 0; s < n_seg && !all_rows; s++)
@@ -526,6 +529,8 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (op->finish && op->finish(fs->be, e))
             return -1;
     }
+    for (int i = 0; all_ids && i < rows; i++)
+        all_ids[i] = argmax_f32(logits + (size_t)i * vocab, c->vocab_size);
     for (int s = 0; s < n_seg && !all_rows; s++) /* sampled by the caller, from its row */
         if (segs[s].logits && segs[s].next && !seg_picked(fs, &segs[s]))
             *segs[s].next = -1;
@@ -564,7 +569,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
 int forward_batch(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
                   int n_seg, float *logits, struct err *e)
 {
-    return step_forward(fs, pool, segs, n_seg, false, logits, e);
+    return step_forward(fs, pool, segs, n_seg, false, NULL, logits, e);
 }
 
 static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
@@ -575,7 +580,16 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
                               .logits = mode != LOGITS_NONE,
                               .next = mode == LOGITS_LAST ? next : NULL,
                               .sample = mode == LOGITS_LAST ? sp : NULL};
-    return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, logits, e);
+    return step_forward(fs, pool, &seg, 1, mode == LOGITS_ALL, NULL, logits, e);
+}
+
+int forward_tokens_argmax(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                          const int *tokens, int n, float *logits, int *ids, struct err *e)
+{
+    if (n <= 0 || n > fs->max_tokens)
+        return err_set(e, "forward: %d tokens to pick after, 1..%d", n, fs->max_tokens);
+    struct forward_seg seg = {.seq = seq, .tokens = tokens, .n = n, .logits = true};
+    return step_forward(fs, pool, &seg, 1, true, ids, logits, e);
 }
 
 static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,

@@ -47,6 +47,13 @@ int forward_tokens(struct forward_state *fs, struct kv_pool *pool, struct kv_seq
  * argmax taken on the host. */
 int forward_tokens_greedy(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                           const int *tokens, int n, float *logits, int *next, struct err *e);
+/* forward_tokens with every row's greedy pick instead of its logits (a
+ * speculative step's verification): ids[i] = the index of the largest
+ * logit of row i (sample_argmax's rule), taken on the device by a backend
+ * with argmax_rows (logits left as it was), else on the host from the rows
+ * downloaded to logits (room for n rows). n <= max_tokens. */
+int forward_tokens_argmax(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                          const int *tokens, int n, float *logits, int *ids, struct err *e);
 /* forward_tokens_greedy for sampled decoding: *next = the token the
  * backend's sample_rows picks from the last row with sp (parameters and
  * draw), logits left as it was; a backend without sample_rows writes the
