@@ -406,7 +406,10 @@ static void spec_tests(const struct model *m, const int *want, const struct mode
           what);
     struct engine_stats st;
     engine_get_stats(eng, &st);
-    CHECK(st.spec_steps > 0 && st.spec_accepted > 0 && st.batch_steps < 256 &&
+    /* prompt lookup and the model itself draft well; a weaker draft's
+     * rounds may keep nothing and back off */
+    bool strong = !draft || draft == m;
+    CHECK(st.spec_steps > 0 && (!strong || (st.spec_accepted > 0 && st.batch_steps < 256)) &&
               (draft != m || st.spec_accepted == st.spec_drafted) &&
               (draft == m || st.spec_accepted < st.spec_drafted),
           "speculation (%s): %llu verify steps, %llu of %llu drafts kept, %llu steps for 256 "
@@ -446,7 +449,7 @@ static void spec_tests(const struct model *m, const int *want, const struct mode
         engine_request_release(r);
     }
     engine_get_stats(eng, &st);
-    CHECK(!memcmp(s1, s2, sizeof(int) * 150) && st.spec_accepted > kept0,
+    CHECK(!memcmp(s1, s2, sizeof(int) * 150) && (!strong || st.spec_accepted > kept0),
           "sampled speculation: same seed same tokens %d, %llu drafts kept",
           !memcmp(s1, s2, sizeof(int) * 150), (unsigned long long)(st.spec_accepted - kept0));
     CHECK(st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total,
@@ -472,6 +475,33 @@ static void draft_tests(const struct model *m, const int *want)
     spec_tests(m, want, &early, "first layer");
     early.cfg.max_seq = 100;
     spec_tests(m, want, &early, "first layer, 100 positions");
+    /* a draft whose id j is the model's j + 1 (its output rows shifted by
+     * one): its drafts are rarely the model's picks, and rounds that keep
+     * nothing back off to one in 17 steps */
+    early = *m;
+    early.cfg.vocab_size--;
+    early.lm_head.rows--;
+    early.lm_head.data = (const char *)m->lm_head.data +
+                         dtype_row_bytes(m->lm_head.dtype, m->lm_head.cols);
+    spec_tests(m, want, &early, "shifted ids");
+    struct err e = {{0}};
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                .max_queue = 64, .spec_draft = 4, .draft_model = &early};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create: %s", e.msg);
+    if (!eng)
+        return;
+    int bos = 1, got[512];
+    struct engine_event last;
+    int n = run_one(eng, &bos, 1, 256, got, &last);
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    CHECK(n == 256 && !memcmp(got, want, sizeof(int) * 256) && st.spec_steps >= 5 &&
+              st.spec_steps <= 5 + (256 - 31) / 17 + st.spec_accepted,
+          "back-off: %llu verify steps, %llu of %llu drafts kept for 256 tokens",
+          (unsigned long long)st.spec_steps, (unsigned long long)st.spec_accepted,
+          (unsigned long long)st.spec_drafted);
+    engine_destroy(eng);
 }
 
 /* The bytes of ids as the grammar sees them (mid-text: no first-token

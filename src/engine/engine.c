@@ -307,6 +307,9 @@ struct seq {
     float *raw;
     uint8_t *mark;
     int plp_next; /* prompt_logprobs: the next prompt index to report */
+    /* speculation's back-off: steps left without drafts, and how many the
+     * next round that keeps none will skip */
+    int spec_skip, spec_backoff;
 };
 
 static void seq_free(struct seq *s)
@@ -597,6 +600,11 @@ static int mask_row(struct engine *eng, struct seq *s, float *row)
  * same tokens run to run, but other ones than without speculation (the
  * draws are spent differently). */
 
+/* Plain steps after a run of rounds that kept nothing (docs/benchmarks.md,
+ * "Two-model speculation": with nothing kept, a round of 3 drafts costs the
+ * 8B two steps' time; backing off to 16 brings that to ~5% over plain). */
+#define SPEC_BACKOFF_MAX 16
+
 /* Up to max drafts for s into d: the tokens after the first earlier
  * occurrence of its last n tokens, longest n first. */
 static int propose(const struct engine *eng, const struct seq *s, int *d, int max)
@@ -688,6 +696,18 @@ static int spec_step(struct engine *eng, struct seq *s)
     /* K/V past the last kept draft belong to drafts the model did not
      * pick: positions from there on are written again */
     s->kv.n_tokens = base + a + 1;
+    /* A round that keeps nothing cost a verify of k + 1 rows (and a draft
+     * model's k steps) for one token: after it, decode 1, 2, 4 .. 16 steps
+     * plainly before drafting again, until a round keeps something. It
+     * depends on the tokens alone, so a request's steps (and a seed's
+     * draws) are the same run to run. */
+    if (a == 0) {
+        s->spec_backoff = s->spec_backoff ? s->spec_backoff * 2 : 1;
+        s->spec_backoff = s->spec_backoff < SPEC_BACKOFF_MAX ? s->spec_backoff : SPEC_BACKOFF_MAX;
+        s->spec_skip = s->spec_backoff;
+    } else {
+        s->spec_backoff = 0;
+    }
     pthread_mutex_lock(&eng->mu);
     eng->st.batch_steps++;
     eng->st.batch_rows++;
@@ -792,8 +812,8 @@ static void engine_step(struct engine *eng)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;
     if (eng->cfg.spec_draft > 0 && lone && lone->prompt_done && !lone->host_row &&
-        !lone->r->p.logprobs &&
-        lone->n_toks - lone->kv.n_tokens == 1 && spec_step(eng, lone) != 0)
+        !lone->r->p.logprobs && lone->n_toks - lone->kv.n_tokens == 1 &&
+        (lone->spec_skip > 0 ? (lone->spec_skip--, false) : spec_step(eng, lone) != 0))
         return;
     /* Decodes first (one token each), then prefill chunks in admission
      * order with what is left of the budget. */
