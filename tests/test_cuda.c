@@ -1511,6 +1511,81 @@ static void check_batch_graphs_vs_eager(const char *model_dir, bool kv_bf16)
     runner_close(&rn);
 }
 
+/* Steps of every row's picks, as speculation verifies drafts
+ * (forward_tokens_argmax): 2 to 4 tokens a step (the drafts: the last
+ * step's picks), the K/V length set back after each as rejected drafts
+ * leave it, from a 990-token prompt across the 1024-position block-table
+ * bucket. ids: every step's picks, ROWS_STEPS x 4 (-1 where a step had
+ * fewer rows). */
+#define ROWS_STEPS 90
+static void rows_steps(struct runner *r, int *ids)
+{
+    struct err e = {{0}};
+    int vocab = r->m.cfg.vocab_size;
+    struct kv_seq seq = {0};
+    static int prompt[990];
+    float *logits = malloc(sizeof(float) * (size_t)vocab * 4);
+    for (int i = 0; i < 990; i++)
+        prompt[i] = 1 + (int)(((unsigned)i * 7919u) % (unsigned)(vocab - 1));
+    int span[4], pick[4];
+    span[0] = 0;
+    if (forward_tokens(&r->fs, &r->pool, &seq, prompt, 990, false, logits, &e) == 0)
+        span[0] = sample_argmax(logits, vocab);
+    for (int t = 0; t < ROWS_STEPS && !e.msg[0]; t++) {
+        int n = 2 + t % 3;
+        for (int i = 1; i < n; i++) /* drafts: the picks of the step before, or made up */
+            span[i] = t > 0 && i < 4 ? ids[(t - 1) * 4 + i - 1] : (span[0] + i) % vocab;
+        for (int i = 0; i < n; i++)
+            span[i] = span[i] < 0 ? i : span[i];
+        if (forward_tokens_argmax(&r->fs, &r->pool, &seq, span, n, logits, pick, &e))
+            break;
+        for (int i = 0; i < 4; i++)
+            ids[t * 4 + i] = i < n ? pick[i] : -1;
+        int keep = 1 + (t * 7) % n; /* the span's first `keep` tokens stay */
+        seq.n_tokens -= n - keep;
+        span[0] = pick[keep - 1];
+    }
+    CHECK(e.msg[0] == 0, "steps of every row's picks: %s", e.msg);
+    kv_seq_release(&r->pool, &seq);
+    free(logits);
+}
+
+/* Those steps replayed from CUDA graphs (the tensor-core decode kernel's
+ * shapes: head_dim 128 on a bf16 cache) against the same steps run eagerly:
+ * the same picks, and graphs recorded and replayed. */
+static void check_rows_graphs_vs_eager(const char *model_dir)
+{
+    struct runner rg, rn;
+    if (graph_runners(&rg, &rn, model_dir, 990, 96, true))
+        return;
+    int *a = calloc(ROWS_STEPS * 4, sizeof(int)), *b = calloc(ROWS_STEPS * 4, sizeof(int));
+    long rec0[2] = {0}, rep0[2] = {0};
+    rg.be->ops->step_stats(rg.be, rec0, rep0);
+    rows_steps(&rg, a);
+    rows_steps(&rn, b);
+    int first = -1;
+    for (int i = 0; i < ROWS_STEPS * 4 && first < 0; i++)
+        if (a[i] != b[i])
+            first = i;
+    long rec[2] = {0}, rep[2] = {0}, rec_n[2] = {0}, rep_n[2] = {0};
+    rg.be->ops->step_stats(rg.be, rec, rep);
+    rn.be->ops->step_stats(rn.be, rec_n, rep_n);
+    CHECK(first < 0, "%s: steps of every row's picks with CUDA graphs differ from eager: step %d, "
+          "row %d", model_dir, first / 4, first % 4);
+    /* 3 shapes in each of 2 buckets */
+    CHECK(rec[0] - rec0[0] >= 6 && rep[0] - rep0[0] >= 60 && rec_n[0] == 0 && rep_n[0] == 0,
+          "%s: %ld graphs of every row's picks recorded, %ld replayed (eager: %ld, %ld)",
+          model_dir, rec[0] - rec0[0], rep[0] - rep0[0], rec_n[0], rep_n[0]);
+    const char *slash = strrchr(model_dir, '/');
+    printf("cuda graphs of every row's picks vs eager %s: %s (%ld recorded, %ld replayed)\n",
+           slash ? slash + 1 : model_dir, first < 0 ? "identical ids" : "DIFFER",
+           rec[0] - rec0[0], rep[0] - rep0[0]);
+    free(a);
+    free(b);
+    runner_close(&rg);
+    runner_close(&rn);
+}
+
 /* The device argmax (greedy decoding's only copy to the host) against the
  * host's sample_argmax: random rows, ties (the lowest index wins), -inf. */
 static void check_argmax(void)
@@ -2278,6 +2353,7 @@ int main(void)
     /* head_dim 128 on a bf16 cache: the tensor-core decode kernel */
     snprintf(path, sizeof path, "%s/oracle/qwen3_hd128", fixtures_dir);
     check_batch_graphs_vs_eager(path, true);
+    check_rows_graphs_vs_eager(path);
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_engine_sampling(path, true);
     check_engine_sampling_large();

@@ -481,15 +481,15 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
                               .segs = n_seg > 1 ? fs->bsegs : NULL,
                               .logits = n_seg == 1 && !all_rows && segs[0].logits,
-                              .decodes = decodes};
+                              .decodes = decodes, .rows = n_seg == 1 && all_rows};
     int rows = 0;
     for (int attempt = 0;; attempt++) {
         int r = op->step_begin ? op->step_begin(fs->be, &st, e) : 0;
         if (r < 0)
             return -1;
         int rc = 0;
-        if (r == 1) { /* replayed: a decode, single or batched */
-            rows = decodes ? n_seg : 1;
+        if (r == 1) { /* replayed: a decode, single or batched, or every row's logits */
+            rows = decodes ? n_seg : all_rows ? n : 1;
         } else {
             rows = batch_ops(fs, pool, segs, n_seg, fs->ids, n, all_rows, decodes, e);
             rc = rows < 0 ? -1 : 0;

@@ -539,6 +539,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->kv_bf16 = !c->precise && kv_dt == DT_BF16;
     c->graphs = env_flag("CLLM_COMPILED_DECODE", true);
     c->bgraphs = env_flag("CLLM_COMPILED_BATCH", true);
+    c->rgraphs = true;
     c->fuse = env_flag("CLLM_CUDA_FUSE", true);
     c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
     c->swiglu_out = env_flag("CLLM_CUDA_SWIGLU_OUT", true);

@@ -59,8 +59,8 @@ int table_bucket(int n_blocks)
 /* The device copy of seq's block table, copied again only when it changed. */
 static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
 {
-    if (c->capturing) /* the table comes with the step record */
-        return (const int *)c->step.p + 2;
+    if (c->capturing) /* the table comes with the step record, after its ids */
+        return (const int *)c->step.p + 1 + c->rec_n;
     int nb = seq->n_blocks;
     if (nb == c->tab_n && c->table.p && !memcmp(c->tab_host, seq->blocks, sizeof(int) * (size_t)nb))
         return c->table.p;
@@ -271,6 +271,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
         c->att_heads = a->n_heads;
         c->att_hd = a->head_dim;
     }
+    c->att_dec_rows = cuk_attention_dec_rows(&g);
     float *ws = NULL;
     if (splits > 1 && !(ws = dbuf_get(c, &c->ws, cuk_attention_ws_floats(&g, splits) * 4,
                                       "attention workspace")))

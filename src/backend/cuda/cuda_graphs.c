@@ -11,7 +11,7 @@
 static bool graph_key_eq(const struct step_graph *a, const struct step_graph *b)
 {
     return a->owner == b->owner && a->kpool == b->kpool && a->bucket == b->bucket &&
-           a->n_seg == b->n_seg;
+           a->n_seg == b->n_seg && a->n_tok == b->n_tok;
 }
 
 static struct step_graph *graph_find(struct cuda_backend *c, const struct step_graph *key)
@@ -49,9 +49,10 @@ static int step_reserve(struct cuda_backend *c, int cap)
         cudaFreeHost(c->h_step);
     c->h_step = NULL;
     c->step_cap = 0;
+    size_t ints = (size_t)cap + 1 + REC_MAX_TOKENS;
     if (fail_cuda(c, "pinned step record",
-                  cudaHostAlloc((void **)&c->h_step, sizeof(int) * (size_t)(cap + 2), 0)) ||
-        !dbuf_get(c, &c->step, sizeof(int) * (size_t)(cap + 2), "step record")) {
+                  cudaHostAlloc((void **)&c->h_step, sizeof(int) * ints, 0)) ||
+        !dbuf_get(c, &c->step, sizeof(int) * ints, "step record")) {
         c->h_step = NULL;
         return -1;
     }
@@ -137,22 +138,31 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     c->bstep = 0;
     if (st->decodes && st->n_seg > 1 && st->n == st->n_seg && st->segs)
         return batch_step_begin(c, st, e);
-    if (!c->graphs || st->n != 1 || !st->logits)
+    /* A step of every row's logits (a speculative step's verification) of
+     * as many tokens as the decode kernel takes: recorded and replayed as a
+     * decode is, its shape's first step run eagerly to size its buffers. */
+    bool rows = st->rows && st->n_seg == 1 && st->n > 1 && st->n <= c->att_dec_rows &&
+                st->n <= REC_MAX_TOKENS && c->rgraphs;
+    if (!c->graphs || !(rows || (st->n == 1 && st->logits)))
         return 0;
-    if (c->eager_decodes < 1 || !c->att_heads) { /* the first decode step warms up */
+    if (!rows && (c->eager_decodes < 1 || !c->att_heads)) { /* the first decode step warms up */
         c->eager_decodes++;
         return 0;
     }
     const struct kv_seq *seq = st->seq;
     struct step_graph key = {.owner = st->owner, .kpool = st->pool->k,
-                             .bucket = table_bucket(seq->n_blocks), .n_seg = 1};
+                             .bucket = table_bucket(seq->n_blocks), .n_seg = 1,
+                             .n_tok = st->n};
+    if (rows && !graph_find(c, &key) && !seen_before(c, &key))
+        return 0;
     if (step_reserve(c, key.bucket))
         return sticky(c, e);
     /* The previous step's download waited for its replay, so the record is
      * free to change. */
+    c->rec_n = st->n;
     c->h_step[0] = st->pos0;
-    c->h_step[1] = st->tokens[0];
-    memcpy(c->h_step + 2, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
+    memcpy(c->h_step + 1, st->tokens, sizeof(int) * (size_t)st->n);
+    memcpy(c->h_step + 1 + st->n, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
     struct step_graph *g = graph_find(c, &key);
     if (g) {
         if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
@@ -160,15 +170,17 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
         c->g_rep[0]++;
         return 1;
     }
-    /* Size what the recording will use while synchronizing is still allowed. */
+    /* Size what the recording will use while synchronizing is still allowed
+     * (a step of every row's logits: its shape's eager step did). */
     size_t ws = (size_t)c->att_heads * MAX_SPLITS * (size_t)(c->att_hd + 2) * sizeof(float);
-    if (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
-        !att_counters(c, (size_t)c->att_heads))
+    if (!rows && (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
+                  !att_counters(c, (size_t)c->att_heads)))
         return sticky(c, e);
     if (!capture_begin(c, &key))
         return sticky(c, e);
     if (fail_cuda(c, "copy step record",
-                  cudaMemcpyAsync(c->step.p, c->h_step, sizeof(int) * (size_t)(key.bucket + 2),
+                  cudaMemcpyAsync(c->step.p, c->h_step,
+                                  sizeof(int) * (size_t)(key.bucket + 1 + key.n_tok),
                                   cudaMemcpyHostToDevice, c->stream))) {
         /* step_end abandons the recording */
     }
@@ -200,6 +212,8 @@ int cu_step_end(struct backend *be, int ops_rc, struct err *e)
         cudaGetLastError();
         if (batch) /* single decodes keep theirs */
             c->bgraphs = false;
+        else if (c->rec.n_tok > 1) /* and so do they here */
+            c->rgraphs = false;
         else
             c->graphs = false;
         return 1;

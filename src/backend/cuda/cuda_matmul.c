@@ -45,7 +45,7 @@ void cu_embed(struct backend *be, float *out, const struct tensor *t, const int 
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, c->ids.p, n));
         return;
     }
-    if (c->capturing) { /* the id comes with the step record */
+    if (c->capturing) { /* the ids come with the step record */
         fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, n));
         return;
     }
