@@ -98,10 +98,11 @@ struct backend_step {
      * step ends with in segment order (n_seg rows; a batched decode step):
      * a shape the backend may record and replay like a single decode. */
     bool decodes;
-    /* One segment of n > 1 tokens that ends with the logits of every row
-     * (a speculative step's verification): a shape the backend may record
-     * and replay too (n small enough that its attention splits by the
-     * block-table bucket, as a decode's). */
+    /* One segment that ends with the logits of every row (a speculative
+     * step's verification). With few tokens, this and a logits step of
+     * one segment are shapes the backend may record and replay too (the
+     * CUDA backend: as many as its decode attention takes, which splits
+     * by the block-table bucket as a decode does). */
     bool rows;
 };
 

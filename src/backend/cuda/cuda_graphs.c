@@ -138,11 +138,13 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     c->bstep = 0;
     if (st->decodes && st->n_seg > 1 && st->n == st->n_seg && st->segs)
         return batch_step_begin(c, st, e);
-    /* A step of every row's logits (a speculative step's verification) of
-     * as many tokens as the decode kernel takes: recorded and replayed as a
-     * decode is, its shape's first step run eagerly to size its buffers. */
-    bool rows = st->rows && st->n_seg == 1 && st->n > 1 && st->n <= c->att_dec_rows &&
-                st->n <= REC_MAX_TOKENS && c->rgraphs;
+    /* A step of one sequence's few tokens that ends with logits, every
+     * row's (a speculative step's verification) or the last's (a draft
+     * model's catch-up), of as many tokens as the decode kernel takes:
+     * recorded and replayed as a decode is, its shape's first step run
+     * eagerly to size its buffers. */
+    bool rows = (st->rows || st->logits) && st->n_seg == 1 && st->n > 1 &&
+                st->n <= c->att_dec_rows && st->n <= REC_MAX_TOKENS && c->rgraphs;
     if (!c->graphs || !(rows || (st->n == 1 && st->logits)))
         return 0;
     if (!rows && (c->eager_decodes < 1 || !c->att_heads)) { /* the first decode step warms up */
@@ -171,7 +173,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
         return 1;
     }
     /* Size what the recording will use while synchronizing is still allowed
-     * (a step of every row's logits: its shape's eager step did). */
+     * (a few tokens' step: its shape's eager step did). */
     size_t ws = (size_t)c->att_heads * MAX_SPLITS * (size_t)(c->att_hd + 2) * sizeof(float);
     if (!rows && (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
                   !att_counters(c, (size_t)c->att_heads)))

@@ -27,8 +27,8 @@
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
-/* Most tokens a step record carries (a step of every row's logits; the
- * tensor-core decode kernel takes at most 16 queries) */
+/* Most tokens a step record carries (a few tokens' step, cu_step_begin;
+ * the tensor-core decode kernel takes at most 16 queries) */
 #define REC_MAX_TOKENS 16
 #define MAX_SPLITS 64 /* cuk_attention_splits never exceeds it */
 #define BLAS_WS_BYTES ((size_t)32 << 20)
@@ -55,7 +55,7 @@ struct step_graph {
     const void *owner, *kpool; /* forward state and KV pool it was recorded for */
     int bucket;                /* block-table entries its record carries (per sequence) */
     int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
-    int n_tok;                 /* n_seg 1: its tokens (> 1: a step of every row's logits) */
+    int n_tok;                 /* n_seg 1: its tokens (> 1: a few tokens' step, see cu_step_begin) */
     struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
 };
@@ -193,7 +193,8 @@ struct cuda_backend {
     bool graphs;       /* enabled (CLLM_COMPILED_DECODE != 0) */
     bool capturing;    /* ops are being recorded, not run */
     bool bgraphs;      /* batched decode steps too (off after a failed recording) */
-    bool rgraphs;      /* steps of every row's logits too (off after a failed recording) */
+    bool rgraphs;      /* steps of a few tokens of one sequence too (off after a failed
+                        * recording) */
     int eager_decodes; /* decode steps run eagerly so far */
     /* The batched decode step in progress (see batch_step_begin): its
      * block-table bucket, 0 when the step is not one. */
@@ -208,9 +209,9 @@ struct cuda_backend {
     long g_rec[2], g_rep[2]; /* graphs recorded / replayed: single, batched */
     int att_heads, att_hd;
     /* queries the tensor-core decode kernel takes in one launch (the last
-     * attention op's geometry; 0: none seen): the most tokens of a step of
-     * every row's logits that is recorded (its attention splits by the
-     * bucket there) */
+     * attention op's geometry; 0: none seen): the most tokens of a few
+     * tokens' step that is recorded (its attention splits by the bucket
+     * there) */
     int att_dec_rows;
     int rec_n;         /* tokens of the step record being built: ids at [1, 1 + rec_n),
                         * the block table after them */
