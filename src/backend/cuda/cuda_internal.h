@@ -56,6 +56,7 @@ struct step_graph {
     int bucket;                /* block-table entries its record carries (per sequence) */
     int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
     int n_tok;                 /* n_seg 1: its tokens (> 1: a few tokens' step, see cu_step_begin) */
+    bool rows;                 /* such a step ends with every row's logits, not the last's */
     struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
 };
