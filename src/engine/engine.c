@@ -679,8 +679,7 @@ static int spec_step(struct engine *eng, struct seq *s)
      * own pick. Two draws a verified draft, one for the last pick. */
     for (int i = 0; i <= k; i++) {
         const float *row = eng->spec_logits + (size_t)i * vocab;
-        if (greedy) {
-            /* picked by the forward */
+        if (greedy) { /* the forward picked */
         } else if (i == k) {
             pick[i] = sampler_pick(&s->smp.p, row, vocab, rng_uniform(&s->smp.rng),
                                    s->smp.probs, s->smp.idx);
