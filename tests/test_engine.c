@@ -475,6 +475,38 @@ static void draft_tests(const struct model *m, const int *want)
     spec_tests(m, want, &early, "first layer");
     early.cfg.max_seq = 100;
     spec_tests(m, want, &early, "first layer, 100 positions");
+    /* a confidence floor for the first 4 of 5 layers' drafts: the same
+     * output, fewer drafts, a larger share of them kept */
+    early = *m;
+    early.cfg.n_layers = 4;
+    uint64_t drafted[2] = {0}, kept[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        struct err e = {{0}};
+        struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                    .max_queue = 64, .spec_draft = 8, .draft_model = &early,
+                                    .draft_p_min = i ? 0.8f : 0.0f};
+        struct engine *eng = engine_create(m, &cfg, &e);
+        CHECK(eng != NULL, "engine_create (p-min %d): %s", i, e.msg);
+        if (!eng)
+            return;
+        int bos = 1, got[512];
+        struct engine_event last;
+        int n = run_one(eng, &bos, 1, 256, got, &last);
+        CHECK(n == 256 && !memcmp(got, want, sizeof(int) * 256), "p-min %d: output differs", i);
+        struct engine_stats st;
+        engine_get_stats(eng, &st);
+        drafted[i] = st.spec_drafted;
+        kept[i] = st.spec_accepted;
+        engine_destroy(eng);
+    }
+    CHECK(drafted[1] > 0 && drafted[1] < drafted[0] && kept[1] * drafted[0] > kept[0] * drafted[1],
+          "draft p-min 0.8: %llu of %llu drafts kept, against %llu of %llu without",
+          (unsigned long long)kept[1], (unsigned long long)drafted[1],
+          (unsigned long long)kept[0], (unsigned long long)drafted[0]);
+    struct err e = {{0}};
+    struct engine_config bad = {.n_threads = 2, .ctx_len = 512, .spec_draft = 4,
+                                .draft_model = &early, .draft_p_min = 1.5f};
+    CHECK(engine_create(m, &bad, &e) == NULL && strstr(e.msg, "p-min"), "bad p-min: %s", e.msg);
     /* a draft whose id j is the model's j + 1 (its output rows shifted by
      * one): its drafts are rarely the model's picks, and rounds that keep
      * nothing back off to one in 17 steps */
@@ -484,7 +516,7 @@ static void draft_tests(const struct model *m, const int *want)
     early.lm_head.data = (const char *)m->lm_head.data +
                          dtype_row_bytes(m->lm_head.dtype, m->lm_head.cols);
     spec_tests(m, want, &early, "shifted ids");
-    struct err e = {{0}};
+    e = (struct err){{0}};
     struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
                                 .max_queue = 64, .spec_draft = 4, .draft_model = &early};
     struct engine *eng = engine_create(m, &cfg, &e);

@@ -36,6 +36,7 @@ struct bench_opts {
     int batch[MAX_BATCHES], n_batch;
     const char *draft;  /* --draft-model: also decode one stream speculatively */
     int n_draft;        /* --num-draft-tokens (default 3) */
+    float draft_p_min;  /* --draft-p-min (default 0: off) */
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
     struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
 };
@@ -78,6 +79,8 @@ static void bench_usage(FILE *f)
             "                           drafting (two-model speculation, as cllm serve\n"
             "                           --draft-model), next to the same without drafts\n"
             "  --num-draft-tokens K     drafts a step with --draft-model (1..32; default 3)\n"
+            "  --draft-p-min P          drafts stop before one the draft model gives less\n"
+            "                           than P (0..1; default 0: never)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
             "  --device D               cpu, cuda, cuda:N or auto (default cpu)\n");
 }
@@ -139,6 +142,13 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
         else if (!strcmp(a, "--draft-model")) o->draft = v;
         else if (!strcmp(a, "--num-draft-tokens")) rc = parse_int(a, v, 1, 32, &o->n_draft);
+        else if (!strcmp(a, "--draft-p-min")) {
+            rc = cli_parse_float("cllm bench", a, v, &o->draft_p_min);
+            if (!rc && !(o->draft_p_min >= 0 && o->draft_p_min <= 1)) {
+                fprintf(stderr, "cllm bench: --draft-p-min %s: needs a probability in [0, 1]\n", v);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--top-k")) rc = parse_int(a, v, 0, 1 << 30, &o->sp.top_k);
         else if (!strcmp(a, "--seed")) {
             int seed = 0;
@@ -464,7 +474,8 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                                 .max_queue = S + 8, .max_running = S,
                                 .prompt_cache_bytes = -1, .device = o->device,
                                 .kv_block_size = o->kv_block,
-                                .spec_draft = draft ? o->n_draft : 0, .draft_model = draft};
+                                .spec_draft = draft ? o->n_draft : 0, .draft_model = draft,
+                                .draft_p_min = o->draft_p_min};
     struct engine *eng = engine_create(m, &cfg, e);
     if (!eng)
         return -1;

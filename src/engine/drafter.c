@@ -2,10 +2,14 @@
  * state and K/V of its own, and the tokens its K/V holds. */
 #include "engine/drafter.h"
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h"
+#include "engine/logits.h"
 #include "kv/kv_cache.h"
 #include "model/forward.h"
 
@@ -76,17 +80,43 @@ size_t drafter_weight_bytes(const struct drafter *d)
     return model_weight_bytes_per_token(d->m) + kv_pool_bytes(&d->pool);
 }
 
-/* Feeds toks[0..n) from where it differs from what the K/V holds; *next is
- * the greedy pick after the last. */
-static int feed(struct drafter *d, const int *toks, int n, int *next, struct err *e)
+/* Feeds toks[0..n) (n - 1 of them already in the K/V at most) and picks
+ * after the last: *next, and with want_p its probability in *p. The
+ * probability comes from the device's row_logprobs where there is one,
+ * else from the row. */
+static int step(struct drafter *d, const int *toks, int n, bool want_p, int *next, float *p,
+                struct err *e)
+{
+    const int V = d->m->cfg.vocab_size;
+    if (!want_p)
+        return forward_tokens_greedy(&d->fs, &d->pool, &d->seq, toks, n, d->logits, next, e);
+    if (d->be->ops->row_logprobs && n <= d->fs.max_tokens) {
+        struct token_logprobs lp;
+        struct forward_seg seg = {.seq = &d->seq, .tokens = toks, .n = n, .logits = true,
+                                  .next = next, .lp = &lp, .lp_k = 0};
+        if (forward_batch(&d->fs, &d->pool, &seg, 1, d->logits, e))
+            return -1;
+        *p = expf(lp.logprob);
+        return 0;
+    }
+    if (forward_tokens(&d->fs, &d->pool, &d->seq, toks, n, false, d->logits, e))
+        return -1;
+    *next = argmax_f32(d->logits, V);
+    *p = (float)exp((double)d->logits[*next] - logits_lse(d->logits, V));
+    return 0;
+}
+
+/* Feeds toks[0..n) from where it differs from what the K/V holds, and
+ * picks after the last. */
+static int feed(struct drafter *d, const int *toks, int n, bool want_p, int *next, float *p,
+                struct err *e)
 {
     int keep = 0, have = d->seq.n_tokens;
     while (keep < have && keep < n - 1 && d->toks[keep] == toks[keep])
         keep++;
     d->seq.n_tokens = keep; /* positions from here on are written again */
     if (kv_seq_reserve(&d->pool, &d->seq, n, e) ||
-        forward_tokens_greedy(&d->fs, &d->pool, &d->seq, toks + keep, n - keep, d->logits, next,
-                              e)) {
+        step(d, toks + keep, n - keep, want_p, next, p, e)) {
         d->seq.n_tokens = 0;
         return -1;
     }
@@ -94,8 +124,8 @@ static int feed(struct drafter *d, const int *toks, int n, int *next, struct err
     return 0;
 }
 
-int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, int *out, int max,
-                    struct err *e)
+int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, float p_min, int *out,
+                    int max, struct err *e)
 {
     if (n <= 0 || max <= 0)
         return 0;
@@ -104,16 +134,17 @@ int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, int *o
     if (max <= 0)
         return 0;
     int next;
-    if (feed(d, toks, n, &next, e))
+    bool want_p = p_min > 0;
+    float p = 1;
+    if (feed(d, toks, n, want_p, &next, &p, e))
         return err_wrap(e, "draft model");
     int k = 0;
-    while (next >= 0 && next < vocab) {
+    while (next >= 0 && next < vocab && p >= p_min) {
         out[k++] = next;
         if (k == max)
             break;
         d->toks[d->seq.n_tokens] = next;
-        if (forward_tokens_greedy(&d->fs, &d->pool, &d->seq, &out[k - 1], 1, d->logits, &next,
-                                  e)) {
+        if (step(d, &out[k - 1], 1, want_p, &next, &p, e)) {
             d->seq.n_tokens = 0;
             return err_wrap(e, "draft model");
         }

@@ -26,11 +26,13 @@ struct drafter *drafter_create(const struct model *m, const char *device, int n_
 void drafter_free(struct drafter *d);
 
 /* Up to max proposed tokens after toks[0..n) into out; stops early at an id
- * of vocab or above (one the target cannot take) or where the drafter's
- * context ends. Returns how many (0 when none), -1 with a message when a
- * forward failed (the drafter is then empty and still usable). */
-int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, int *out, int max,
-                    struct err *e);
+ * of vocab or above (one the target cannot take), where the drafter's
+ * context ends, and, with p_min > 0, before a pick whose probability under
+ * the draft model is below p_min (a draft it is unsure of seldom lands).
+ * Returns how many (0 when none), -1 with a message when a forward failed
+ * (the drafter is then empty and still usable). */
+int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, float p_min, int *out,
+                    int max, struct err *e);
 
 /* Bytes of weights the drafter reads per token (for memory budgets). */
 size_t drafter_weight_bytes(const struct drafter *d);

@@ -643,7 +643,8 @@ static int spec_step(struct engine *eng, struct seq *s)
     struct err e = {{0}};
     int k = 0;
     if (max > 0 && eng->drafter) {
-        k = drafter_propose(eng->drafter, s->toks, s->n_toks, vocab, span + 1, max, &e);
+        k = drafter_propose(eng->drafter, s->toks, s->n_toks, vocab, eng->cfg.draft_p_min,
+                            span + 1, max, &e);
         if (k < 0) { /* the request goes on without drafts, and so do later ones */
             pthread_mutex_lock(&eng->mu);
             snprintf(eng->st.spec_error, sizeof eng->st.spec_error, "%s", e.msg);
@@ -1224,10 +1225,12 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     eng->segs = calloc(mr, sizeof *eng->segs);
     if (eng->cfg.spec_draft > 0) {
         if (eng->cfg.spec_draft > ENGINE_SPEC_MAX ||
+            !(eng->cfg.draft_p_min >= 0 && eng->cfg.draft_p_min <= 1) ||
             (!cfg->draft_model &&
              (eng->cfg.ngram_min < 1 || eng->cfg.ngram_max < eng->cfg.ngram_min))) {
-            err_set(e, "speculation: %d draft tokens (1..%d), n-grams %d..%d (1 <= min <= max)",
-                    eng->cfg.spec_draft, ENGINE_SPEC_MAX, eng->cfg.ngram_min, eng->cfg.ngram_max);
+            err_set(e, "speculation: %d draft tokens (1..%d), n-grams %d..%d (1 <= min <= max), "
+                       "draft p-min %g (0..1)", eng->cfg.spec_draft, ENGINE_SPEC_MAX,
+                    eng->cfg.ngram_min, eng->cfg.ngram_max, (double)eng->cfg.draft_p_min);
             goto fail;
         }
         eng->spec_span = malloc(sizeof(int) * (size_t)(eng->cfg.spec_draft + 1));

@@ -87,6 +87,9 @@ struct engine_config {
      * sequence's last ngram_max .. ngram_min tokens (--draft-kind ngram). */
     int spec_draft, ngram_min, ngram_max;
     const struct model *draft_model;
+    /* with draft_model: a round's drafts stop before the first the draft
+     * model gives less than this probability (0..1; 0: never) */
+    float draft_p_min;
 };
 
 #define ENGINE_SPEC_MAX 32

@@ -45,6 +45,8 @@ void serve_usage(FILE *f)
             "  --draft-model PATH       speculative decoding with a small model of the same\n"
             "                           tokenizer drafting (--draft-kind two-model)\n"
             "  --num-draft-tokens N     drafts per step (1..32; default 10 ngram, 3 two-model)\n"
+            "  --draft-p-min P          with --draft-model: a step's drafts stop before one the\n"
+            "                           draft model gives less than P (0..1; default 0: never)\n"
             "  --ngram-max K, --ngram-min K  trailing n-gram lengths searched (3, 1)\n"
             "  --ssd-cache DIR          the prompt cache's SSD tier: KV blocks the RAM cache\n"
             "                           evicts (or that sit idle) become files in DIR, restored\n"
@@ -204,7 +206,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
        F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX,
-       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN };
+       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN, F_DRAFT_P_MIN };
 
 static const struct {
     const char *name, *alias;
@@ -224,7 +226,7 @@ static const struct {
     {"--ssd-cache", NULL, F_SSD},       {"--ssd-cache-max", NULL, F_SSD_MAX},
     {"--draft-kind", NULL, F_DRAFT_KIND}, {"--draft-model", NULL, F_DRAFT_MODEL},
     {"--num-draft-tokens", NULL, F_NUM_DRAFT}, {"--ngram-max", NULL, F_NGRAM_MAX},
-    {"--ngram-min", NULL, F_NGRAM_MIN},
+    {"--ngram-min", NULL, F_NGRAM_MIN}, {"--draft-p-min", NULL, F_DRAFT_P_MIN},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -344,6 +346,10 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             if (!*v)
                 rc = err_set(e, "%s needs a model path", a);
             break;
+        case F_DRAFT_P_MIN:
+            rc = parse_f(a, v, 0, 1, &c->draft_p_min.v, e);
+            c->draft_p_min.set = true;
+            break;
         case F_NUM_DRAFT:
             rc = parse_i(a, v, 1, 32, &c->num_draft_tokens, e);
             num_draft_set = true;
@@ -378,6 +384,8 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
         return err_set(e, "--draft-kind two-model needs a --draft-model");
     if (c->draft_model && !num_draft_set)
         c->num_draft_tokens = 3; /* mlx_lm.server's default for a drafter model */
+    if (c->draft_p_min.set && !c->draft_model && warn)
+        fprintf(warn, "cllm serve: warning: --draft-p-min without --draft-model is ignored\n");
     if (c->ngram_min > c->ngram_max)
         return err_set(e, "--ngram-min %d is more than --ngram-max %d", c->ngram_min,
                        c->ngram_max);

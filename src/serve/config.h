@@ -62,6 +62,7 @@ struct serve_config {
                               * --draft-model: the default kind there) or NULL (none) */
     const char *draft_model; /* --draft-model PATH: the drafter of "two-model", or NULL */
     int num_draft_tokens;    /* --num-draft-tokens (ngram: 10, two-model: 3) */
+    struct opt_f draft_p_min; /* --draft-p-min P: two-model drafts stop below it (0: off) */
     int ngram_max, ngram_min; /* --ngram-max / --ngram-min (3 / 1) */
     bool ngram_flags;        /* either --ngram-* flag was given (warned without ngram) */
     const char *ssd_cache;   /* --ssd-cache DIR: the prompt cache's SSD tier, or NULL */

@@ -332,6 +332,7 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         ec.ngram_min = cfg->ngram_min;
         ec.ngram_max = cfg->ngram_max;
         ec.draft_model = srv->sm.draft_loaded ? &srv->sm.draft : NULL;
+        ec.draft_p_min = cfg->draft_p_min.set ? cfg->draft_p_min.v : 0;
     }
     ec.ssd_dir = cfg->ssd_cache;
     if (cfg->ssd_cache_max_gb.set) /* binary GiB, as the spec's --ssd-cache-max */
@@ -380,9 +381,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
             es.kv_blocks_total * block_mib,
             es.kv_sizing, (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
     if (cfg->draft_kind)
-        fprintf(stderr, "cllm serve: speculation: %s%s%s, up to %d drafts a step\n",
+        fprintf(stderr, "cllm serve: speculation: %s%s%s, up to %d drafts a step%s\n",
                 cfg->draft_kind, cfg->draft_model ? ", draft model " : "",
-                cfg->draft_model ? cfg->draft_model : "", cfg->num_draft_tokens);
+                cfg->draft_model ? cfg->draft_model : "", cfg->num_draft_tokens,
+                cfg->draft_model && cfg->draft_p_min.set && cfg->draft_p_min.v > 0
+                    ? ", stopping below the draft's p-min" : "");
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
             "%d, batch %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port,
             es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running, es.kv_blocks_total,
