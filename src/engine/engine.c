@@ -605,6 +605,19 @@ static int mask_row(struct engine *eng, struct seq *s, float *row)
  * 8B two steps' time; backing off to 16 brings that to ~5% over plain). */
 #define SPEC_BACKOFF_MAX 16
 
+/* A round that keeps nothing cost a verify of its rows (and a draft
+ * model's steps) for one token, and a draft model that declines to draft
+ * (--draft-p-min) cost it a step for none: after either, decode 1, 2, 4
+ * .. 16 steps plainly before trying again, until a round keeps something.
+ * It depends on the tokens alone, so a request's steps (and a seed's
+ * draws) are the same run to run. */
+static void spec_back_off(struct seq *s)
+{
+    s->spec_backoff = s->spec_backoff ? s->spec_backoff * 2 : 1;
+    s->spec_backoff = s->spec_backoff < SPEC_BACKOFF_MAX ? s->spec_backoff : SPEC_BACKOFF_MAX;
+    s->spec_skip = s->spec_backoff;
+}
+
 /* Up to max drafts for s into d: the tokens after the first earlier
  * occurrence of its last n tokens, longest n first. */
 static int propose(const struct engine *eng, const struct seq *s, int *d, int max)
@@ -653,6 +666,8 @@ static int spec_step(struct engine *eng, struct seq *s)
             eng->cfg.spec_draft = 0;
             return 0;
         }
+        if (k == 0)
+            spec_back_off(s);
     } else if (max > 0) {
         k = propose(eng, s, span + 1, max);
     }
@@ -696,18 +711,10 @@ static int spec_step(struct engine *eng, struct seq *s)
     /* K/V past the last kept draft belong to drafts the model did not
      * pick: positions from there on are written again */
     s->kv.n_tokens = base + a + 1;
-    /* A round that keeps nothing cost a verify of k + 1 rows (and a draft
-     * model's k steps) for one token: after it, decode 1, 2, 4 .. 16 steps
-     * plainly before drafting again, until a round keeps something. It
-     * depends on the tokens alone, so a request's steps (and a seed's
-     * draws) are the same run to run. */
-    if (a == 0) {
-        s->spec_backoff = s->spec_backoff ? s->spec_backoff * 2 : 1;
-        s->spec_backoff = s->spec_backoff < SPEC_BACKOFF_MAX ? s->spec_backoff : SPEC_BACKOFF_MAX;
-        s->spec_skip = s->spec_backoff;
-    } else {
+    if (a == 0)
+        spec_back_off(s);
+    else
         s->spec_backoff = 0;
-    }
     pthread_mutex_lock(&eng->mu);
     eng->st.batch_steps++;
     eng->st.batch_rows++;
