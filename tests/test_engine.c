@@ -503,6 +503,50 @@ static void draft_tests(const struct model *m, const int *want)
           "draft p-min 0.8: %llu of %llu drafts kept, against %llu of %llu without",
           (unsigned long long)kept[1], (unsigned long long)drafted[1],
           (unsigned long long)kept[0], (unsigned long long)drafted[0]);
+    /* agents taking turns: A, B, A. The draft model's index gives the
+     * second A its prompt's full blocks back; every answer is the model's
+     * own (the same as the first A's, and the engine's without drafts) */
+    {
+        struct err e = {{0}};
+        struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                    .max_queue = 64, .spec_draft = 4, .draft_model = m};
+        struct engine *eng = engine_create(m, &cfg, &e);
+        struct engine_config plain_cfg = cfg;
+        plain_cfg.spec_draft = 0;
+        plain_cfg.draft_model = NULL;
+        struct engine *plain = eng ? engine_create(m, &plain_cfg, &e) : NULL;
+        CHECK(eng && plain, "engine_create (turns): %s", e.msg);
+        int pa[61], pb[61], got[3][64], ref[64];
+        for (int i = 0; i < 61; i++) {
+            pa[i] = i ? 3 + (i * 37) % 500 : 1;
+            pb[i] = i ? 3 + (i * 101 + 7) % 500 : 1;
+        }
+        struct engine_event last;
+        int n[3] = {0}, nref = 0;
+        uint64_t cached_before_third = 0;
+        struct engine_stats st = {0};
+        for (int t = 0; eng && plain && t < 3; t++) {
+            if (t == 2) {
+                engine_get_stats(eng, &st);
+                cached_before_third = st.draft_cached;
+            }
+            n[t] = run_one(eng, t == 1 ? pb : pa, 61, 20, got[t], &last);
+        }
+        if (eng && plain) {
+            nref = run_one(plain, pa, 61, 20, ref, &last);
+            engine_get_stats(eng, &st);
+        }
+        CHECK(n[0] == 20 && n[2] == 20 && nref == 20 && !memcmp(got[0], ref, sizeof(int) * 20) &&
+                  !memcmp(got[2], ref, sizeof(int) * 20),
+              "turns: the answers differ from the model's own (%d, %d, %d tokens)", n[0], n[2],
+              nref);
+        CHECK(st.draft_cached >= cached_before_third + 48 && st.spec_accepted > 0,
+              "turns: the draft model took %llu tokens from its index for the second A (%llu "
+              "computed in all)", (unsigned long long)(st.draft_cached - cached_before_third),
+              (unsigned long long)st.draft_computed);
+        engine_destroy(eng);
+        engine_destroy(plain);
+    }
     struct err e = {{0}};
     struct engine_config bad = {.n_threads = 2, .ctx_len = 512, .spec_draft = 4,
                                 .draft_model = &early, .draft_p_min = 1.5f};

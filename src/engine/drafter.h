@@ -13,6 +13,8 @@
 #ifndef CLLM_ENGINE_DRAFTER_H
 #define CLLM_ENGINE_DRAFTER_H
 
+#include <stdint.h>
+
 #include "base/err.h"
 #include "model/model.h"
 
@@ -20,7 +22,8 @@ struct drafter;
 
 /* The drafter for m (borrowed: it must outlive the drafter) on device
  * ("cpu", "cuda[:N]", "auto"), holding K/V for up to ctx_len tokens (capped
- * by the model's own context). */
+ * by the model's own context) and half as much again of earlier contexts'
+ * full blocks in its prefix index. */
 struct drafter *drafter_create(const struct model *m, const char *device, int n_threads,
                                int ctx_len, struct err *e);
 void drafter_free(struct drafter *d);
@@ -36,5 +39,12 @@ int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, float 
 
 /* Bytes of weights the drafter reads per token (for memory budgets). */
 size_t drafter_weight_bytes(const struct drafter *d);
+
+/* Tokens the drafter fed through its model, and tokens it took from its
+ * prefix index instead (a prompt it had seen, another request's turn ago). */
+struct drafter_stats {
+    uint64_t computed, cached;
+};
+void drafter_get_stats(const struct drafter *d, struct drafter_stats *out);
 
 #endif

@@ -658,6 +658,12 @@ static int spec_step(struct engine *eng, struct seq *s)
     if (max > 0 && eng->drafter) {
         k = drafter_propose(eng->drafter, s->toks, s->n_toks, vocab, eng->cfg.draft_p_min,
                             span + 1, max, &e);
+        struct drafter_stats ds;
+        drafter_get_stats(eng->drafter, &ds);
+        pthread_mutex_lock(&eng->mu);
+        eng->st.draft_computed = ds.computed;
+        eng->st.draft_cached = ds.cached;
+        pthread_mutex_unlock(&eng->mu);
         if (k < 0) { /* the request goes on without drafts, and so do later ones */
             pthread_mutex_lock(&eng->mu);
             snprintf(eng->st.spec_error, sizeof eng->st.spec_error, "%s", e.msg);

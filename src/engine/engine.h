@@ -193,6 +193,9 @@ struct engine_stats {
     uint64_t spec_steps, spec_drafted, spec_accepted; /* speculation: verify steps,
                                                        * drafts fed, drafts kept */
     char spec_error[256];    /* why a draft model stopped drafting ("" while it drafts) */
+    /* the draft model's tokens: fed through it, and taken from its prefix
+     * index instead */
+    uint64_t draft_computed, draft_cached;
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     /* requests submitted, ended cancelled, ended by EOS / a stop token / the
      * length (every request ends as exactly one of those or an error) */

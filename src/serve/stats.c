@@ -102,6 +102,10 @@ json_t *stats_json(struct server *srv)
             json_object_set_new(spec, "draft_model", json_string(c->draft_model));
             json_object_set_new(spec, "draft_p_min",
                                 json_real(c->draft_p_min.set ? c->draft_p_min.v : 0));
+            json_object_set_new(spec, "draft_tokens_computed",
+                                json_integer((json_int_t)es.draft_computed));
+            json_object_set_new(spec, "draft_tokens_cached",
+                                json_integer((json_int_t)es.draft_cached));
             json_object_set_new(spec, "last_error",
                                 es.spec_error[0] ? json_string(es.spec_error) : json_null());
         } else {
