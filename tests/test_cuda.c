@@ -1555,6 +1555,53 @@ static void rows_steps(struct runner *r, int *ids)
     free(logits);
 }
 
+/* A row of a few tokens' step depends on the tokens before it only (the
+ * causal mask): a verify step's first row must not change with the drafts
+ * after it, nor its second with the third and fourth. Eager steps; bits. */
+static void check_rows_causal(const char *model_dir)
+{
+    struct runner r;
+    kv_bf16_next = true;
+    if (gpu_runner(&r, model_dir, 990, false, NULL, 96))
+        return;
+    struct err e = {{0}};
+    int V = r.m.cfg.vocab_size, prompt[300];
+    for (int i = 0; i < 300; i++)
+        prompt[i] = 1 + (int)(((unsigned)i * 7919u) % (unsigned)(V - 1));
+    struct kv_seq seq = {0};
+    float *a = malloc(sizeof(float) * (size_t)V * 4), *b = malloc(sizeof(float) * (size_t)V * 4);
+    int bad = 0, cases = 0;
+    for (int pl = 40; pl <= 300 && !e.msg[0]; pl += 65) {
+        seq.n_tokens = 0;
+        if (forward_tokens(&r.fs, &r.pool, &seq, prompt, pl, false, a, &e))
+            break;
+        int base = seq.n_tokens;
+        int s1[4] = {5, 17, 29, 41}, s2[4] = {5, 17, 200, 3}, s3[4] = {5, 99, 7, 250};
+        if (forward_tokens(&r.fs, &r.pool, &seq, s1, 4, true, a, &e))
+            break;
+        seq.n_tokens = base;
+        if (forward_tokens(&r.fs, &r.pool, &seq, s2, 4, true, b, &e))
+            break;
+        seq.n_tokens = base;
+        /* rows 0 and 1 of s1 and s2 share their tokens so far */
+        bad += memcmp(a, b, sizeof(float) * (size_t)V * 2) != 0;
+        if (forward_tokens(&r.fs, &r.pool, &seq, s3, 4, true, b, &e))
+            break;
+        seq.n_tokens = base;
+        bad += memcmp(a, b, sizeof(float) * (size_t)V) != 0;
+        cases += 2;
+    }
+    CHECK(e.msg[0] == 0, "rows causal: %s", e.msg);
+    CHECK(bad == 0, "%s: %d of %d few-token steps' rows changed with the tokens after them",
+          model_dir, bad, cases);
+    printf("few-token steps' rows independent of later tokens %s: %d of %d cases\n", model_dir,
+           cases - bad, cases);
+    kv_seq_release(&r.pool, &seq);
+    free(a);
+    free(b);
+    runner_close(&r);
+}
+
 /* Those steps replayed from CUDA graphs (the tensor-core decode kernel's
  * shapes: head_dim 128 on a bf16 cache) against the same steps run eagerly:
  * the same picks, and graphs recorded and replayed. */
@@ -2359,6 +2406,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/oracle/qwen3_hd128", fixtures_dir);
     check_batch_graphs_vs_eager(path, true);
     check_rows_graphs_vs_eager(path);
+    check_rows_causal(path);
     snprintf(path, sizeof path, "%s/models/stories260K", shared_dir);
     check_engine_sampling(path, true);
     check_engine_sampling_large();
