@@ -567,17 +567,18 @@ out:
     return rc;
 }
 
-/* One engine with the draft model, one greedy prompt twice, one request
- * after the other: the second meets what the first left (the draft's
- * index, recorded graphs, the prompt cache), and must give the same
- * tokens. Returns how many of the first N agree, -1 on error. */
+/* One engine (with the draft model dm, or none), one greedy prompt twice,
+ * one request after the other: the second meets what the first left (the
+ * draft's index, recorded graphs, the prompt cache: its prefill is the
+ * prompt's last block alone). Returns how many of the first N tokens
+ * agree, -1 on error. */
 static int spec_repeats(const struct model *m, const struct bench_opts *o,
                         const struct model *dm, struct err *e)
 {
     const int P = o->n_prompt, N = o->n_gen;
     struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + N, .kv_tokens = 4 * (P + N),
                                 .prefill_chunk = P, .max_queue = 4, .max_running = 1,
-                                .device = o->device, .spec_draft = o->n_draft,
+                                .device = o->device, .spec_draft = dm ? o->n_draft : 0,
                                 .draft_model = dm, .draft_p_min = o->draft_p_min};
     struct engine *eng = engine_create(m, &cfg, e);
     int *prompt = malloc(sizeof(int) * (size_t)P), *ids = malloc(sizeof(int) * 2 * (size_t)N);
@@ -659,11 +660,12 @@ static int run_spec(const struct model *m, const struct bench_opts *o, struct er
            "                                  %.2f tokens a verify step over %llu steps)\n",
            o->n_gen, spec.agg_tps, plain.agg_tps > 0 ? spec.agg_tps / plain.agg_tps : 0,
            o->draft, o->n_draft, 100 * acc, per, (unsigned long long)spec.spec_steps);
-    int again = spec_repeats(m, o, &dm, e);
-    if (again < 0)
+    int again = spec_repeats(m, o, &dm, e), again_plain = again < 0 ? -1 : spec_repeats(m, o, NULL, e);
+    if (again_plain < 0)
         goto out;
     printf("        the first %d of %d tokens the same as without drafts; %d the same when\n"
-           "        one engine answers the prompt twice\n", same, o->n_gen, again);
+           "        one engine answers the prompt twice (without drafts: %d)\n", same, o->n_gen,
+           again, again_plain);
     fflush(stdout);
     rc = 0;
 out:
