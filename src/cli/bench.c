@@ -617,6 +617,10 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
     rc = 0;
     while (rc < N && ids[rc] == ids[N + rc])
         rc++;
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    if (st.spec_error[0])
+        printf("(speculation stopped: %s)\n", st.spec_error);
 out:
     engine_destroy(eng);
     free(prompt);
