@@ -868,6 +868,31 @@ static void logits_tests(const struct model *m, const char *path, const int *wan
         CHECK(n1 == N && ev.finish == ENGINE_FINISH_LENGTH, "the request beside it: %d", n1);
         engine_request_release(rq[0]);
         engine_request_release(rq[1]);
+        /* the prompt alone (completions' max_tokens 0): every prompt
+         * event, the same values, nothing generated; without logprobs it
+         * ends at once */
+        for (int with_lp = 1; with_lp >= 0; with_lp--) {
+            struct engine_params po = pl;
+            po.prompt_only = true;
+            po.prompt_logprobs = with_lp;
+            po.logprobs = with_lp;
+            struct engine_request *q = engine_request_new(P, 31, &po, &e);
+            CHECK(q && engine_submit(eng, q, &e) == 0, "submit: %s", e.msg);
+            int npo = 0, ngo = 0, diff = 0;
+            while (q && engine_request_next(q, &ev, 30000) == 1 && ev.finish == ENGINE_FINISH_NONE) {
+                if (!ev.prompt)
+                    ngo++;
+                else if (npo < 31 && npo > 0 && (ev.token != pe[npo].token ||
+                                                 ev.lp.logprob != pe[npo].lp.logprob))
+                    diff++;
+                npo += ev.prompt;
+            }
+            CHECK(npo == (with_lp ? 31 : 0) && ngo == 0 && diff == 0 &&
+                      ev.finish == ENGINE_FINISH_LENGTH && ev.n_generated == 0,
+                  "prompt only (logprobs %d): %d prompt events (%d differ), %d generated, "
+                  "finish %d", with_lp, npo, diff, ngo, (int)ev.finish);
+            engine_request_release(q);
+        }
     }
 
     /* Out-of-range values are refused, naming the field. */

@@ -411,6 +411,14 @@ call /v1/completions '{"prompt":'"$ids"',"max_tokens":5,"temperature":0,"logprob
 gen_lp=$(jq -c '.choices[0].logprobs.token_logprobs' <<<"$body")
 call /v1/completions '{"prompt":'"$ids25"',"max_tokens":1,"temperature":0,"logprobs":0,"echo":true}'
 check '[ "$code" = 200 ] && jq -e --argjson g "$gen_lp" "[range(0; 5) as \$i | ((.choices[0].logprobs.token_logprobs[21 + \$i] - \$g[\$i]) | fabs) < 1e-4] | all" <<<"$body" >/dev/null' "echoed prompt logprobs = the same tokens' generated ones: $gen_lp vs $body"
+# max_tokens 0 (lm-eval's loglikelihood): the prompt's logprobs alone, the same values as with a token generated
+echo25=$body
+call /v1/completions '{"prompt":'"$ids25"',"max_tokens":0,"logprobs":0,"echo":true}'
+check '[ "$code" = 200 ] && jq -e --argjson w "$echo25" ".choices[0].finish_reason == \"length\" and .usage.completion_tokens == 0 and (.choices[0].logprobs.token_logprobs | length) == 26 and .choices[0].logprobs.token_logprobs == \$w.choices[0].logprobs.token_logprobs[0:26]" <<<"$body" >/dev/null' "max_tokens 0 with echo and logprobs: $code $body"
+call /v1/completions '{"prompt":"Once upon a time","max_tokens":0}'
+check '[ "$code" = 200 ] && jq -e ".choices[0].text == \"\" and .usage.completion_tokens == 0 and .usage.prompt_tokens > 0" <<<"$body" >/dev/null' "max_tokens 0 alone: $code $body"
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":0}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"max_tokens\"" <<<"$body" >/dev/null' "chat max_tokens 0 refused: $code $body"
 call /v1/completions '{"prompt":"Once upon a time","max_tokens":2,"temperature":0,"echo":true}'
 check '[ "$code" = 200 ] && jq -e ".choices[0].text | startswith(\"Once upon a time\")" <<<"$body" >/dev/null' "echo without logprobs: $code $body"
 call /v1/completions '{"prompt":"Once upon a time","max_tokens":4,"temperature":0,"logprobs":0,"logit_bias":{"300":100}}'

@@ -821,6 +821,9 @@ static void engine_step(struct engine *eng)
     for (int i = 0; i < eng->n_run; i++)
         if (plp_pending(eng->run[i]) && plp_step(eng, eng->run[i]) < 0)
             i--; /* retired: the next one moved into its place */
+    for (int i = eng->n_run - 1; i >= 0; i--)
+        if (eng->run[i]->r->p.prompt_only && !plp_pending(eng->run[i]))
+            retire(eng, eng->run[i], ENGINE_FINISH_LENGTH, NULL);
     if (eng->n_run == 0)
         return;
     struct seq *lone = eng->n_run == 1 && eng->n_pre == 0 ? eng->run[0] : NULL;

@@ -156,6 +156,10 @@ struct engine_params {
     /* the prompt's tokens' logprobs too (completions' echo): the prompt is
      * computed outside the prefix cache, a few rows at a time */
     bool prompt_logprobs;
+    /* generate nothing (completions' max_tokens 0): the request ends, as
+     * LENGTH, once its prompt's logprobs are out (prompt_logprobs), else at
+     * once */
+    bool prompt_only;
 };
 
 struct engine *engine_create(const struct model *m, const struct engine_config *cfg,

@@ -255,6 +255,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     p.logprobs = req->logprobs;
     p.top_logprobs = req->top_logprobs;
     p.prompt_logprobs = req->echo && req->logprobs;
+    p.prompt_only = req->prompt_only;
     p.stop_ids = sm->stop_ids;
     p.n_stop_ids = req->ignore_eos ? 0 : sm->n_stop_ids;
     char *forced = NULL;

@@ -111,6 +111,8 @@ struct chat_req {
     bool has_seed;
     uint64_t seed;
     int max_tokens; /* 0: unset */
+    bool prompt_only; /* completions' max_tokens 0: generate nothing (the echoed
+                       * prompt and its logprobs are the answer) */
     bool ignore_eos;
     char *stops[SERVE_MAX_STOPS];
     int n_stops;

@@ -56,22 +56,25 @@ static json_t *tool_call_json(const char *name, const char *args, int index, boo
 
 #define MAX_CHOICES 64 /* n times the prompts of one request */
 
-/* Fields shared by both endpoints. */
-static int parse_common(const json_t *req, struct chat_req *r, bool *include_usage, int *n_out,
-                        struct api_error *ae)
+/* Fields shared by both endpoints; completions take max_tokens 0 (the
+ * prompt alone: lm-evaluation-harness scores a text by its echoed
+ * logprobs so). */
+static int parse_common(const json_t *req, struct chat_req *r, bool completions,
+                        bool *include_usage, int *n_out, struct api_error *ae)
 {
     struct opt_i n = {0}, mt = {0}, mct = {0};
     json_t *so = NULL;
     if (field_sampling(req, r, ae) || field_stops(req, "stop", r, ae) ||
         field_bool(req, "stream", &r->stream, ae) ||
         field_int(req, "n", 1, MAX_CHOICES, &n, ae) ||
-        field_int(req, "max_tokens", 1, 10000000, &mt, ae) ||
+        field_int(req, "max_tokens", completions ? 0 : 1, 10000000, &mt, ae) ||
         field_int(req, "max_completion_tokens", 1, 10000000, &mct, ae) ||
         field_object(req, "stream_options", &so, ae) ||
         field_structured(req, "response_format", "response_format", r, ae))
         return -1;
     *n_out = n.set ? n.v : 1;
     r->max_tokens = mct.set ? mct.v : mt.set ? mt.v : 0;
+    r->prompt_only = !mct.set && mt.set && mt.v == 0;
     if (so && field_bool(so, "include_usage", include_usage, ae))
         return -1;
     const char *model = NULL;
@@ -411,7 +414,7 @@ void openai_chat(struct server *srv, const json_t *req, const struct client *cl,
     struct opt_i top = {0};
     json_t *tools = NULL, *kwargs = NULL;
     int n;
-    if (parse_messages(req, &r, &ae) || parse_common(req, &r, &include_usage, &n, &ae) ||
+    if (parse_messages(req, &r, &ae) || parse_common(req, &r, false, &include_usage, &n, &ae) ||
         field_array(req, "tools", &tools, &ae) ||
         field_object(req, "chat_template_kwargs", &kwargs, &ae) ||
         field_reasoning_effort(req, "reasoning_effort", &r, &ae) ||
@@ -501,7 +504,8 @@ void openai_completions(struct server *srv, const json_t *req, const struct clie
     struct opt_i logprobs = {0}, best_of = {0};
     const json_t *prompts;
     int n;
-    if (parse_prompt(req, &r, &prompts, &ae) || parse_common(req, &r, &include_usage, &n, &ae) ||
+    if (parse_prompt(req, &r, &prompts, &ae) ||
+        parse_common(req, &r, true, &include_usage, &n, &ae) ||
         field_bool(req, "echo", &echo, &ae) ||
         field_int(req, "logprobs", 0, LOGPROBS_TOP_MAX, &logprobs, &ae) ||
         field_int(req, "best_of", 1, 128, &best_of, &ae))
