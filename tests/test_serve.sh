@@ -578,8 +578,10 @@ else
         check 'wait_stats "$B2" ".running == 0 and .queue.waiting == 0 and .http.in_flight == 0" 5' "queue did not drain after disconnects"
 
         # SIGTERM: stop accepting, finish the request in flight, exit 0
+        # (long enough that the SIGTERM below always finds it running,
+        # however slowly a loaded machine polls /stats)
         curl -s -m 60 -o "$tmp/drain" "$B2/v1/chat/completions" \
-            -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"ignore_eos":true,"temperature":0}' &
+            -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3000,"ignore_eos":true,"temperature":0}' &
         cpid=$!
         wait_stats "$B2" '.running == 1' 10
         kill -TERM "$S2"
@@ -587,7 +589,7 @@ else
         code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$B2/health")
         check '[ "$code" != 200 ]' "new connections still accepted while draining ($code)"
         wait "$cpid"
-        check 'jq -e ".choices[0].finish_reason == \"length\" and .usage.completion_tokens == 200" "$tmp/drain" >/dev/null' "in-flight request not finished by the drain: $(head -c 300 "$tmp/drain")"
+        check 'jq -e ".choices[0].finish_reason == \"length\" and .usage.completion_tokens == 3000" "$tmp/drain" >/dev/null' "in-flight request not finished by the drain: $(head -c 300 "$tmp/drain")"
         wait "$S2"
         rc=$?
         check '[ $rc -eq 0 ] && grep -q "draining 1 in flight" "$tmp/log.$P2"' "SIGTERM exit status $rc: $(tail -3 "$tmp/log.$P2")"
