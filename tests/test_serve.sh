@@ -125,6 +125,7 @@ P7=$(free_port)
 if start S7 "$P7" "$STORIES" -- --draft-model "$tmp/draft1.gguf"; then
     call /v1/completions '{"prompt":"Zoo","max_tokens":120,"temperature":0,"ignore_eos":true}' "http://127.0.0.1:$P7"
     draft_text=$(jq -r .choices[0].text <<<"$body")
+    check 'jq -e ".usage.speculation as \$u | \$u.steps > 0 and \$u.accepted > 0 and \$u.accepted < \$u.drafted and \$u.drafted <= 3 * \$u.steps" <<<"$body" >/dev/null' "usage.speculation with a draft model: $body"
     check '[ -n "$draft_text" ] && [ "$draft_text" = "$spec_text" ]' "two-model text differs: $draft_text / $spec_text"
     check 'curl -s http://127.0.0.1:$P7/stats | jq -e ".speculation.draft_kind == \"two-model\" and .speculation.num_draft_tokens == 3 and (.speculation.draft_model | endswith(\"draft1.gguf\")) and .speculation.steps > 0 and .speculation.accepted > 0 and .speculation.accepted < .speculation.drafted and .speculation.last_error == null and .speculation.draft_p_min == 0 and .batch.steps < 120" >/dev/null' "/stats two-model: $(curl -s http://127.0.0.1:$P7/stats | jq -c '[.speculation, .batch.steps]')"
     check 'grep -q "speculation: two-model, draft model .*draft1.gguf, up to 3 drafts" "$tmp/log.$P7" && grep -q "no tokenizer of its own" "$tmp/log.$P7"' "two-model start-up log: $(cat "$tmp/log.$P7")"
@@ -143,6 +144,8 @@ check '[ $rc -eq 1 ] && grep -q "its tokenizer is not the served model" "$tmp/e"
 rc=$?
 check '[ $rc -eq 1 ] && grep -q -- "--draft-model" "$tmp/e"' "missing draft model: rc $rc $(cat "$tmp/e")"
 check 'curl -s $B/stats | jq -e ".speculation == null" >/dev/null' "speculation off by default"
+call /v1/completions '{"prompt":"Zoo","max_tokens":4}'
+check 'jq -e ".usage | has(\"speculation\") | not" <<<"$body" >/dev/null' "usage.speculation without speculation: $body"
 for bad in "--draft-kind eagle:draft-kind eagle" "--draft-kind mtp:are not supported" "--draft-kind two-model:needs a --draft-model" "--draft-kind ngram --draft-model $STORIES:takes no --draft-model" "--num-draft-tokens 0:--num-draft-tokens" "--draft-model $STORIES --draft-p-min 1.5:--draft-p-min" "--ngram-min 3 --ngram-max 2:--ngram-min 3 is more than --ngram-max 2"; do
     # shellcheck disable=SC2086 # the flags split on purpose
     "$CLLM" serve "$STORIES" --port "$P6" ${bad%%:*} >"$tmp/o" 2>"$tmp/e"

@@ -36,6 +36,7 @@ struct engine_request {
     atomic_int refs;
     atomic_bool cancel;
     int n_cached;            /* prompt tokens served from the prefix cache */
+    int spec_steps, spec_drafted, spec_accepted; /* its speculation (engine thread) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -260,7 +261,9 @@ int engine_request_next(struct engine_request *r, struct engine_event *ev, int t
 static void finish(struct engine_request *r, enum engine_finish why, int n_gen, const char *msg)
 {
     struct engine_event ev = {.token = -1, .finish = why, .n_prompt = r->n_prompt,
-                              .n_generated = n_gen, .n_cached = r->n_cached};
+                              .n_generated = n_gen, .n_cached = r->n_cached,
+                              .spec_steps = r->spec_steps, .spec_drafted = r->spec_drafted,
+                              .spec_accepted = r->spec_accepted};
     if (msg)
         snprintf(ev.error, sizeof ev.error, "%s", msg);
     push_event(r, &ev);
@@ -546,7 +549,9 @@ static bool take_token(struct engine *eng, struct seq *s, int tok,
     }
     s->n_gen++;
     struct engine_event ev = {.token = tok, .n_prompt = r->n_prompt, .n_generated = s->n_gen,
-                              .n_cached = r->n_cached, .has_logprobs = lp != NULL};
+                              .n_cached = r->n_cached, .has_logprobs = lp != NULL,
+                              .spec_steps = r->spec_steps, .spec_drafted = r->spec_drafted,
+                              .spec_accepted = r->spec_accepted};
     if (lp)
         ev.lp = *lp;
     push_event(r, &ev);
@@ -728,6 +733,9 @@ static int spec_step(struct engine *eng, struct seq *s)
     eng->st.spec_drafted += (uint64_t)k;
     eng->st.spec_accepted += (uint64_t)a;
     pthread_mutex_unlock(&eng->mu);
+    s->r->spec_steps++;
+    s->r->spec_drafted += k;
+    s->r->spec_accepted += a;
     for (int i = 0; i <= a; i++)
         if (!take_token(eng, s, pick[i], NULL))
             break;

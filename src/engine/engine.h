@@ -120,6 +120,9 @@ struct engine_event {
     enum engine_finish finish; /* != NONE on the final event */
     int n_prompt, n_generated; /* running usage counts */
     int n_cached;              /* prompt tokens served from cache */
+    /* this request's speculation so far: verify steps, drafts fed, drafts
+     * kept (0 without speculation) */
+    int spec_steps, spec_drafted, spec_accepted;
     /* with engine_params.logprobs, on a token event: its log-probability
      * and the top_logprobs most likely ids' (logits.h) */
     bool has_logprobs;

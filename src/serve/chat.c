@@ -539,7 +539,10 @@ int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result 
         struct engine_event ev;
         if (engine_request_next(g->r, &ev, left > 0 ? left : 0) == 0)
             return text->n > start ? GEN_TEXT : GEN_WAIT;
-        g->res.n_cached = ev.n_cached; /* every event carries it */
+        g->res.n_cached = ev.n_cached; /* every event carries it, and these */
+        g->res.spec_steps = ev.spec_steps;
+        g->res.spec_drafted = ev.spec_drafted;
+        g->res.spec_accepted = ev.spec_accepted;
         if (ev.prompt) { /* echo's prompt entries, before any generated token */
             if (g->logprobs && !g->lp_oom && keep_logprob(g, &ev, g->pchars))
                 g->lp_oom = true;

@@ -237,6 +237,7 @@ struct gen_result {
     const char *stop;   /* that string (owned by the gen), or NULL */
     int n_prompt, n_completion, n_cached;
     int n_reasoning; /* generated tokens of the <think> block opening the turn */
+    int spec_steps, spec_drafted, spec_accepted; /* its speculation (engine_event's) */
     char error[256];
 };
 

@@ -27,13 +27,20 @@ static const char *engine_lane(const struct server *srv)
     return !srv->cfg->batch.set || srv->cfg->batch.v > 1 ? "batched" : "serial";
 }
 
-static json_t *usage_json(const struct gen_result *res, const char *lane)
+/* OpenAI's usage, and the spec's lane and (with speculation on) speculation:
+ * the request's verify steps, drafts fed and drafts kept. */
+static json_t *usage_json(const struct gen_result *res, const char *lane, bool spec)
 {
-    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}, s:s}", "prompt_tokens", res->n_prompt,
-                     "completion_tokens", res->n_completion, "total_tokens",
-                     res->n_prompt + res->n_completion, "prompt_tokens_details",
-                     "cached_tokens", res->n_cached, "completion_tokens_details",
-                     "reasoning_tokens", res->n_reasoning, "lane", lane);
+    json_t *u = json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}, s:s}", "prompt_tokens",
+                          res->n_prompt, "completion_tokens", res->n_completion, "total_tokens",
+                          res->n_prompt + res->n_completion, "prompt_tokens_details",
+                          "cached_tokens", res->n_cached, "completion_tokens_details",
+                          "reasoning_tokens", res->n_reasoning, "lane", lane);
+    if (u && spec)
+        json_object_set_new(u, "speculation",
+                            json_pack("{s:i, s:i, s:i}", "steps", res->spec_steps, "drafted",
+                                      res->spec_drafted, "accepted", res->spec_accepted));
+    return u;
 }
 
 /* "tool_calls" when the turn ended on its own after calling tools. */
@@ -89,6 +96,7 @@ struct oai_stream {
     long created;
     bool chat, include_usage;
     const char *lane; /* usage.lane */
+    bool spec;        /* usage.speculation (speculation is on) */
 };
 
 static json_t *chunk(const struct oai_stream *o, json_t *choice)
@@ -177,7 +185,7 @@ static void oai_end(struct stream *s, const struct gen_result *res)
                                    "finish_reason", finish_reason(res, 0))));
     if (o->include_usage) {
         json_t *c = chunk(o, NULL);
-        json_object_set_new(c, "usage", usage_json(res, o->lane));
+        json_object_set_new(c, "usage", usage_json(res, o->lane, o->spec));
         emit(s, c);
     }
     buf_puts(&s->out, "data: [DONE]\n\n");
@@ -237,6 +245,7 @@ static void stream_one(struct server *srv, const json_t *req, const struct chat_
     o->chat = chat;
     o->include_usage = include_usage;
     o->lane = engine_lane(srv);
+    o->spec = srv->cfg->draft_kind != NULL;
     rp->status = 200;
     rp->stream = stream_new(srv, g, &oai_ops, o);
     if (!rp->stream) {
@@ -322,6 +331,9 @@ static void collect_many(struct server *srv, const json_t *req, const struct cha
         }
         sum.n_completion += res[k].n_completion;
         sum.n_reasoning += res[k].n_reasoning;
+        sum.spec_steps += res[k].spec_steps;
+        sum.spec_drafted += res[k].spec_drafted;
+        sum.spec_accepted += res[k].spec_accepted;
     }
     char id[64];
     serve_make_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-");
@@ -329,7 +341,8 @@ static void collect_many(struct server *srv, const json_t *req, const struct cha
     rp->body = json_pack("{s:s, s:s, s:I, s:s, s:O, s:o}", "id", id, "object",
                          chat ? "chat.completion" : "text_completion", "created",
                          (json_int_t)time(NULL), "model", reply_model_name(srv, req), "choices",
-                         choices, "usage", usage_json(&sum, engine_lane(srv)));
+                         choices, "usage",
+                         usage_json(&sum, engine_lane(srv), srv->cfg->draft_kind != NULL));
     if (chat && rp->body)
         json_object_set_new(rp->body, "system_fingerprint", json_string("cllm"));
 out:
