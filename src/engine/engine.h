@@ -203,6 +203,7 @@ struct engine_stats {
     /* the draft model's tokens: fed through it, and taken from its prefix
      * index instead */
     uint64_t draft_computed, draft_cached;
+    long long draft_bytes;   /* the draft model's weights and K/V (0: none) */
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
     /* requests submitted, ended cancelled, ended by EOS / a stop token / the
      * length (every request ends as exactly one of those or an error) */

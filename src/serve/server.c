@@ -380,6 +380,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
             "weights %.1f MiB)\n", es.kv_blocks_total, es.kv_block_tokens, es.kv_block_bytes,
             es.kv_blocks_total * block_mib,
             es.kv_sizing, (double)model_weight_bytes_per_token(&srv->sm.m) / 1048576.0);
+    if (es.draft_bytes > 0)
+        fprintf(stderr, "cllm serve: draft model: %.1f MiB of weights and K/V (its own pool, "
+                        "1.5 x the context)\n", (double)es.draft_bytes / 1048576.0);
     if (cfg->draft_kind)
         fprintf(stderr, "cllm serve: speculation: %s%s%s, up to %d drafts a step%s\n",
                 cfg->draft_kind, cfg->draft_model ? ", draft model " : "",
