@@ -582,8 +582,9 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
                                 .draft_model = dm, .draft_p_min = o->draft_p_min};
     struct engine *eng = engine_create(m, &cfg, e);
     int *prompt = malloc(sizeof(int) * (size_t)P), *ids = malloc(sizeof(int) * 2 * (size_t)N);
-    int rc = -1;
-    if (!eng || !prompt || !ids) {
+    double *times = malloc(sizeof(double) * (size_t)N);
+    int rc = -1, got;
+    if (!eng || !prompt || !ids || !times) {
         if (eng)
             err_set(e, "out of memory");
         goto out;
@@ -593,26 +594,11 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
                                 .max_tokens = N};
     for (int t = 0; t < 2; t++) {
         struct engine_request *r = engine_request_new(prompt, P, &par, e);
-        if (!r || engine_submit(eng, r, e) < 0) {
-            if (r)
-                engine_request_release(r);
+        int bad = !r || engine_submit(eng, r, e) < 0 || collect(&r, 1, N, times, ids + t * N, &got, e);
+        if (r)
+            engine_request_release(r);
+        if (bad)
             goto out;
-        }
-        int got = 0;
-        struct engine_event ev;
-        for (;;) {
-            if (engine_request_next(r, &ev, 1000) != 1)
-                continue;
-            if (ev.finish != ENGINE_FINISH_NONE)
-                break;
-            if (got < N)
-                ids[t * N + got++] = ev.token;
-        }
-        engine_request_release(r);
-        if (ev.finish == ENGINE_FINISH_ERROR || got != N) {
-            err_set(e, "%s", ev.finish == ENGINE_FINISH_ERROR ? ev.error : "a short answer");
-            goto out;
-        }
     }
     rc = 0;
     while (rc < N && ids[rc] == ids[N + rc])
@@ -625,6 +611,7 @@ out:
     engine_destroy(eng);
     free(prompt);
     free(ids);
+    free(times);
     return rc;
 }
 
