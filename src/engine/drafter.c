@@ -92,7 +92,7 @@ void drafter_get_stats(const struct drafter *d, struct drafter_stats *out)
     *out = d->st;
 }
 
-size_t drafter_weight_bytes(const struct drafter *d)
+size_t drafter_bytes(const struct drafter *d)
 {
     return model_weight_bytes_per_token(d->m) + kv_pool_bytes(&d->pool);
 }

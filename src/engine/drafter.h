@@ -37,8 +37,8 @@ void drafter_free(struct drafter *d);
 int drafter_propose(struct drafter *d, const int *toks, int n, int vocab, float p_min, int *out,
                     int max, struct err *e);
 
-/* Bytes of weights the drafter reads per token (for memory budgets). */
-size_t drafter_weight_bytes(const struct drafter *d);
+/* Bytes the drafter holds: its weights and its K/V pool (for memory budgets). */
+size_t drafter_bytes(const struct drafter *d);
 
 /* Tokens the drafter fed through its model, and tokens it took from its
  * prefix index instead (a prompt it had seen, another request's turn ago). */

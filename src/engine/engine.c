@@ -1290,7 +1290,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
         if (!(eng->drafter = drafter_create(cfg->draft_model, cfg->device, cfg->n_threads,
                                             eng->cfg.ctx_len, e)))
             goto fail;
-        eng->st.draft_bytes = (long long)drafter_weight_bytes(eng->drafter);
+        eng->st.draft_bytes = (long long)drafter_bytes(eng->drafter);
         weights += eng->st.draft_bytes;
     }
     snprintf(eng->device, sizeof eng->device, "%s", eng->be->ops->name);
