@@ -143,11 +143,11 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
      * model's catch-up), of as many tokens as the decode kernel takes:
      * recorded and replayed as a decode is, its shape's first step run
      * eagerly to size its buffers. */
-    bool rows = (st->rows || st->logits) && st->n_seg == 1 && st->n > 1 &&
+    bool few = (st->rows || st->logits) && st->n_seg == 1 && st->n > 1 &&
                 st->n <= c->att_dec_rows && st->n <= REC_MAX_TOKENS && c->rgraphs;
-    if (!c->graphs || !(rows || (st->n == 1 && st->logits)))
+    if (!c->graphs || !(few || (st->n == 1 && st->logits)))
         return 0;
-    if (!rows && (c->eager_decodes < 1 || !c->att_heads)) { /* the first decode step warms up */
+    if (!few && (c->eager_decodes < 1 || !c->att_heads)) { /* the first decode step warms up */
         c->eager_decodes++;
         return 0;
     }
@@ -155,7 +155,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     struct step_graph key = {.owner = st->owner, .kpool = st->pool->k,
                              .bucket = table_bucket(seq->n_blocks), .n_seg = 1,
                              .n_tok = st->n, .rows = st->rows};
-    if (rows && !graph_find(c, &key) && !seen_before(c, &key))
+    if (few && !graph_find(c, &key) && !seen_before(c, &key))
         return 0;
     if (step_reserve(c, key.bucket))
         return sticky(c, e);
@@ -175,7 +175,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     /* Size what the recording will use while synchronizing is still allowed
      * (a few tokens' step: its shape's eager step did). */
     size_t ws = (size_t)c->att_heads * MAX_SPLITS * (size_t)(c->att_hd + 2) * sizeof(float);
-    if (!rows && (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
+    if (!few && (!dbuf_get(c, &c->ws, ws, "attention workspace") ||
                   !att_counters(c, (size_t)c->att_heads)))
         return sticky(c, e);
     if (!capture_begin(c, &key))
