@@ -189,6 +189,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     /* Weights never change, so their first loads may overlap the previous
      * kernel (programmatic dependent launch); x and out are its. */
     cuk_pdl_start();
+    float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+    /* Adding into out: lane r * NT + j reads the value output (row0 + r,
+     * token j) adds to now, while the weights stream, instead of lane 0
+     * reading them one after another once the sums are done. */
+    static_assert(PAIR || R * NT <= 32, "a lane per output");
+    float res = 0.0f;
+    if (!PAIR && p.out == CUK_OUT_ADD && active && lane < R * NT && row0 + lane / NT < rows)
+        res = __ldcg(out + (size_t)(lane % NT) * rows + row0 + lane / NT);
     float *sinv = (float *)(gemv_xs + NT * tile_f4); /* past the tile: GEMV_INV_BYTES (norm only) */
     if (IN == CUK_IN_RMSNORM) /* while the first weight loads are in flight */
         gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gemv_xs);
@@ -217,7 +225,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
     }
     if (!active)
         return;
-    float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
     if constexpr (PAIR) {
 #pragma unroll
         for (int r = 0; r < RH; r++)
@@ -233,10 +240,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_shape<WT, NT>::MIN_BLOCKS)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 float v = cuk_warp_sum(acc[r][j]);
-                if (lane == 0 && row0 + r < rows) {
-                    float *o = out + (size_t)j * rows + row0 + r;
-                    *o = p.out == CUK_OUT_ADD ? *o + v : v;
-                }
+                const float old = __shfl_sync(0xffffffffu, res, r * NT + j);
+                if (lane == 0 && row0 + r < rows)
+                    out[(size_t)j * rows + row0 + r] = p.out == CUK_OUT_ADD ? old + v : v;
             }
     }
 }

@@ -288,30 +288,40 @@ static __device__ __forceinline__ void mma_finish(float (&acc)[2][4], const stru
     if (u.valid && u.ks == 0) {
         const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
         float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
+        /* the lane's outputs: tokens g, g + 8 (hi), rows row0 + 8 h + 2 tig + e */
+        auto ok = [&](int hi, int r) { return g + 8 * hi < p.n && r < rows; };
+        auto at = [&](int hi, int r) { return out + (size_t)(g + 8 * hi) * rows + r; };
+        if (PAIR) {
 #pragma unroll
-        for (int hi = 0; hi < 2; hi++) { /* tokens g, g + 8 */
-            const int t = g + 8 * hi;
-            if (t >= p.n)
-                continue;
+            for (int hi = 0; hi < 2; hi++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                if (PAIR) {
-                    const int r = u.row0 + 2 * tig + e;
-                    if (r < rows)
-                        out[(size_t)t * rows + r] =
+                for (int e = 0; e < 2; e++)
+                    if (ok(hi, u.row0 + 2 * tig + e))
+                        *at(hi, u.row0 + 2 * tig + e) =
                             cuk_silu_mul1(acc[0][2 * hi + e], acc[1][2 * hi + e]);
-                } else {
+        } else {
+            /* every value added to is read before any output is written:
+             * the L2 trips in flight together, not one after another */
+            float old[2][2][2] = {};
+            if (p.out == CUK_OUT_ADD)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = u.row0 + 8 * h + 2 * tig + e;
-                        if (r < rows) {
-                            float *o = out + (size_t)t * rows + r;
-                            const float v = acc[h][2 * hi + e];
-                            *o = p.out == CUK_OUT_ADD ? *o + v : v;
-                        }
-                    }
-                }
-            }
+                for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            if (ok(hi, u.row0 + 8 * h + 2 * tig + e))
+                                old[hi][e][h] = __ldcg(at(hi, u.row0 + 8 * h + 2 * tig + e));
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        if (ok(hi, u.row0 + 8 * h + 2 * tig + e))
+                            *at(hi, u.row0 + 8 * h + 2 * tig + e) =
+                                p.out == CUK_OUT_ADD ? old[hi][e][h] + acc[h][2 * hi + e]
+                                                     : acc[h][2 * hi + e];
         }
     }
 #pragma unroll

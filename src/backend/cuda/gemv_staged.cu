@@ -70,6 +70,15 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
     return u;
 }
 
+/* Where unit u's output for token row r goes (not PAIR). */
+static __device__ __forceinline__ float *sg_out(const struct sgp &p, int u, int r)
+{
+    int m, row = sg_row(p, u, &m);
+    /* no local copy of p: no indexing of its arrays */
+    int mrows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    return (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) + (size_t)r * mrows + row;
+}
+
 /* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
  * ustride, column chunk ch) into slot s (the item's number modulo
  * p.slots): the callers step j, ch and s along, no division. */
@@ -240,6 +249,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, p.cols, p.units);
 #endif
+    /* Adding into out: lane k reads the value the warp's output k (unit
+     * ubase + (k / NT) * ustride, token row k % NT) adds to, now, so that
+     * its trip to L2 is not taken after each unit's sum, with the warp's
+     * next weights waiting in the ring (outputs past 32 read it then). */
+    float res = 0.0f;
+    if (!PAIR && p.out == CUK_OUT_ADD && lane < nu * NT)
+        res = __ldcg(sg_out(p, ubase + lane / NT * ustride, lane % NT));
     if (IN == CUK_IN_SPLITS) {
         sg_splits_stage<WT>(xs, in, p.cols, sinv + SG_HDR / 4);
     } else if (fast_norm) {
@@ -340,13 +356,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                     p.outp[0][(size_t)r * p.rows[0] + u] = cuk_silu_mul1(gv, uv);
             } else {
                 float v = cuk_warp_sum(acc0[r]);
+                const int k = j * NT + r;
+                const float old = __shfl_sync(0xffffffffu, res, k & 31);
                 if (lane == 0) {
-                    int m, row = sg_row(p, u, &m);
-                    /* no local copy of p: no indexing of its arrays */
-                    int mrows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-                    float *o = (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) +
-                               (size_t)r * mrows + row;
-                    *o = p.out == CUK_OUT_ADD ? *o + v : v;
+                    float *o = sg_out(p, u, r);
+                    *o = p.out == CUK_OUT_ADD ? (k < 32 ? old : *o) + v : v;
                 }
             }
         }
