@@ -22,20 +22,38 @@ int cuk_pdl_enabled(void) { return pdl_on; }
 
 /* ---- embedding gather ---- */
 
-__global__ void k_embed(float *out, struct cuk_weight t, const int *ids)
+#define EMBED_THREADS 256
+#define EMBED_PER_THREAD 16 /* a 4,096-column row in one round */
+
+__global__ void __launch_bounds__(EMBED_THREADS) k_embed(float *out, struct cuk_weight t, const int *ids)
 {
     cuk_pdl_start();
     size_t r = (size_t)ids[blockIdx.x];
     int cols = t.cols;
     float *o = out + (size_t)blockIdx.x * cols;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x)
-        o[j] = cuk_load_weight(&t, r, j);
+    /* A round's loads all go out before its stores: load, store, load ...
+     * left them one memory trip after another (H200, a 0.6B model's
+     * 1,024 columns: 2.65 -> 1.67 us) */
+    for (int j0 = 0; j0 < cols; j0 += EMBED_THREADS * EMBED_PER_THREAD) {
+        float v[EMBED_PER_THREAD];
+#pragma unroll
+        for (int k = 0; k < EMBED_PER_THREAD; k++) {
+            const int j = j0 + k * EMBED_THREADS + (int)threadIdx.x;
+            v[k] = j < cols ? cuk_load_weight(&t, r, j) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < EMBED_PER_THREAD; k++) {
+            const int j = j0 + k * EMBED_THREADS + (int)threadIdx.x;
+            if (j < cols)
+                o[j] = v[k];
+        }
+    }
 }
 
 extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table,
                                  const int *ids, int n)
 {
-    cuk_launch(k_embed, n, 256, 0, s, out, *table, ids);
+    cuk_launch(k_embed, n, EMBED_THREADS, 0, s, out, *table, ids);
     return cudaGetLastError();
 }
 
