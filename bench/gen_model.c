@@ -43,7 +43,7 @@ static const struct shape shapes[] = {
     {"qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6f, 1e-6f, false, true, false},
     {"qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 64, 151936, 32768, 1e6f, 1e-6f, true, false, true},
     {"llama3.2-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 5e5f, 1e-5f, true, false, false},
-    {"llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 5e5f, 1e-5f, false, false, false},
+    {"llama3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 5e5f, 1e-5f, false, false, false},
 };
 
 static void usage(FILE *f)
