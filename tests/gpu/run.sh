@@ -36,6 +36,10 @@ if [ "${TESTS:-1}" = 0 ]; then
 else
 echo "== test_cuda"
 if time timeout 300 "$BIN/test_cuda"; then note "test_cuda: PASS"; else note "test_cuda: FAIL"; fails=$((fails+1)); fi
+# every prefill chunk on the 128-row attention kernel, which by default
+# takes only chunks too long for test_cuda's cases
+echo "== test_cuda (CLLM_CUDA_PF_MT=2)"
+if CLLM_CUDA_PF_MT=2 timeout 300 "$BIN/test_cuda"; then note "test_cuda CLLM_CUDA_PF_MT=2: PASS"; else note "test_cuda CLLM_CUDA_PF_MT=2: FAIL"; fails=$((fails+1)); fi
 if [ -x "$BIN/test_gemv_staged" ]; then
     echo "== test_gemv_staged"
     if timeout 300 "$BIN/test_gemv_staged"; then note "test_gemv_staged: PASS"; else note "test_gemv_staged: FAIL"; fails=$((fails+1)); fi

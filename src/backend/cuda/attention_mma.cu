@@ -14,6 +14,7 @@
  * same order as the bf16 cache itself; an f32 cache (CLLM_KV_DTYPE=f32,
  * CLLM_CUDA_PRECISE) never comes here. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -418,6 +419,197 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
                         cnt + (size_t)blockIdx.x * g.n_kv_heads + kvh, (float *)am_smem);
 }
 
+/* Two 16-row slices a warp, FlashAttention-2's shape: each K or V fragment
+ * a warp loads from shared memory feeds two mma instead of one, and a block
+ * (AM2_ROWS rows) copies each tile for twice the rows. Q waits in shared
+ * memory as bf16 (the tiles' swizzle) and is read per k-step, which leaves
+ * the registers to the two slices' scores and outputs. Every row's
+ * arithmetic is k_attention_mma's, in the same order: the same bits for the
+ * same key splits. Shared memory: the four tiles, then Q. */
+#define AM2_ROWS (AM_WARPS * 32)
+
+template <int HD> static __host__ __device__ constexpr size_t mma2_smem()
+{
+    return 4 * (size_t)AM_KEYS * HD * 2 + (size_t)AM2_ROWS * HD * 2;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attention_mma2(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
+                     const int *table, struct cuk_attn g, int bq, int n_splits, float *ws,
+                     unsigned *cnt)
+{
+    constexpr int TILE = AM_KEYS * HD * 2, KT = AM_KEYS / 8, DT = HD / 8, QK = HD / 16;
+    constexpr int NCH = HD / 8;
+    extern __shared__ float4 am_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(am_smem);
+    auto ktile = [&](int b) { return sbase + (uint32_t)(2 * b * TILE); };
+    auto vtile = [&](int b) { return sbase + (uint32_t)((2 * b + 1) * TILE); };
+    const uint32_t qs = sbase + 4 * TILE;
+
+    cuk_pdl_start();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int G = g.n_heads / g.n_kv_heads, kvh = blockIdx.y;
+    const struct row_div rd = row_div_of(G);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * bq;
+    const int nq = min(bq, g.n - q0), rows = nq * G;
+
+    /* Q * scale * log2 e in bf16, as k_attention_mma rounds it; rows past
+     * the block's are zeros */
+    const float qscale = g.scale * 1.4426950408889634f;
+    for (int idx = threadIdx.x; idx < AM2_ROWS * NCH; idx += blockDim.x) {
+        const int r = idx / NCH, c = idx % NCH;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < rows) {
+            const float4 *src =
+                (const float4 *)(q + row_qh(rd, r, q0, kvh, g.n_heads) * HD + 8 * c);
+            const float4 a = src[0], b = src[1];
+            v = make_uint4(pack_bf16(a.x * qscale, a.y * qscale),
+                           pack_bf16(a.z * qscale, a.w * qscale),
+                           pack_bf16(b.x * qscale, b.y * qscale),
+                           pack_bf16(b.z * qscale, b.w * qscale));
+        }
+        *(uint4 *)((char *)am_smem + (tile_addr<HD>(qs, r, c) - sbase)) = v;
+    }
+
+    /* the thread's rows: slice mt's gid and gid + 8 (h) */
+    int pos[2][2], start[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = warp * 32 + mt * 16 + gid + 8 * h;
+            pos[mt][h] = -1;
+            start[mt][h] = 0;
+            if (r < rows) {
+                pos[mt][h] = g.pos0 + q0 + row_q(rd, r);
+                if (g.window > 0 && pos[mt][h] - g.window + 1 > 0)
+                    start[mt][h] = pos[mt][h] - g.window + 1;
+            }
+        }
+
+    float o[2][DT][4], m[2][2], l[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+    }
+
+    const int sp = blockIdx.z;
+    const struct key_run kr = key_run_of(g, g.pos0 + q0, g.pos0 + q0 + nq, n_splits, sp);
+    const int k_lo = kr.k_lo, n_used = kr.n_used, tb = kr.tb, te = kr.te;
+    if (sp >= n_used)
+        return;
+    auto load_tile = [&](int t0, int b) {
+        load_kv_tile<HD>(ktile(b), vtile(b), kc, vc, table, g, kvh, t0, g.pos0 + q0 + nq);
+    };
+    if (tb < te)
+        load_tile(k_lo + tb * AM_KEYS, 0);
+
+    for (int it = tb; it < te; it++) {
+        const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
+        if (it + 1 < te) {
+            load_tile(t0 + AM_KEYS, b ^ 1);
+            cuk_cp_async_wait<1>();
+        } else {
+            cuk_cp_async_wait<0>();
+        }
+        __syncthreads(); /* the tile, and on the first trip Q, are in shared memory */
+
+        float s[2][KT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int j = 0; j < KT; j++)
+                s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+        /* one k-step at a time (each score still sums its k-steps in
+         * order): fewer fragments live at once */
+#pragma unroll
+        for (int k = 0; k < QK; k++) {
+            uint32_t qa[2][4]; /* the slices' A fragments of k-step k */
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                cuk_ldsm_x4(qa[mt], tile_addr<HD>(qs, warp * 32 + mt * 16 + (lane & 15),
+                                                  2 * k + (lane >> 4)));
+#pragma unroll
+            for (int j = 0; j < KT; j++) {
+                uint32_t kb[2]; /* keys 8j .. +7 at dims 16k .. 16k + 15 */
+                cuk_ldsm_x2(kb, tile_addr<HD>(ktile(b), 8 * j + (lane & 7),
+                                              2 * k + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    cuk_mma16816(s[mt][j], qa[mt], kb[0], kb[1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+            online_softmax<KT, DT, true>(s[mt], o[mt], m[mt], l[mt], pos[mt], start[mt],
+                                          t0, tig);
+#pragma unroll
+        for (int kk = 0; kk < AM_KEYS / 16; kk++) {
+            uint32_t pa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int j2 = 0; j2 < DT / 2; j2++) {
+                int mi = lane >> 3, key = 16 * kk + (mi & 1) * 8 + (lane & 7);
+                uint32_t vb[4];
+                ldsm_x4_trans(vb, tile_addr<HD>(vtile(b), key, 2 * j2 + (mi >> 1)));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    cuk_mma16816(o[mt][2 * j2], pa[mt], vb[0], vb[1]);
+                    cuk_mma16816(o[mt][2 * j2 + 1], pa[mt], vb[2], vb[3]);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with buffer b before it is refilled */
+    }
+
+    const size_t nrow = (size_t)g.n * g.n_heads * n_splits;
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float L = quad_sum(l[mt][h]);
+            const int r = warp * 32 + mt * 16 + gid + 8 * h;
+            if (r >= rows)
+                continue;
+            const size_t qh = row_qh(rd, r, q0, kvh, g.n_heads);
+            if (n_used > 1) { /* this split's partial of the row */
+                const size_t pr = qh * n_splits + sp;
+#pragma unroll
+                for (int j = 0; j < DT; j++)
+                    *(float2 *)(ws + pr * HD + 8 * j + 2 * tig) =
+                        make_float2(o[mt][j][2 * h], o[mt][j][2 * h + 1]);
+                if (tig == 0) {
+                    ws[nrow * HD + pr] = m[mt][h];
+                    ws[nrow * HD + nrow + pr] = L;
+                }
+                continue;
+            }
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            float *orow = out + qh * HD;
+#pragma unroll
+            for (int j = 0; j < DT; j++)
+                *(float2 *)(orow + 8 * j + 2 * tig) =
+                    make_float2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
+        }
+    if (n_used > 1)
+        split_merge<HD>(out, ws, nrow, rows, n_splits, n_used, q0, G, kvh, g.n_heads,
+                        cnt + (size_t)blockIdx.x * g.n_kv_heads + kvh, (float *)am_smem);
+}
+static_assert((2 * AM2_ROWS * AM_MMA_MAX_SPLITS + AM2_ROWS) * 4 <= mma2_smem<64>(),
+              "the split merge fits in k_attention_mma2's shared memory");
+
 extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
 {
     /* the tiles are copied as the pool holds them: swizzled rows */
@@ -427,18 +619,46 @@ extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
            g->n_heads / g->n_kv_heads <= AM_ROWS && g->kv_dim % 8 == 0;
 }
 
+/* Rows of a prefill block: k_attention_mma2's AM2_ROWS where its grid
+ * has at least 8 blocks for every multiprocessor (a long chunk, where
+ * attention is most of the work: measured faster at 32K tokens, not yet
+ * at 4K, which this leaves out for an 8B model), else k_attention_mma's
+ * AM_ROWS (n_sms <= 0: always). CLLM_CUDA_PF_MT=1 or 2 forces one (a
+ * test lever). */
+static int mma_rows(const struct cuk_attn *g, int n_sms)
+{
+    static int force = -1;
+    if (force < 0) {
+        const char *v = getenv("CLLM_CUDA_PF_MT");
+        force = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 0;
+    }
+    if (force)
+        return force == 2 ? AM2_ROWS : AM_ROWS;
+    int G = g->n_heads / g->n_kv_heads, bq = AM2_ROWS / G;
+    long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
+    return n_sms > 0 && blocks >= 8L * n_sms ? AM2_ROWS : AM_ROWS;
+}
+
 template <int HD>
 static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const uint16_t *kc,
                               const uint16_t *vc, const int *table, const struct cuk_attn *g,
-                              int n_splits, float *ws, unsigned *cnt)
+                              int n_splits, float *ws, unsigned *cnt, int rows)
 {
-    int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
+    int G = g->n_heads / g->n_kv_heads, bq = rows / G;
+    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads, (unsigned)n_splits);
+    if (rows == AM2_ROWS) {
+        static struct cuk_opted opted2;
+        cudaError_t err = cuk_smem_opt_in(k_attention_mma2<HD>, mma2_smem<HD>(), &opted2);
+        if (err != cudaSuccess)
+            return err;
+        return cuk_launch(k_attention_mma2<HD>, grid, AM_WARPS * 32, mma2_smem<HD>(), s, out, q,
+                          kc, vc, table, *g, bq, n_splits, ws, cnt);
+    }
     size_t smem = 4 * (size_t)AM_KEYS * HD * 2; /* K and V, two buffers each */
     static struct cuk_opted opted;
     cudaError_t err = cuk_smem_opt_in(k_attention_mma<HD>, smem, &opted);
     if (err != cudaSuccess)
         return err;
-    dim3 grid((unsigned)((g->n + bq - 1) / bq), (unsigned)g->n_kv_heads, (unsigned)n_splits);
     return cuk_launch(k_attention_mma<HD>, grid, AM_WARPS * 32, smem, s, out, q, kc, vc, table,
                       *g, bq, n_splits, ws, cnt);
 }
@@ -449,7 +669,7 @@ extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, in
 {
     if (!cuk_attention_mma_ok(g))
         return 1;
-    int G = g->n_heads / g->n_kv_heads, bq = AM_ROWS / G;
+    int G = g->n_heads / g->n_kv_heads, bq = mma_rows(g, n_sms) / G;
     long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
     if (blocks >= n_sms)
         return 1;
@@ -462,16 +682,17 @@ extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, in
 extern "C" cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q,
                                          const void *kc, const void *vc, const int *table,
                                          const struct cuk_attn *g, int n_splits, float *ws,
-                                         unsigned *cnt)
+                                         unsigned *cnt, int n_sms)
 {
     if (!cuk_attention_mma_ok(g) || n_splits < 1 || n_splits > AM_MMA_MAX_SPLITS ||
         (n_splits > 1 && (!ws || !cnt)))
         return cudaErrorInvalidValue;
+    const int rows = mma_rows(g, n_sms);
     if (g->head_dim == 64)
         return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g,
-                              n_splits, ws, cnt);
+                              n_splits, ws, cnt, rows);
     return launch_mma<128>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g,
-                           n_splits, ws, cnt);
+                           n_splits, ws, cnt, rows);
 }
 
 /* ---- decode: a few queries per sequence over a long key range ----------

@@ -294,7 +294,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
                                           splits, ws, cnt, rope, dn)
                   : pre ? cuk_attention_mma(c->stream, out, q, pool->k, pool->v, tab, &g, splits,
-                                            ws, cnt)
+                                            ws, cnt, c->n_sms)
                       : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
                                       ws, cnt)))
         return sticky(c, e);
@@ -583,7 +583,7 @@ int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *
                       cuk_attention_mma_ok(&gs)
                           ? cuk_attention_mma(c->stream, out + (size_t)b.row0 * qd,
                                               q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
-                                              &gs, b.splits, ws, cnt)
+                                              &gs, b.splits, ws, cnt, c->n_sms)
                           : cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
                                                 q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
                                                 &gs)))

@@ -130,9 +130,12 @@ int cuk_attention_mma_ok(const struct cuk_attn *g);
  * cuk_attention_mma_ok. */
 cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
                               const void *vc, const int *table, const struct cuk_attn *g,
-                              int n_splits, float *ws, unsigned *cnt);
+                              int n_splits, float *ws, unsigned *cnt, int n_sms);
 /* Its key splits for g (g->n queries over kv_len keys): 1 unless its
- * blocks would leave multiprocessors idle; at most 32. */
+ * blocks would leave multiprocessors idle; at most 32. n_sms, the
+ * device's multiprocessors, also picks the block shape (a long chunk's
+ * blocks take twice the rows: attention_mma.cu's k_attention_mma2), so
+ * both calls for one launch pass the same (<= 0: the smaller blocks). */
 int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
 
 /* Decode on tensor cores (bf16 cache): one block per (sequence, KV head,
