@@ -14,7 +14,6 @@
  * same order as the bf16 cache itself; an f32 cache (CLLM_KV_DTYPE=f32,
  * CLLM_CUDA_PRECISE) never comes here. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -623,20 +622,14 @@ extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
  * has at least 8 blocks for every multiprocessor (a long chunk, where
  * attention is most of the work: measured faster at 32K tokens, not yet
  * at 4K, which this leaves out for an 8B model), else k_attention_mma's
- * AM_ROWS (n_sms <= 0: always). CLLM_CUDA_PF_MT=1 or 2 forces one (a
- * test lever). */
-static int mma_rows(const struct cuk_attn *g, int n_sms)
+ * AM_ROWS; g->pf_mt 1 or 2 picks one. */
+static int mma_rows(const struct cuk_attn *g)
 {
-    static int force = -1;
-    if (force < 0) {
-        const char *v = getenv("CLLM_CUDA_PF_MT");
-        force = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 0;
-    }
-    if (force)
-        return force == 2 ? AM2_ROWS : AM_ROWS;
+    if (g->pf_mt)
+        return g->pf_mt == 2 ? AM2_ROWS : AM_ROWS;
     int G = g->n_heads / g->n_kv_heads, bq = AM2_ROWS / G;
     long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
-    return n_sms > 0 && blocks >= 8L * n_sms ? AM2_ROWS : AM_ROWS;
+    return g->n_sms > 0 && blocks >= 8L * g->n_sms ? AM2_ROWS : AM_ROWS;
 }
 
 template <int HD>
@@ -669,7 +662,7 @@ extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, in
 {
     if (!cuk_attention_mma_ok(g))
         return 1;
-    int G = g->n_heads / g->n_kv_heads, bq = mma_rows(g, n_sms) / G;
+    int G = g->n_heads / g->n_kv_heads, bq = mma_rows(g) / G;
     long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
     if (blocks >= n_sms)
         return 1;
@@ -682,12 +675,12 @@ extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, in
 extern "C" cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q,
                                          const void *kc, const void *vc, const int *table,
                                          const struct cuk_attn *g, int n_splits, float *ws,
-                                         unsigned *cnt, int n_sms)
+                                         unsigned *cnt)
 {
     if (!cuk_attention_mma_ok(g) || n_splits < 1 || n_splits > AM_MMA_MAX_SPLITS ||
         (n_splits > 1 && (!ws || !cnt)))
         return cudaErrorInvalidValue;
-    const int rows = mma_rows(g, n_sms);
+    const int rows = mma_rows(g);
     if (g->head_dim == 64)
         return launch_mma<64>(s, out, q, (const uint16_t *)kc, (const uint16_t *)vc, table, g,
                               n_splits, ws, cnt, rows);

@@ -376,7 +376,7 @@ extern "C" cudaError_t cuk_attention_tiled(cudaStream_t s, float *out, const flo
     if (!cuk_attention_tiled_ok(g))
         return cudaErrorInvalidValue;
     if (cuk_attention_mma_ok(g))
-        return cuk_attention_mma(s, out, q, kc, vc, table, g, 1, nullptr, nullptr, 0);
+        return cuk_attention_mma(s, out, q, kc, vc, table, g, 1, nullptr, nullptr);
     if (g->head_dim == 64)
         return g->kv_bf16 ? launch_tiled_hd<64>(s, out, q, (const uint16_t *)kc,
                                                 (const uint16_t *)vc, table, g)

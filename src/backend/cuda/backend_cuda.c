@@ -404,7 +404,7 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb;
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -423,7 +423,8 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_TC_CTAS", 1, 2, &l->tc_ctas, e) < 0 ||
         env_long("CLLM_CUDA_TC_SMEM", 1, 227 * 1024, &l->tc_smem, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
-        env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0)
+        env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0 ||
+        env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -533,6 +534,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->half_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);
+    c->att_pf_mt = (int)lv.pf_mt; /* tests: the prefill attention's block rows */
     /* measurement: decode attention blocks per SM */
     c->dec_blocks = c->n_sms * (lv.dec_bps ? (int)lv.dec_bps : CUK_DEC_BLOCKS_PER_SM);
     cuk_set_pdl(hopper && env_flag("CLLM_CUDA_PDL", true));

@@ -153,6 +153,7 @@ static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_p
     g.n_sms = c->n_sms;
     g.rows_per_warp = c->att_rpw;
     g.mma = c->att_mma;
+    g.pf_mt = c->att_pf_mt;
     g.kv_bf16 = pool->dtype == DT_BF16;
     g.n = n;
     g.pos0 = pos0;
@@ -294,7 +295,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
                                           splits, ws, cnt, rope, dn)
                   : pre ? cuk_attention_mma(c->stream, out, q, pool->k, pool->v, tab, &g, splits,
-                                            ws, cnt, c->n_sms)
+                                            ws, cnt)
                       : cuk_attention(c->stream, out, q, pool->k, pool->v, tab, &g, dpos, splits,
                                       ws, cnt)))
         return sticky(c, e);
@@ -583,7 +584,7 @@ int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *
                       cuk_attention_mma_ok(&gs)
                           ? cuk_attention_mma(c->stream, out + (size_t)b.row0 * qd,
                                               q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
-                                              &gs, b.splits, ws, cnt, c->n_sms)
+                                              &gs, b.splits, ws, cnt)
                           : cuk_attention_tiled(c->stream, out + (size_t)b.row0 * qd,
                                                 q + (size_t)b.row0 * qd, pool->k, pool->v, tab,
                                                 &gs)))

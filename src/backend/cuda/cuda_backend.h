@@ -45,6 +45,9 @@ struct cuk_attn {
     /* 1: attention over a bf16 cache may run on tensor cores
      * (cuk_attention_mma_ok, cuk_attention_dec_rows are 0 without it) */
     int mma;
+    /* the tensor-core prefill kernel's 16-row slices a warp: 1 or 2 (a
+     * test lever), 0: 2 for a long chunk (cuk_attention_mma) */
+    int pf_mt;
 };
 
 /* Process-wide: launch kernels with programmatic dependent launch (on by
@@ -130,12 +133,11 @@ int cuk_attention_mma_ok(const struct cuk_attn *g);
  * cuk_attention_mma_ok. */
 cudaError_t cuk_attention_mma(cudaStream_t s, float *out, const float *q, const void *kc,
                               const void *vc, const int *table, const struct cuk_attn *g,
-                              int n_splits, float *ws, unsigned *cnt, int n_sms);
+                              int n_splits, float *ws, unsigned *cnt);
 /* Its key splits for g (g->n queries over kv_len keys): 1 unless its
- * blocks would leave multiprocessors idle; at most 32. n_sms, the
- * device's multiprocessors, also picks the block shape (a long chunk's
- * blocks take twice the rows: attention_mma.cu's k_attention_mma2), so
- * both calls for one launch pass the same (<= 0: the smaller blocks). */
+ * blocks would leave multiprocessors idle; at most 32. Both take the
+ * block shape from g (g->pf_mt, and g->n_sms for a long chunk, whose
+ * blocks take twice the rows: attention_mma.cu's k_attention_mma2). */
 int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
 
 /* Decode on tensor cores (bf16 cache): one block per (sequence, KV head,

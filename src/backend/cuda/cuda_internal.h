@@ -163,6 +163,7 @@ struct cuda_backend {
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
+    int att_pf_mt;     /* its blocks' 16-row slices a warp (CLLM_CUDA_PF_MT; 0: by length) */
     int dec_blocks;    /* decode attention blocks the GPU runs at once (key splits) */
     struct pinned up_ids, up_tab, up_bat, up_smp; /* staging of ids, block table, batch
                                                    * metadata, sampling parameters */
