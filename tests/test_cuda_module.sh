@@ -34,7 +34,7 @@ fi
 
 # 2b. A numeric CUDA lever set to what it cannot take is refused by name,
 #     before the device is looked for, so with or without a GPU.
-for lv in CLLM_CUDA_DEC_BPS=9 CLLM_CUDA_GEMV_MAX=8x CLLM_CUDA_MMA_KS=3 CLLM_CUDA_STAGE_COLS=300; do
+for lv in CLLM_CUDA_DEC_BPS=9 CLLM_CUDA_GEMV_MAX=8x CLLM_CUDA_MMA_KS=3 CLLM_CUDA_STAGE_COLS=300 CLLM_CUDA_PF_MT=3; do
     env "$lv" "$CLLM" run "$MODEL" -p Zoo -n 2 --temp 0 --device cuda >/dev/null 2>"$tmp/err"; rc=$?
     check '[ $rc -ne 0 ] && grep -q "${lv%%=*}=\"${lv#*=}\": needs" "$tmp/err"' "$lv: $(cat "$tmp/err")"
 done
