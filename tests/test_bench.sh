@@ -57,6 +57,23 @@ check 'pos "$v" && [[ "$v" =~ ^$num$ ]]' "measured bandwidth: '$(grep ^bandwidth
 check '! grep -q "^batch" "$tmp/out"' "batch rows without --batch"
 check 'grep -qE "^decode  tg8 .*floor +$num tok/s" "$tmp/out"' "decode floor with measured bandwidth"
 
+# 2b. Prefill compute: stories260K (dim 64, 5 layers, 8 heads of 8, 4 KV
+#     heads, hidden 172, vocab 512) at 32 tokens: per layer q, k, v, o
+#     64x64 + 2x32x64 + 64x64 and gate, up, down 3x172x64 = 45,312 weights,
+#     x 5 layers x 2 = 453,120 FLOPs; the LM head 2x512x64 / 32 = 2,048;
+#     attention 4 x 5 layers x 8 heads x 8 dims x (32 x 33 / 2 keys) / 32 =
+#     21,120: 476,288 a token, 95.6 % matrices. --peak-tflops 0.001 (1e9
+#     FLOP/s) makes the prefill floor 1e9 / 476,288 = 2099.6 tok/s.
+"$CLLM" bench "$MODEL" -p 32 -n 4 -t 2 --bandwidth 20 --peak-tflops 0.001 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check '[ $rc -eq 0 ]' "bench --peak-tflops failed: $(cat "$tmp/err")"
+check 'grep -q "^compute:    0.476 MFLOP a prefill token (matrices 95.6%, attention 4.4%); prefill floor = 0.001 TFLOP/s (--peak-tflops) / that$" "$tmp/out"' \
+    "compute line: '$(grep ^compute "$tmp/out")'"
+v=$(field "^prefill p32 " "s/^prefill p32 +$num tok\/s +($num) TFLOP\/s.*/\1/")
+check '[[ "$v" =~ ^$num$ ]]' "prefill TFLOP/s: '$(grep ^prefill "$tmp/out")'"
+v=$(field "^prefill p32 " "s/.*floor +($num) tok\/s +$num%$/\1/")
+check '[ "$v" = 2099.6 ]' "prefill floor: '$(grep ^prefill "$tmp/out")'"
+
 # 3. Sampled decoding (--temp): the header says so, the rows carry speeds;
 #    without it the header says greedy (section 2's output).
 check 'grep -q "^decoding:   greedy$" "$tmp/out"' "no 'decoding: greedy' line"
@@ -87,6 +104,8 @@ expect_err "--batch" "$CLLM" bench "$MODEL" --batch " 4"
 expect_err "-p" "$CLLM" bench "$MODEL" -p 0
 expect_err "-n" "$CLLM" bench "$MODEL" -n abc
 expect_err "--bandwidth" "$CLLM" bench "$MODEL" --bandwidth -3
+expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops 0
+expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops x
 expect_err "/nonexistent/model" "$CLLM" bench /nonexistent/model
 expect_err "exceeds the model's context" "$CLLM" bench "$MODEL" -p 500 -n 100
 expect_err "unknown option --bogus" "$CLLM" bench "$MODEL" --bogus

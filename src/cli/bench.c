@@ -38,6 +38,7 @@ struct bench_opts {
     int n_draft;        /* --num-draft-tokens (default 3) */
     float draft_p_min;  /* --draft-p-min (default 0: off) */
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
+    double peak_flops; /* FLOP/s from --peak-tflops; 0: no prefill floor */
     struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
 };
 
@@ -71,6 +72,9 @@ static void bench_usage(FILE *f)
             "                           two, 8..256; default the engine's, 16)\n"
             "  --bandwidth GBPS         memory bandwidth for the floor in GB/s (default:\n"
             "                           measured on the device)\n"
+            "  --peak-tflops T          the device's matmul peak in TFLOP/s: prefill gets a\n"
+            "                           floor too (FLOPs a token / peak; default none, the\n"
+            "                           prefill row shows the TFLOP/s it reached)\n"
             "  --temp T                 decode by sampling at temperature T (default 0:\n"
             "                           greedy); with --top-k K, --top-p P, --min-p M and\n"
             "                           --seed S as for cllm run (on a GPU the draw is made\n"
@@ -167,6 +171,15 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
                 return -1;
             }
             o->bandwidth = x * 1e9;
+        } else if (!strcmp(a, "--peak-tflops")) {
+            char *end;
+            double x = v ? strtod(v, &end) : 0;
+            if (!v || *end || end == v || !(x > 0 && x < 1e6)) {
+                fprintf(stderr, "cllm bench: --peak-tflops needs a positive number of TFLOP/s "
+                                "(got \"%s\")\n", v ? v : "");
+                return -1;
+            }
+            o->peak_flops = x * 1e12;
         } else {
             takes = 0;
             if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -285,6 +298,28 @@ static double percentile(const double *v, int n, double p)
 static double floor_tps(double bw, double weight_bytes, double kv_bytes_ctx, int s)
 {
     return bw > 0 ? s * bw / (weight_bytes + s * kv_bytes_ctx) : 0;
+}
+
+/* FLOPs a token of a P-token prefill (a multiply-add is 2), split into the
+ * layer matrices' (each once a token) and the attention's (QK^T and PV
+ * over the keys each query sees: i + 1 for position i, capped by a sliding
+ * window; n_heads query heads whatever the KV heads); the LM head counts
+ * once, for the prompt's last token. */
+static void prefill_flops(const struct model *m, int P, double *mats, double *attn)
+{
+    double elems = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        const struct tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (tensor_present(ts[i]))
+                elems += (double)ts[i]->rows * (double)ts[i]->cols;
+    }
+    const struct model_config *c = &m->cfg;
+    const double W = c->sliding_window > 0 && c->sliding_window < P ? c->sliding_window : P;
+    const double keys = W * (W + 1) / 2 + ((double)P - W) * W; /* summed over the positions */
+    *mats = 2 * elems + 2.0 * m->lm_head.rows * m->lm_head.cols / P;
+    *attn = 4.0 * c->n_layers * c->n_heads * c->head_dim * keys / P;
 }
 
 static void print_floor(double tps, double floor)
@@ -699,6 +734,9 @@ int cmd_bench(int argc, char **argv)
     if (c->sliding_window > 0 && ctx > c->sliding_window)
         ctx = c->sliding_window;
     double kv_ctx = sr.kv_bytes_per_token * ctx;
+    double fl_mats, fl_attn;
+    prefill_flops(&m, P, &fl_mats, &fl_attn);
+    const double fl = fl_mats + fl_attn;
     char dts[160];
     dtype_summary(&m, dts, sizeof dts);
 
@@ -715,6 +753,13 @@ int cmd_bench(int argc, char **argv)
     else
         printf("bandwidth:  unknown (%s); no floor (give --bandwidth GBPS)\n", sr.bw_err);
     printf("floor:      S x bandwidth / (weight bytes + S x KV bytes at the mean context), S streams\n");
+    printf("compute:    %.3f %s a prefill token (matrices %.1f%%, attention %.1f%%)",
+           fl >= 1e9 ? fl / 1e9 : fl / 1e6, fl >= 1e9 ? "GFLOP" : "MFLOP", 100 * fl_mats / fl,
+           100 * fl_attn / fl);
+    if (o.peak_flops > 0)
+        printf("; prefill floor = %g TFLOP/s (--peak-tflops) / that\n", o.peak_flops / 1e12);
+    else
+        printf("\n");
     if (o.n_batch)
         printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, P+S),\n"
                "            distinct prompts, no prompt cache; agg = tokens produced while all S\n"
@@ -727,7 +772,15 @@ int cmd_bench(int argc, char **argv)
         printf("decoding:   greedy\n");
     printf("runs:       %d rep%s, median\n\n", o.reps, o.reps > 1 ? "s" : "");
 
-    printf("prefill p%-6d    %10.1f tok/s\n", P, sr.prefill_tps);
+    /* the floor in the decode row's column */
+    printf("prefill p%-6d    %10.1f tok/s %9.2f TFLOP/s", P, sr.prefill_tps,
+           sr.prefill_tps * fl / 1e12);
+    if (o.peak_flops > 0) {
+        printf("%*s", 36, "");
+        print_floor(sr.prefill_tps, o.peak_flops / fl);
+    } else {
+        printf("\n");
+    }
     printf("decode  tg%-5d    %10.1f tok/s%*s", N, sr.decode_tps, 54, "");
     print_floor(sr.decode_tps, floor_tps(sr.bandwidth, wb, kv_ctx, 1));
     fflush(stdout);
