@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_bench.sh - `cllm bench` end to end on the CPU with the llama2.c sample
 # model: the prefill, decode and --batch rows carry positive speeds and
-# floors, sampled decoding (--temp) is reported as such, the CPU backend's
+# floors, the FLOPs a prefill token costs match the model worked by hand
+# (and --peak-tflops's prefill floor), sampled decoding (--temp) is
+# reported as such, the CPU backend's
 # bandwidth measurement runs when --bandwidth is absent, and bad input gives
 # one line naming the flag and exit 2. Speeds are
 # not compared with anything (the host is shared). Usage: test_bench.sh
