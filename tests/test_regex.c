@@ -168,6 +168,7 @@ int main(void)
     refused("a{2000}", "over 1000");
     refused("\\p{L}", "\\p");
     refused("(a*)*", "can match nothing");
+    refused("()()*", "can match nothing"); /* fuzz_grammar's first finding, as it came */
     refused("()+", "can match nothing");
     refused("(a|)*b", "can match nothing");
     refused("(a?){2,}", "can match nothing");
