@@ -9,7 +9,8 @@
 #   3. benchmarks (random-weight models made by gen_model): prefill of a
 #      512-token prompt and batch-1 decode, with --device cuda, then the
 #      aggregate decode of BATCH (default 8,32,64; 0 skips) streams of 512
-#      + 128 tokens (cllm bench --batch),
+#      + 128 tokens (cllm bench --batch), and one LONG-token (32768)
+#      prefill with its TFLOP/s against the H200's 764 peak,
 #   4. compute-sanitizer (memcheck, racecheck) on short runs.
 # TESTS=0 skips 1-2 (2 includes CPU vs CUDA greedy ids on CROSS_SHAPES,
 # random-weight gen_model shapes), SANITIZE=0 skips 4, EAGER=0 times only the default
@@ -240,6 +241,12 @@ for shape in $SHAPES; do
         cat "$WORK/bench.log"
         note "bench $shape bf16 cuda $mode (--warmup, pp512 + tg128): $line"
     done
+    # a long prompt (LONG tokens, 0 skips), where the prefill is mostly
+    # attention, against the H200's measured cuBLAS bf16 peak
+    if [ "${LONG:-32768}" != 0 ]; then
+        line=$(timeout 180 "$BIN/cllm" bench "$f" --device cuda -p "${LONG:-32768}" -n 4 --peak-tflops 764 2>&1 | grep -E "^(compute|prefill)" | tr -s ' ' | paste -sd ';')
+        note "bench $shape bf16 cuda, one ${LONG:-32768}-token prefill: ${line:-no result}"
+    fi
     # the issue's fourth target: S independent sequences of 512 + 128
     # tokens, aggregate decode tok/s while all S decode
     if [ "${BATCH:-8,32,64}" != 0 ]; then
