@@ -42,6 +42,20 @@ struct bench_opts {
     struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
 };
 
+/* A flag's positive number (under 1e6) of unit, times scale into *out. */
+static int parse_rate(const char *flag, const char *v, const char *unit, double scale, double *out)
+{
+    char *end;
+    double x = v ? strtod(v, &end) : 0;
+    if (!v || *end || end == v || !(x > 0 && x < 1e6)) {
+        fprintf(stderr, "cllm bench: %s needs a positive number of %s (got \"%s\")\n", flag, unit,
+                v ? v : "");
+        return -1;
+    }
+    *out = x * scale;
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -162,25 +176,9 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "--temp")) rc = cli_parse_float("cllm bench", a, v, &o->sp.temperature);
         else if (!strcmp(a, "--top-p")) rc = cli_parse_float("cllm bench", a, v, &o->sp.top_p);
         else if (!strcmp(a, "--min-p")) rc = cli_parse_float("cllm bench", a, v, &o->sp.min_p);
-        else if (!strcmp(a, "--bandwidth")) {
-            char *end;
-            double x = v ? strtod(v, &end) : 0;
-            if (!v || *end || end == v || !(x > 0 && x < 1e6)) {
-                fprintf(stderr, "cllm bench: --bandwidth needs a positive number of GB/s (got "
-                                "\"%s\")\n", v ? v : "");
-                return -1;
-            }
-            o->bandwidth = x * 1e9;
-        } else if (!strcmp(a, "--peak-tflops")) {
-            char *end;
-            double x = v ? strtod(v, &end) : 0;
-            if (!v || *end || end == v || !(x > 0 && x < 1e6)) {
-                fprintf(stderr, "cllm bench: --peak-tflops needs a positive number of TFLOP/s "
-                                "(got \"%s\")\n", v ? v : "");
-                return -1;
-            }
-            o->peak_flops = x * 1e12;
-        } else {
+        else if (!strcmp(a, "--bandwidth")) rc = parse_rate(a, v, "GB/s", 1e9, &o->bandwidth);
+        else if (!strcmp(a, "--peak-tflops")) rc = parse_rate(a, v, "TFLOP/s", 1e12, &o->peak_flops);
+        else {
             takes = 0;
             if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
                 bench_usage(stdout);
