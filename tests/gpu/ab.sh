@@ -17,7 +17,8 @@
 #   SHOW: an extended regex of further output lines to print (a probe
 #   build's report: SHOW='probe|^  ').
 # Prints one line per run ("shape variant decode tok/s [batch lines]") and
-# a summary per shape: each variant's mean decode tok/s. A probe build
+# a summary per shape: each variant's mean decode tok/s; METRIC=prefill
+# compares the prefill row instead (e.g. ARGS="-p 32768 -n 4"). A probe build
 # (tests/gpu/pack.sh with PROBES=1) is a variant like any other:
 #   tests/gpu/ab.sh .carry/bin gemv=.carry/probe/gemv.so.gz
 set -uo pipefail
@@ -61,9 +62,9 @@ for shape in $SHAPES; do
         for i in "${!names[@]}"; do
             # shellcheck disable=SC2086
             out=$(env ${envs[$i]//,/ } timeout 300 "${dirs[$i]}/cllm" bench "$f" --device cuda $ARGS 2>&1)
-            dec=$(echo "$out" | awk '/^decode/ {print $3; exit}')
+            dec=$(echo "$out" | awk -v m="${METRIC:-decode}" '$1 == m {print $3; exit}')
             bat=$(echo "$out" | awk '/^batch/ {printf " | batch %s %s", $2, $4}')
-            echo "$shape ${names[$i]} decode ${dec:-FAILED}$bat"
+            echo "$shape ${names[$i]} ${METRIC:-decode} ${dec:-FAILED}$bat"
             [ -n "${SHOW:-}" ] && echo "$out" | grep -E "$SHOW"
             if [ -n "$dec" ]; then
                 k="$shape ${names[$i]}"
@@ -73,7 +74,7 @@ for shape in $SHAPES; do
         done
     done
 done
-echo "== mean decode tok/s"
+echo "== mean ${METRIC:-decode} tok/s"
 for shape in $SHAPES; do
     line="$shape:"
     for n in "${names[@]}"; do
