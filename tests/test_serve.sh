@@ -582,8 +582,10 @@ else
 
         # SIGTERM: stop accepting, finish the request in flight, exit 0
         # (long enough that the SIGTERM below always finds it running,
-        # however slowly a loaded machine polls /stats)
-        curl -s -m 60 -o "$tmp/drain" "$B2/v1/chat/completions" \
+        # however slowly a loaded machine polls /stats; curl waits as long
+        # as an ASan build on a loaded machine needs for its 3000 tokens,
+        # which took it past 60 s)
+        curl -s -m 600 -o "$tmp/drain" "$B2/v1/chat/completions" \
             -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":3000,"ignore_eos":true,"temperature":0}' &
         cpid=$!
         wait_stats "$B2" '.running == 1' 10
