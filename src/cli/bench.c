@@ -244,9 +244,9 @@ static void dtype_summary(const struct model *m, char *out, size_t cap)
     size_t by[DT_COUNT] = {0}, total = 0;
     by[m->lm_head.dtype] += tensor_bytes(&m->lm_head);
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        const struct layer_weights *w = &m->layers[l];
-        const struct tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        const struct tensor *ts[LAYER_MATRICES];
+        layer_matrices(&m->layers[l], ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
             by[ts[i]->dtype] += tensor_bytes(ts[i]);
     }
     for (int d = 0; d < DT_COUNT; d++)
@@ -307,9 +307,9 @@ static void prefill_flops(const struct model *m, int P, double *mats, double *at
 {
     double elems = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        const struct layer_weights *w = &m->layers[l];
-        const struct tensor *ts[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        const struct tensor *ts[LAYER_MATRICES];
+        layer_matrices(&m->layers[l], ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
             if (tensor_present(ts[i]))
                 elems += (double)ts[i]->rows * (double)ts[i]->cols;
     }

@@ -206,14 +206,21 @@ static size_t tensor_bytes(const struct tensor *t)
     return t->data ? dtype_row_bytes(t->dtype, t->cols) * (size_t)t->rows : 0;
 }
 
+void layer_matrices(const struct layer_weights *w, const struct tensor *out[LAYER_MATRICES])
+{
+    const struct tensor *ts[LAYER_MATRICES] = {&w->wq,     &w->wk,   &w->wv,    &w->wo,
+                                               &w->w_gate, &w->w_up, &w->w_down};
+    memcpy(out, ts, sizeof ts);
+}
+
 size_t model_weight_bytes_per_token(const struct model *m)
 {
     size_t b = tensor_bytes(&m->lm_head);
     for (int l = 0; l < m->cfg.n_layers; l++) {
-        const struct layer_weights *w = &m->layers[l];
-        b += tensor_bytes(&w->wq) + tensor_bytes(&w->wk) + tensor_bytes(&w->wv) +
-             tensor_bytes(&w->wo) + tensor_bytes(&w->w_gate) + tensor_bytes(&w->w_up) +
-             tensor_bytes(&w->w_down);
+        const struct tensor *ts[LAYER_MATRICES];
+        layer_matrices(&m->layers[l], ts);
+        for (int i = 0; i < LAYER_MATRICES; i++)
+            b += tensor_bytes(ts[i]);
     }
     return b;
 }

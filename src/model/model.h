@@ -93,6 +93,11 @@ int model_config_parse_hf(struct model_config *c, const char *json_path, struct 
 /* Bytes read from weights per generated token (all matrices incl. lm_head). */
 size_t model_weight_bytes_per_token(const struct model *m);
 
+/* A layer's matrices, q, k, v, o, gate, up, down in that order (a model
+ * without one leaves its tensor empty: tensor_present says so). */
+#define LAYER_MATRICES 7
+void layer_matrices(const struct layer_weights *w, const struct tensor *out[LAYER_MATRICES]);
+
 /* Internal to model/: maps file read-only; fails naming the file when it
  * cannot be opened, is not a regular file, or is under min_size bytes
  * ("<file>: <what> (<n> bytes)"). */
