@@ -27,6 +27,9 @@ static const char *engine_lane(const struct server *srv)
     return !srv->cfg->batch.set || srv->cfg->batch.v > 1 ? "batched" : "serial";
 }
 
+/* Whether answers carry usage.speculation: the server speculates. */
+static bool speculating(const struct server *srv) { return srv->cfg->draft_kind != NULL; }
+
 /* OpenAI's usage, and the spec's lane and (with speculation on) speculation:
  * the request's verify steps, drafts fed and drafts kept. */
 static json_t *usage_json(const struct gen_result *res, const char *lane, bool spec)
@@ -245,7 +248,7 @@ static void stream_one(struct server *srv, const json_t *req, const struct chat_
     o->chat = chat;
     o->include_usage = include_usage;
     o->lane = engine_lane(srv);
-    o->spec = srv->cfg->draft_kind != NULL;
+    o->spec = speculating(srv);
     rp->status = 200;
     rp->stream = stream_new(srv, g, &oai_ops, o);
     if (!rp->stream) {
@@ -342,7 +345,7 @@ static void collect_many(struct server *srv, const json_t *req, const struct cha
                          chat ? "chat.completion" : "text_completion", "created",
                          (json_int_t)time(NULL), "model", reply_model_name(srv, req), "choices",
                          choices, "usage",
-                         usage_json(&sum, engine_lane(srv), srv->cfg->draft_kind != NULL));
+                         usage_json(&sum, engine_lane(srv), speculating(srv)));
     if (chat && rp->body)
         json_object_set_new(rp->body, "system_fingerprint", json_string("cllm"));
 out:
