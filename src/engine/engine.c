@@ -668,11 +668,10 @@ static int spec_step(struct engine *eng, struct seq *s)
         pthread_mutex_lock(&eng->mu);
         eng->st.draft_computed = ds.computed;
         eng->st.draft_cached = ds.cached;
+        if (k < 0)
+            snprintf(eng->st.spec_error, sizeof eng->st.spec_error, "%s", e.msg);
         pthread_mutex_unlock(&eng->mu);
         if (k < 0) { /* the request goes on without drafts, and so do later ones */
-            pthread_mutex_lock(&eng->mu);
-            snprintf(eng->st.spec_error, sizeof eng->st.spec_error, "%s", e.msg);
-            pthread_mutex_unlock(&eng->mu);
             fprintf(stderr, "cllm: speculation off: %s\n", e.msg);
             eng->cfg.spec_draft = 0;
             return 0;
