@@ -29,7 +29,8 @@ field() { # args: line pattern, sed expression -> the number it captures
 rc=$?
 check '[ $rc -eq 0 ]' "bench --batch 1,4 failed: $(cat "$tmp/err")"
 check 'grep -q "^bandwidth: *20.0 GB/s (--bandwidth)" "$tmp/out"' "no --bandwidth line: $(cat "$tmp/out")"
-check 'grep -q "prefill_chunk 32, batch_tokens max(2048, P+S)" "$tmp/out"' "engine settings not in the header"
+check 'grep -q "prefill_chunk 32, batch_tokens max(2048, C+S)" "$tmp/out"' "engine settings not in the header"
+check '! grep -q "^prefill:" "$tmp/out"' "a chunk line without --prefill-chunk"
 v=$(field "^prefill p32 " "s/^prefill p32 +($num) tok\/s.*/\1/")
 check 'pos "$v"' "prefill row: '$(grep prefill "$tmp/out")'"
 v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
@@ -76,6 +77,18 @@ check '[[ "$v" =~ ^$num$ ]]' "prefill TFLOP/s: '$(grep ^prefill "$tmp/out")'"
 v=$(field "^prefill p32 " "s/.*floor +($num) tok\/s +$num%$/\1/")
 check '[ "$v" = 2099.6 ]' "prefill floor: '$(grep ^prefill "$tmp/out")'"
 
+# 2c. --prefill-chunk: the prompt in passes of C tokens, said in the header
+#     (the engine's too); a chunk past the prompt is the prompt.
+"$CLLM" bench "$MODEL" -p 40 -n 4 -t 2 --bandwidth 20 --prefill-chunk 16 --batch 2 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check '[ $rc -eq 0 ]' "bench --prefill-chunk failed: $(cat "$tmp/err")"
+check 'grep -q "^prefill:    in passes of 16 tokens (--prefill-chunk)$" "$tmp/out"' "chunk line: $(cat "$tmp/out")"
+check 'grep -q "prefill_chunk 16, batch_tokens" "$tmp/out"' "engine chunk: $(grep ^batch: "$tmp/out")"
+v=$(field "^prefill p40 " "s/^prefill p40 +($num) tok\/s.*/\1/")
+check 'pos "$v"' "chunked prefill row: '$(grep ^prefill "$tmp/out")'"
+"$CLLM" bench "$MODEL" -p 16 -n 4 -t 2 --bandwidth 20 --prefill-chunk 64 >"$tmp/out" 2>"$tmp/err"
+check '[ $? -eq 0 ] && ! grep -q "^prefill:" "$tmp/out"' "a chunk past the prompt: $(cat "$tmp/out" "$tmp/err")"
+
 # 3. Sampled decoding (--temp): the header says so, the rows carry speeds;
 #    without it the header says greedy (section 2's output).
 check 'grep -q "^decoding:   greedy$" "$tmp/out"' "no 'decoding: greedy' line"
@@ -105,6 +118,7 @@ expect_err "--batch" "$CLLM" bench "$MODEL" --batch 1,
 expect_err "--batch" "$CLLM" bench "$MODEL" --batch " 4"
 expect_err "-p" "$CLLM" bench "$MODEL" -p 0
 expect_err "-n" "$CLLM" bench "$MODEL" -n abc
+expect_err "--prefill-chunk" "$CLLM" bench "$MODEL" --prefill-chunk 0
 expect_err "--bandwidth" "$CLLM" bench "$MODEL" --bandwidth -3
 expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops 0
 expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops x

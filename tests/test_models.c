@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/gguf.h"
@@ -232,12 +233,80 @@ static void check_fixture(const char *dir, const char *name)
     check_gguf_oracle(dir, name);
 }
 
+/* forward_init_rows: a state with logits for fewer rows than tokens gives
+ * every row's logits in passes of that many rows, the same as one pass
+ * (within the CPU kernels' rounding, which differs with the row count:
+ * 4e-5 relative here; a row in the wrong place would be off by O(1)) and
+ * the same greedy pick of each row, and refuses a step that
+ * wants more rows, and rows past its tokens, with a message. */
+static void check_logit_rows(const char *model_dir)
+{
+    struct runner r;
+    if (cpu_runner(&r, model_dir, 2, 32))
+        return;
+    enum { N = 20, ROWS = 6 };
+    int prompt[N];
+    for (int i = 0; i < N; i++)
+        prompt[i] = 1 + (i * 37) % (r.m.cfg.vocab_size - 1);
+    float *one = runner_logits(&r, prompt, N);
+    struct forward_state fs;
+    struct err e = {{0}};
+    CHECK(forward_init_rows(&fs, &r.m, r.be, 8, 9, &e) != 0 && strstr(e.msg, "logits for 9 rows"),
+          "logit rows past the tokens refused: '%s'", e.msg);
+    int rc = forward_init_rows(&fs, &r.m, r.be, 32, ROWS, &e);
+    CHECK(rc == 0, "forward_init_rows: %s", e.msg);
+    size_t V = (size_t)r.m.cfg.vocab_size;
+    float *rows = malloc(sizeof(float) * N * V);
+    if (rc == 0 && one && rows) {
+        struct kv_seq seq = {0};
+        rc = forward_tokens(&fs, &r.pool, &seq, prompt, N, true, rows, &e);
+        CHECK(rc == 0, "all logits in passes of %d rows: %s", ROWS, e.msg);
+        kv_seq_release(&r.pool, &seq);
+        double worst = 0;
+        for (size_t i = 0; rc == 0 && i < N * V; i++) {
+            double d = fabs((double)rows[i] - one[i]) / (fabs((double)one[i]) + 1e-3);
+            worst = d > worst ? d : worst;
+        }
+        int same = 0;
+        for (int i = 0; rc == 0 && i < N; i++)
+            same += argmax_f32(rows + i * V, (int)V) == argmax_f32(one + i * V, (int)V);
+        CHECK(same == N, "greedy picks of passes of %d rows: %d of %d the same", ROWS, same, N);
+        CHECK(rc == 0 && worst < 1e-3, "passes of %d rows against one pass: %g relative", ROWS,
+              worst);
+        int ids[N];
+        seq = (struct kv_seq){0};
+        e.msg[0] = 0;
+        CHECK(forward_tokens_argmax(&fs, &r.pool, &seq, prompt, ROWS + 1, rows, ids, &e) != 0 &&
+                  strstr(e.msg, "1..6"),
+              "a pick of every row of %d refused: '%s'", ROWS + 1, e.msg);
+        kv_seq_release(&r.pool, &seq);
+        /* more rows with logits than the state holds, in one step */
+        struct kv_seq seqs[ROWS + 1] = {{0}};
+        struct forward_seg segs[ROWS + 1];
+        for (int s = 0; s <= ROWS; s++)
+            segs[s] = (struct forward_seg){.seq = &seqs[s], .tokens = prompt + s, .n = 1,
+                                           .logits = true};
+        e.msg[0] = 0;
+        CHECK(forward_batch(&fs, &r.pool, segs, ROWS + 1, rows, &e) != 0 &&
+                  strstr(e.msg, "logits of 7 rows in one step, at most 6"),
+              "a step of %d rows with logits refused: '%s'", ROWS + 1, e.msg);
+        for (int s = 0; s <= ROWS; s++)
+            kv_seq_release(&r.pool, &seqs[s]);
+    }
+    if (rc == 0)
+        forward_free(&fs);
+    free(rows);
+    free(one);
+    runner_close(&r);
+}
+
 int main(void)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
     check_expected_greedy(path, 1);
     check_expected_greedy(path, 2);
+    check_logit_rows(path);
     snprintf(path, sizeof path, "%s/models/tinystories-656k", CLLM_SHARED_DIR);
     check_expected_greedy(path, 2);
 

@@ -32,6 +32,7 @@
 struct bench_opts {
     const char *model, *device;
     int threads, n_prompt, n_gen, reps;
+    int prefill_chunk; /* --prefill-chunk: tokens per prefill forward (0: the whole prompt) */
     int kv_block; /* --kv-block-size for the batched runs (0: the engine's default) */
     int batch[MAX_BATCHES], n_batch;
     const char *draft;  /* --draft-model: also decode one stream speculatively */
@@ -77,6 +78,8 @@ static void bench_usage(FILE *f)
             "  -p, --prompt-tokens P    prompt length (default 512); prefill is one forward\n"
             "                           pass over all P tokens\n"
             "  -n, --n-predict N        tokens to decode after the prompt (default 128)\n"
+            "  --prefill-chunk C        prefill in forward passes of at most C tokens, as\n"
+            "                           cllm serve --prefill-chunk does (default: P, one pass)\n"
             "  --batch S,S,...          also run S concurrent streams (P-token prompts, N\n"
             "                           tokens each) through the batching engine and report\n"
             "                           aggregate decode tok/s while all S decode, and TTFT\n"
@@ -149,6 +152,7 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) rc = parse_int(a, v, 1, 1 << 24, &o->n_gen);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--reps")) rc = parse_int(a, v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "--prefill-chunk")) rc = parse_int(a, v, 1, 1 << 24, &o->prefill_chunk);
         else if (!strcmp(a, "--kv-block-size")) {
             rc = parse_int(a, v, 8, 256, &o->kv_block);
             if (!rc && (o->kv_block & (o->kv_block - 1))) {
@@ -207,6 +211,8 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
         fprintf(stderr, "cllm bench: no model given (cllm bench <model> [-p P] [-n N])\n");
         return -1;
     }
+    if (!o->prefill_chunk || o->prefill_chunk > o->n_prompt)
+        o->prefill_chunk = o->n_prompt; /* a chunk longer than the prompt is the prompt */
     struct sampler tmp;
     struct err e = {{0}};
     if (sampler_init(&tmp, &o->sp, 1, &e)) { /* the sampler's own range checks */
@@ -357,10 +363,11 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
         goto out;
     }
     make_prompt(prompt, P, 0, c->vocab_size);
-    /* forward_init with P: the whole prompt is one forward pass (cllm run
-     * --batch P); the pool holds one sequence of P + N at a time. */
+    /* forward_init with the chunk (P unless --prefill-chunk): forward_tokens
+     * splits the prompt into passes of that many tokens; the pool holds one
+     * sequence of P + N at a time. */
     be = backend_create(o->device, o->threads, e);
-    if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, P, e) ||
+    if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, o->prefill_chunk, e) ||
         kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e))
         goto out;
@@ -494,16 +501,16 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
 }
 
 /* S streams through the engine, as `cllm serve` runs them: max_running S,
- * every prompt prefilled in one chunk, enough batch tokens that all
- * prefills go in the first steps, no prompt cache, a pool that fits all. */
+ * every prompt prefilled in one chunk (of --prefill-chunk tokens when given),
+ * enough batch tokens that all prefills go in the first steps, no prompt cache, a pool that fits all. */
 static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                      const struct model *draft, struct batch_result *r, struct err *e)
 {
-    const int P = o->n_prompt, N = o->n_gen, R = o->reps;
-    int batch_tokens = P + S > MIN_BATCH_TOKENS ? P + S : MIN_BATCH_TOKENS;
+    const int P = o->n_prompt, N = o->n_gen, R = o->reps, C = o->prefill_chunk;
+    int batch_tokens = C + S > MIN_BATCH_TOKENS ? C + S : MIN_BATCH_TOKENS;
     struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + N,
                                 .kv_tokens = (S + 2) * (P + N + KV_BLOCK),
-                                .prefill_chunk = P, .batch_tokens = batch_tokens,
+                                .prefill_chunk = C, .batch_tokens = batch_tokens,
                                 .max_queue = S + 8, .max_running = S,
                                 .prompt_cache_bytes = -1, .device = o->device,
                                 .kv_block_size = o->kv_block,
@@ -610,7 +617,8 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
 {
     const int P = o->n_prompt, N = o->n_gen;
     struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + N, .kv_tokens = 4 * (P + N),
-                                .prefill_chunk = P, .max_queue = 4, .max_running = 1,
+                                .prefill_chunk = o->prefill_chunk, .max_queue = 4,
+                                .max_running = 1,
                                 .device = o->device, .spec_draft = dm ? o->n_draft : 0,
                                 .draft_model = dm, .draft_p_min = o->draft_p_min};
     struct engine *eng = engine_create(m, &cfg, e);
@@ -759,15 +767,17 @@ int cmd_bench(int argc, char **argv)
     else
         printf("\n");
     if (o.n_batch)
-        printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, P+S),\n"
+        printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, C+S),\n"
                "            distinct prompts, no prompt cache; agg = tokens produced while all S\n"
-               "            streams decode / that time; TTFT from submit\n", P, MIN_BATCH_TOKENS);
+               "            streams decode / that time; TTFT from submit\n", o.prefill_chunk, MIN_BATCH_TOKENS);
     if (o.sp.temperature > 0)
         printf("decoding:   sampled: temperature %g, top-k %d, top-p %g, min-p %g, seed %llu\n",
                o.sp.temperature, o.sp.top_k, o.sp.top_p, o.sp.min_p,
                (unsigned long long)o.sp.seed);
     else
         printf("decoding:   greedy\n");
+    if (o.prefill_chunk < P)
+        printf("prefill:    in passes of %d tokens (--prefill-chunk)\n", o.prefill_chunk);
     printf("runs:       %d rep%s, median\n\n", o.reps, o.reps > 1 ? "s" : "");
 
     /* the floor in the decode row's column */

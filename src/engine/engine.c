@@ -1225,11 +1225,16 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     bool oom = false;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
-    /* Prefill chunk: a GPU step of 512 tokens costs about what a CPU step
-     * of 128 does relative to a decode (8B on the H200: ~20 ms), so running
-     * streams stall about as long either way. */
+    /* Prefill chunk: on a GPU 2,048 tokens, where a long prompt's later
+     * chunks take the attention kernel of long key ranges: a 32K prompt
+     * 1.19x (8B) to 1.84x (0.6B) faster than in 512-token chunks, at 94-97%
+     * of one pass's speed (H200, docs/benchmarks.md twenty-fifth pass); a
+     * step with such a chunk takes ~4x one of 512 tokens (8B: ~120 ms on
+     * average over a 32K prompt), which is what running streams stall.
+     * On the CPU 128: bound by arithmetic, larger chunks only stall the
+     * others longer. */
     if (eng->cfg.prefill_chunk <= 0)
-        eng->cfg.prefill_chunk = eng->be && backend_on_device(eng->be) ? 512 : 128;
+        eng->cfg.prefill_chunk = eng->be && backend_on_device(eng->be) ? 2048 : 128;
     /* Room for every decode plus one full prefill chunk. */
     if (eng->cfg.batch_tokens <= 0)
         eng->cfg.batch_tokens = eng->cfg.prefill_chunk + eng->cfg.max_running;
@@ -1280,8 +1285,18 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
              (double)c->rope_factor, (double)c->rope_low_freq_factor,
              (double)c->rope_high_freq_factor, c->rope_orig_max_seq, c->qkv_bias, c->qk_norm,
              c->tied_embeddings, c->sliding_window, dtype_name(kv_dt), eng->bs);
+    /* Logits rows a step asks for: one per running sequence, a verify
+     * span's (ENGINE_SPEC_MAX + 1) or a prompt-logprobs pass (PLP_ROWS);
+     * never a prefill chunk's every row. */
+    int logit_rows = eng->cfg.max_running;
+    if (eng->cfg.spec_draft > 0 && logit_rows < eng->cfg.spec_draft + 1)
+        logit_rows = eng->cfg.spec_draft + 1;
+    if (logit_rows < PLP_ROWS)
+        logit_rows = PLP_ROWS;
+    if (logit_rows > fw_tokens)
+        logit_rows = fw_tokens;
     if (!eng->be || backend_load_weights(eng->be, m, e) ||
-        forward_init(&eng->fs, m, eng->be, fw_tokens, e))
+        forward_init_rows(&eng->fs, m, eng->be, fw_tokens, logit_rows, e))
         goto fail;
     /* The draft model before the pool: on a device the pool takes what
      * both models' weights left free. */
@@ -1433,6 +1448,7 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->running = eng->n_run;
     out->pending = eng->queued + eng->n_pre;
     out->max_running = eng->cfg.max_running;
+    out->prefill_chunk = eng->cfg.prefill_chunk;
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
     out->kv_block_bytes = eng->block_bytes;

@@ -33,7 +33,7 @@ struct engine_config {
     int ctx_len;         /* max tokens per sequence (prompt + generated) */
     int kv_tokens;       /* KV pool capacity in tokens (>= ctx_len) when
                           * memory_budget_bytes is 0 */
-    int prefill_chunk;   /* tokens per prefill forward (<= 0: 512 on a device backend such as
+    int prefill_chunk;   /* tokens per prefill forward (<= 0: 2048 on a device backend such as
                           * CUDA, 128 on the CPU) */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
@@ -196,6 +196,7 @@ struct engine_stats {
     int queued, running;     /* waiting in the queue; sequences in the batch */
     int pending;             /* queued + preempted (waiting to resume) */
     int max_running;         /* --batch */
+    int prefill_chunk;       /* prompt tokens a forward (--prefill-chunk or the default) */
     uint64_t preemptions;    /* sequences preempted under block pressure */
     uint64_t spec_steps, spec_drafted, spec_accepted; /* speculation: verify steps,
                                                        * drafts fed, drafts kept */

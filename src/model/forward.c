@@ -38,11 +38,21 @@ void rope_inv_freq(const struct model_config *c, float *inv_freq)
 int forward_init(struct forward_state *fs, const struct model *m, struct backend *be,
                  int max_tokens, struct err *e)
 {
+    return forward_init_rows(fs, m, be, max_tokens, max_tokens, e);
+}
+
+int forward_init_rows(struct forward_state *fs, const struct model *m, struct backend *be,
+                      int max_tokens, int logit_rows, struct err *e)
+{
     memset(fs, 0, sizeof *fs);
+    if (max_tokens < 1 || logit_rows < 1 || logit_rows > max_tokens)
+        return err_set(e, "forward: %d tokens a call with logits for %d rows (1..tokens)",
+                       max_tokens, logit_rows);
     const struct model_config *c = &m->cfg;
     fs->m = m;
     fs->be = be;
     fs->max_tokens = max_tokens;
+    fs->logit_rows = logit_rows;
     size_t n = (size_t)max_tokens;
     size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     fs->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2));
@@ -62,7 +72,7 @@ int forward_init(struct forward_state *fs, const struct model *m, struct backend
     fs->att = al(be, n * qd * 4);
     fs->hb = al(be, 2 * n * c->hidden_dim * 4);
     fs->hb2 = fs->hb ? fs->hb + n * c->hidden_dim : NULL;
-    fs->logits = al(be, n * c->vocab_size * 4);
+    fs->logits = al(be, (size_t)logit_rows * c->vocab_size * 4);
     if (!fs->inv_freq || !fs->ids || !fs->greedy || !fs->sparams || !fs->bsegs || !fs->x || !fs->xb || !fs->q || !fs->k || !fs->v || !fs->att || !fs->hb ||
         !fs->hb2 || !fs->logits) {
         forward_free(fs);
@@ -465,6 +475,12 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (kv_seq_reserve(pool, segs[s].seq, segs[s].seq->n_tokens + segs[s].n, e))
             return -1;
     }
+    int want = 0; /* logits rows: the LM head writes them all to fs->logits */
+    for (int s = 0; s < n_seg; s++)
+        want += all_rows ? segs[s].n : segs[s].logits;
+    if (want > fs->logit_rows)
+        return err_set(e, "forward: logits of %d rows in one step, at most %d", want,
+                       fs->logit_rows);
     /* fs->bsegs: what the batched ops and the step get, once per step */
     bool decodes = n_seg > 1 && n == n_seg && !all_rows;
     for (int s = 0; s < n_seg && n_seg > 1; s++) {
@@ -586,8 +602,8 @@ static int chunk_forward(struct forward_state *fs, struct kv_pool *pool, struct 
 int forward_tokens_argmax(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                           const int *tokens, int n, float *logits, int *ids, struct err *e)
 {
-    if (n <= 0 || n > fs->max_tokens)
-        return err_set(e, "forward: %d tokens to pick after, 1..%d", n, fs->max_tokens);
+    if (n <= 0 || n > fs->logit_rows)
+        return err_set(e, "forward: %d tokens to pick after, 1..%d", n, fs->logit_rows);
     struct forward_seg seg = {.seq = seq, .tokens = tokens, .n = n, .logits = true};
     return step_forward(fs, pool, &seg, 1, true, ids, logits, e);
 }
@@ -598,8 +614,9 @@ static int forward_run(struct forward_state *fs, struct kv_pool *pool, struct kv
 {
     if (n <= 0)
         return err_set(e, "forward: no tokens");
+    const int most = all_logits ? fs->logit_rows : fs->max_tokens;
     for (int done = 0; done < n;) {
-        int k = n - done < fs->max_tokens ? n - done : fs->max_tokens;
+        int k = n - done < most ? n - done : most;
         bool last = done + k == n;
         float *out = all_logits ? logits + (size_t)done * fs->m->cfg.vocab_size : logits;
         enum logits_mode mode = all_logits ? LOGITS_ALL : last ? LOGITS_LAST : LOGITS_NONE;

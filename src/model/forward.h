@@ -11,11 +11,13 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
-/* Activation buffers for up to max_tokens tokens per call, in backend memory. */
+/* Activation buffers for up to max_tokens tokens per call, and the LM
+ * head's output for up to logit_rows rows of one call, in backend memory. */
 struct forward_state {
     const struct model *m;
     struct backend *be;
     int max_tokens;
+    int logit_rows;
     float *inv_freq; /* host, head_dim/2, rope scaling applied */
     int *ids;        /* host, max_tokens: the step's token ids, concatenated */
     int *greedy;     /* host, max_tokens: greedy or sampled ids of a step's segments */
@@ -28,6 +30,14 @@ struct forward_state {
 
 int forward_init(struct forward_state *fs, const struct model *m, struct backend *be,
                  int max_tokens, struct err *e);
+/* forward_init with room for logits of only logit_rows (1..max_tokens) rows
+ * a call: a step with logits for more rows fails with a message, and
+ * forward_tokens with all_logits runs in passes of that many tokens. The
+ * logits of every row of a long prefill chunk are never wanted, and at
+ * vocab_size floats a row they were the largest activation buffer (2,048
+ * rows of a 151,936-id vocabulary: 1.2 GB). */
+int forward_init_rows(struct forward_state *fs, const struct model *m, struct backend *be,
+                      int max_tokens, int logit_rows, struct err *e);
 void forward_free(struct forward_state *fs);
 
 /* Computes RoPE inverse frequencies with the config's scaling (exposed for

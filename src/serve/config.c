@@ -36,6 +36,9 @@ void serve_usage(FILE *f)
             "                           one, else the CPU; default cpu)\n"
             "  --batch N                sequences decoded together (default 8; 1 = strict\n"
             "                           serial); alias --decode-concurrency (--batch wins)\n"
+            "  --prefill-chunk N        prompt tokens per forward pass (default 512 on a GPU,\n"
+            "                           128 on the CPU); larger finishes long prompts sooner,\n"
+            "                           smaller stalls the other streams' decoding less\n"
             "  --prompt-cache GB        KV kept for prefix reuse (default: the whole KV pool;\n"
             "                           0 disables)\n"
             "  --draft-kind ngram       speculative decoding by prompt lookup: a request\n"
@@ -206,7 +209,7 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
        F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX,
-       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN, F_DRAFT_P_MIN };
+       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN, F_DRAFT_P_MIN, F_PREFILL_CHUNK };
 
 static const struct {
     const char *name, *alias;
@@ -227,6 +230,7 @@ static const struct {
     {"--draft-kind", NULL, F_DRAFT_KIND}, {"--draft-model", NULL, F_DRAFT_MODEL},
     {"--num-draft-tokens", NULL, F_NUM_DRAFT}, {"--ngram-max", NULL, F_NGRAM_MAX},
     {"--ngram-min", NULL, F_NGRAM_MIN}, {"--draft-p-min", NULL, F_DRAFT_P_MIN},
+    {"--prefill-chunk", NULL, F_PREFILL_CHUNK},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -305,6 +309,7 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             rc = parse_i(a, v, 1, 4096, &c->batch.v, e);
             c->batch.set = true;
             break;
+        case F_PREFILL_CHUNK: rc = parse_i(a, v, 1, 1 << 20, &c->prefill_chunk, e); break;
         case F_DECODE_CONC:
             rc = parse_i(a, v, 1, 4096, &conc_alias.v, e);
             conc_alias.set = true;

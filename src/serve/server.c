@@ -322,6 +322,7 @@ int serve_main(const struct serve_config *cfg, struct err *e)
                                .max_queue = cfg->max_queue, .device = cfg->device,
                                .kv_block_size = cfg->kv_block_size,
                                .max_running = cfg->batch.set ? cfg->batch.v : 8,
+                               .prefill_chunk = cfg->prefill_chunk,
                                .memory_budget_bytes = ENGINE_MEMORY_DEFAULT};
     if (cfg->kv_budget_gb.set)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
@@ -390,8 +391,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
                 cfg->draft_model && cfg->draft_p_min.set && cfg->draft_p_min.v > 0
                     ? ", stopping below the draft's p-min" : "");
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
-            "%d, batch %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host, cfg->port,
-            es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running, es.kv_blocks_total,
+            "%d, batch %d, prefill chunk %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host,
+            cfg->port, es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running,
+            es.prefill_chunk, es.kv_blocks_total,
             es.kv_blocks_total * block_mib, pcache, kvb);
 
     int sig = 0;

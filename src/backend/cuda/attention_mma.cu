@@ -619,17 +619,24 @@ extern "C" int cuk_attention_mma_ok(const struct cuk_attn *g)
 }
 
 /* Rows of a prefill block: k_attention_mma2's AM2_ROWS where its grid
- * has at least 8 blocks for every multiprocessor (a long chunk, where
- * attention is most of the work: measured faster at 32K tokens, not yet
- * at 4K, which this leaves out for an 8B model), else k_attention_mma's
- * AM_ROWS; g->pf_mt 1 or 2 picks one. */
+ * has at least 8 blocks for every multiprocessor (a long prompt in one
+ * pass, where attention is most of the work: measured faster at 32K
+ * tokens, not yet at 4K, which this leaves out for an 8B model), or a
+ * wave of them over at least as many earlier keys as the pass has queries
+ * (a later chunk of a long prompt: 2,048-token chunks of a 32K prompt
+ * 1.14x (8B) and 1.22x (0.6B) faster end to end than by k_attention_mma;
+ * docs/benchmarks.md twenty-fifth pass); else k_attention_mma's AM_ROWS.
+ * Both give the same bits. g->pf_mt 1 or 2 picks one. */
 static int mma_rows(const struct cuk_attn *g)
 {
     if (g->pf_mt)
         return g->pf_mt == 2 ? AM2_ROWS : AM_ROWS;
     int G = g->n_heads / g->n_kv_heads, bq = AM2_ROWS / G;
     long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
-    return g->n_sms > 0 && blocks >= 8L * g->n_sms ? AM2_ROWS : AM_ROWS;
+    if (g->n_sms <= 0)
+        return AM_ROWS;
+    return blocks >= 8L * g->n_sms || (blocks >= g->n_sms && g->pos0 >= g->n) ? AM2_ROWS
+                                                                                : AM_ROWS;
 }
 
 template <int HD>
