@@ -29,6 +29,14 @@ yields text, so a value above 1.00 means some tokens had no text of their
 own (a partial UTF-8 character, a hidden special token) and agg undercounts
 by about that factor. Before the rows, one short untimed warm-up request.
 
+--mixed P: what a long prompt arriving costs a stream already decoding, and
+what its chunks take (cllm serve --prefill-chunk). One stream decodes
+(--prompt-tokens, --max-tokens, which must outlast the long prompt's
+prefill); after its 16th token a request with a P-token prompt and
+max_tokens 1 arrives. Prints that request's TTFT and the decoding stream's
+inter-token gaps before it (median) and while it was prefilled (from its
+send to its first token: count, median, largest), per --reps.
+
 --prefix-test P: one request with a P-token prompt and max_tokens 1, twice;
 the second is a full prefix hit. Prints both TTFTs, their ratio and the
 second's usage.prompt_tokens_details.cached_tokens. P is lowered to the
@@ -132,6 +140,7 @@ class Stream:
         self.finish = None
         self.error = None
         self.t_done = None
+        self.stop_after = None  # set by another thread: stop at a text chunk past this time
 
     def run(self):
         c = None
@@ -173,6 +182,10 @@ class Stream:
                     self.t_first = self.t_first or t
                 if obj.get("usage"):
                     self.usage = obj["usage"]
+                stop = self.stop_after
+                if stop is not None and self.times and self.times[-1] > stop:
+                    done = True  # the caller has what it needs; closing cancels the rest
+                    break
             if not done:
                 raise LoadError("the stream ended without data: [DONE]")
             self.t_done = time.perf_counter()
@@ -295,6 +308,51 @@ def prefix_test(client, args, model):
     print(f"  ratio cold/hit {t1 / t2 if t2 > 0 else float('inf'):.1f}x")
 
 
+def mixed_test(client, args, model):
+    P = args.mixed
+    vocab = (model or {}).get("vocab_size") or 32000
+    path = "/v1/chat/completions" if args.api == "chat" else "/v1/completions"
+    rng = random.Random(args.seed)
+    run_streams(client, path, [request_body(args.api, make_prompt(args.api, rng, 32, vocab), 2)])
+    print(f"mixed: one stream decoding ({args.prompt_tokens}-token prompt, max_tokens "
+          f"{args.max_tokens}); a {P}-token prompt (max_tokens 1) arrives after its 16th token")
+    print(f"{'rep':>3} {'long TTFT ms':>13} {'gap before ms':>14} {'gaps during':>12} "
+          f"{'median ms':>10} {'largest ms':>11}")
+    for rep in range(args.reps):
+        a = Stream(client, path, request_body(args.api, make_prompt(args.api, rng,
+                                                                    args.prompt_tokens, vocab),
+                                              args.max_tokens), None)
+        ta = threading.Thread(target=a.run, daemon=True)
+        ta.start()
+        while len(a.times) < 16 and ta.is_alive():
+            time.sleep(0.002)
+        if len(a.times) < 16:
+            ta.join()
+            raise LoadError(f"the decoding stream ended after {len(a.times)} tokens "
+                            f"({a.error or a.finish})")
+        b = Stream(client, path, request_body(args.api, make_prompt(args.api, rng, P, vocab), 1),
+                   None)
+        b.run()
+        if b.t_first is not None:
+            a.stop_after = b.t_first
+        ta.join()
+        if b.error or a.error or b.t_first is None:
+            raise LoadError(f"long prompt: {b.error or 'no token'}; decoding stream: {a.error}")
+        t0, t1 = b.t_send, b.t_first
+        before = [y - x for x, y in zip(a.times, a.times[1:]) if y <= t0]
+        during = [y - x for x, y in zip(a.times, a.times[1:]) if t0 < y <= t1]
+        # the gap spanning the long prompt's first token counts too: it waited for it
+        after = [t for t in a.times if t > t1]
+        if not after:
+            raise LoadError("the decoding stream ended before the long prompt's first token: "
+                            "raise --max-tokens")
+        prev = max([t for t in a.times if t <= t1], default=t0)
+        during.append(after[0] - prev)
+        print(f"{rep + 1:>3} {(t1 - t0) * 1e3:>13.1f} {median(before) * 1e3:>14.2f} "
+              f"{len(during):>12} {median(during) * 1e3:>10.2f} {max(during) * 1e3:>11.2f}",
+              flush=True)
+
+
 def streams_list(s):
     try:
         v = [int(x) for x in s.split(",") if x.strip()]
@@ -322,10 +380,14 @@ def main():
     ap.add_argument("--prefix-test", type=int, nargs="?", const=8192, default=None,
                     metavar="P", help="prefix-cache TTFT test with a P-token prompt "
                     "(default 8192)")
+    ap.add_argument("--mixed", type=int, default=None, metavar="P",
+                    help="a P-token prompt arriving while one stream decodes: its TTFT and "
+                    "the stream's token gaps meanwhile")
     args = ap.parse_args()
     if args.prompt_tokens < 1 or args.max_tokens < 1 or args.reps < 1 or \
-            (args.prefix_test is not None and args.prefix_test < 1):
-        ap.error("--prompt-tokens, --max-tokens, --reps and --prefix-test must be >= 1")
+            (args.prefix_test is not None and args.prefix_test < 1) or \
+            (args.mixed is not None and args.mixed < 1):
+        ap.error("--prompt-tokens, --max-tokens, --reps, --prefix-test and --mixed must be >= 1")
     try:
         client = Client(args.url, args.timeout)
         try:  # cllm's /stats: vocabulary and context; other servers: just reachable
@@ -340,6 +402,8 @@ def main():
                   f"api {args.api}")
         if args.prefix_test is not None:
             prefix_test(client, args, model)
+        elif args.mixed is not None:
+            mixed_test(client, args, model)
         else:
             what = "words + the chat template" if args.api == "chat" else "random token ids"
             print(f"prompt {args.prompt_tokens} {what}, max_tokens {args.max_tokens}, "

@@ -107,6 +107,11 @@ if start S1 "$P" "$M" -- --tokenizer "$TOK"; then
         python3 "$HERE/../bench/serve_load.py" --url "$B" --prefix-test 256 >"$tmp/load" 2>&1
         rc=$?
         check '[ $rc -eq 0 ] && grep -Eq "hit  TTFT .*cached_tokens (2[0-9][0-9])\)" "$tmp/load" && grep -q "ratio cold/hit" "$tmp/load"' "serve_load.py --prefix-test: rc $rc $(cat "$tmp/load")"
+        # --mixed: a 1,000-token prompt (8 prefill chunks) while a stream decodes:
+        # its TTFT and the decoding stream's gaps, one row
+        python3 "$HERE/../bench/serve_load.py" --url "$B" --mixed 1000 --prompt-tokens 16 --max-tokens 4000 >"$tmp/load" 2>&1
+        rc=$?
+        check '[ $rc -eq 0 ] && grep -Eq "^ +1 +[0-9.]+ +[0-9.]+ +[1-9][0-9]* +[0-9.]+ +[0-9.]+$" "$tmp/load"' "serve_load.py --mixed: rc $rc $(cat "$tmp/load")"
         python3 "$HERE/../bench/serve_load.py" --url "$B" --streams 1 --prompt-tokens 9000 --max-tokens 2 >"$tmp/load" 2>&1
         rc=$?
         check '[ $rc -eq 1 ] && grep -q "HTTP 400" "$tmp/load"' "serve_load.py on a failing request: rc $rc $(cat "$tmp/load")"
