@@ -261,6 +261,55 @@ static void kv_budget_tests(const struct model *m, const int *want)
     engine_destroy(eng);
 }
 
+/* The prefill chunk beside decodes: a 100-token prompt admitted with a
+ * 4-token one goes in a 64-token chunk (no sequence decodes yet), then in
+ * chunks of prefill_chunk_shared while the other decodes, then, alone
+ * again, in one: 5 steps with chunks of 8 beside decodes (64; 8, 8, 8
+ * beside the other's tokens 2-4; 12), 4 when they may take 64 too (64; 36
+ * beside token 2; tokens 3-4 alone). The same tokens either way. */
+static void shared_chunk_tests(const struct model *m)
+{
+    int out[2][2][8], steps[2] = {0, 0};
+    for (int v = 0; v < 2; v++) {
+        struct err e = {{0}};
+        struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 64,
+                                    .prefill_chunk_shared = v == 0 ? 8 : 64,
+                                    .batch_tokens = 200, .max_queue = 8, .max_running = 2,
+                                    .prompt_cache_bytes = -1};
+        struct engine *eng = engine_create(m, &cfg, &e);
+        CHECK(eng != NULL, "engine_create: %s", e.msg);
+        if (!eng)
+            return;
+        struct engine_stats st;
+        engine_get_stats(eng, &st);
+        CHECK(st.prefill_chunk == 64 && st.prefill_chunk_shared == (v == 0 ? 8 : 64),
+              "chunks in the stats: %d, %d", st.prefill_chunk, st.prefill_chunk_shared);
+        int pa[4] = {1, 20, 30, 40}, pb[100];
+        for (int i = 0; i < 100; i++)
+            pb[i] = 1 + (i * 7) % 500;
+        struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 4,
+                                  .ignore_eos = true};
+        struct engine_request *rs[2] = {engine_request_new(pa, 4, &p, &e), NULL};
+        p.max_tokens = 1;
+        rs[1] = engine_request_new(pb, 100, &p, &e);
+        CHECK(rs[0] && rs[1] && engine_submit_many(eng, rs, 2, &e) == 0, "submit: %s", e.msg);
+        for (int i = 0; i < 2; i++) {
+            struct engine_event last;
+            int n = rs[i] ? drain(rs[i], out[v][i], 8, &last) : 0;
+            CHECK(n == (i == 0 ? 4 : 1) && last.finish == ENGINE_FINISH_LENGTH,
+                  "request %d: %d tokens, finish %d", i, n, (int)last.finish);
+            engine_request_release(rs[i]);
+        }
+        test_wait_idle(eng, &st);
+        steps[v] = (int)st.batch_steps;
+        engine_destroy(eng);
+    }
+    CHECK(steps[0] == 5 && steps[1] == 4, "steps with chunks of 8 / 64 beside decodes: %d / %d",
+          steps[0], steps[1]);
+    CHECK(!memcmp(out[0][0], out[1][0], sizeof(int) * 4) && out[0][1][0] == out[1][1][0],
+          "the same tokens whatever the chunks");
+}
+
 /* Files of the SSD tier's identity directories under dir. */
 static int count_files(const char *dir)
 {
@@ -1050,6 +1099,7 @@ int main(void)
     engine_request_release(q2);
     prefix_cache_tests(&m, want);
     kv_budget_tests(&m, want);
+    shared_chunk_tests(&m);
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
     grammar_tests(&m, path, want);
     logits_tests(&m, path, want);

@@ -233,7 +233,7 @@ check '[ $rc -eq 2 ] && grep -q "CLLM_KV_BLOCK_SIZE" "$tmp/e"' "bad CLLM_KV_BLOC
 rc=$?
 check '[ $rc -eq 2 ] && grep -q -- "--prefill-chunk needs an integer in \[1, 1048576\]" "$tmp/e"' "bad --prefill-chunk: $rc $(cat "$tmp/e")"
 if start S5 "$P5" "$STORIES" -- --kv-block-size 32 --prefill-chunk 8; then
-    check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".batch.prefill_chunk == 8" >/dev/null && grep -q "prefill chunk 8," "$tmp/log.$P5"' "--prefill-chunk 8: $(curl -s http://127.0.0.1:$P5/stats | jq -c .batch)"
+    check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".batch.prefill_chunk == 8 and .batch.prefill_chunk_shared == 8" >/dev/null && grep -q "prefill chunk 8 (8 beside decodes)," "$tmp/log.$P5"' "--prefill-chunk 8: $(curl -s http://127.0.0.1:$P5/stats | jq -c .batch)"
     kb_req='{"messages":[{"role":"user","content":"Once upon a time there was a little girl who liked to play in the park with her friends every day"}],"max_tokens":4,"temperature":0}'
     call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"
     call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"
@@ -249,7 +249,7 @@ rc=$?
 check '[ $rc -eq 1 ] && grep -q "not enough for the weights" "$tmp/e" && grep -q "1037312 bytes" "$tmp/e"' "--memory-budget under the weights: $rc $(cat "$tmp/e")"
 if start S5 "$P5" "$STORIES" CLLM_MEMORY_BUDGET_GB=0.002 CLLM_DEVICE=cpu -- --batch 1; then
     check 'curl -s $B5/stats | jq -e ".kv.blocks_total == 47 and .batch.mode == \"off\"" >/dev/null' "--memory-budget pool: $(curl -s $B5/stats | jq -c .kv)"
-    check 'curl -s $B5/stats | jq -e ".batch.prefill_chunk == 128" >/dev/null' "the CPU's default prefill chunk: $(curl -s $B5/stats | jq -c .batch)"
+    check 'curl -s $B5/stats | jq -e ".batch.prefill_chunk == 128 and .batch.prefill_chunk_shared == 128" >/dev/null' "the CPU's default prefill chunks: $(curl -s $B5/stats | jq -c .batch)"
     check 'grep -q "KV pool 47 blocks of 16 tokens x 20480 bytes = 0.9 MiB (--memory-budget; weights" "$tmp/log.$P5" && grep -q "cllm serve: device cpu$" "$tmp/log.$P5"' "--memory-budget start line: $(cat "$tmp/log.$P5")"
     call /v1/chat/completions '{"messages":[{"role":"user","content":"Zoo"}],"max_tokens":4}' "$B5"
     check '[ "$code" = 200 ] && jq -e ".usage.lane == \"serial\"" <<<"$body" >/dev/null' "--batch 1 usage.lane: $body"

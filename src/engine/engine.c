@@ -841,17 +841,20 @@ static void engine_step(struct engine *eng)
     /* Decodes first (one token each), then prefill chunks in admission
      * order with what is left of the budget. */
     struct cand *cands = eng->cands;
-    int n_cand = 0, budget = eng->cfg.batch_tokens;
+    int n_cand = 0, budget = eng->cfg.batch_tokens, n_dec = 0;
     for (int i = 0; i < eng->n_run; i++)
         if (eng->run[i]->n_toks - eng->run[i]->kv.n_tokens == 1)
-            budget--;
+            n_dec++;
+    budget -= n_dec;
+    /* beside decodes a smaller chunk: their next tokens wait for it */
+    const int chunk = n_dec ? eng->cfg.prefill_chunk_shared : eng->cfg.prefill_chunk;
     for (int i = 0; i < eng->n_run; i++) {
         struct seq *s = eng->run[i];
         int left = s->n_toks - s->kv.n_tokens, k = 1;
         if (plp_pending(s))
             continue; /* its prompt goes through plp_step */
         if (left > 1) {
-            k = left < eng->cfg.prefill_chunk ? left : eng->cfg.prefill_chunk;
+            k = left < chunk ? left : chunk;
             if (k > budget)
                 k = budget;
             if (k <= 0)
@@ -1225,16 +1228,22 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     bool oom = false;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
-    /* Prefill chunk: on a GPU 2,048 tokens, where a long prompt's later
-     * chunks take the attention kernel of long key ranges: a 32K prompt
-     * 1.19x (8B) to 1.84x (0.6B) faster than in 512-token chunks, at 94-97%
-     * of one pass's speed (H200, docs/benchmarks.md twenty-fifth pass); a
-     * step with such a chunk takes ~4x one of 512 tokens (8B: ~120 ms on
-     * average over a 32K prompt), which is what running streams stall.
-     * On the CPU 128: bound by arithmetic, larger chunks only stall the
-     * others longer. */
+    /* Prefill chunk of a step where no sequence decodes: on a GPU 2,048
+     * tokens, where a long prompt's later chunks take the attention kernel
+     * of long key ranges: a 32K prompt 1.19x (8B) to 1.84x (0.6B) faster
+     * than in 512-token chunks, at 94-97% of one pass's speed (H200,
+     * docs/benchmarks.md twenty-fifth pass). On the CPU 128: bound by
+     * arithmetic, larger chunks gain nothing. */
+    const bool dev = eng->be && backend_on_device(eng->be);
     if (eng->cfg.prefill_chunk <= 0)
-        eng->cfg.prefill_chunk = eng->be && backend_on_device(eng->be) ? 2048 : 128;
+        eng->cfg.prefill_chunk = dev ? 2048 : 128;
+    /* Beside decodes: 512 tokens on a GPU (8B on the H200: the streams
+     * decoding wait at most ~58 ms for a token while a 32K prompt is
+     * prefilled, 179 ms with 2,048-token chunks), 128 on the CPU. */
+    if (eng->cfg.prefill_chunk_shared <= 0)
+        eng->cfg.prefill_chunk_shared = dev ? 512 : 128;
+    if (eng->cfg.prefill_chunk_shared > eng->cfg.prefill_chunk)
+        eng->cfg.prefill_chunk_shared = eng->cfg.prefill_chunk;
     /* Room for every decode plus one full prefill chunk. */
     if (eng->cfg.batch_tokens <= 0)
         eng->cfg.batch_tokens = eng->cfg.prefill_chunk + eng->cfg.max_running;
@@ -1449,6 +1458,7 @@ void engine_get_stats(struct engine *eng, struct engine_stats *out)
     out->pending = eng->queued + eng->n_pre;
     out->max_running = eng->cfg.max_running;
     out->prefill_chunk = eng->cfg.prefill_chunk;
+    out->prefill_chunk_shared = eng->cfg.prefill_chunk_shared;
     out->kv_blocks_total = eng->pool.n_blocks;
     out->kv_blocks_free = eng->pool.n_free;
     out->kv_block_bytes = eng->block_bytes;

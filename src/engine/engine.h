@@ -35,6 +35,9 @@ struct engine_config {
                           * memory_budget_bytes is 0 */
     int prefill_chunk;   /* tokens per prefill forward (<= 0: 2048 on a device backend such as
                           * CUDA, 128 on the CPU) */
+    int prefill_chunk_shared; /* the same in a step where running sequences decode too, so
+                               * that they wait less for their tokens (<= 0: prefill_chunk,
+                               * at most 512 on a device, 128 on the CPU) */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
     /* Prompt (prefix) cache: bytes of K/V that idle cached blocks may keep.
@@ -197,6 +200,7 @@ struct engine_stats {
     int pending;             /* queued + preempted (waiting to resume) */
     int max_running;         /* --batch */
     int prefill_chunk;       /* prompt tokens a forward (--prefill-chunk or the default) */
+    int prefill_chunk_shared; /* the same beside decoding sequences */
     uint64_t preemptions;    /* sequences preempted under block pressure */
     uint64_t spec_steps, spec_drafted, spec_accepted; /* speculation: verify steps,
                                                        * drafts fed, drafts kept */

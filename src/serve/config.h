@@ -55,7 +55,8 @@ struct serve_config {
     struct opt_i batch;      /* --batch N / --decode-concurrency: running sequences;
                               * unset = 8, 1 = strict serial */
     int prefill_chunk;       /* --prefill-chunk N: prompt tokens per forward; 0 = the
-                              * engine's default */
+                              * engine's default (beside decodes at most the engine's
+                              * default for that) */
     struct opt_f prompt_cache_gb; /* --prompt-cache GB / CLLM_PROMPT_CACHE_GB: cap on idle
                                    * cached KV; unset = the whole pool, 0 = off */
     struct opt_f kv_budget_gb;    /* --kv-budget GB / CLLM_KV_BUDGET_GB (decimal): aggregate

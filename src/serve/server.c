@@ -391,9 +391,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
                 cfg->draft_model && cfg->draft_p_min.set && cfg->draft_p_min.v > 0
                     ? ", stopping below the draft's p-min" : "");
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
-            "%d, batch %d, prefill chunk %d, KV %d blocks = %.1f MiB, %s%s)\n", srv->sm.id, cfg->host,
-            cfg->port, es.device, srv->sm.ctx_len, cfg->max_queue, es.max_running,
-            es.prefill_chunk, es.kv_blocks_total,
+            "%d, batch %d, prefill chunk %d (%d beside decodes), KV %d blocks = %.1f MiB, %s%s)\n",
+            srv->sm.id, cfg->host, cfg->port, es.device, srv->sm.ctx_len, cfg->max_queue,
+            es.max_running, es.prefill_chunk, es.prefill_chunk_shared, es.kv_blocks_total,
             es.kv_blocks_total * block_mib, pcache, kvb);
 
     int sig = 0;

@@ -119,9 +119,10 @@ json_t *stats_json(struct server *srv)
      * counted); kv_budget_bytes: --kv-budget, null when unset;
      * kv_projected_bytes: the admitted sequences' projections summed */
     json_t *batch = json_pack(
-        "{s:s, s:b, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:f}", "mode",
+        "{s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:f}", "mode",
         es.max_running > 1 ? "batch" : "off", "batched", es.max_running > 1, "max_running",
-        es.max_running, "prefill_chunk", es.prefill_chunk, "active_rows", es.running, "pending_rows", es.pending, "submitted_rows",
+        es.max_running, "prefill_chunk", es.prefill_chunk, "prefill_chunk_shared",
+        es.prefill_chunk_shared, "active_rows", es.running, "pending_rows", es.pending, "submitted_rows",
         (json_int_t)es.requests_total, "kv_bytes", (json_int_t)es.kv_seq_bytes,
         "kv_budget_bytes",
         es.kv_budget_bytes > 0 ? json_integer(es.kv_budget_bytes) : json_null(),
