@@ -665,15 +665,53 @@ static cudaError_t launch_mma(cudaStream_t s, float *out, const float *q, const 
 static_assert((2 * AM_ROWS * AM_MMA_MAX_SPLITS + AM_ROWS) * 4 <= 4 * AM_KEYS * 64 * 2,
               "the split merge fits in the tiles' shared memory");
 
+/* How many blocks of the prefill kernel of `rows` rows a multiprocessor
+ * holds at once (its registers and shared memory decide), from the
+ * occupancy calculator, per device; 1 when it cannot say. */
+template <int HD> static int mma_blocks_per_sm(int rows)
+{
+    static int known[2][CUK_MAX_DEVICES];
+    static struct cuk_opted opted[2];
+    const bool two = rows == AM2_ROWS;
+    int dev = 0, nb = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= CUK_MAX_DEVICES) {
+        cudaGetLastError();
+        return 1;
+    }
+    if (known[two][dev])
+        return known[two][dev];
+    const size_t smem = two ? mma2_smem<HD>() : 4 * (size_t)AM_KEYS * HD * 2;
+    cudaError_t err =
+        two ? cuk_smem_opt_in(k_attention_mma2<HD>, smem, &opted[1])
+            : cuk_smem_opt_in(k_attention_mma<HD>, smem, &opted[0]);
+    if (err == cudaSuccess)
+        err = two ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_attention_mma2<HD>,
+                                                                  AM_WARPS * 32, smem)
+                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_attention_mma<HD>,
+                                                                  AM_WARPS * 32, smem);
+    if (err != cudaSuccess || nb < 1) {
+        cudaGetLastError();
+        nb = 1;
+    }
+    return known[two][dev] = nb;
+}
+
+/* Key splits of a chunk whose blocks would not fill the GPU: as many as
+ * the multiprocessors hold blocks at once, rounded down, so that the
+ * blocks run as one wave (rounded up, a 512-token chunk of a 0.6B model
+ * over a 30K-token prefix had 384 blocks for 264 places: a second wave as
+ * long as the first, the attention at half the rate of a 2,048-token
+ * chunk's; docs/benchmarks.md twenty-fifth pass). */
 extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms)
 {
     if (!cuk_attention_mma_ok(g))
         return 1;
-    int G = g->n_heads / g->n_kv_heads, bq = mma_rows(g) / G;
+    const int rows = mma_rows(g), G = g->n_heads / g->n_kv_heads, bq = rows / G;
     long blocks = (long)((g->n + bq - 1) / bq) * g->n_kv_heads;
     if (blocks >= n_sms)
         return 1;
-    long s = (2L * n_sms + blocks - 1) / blocks, by_len = (kv_len + AM_KEYS - 1) / AM_KEYS;
+    long per_sm = g->head_dim == 64 ? mma_blocks_per_sm<64>(rows) : mma_blocks_per_sm<128>(rows);
+    long s = per_sm * n_sms / blocks, by_len = (kv_len + AM_KEYS - 1) / AM_KEYS;
     s = s < by_len ? s : by_len;
     s = s < AM_MMA_MAX_SPLITS ? s : AM_MMA_MAX_SPLITS;
     return s < 1 ? 1 : (int)s;
