@@ -62,7 +62,8 @@ void cli_usage(FILE *f)
             "  --device D               cpu, cuda, cuda:N or auto (the first GPU if there is\n"
             "                           one, else the CPU; default cpu)\n"
             "  -c, --ctx N              context length to allocate (default: prompt + n)\n"
-            "  --batch N                prompt tokens per forward pass (default 128)\n"
+            "  --batch N                prompt tokens per forward pass (default 2048 on a\n"
+            "                           GPU, 128 on the CPU, as cllm serve --prefill-chunk)\n"
             "  --ignore-eos             keep generating after end-of-sequence\n"
             "  --warmup                 run the prompt and two decode steps once, untimed,\n"
             "                           before the timed run (for benchmarks)\n"
@@ -96,7 +97,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
-    o->batch = 128;
+    o->batch = 0; /* the device's, once the backend is made */
     o->sp = (struct sampler_params){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -309,7 +310,14 @@ int cmd_run(int argc, char **argv)
         goto fail;
     }
     be = backend_create(o.device, o.threads, &e);
-    if (!be || backend_load_weights(be, &m, &e) || forward_init(&fs, &m, be, o.batch, &e) ||
+    /* prompt passes as the engine's (engine.c): 2,048 tokens on a GPU, 128
+     * on the CPU; logits rows only for --logits-out, in passes of at most
+     * 256 rows (a row is vocab_size floats) */
+    if (be && !o.batch)
+        o.batch = backend_on_device(be) ? 2048 : 128;
+    int logit_rows = o.logits_out ? (o.batch < 256 ? o.batch : 256) : 1;
+    if (!be || backend_load_weights(be, &m, &e) ||
+        forward_init_rows(&fs, &m, be, o.batch, logit_rows, &e) ||
         kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (ctx + KV_BLOCK - 1) / KV_BLOCK +
                          (o.warmup ? (n_prompt + 2 + KV_BLOCK - 1) / KV_BLOCK : 0), &e) ||
