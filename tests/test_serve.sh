@@ -517,8 +517,10 @@ else
     P2=$(free_port)
     B2="http://127.0.0.1:$P2"
     # --batch 1 (strict serial): the queue-full checks below need one request
-    # running while the next waits.
-    if start S2 "$P2" "$Q" CLLM_MAX_QUEUE=1 -- --batch 1; then
+    # running while the next waits. The drain at the end waits up to 600 s
+    # for its request, as its client does (the default 120 s cancelled it
+    # under ASan on a loaded 2-core machine).
+    if start S2 "$P2" "$Q" CLLM_MAX_QUEUE=1 CLLM_SHUTDOWN_TIMEOUT_MS=600000 -- --batch 1; then
         node "$HERE/serve/sdk.mjs" "$B2" qwen3-tiny || bad "SDK checks on the qwen3 fixture"
         # prompt tokens = the chat template rendered by cllm template, tokenized
         printf '[{"role":"user","content":"Hello there"}]' >"$tmp/m.json"
