@@ -455,9 +455,15 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
-    int n = 0;
+    int n = 0, want = 0;
     if (n_seg <= 0)
         return err_set(e, "forward: no sequences");
+    /* logits rows, all in fs->logits: checked before any block is reserved */
+    for (int s = 0; s < n_seg; s++)
+        want += all_rows ? segs[s].n : segs[s].logits;
+    if (want > fs->logit_rows)
+        return err_set(e, "forward: logits of %d rows in one step, at most %d", want,
+                       fs->logit_rows);
     for (int s = 0; s < n_seg; s++) {
         if (segs[s].n <= 0)
             return err_set(e, "forward: a sequence without tokens");
@@ -475,12 +481,6 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
         if (kv_seq_reserve(pool, segs[s].seq, segs[s].seq->n_tokens + segs[s].n, e))
             return -1;
     }
-    int want = 0; /* logits rows: the LM head writes them all to fs->logits */
-    for (int s = 0; s < n_seg; s++)
-        want += all_rows ? segs[s].n : segs[s].logits;
-    if (want > fs->logit_rows)
-        return err_set(e, "forward: logits of %d rows in one step, at most %d", want,
-                       fs->logit_rows);
     /* fs->bsegs: what the batched ops and the step get, once per step */
     bool decodes = n_seg > 1 && n == n_seg && !all_rows;
     for (int s = 0; s < n_seg && n_seg > 1; s++) {
