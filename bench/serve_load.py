@@ -333,8 +333,9 @@ def mixed_test(client, args, model):
         b = Stream(client, path, request_body(args.api, make_prompt(args.api, rng, P, vocab), 1),
                    None)
         b.run()
-        if b.t_first is not None:
-            a.stop_after = b.t_first
+        # stop the decoding stream at its first token past the long prompt's
+        # (or at once, when that request failed)
+        a.stop_after = b.t_first if b.t_first is not None else time.perf_counter()
         ta.join()
         if b.error or a.error or b.t_first is None:
             raise LoadError(f"long prompt: {b.error or 'no token'}; decoding stream: {a.error}")
