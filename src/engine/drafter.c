@@ -67,11 +67,13 @@ struct drafter *drafter_create(const struct model *m, const char *device, int n_
         goto fail;
     }
     /* A backend of its own: a backend holds one model's weights. Its
-     * forward takes a prompt's catch-up in chunks of 512 tokens on a
-     * device, 128 on the CPU, as the engine's prefill does. */
+     * forward takes a prompt's catch-up in chunks of 2,048 tokens on a
+     * device, 128 on the CPU, as the engine's prefill does when it has the
+     * step to itself (the draft's catch-up never shares one), and makes
+     * the logits of one row: a step picks after the last token only. */
     if (!(d->be = backend_create(device, n_threads, e)) ||
         backend_load_weights(d->be, m, e) ||
-        forward_init(&d->fs, m, d->be, backend_on_device(d->be) ? 512 : 128, e))
+        forward_init_rows(&d->fs, m, d->be, backend_on_device(d->be) ? 2048 : 128, 1, e))
         goto fail;
     /* The index's blocks are this pool's only: the seed need not tell
      * models apart. */
