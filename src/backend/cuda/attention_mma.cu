@@ -696,12 +696,14 @@ template <int HD> static int mma_blocks_per_sm(int rows)
     return known[two][dev] = nb;
 }
 
-/* Key splits of a chunk whose blocks would not fill the GPU: as many as
- * the multiprocessors hold blocks at once, rounded down, so that the
- * blocks run as one wave (rounded up, a 512-token chunk of a 0.6B model
- * over a 30K-token prefix had 384 blocks for 264 places: a second wave as
- * long as the first, the attention at half the rate of a 2,048-token
- * chunk's; docs/benchmarks.md twenty-fifth pass). */
+/* Key splits of a chunk whose blocks would not fill the GPU: up to two
+ * blocks a multiprocessor, or as many as it holds at once when fewer,
+ * rounded down, so that the blocks run as one wave (rounded up, a
+ * 512-token chunk of a 0.6B model over a 30K-token prefix had 384 blocks
+ * for 264 places: a second wave as long as the first, the attention at
+ * half the rate of a 2,048-token chunk's; docs/benchmarks.md twenty-fifth
+ * pass). More than two a multiprocessor (head_dim 64 fits more) was never
+ * measured. */
 extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms)
 {
     if (!cuk_attention_mma_ok(g))
@@ -711,6 +713,7 @@ extern "C" int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, in
     if (blocks >= n_sms)
         return 1;
     long per_sm = g->head_dim == 64 ? mma_blocks_per_sm<64>(rows) : mma_blocks_per_sm<128>(rows);
+    per_sm = per_sm < 2 ? per_sm : 2;
     long s = per_sm * n_sms / blocks, by_len = (kv_len + AM_KEYS - 1) / AM_KEYS;
     s = s < by_len ? s : by_len;
     s = s < AM_MMA_MAX_SPLITS ? s : AM_MMA_MAX_SPLITS;
