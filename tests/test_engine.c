@@ -261,20 +261,22 @@ static void kv_budget_tests(const struct model *m, const int *want)
     engine_destroy(eng);
 }
 
-/* The prefill chunk beside decodes: a 100-token prompt admitted with a
- * 4-token one goes in a 64-token chunk (no sequence decodes yet), then in
- * chunks of prefill_chunk_shared while the other decodes, then, alone
- * again, in one: 5 steps with chunks of 8 beside decodes (64; 8, 8, 8
- * beside the other's tokens 2-4; 12), 4 when they may take 64 too (64; 36
- * beside token 2; tokens 3-4 alone). The same tokens either way. */
+/* The prefill chunk beside decodes, for all prefills of a step together:
+ * two 100-token prompts B and C admitted with a 4-token one A go in
+ * 64-token chunks while nothing decodes, then share prefill_chunk_shared
+ * tokens a step while A decodes, then, A done, take what is left.
+ * Chunks of 8 beside decodes: step 1 A 4, B 64, C 64; steps 2-4 A's
+ * tokens 2-4 and B 8 each (C none: the 8 are spent); step 5 B 12, C 36:
+ * 5 steps, 11 rows. Chunks of 64: step 1 the same; step 2 A, B 36, C 28;
+ * step 3 A, C 8; step 4 A: 4 steps, 9 rows. The same tokens either way. */
 static void shared_chunk_tests(const struct model *m)
 {
-    int out[2][2][8], steps[2] = {0, 0};
+    int out[2][3][8], steps[2] = {0, 0}, rows[2] = {0, 0};
     for (int v = 0; v < 2; v++) {
         struct err e = {{0}};
         struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 64,
                                     .prefill_chunk_shared = v == 0 ? 8 : 64,
-                                    .batch_tokens = 200, .max_queue = 8, .max_running = 2,
+                                    .batch_tokens = 200, .max_queue = 8, .max_running = 3,
                                     .prompt_cache_bytes = -1};
         struct engine *eng = engine_create(m, &cfg, &e);
         CHECK(eng != NULL, "engine_create: %s", e.msg);
@@ -284,16 +286,20 @@ static void shared_chunk_tests(const struct model *m)
         engine_get_stats(eng, &st);
         CHECK(st.prefill_chunk == 64 && st.prefill_chunk_shared == (v == 0 ? 8 : 64),
               "chunks in the stats: %d, %d", st.prefill_chunk, st.prefill_chunk_shared);
-        int pa[4] = {1, 20, 30, 40}, pb[100];
-        for (int i = 0; i < 100; i++)
+        int pa[4] = {1, 20, 30, 40}, pb[100], pc[100];
+        for (int i = 0; i < 100; i++) {
             pb[i] = 1 + (i * 7) % 500;
+            pc[i] = 1 + (i * 11 + 3) % 500;
+        }
         struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 4,
                                   .ignore_eos = true};
-        struct engine_request *rs[2] = {engine_request_new(pa, 4, &p, &e), NULL};
+        struct engine_request *rs[3] = {engine_request_new(pa, 4, &p, &e), NULL, NULL};
         p.max_tokens = 1;
         rs[1] = engine_request_new(pb, 100, &p, &e);
-        CHECK(rs[0] && rs[1] && engine_submit_many(eng, rs, 2, &e) == 0, "submit: %s", e.msg);
-        for (int i = 0; i < 2; i++) {
+        rs[2] = engine_request_new(pc, 100, &p, &e);
+        CHECK(rs[0] && rs[1] && rs[2] && engine_submit_many(eng, rs, 3, &e) == 0, "submit: %s",
+              e.msg);
+        for (int i = 0; i < 3; i++) {
             struct engine_event last;
             int n = rs[i] ? drain(rs[i], out[v][i], 8, &last) : 0;
             CHECK(n == (i == 0 ? 4 : 1) && last.finish == ENGINE_FINISH_LENGTH,
@@ -302,11 +308,14 @@ static void shared_chunk_tests(const struct model *m)
         }
         test_wait_idle(eng, &st);
         steps[v] = (int)st.batch_steps;
+        rows[v] = (int)st.batch_rows;
         engine_destroy(eng);
     }
-    CHECK(steps[0] == 5 && steps[1] == 4, "steps with chunks of 8 / 64 beside decodes: %d / %d",
-          steps[0], steps[1]);
-    CHECK(!memcmp(out[0][0], out[1][0], sizeof(int) * 4) && out[0][1][0] == out[1][1][0],
+    CHECK(steps[0] == 5 && rows[0] == 11 && steps[1] == 4 && rows[1] == 9,
+          "steps / rows with chunks of 8 and 64 beside decodes: %d / %d, %d / %d", steps[0],
+          rows[0], steps[1], rows[1]);
+    CHECK(!memcmp(out[0][0], out[1][0], sizeof(int) * 4) && out[0][1][0] == out[1][1][0] &&
+              out[0][2][0] == out[1][2][0],
           "the same tokens whatever the chunks");
 }
 

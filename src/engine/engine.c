@@ -846,8 +846,11 @@ static void engine_step(struct engine *eng)
         if (eng->run[i]->n_toks - eng->run[i]->kv.n_tokens == 1)
             n_dec++;
     budget -= n_dec;
-    /* beside decodes a smaller chunk: their next tokens wait for it */
+    /* Beside decodes, fewer prompt tokens, for all prefills together: the
+     * decodes' next tokens wait for the whole step. */
     const int chunk = n_dec ? eng->cfg.prefill_chunk_shared : eng->cfg.prefill_chunk;
+    if (n_dec && budget > chunk)
+        budget = chunk;
     for (int i = 0; i < eng->n_run; i++) {
         struct seq *s = eng->run[i];
         int left = s->n_toks - s->kv.n_tokens, k = 1;

@@ -35,9 +35,10 @@ struct engine_config {
                           * memory_budget_bytes is 0 */
     int prefill_chunk;   /* tokens per prefill forward (<= 0: 2048 on a device backend such as
                           * CUDA, 128 on the CPU) */
-    int prefill_chunk_shared; /* the same in a step where running sequences decode too, so
-                               * that they wait less for their tokens (<= 0: prefill_chunk,
-                               * at most 512 on a device, 128 on the CPU) */
+    int prefill_chunk_shared; /* prompt tokens, all prefills together, of a step where
+                               * running sequences decode too, so that they wait less for
+                               * their tokens (<= 0: 512 on a device, 128 on the CPU; at most
+                               * prefill_chunk) */
     int max_queue;       /* waiting requests before submit fails (429) */
     const char *device;  /* "cpu" (NULL), "cuda[:N]", "auto"; see backend_create */
     /* Prompt (prefix) cache: bytes of K/V that idle cached blocks may keep.
