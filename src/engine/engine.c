@@ -344,7 +344,8 @@ static void retire(struct engine *eng, struct seq *s, enum engine_finish why, co
     if (why != ENGINE_FINISH_ERROR && s->kv.n_blocks > 0)
         prefix_cache_register(&eng->pc, &s->kv, s->toks);
     kv_seq_release(&eng->pool, &s->kv);
-    finish(r, why, s->n_gen, msg);
+    /* counted before the final event goes out: a client that has its
+     * answer finds it in the stats */
     pthread_mutex_lock(&eng->mu);
     eng->st.tokens_generated += (uint64_t)s->n_gen;
     if (why == ENGINE_FINISH_CANCELLED)
@@ -356,6 +357,7 @@ static void retire(struct engine *eng, struct seq *s, enum engine_finish why, co
     eng->running = eng->n_run + eng->n_pre;
     eng->proj_total -= s->proj;
     pthread_mutex_unlock(&eng->mu);
+    finish(r, why, s->n_gen, msg);
     seq_free(s);
     engine_request_release(r);
 }
