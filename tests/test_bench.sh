@@ -23,11 +23,18 @@ agg_ok() { pos "$1" || { [[ "$1" =~ ^0(\.0+)?$ ]] && grep -q "no window in which
 field() { # args: line pattern, sed expression -> the number it captures
     grep -E "$1" "$tmp/out" | head -1 | sed -E "$2"
 }
+# bench_ok WHAT ARGS...: cllm bench on the model with ARGS into $tmp/out
+# (stderr $tmp/err), which must succeed.
+bench_ok() {
+    local what=$1 rc
+    shift
+    "$CLLM" bench "$MODEL" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    check '[ $rc -eq 0 ]' "bench $what failed: $(cat "$tmp/err")"
+}
 
 # 1. Prefill, decode and two batch rows with the floor from --bandwidth.
-"$CLLM" bench "$MODEL" -p 32 -n 16 --batch 1,4 -t 2 --bandwidth 20 >"$tmp/out" 2>"$tmp/err"
-rc=$?
-check '[ $rc -eq 0 ]' "bench --batch 1,4 failed: $(cat "$tmp/err")"
+bench_ok "--batch 1,4" -p 32 -n 16 --batch 1,4 -t 2 --bandwidth 20
 check 'grep -q "^bandwidth: *20.0 GB/s (--bandwidth)" "$tmp/out"' "no --bandwidth line: $(cat "$tmp/out")"
 check 'grep -q "prefill_chunk 32, batch_tokens max(2048, C+S)" "$tmp/out"' "engine settings not in the header"
 check '! grep -q "^prefill:" "$tmp/out"' "a chunk line without --prefill-chunk"
@@ -52,9 +59,7 @@ f4=$(grep -E "^batch +4 " "$tmp/out" | sed -E "s/.*floor +($num) tok\/s.*/\1/")
 check 'awk -v a="$f1" -v b="$f4" "BEGIN { exit !(b > a) }"' "floor 4 ($f4) not above floor 1 ($f1)"
 
 # 2. Without --bandwidth the CPU backend measures it.
-"$CLLM" bench "$MODEL" -p 16 -n 8 -t 2 >"$tmp/out" 2>"$tmp/err"
-rc=$?
-check '[ $rc -eq 0 ]' "bench (measured bandwidth) failed: $(cat "$tmp/err")"
+bench_ok "(measured bandwidth)" -p 16 -n 8 -t 2
 v=$(field "^bandwidth:" "s/^bandwidth: +($num) GB\/s \(measured\)$/\1/")
 check 'pos "$v" && [[ "$v" =~ ^$num$ ]]' "measured bandwidth: '$(grep ^bandwidth "$tmp/out")'"
 check '! grep -q "^batch" "$tmp/out"' "batch rows without --batch"
@@ -67,9 +72,7 @@ check 'grep -qE "^decode  tg8 .*floor +$num tok/s" "$tmp/out"' "decode floor wit
 #     attention 4 x 5 layers x 8 heads x 8 dims x (32 x 33 / 2 keys) / 32 =
 #     21,120: 476,288 a token, 95.6 % matrices. --peak-tflops 0.001 (1e9
 #     FLOP/s) makes the prefill floor 1e9 / 476,288 = 2099.6 tok/s.
-"$CLLM" bench "$MODEL" -p 32 -n 4 -t 2 --bandwidth 20 --peak-tflops 0.001 >"$tmp/out" 2>"$tmp/err"
-rc=$?
-check '[ $rc -eq 0 ]' "bench --peak-tflops failed: $(cat "$tmp/err")"
+bench_ok "--peak-tflops" -p 32 -n 4 -t 2 --bandwidth 20 --peak-tflops 0.001
 check 'grep -q "^compute:    0.476 MFLOP a prefill token (matrices 95.6%, attention 4.4%); prefill floor = 0.001 TFLOP/s (--peak-tflops) / that$" "$tmp/out"' \
     "compute line: '$(grep ^compute "$tmp/out")'"
 v=$(field "^prefill p32 " "s/^prefill p32 +$num tok\/s +($num) TFLOP\/s.*/\1/")
@@ -79,23 +82,19 @@ check '[ "$v" = 2099.6 ]' "prefill floor: '$(grep ^prefill "$tmp/out")'"
 
 # 2c. --prefill-chunk: the prompt in passes of C tokens, said in the header
 #     (the engine's too); a chunk past the prompt is the prompt.
-"$CLLM" bench "$MODEL" -p 40 -n 4 -t 2 --bandwidth 20 --prefill-chunk 16 --batch 2 >"$tmp/out" 2>"$tmp/err"
-rc=$?
-check '[ $rc -eq 0 ]' "bench --prefill-chunk failed: $(cat "$tmp/err")"
+bench_ok "--prefill-chunk" -p 40 -n 4 -t 2 --bandwidth 20 --prefill-chunk 16 --batch 2
 check 'grep -q "^prefill:    in passes of 16 tokens (--prefill-chunk)$" "$tmp/out"' "chunk line: $(cat "$tmp/out")"
 check 'grep -q "prefill_chunk 16, batch_tokens" "$tmp/out"' "engine chunk: $(grep ^batch: "$tmp/out")"
 v=$(field "^prefill p40 " "s/^prefill p40 +($num) tok\/s.*/\1/")
 check 'pos "$v"' "chunked prefill row: '$(grep ^prefill "$tmp/out")'"
-"$CLLM" bench "$MODEL" -p 16 -n 4 -t 2 --bandwidth 20 --prefill-chunk 64 >"$tmp/out" 2>"$tmp/err"
-check '[ $? -eq 0 ] && ! grep -q "^prefill:" "$tmp/out"' "a chunk past the prompt: $(cat "$tmp/out" "$tmp/err")"
+bench_ok "--prefill-chunk 64" -p 16 -n 4 -t 2 --bandwidth 20 --prefill-chunk 64
+check '! grep -q "^prefill:" "$tmp/out"' "a chunk past the prompt: $(cat "$tmp/out")"
 
 # 3. Sampled decoding (--temp): the header says so, the rows carry speeds;
-#    without it the header says greedy (section 2's output).
+#    without it the header says greedy (the run above's output).
 check 'grep -q "^decoding:   greedy$" "$tmp/out"' "no 'decoding: greedy' line"
-"$CLLM" bench "$MODEL" -p 16 -n 16 -t 2 --bandwidth 20 --temp 0.8 --top-p 0.9 --top-k 40 \
-    --seed 7 --batch 2 >"$tmp/out" 2>"$tmp/err"
-rc=$?
-check '[ $rc -eq 0 ]' "bench --temp failed: $(cat "$tmp/err")"
+bench_ok "--temp" -p 16 -n 16 -t 2 --bandwidth 20 --temp 0.8 --top-p 0.9 --top-k 40 --seed 7 \
+    --batch 2
 check 'grep -q "^decoding:   sampled: temperature 0.8, top-k 40, top-p 0.9, min-p 0, seed 7$" "$tmp/out"' \
     "sampled header: '$(grep ^decoding "$tmp/out")'"
 v=$(field "^decode  tg16 " "s/^decode  tg16 +($num) tok\/s.*/\1/")
