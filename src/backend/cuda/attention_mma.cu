@@ -260,6 +260,21 @@ static __device__ __forceinline__ void split_merge(float *out, const float *ws, 
     PROBE(dec, 5);
 }
 
+/* Trip it of a block's tiles [.., te) starting at key t0 in buffer b: the
+ * next tile's copies go out into the other buffer (released at the end of
+ * trip it - 1), then this one's are waited for (the caller's barrier then
+ * makes every thread's copies visible). */
+template <typename L>
+static __device__ __forceinline__ void next_tile(int it, int te, int t0, int b, const L &load_tile)
+{
+    if (it + 1 < te) {
+        load_tile(t0 + AM_KEYS, b ^ 1);
+        cuk_cp_async_wait<1>();
+    } else {
+        cuk_cp_async_wait<0>();
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_mma(float *out, const float *q, const uint16_t *kc, const uint16_t *vc,
@@ -342,12 +357,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 
     for (int it = tb; it < te; it++) {
         const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
-        if (it + 1 < te) {
-            load_tile(t0 + AM_KEYS, b ^ 1); /* its buffer was released at the end of it-1 */
-            cuk_cp_async_wait<1>();
-        } else {
-            cuk_cp_async_wait<0>();
-        }
+        next_tile(it, te, t0, b, load_tile);
         __syncthreads();
 
         /* S = Q K^T for the warp's 16 rows and the tile's 64 keys */
@@ -511,12 +521,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 
     for (int it = tb; it < te; it++) {
         const int t0 = k_lo + it * AM_KEYS, b = (it - tb) & 1;
-        if (it + 1 < te) {
-            load_tile(t0 + AM_KEYS, b ^ 1);
-            cuk_cp_async_wait<1>();
-        } else {
-            cuk_cp_async_wait<0>();
-        }
+        next_tile(it, te, t0, b, load_tile);
         __syncthreads(); /* the tile, and on the first trip Q, are in shared memory */
 
         float s[2][KT][4];
