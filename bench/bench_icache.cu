@@ -62,8 +62,6 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int j = 0; j < 8; j++)
         v[j] = threadIdx.x * 77u + blockIdx.x * 131u + (uint32_t)j;
-    /* pass 0 (dry only) before the wait, pass 1 after it: one loop, so the
-     * same instruction addresses run both times */
     /* The weight stream, after the wait (a GEMV's, whose ring refills
      * after it); its sum keeps the loads. The code runs before it. */
     float acc = 0.0f;
@@ -83,6 +81,8 @@ __global__ void __launch_bounds__(THREADS)
                 body<K, NI / 8>(v);
         stream();
     } else {
+        /* pass 0 (dry only) before the wait, pass 1 after it: one loop, so
+         * the same instruction addresses run both times */
         const int first = dry ? 0 : 1;
 #pragma unroll 1
         for (int pass = first; pass < 2; pass++) {
@@ -131,19 +131,32 @@ int main(int argc, char **argv)
 {
     int layers = 28, replays = 20, warps = THREADS / 32;
     double mb = 4.0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--layers"))
-            layers = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--mb"))
-            mb = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--warps"))
-            warps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--replays"))
-            replays = atoi(argv[i + 1]);
+    for (int i = 1; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        double x = v ? strtod(v, &end) : 0;
+        const bool num = v && end != v && !*end;
+        if (!strcmp(a, "--layers") && num && x >= 1 && x <= 1000)
+            layers = (int)x;
+        else if (!strcmp(a, "--mb") && num && x >= 0 && x <= 64)
+            mb = x;
+        else if (!strcmp(a, "--warps") && num && x >= 0 && x <= THREADS / 32)
+            warps = (int)x;
+        else if (!strcmp(a, "--replays") && num && x >= 1 && x <= 10000)
+            replays = (int)x;
         else {
-            fprintf(stderr, "usage: bench_icache [--layers N] [--mb MB] [--warps W] [--replays N]\n");
+            fprintf(stderr,
+                    "bench_icache: %s%s%s: not an option with a value in range\n"
+                    "usage: bench_icache [--layers 1..1000] [--mb 0..64] [--warps 0..%d] "
+                    "[--replays 1..10000]\n",
+                    a, v ? " " : "", v ? v : "", THREADS / 32);
             return 2;
         }
+    }
+    if (mb * 5 * layers > 16000) { /* each launch streams its own part */
+        fprintf(stderr, "bench_icache: --mb %.1f x 5 kernels x --layers %d is %.1f GB; at most 16\n",
+                mb, layers, mb * 5 * layers / 1000);
+        return 2;
     }
     int dev = 0, sms = 0;
     CK(cudaGetDevice(&dev));
