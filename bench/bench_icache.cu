@@ -24,17 +24,13 @@
  * Prints us per launch for each code size and kernel count: the code run
  * cold after the wait, run dry first, and looped (an eighth of the code,
  * the same instructions executed). */
-#include "bench_cuda.cuh"
-
 #include <string.h>
 
-#define THREADS 256
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "bench_cuda.cuh"
 
-static __device__ __forceinline__ void pdl_wait_then_release()
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
+#define THREADS 256
 
 /* NI unrolled rounds of 8 independent multiply-xor chains; the constants
  * depend on K and the round, so no two kernels or rounds share code and
@@ -74,7 +70,7 @@ __global__ void __launch_bounds__(THREADS)
     };
     const bool runs = (int)(threadIdx.x / 32) < warps;
     if (dry == 2) {
-        pdl_wait_then_release();
+        cuk_pdl_start();
         if (runs)
 #pragma unroll 1
             for (int r = 0; r < 8; r++)
@@ -87,7 +83,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll 1
         for (int pass = first; pass < 2; pass++) {
             if (pass == 1)
-                pdl_wait_then_release();
+                cuk_pdl_start();
             if (runs)
                 body<K, NI>(v);
         }
@@ -110,21 +106,6 @@ template <int NI> static void kernels_of(kfn *k)
     k[2] = k_chain<2, NI>;
     k[3] = k_chain<3, NI>;
     k[4] = k_chain<4, NI>;
-}
-
-static cudaError_t launch(kfn k, int blocks, cudaStream_t s, const float4 *w, size_t n4,
-                          uint32_t *sink, int dry, int warps)
-{
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(THREADS);
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k, w, n4, sink, dry, warps);
 }
 
 int main(int argc, char **argv)
@@ -158,6 +139,7 @@ int main(int argc, char **argv)
                 mb, layers, mb * 5 * layers / 1000);
         return 2;
     }
+    cuk_set_pdl(1); /* as decode launches: each kernel while its predecessor runs */
     int dev = 0, sms = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -190,7 +172,8 @@ int main(int argc, char **argv)
                 us[dry] = time_graph(replays, reps, 1, [&](cudaStream_t s, int) {
                     const int kk = idx % nk;
                     const float4 *wk = w + (size_t)idx * n4_each;
-                    CK(launch(sets[si][kk], sms, s, wk, n4_each, sink, dry, warps));
+                    CK(cuk_launch(sets[si][kk], dim3((unsigned)sms), dim3(THREADS), 0, s, wk,
+                                  n4_each, sink, dry, warps));
                     idx++;
                 });
             }
