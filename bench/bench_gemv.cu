@@ -9,7 +9,7 @@
  * and the time of both.
  *
  *   bench_gemv [--bw BYTES_PER_S] [--reps N] [--quick] [--pdl] [--staged KB,...]
- *              [--stage-cols N]
+ *              [--stage-cols N] [--stage-blocks N]
  *
  * --pdl launches with programmatic dependent launch (as decode does);
  * --staged also times cuk_gemv_staged (one row) with each shared-memory
@@ -151,8 +151,9 @@ struct shape {
 static int g_fail = 0;
 /* --staged KB,...: for one row, also time cuk_gemv_staged with each of
  * these shared-memory budgets (KB; the default when 0), after the fused
- * kernel; --stage-cols N: its columns per copy */
-static int g_stage_kb[8], g_n_stage, g_stage_cols;
+ * kernel; --stage-cols N: its columns per copy; --stage-blocks N: its
+ * blocks (default one per SM) */
+static int g_stage_kb[8], g_n_stage, g_stage_cols, g_stage_blocks;
 
 /* Runs shape sh (k matrices over one x) for n tokens: check, then time.
  * Returns microseconds per call. */
@@ -234,7 +235,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     printf("%-22s n=%d %9.2f us %8.1f GB/s %5.1f%%  maxrel %.2e%s\n", sh->name, n, us, gbs,
            100.0 * gbs * 1e9 / bw, maxrel, multi ? "  (multi)" : "");
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
-        struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
+        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1};
         struct cuk_gemv_in in = {};
         in.kind = CUK_IN_X;
         in.x = dx;
@@ -344,7 +345,7 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         plain_issue(st, sh, wp, n, dx, fb->ref, fb);
     });
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
-        struct cuk_stage_cfg cfg = {0, g_stage_cols, g_stage_kb[si] * 1024, 1};
+        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1};
         double us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
             for (int i = 0; i < k; i++)
                 w[i] = mat_w(&ms[i], c);
@@ -377,12 +378,14 @@ int main(int argc, char **argv)
             cuk_set_pdl(1);
         else if (!strcmp(argv[i], "--stage-cols") && i + 1 < argc)
             g_stage_cols = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--stage-blocks") && i + 1 < argc)
+            g_stage_blocks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--staged") && i + 1 < argc)
             for (char *t = strtok(argv[++i], ","); t && g_n_stage < 8; t = strtok(NULL, ","))
                 g_stage_kb[g_n_stage++] = atoi(t);
         else {
             fprintf(stderr, "usage: %s [--bw BYTES_PER_S] [--reps N] [--quick] [--pdl] [--staged KB,...] "
-                            "[--stage-cols N]\n", argv[0]);
+                            "[--stage-cols N] [--stage-blocks N]\n", argv[0]);
             return 2;
         }
     }

@@ -755,13 +755,19 @@ static void check_rope_kv_attention(void)
     static const int cases[][2] = {{1, 0}, {1, 1000}, {4, 62}, {2, 4095}, {3, 200}};
     const float eps = 1e-6f;
     int same = 0, total = 0;
-    for (int kvb = 1; kvb >= 0; kvb--)
+    /* a bf16 cache with the one-query cases' key splits merged in a
+     * thread-block cluster (CLLM_CUDA_DEC_CLUSTER, cl) and through global
+     * memory, then an f32 cache */
+    for (int kvb = 1, cl = 1; kvb >= 0; kvb -= !cl, cl = 0)
         for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
             for (int withnorm = 0; withnorm < 2; withnorm++) {
                 int hd = hds[hi], kvd = KVH * hd;
                 struct qkn_fixture fx;
                 struct err e = {{0}};
-                if (!qkn_open(&fx, hd, kvb == 1, &e) || !fx.be->ops->rope_kv_attention) {
+                setenv("CLLM_CUDA_DEC_CLUSTER", cl ? "1" : "0", 1);
+                bool opened = qkn_open(&fx, hd, kvb == 1, &e);
+                unsetenv("CLLM_CUDA_DEC_CLUSTER");
+                if (!opened || !fx.be->ops->rope_kv_attention) {
                     CHECK(0, "rope_kv_attention: backend: %s", e.msg);
                     qkn_close(&fx);
                     return;
@@ -804,9 +810,10 @@ static void check_rope_kv_attention(void)
                         double re = test_rel_err(gb, ga, nq);
                         bool cache_same = !memcmp(ka, kb, words * 4) && !memcmp(va, vb, words * 4);
                         CHECK(re <= 1e-6 && cache_same,
-                              "rope_kv_attention vs rope_kv_store + attention, %s K/V, hd %d, norm "
-                              "%d, n %d at %d, interleaved %d: rel err %.3g, caches %s",
-                              kvb ? "bf16" : "f32", hd, withnorm, n, pos0, inter, re,
+                              "rope_kv_attention vs rope_kv_store + attention, %s K/V%s, hd %d, "
+                              "norm %d, n %d at %d, interleaved %d: rel err %.3g, caches %s",
+                              kvb ? "bf16" : "f32", cl ? " (cluster merge)" : "", hd, withnorm,
+                              n, pos0, inter, re,
                               cache_same ? "equal" : "DIFFER");
                         same += !memcmp(ga, gb, sizeof(float) * nq) && cache_same;
                         total++;

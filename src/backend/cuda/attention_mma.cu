@@ -794,7 +794,56 @@ template <int HD> static __host__ __device__ constexpr size_t dec_smem(bool rope
  * Those keys, the block table and *dpos were written before the previous
  * kernel began (this kernel is launched only once every block of that one
  * has waited for its own predecessor), so they are visible. */
-template <int HD, bool RP>
+/* The key-split merge of the RoPE decode kernel's cluster (one block a
+ * split, cluster rank = split), done by the n_used blocks with keys
+ * together: each block's partial (o[rows][HD], then m[16] and l[16] in
+ * base 2) lies in its own shared memory at `part`, and each output
+ * element is merge_splits' arithmetic on those values read across the
+ * cluster (cuk_split_weights' weights, then o's sum in split order), so
+ * the same bits as the merge through global memory, without its counter,
+ * fences and dependent L2 trips. Every (row, split) value an element
+ * needs is loaded before any is used. */
+template <int HD>
+static __device__ __forceinline__ void cluster_merge(float *out, uint32_t part, int rows,
+                                                     int n_used, int sp, const struct row_div &rd,
+                                                     int kvh, int n_heads)
+{
+    uint32_t peer[CUK_DEC_CLUSTER_MAX];
+#pragma unroll
+    for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
+        peer[s] = s < n_used ? cuk_dsmem_addr(part, s) : 0;
+    const uint32_t ml = (uint32_t)(rows * HD) * 4;
+    for (int idx = sp * (int)blockDim.x + (int)threadIdx.x; idx < rows * HD;
+         idx += n_used * (int)blockDim.x) {
+        const int r = idx / HD, d = idx - r * HD;
+        float ms[CUK_DEC_CLUSTER_MAX], ls[CUK_DEC_CLUSTER_MAX], os[CUK_DEC_CLUSTER_MAX];
+#pragma unroll
+        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
+            if (s < n_used) {
+                ms[s] = cuk_dsmem_ld(peer[s] + ml + (uint32_t)r * 4);
+                ls[s] = cuk_dsmem_ld(peer[s] + ml + (uint32_t)(16 + r) * 4);
+                os[s] = cuk_dsmem_ld(peer[s] + (uint32_t)idx * 4);
+            }
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
+            if (s < n_used)
+                M = fmaxf(M, ms[s]);
+#pragma unroll
+        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
+            if (s < n_used) {
+                ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - M);
+                L = fmaf(ls[s], ms[s], L);
+            }
+#pragma unroll
+        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
+            if (s < n_used)
+                O = fmaf(os[s], ms[s], O);
+        out[row_qh(rd, r, 0, kvh, n_heads) * HD + d] = L > 0.0f ? O / L : 0.0f;
+    }
+}
+
+template <int HD, bool RP, bool CL = false>
 static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
                                                  uint16_t *vc, const int *table,
                                                  const struct cuk_attn &g, int kvh, int sp,
@@ -819,8 +868,13 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const int k_end = g.pos0 + g.n;
     const struct key_run kr = key_run_of(g, g.pos0, k_end, n_splits, sp);
     const int k_lo = kr.k_lo, n_tiles = kr.n_tiles, n_used = kr.n_used, tb = kr.tb, te = kr.te;
-    if (sp >= n_used)
-        return; /* reads and writes nothing: no need to wait */
+    if (sp >= n_used) { /* reads and writes nothing: no need to wait */
+        if (CL && n_used > 1) { /* but meets the cluster where the others do */
+            cuk_cluster_sync();
+            cuk_cluster_sync();
+        }
+        return;
+    }
 
     /* A tile's keys from the pool, [t0, lim): with RP the new keys come
      * from nks / nvs. Thread 0 copies them with one bulk copy per run of
@@ -1180,6 +1234,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     __syncthreads();
     const size_t nrow = (size_t)g.n * g.n_heads * n_splits;
     float *wm = ws + nrow * HD, *wl = wm + nrow; /* valid when n_splits > 1 */
+    float *cpart = sl + AM_WARPS * 16; /* CL: o[rows][HD], m[16], l[16] */
     for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
         int r = idx / HD, d = idx % HD;
         float M = -INFINITY;
@@ -1197,6 +1252,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         size_t qh = row_qh(rd, r, 0, kvh, g.n_heads);
         if (n_used == 1 && !dnused) {
             out[qh * HD + d] = L > 0.0f ? O / L : 0.0f;
+        } else if (CL) {
+            cpart[idx] = O;
+            if (d == 0) {
+                cpart[rows * HD + r] = M;
+                cpart[rows * HD + 16 + r] = L;
+            }
         } else {
             size_t pr = qh * n_splits + sp;
             ws[pr * HD + d] = O;
@@ -1207,6 +1268,13 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
         }
     }
     PROBE(RP, 4);
+    if (CL && n_used > 1) {
+        cuk_cluster_sync(); /* every split's partial is in its block's shared memory */
+        cluster_merge<HD>(out, (uint32_t)__cvta_generic_to_shared(cpart), rows, n_used, sp, rd,
+                          kvh, g.n_heads);
+        cuk_cluster_sync(); /* no block leaves while another reads its partial */
+        return;
+    }
     if (dnused) { /* the next kernel merges: all it needs besides ws */
         if (kvh == 0 && sp == 0 && threadIdx.x == 0)
             *dnused = n_used;
@@ -1217,7 +1285,7 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
                         RP);
 }
 
-template <int HD, bool RP>
+template <int HD, bool RP, bool CL = false>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attention_dec(float *out, const float *q, uint16_t *kc, uint16_t *vc, const int *table,
                     struct cuk_attn g, const int *dpos, int n_splits, float *ws, unsigned *cnt,
@@ -1226,8 +1294,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (dpos) /* before waiting: see dec_block */
         g.pos0 = *dpos;
     PROBE(RP, 0);
-    dec_block<HD, RP>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
-                      cnt + blockIdx.x, rope, dnused);
+    dec_block<HD, RP, CL>(out, q, kc, vc, table, g, blockIdx.x, blockIdx.y, n_splits, ws,
+                          cnt + blockIdx.x, rope, dnused);
     PROBE_END(RP);
 }
 
@@ -1282,6 +1350,49 @@ static_assert(AM_WARPS * 16 * 64 * 4 + 2 * AM_WARPS * 16 * 4 <= 4 * AM_KEYS * 64
               "the warp merge fits in the tiles' shared memory");
 static_assert((2 * 16 * 64 + 16) * 4 <= 4 * AM_KEYS * 64 * 2,
               "the decode split merge fits in the tiles' shared memory");
+static_assert((AM_WARPS * 16 * 128 + 2 * AM_WARPS * 16 + 16 * 128 + 32) * 4 <=
+                  4 * AM_KEYS * 128 * 2,
+              "the cluster merge's partial fits after the warp merge's");
+static_assert((AM_WARPS * 16 * 64 + 2 * AM_WARPS * 16 + 16 * 64 + 32) * 4 <= 4 * AM_KEYS * 64 * 2,
+              "the cluster merge's partial fits after the warp merge's");
+
+/* Whether clusters of n blocks of the RoPE decode kernel can run on this
+ * device (their blocks on one GPC at once), asked once per device and
+ * size; the caller has set the kernel's shared memory up. */
+template <int HD> static bool dec_cluster_ok(int n)
+{
+    static signed char known[CUK_MAX_DEVICES][CUK_DEC_CLUSTER_MAX + 1]; /* 1 yes, -1 no */
+    int dev = 0;
+    if (n < 2 || n > CUK_DEC_CLUSTER_MAX || cudaGetDevice(&dev) != cudaSuccess || dev < 0 ||
+        dev >= CUK_MAX_DEVICES) {
+        cudaGetLastError();
+        return false;
+    }
+    if (known[dev][n])
+        return known[dev][n] > 0;
+    auto k = k_attention_dec<HD, true, true>;
+    int nc = 0;
+    bool ok = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+              cudaSuccess;
+    if (ok) {
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = 1;
+        at.val.clusterDim.y = (unsigned)n;
+        at.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, (unsigned)n);
+        cfg.blockDim = dim3(AM_WARPS * 32);
+        cfg.dynamicSmemBytes = dec_smem<HD>(true);
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        ok = cudaOccupancyMaxActiveClusters(&nc, k, &cfg) == cudaSuccess && nc >= 1;
+    }
+    if (!ok)
+        cudaGetLastError();
+    known[dev][n] = ok ? 1 : -1;
+    return ok;
+}
 
 template <int HD, bool RP>
 static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
@@ -1295,6 +1406,21 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
     cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD, RP>, dec_smem<HD>(RP), &opted, true);
     if (err != cudaSuccess)
         return err;
+    if constexpr (RP)
+        if (g->dec_cluster && !dnused && n_splits >= 2 && n_splits <= CUK_DEC_CLUSTER_MAX) {
+            static struct cuk_opted opted_cl;
+            err = cuk_smem_opt_in(k_attention_dec<HD, true, true>, dec_smem<HD>(true), &opted_cl,
+                                  true);
+            if (err != cudaSuccess)
+                return err;
+            if (dec_cluster_ok<HD>(n_splits))
+                return cuk_launch_cluster(k_attention_dec<HD, true, true>,
+                                          dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
+                                          AM_WARPS * 32, dec_smem<HD>(true), s,
+                                          dim3(1, (unsigned)n_splits, 1), out, q, (uint16_t *)kc,
+                                          (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
+                                          rope, dnused);
+        }
     return cuk_launch(k_attention_dec<HD, RP>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
                       AM_WARPS * 32, dec_smem<HD>(RP), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
                       table, *g, dpos, n_splits, ws, cnt, rope, dnused);

@@ -404,7 +404,7 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt;
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -424,7 +424,8 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_TC_SMEM", 1, 227 * 1024, &l->tc_smem, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0 ||
-        env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0)
+        env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0 ||
+        env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -544,6 +545,8 @@ static struct backend *cuda_create(int device, struct err *e)
     c->rgraphs = true;
     c->fuse = env_flag("CLLM_CUDA_FUSE", true);
     c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
+    c->dec_cluster = hopper && env_flag("CLLM_CUDA_DEC_CLUSTER", true);
+    c->dec_cluster_tiles = lv.dec_cluster_tiles ? (int)lv.dec_cluster_tiles : 2;
     c->swiglu_out = env_flag("CLLM_CUDA_SWIGLU_OUT", true);
     if (env_flag("CLLM_CUDA_LT", true) && (c->lt_plans = calloc(LT_PLANS, sizeof *c->lt_plans)) &&
         cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS)

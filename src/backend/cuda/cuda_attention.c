@@ -268,6 +268,16 @@ static int attention_run(struct backend *be, float *out, const float *q,
     int splits = dec ? cuk_attention_dec_splits(a->n_kv_heads, kv_cap, c->dec_blocks, 1)
                  : pre ? cuk_attention_mma_splits(&g, a->pos0 + a->n, c->n_sms)
                        : cuk_attention_splits(a->n, a->n_heads, kv_cap, c->n_sms);
+    /* A one-sequence decode step with RoPE merges its key splits in a
+     * thread-block cluster of at most CUK_DEC_CLUSTER_MAX blocks: up to
+     * two 64-key tiles a block, fewer splits merged there beat more merged
+     * through global memory (H200, a 1,536-token context: 0.6B 1,109 ->
+     * 1,179 tok/s, 8B 240.7 -> 241.8; docs/benchmarks.md, twenty-seventh
+     * pass). Decided by the bucket's tiles, as the split count is, so
+     * replays split like eager steps. */
+    if (c->dec_cluster && rope && dec && splits > CUK_DEC_CLUSTER_MAX &&
+        (kv_cap + 63) / 64 <= (long)CUK_DEC_CLUSTER_MAX * c->dec_cluster_tiles)
+        splits = CUK_DEC_CLUSTER_MAX;
     if (a->n == 1) {
         c->att_heads = a->n_heads;
         c->att_hd = a->head_dim;
@@ -286,7 +296,9 @@ static int attention_run(struct backend *be, float *out, const float *q,
     /* one query with RoPE whose o projection comes next: that GEMV merges
      * the key splits as it stages its input (cu_matmul_fused) */
     int *dn = NULL;
-    bool defer = rope && a->o_next && c->gemv_staged && dec && a->n == 1 && splits > 1 &&
+    g.dec_cluster = c->dec_cluster && rope && dec && splits >= 2 && splits <= CUK_DEC_CLUSTER_MAX;
+    bool defer = !g.dec_cluster && rope && a->o_next && c->gemv_staged && dec && a->n == 1 &&
+                 splits > 1 &&
                  (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits))) &&
                  (c->dn.p || !c->capturing); /* no buffer can be made while recording */
     if (defer && !(dn = dbuf_get(c, &c->dn, sizeof(int), "deferred merge count")))

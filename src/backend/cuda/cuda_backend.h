@@ -48,6 +48,10 @@ struct cuk_attn {
     /* the tensor-core prefill kernel's 16-row slices a warp: 1 or 2 (a
      * test lever), 0: 2 for a long chunk (cuk_attention_mma) */
     int pf_mt;
+    /* 1: a one-sequence decode step with RoPE (cuk_attention_dec, no dnused)
+     * of 2..CUK_DEC_CLUSTER_MAX key splits runs them as one thread-block cluster a KV head
+     * and merges them there, through shared memory */
+    int dec_cluster;
 };
 
 /* Process-wide: launch kernels with programmatic dependent launch (on by
@@ -150,6 +154,9 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
  * (n_seqs x n_kv_heads x splits) run at once when the GPU runs max_blocks
  * of them (CUK_DEC_BLOCKS_PER_SM per SM), at least one. */
 #define CUK_DEC_BLOCKS_PER_SM 2
+/* Most key splits a one-sequence RoPE decode step merges in one thread-block
+ * cluster (struct cuk_attn.dec_cluster): the hardware's largest cluster. */
+#define CUK_DEC_CLUSTER_MAX 16
 int cuk_attention_dec_rows(const struct cuk_attn *g);
 int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int max_blocks, int n_seqs);
 /* What cuk_rope_kv_store would do before the decode kernel, for it to do

@@ -458,22 +458,74 @@ static __device__ __forceinline__ void cuk_pdl_start()
 int cuk_pdl_enabled(void);
 
 /* k<<<grid, block, smem, s>>>(args...), with programmatic dependent launch
- * when enabled. */
+ * when enabled, and with the blocks grouped in thread-block clusters of
+ * `cluster` when that is more than one block (Hopper): the blocks of a
+ * cluster run at once on one GPC and may read each other's shared memory
+ * (cuk_dsmem_ld) and meet at cuk_cluster_sync. */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t cuk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                     cudaStream_t s, Args &&...args)
+static inline cudaError_t cuk_launch_cluster(void (*k)(KArgs...), dim3 grid, dim3 block,
+                                             size_t smem, cudaStream_t s, dim3 cluster,
+                                             Args &&...args)
 {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cuk_pdl_enabled()) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = cluster.x;
+        at[n].val.clusterDim.y = cluster.y;
+        at[n++].val.clusterDim.z = cluster.z;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = cuk_pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuk_launch(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     cudaStream_t s, Args &&...args)
+{
+    return cuk_launch_cluster(k, grid, block, smem, s, dim3(1, 1, 1),
+                              std::forward<Args>(args)...);
+}
+
+/* Every thread of every block of the cluster gets here before any goes
+ * on; the writes before it (shared memory included) are visible to the
+ * cluster after it. Called by all threads of a block, uniformly. */
+static __device__ __forceinline__ void cuk_cluster_sync()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+/* The shared-memory address a (of this block's window) in the block of
+ * cluster rank `rank`, for cuk_dsmem_ld. */
+static __device__ __forceinline__ uint32_t cuk_dsmem_addr(uint32_t a, int rank)
+{
+    uint32_t r = a;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+#endif
+    return r;
+}
+
+static __device__ __forceinline__ float cuk_dsmem_ld(uint32_t a)
+{
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+#endif
+    return v;
 }
 
 /* Lets kernel (one instantiation) take smem bytes of dynamic shared memory

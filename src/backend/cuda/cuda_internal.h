@@ -106,6 +106,10 @@ struct cuda_backend {
     cublasHandle_t blas;
     bool precise;
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool dec_cluster;  /* a one-sequence RoPE decode step merges its key splits in
+                        * a thread-block cluster (CLLM_CUDA_DEC_CLUSTER) */
+    int dec_cluster_tiles; /* and at most 16 splits when that leaves a block no
+                            * more key tiles than this (CLLM_CUDA_DEC_CLUSTER_TILES) */
     bool rope_att;     /* the decode attention kernel does RoPE + K/V store
                         * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
     bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
