@@ -778,22 +778,6 @@ template <int HD> static __host__ __device__ constexpr size_t dec_smem(bool rope
            (rope ? 16 * HD * 4 /* qs */ + 2 * 16 * HD * 2 /* nks, nvs */ : 0) + 16;
 }
 
-/* The block's work for one sequence: g.n queries at positions g.pos0..;
- * out and q point at its first row; ws (n_splits > 1) holds its partials
- * laid out as cuk_attention's workspace for g.n queries and n_splits
- * splits (m and l in base 2), cnt is its counter for this KV head. RP:
- * the block does the RoPE + K/V store too, from rope (read only then; a
- * reference to the kernel parameter, not a pointer: a pointer to it put
- * the struct in local memory).
- *
- * It waits for the previous kernel itself (cuk_pdl_start), after starting
- * what does not depend on it: the first key tile's loads when that tile
- * holds only keys of earlier steps (with RP always: the new keys come from
- * shared memory), and with RP the RoPE cosines and sines of the first
- * position and, in the block of the last tile, the new keys' cache slots.
- * Those keys, the block table and *dpos were written before the previous
- * kernel began (this kernel is launched only once every block of that one
- * has waited for its own predecessor), so they are visible. */
 /* The key-split merge of the RoPE decode kernel's cluster (one block a
  * split, cluster rank = split), done by the n_used blocks with keys
  * together: each block's partial (o[rows][HD], then m[16] and l[16] in
@@ -843,6 +827,26 @@ static __device__ __forceinline__ void cluster_merge(float *out, uint32_t part, 
     }
 }
 
+/* The block's work for one sequence: g.n queries at positions g.pos0..;
+ * out and q point at its first row; ws (n_splits > 1) holds its partials
+ * laid out as cuk_attention's workspace for g.n queries and n_splits
+ * splits (m and l in base 2), cnt is its counter for this KV head. RP:
+ * the block does the RoPE + K/V store too, from rope (read only then; a
+ * reference to the kernel parameter, not a pointer: a pointer to it put
+ * the struct in local memory).
+ *
+ * It waits for the previous kernel itself (cuk_pdl_start), after starting
+ * what does not depend on it: the first key tile's loads when that tile
+ * holds only keys of earlier steps (with RP always: the new keys come from
+ * shared memory), and with RP the RoPE cosines and sines of the first
+ * position and, in the block of the last tile, the new keys' cache slots.
+ * Those keys, the block table and *dpos were written before the previous
+ * kernel began (this kernel is launched only once every block of that one
+ * has waited for its own predecessor), so they are visible.
+ *
+ * CL (with RP): the grid runs as clusters of the n_splits blocks of a KV
+ * head, cluster rank = sp, and the splits are merged there
+ * (cluster_merge) instead of through ws and cnt. */
 template <int HD, bool RP, bool CL = false>
 static __device__ __forceinline__ void dec_block(float *out, const float *q, uint16_t *kc,
                                                  uint16_t *vc, const int *table,
