@@ -48,9 +48,11 @@ struct cuk_attn {
     /* the tensor-core prefill kernel's 16-row slices a warp: 1 or 2 (a
      * test lever), 0: 2 for a long chunk (cuk_attention_mma) */
     int pf_mt;
-    /* 1: a one-sequence decode step with RoPE (cuk_attention_dec, no dnused)
-     * of 2..CUK_DEC_CLUSTER_MAX key splits runs them as one thread-block cluster a KV head
-     * and merges them there, through shared memory */
+    /* 1: a one-sequence decode step with RoPE (cuk_attention_dec, no
+     * dnused) of 2..CUK_DEC_CLUSTER_MAX key splits runs them as one
+     * thread-block cluster a KV head and merges them there, through shared
+     * memory (where the device cannot run such clusters, the kernel merges
+     * them through global memory) */
     int dec_cluster;
 };
 

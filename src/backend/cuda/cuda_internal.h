@@ -108,8 +108,9 @@ struct cuda_backend {
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
     bool dec_cluster;  /* a one-sequence RoPE decode step merges its key splits in
                         * a thread-block cluster (CLLM_CUDA_DEC_CLUSTER) */
-    int dec_cluster_tiles; /* and at most 16 splits when that leaves a block no
-                            * more key tiles than this (CLLM_CUDA_DEC_CLUSTER_TILES) */
+    int dec_cluster_tiles; /* and at most CUK_DEC_CLUSTER_MAX splits when that
+                            * leaves a block no more key tiles than this
+                            * (CLLM_CUDA_DEC_CLUSTER_TILES) */
     bool rope_att;     /* the decode attention kernel does RoPE + K/V store
                         * (CLLM_CUDA_ROPE_ATT != 0; with fuse) */
     bool swiglu_out;   /* the gate/up GEMV writes SwiGLU's output
