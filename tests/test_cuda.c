@@ -755,13 +755,14 @@ static void check_rope_kv_attention(void)
     static const int cases[][2] = {{1, 0}, {1, 1000}, {4, 62}, {2, 4095}, {3, 200}};
     const float eps = 1e-6f;
     int same = 0, total = 0;
-    /* a bf16 cache with the one-query cases' key splits merged in a
-     * thread-block cluster (CLLM_CUDA_DEC_CLUSTER, cl) and through global
-     * memory, then an f32 cache */
-    for (int kvb = 1, cl = 1; kvb >= 0; kvb -= !cl, cl = 0)
+    /* each variant (bf16 cache, key splits merged in a thread-block
+     * cluster: CLLM_CUDA_DEC_CLUSTER): a bf16 cache with the splits merged
+     * in a cluster, then through global memory, then an f32 cache */
+    static const int variants[][2] = {{1, 1}, {1, 0}, {0, 0}};
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++)
         for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
             for (int withnorm = 0; withnorm < 2; withnorm++) {
-                int hd = hds[hi], kvd = KVH * hd;
+                int kvb = variants[vi][0], cl = variants[vi][1], hd = hds[hi], kvd = KVH * hd;
                 struct qkn_fixture fx;
                 struct err e = {{0}};
                 setenv("CLLM_CUDA_DEC_CLUSTER", cl ? "1" : "0", 1);

@@ -275,7 +275,8 @@ static int attention_run(struct backend *be, float *out, const float *q,
      * 1,179 tok/s, 8B 240.7 -> 241.8; docs/benchmarks.md, twenty-seventh
      * pass). Decided by the bucket's tiles, as the split count is, so
      * replays split like eager steps. */
-    if (c->dec_cluster && rope && dec && splits > CUK_DEC_CLUSTER_MAX &&
+    const bool cluster = c->dec_cluster && rope && dec;
+    if (cluster && splits > CUK_DEC_CLUSTER_MAX &&
         (kv_cap + 63) / 64 <= (long)CUK_DEC_CLUSTER_MAX * c->dec_cluster_tiles)
         splits = CUK_DEC_CLUSTER_MAX;
     if (a->n == 1) {
@@ -296,7 +297,7 @@ static int attention_run(struct backend *be, float *out, const float *q,
     /* one query with RoPE whose o projection comes next: that GEMV merges
      * the key splits as it stages its input (cu_matmul_fused) */
     int *dn = NULL;
-    g.dec_cluster = c->dec_cluster && rope && dec && splits >= 2 && splits <= CUK_DEC_CLUSTER_MAX;
+    g.dec_cluster = cluster && splits >= 2 && splits <= CUK_DEC_CLUSTER_MAX;
     bool defer = !g.dec_cluster && rope && a->o_next && c->gemv_staged && dec && a->n == 1 &&
                  splits > 1 &&
                  (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits))) &&
