@@ -454,6 +454,20 @@ static __device__ __forceinline__ void cuk_pdl_start()
 #endif
 }
 
+/* Lets the next kernel launch without waiting for the previous one: only
+ * for a block that reads and writes nothing the previous kernel touches
+ * and does not leave at once (a block that leaves counts as released).
+ * The next kernel still launches only once every block has released or
+ * left, so while one block of this grid waits in cuk_pdl_start, the
+ * invariant that kernel relies on (its predecessor's predecessor has
+ * completed) holds. */
+static __device__ __forceinline__ void cuk_pdl_release()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* Whether launches carry the programmatic-serialization attribute. */
 int cuk_pdl_enabled(void);
 
