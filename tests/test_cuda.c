@@ -754,7 +754,8 @@ static void check_rope_kv_attention(void)
     static const int hds[] = {64, 128};
     static const int cases[][2] = {{1, 0}, {1, 1000}, {4, 62}, {2, 4095}, {3, 200}};
     const float eps = 1e-6f;
-    int same = 0, total = 0;
+    int same = 0, total = 0, cl_on = 0;
+    long cl_launches = 0, off_launches = 0;
     /* each variant (bf16 cache, key splits merged in a thread-block
      * cluster: CLLM_CUDA_DEC_CLUSTER): a bf16 cache with the splits merged
      * in a cluster, then through global memory, then an f32 cache */
@@ -826,10 +827,25 @@ static void check_rope_kv_attention(void)
                             be->ops->free(be, ds[i]);
                         kv_pair_close(&kp);
                     }
+                /* which merge the bf16 cases took: the backend's count */
+                long merges[3] = {0};
+                int on = be->ops->attention_stats ? be->ops->attention_stats(be, merges) : 0;
+                if (kvb && cl) {
+                    cl_launches += merges[0];
+                    cl_on |= on;
+                } else {
+                    off_launches += merges[0];
+                    CHECK(!on, "rope_kv_attention: clusters on with CLLM_CUDA_DEC_CLUSTER=0");
+                }
                 qkn_close(&fx);
             }
+    /* a Hopper GPU merges the one-query cases of 2-16 splits in clusters */
+    CHECK(!cl_on || cl_launches > 0, "rope_kv_attention: no launch merged in a cluster");
+    CHECK(off_launches == 0, "rope_kv_attention: %ld launches merged in a cluster with "
+                             "CLLM_CUDA_DEC_CLUSTER=0", off_launches);
     printf("rope_kv_attention vs rope_kv_store + attention: %d of %d cases bit-identical "
-           "(outputs and caches)\n", same, total);
+           "(outputs and caches); %ld launches merged in a cluster (clusters %s)\n", same, total,
+           cl_launches, cl_on ? "on" : "off");
 }
 
 /* attn_args.o_next: a one-query rope_kv_attention on a bf16 cache may leave

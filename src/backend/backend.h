@@ -291,6 +291,12 @@ struct backend_ops {
     /* Optional: steps recorded (step_begin/step_end) and replayed so far,
      * by kind: [0] single-sequence decodes, [1] batched decodes. */
     void (*step_stats)(struct backend *be, long recorded[2], long replayed[2]);
+    /* Optional: one-sequence decode attention launches with RoPE and
+     * several key splits issued so far (a recorded step's once), by where
+     * the splits were merged: [0] in a thread-block cluster, [1] by the o
+     * projection's GEMV, [2] through global memory by the kernel. Returns
+     * whether the backend merges in clusters at all. */
+    int (*attention_stats)(struct backend *be, long merges[3]);
 };
 
 struct backend {

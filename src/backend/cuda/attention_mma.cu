@@ -1367,7 +1367,7 @@ static_assert((AM_WARPS * 16 * 64 + 2 * AM_WARPS * 16 + 16 * 64 + 32) * 4 <= 4 *
 
 /* Whether clusters of n blocks of the RoPE decode kernel can run on this
  * device (their blocks on one GPC at once), asked once per device and
- * size; the caller has set the kernel's shared memory up. */
+ * size. */
 template <int HD> static bool dec_cluster_ok(int n)
 {
     static signed char known[CUK_MAX_DEVICES][CUK_DEC_CLUSTER_MAX + 1]; /* 1 yes, -1 no */
@@ -1381,8 +1381,10 @@ template <int HD> static bool dec_cluster_ok(int n)
         return known[dev][n] > 0;
     auto k = k_attention_dec<HD, true, true>;
     int nc = 0;
-    bool ok = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-              cudaSuccess;
+    static struct cuk_opted opted;
+    bool ok = cuk_smem_opt_in(k, dec_smem<HD>(true), &opted, true) == cudaSuccess &&
+              cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                  cudaSuccess;
     if (ok) {
         cudaLaunchAttribute at;
         at.id = cudaLaunchAttributeClusterDimension;
@@ -1403,6 +1405,13 @@ template <int HD> static bool dec_cluster_ok(int n)
     return ok;
 }
 
+extern "C" int cuk_attention_dec_cluster_ok(int head_dim, int n_splits)
+{
+    if (n_splits < 2 || n_splits > CUK_DEC_CLUSTER_MAX || (head_dim != 64 && head_dim != 128))
+        return 0;
+    return head_dim == 64 ? dec_cluster_ok<64>(n_splits) : dec_cluster_ok<128>(n_splits);
+}
+
 template <int HD, bool RP>
 static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *kc, void *vc,
                               const int *table, const struct cuk_attn *g, const int *dpos,
@@ -1416,19 +1425,18 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
     if (err != cudaSuccess)
         return err;
     if constexpr (RP)
-        if (g->dec_cluster && !dnused && n_splits >= 2 && n_splits <= CUK_DEC_CLUSTER_MAX) {
+        if (g->dec_cluster) { /* cuk_attention_dec checked the cluster's size */
             static struct cuk_opted opted_cl;
             err = cuk_smem_opt_in(k_attention_dec<HD, true, true>, dec_smem<HD>(true), &opted_cl,
                                   true);
             if (err != cudaSuccess)
                 return err;
-            if (dec_cluster_ok<HD>(n_splits))
-                return cuk_launch_cluster(k_attention_dec<HD, true, true>,
-                                          dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
-                                          AM_WARPS * 32, dec_smem<HD>(true), s,
-                                          dim3(1, (unsigned)n_splits, 1), out, q, (uint16_t *)kc,
-                                          (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt,
-                                          rope, dnused);
+            return cuk_launch_cluster(k_attention_dec<HD, true, true>,
+                                      dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
+                                      AM_WARPS * 32, dec_smem<HD>(true), s,
+                                      dim3(1, (unsigned)n_splits, 1), out, q, (uint16_t *)kc,
+                                      (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt, rope,
+                                      dnused);
         }
     return cuk_launch(k_attention_dec<HD, RP>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
                       AM_WARPS * 32, dec_smem<HD>(RP), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
@@ -1456,7 +1464,9 @@ extern "C" cudaError_t cuk_attention_dec(cudaStream_t s, float *out, const float
     int qmax = cuk_attention_dec_rows(g);
     if (!qmax || g->n < 1 || g->n > qmax || n_splits < 1 || n_splits > 64 ||
         (n_splits > 1 && (!ws || !cnt)) || (rope && g->kv_dim != g->n_kv_heads * g->head_dim) ||
-        (dnused && (!rope || g->n != 1 || n_splits < 2)))
+        (dnused && (!rope || g->n != 1 || n_splits < 2)) ||
+        (g->dec_cluster && (!rope || dnused || !cuk_attention_dec_cluster_ok(g->head_dim,
+                                                                             n_splits))))
         return cudaErrorInvalidValue;
     if (g->head_dim == 64)
         return launch_dec_hd<64>(s, out, q, kc, vc, table, g, dpos, n_splits, ws, cnt, rope,

@@ -226,6 +226,9 @@ static void cu_destroy(struct backend *be)
         }
         fprintf(stderr, "%s: decode graphs recorded / replayed: %ld / %ld single, %ld / %ld "
                         "batched\n", c->name, c->g_rec[0], c->g_rep[0], c->g_rec[1], c->g_rep[1]);
+        fprintf(stderr, "%s: decode attention launches issued, key splits merged: %ld in a "
+                        "cluster, %ld by the o projection, %ld through global memory\n",
+                c->name, c->att_merges[0], c->att_merges[1], c->att_merges[2]);
         for (int i = 0; i < 3; i++)
             cudaEventDestroy(c->ev[i]);
     }
@@ -371,6 +374,7 @@ static const struct backend_ops cuda_ops = {
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .step_stats = cu_step_stats,
+    .attention_stats = cu_attention_stats,
     .mem_info = cu_mem_info,
     .kv_dtype = cu_kv_dtype,
     .mem_bandwidth = cu_mem_bandwidth,

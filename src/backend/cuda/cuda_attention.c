@@ -297,13 +297,15 @@ static int attention_run(struct backend *be, float *out, const float *q,
     /* one query with RoPE whose o projection comes next: that GEMV merges
      * the key splits as it stages its input (cu_matmul_fused) */
     int *dn = NULL;
-    g.dec_cluster = cluster && splits >= 2 && splits <= CUK_DEC_CLUSTER_MAX;
+    g.dec_cluster = cluster && cuk_attention_dec_cluster_ok(a->head_dim, splits);
     bool defer = !g.dec_cluster && rope && a->o_next && c->gemv_staged && dec && a->n == 1 &&
                  splits > 1 &&
                  (c->defer_merge == 1 || (c->defer_merge == -1 && defer_pays(c, splits))) &&
                  (c->dn.p || !c->capturing); /* no buffer can be made while recording */
     if (defer && !(dn = dbuf_get(c, &c->dn, sizeof(int), "deferred merge count")))
         return sticky(c, e);
+    if (rope && splits > 1) /* issued, not replayed: a graph records it once */
+        c->att_merges[g.dec_cluster ? 0 : dn ? 1 : 2]++;
     if (fail_cuda(c, "attention",
                   dec ? cuk_attention_dec(c->stream, out, q, pool->k, pool->v, tab, &g, dpos,
                                           splits, ws, cnt, rope, dn)
@@ -321,6 +323,14 @@ static int attention_run(struct backend *be, float *out, const float *q,
         c->pend.head_dim = a->head_dim;
     }
     return 0;
+}
+
+int cu_attention_stats(struct backend *be, long merges[3])
+{
+    struct cuda_backend *c = cb(be);
+    for (int i = 0; i < 3; i++)
+        merges[i] = c->att_merges[i];
+    return c->dec_cluster;
 }
 
 int cu_attention(struct backend *be, float *out, const float *q, const struct kv_pool *pool,

@@ -49,10 +49,10 @@ struct cuk_attn {
      * test lever), 0: 2 for a long chunk (cuk_attention_mma) */
     int pf_mt;
     /* 1: a one-sequence decode step with RoPE (cuk_attention_dec, no
-     * dnused) of 2..CUK_DEC_CLUSTER_MAX key splits runs them as one
-     * thread-block cluster a KV head and merges them there, through shared
-     * memory (where the device cannot run such clusters, the kernel merges
-     * them through global memory) */
+     * dnused) runs its key splits as one thread-block cluster a KV head and
+     * merges them there, through shared memory; only where
+     * cuk_attention_dec_cluster_ok says the device runs such clusters
+     * (cuk_attention_dec refuses it otherwise) */
     int dec_cluster;
 };
 
@@ -159,6 +159,11 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
 /* Most key splits a one-sequence RoPE decode step merges in one thread-block
  * cluster (struct cuk_attn.dec_cluster): the hardware's largest cluster. */
 #define CUK_DEC_CLUSTER_MAX 16
+/* Whether cuk_attention_dec can merge n_splits key splits of head_dim in a
+ * cluster on the current device (2..CUK_DEC_CLUSTER_MAX splits, head_dim
+ * 64 or 128, Hopper, and such clusters fit); asked of the device once per
+ * size, then cached. */
+int cuk_attention_dec_cluster_ok(int head_dim, int n_splits);
 int cuk_attention_dec_rows(const struct cuk_attn *g);
 int cuk_attention_dec_splits(int n_kv_heads, int kv_cap, int max_blocks, int n_seqs);
 /* What cuk_rope_kv_store would do before the decode kernel, for it to do

@@ -214,6 +214,11 @@ struct cuda_backend {
     struct step_graph seen[SEEN_KEYS];
     int n_seen;
     long g_rec[2], g_rep[2]; /* graphs recorded / replayed: single, batched */
+    /* one-sequence RoPE decode attention launches of several key splits,
+     * as issued (a graph's once), by where the splits were merged: in a
+     * thread-block cluster, by the o projection, through global memory in
+     * the kernel (CLLM_CUDA_TIMING prints them) */
+    long att_merges[3];
     int att_heads, att_hd;
     /* queries the tensor-core decode kernel takes in one launch (the last
      * attention op's geometry; 0: none seen): the most tokens of a few
@@ -442,5 +447,6 @@ int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *
 int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
 int cu_step_end(struct backend *be, int ops_rc, struct err *e);
 void cu_step_stats(struct backend *be, long recorded[2], long replayed[2]);
+int cu_attention_stats(struct backend *be, long merges[3]);
 
 #endif
