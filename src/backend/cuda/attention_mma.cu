@@ -22,6 +22,7 @@
 #define AM_WARPS 4
 #define AM_ROWS (AM_WARPS * 16) /* (query, head) rows of a block */
 #define AM_KEYS 64              /* keys per tile */
+static_assert(AM_KEYS == CUK_DEC_TILE_KEYS, "the host's tile size is the kernels'");
 #define AM_MMA_MAX_SPLITS 32    /* key splits of the prefill kernel */
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
@@ -808,17 +809,8 @@ static __device__ __forceinline__ void cluster_merge(float *out, uint32_t part, 
                 ls[s] = cuk_dsmem_ld(peer[s] + ml + (uint32_t)(16 + r) * 4);
                 os[s] = cuk_dsmem_ld(peer[s] + (uint32_t)idx * 4);
             }
-        float M = -INFINITY, L = 0.0f, O = 0.0f;
-#pragma unroll
-        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
-            if (s < n_used)
-                M = fmaxf(M, ms[s]);
-#pragma unroll
-        for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
-            if (s < n_used) {
-                ms[s] = ms[s] == -INFINITY ? 0.0f : exp2f(ms[s] - M);
-                L = fmaf(ls[s], ms[s], L);
-            }
+        const float L = cuk_split_weights<CUK_DEC_CLUSTER_MAX>(ms, ls, n_used);
+        float O = 0.0f;
 #pragma unroll
         for (int s = 0; s < CUK_DEC_CLUSTER_MAX; s++)
             if (s < n_used)
@@ -1367,7 +1359,8 @@ static_assert((AM_WARPS * 16 * 64 + 2 * AM_WARPS * 16 + 16 * 64 + 32) * 4 <= 4 *
 
 /* Whether clusters of n blocks of the RoPE decode kernel can run on this
  * device (their blocks on one GPC at once), asked once per device and
- * size. */
+ * size; the kernel's shared memory is set up here, before the question,
+ * for its launches too. */
 template <int HD> static bool dec_cluster_ok(int n)
 {
     static signed char known[CUK_MAX_DEVICES][CUK_DEC_CLUSTER_MAX + 1]; /* 1 yes, -1 no */
@@ -1418,26 +1411,20 @@ static cudaError_t launch_dec(cudaStream_t s, float *out, const float *q, void *
                               int n_splits, float *ws, unsigned *cnt,
                               const struct cuk_dec_rope &rope, int *dnused)
 {
-    /* with all unified memory as shared memory, the next GEMV's staged
-     * block (gemv_staged.cu) fits beside this kernel's */
-    static struct cuk_opted opted;
-    cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD, RP>, dec_smem<HD>(RP), &opted, true);
-    if (err != cudaSuccess)
-        return err;
     if constexpr (RP)
-        if (g->dec_cluster) { /* cuk_attention_dec checked the cluster's size */
-            static struct cuk_opted opted_cl;
-            err = cuk_smem_opt_in(k_attention_dec<HD, true, true>, dec_smem<HD>(true), &opted_cl,
-                                  true);
-            if (err != cudaSuccess)
-                return err;
+        if (g->dec_cluster) /* cuk_attention_dec checked the size (dec_cluster_ok opted in) */
             return cuk_launch_cluster(k_attention_dec<HD, true, true>,
                                       dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
                                       AM_WARPS * 32, dec_smem<HD>(true), s,
                                       dim3(1, (unsigned)n_splits, 1), out, q, (uint16_t *)kc,
                                       (uint16_t *)vc, table, *g, dpos, n_splits, ws, cnt, rope,
                                       dnused);
-        }
+    /* with all unified memory as shared memory, the next GEMV's staged
+     * block (gemv_staged.cu) fits beside this kernel's */
+    static struct cuk_opted opted;
+    cudaError_t err = cuk_smem_opt_in(k_attention_dec<HD, RP>, dec_smem<HD>(RP), &opted, true);
+    if (err != cudaSuccess)
+        return err;
     return cuk_launch(k_attention_dec<HD, RP>, dim3((unsigned)g->n_kv_heads, (unsigned)n_splits),
                       AM_WARPS * 32, dec_smem<HD>(RP), s, out, q, (uint16_t *)kc, (uint16_t *)vc,
                       table, *g, dpos, n_splits, ws, cnt, rope, dnused);

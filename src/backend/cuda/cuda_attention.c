@@ -277,7 +277,8 @@ static int attention_run(struct backend *be, float *out, const float *q,
      * replays split like eager steps. */
     const bool cluster = c->dec_cluster && rope && dec;
     if (cluster && splits > CUK_DEC_CLUSTER_MAX &&
-        (kv_cap + 63) / 64 <= (long)CUK_DEC_CLUSTER_MAX * c->dec_cluster_tiles)
+        (kv_cap + CUK_DEC_TILE_KEYS - 1) / CUK_DEC_TILE_KEYS <=
+            (long)CUK_DEC_CLUSTER_MAX * c->dec_cluster_tiles)
         splits = CUK_DEC_CLUSTER_MAX;
     if (a->n == 1) {
         c->att_heads = a->n_heads;

@@ -159,6 +159,8 @@ int cuk_attention_mma_splits(const struct cuk_attn *g, int kv_len, int n_sms);
 /* Most key splits a one-sequence RoPE decode step merges in one thread-block
  * cluster (struct cuk_attn.dec_cluster): the hardware's largest cluster. */
 #define CUK_DEC_CLUSTER_MAX 16
+/* Keys in one tile of the decode kernel (a split takes whole tiles). */
+#define CUK_DEC_TILE_KEYS 64
 /* Whether cuk_attention_dec can merge n_splits key splits of head_dim in a
  * cluster on the current device (2..CUK_DEC_CLUSTER_MAX splits, head_dim
  * 64 or 128, Hopper, and such clusters fit); asked of the device once per

@@ -176,21 +176,27 @@ static __device__ __forceinline__ void cuk_norm_rope(const float *x, const float
                     ra, rb);
 }
 
-/* The key-split merge's weights for one row (merge_splits in
- * attention_mma.cu and the staged GEMV's CUK_IN_SPLITS, which must give
- * the same bits): m[s] (base-2 maxima) become c[s] = 2^(m[s] - max m), 0
- * for a split that saw no key of the row; returns the sum of l[s] c[s] in
- * split order. */
+/* The key-split merge's weights for one row (merge_splits and
+ * cluster_merge in attention_mma.cu, the staged GEMV's CUK_IN_SPLITS,
+ * which must give the same bits): m[s] (base-2 maxima) become c[s] =
+ * 2^(m[s] - max m), 0 for a split that saw no key of the row; returns the
+ * sum of l[s] c[s] in split order. NMAX > 0: m and l hold at most NMAX
+ * (n <= NMAX): loops of a constant count, which the compiler unrolls, so
+ * arrays in registers stay there. */
+template <int NMAX = 0>
 static __device__ __forceinline__ float cuk_split_weights(float *m, const float *l, int n)
 {
+    const int hi = NMAX > 0 ? NMAX : n;
     float M = -INFINITY, L = 0.0f;
-    for (int s = 0; s < n; s++)
-        M = fmaxf(M, m[s]);
-    for (int s = 0; s < n; s++) {
-        const float ms = m[s], c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
-        m[s] = c;
-        L = fmaf(l[s], c, L);
-    }
+    for (int s = 0; s < hi; s++)
+        if (s < n)
+            M = fmaxf(M, m[s]);
+    for (int s = 0; s < hi; s++)
+        if (s < n) {
+            const float ms = m[s], c = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+            m[s] = c;
+            L = fmaf(l[s], c, L);
+        }
     return L;
 }
 
