@@ -75,6 +75,31 @@ int runner_greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, 
     return got;
 }
 
+int runner_greedy_ahead(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out)
+{
+    struct err e = {{0}};
+    struct kv_seq seq = {0};
+    int vocab = r->m.cfg.vocab_size, got = 0, next = -1;
+    float *logits = malloc(sizeof(float) * vocab);
+    if (n_gen > 0 && forward_tokens_greedy(&r->fs, &r->pool, &seq, prompt, n_prompt, logits,
+                                           &next, &e) == 0) {
+        out[got++] = next;
+        if (got < n_gen && forward_pipe_issue(&r->fs, &r->pool, &seq, &next, &e) == 0)
+            while (got < n_gen) {
+                if (got + 1 < n_gen && forward_pipe_issue(&r->fs, &r->pool, &seq, NULL, &e))
+                    break;
+                if (forward_pipe_take(&r->fs, &next, &e))
+                    break;
+                out[got++] = next;
+            }
+    }
+    CHECK(e.msg[0] == 0, "forward one step ahead: %s", e.msg);
+    CHECK(r->fs.pipe.n == 0, "forward one step ahead: %d steps left in flight", r->fs.pipe.n);
+    kv_seq_release(&r->pool, &seq);
+    free(logits);
+    return got;
+}
+
 float *runner_logits(struct runner *r, const int *prompt, int n_prompt)
 {
     struct err e = {{0}};

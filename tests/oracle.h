@@ -30,6 +30,9 @@ void runner_close(struct runner *r);
  * id was chosen from. Returns the count. */
 int runner_greedy(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out,
                   bool ignore_eos, float *last_logits);
+/* runner_greedy's ids without stopping at EOS, each decode step queued
+ * one ahead of the host (forward_pipe_issue / forward_pipe_take). */
+int runner_greedy_ahead(struct runner *r, const int *prompt, int n_prompt, int n_gen, int *out);
 /* The logits of every prompt position [n_prompt][vocab] (malloc'ed), or
  * NULL. */
 float *runner_logits(struct runner *r, const int *prompt, int n_prompt);

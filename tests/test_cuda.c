@@ -1884,6 +1884,32 @@ static void check_device_greedy(const char *model_dir, int n_gen)
     CHECK(same_dev, "%s: device argmax greedy differs from host argmax", model_dir);
     printf("cuda fused vs unfused %s, %d steps: %s; device argmax greedy: %s\n", model_dir,
            n_gen, same_fuse ? "bit-identical" : "DIFFER", same_dev ? "identical" : "DIFFER");
+    /* One step ahead (the next step's token read on the device, records
+     * in turn from h_step's halves), replayed graphs and eager steps
+     * (CLLM_COMPILED_DECODE=0): the same ids. */
+    long rec0[2], rep0[2], rec1[2], rep1[2];
+    rf.be->ops->step_stats(rf.be, rec0, rep0);
+    int na = runner_greedy_ahead(&rf, prompt, 5, n_gen, c);
+    rf.be->ops->step_stats(rf.be, rec1, rep1);
+    bool same_ahead = na == n_gen && !memcmp(a, c, sizeof(int) * (size_t)n_gen);
+    CHECK(rf.fs.pipe.dev, "%s: decoding ahead ran without argmax_async", model_dir);
+    CHECK(rep1[0] - rep0[0] >= n_gen - 10, "%s: %ld of %d steps ahead replayed", model_dir,
+          rep1[0] - rep0[0], n_gen);
+    CHECK(same_ahead, "%s: greedy one step ahead differs from host argmax", model_dir);
+    setenv("CLLM_COMPILED_DECODE", "0", 1);
+    struct runner re;
+    rc = gpu_runner(&re, model_dir, 7, false, NULL, 96);
+    unsetenv("CLLM_COMPILED_DECODE");
+    bool same_eager = false;
+    if (rc == 0) {
+        na = runner_greedy_ahead(&re, prompt, 5, n_gen, c);
+        same_eager = na == n_gen && !memcmp(a, c, sizeof(int) * (size_t)n_gen);
+        CHECK(same_eager, "%s: eager greedy one step ahead differs from host argmax", model_dir);
+        runner_close(&re);
+    }
+    printf("cuda greedy one step ahead %s: graphs %s (%ld recorded, %ld replayed), eager %s\n",
+           model_dir, same_ahead ? "identical" : "DIFFER", rec1[0] - rec0[0], rep1[0] - rep0[0],
+           same_eager ? "identical" : "DIFFER");
     free(a);
     free(c);
     free(logits);

@@ -300,6 +300,42 @@ static void check_logit_rows(const char *model_dir)
     runner_close(&r);
 }
 
+/* Decoding one step ahead (forward_pipe_*) on a backend without
+ * argmax_async: every step runs at once and its id is queued, the ids
+ * those of plain greedy decoding; and misuse is refused with a message. */
+static void check_pipe(const char *model_dir)
+{
+    struct runner r;
+    if (cpu_runner(&r, model_dir, 2, 8))
+        return;
+    enum { N = 24 };
+    int prompt[] = {1, 403, 22, 97, 5}, want[N], got[N];
+    int nw = runner_greedy(&r, prompt, 5, N, want, true, NULL);
+    int ng = runner_greedy_ahead(&r, prompt, 5, N, got);
+    CHECK(nw == N && ng == N && !memcmp(want, got, sizeof want),
+          "%s: greedy one step ahead differs from plain greedy (%d, %d ids)", model_dir, nw, ng);
+    struct err e = {{0}};
+    struct kv_seq seq = {0};
+    int id = -1, tok = prompt[1];
+    CHECK(forward_pipe_take(&r.fs, &id, &e) != 0 && strstr(e.msg, "no greedy step in flight"),
+          "a take with nothing in flight refused: '%s'", e.msg);
+    e.msg[0] = 0;
+    CHECK(forward_pipe_issue(&r.fs, &r.pool, &seq, NULL, &e) != 0 &&
+              strstr(e.msg, "no greedy step in flight whose id"),
+          "a step fed the id of none refused: '%s'", e.msg);
+    e.msg[0] = 0;
+    int rc = forward_pipe_issue(&r.fs, &r.pool, &seq, &tok, &e) ||
+             forward_pipe_issue(&r.fs, &r.pool, &seq, NULL, &e);
+    CHECK(rc == 0 && seq.n_tokens == 2, "two steps queued: %s (%d tokens)", e.msg, seq.n_tokens);
+    CHECK(forward_pipe_issue(&r.fs, &r.pool, &seq, NULL, &e) != 0 && strstr(e.msg, "two greedy"),
+          "a third step in flight refused: '%s'", e.msg);
+    e.msg[0] = 0;
+    CHECK(forward_pipe_drop(&r.fs, &e) == 0 && r.fs.pipe.n == 0 && seq.n_tokens == 2,
+          "drop: %s (%d in flight, %d tokens)", e.msg, r.fs.pipe.n, seq.n_tokens);
+    kv_seq_release(&r.pool, &seq);
+    runner_close(&r);
+}
+
 int main(void)
 {
     char path[1024];
@@ -307,6 +343,7 @@ int main(void)
     check_expected_greedy(path, 1);
     check_expected_greedy(path, 2);
     check_logit_rows(path);
+    check_pipe(path);
     snprintf(path, sizeof path, "%s/models/tinystories-656k", CLLM_SHARED_DIR);
     check_expected_greedy(path, 2);
 

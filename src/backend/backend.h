@@ -137,7 +137,8 @@ struct backend_ops {
     /* Copies n floats of backend memory to the host. */
     void (*download)(struct backend *be, float *dst, const float *src, size_t n);
 
-    /* out[i][:] = row ids[i] of table (any dtype) as f32. */
+    /* out[i][:] = row ids[i] of table (any dtype) as f32; ids (host) may
+     * hold BACKEND_TOKEN_LAST on a backend with argmax_async. */
     void (*embed)(struct backend *be, float *out, const struct tensor *table, const int *ids, int n);
     /* out[n][w->rows] = x[n][w->cols] . W^T */
     int (*matmul)(struct backend *be, float *out, const float *x, int n, const struct tensor *w,
@@ -297,7 +298,22 @@ struct backend_ops {
      * projection's GEMV, [2] through global memory by the kernel. Returns
      * whether the backend merges in clusters at all. */
     int (*attention_stats)(struct backend *be, long merges[3]);
+    /* Optional: greedy decoding one step ahead of the host
+     * (forward_pipe_issue). argmax_async queues argmax's pick over the n
+     * floats of backend memory x without waiting for it: the id stays on
+     * the device, where a later step's token BACKEND_TOKEN_LAST reads it
+     * (embed, and a recorded step's replay), and its copy lands in the
+     * host slot `slot` (0 or 1). argmax_take waits for the last copy into
+     * slot and sets *out to it. The slot's copy must have been taken
+     * before it is queued again. */
+    int (*argmax_async)(struct backend *be, const float *x, int n, int slot, struct err *e);
+    int (*argmax_take)(struct backend *be, int slot, int *out, struct err *e);
 };
+
+/* A token id meaning "the id of the last argmax or argmax_async", still on
+ * the device: a backend with argmax_async takes it wherever a one-token
+ * step's id goes (embed, step_begin's tokens). */
+#define BACKEND_TOKEN_LAST (-1)
 
 struct backend {
     const struct backend_ops *ops;

@@ -395,14 +395,14 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     /* Warmup, untimed: first-use costs (kernel loading, CUDA graph capture,
      * page faults on the weights) are not prefill or decode speed. */
     struct kv_seq seq = {0};
-    int next = 0, tok;
+    int next = 0;
     if (sampler_init(&smp, &o->sp, c->vocab_size, e))
         goto out;
+    /* three steps: the first runs eagerly, the next two record a decode
+     * graph for each half of the CUDA backend's step record */
     int wrc = cli_forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
-    for (int i = 0; i < 2 && !wrc && i < N; i++) {
-        tok = next;
-        wrc = cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
-    }
+    if (!wrc)
+        wrc = cli_decode_n(&fs, &pool, &seq, N < 3 ? N : 3, logits, &smp, &next, e);
     kv_seq_release(&pool, &seq);
     if (wrc)
         goto out;
@@ -411,10 +411,8 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
         double t0 = now_s();
         int frc = cli_forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
         double t1 = now_s();
-        for (int i = 0; i < N && !frc; i++) {
-            tok = next;
-            frc = cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, e);
-        }
+        if (!frc)
+            frc = cli_decode_n(&fs, &pool, &seq, N, logits, &smp, &next, e);
         double t2 = now_s();
         kv_seq_release(&pool, &seq);
         if (frc)

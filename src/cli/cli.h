@@ -37,5 +37,10 @@ struct sampler;
 int cli_forward_next(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                      const int *toks, int n, float *logits, struct sampler *smp, int *next,
                      struct err *e);
+/* n decode steps of seq from the token *next, as n cli_forward_next calls
+ * of one token each: *next = the last step's token. Greedy steps go one
+ * ahead of the host (forward_pipe_issue). */
+int cli_decode_n(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq, int n,
+                 float *logits, struct sampler *smp, int *next, struct err *e);
 
 #endif

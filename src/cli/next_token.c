@@ -23,3 +23,30 @@ int cli_forward_next(struct forward_state *fs, struct kv_pool *pool, struct kv_s
         *next = sampler_pick(&smp->p, logits, smp->vocab, sp.u, smp->probs, smp->idx);
     return 0;
 }
+
+int cli_decode_n(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq, int n,
+                 float *logits, struct sampler *smp, int *next, struct err *e)
+{
+    if (n <= 0)
+        return 0;
+    if (!sampler_is_greedy(smp)) {
+        for (int i = 0; i < n; i++) {
+            int tok = *next;
+            if (cli_forward_next(fs, pool, seq, &tok, 1, logits, smp, next, e))
+                return -1;
+        }
+        return 0;
+    }
+    /* greedy: each step queued before the one ahead of it has been read */
+    int tok = *next;
+    if (forward_pipe_issue(fs, pool, seq, &tok, e))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if ((i + 1 < n && forward_pipe_issue(fs, pool, seq, NULL, e)) ||
+            forward_pipe_take(fs, next, e)) {
+            struct err ignored = {{0}};
+            forward_pipe_drop(fs, &ignored);
+            return -1;
+        }
+    return 0;
+}

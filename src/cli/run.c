@@ -334,7 +334,7 @@ int cmd_run(int argc, char **argv)
     if (o.warmup) { /* first-use costs (kernel loading, graph recording) stay untimed */
         struct kv_seq ws = {0};
         int tok0 = prompt[0], rc_w = forward_tokens(&fs, &pool, &ws, prompt, n_prompt, false, logits, &e);
-        for (int i = 0; i < 2 && rc_w == 0; i++)
+        for (int i = 0; i < 3 && rc_w == 0; i++) /* eager, then a graph per record half */
             rc_w = forward_tokens(&fs, &pool, &ws, &tok0, 1, false, logits, &e);
         kv_seq_release(&pool, &ws);
         if (rc_w)
@@ -373,6 +373,12 @@ int cmd_run(int argc, char **argv)
         next = sampler_sample(&smp, last);
     else if (pick_constrained(gm, c, o.ignore_eos, &smp, (float *)last, &next, &e))
         goto fail;
+    /* Greedy without a grammar: the step fed a token is queued before that
+     * token is printed, and the step after it (fed the id still on the
+     * device) before the token's own id is read (forward_pipe_issue); a
+     * step the stop makes unnecessary is dropped. */
+    const bool ahead = !gm && sampler_is_greedy(&smp);
+    bool queued = false;
     while (n_gen < o.n_predict) {
         if (!o.ignore_eos && is_eos(c, next))
             break;
@@ -389,12 +395,23 @@ int cmd_run(int argc, char **argv)
         if (++n_gen == o.n_predict || (gm && grammar_matcher_must_end(gm)))
             break; /* the last token needs no forward pass */
         int tok = next;
+        if (ahead) {
+            if ((!queued && forward_pipe_issue(&fs, &pool, &seq, &tok, &e)) ||
+                (n_gen + 1 < o.n_predict && forward_pipe_issue(&fs, &pool, &seq, NULL, &e)) ||
+                forward_pipe_take(&fs, &next, &e))
+                goto fail;
+            queued = n_gen + 1 < o.n_predict;
+            n_fwd++;
+            continue;
+        }
         if (gm ? forward_tokens(&fs, &pool, &seq, &tok, 1, false, logits, &e) ||
                      pick_constrained(gm, c, o.ignore_eos, &smp, logits, &next, &e)
                : cli_forward_next(&fs, &pool, &seq, &tok, 1, logits, &smp, &next, &e))
             goto fail;
         n_fwd++;
     }
+    if (forward_pipe_drop(&fs, &e))
+        goto fail;
     double t2 = now_s();
     if (tok && !o.print_ids) {
         char buf[64];

@@ -105,6 +105,8 @@ void forward_free(struct forward_state *fs)
     fs->lps = NULL;
     free(fs->bsegs);
     fs->bsegs = NULL;
+    free(fs->pipe.row);
+    fs->pipe.row = NULL;
 }
 
 /* outs[i] = x . W_i^T, in one fused call when the backend has one. */
@@ -447,11 +449,13 @@ static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n
     return row_stats(fs, segs, fs->logits, rows_seg, n_seg, ids, e);
 }
 
-/* One step over n_seg segments (see forward_batch). all_rows: logits of
- * every row (one segment only, without next); with all_ids, instead of
- * them every row's greedy pick (forward_tokens_argmax). */
-static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
-                        int n_seg, bool all_rows, int *all_ids, float *logits, struct err *e)
+/* Issues the ops of one step over n_seg segments (see forward_batch) and
+ * moves every segment's sequence past its tokens; returns the rows of
+ * logits the step left in fs->logits (0 or more) or -1. all_rows: logits of
+ * every row (one segment only, without next). last_ok: the one token may be
+ * BACKEND_TOKEN_LAST (forward_pipe_issue). *decodes: a batched decode. */
+static int step_issue(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
+                      int n_seg, bool all_rows, bool last_ok, bool *decodes_out, struct err *e)
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
@@ -472,7 +476,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
                            fs->max_tokens);
         for (int i = 0; i < segs[s].n; i++) {
             int t = segs[s].tokens[i];
-            if (t < 0 || t >= c->vocab_size)
+            if ((t < 0 || t >= c->vocab_size) && !(last_ok && t == BACKEND_TOKEN_LAST))
                 return err_set(e, "token id %d is outside the vocabulary (0..%d)", t,
                                c->vocab_size - 1);
             fs->ids[n + i] = t;
@@ -521,8 +525,25 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
     }
     for (int s = 0; s < n_seg; s++)
         segs[s].seq->n_tokens += segs[s].n;
-    if (rows == 0)
-        return 0;
+    *decodes_out = decodes;
+    return rows;
+}
+
+/* One step over n_seg segments (see forward_batch). all_rows: logits of
+ * every row (one segment only, without next); with all_ids, instead of
+ * them every row's greedy pick (forward_tokens_argmax). */
+static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct forward_seg *segs,
+                        int n_seg, bool all_rows, int *all_ids, float *logits, struct err *e)
+{
+    const struct model_config *c = &fs->m->cfg;
+    const struct backend_ops *op = fs->be->ops;
+    if (fs->pipe.n > 0 && fs->pipe.dev)
+        return err_set(e, "forward: greedy steps are still in flight (forward_pipe_take or "
+                          "forward_pipe_drop first)");
+    bool decodes = false;
+    int rows = step_issue(fs, pool, segs, n_seg, all_rows, false, &decodes, e);
+    if (rows <= 0)
+        return rows;
     const size_t vocab = (size_t)c->vocab_size;
     if (decodes)
         return decode_rows(fs, segs, n_seg, logits, e);
@@ -644,4 +665,72 @@ int forward_tokens_sampled(struct forward_state *fs, struct kv_pool *pool, struc
                            const struct sample_params *sp, int *next, struct err *e)
 {
     return forward_run(fs, pool, seq, tokens, n, false, logits, next, sp, e);
+}
+
+/* ---- greedy decoding one step ahead of the host ----
+ *
+ * With argmax_async the pick of a step stays on the device and the next
+ * step reads it there (BACKEND_TOKEN_LAST), so step i+1 is queued before
+ * step i's id is read: the device goes from one step to the next without
+ * waiting for the host to copy the id, decide and issue. Without it each
+ * step runs at once and its id waits in the queue, the same loop either
+ * way. */
+
+int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                       const int *tok, struct err *e)
+{
+    const struct backend_ops *op = fs->be->ops;
+    struct forward_pipe *p = &fs->pipe;
+    if (p->n == 2)
+        return err_set(e, "forward: two greedy steps in flight already (take one first)");
+    if (!tok && p->n == 0)
+        return err_set(e, "forward: no greedy step in flight whose id to feed");
+    const int slot = (p->head + p->n) & 1, last = (slot + 1) & 1;
+    if (!op->argmax_async || !op->argmax_take) {
+        int t = tok ? *tok : p->ids[last];
+        if (!p->row && !(p->row = malloc(sizeof(float) * (size_t)fs->m->cfg.vocab_size)))
+            return err_set(e, "out of memory for a logits row");
+        if (forward_tokens_greedy(fs, pool, seq, &t, 1, p->row, &p->ids[slot], e))
+            return -1;
+        p->dev = false;
+        p->n++;
+        return 0;
+    }
+    /* a token of the host's after an id still in flight: the queue stays in
+     * order, the device's pick of that step is simply not fed */
+    int t = tok ? *tok : BACKEND_TOKEN_LAST;
+    struct forward_seg seg = {.seq = seq, .tokens = &t, .n = 1, .logits = true};
+    bool decodes = false;
+    int rows = step_issue(fs, pool, &seg, 1, false, true, &decodes, e);
+    if (rows < 0)
+        return -1;
+    if (op->argmax_async(fs->be, fs->logits, fs->m->cfg.vocab_size, slot, e))
+        return -1;
+    p->dev = true;
+    p->n++;
+    return 0;
+}
+
+int forward_pipe_take(struct forward_state *fs, int *next, struct err *e)
+{
+    struct forward_pipe *p = &fs->pipe;
+    if (p->n == 0)
+        return err_set(e, "forward: no greedy step in flight");
+    const int slot = p->head;
+    p->head = (p->head + 1) & 1;
+    p->n--;
+    if (p->dev && fs->be->ops->argmax_take(fs->be, slot, &p->ids[slot], e)) {
+        p->n = 0; /* the backend keeps its failure: nothing more comes */
+        return -1;
+    }
+    *next = p->ids[slot];
+    return 0;
+}
+
+int forward_pipe_drop(struct forward_state *fs, struct err *e)
+{
+    int rc = 0, id;
+    while (fs->pipe.n > 0 && !rc)
+        rc = forward_pipe_take(fs, &id, e);
+    return rc;
 }

@@ -13,6 +13,15 @@
 
 /* Activation buffers for up to max_tokens tokens per call, and the LM
  * head's output for up to logit_rows rows of one call, in backend memory. */
+/* forward_pipe_issue's queue: the ids of up to two steps, oldest at head;
+ * dev: still on the device (argmax_async), else already on the host. */
+struct forward_pipe {
+    int n, head;
+    int ids[2];
+    bool dev;
+    float *row; /* host, vocab: the logits row without argmax_async, made on first use */
+};
+
 struct forward_state {
     const struct model *m;
     struct backend *be;
@@ -26,6 +35,7 @@ struct forward_state {
     struct batch_seg *bsegs; /* host, max_tokens: a multi-sequence step's segments
                               * as rope_kv_attention_batch takes them */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits;
+    struct forward_pipe pipe;
 };
 
 int forward_init(struct forward_state *fs, const struct model *m, struct backend *be,
@@ -72,6 +82,35 @@ int forward_tokens_argmax(struct forward_state *fs, struct kv_pool *pool, struct
 int forward_tokens_sampled(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
                            const int *tokens, int n, float *logits,
                            const struct sample_params *sp, int *next, struct err *e);
+
+/* Greedy decoding of one sequence one step ahead of the host: a step is
+ * queued before the previous step's id reaches the host, so the device does
+ * not wait for the host's turn between steps (copying the id, deciding to
+ * go on, issuing the next step). A backend with argmax_async keeps each id
+ * on the device for the next step; on another every step runs at once and
+ * its id waits in the queue, so callers have one loop for both:
+ *
+ *     forward_pipe_issue(fs, pool, seq, &tok, e);      the first step
+ *     for (;;) {
+ *         if (more steps may follow) forward_pipe_issue(fs, pool, seq, NULL, e);
+ *         forward_pipe_take(fs, &next, e);             the oldest step's id
+ *         if (next ends it) { forward_pipe_drop(fs, e); break; }
+ *     }
+ *
+ * forward_pipe_issue: the decode step of one token at seq's next position,
+ *   *tok or (tok NULL) the id of the step issued last; at most two steps
+ *   in flight. seq moves past the token at once.
+ * forward_pipe_take: waits for the oldest step in flight, *next = its id
+ *   (forward_tokens_greedy's).
+ * forward_pipe_drop: waits for every step in flight and drops their ids.
+ *   A dropped step's K/V stay in seq: the token it was fed is the
+ *   sequence's (a stop token the caller took), only its pick is unused.
+ * Other forward calls on fs fail while steps are in flight. The ids are
+ * those forward_tokens_greedy gives, step by step. */
+int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv_seq *seq,
+                       const int *tok, struct err *e);
+int forward_pipe_take(struct forward_state *fs, int *next, struct err *e);
+int forward_pipe_drop(struct forward_state *fs, struct err *e);
 
 /* One sequence's part of a ragged step: n new tokens at positions
  * seq->n_tokens.. (a decode token or a prefill chunk). logits: the step

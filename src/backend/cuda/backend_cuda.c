@@ -197,6 +197,16 @@ static int cu_kv_dtype(struct backend *be)
     return cb(be)->kv_bf16 ? DT_BF16 : DT_F32;
 }
 
+/* Destroys the events of ev[0..n) that exist. */
+static void events_destroy(cudaEvent_t *ev, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+        ev[i] = NULL;
+    }
+}
+
 static void cu_destroy(struct backend *be)
 {
     struct cuda_backend *c = cb(be);
@@ -229,6 +239,9 @@ static void cu_destroy(struct backend *be)
         fprintf(stderr, "%s: decode attention launches issued, key splits merged: %ld in a "
                         "cluster, %ld by the o projection, %ld through global memory\n",
                 c->name, c->att_merges[0], c->att_merges[1], c->att_merges[2]);
+        if (c->steps_ahead) /* their steps are not in the timing above */
+            fprintf(stderr, "%s: %ld greedy decode steps issued one step ahead of the host\n",
+                    c->name, c->steps_ahead);
         for (int i = 0; i < 3; i++)
             cudaEventDestroy(c->ev[i]);
     }
@@ -250,6 +263,8 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->am_ws);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    events_destroy(c->am_ev, 2);
+    events_destroy(c->rec_ev, 2);
     smp_prep_free(c);
     if (c->amr_dev)
         cudaFree(c->amr_dev);
@@ -381,7 +396,21 @@ static const struct backend_ops cuda_ops = {
     .argmax_rows = cu_argmax_rows,
     .sample_rows = cu_sample_rows,
     .row_logprobs = cu_row_logprobs,
+    .argmax_async = cu_argmax_async,
+    .argmax_take = cu_argmax_take,
 };
+
+/* Creates n events without timing; false (none left) when one fails. */
+static bool events_create(cudaEvent_t *ev, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming) != cudaSuccess) {
+            ev[i] = NULL;
+            events_destroy(ev, i);
+            return false;
+        }
+    return true;
+}
 
 /* The driver's device count; 0 with "no CUDA device found (why)" and the
  * hint after it in e. */
@@ -518,8 +547,13 @@ static struct backend *cuda_create(int device, struct err *e)
     /* The argmax's workspace and pinned result, zeroed once. */
     if (cudaMalloc(&c->am_ws, CUK_ARGMAX_WS_BYTES) != cudaSuccess ||
         cudaMemsetAsync(c->am_ws, 0, CUK_ARGMAX_WS_BYTES, c->stream) != cudaSuccess ||
-        cudaHostAlloc((void **)&c->am_host, sizeof(int), 0) != cudaSuccess) {
+        cudaHostAlloc((void **)&c->am_host, 3 * sizeof(int), 0) != cudaSuccess ||
+        !events_create(c->am_ev, 2) || !events_create(c->rec_ev, 2)) {
         err_set(e, "cuda:%d: cannot allocate the argmax buffers", device);
+        events_destroy(c->am_ev, 2);
+        events_destroy(c->rec_ev, 2);
+        if (c->am_host)
+            cudaFreeHost(c->am_host);
         if (c->am_ws)
             cudaFree(c->am_ws);
         cudaFree(c->blas_ws);
@@ -602,6 +636,10 @@ static struct backend *cuda_create(int device, struct err *e)
     c->ops = cuda_ops;
     if (!env_flag("CLLM_CUDA_SAMPLE", true)) /* sampled rows go to the host's sampler */
         c->ops.sample_rows = NULL;
+    if (!env_flag("CLLM_CUDA_AHEAD", true)) { /* greedy decoding waits for every id */
+        c->ops.argmax_async = NULL;
+        c->ops.argmax_take = NULL;
+    }
     c->be.ops = &c->ops;
     c->be.impl = c;
     return &c->be;

@@ -61,9 +61,11 @@ struct cuk_attn {
  * depend on it. */
 void cuk_set_pdl(int on);
 
-/* out[i][:] = row ids[i] of table as f32 (ids on the device). */
+/* out[i][:] = row ids[i] of table as f32 (ids on the device); an id < 0
+ * stands for *last (device: the id a previous cuk_argmax left; may be NULL
+ * when no id is negative). */
 cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table, const int *ids,
-                      int n);
+                      const int *last, int n);
 /* out = x / rms(x) * w row-wise; out may equal x. out_half (may be NULL):
  * out rounded to nearest-even bf16 (bf16 != 0) or f16 too, exactly what
  * cuk_f32_to_half would make of it. */

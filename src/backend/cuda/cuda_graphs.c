@@ -11,7 +11,8 @@
 static bool graph_key_eq(const struct step_graph *a, const struct step_graph *b)
 {
     return a->owner == b->owner && a->kpool == b->kpool && a->bucket == b->bucket &&
-           a->n_seg == b->n_seg && a->n_tok == b->n_tok && a->rows == b->rows;
+           a->n_seg == b->n_seg && a->n_tok == b->n_tok && a->rows == b->rows &&
+           a->par == b->par;
 }
 
 static struct step_graph *graph_find(struct cuda_backend *c, const struct step_graph *key)
@@ -38,12 +39,13 @@ static bool seen_before(struct cuda_backend *c, const struct step_graph *key)
     return false;
 }
 
-/* Makes h_step/step hold at least cap table entries. */
+/* Makes h_step's halves and step hold at least cap table entries. */
 static int step_reserve(struct cuda_backend *c, int cap)
 {
     if (c->h_step && c->step_cap >= cap)
         return 0;
     cudaStreamSynchronize(c->stream);
+    c->rec_pending[0] = c->rec_pending[1] = false;
     graphs_flush(c); /* graphs name the old buffers */
     if (c->h_step)
         cudaFreeHost(c->h_step);
@@ -51,13 +53,36 @@ static int step_reserve(struct cuda_backend *c, int cap)
     c->step_cap = 0;
     size_t ints = (size_t)cap + 1 + REC_MAX_TOKENS;
     if (fail_cuda(c, "pinned step record",
-                  cudaHostAlloc((void **)&c->h_step, sizeof(int) * ints, 0)) ||
+                  cudaHostAlloc((void **)&c->h_step, 2 * sizeof(int) * ints, 0)) ||
         !dbuf_get(c, &c->step, sizeof(int) * ints, "step record")) {
         c->h_step = NULL;
         return -1;
     }
+    c->step_ints = ints;
     c->step_cap = cap;
     return 0;
+}
+
+/* The half of h_step a single-sequence step writes its record to, once
+ * the last step that read it has finished: a decode takes the halves in
+ * turn (a few tokens' step the first: its graphs stay one per shape). */
+static int *record_half(struct cuda_backend *c, bool few, int *par)
+{
+    *par = few ? 0 : c->rec_par;
+    if (!few)
+        c->rec_par ^= 1;
+    if (c->rec_pending[*par]) {
+        fail_cuda(c, "wait for the step record", cudaEventSynchronize(c->rec_ev[*par]));
+        c->rec_pending[*par] = false;
+    }
+    return c->h_step + (size_t)*par * c->step_ints;
+}
+
+/* Marks the end of the step (replayed or just recorded) that reads the
+ * record half par. */
+static void record_read(struct cuda_backend *c, int par)
+{
+    c->rec_pending[par] = cudaEventRecord(c->rec_ev[par], c->stream) == cudaSuccess;
 }
 
 /* Starts recording the stream's ops as the graph of key; false with the
@@ -159,16 +184,18 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
         return 0;
     if (step_reserve(c, key.bucket))
         return sticky(c, e);
-    /* The previous step's download waited for its replay, so the record is
-     * free to change. */
+    int *rec = record_half(c, few, &key.par);
+    if (sticky(c, e))
+        return -1;
     c->rec_n = st->n;
-    c->h_step[0] = st->pos0;
-    memcpy(c->h_step + 1, st->tokens, sizeof(int) * (size_t)st->n);
-    memcpy(c->h_step + 1 + st->n, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
+    rec[0] = st->pos0;
+    memcpy(rec + 1, st->tokens, sizeof(int) * (size_t)st->n);
+    memcpy(rec + 1 + st->n, seq->blocks, sizeof(int) * (size_t)seq->n_blocks);
     struct step_graph *g = graph_find(c, &key);
     if (g) {
         if (fail_cuda(c, "graph launch", cudaGraphLaunch(g->exec, c->stream)))
             return sticky(c, e);
+        record_read(c, key.par);
         c->g_rep[0]++;
         return 1;
     }
@@ -181,7 +208,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     if (!capture_begin(c, &key))
         return sticky(c, e);
     if (fail_cuda(c, "copy step record",
-                  cudaMemcpyAsync(c->step.p, c->h_step,
+                  cudaMemcpyAsync(c->step.p, rec,
                                   sizeof(int) * (size_t)(key.bucket + 1 + key.n_tok),
                                   cudaMemcpyHostToDevice, c->stream))) {
         /* step_end abandons the recording */
@@ -230,6 +257,8 @@ int cu_step_end(struct backend *be, int ops_rc, struct err *e)
     c->g_rec[batch]++;
     if (fail_cuda(c, "graph launch", cudaGraphLaunch(exec, c->stream)))
         return sticky(c, e);
+    if (!batch)
+        record_read(c, c->rec.par);
     return 0;
 }
 

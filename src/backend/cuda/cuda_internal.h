@@ -57,6 +57,7 @@ struct step_graph {
     int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
     int n_tok;                 /* n_seg 1: its tokens (> 1: a few tokens' step, see cu_step_begin) */
     bool rows;                 /* such a step ends with every row's logits, not the last's */
+    int par;                   /* n_seg 1: which half of h_step its record is copied from */
     struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
 };
@@ -230,7 +231,15 @@ struct cuda_backend {
     struct step_graph cache[MAX_GRAPHS];
     int n_graphs;
     struct step_graph rec; /* key of the graph being recorded */
-    int *h_step;       /* pinned [pos0, ids[rec_n], table[cap]] */
+    /* pinned, two halves of step_ints, each [pos0, ids[rec_n], table[cap]]:
+     * single decodes alternate between them, so a step's record can be
+     * written while the step before it is still queued (forward_pipe_issue);
+     * rec_ev[h] marks the end of the last step that read half h */
+    int *h_step;
+    size_t step_ints;
+    int rec_par;       /* the half the next single decode uses */
+    cudaEvent_t rec_ev[2];
+    bool rec_pending[2];
     int step_cap;      /* table entries h_step and `step` hold */
     struct dbuf step;  /* device copy of h_step */
     void *blas_ws;
@@ -244,7 +253,10 @@ struct cuda_backend {
     struct lt_plan *lt_plans; /* [LT_PLANS] */
     int lt_next;              /* the slot the next new shape takes */
     void *am_ws;       /* cuk_argmax workspace + the result id (device) */
-    int *am_host;      /* pinned: the id copied back */
+    int *am_host;      /* pinned: the id copied back; [1 + slot]: argmax_async's */
+    cudaEvent_t am_ev[2];  /* argmax_async: its copy into slot i is done */
+    bool am_queued[2];     /* a copy into slot i awaits argmax_take */
+    long steps_ahead;      /* argmax_async calls (CLLM_CUDA_TIMING prints them) */
     int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: ids on the device, pinned copy */
     int amr_cap;             /* ids both hold */
     void *amr_ws;            /* cuk_argmax_rows's workspace for amr_cap rows, after amr_dev's ids */
@@ -295,6 +307,13 @@ void fail_msg(struct cuda_backend *c, const char *msg);
  * which may consume it, settles it itself), and the op counter moves on
  * (see half_x). */
 struct cuda_backend *op_begin(struct backend *be);
+
+/* Where cuk_argmax leaves its id (device): the end of its workspace;
+ * BACKEND_TOKEN_LAST reads it. */
+static inline int *am_last(struct cuda_backend *c)
+{
+    return (int *)((char *)c->am_ws + CUK_ARGMAX_WS_BYTES - sizeof(int));
+}
 
 /* -1 with the first kept failure in e, 0 when there is none. */
 int sticky(struct cuda_backend *c, struct err *e);
@@ -397,6 +416,8 @@ int cu_kv_block_copy(struct backend *be, const struct kv_pool *p, int block, voi
                      bool to_host, struct err *e);
 void cu_download(struct backend *be, float *dst, const float *src, size_t n);
 int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e);
+int cu_argmax_async(struct backend *be, const float *x, int n, int slot, struct err *e);
+int cu_argmax_take(struct backend *be, int slot, int *out, struct err *e);
 int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
                    struct err *e);
 int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n,

@@ -42,16 +42,16 @@ void cu_embed(struct backend *be, float *out, const struct tensor *t, const int 
     if (!w || c->err[0])
         return;
     if (c->bstep) { /* a batched decode: step_begin copied the ids */
-        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, c->ids.p, n));
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, c->ids.p, NULL, n));
         return;
     }
     if (c->capturing) { /* the ids come with the step record */
-        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, n));
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, (const int *)c->step.p + 1, am_last(c), n));
         return;
     }
     const int *dids = ids_upload(c, ids, n);
     if (dids)
-        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, n));
+        fail_cuda(c, "embed", cuk_embed(c->stream, out, w, dids, am_last(c), n));
 }
 
 void lt_plan_clear(struct lt_plan *pl)

@@ -124,11 +124,52 @@ int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e
     if (sticky(c, e))
         return -1;
     bool timed = timing_mark(c);
-    int *dout = (int *)((char *)c->am_ws + CUK_ARGMAX_WS_BYTES - sizeof(int));
+    int *dout = am_last(c);
     if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
         fetch_ids(c, c->am_host, dout, 1, timed, e))
         return sticky(c, e);
     *out = *c->am_host;
+    return 0;
+}
+
+/* Greedy decoding one step ahead (forward_pipe_issue): the pick stays in
+ * am_last for the next step's embed, and its copy goes to the slot's pinned
+ * int, which argmax_take waits for by the slot's event instead of the
+ * stream, so the step queued behind it need not finish first. Not timed
+ * under CLLM_CUDA_TIMING (its marks assume one step in flight). */
+int cu_argmax_async(struct backend *be, const float *x, int n, int slot, struct err *e)
+{
+    struct cuda_backend *c = op_begin(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (slot < 0 || slot > 1)
+        return err_set(e, "argmax_async: slot %d, not 0 or 1", slot);
+    c->t_open = false;
+    int *dout = am_last(c);
+    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
+        fail_cuda(c, "copy the token id",
+                  cudaMemcpyAsync(c->am_host + 1 + slot, dout, sizeof(int),
+                                  cudaMemcpyDeviceToHost, c->stream)) ||
+        fail_cuda(c, "mark the token id's copy", cudaEventRecord(c->am_ev[slot], c->stream)))
+        return sticky(c, e);
+    c->am_queued[slot] = true;
+    c->steps_ahead++;
+    return 0;
+}
+
+int cu_argmax_take(struct backend *be, int slot, int *out, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    use_device(c);
+    if (sticky(c, e))
+        return -1;
+    if (slot < 0 || slot > 1 || !c->am_queued[slot])
+        return err_set(e, "argmax_take: nothing queued in slot %d", slot);
+    c->am_queued[slot] = false;
+    if (fail_cuda(c, "wait for the token id", cudaEventSynchronize(c->am_ev[slot])))
+        return sticky(c, e);
+    *out = c->am_host[1 + slot];
     return 0;
 }
 

@@ -25,10 +25,12 @@ int cuk_pdl_enabled(void) { return pdl_on; }
 #define EMBED_THREADS 256
 #define EMBED_PER_THREAD 16 /* a 4,096-column row in one round */
 
-__global__ void __launch_bounds__(EMBED_THREADS) k_embed(float *out, struct cuk_weight t, const int *ids)
+__global__ void __launch_bounds__(EMBED_THREADS) k_embed(float *out, struct cuk_weight t, const int *ids,
+                                                           const int *last)
 {
     cuk_pdl_start();
-    size_t r = (size_t)ids[blockIdx.x];
+    int id = ids[blockIdx.x];
+    size_t r = (size_t)(id < 0 ? *last : id);
     int cols = t.cols;
     float *o = out + (size_t)blockIdx.x * cols;
     /* A round's loads all go out before its stores: load, store, load ...
@@ -51,9 +53,9 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed(float *out, struct cuk_
 }
 
 extern "C" cudaError_t cuk_embed(cudaStream_t s, float *out, const struct cuk_weight *table,
-                                 const int *ids, int n)
+                                 const int *ids, const int *last, int n)
 {
-    cuk_launch(k_embed, n, EMBED_THREADS, 0, s, out, *table, ids);
+    cuk_launch(k_embed, n, EMBED_THREADS, 0, s, out, *table, ids, last);
     return cudaGetLastError();
 }
 
