@@ -441,6 +441,118 @@ static void ssd_tests(const struct model *m, const int *want)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* One step ahead (decode_ahead 1: on the CPU each step runs at once, a
+ * step ahead of the events; CLLM_TEST_DEVICE=cuda: on the GPU, by
+ * default): a greedy sequence alone gives the plain
+ * ids; max_tokens and a stop id land on the same token, and the step fed
+ * the stop id leaves no K/V behind (a prompt continuing from the cached
+ * chain decodes on as plain greedy does); a cancel and a request joining
+ * mid-stream end the step in flight cleanly; the pool is whole after. */
+static void ahead_tests(const struct model *m, const int *want)
+{
+    struct err e = {{0}};
+    /* CLLM_TEST_DEVICE=cuda: the device's own way (argmax_async) */
+    const char *dev = getenv("CLLM_TEST_DEVICE");
+    bool cpu = !dev || !strcmp(dev, "cpu");
+    struct engine_config cfg = {.n_threads = 2, .ctx_len = 512, .prefill_chunk = 8,
+                                .max_queue = 64, .device = dev, .decode_ahead = cpu ? 1 : 0};
+    struct engine *eng = engine_create(m, &cfg, &e);
+    CHECK(eng != NULL, "engine_create one step ahead: %s", e.msg);
+    if (!eng)
+        return;
+    int bos = 1, got[512];
+    struct engine_event last;
+    int n = run_one(eng, &bos, 1, 200, got, &last);
+    CHECK(n == 200 && !memcmp(got, want, sizeof(int) * 200) && last.finish == ENGINE_FINISH_LENGTH,
+          "greedy one step ahead: %d tokens", n);
+    struct engine_stats st;
+    engine_get_stats(eng, &st);
+    CHECK(st.steps_ahead >= 190, "steps queued ahead: %llu of 200",
+          (unsigned long long)st.steps_ahead);
+    for (int len = 1; len < 40; len += 9) {
+        n = run_one(eng, &bos, 1, len, got, &last);
+        CHECK(n == len && !memcmp(got, want, sizeof(int) * (size_t)len) &&
+                  last.finish == ENGINE_FINISH_LENGTH,
+              "one step ahead, max_tokens %d: %d tokens", len, n);
+    }
+    /* A stop id first met where the step fed it would complete a 16-token
+     * block (BOS, the ids before it, itself): were its K/V kept, that block
+     * would enter the cache under ids the sequence does not have. Every
+     * other block of the chain is cached already (the runs above). */
+    int first = 30;
+    for (;; first++) {
+        bool seen = false;
+        for (int i = 0; i < first; i++)
+            seen = seen || want[i] == want[first];
+        if (!seen && (first + 2) % 16 == 0)
+            break;
+    }
+    int stop = want[first];
+    engine_get_stats(eng, &st);
+    int blocks0 = st.cache_blocks;
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 200,
+                              .stop_ids = &stop, .n_stop_ids = 1};
+    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
+    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+    n = r ? drain(r, got, 512, &last) : 0;
+    CHECK(n == first && !memcmp(got, want, sizeof(int) * (size_t)n) &&
+              last.finish == ENGINE_FINISH_STOP,
+          "one step ahead, stop id %d: %d tokens (want %d)", stop, n, first);
+    engine_request_release(r);
+    engine_get_stats(eng, &st);
+    CHECK(st.cache_blocks == blocks0, "the stopped sequence cached %d new blocks (none expected)",
+          st.cache_blocks - blocks0);
+    /* the stopped sequence's blocks are cached: its prompt and ids, then on */
+    int chain[256];
+    chain[0] = bos;
+    memcpy(chain + 1, want, sizeof(int) * (size_t)first);
+    engine_get_stats(eng, &st);
+    uint64_t cached0 = st.cache_tokens;
+    n = run_one(eng, chain, first + 1, 40, got, &last);
+    engine_get_stats(eng, &st);
+    CHECK(n == 40 && !memcmp(got, want + first, sizeof(int) * 40) && st.cache_tokens > cached0,
+          "after the stopped chain (%llu tokens cached): %d tokens",
+          (unsigned long long)(st.cache_tokens - cached0), n);
+    /* a request joining mid-stream, and a cancel */
+    struct engine_params lp = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 240};
+    struct engine_request *a = engine_request_new(&bos, 1, &lp, &e);
+    CHECK(a && engine_submit(eng, a, &e) == 0, "submit: %s", e.msg);
+    struct engine_event ev;
+    int ga[512], na = 0;
+    while (na < 30 && engine_request_next(a, &ev, 30000) == 1 && ev.finish == ENGINE_FINISH_NONE)
+        ga[na++] = ev.token;
+    struct engine_params bp = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 50};
+    struct engine_request *b = engine_request_new(&bos, 1, &bp, &e);
+    CHECK(b && engine_submit(eng, b, &e) == 0, "submit: %s", e.msg);
+    int nb = b ? drain(b, got, 512, &last) : 0;
+    CHECK(nb == 50 && !memcmp(got, want, sizeof(int) * 50), "joiner mid-stream: %d tokens", nb);
+    na += drain(a, ga + na, 512 - na, &last);
+    CHECK(na == 240 && !memcmp(ga, want, sizeof(int) * 240) && last.finish == ENGINE_FINISH_LENGTH,
+          "the stream joined mid-way: %d tokens", na);
+    engine_request_release(a);
+    engine_request_release(b);
+    struct engine_params cp = {.sp = {.temperature = 0, .top_p = 1}, .ignore_eos = true};
+    struct engine_request *c = engine_request_new(&bos, 1, &cp, &e);
+    CHECK(c && engine_submit(eng, c, &e) == 0, "submit: %s", e.msg);
+    for (int i = 0; i < 20 && engine_request_next(c, &ev, 30000) == 1; i++)
+        ;
+    engine_request_cancel(c);
+    n = drain(c, got, 512, &last);
+    CHECK(last.finish == ENGINE_FINISH_CANCELLED, "one step ahead, cancelled: finish %d after %d",
+          last.finish, n);
+    engine_request_release(c);
+    for (int i = 0; i < 3000; i++) {
+        engine_get_stats(eng, &st);
+        if (st.running == 0)
+            break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    CHECK(st.running == 0 && st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total,
+          "one step ahead: %d running, %d of %d blocks free, %d cached idle", st.running,
+          st.kv_blocks_free, st.kv_blocks_total, st.cache_blocks_idle);
+    engine_destroy(eng);
+}
+
 /* Speculation, by prompt lookup (draft NULL) or with a draft model: a
  * lone greedy sequence's output is the one token a step gives (the CPU's
  * rows do not depend on the span), in fewer steps; max_tokens and stop ids
@@ -1107,6 +1219,7 @@ int main(void)
     engine_request_release(lr2);
     engine_request_release(q2);
     prefix_cache_tests(&m, want);
+    ahead_tests(&m, want);
     kv_budget_tests(&m, want);
     shared_chunk_tests(&m);
     snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);

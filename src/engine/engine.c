@@ -62,6 +62,9 @@ struct engine {
     bool disk_dirty;         /* blocks may lack files: flush while idle */
     struct kv_disk_stats disk_st; /* copied under the lock, for stats */
     struct drafter *drafter; /* --draft-model, or NULL */
+    /* The sequence decoding alone one step ahead (ahead_step) whose step,
+     * fed its last token, is in flight; NULL when none is. */
+    struct seq *ahead;
     int *spec_span;          /* speculation: the last token and the drafts */
     float *spec_logits;      /* their rows */
     float *plp_rows;         /* prompt logprobs: PLP_ROWS rows, made on first use */
@@ -816,14 +819,112 @@ static int plp_step(struct engine *eng, struct seq *s)
     return 1;
 }
 
+/* ---- one step ahead: a greedy sequence decoding alone ----
+ *
+ * A sequence alone in the batch, greedy, whose rows never come to the host
+ * decodes one step ahead of the host (forward_pipe_issue): the step fed
+ * its pick is queued before that pick is read, so the device goes from
+ * step to step without waiting for the id's copy, the stop checks, the
+ * event and the next step's issue. While such a step is in flight the
+ * sequence's K/V cover all of toks (kv.n_tokens == n_toks). A pick that
+ * ends the sequence drops the step it was fed to (its K/V are not kept);
+ * anything else that changes the batch (a request joining, a cancel)
+ * first takes the in-flight step's pick as a plain step would have. */
+
+/* Whether s may decode (or go on decoding) one step ahead. */
+static bool ahead_fits(const struct engine *eng, const struct seq *s)
+{
+    return eng->cfg.spec_draft == 0 && eng->n_run == 1 && eng->n_pre == 0 &&
+           eng->run[0] == s && s->prompt_done && !s->host_row && !s->r->p.logprobs &&
+           !s->r->p.prompt_only && !plp_pending(s) && sampler_is_greedy(&s->smp) &&
+           (eng->cfg.decode_ahead > 0 ||
+            (eng->cfg.decode_ahead == 0 && eng->be->ops->argmax_async)) &&
+           !atomic_load(&s->r->cancel);
+}
+
+/* Ends eng->ahead's step in flight: its pick is taken as a plain step's
+ * (take_token), or dropped when the request was cancelled meanwhile. */
+static void ahead_settle(struct engine *eng)
+{
+    struct seq *s = eng->ahead;
+    eng->ahead = NULL;
+    struct err e = {{0}};
+    int tok;
+    if (forward_pipe_take(&eng->fs, &tok, &e)) {
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+        return;
+    }
+    if (!atomic_load(&s->r->cancel))
+        take_token(eng, s, tok, NULL);
+}
+
+/* Forgets eng->ahead's step in flight, its pick unread (the sequence is
+ * about to end; a failure stays with the backend for the next step). */
+static void ahead_drop(struct engine *eng)
+{
+    struct err ignored = {{0}};
+    forward_pipe_drop(&eng->fs, &ignored);
+    eng->ahead = NULL;
+}
+
+/* A decode step of s alone, one ahead (see above): queues the step fed
+ * its last token unless that is in flight, then the step fed that step's
+ * pick unless the pick is the last the request may take, then takes the
+ * pick. */
+static void ahead_step(struct engine *eng, struct seq *s)
+{
+    struct err e = {{0}};
+    if (!eng->ahead) {
+        if (forward_pipe_issue(&eng->fs, &eng->pool, &s->kv, &s->toks[s->n_toks - 1], &e)) {
+            retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+            return;
+        }
+        eng->ahead = s;
+    }
+    /* no room in the pool for one more token: this pick is taken plainly,
+     * and the next step finds the pool as a plain step would */
+    bool more = s->n_gen + 1 < s->max_gen &&
+                kv_seq_reserve(&eng->pool, &s->kv, s->kv.n_tokens + 1, &e) == 0;
+    e.msg[0] = 0;
+    int tok = -1;
+    if ((more && forward_pipe_issue(&eng->fs, &eng->pool, &s->kv, NULL, &e)) ||
+        forward_pipe_take(&eng->fs, &tok, &e)) {
+        ahead_drop(eng);
+        retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+        return;
+    }
+    pthread_mutex_lock(&eng->mu);
+    eng->st.batch_steps++;
+    eng->st.batch_rows++;
+    eng->st.steps_ahead += more;
+    pthread_mutex_unlock(&eng->mu);
+    if (more && is_stop(eng, s->r, tok)) { /* the step fed the stop id is not the sequence's */
+        if (forward_pipe_drop(&eng->fs, &e)) {
+            eng->ahead = NULL;
+            retire(eng, s, ENGINE_FINISH_ERROR, e.msg);
+            return;
+        }
+        s->kv.n_tokens--;
+        more = false;
+    }
+    if (!more)
+        eng->ahead = NULL;
+    take_token(eng, s, tok, NULL); /* retires s exactly when !more */
+}
+
 /* One engine step over the running sequences. */
 static void engine_step(struct engine *eng)
 {
     const int vocab = eng->m->cfg.vocab_size;
+    if (eng->ahead && !ahead_fits(eng, eng->ahead))
+        ahead_settle(eng); /* the batch changes: the step in flight ends as a plain one */
     /* Cancellation, every step, running and preempted alike. */
     for (int i = eng->n_run - 1; i >= 0; i--)
-        if (atomic_load(&eng->run[i]->r->cancel))
+        if (atomic_load(&eng->run[i]->r->cancel)) {
+            if (eng->run[i] == eng->ahead) /* cancelled since the check above */
+                ahead_drop(eng);
             retire(eng, eng->run[i], ENGINE_FINISH_CANCELLED, NULL);
+        }
     for (int i = eng->n_pre - 1; i >= 0; i--)
         if (atomic_load(&eng->pre[i]->r->cancel))
             retire(eng, eng->pre[i], ENGINE_FINISH_CANCELLED, NULL);
@@ -840,6 +941,11 @@ static void engine_step(struct engine *eng)
         !lone->r->p.logprobs && lone->n_toks - lone->kv.n_tokens == 1 &&
         (lone->spec_skip > 0 ? (lone->spec_skip--, false) : spec_step(eng, lone) != 0))
         return;
+    if (lone && ahead_fits(eng, lone) &&
+        (eng->ahead == lone || lone->n_toks - lone->kv.n_tokens == 1)) {
+        ahead_step(eng, lone);
+        return;
+    }
     /* Decodes first (one token each), then prefill chunks in admission
      * order with what is left of the budget. */
     struct cand *cands = eng->cands;
@@ -1112,6 +1218,8 @@ static void *engine_main(void *arg)
     }
     pthread_mutex_unlock(&eng->mu);
     /* Shutdown: nothing may be lost silently; each gets a final event. */
+    if (eng->ahead) /* its pick is not wanted: the sequence ends here */
+        ahead_drop(eng);
     while (eng->n_run > 0)
         retire(eng, eng->run[eng->n_run - 1], ENGINE_FINISH_CANCELLED, "server shutting down");
     while (eng->n_pre > 0)

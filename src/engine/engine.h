@@ -94,6 +94,12 @@ struct engine_config {
     /* with draft_model: a round's drafts stop before the first the draft
      * model gives less than this probability (0..1; 0: never) */
     float draft_p_min;
+    /* A greedy sequence decoding alone queues each step before the last
+     * one's id is read (engine.c, "one step ahead"): 0 when the backend
+     * keeps that id on the device (argmax_async: CUDA), 1 always (tests:
+     * on another backend each step then runs at once, a step ahead of the
+     * events), -1 never. */
+    int decode_ahead;
 };
 
 #define ENGINE_SPEC_MAX 32
@@ -211,6 +217,7 @@ struct engine_stats {
     uint64_t draft_computed, draft_cached;
     long long draft_bytes;   /* the draft model's weights and K/V (0: none) */
     uint64_t batch_steps, batch_rows; /* forward steps; sequences summed over them */
+    uint64_t steps_ahead; /* of them, queued before the step before them was read */
     /* requests submitted, ended cancelled, ended by EOS / a stop token / the
      * length (every request ends as exactly one of those or an error) */
     uint64_t requests_total, requests_cancelled, requests_completed, tokens_prompt,

@@ -129,6 +129,8 @@ json_t *stats_json(struct server *srv)
         "kv_projected_bytes", (json_int_t)es.kv_projected_bytes, "preemptions",
         (json_int_t)es.preemptions, "steps", (json_int_t)es.batch_steps, "mean_rows",
         es.batch_steps ? (double)es.batch_rows / (double)es.batch_steps : 0.0);
+    if (batch) /* greedy steps of a sequence alone queued before the one before them was read */
+        json_object_set_new(batch, "steps_ahead", json_integer((json_int_t)es.steps_ahead));
     json_object_set_new(root, "batch", batch);
     return root;
 }
