@@ -1085,14 +1085,16 @@ static void logits_tests(const struct model *m, const char *path, const int *wan
 int main(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    /* the GPU machine's copy of ../shared (tests/gpu) */
+    const char *shared = getenv("CLLM_SHARED_DIR") ? getenv("CLLM_SHARED_DIR") : CLLM_SHARED_DIR;
+    snprintf(path, sizeof path, "%s/models/stories260K", shared);
     struct model m;
     struct err e = {{0}};
     if (model_load(&m, path, &e)) {
         CHECK(0, "%s", e.msg);
         return test_summary("test_engine");
     }
-    snprintf(path, sizeof path, "%s/models/stories260K/expected_greedy.json", CLLM_SHARED_DIR);
+    snprintf(path, sizeof path, "%s/models/stories260K/expected_greedy.json", shared);
     json_t *root = test_json_load(path);
     json_t *c = json_array_get(json_object_get(root, "cases"), 0); /* BOS only, 256 steps */
     int want[256];
@@ -1222,7 +1224,7 @@ int main(void)
     ahead_tests(&m, want);
     kv_budget_tests(&m, want);
     shared_chunk_tests(&m);
-    snprintf(path, sizeof path, "%s/models/stories260K", CLLM_SHARED_DIR);
+    snprintf(path, sizeof path, "%s/models/stories260K", shared);
     grammar_tests(&m, path, want);
     logits_tests(&m, path, want);
     ssd_tests(&m, want);
