@@ -441,6 +441,24 @@ static void ssd_tests(const struct model *m, const int *want)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* A greedy request from BOS with the stop id `stop`, first met at
+ * want[first]: the ids before it, then STOP. */
+static void check_stop(struct engine *eng, const int *want, int stop, int first, const char *what)
+{
+    struct err e = {{0}};
+    int bos = 1, got[512], n = 0;
+    struct engine_event last = {0};
+    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 200,
+                              .stop_ids = &stop, .n_stop_ids = 1};
+    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
+    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
+    n = r ? drain(r, got, 512, &last) : 0;
+    CHECK(n == first && !memcmp(got, want, sizeof(int) * (size_t)n) &&
+              last.finish == ENGINE_FINISH_STOP,
+          "%s, stop id %d: %d tokens (want %d)", what, stop, n, first);
+    engine_request_release(r);
+}
+
 /* One step ahead (decode_ahead 1: on the CPU each step runs at once, a
  * step ahead of the events; CLLM_TEST_DEVICE=cuda: on the GPU, by
  * default): a greedy sequence alone gives the plain
@@ -490,15 +508,7 @@ static void ahead_tests(const struct model *m, const int *want)
     int stop = want[first];
     engine_get_stats(eng, &st);
     int blocks0 = st.cache_blocks;
-    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 200,
-                              .stop_ids = &stop, .n_stop_ids = 1};
-    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
-    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
-    n = r ? drain(r, got, 512, &last) : 0;
-    CHECK(n == first && !memcmp(got, want, sizeof(int) * (size_t)n) &&
-              last.finish == ENGINE_FINISH_STOP,
-          "one step ahead, stop id %d: %d tokens (want %d)", stop, n, first);
-    engine_request_release(r);
+    check_stop(eng, want, stop, first, "one step ahead");
     engine_get_stats(eng, &st);
     CHECK(st.cache_blocks == blocks0, "the stopped sequence cached %d new blocks (none expected)",
           st.cache_blocks - blocks0);
@@ -596,15 +606,7 @@ static void spec_tests(const struct model *m, const int *want, const struct mode
     int first = 0;
     while (want[first] != stop)
         first++;
-    struct engine_params p = {.sp = {.temperature = 0, .top_p = 1}, .max_tokens = 200,
-                              .stop_ids = &stop, .n_stop_ids = 1};
-    struct engine_request *r = engine_request_new(&bos, 1, &p, &e);
-    CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
-    n = r ? drain(r, got, 512, &last) : 0;
-    CHECK(n == first && !memcmp(got, want, sizeof(int) * (size_t)n) &&
-              last.finish == ENGINE_FINISH_STOP,
-          "stop id %d: %d tokens (want %d)", stop, n, first);
-    engine_request_release(r);
+    check_stop(eng, want, stop, first, "speculation");
     /* sampled: the same seed gives the same tokens, drafts are kept, and
      * the length holds */
     uint64_t kept0 = st.spec_accepted;
