@@ -614,7 +614,7 @@ static void spec_tests(const struct model *m, const int *want, const struct mode
     for (int run = 0; run < 2; run++) {
         struct engine_params sp = {.sp = {.temperature = 0.6f, .top_p = 0.95f, .seed = 11},
                                    .max_tokens = 150, .ignore_eos = true};
-        r = engine_request_new(&bos, 1, &sp, &e);
+        struct engine_request *r = engine_request_new(&bos, 1, &sp, &e);
         CHECK(r && engine_submit(eng, r, &e) == 0, "submit: %s", e.msg);
         n = r ? drain(r, run ? s2 : s1, 512, &last) : 0;
         CHECK(n == 150 && last.finish == ENGINE_FINISH_LENGTH, "sampled: %d tokens", n);
