@@ -11,8 +11,6 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
-/* Activation buffers for up to max_tokens tokens per call, and the LM
- * head's output for up to logit_rows rows of one call, in backend memory. */
 /* forward_pipe_issue's queue: the ids of up to two steps, oldest at head;
  * dev: still on the device (argmax_async), else already on the host. */
 struct forward_pipe {
@@ -22,6 +20,8 @@ struct forward_pipe {
     float *row; /* host, vocab: the logits row without argmax_async, made on first use */
 };
 
+/* Activation buffers for up to max_tokens tokens per call, and the LM
+ * head's output for up to logit_rows rows of one call, in backend memory. */
 struct forward_state {
     const struct model *m;
     struct backend *be;
