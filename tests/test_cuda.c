@@ -859,7 +859,9 @@ static void check_deferred_merge(void)
 {
     enum { H = 32, KVH = 8, LAYERS = 2, LAYER = 1, OUT = 512 };
     static const int hds[] = {64, 128};
-    static const int pos0s[] = {0, 62, 1000, 4095};
+    /* 6000: a bucket of 128 key tiles, more than a cluster takes (16
+     * blocks of at most 4 tiles), so its splits merge outside one */
+    static const int pos0s[] = {0, 62, 1000, 4095, 6000};
     int same = 0, total = 0, deferred = 0;
     for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
         for (int withnorm = 0; withnorm < 2; withnorm++) {
