@@ -441,6 +441,18 @@ static void ssd_tests(const struct model *m, const int *want)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* Waits up to 30 s for nothing to be queued or running (cancelled
+ * requests end asynchronously); *st: the last stats read. */
+static void wait_idle(struct engine *eng, struct engine_stats *st)
+{
+    for (int i = 0; i < 3000; i++) {
+        engine_get_stats(eng, st);
+        if (st->queued == 0 && st->running == 0)
+            return;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+}
+
 /* A greedy request from BOS with the stop id `stop`, first met at
  * want[first]: the ids before it, then STOP. */
 static void check_stop(struct engine *eng, const int *want, int stop, int first, const char *what)
@@ -551,12 +563,7 @@ static void ahead_tests(const struct model *m, const int *want)
     CHECK(last.finish == ENGINE_FINISH_CANCELLED, "one step ahead, cancelled: finish %d after %d",
           last.finish, n);
     engine_request_release(c);
-    for (int i = 0; i < 3000; i++) {
-        engine_get_stats(eng, &st);
-        if (st.running == 0)
-            break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    wait_idle(eng, &st);
     CHECK(st.running == 0 && st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total,
           "one step ahead: %d running, %d of %d blocks free, %d cached idle", st.running,
           st.kv_blocks_free, st.kv_blocks_total, st.cache_blocks_idle);
@@ -1198,12 +1205,7 @@ int main(void)
 
     /* 6. Stats add up and the KV pool is whole again. */
     struct engine_stats st;
-    for (int i = 0; i < 3000; i++) { /* the cancelled waiter drains asynchronously */
-        engine_get_stats(eng, &st);
-        if (st.queued == 0 && st.running == 0)
-            break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    wait_idle(eng, &st); /* the cancelled waiter drains asynchronously */
     CHECK(st.queued == 0 && st.running == 0, "idle: %d queued %d running", st.queued, st.running);
     CHECK(st.kv_blocks_free + st.cache_blocks_idle == st.kv_blocks_total &&
               st.cache_blocks == st.cache_blocks_idle,

@@ -378,7 +378,6 @@ int cmd_run(int argc, char **argv)
      * device) before the token's own id is read (forward_pipe_issue); a
      * step the stop makes unnecessary is dropped. */
     const bool ahead = !gm && sampler_is_greedy(&smp);
-    bool queued = false;
     while (n_gen < o.n_predict) {
         if (!o.ignore_eos && is_eos(c, next))
             break;
@@ -396,11 +395,11 @@ int cmd_run(int argc, char **argv)
             break; /* the last token needs no forward pass */
         int tok = next;
         if (ahead) {
-            if ((!queued && forward_pipe_issue(&fs, &pool, &seq, &tok, &e)) ||
+            /* a step in flight is the one fed tok (queued last time) */
+            if ((fs.pipe.n == 0 && forward_pipe_issue(&fs, &pool, &seq, &tok, &e)) ||
                 (n_gen + 1 < o.n_predict && forward_pipe_issue(&fs, &pool, &seq, NULL, &e)) ||
                 forward_pipe_take(&fs, &next, &e))
                 goto fail;
-            queued = n_gen + 1 < o.n_predict;
             n_fwd++;
             continue;
         }

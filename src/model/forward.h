@@ -11,12 +11,11 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 
-/* forward_pipe_issue's queue: the ids of up to two steps, oldest at head;
- * dev: still on the device (argmax_async), else already on the host. */
+/* forward_pipe_issue's queue: the ids of up to two steps, oldest at head
+ * (on a backend with argmax_async still on the device until taken). */
 struct forward_pipe {
     int n, head;
     int ids[2];
-    bool dev;
     float *row; /* host, vocab: the logits row without argmax_async, made on first use */
 };
 

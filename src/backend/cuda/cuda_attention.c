@@ -274,8 +274,9 @@ static int attention_run(struct backend *be, float *out, const float *q,
      * beat more merged through global memory (H200, a 1,536-token context:
      * 0.6B 1,109 -> 1,179 tok/s, 8B 240.7 -> 241.8; 2,600 tokens, four
      * tiles against global: 0.6B 1,010 -> 1,105, 8B 229.0 -> 240.2;
-     * docs/benchmarks.md, twenty-seventh and twenty-ninth passes). Decided by the bucket's tiles, as the split count is, so
-     * replays split like eager steps. */
+     * docs/benchmarks.md, twenty-seventh and twenty-ninth passes). Decided
+     * by the bucket's tiles, as the split count is, so replays split like
+     * eager steps. */
     const bool cluster = c->dec_cluster && rope && dec;
     if (cluster && splits > CUK_DEC_CLUSTER_MAX &&
         (kv_cap + CUK_DEC_TILE_KEYS - 1) / CUK_DEC_TILE_KEYS <=
