@@ -838,7 +838,7 @@ static bool ahead_fits(const struct engine *eng, const struct seq *s)
            eng->run[0] == s && s->prompt_done && !s->host_row && !s->r->p.logprobs &&
            !s->r->p.prompt_only && !plp_pending(s) && sampler_is_greedy(&s->smp) &&
            (eng->cfg.decode_ahead > 0 ||
-            (eng->cfg.decode_ahead == 0 && eng->be->ops->argmax_async)) &&
+            (eng->cfg.decode_ahead == 0 && forward_pipe_on_device(&eng->fs))) &&
            !atomic_load(&s->r->cancel);
 }
 

@@ -449,9 +449,7 @@ static int decode_rows(struct forward_state *fs, struct forward_seg *segs, int n
     return row_stats(fs, segs, fs->logits, rows_seg, n_seg, ids, e);
 }
 
-/* Whether forward_pipe_issue's picks stay on the device (the backend's
- * argmax_async) rather than being run and taken at once. */
-static bool pipe_on_device(const struct forward_state *fs)
+bool forward_pipe_on_device(const struct forward_state *fs)
 {
     return fs->be->ops->argmax_async && fs->be->ops->argmax_take;
 }
@@ -544,7 +542,7 @@ static int step_forward(struct forward_state *fs, struct kv_pool *pool, struct f
 {
     const struct model_config *c = &fs->m->cfg;
     const struct backend_ops *op = fs->be->ops;
-    if (fs->pipe.n > 0 && pipe_on_device(fs))
+    if (fs->pipe.n > 0 && forward_pipe_on_device(fs))
         return err_set(e, "forward: greedy steps are still in flight (forward_pipe_take or "
                           "forward_pipe_drop first)");
     bool decodes = false;
@@ -693,7 +691,7 @@ int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv
     if (!tok && p->n == 0)
         return err_set(e, "forward: no greedy step in flight whose id to feed");
     const int slot = (p->head + p->n) & 1, last = (slot + 1) & 1;
-    if (!pipe_on_device(fs)) {
+    if (!forward_pipe_on_device(fs)) {
         int t = tok ? *tok : p->ids[last];
         if (!p->row && !(p->row = malloc(sizeof(float) * (size_t)fs->m->cfg.vocab_size)))
             return err_set(e, "out of memory for a logits row");
@@ -724,7 +722,8 @@ int forward_pipe_take(struct forward_state *fs, int *next, struct err *e)
     const int slot = p->head;
     p->head = (p->head + 1) & 1;
     p->n--;
-    if (pipe_on_device(fs) && fs->be->ops->argmax_take(fs->be, slot, &p->ids[slot], e)) {
+    if (forward_pipe_on_device(fs) &&
+        fs->be->ops->argmax_take(fs->be, slot, &p->ids[slot], e)) {
         p->n = 0; /* the backend keeps its failure: nothing more comes */
         return -1;
     }

@@ -110,6 +110,9 @@ int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv
                        const int *tok, struct err *e);
 int forward_pipe_take(struct forward_state *fs, int *next, struct err *e);
 int forward_pipe_drop(struct forward_state *fs, struct err *e);
+/* Whether fs's backend keeps the pipe's ids on the device (argmax_async
+ * and argmax_take): only then does decoding ahead save the host's turn. */
+bool forward_pipe_on_device(const struct forward_state *fs);
 
 /* One sequence's part of a ragged step: n new tokens at positions
  * seq->n_tokens.. (a decode token or a prefill chunk). logits: the step
