@@ -865,16 +865,12 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const struct key_run kr = key_run_of(g, g.pos0, k_end, n_splits, sp);
     const int k_lo = kr.k_lo, n_tiles = kr.n_tiles, n_used = kr.n_used, tb = kr.tb, te = kr.te;
     if (sp >= n_used) { /* reads and writes nothing: no need to wait */
-        /* Released, then gone. In a cluster too: an exited block holds no
-         * cluster barrier up (PTX exit) and nobody reads its shared
-         * memory, so the blocks with keys meet without it, and its SM
-         * takes the next kernel's block (the o projection, whose ring then
-         * fills beside this attention). Staying to meet held the SMs of a
-         * 512-token context's 6-7 empty splits a KV head until the merge:
-         * H200, 0.6B 1,255 -> 1,272 tok/s, 8B 252.2 -> 252.7
-         * (docs/benchmarks.md, thirty-first pass). Before that, blocks held
-         * here unreleased had held o's launch itself until the attention
-         * ended (twenty-eighth pass). */
+        /* In a cluster too: an exited block holds no cluster barrier up
+         * (PTX exit) and nobody reads its shared memory, so the blocks
+         * with keys meet without it, and its SM is free for the next
+         * kernel's blocks (o's, whose rings then fill beside this
+         * attention; H200, 512 tokens: 0.6B 1,255 -> 1,272 tok/s,
+         * docs/benchmarks.md thirty-first pass). */
         cuk_pdl_release();
         return;
     }
