@@ -528,6 +528,17 @@ static __device__ __forceinline__ void cuk_cluster_sync()
 #endif
 }
 
+/* cuk_cluster_sync without the release: a meeting that orders no memory
+ * access (the caller's loads from other blocks are complete, their values
+ * used), so no wait for its stores to be seen. */
+static __device__ __forceinline__ void cuk_cluster_sync_relaxed()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\t"
+                 "barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
 /* The shared-memory address a (of this block's window) in the block of
  * cluster rank `rank`, for cuk_dsmem_ld. */
 static __device__ __forceinline__ uint32_t cuk_dsmem_addr(uint32_t a, int rank)
