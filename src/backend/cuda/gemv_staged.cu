@@ -79,29 +79,72 @@ static __device__ __forceinline__ float *sg_out(const struct sgp &p, int u, int 
     return (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) + (size_t)r * mrows + row;
 }
 
-/* Lane 0: the copies of the warp's item j * nch + ch (unit ubase + j *
- * ustride, column chunk ch) into slot s (the item's number modulo
- * p.slots): the callers step j, ch and s along, no division. */
+/* Lane 0's place in the warp's copy sequence: the next item's unit (its
+ * matrix m and row; m stays 0 for pairs) and column chunk ch, and where
+ * that chunk starts (src; for pairs src1, the up row's). Stepped along item
+ * by item, so a refill does no 64-bit multiply or matrix lookup: the
+ * refill runs between two slots' reading on every warp's critical path,
+ * where a few more instructions cost whole percents (docs/benchmarks.md,
+ * thirty-second pass). */
+struct sg_cur {
+    const char *src, *src1;
+    int m, row, ch;
+};
+
+/* The cursor at the first chunk of unit u. */
 template <int BYTES, bool PAIR>
-static __device__ __forceinline__ void sg_issue(const struct sgp &p, int ubase, int ustride, int j,
-                                                int ch, int s, unsigned char *slot0,
+static __device__ __forceinline__ void sg_cur_at(const struct sgp &p, int u, sg_cur &c)
+{
+    c.m = 0;
+    c.row = PAIR ? u : sg_row(p, u, &c.m);
+    c.ch = 0;
+    const char *w = c.m == 0 ? p.w[0] : c.m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
+    const size_t off = (size_t)c.row * p.cols * BYTES;
+    c.src = w + off;
+    c.src1 = PAIR ? p.w[1] + off : nullptr;
+}
+
+/* The cursor one item on: the next chunk of the unit, or the first of the
+ * unit ustride on (ustep bytes on from this one's last chunk, unless that
+ * unit is in a later matrix). */
+template <int BYTES, bool PAIR>
+static __device__ __forceinline__ void sg_cur_next(const struct sgp &p, sg_cur &c, int nch,
+                                                   int ustride, size_t ustep)
+{
+    if (++c.ch < nch) {
+        c.src += (size_t)p.chunk * BYTES;
+        if (PAIR)
+            c.src1 += (size_t)p.chunk * BYTES;
+        return;
+    }
+    c.ch = 0;
+    c.row += ustride;
+    if (!PAIR && c.row >= (c.m == 0 ? p.rows[0] : c.m == 1 ? p.rows[1] : p.rows[2])) {
+        sg_cur_at<BYTES, PAIR>(p, c.row + (c.m >= 1 ? p.rows[0] : 0) + (c.m >= 2 ? p.rows[1] : 0),
+                               c);
+        return;
+    }
+    c.src += ustep;
+    if (PAIR)
+        c.src1 += ustep;
+}
+
+/* Lane 0: the copies of the cursor's item into slot dst (its barrier bar):
+ * full bytes a chunk, last for a row's last. */
+template <int BYTES, bool PAIR>
+static __device__ __forceinline__ void sg_issue(const struct sgp &p, const sg_cur &c, int nch,
+                                                unsigned full, unsigned last, unsigned char *dst,
                                                 uint64_t *bar)
 {
-    int u = ubase + j * ustride;
-    int c0 = ch * p.chunk, nc = min(p.chunk, p.cols - c0);
-    unsigned bytes = (unsigned)(nc * BYTES);
-    unsigned char *dst = slot0 + (size_t)s * p.slot_bytes;
+    const unsigned bytes = c.ch == nch - 1 ? last : full;
     const uint64_t pol = cuk_l2_evict_first();
     if (PAIR) {
-        size_t off = ((size_t)u * p.cols + c0) * BYTES;
-        cuk_mbar_expect(bar + s, 2 * bytes);
-        cuk_bulk_copy(dst, p.w[0] + off, bytes, bar + s, pol);
-        cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, p.w[1] + off, bytes, bar + s, pol);
+        cuk_mbar_expect(bar, 2 * bytes);
+        cuk_bulk_copy(dst, c.src, bytes, bar, pol);
+        cuk_bulk_copy(dst + (size_t)p.chunk * BYTES, c.src1, bytes, bar, pol);
     } else {
-        int m, r = sg_row(p, u, &m);
-        cuk_mbar_expect(bar + s, bytes);
-        const char *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2]; /* no local copy of p */
-        cuk_bulk_copy(dst, w + ((size_t)r * p.cols + c0) * BYTES, bytes, bar + s, pol);
+        cuk_mbar_expect(bar, bytes);
+        cuk_bulk_copy(dst, c.src, bytes, bar, pol);
     }
 }
 #endif
@@ -220,16 +263,21 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int nch = (p.cols + p.chunk - 1) / p.chunk, items = nu * nch;
     uint64_t *bar = bars + warp * p.slots;
     unsigned char *slot0 = ring + (size_t)warp * p.slots * p.slot_bytes;
+    const unsigned cfull = (unsigned)(p.chunk * BYTES),
+                   clast = (unsigned)((p.cols - (nch - 1) * p.chunk) * BYTES);
+    const size_t ustep = (size_t)ustride * p.cols * BYTES - (size_t)(nch - 1) * p.chunk * BYTES;
+    sg_cur cur; /* lane 0's: the next item to copy */
     if (lane == 0) {
         for (int s = 0; s < p.slots; s++)
             cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int i = 0, j = 0, ch = 0; i < items && i < p.slots; i++) {
-            sg_issue<BYTES, PAIR>(p, ubase, ustride, j, ch, i, slot0, bar);
-            if (++ch == nch) {
-                ch = 0;
-                j++;
-            }
+        if (items > 0)
+            sg_cur_at<BYTES, PAIR>(p, ubase, cur);
+        for (int i = 0; i < items && i < p.slots; i++) {
+            sg_issue<BYTES, PAIR>(p, cur, nch, cfull, clast, slot0 + (size_t)i * p.slot_bytes,
+                                  bar + i);
+            if (i + 1 < items)
+                sg_cur_next<BYTES, PAIR>(p, cur, nch, ustride, ustep);
         }
     }
     /* the norm's weights never change: load them before the wait too */
@@ -272,8 +320,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
-    /* the next refill's item: p.slots on (one division, here only) */
-    int rj = p.slots / nch, rch = p.slots - rj * nch;
     for (int j = 0, i = 0; j < nu; j++) {
         float acc0[NT], acc1[NT];
 #pragma unroll
@@ -336,11 +382,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             /* every lane has read the slot (its values are in the FMAs
              * above), so lane 0 may refill it */
             __syncwarp();
-            if (lane == 0 && i + p.slots < items)
-                sg_issue<BYTES, PAIR>(p, ubase, ustride, rj, rch, s, slot0, bar);
-            if (++rch == nch) {
-                rch = 0;
-                rj++;
+            if (lane == 0 && i + p.slots < items) {
+                sg_issue<BYTES, PAIR>(p, cur, nch, cfull, clast, slot0 + (size_t)s * p.slot_bytes,
+                                      bar + s);
+                if (i + p.slots + 1 < items)
+                    sg_cur_next<BYTES, PAIR>(p, cur, nch, ustride, ustep);
             }
             if (++s == p.slots) {
                 s = 0;
