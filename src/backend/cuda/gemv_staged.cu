@@ -83,9 +83,10 @@ static __device__ __forceinline__ float *sg_out(const struct sgp &p, int u, int 
  * matrix m and row; m stays 0 for pairs) and column chunk ch, and where
  * that chunk starts (src; for pairs src1, the up row's). Stepped along item
  * by item, so a refill does no 64-bit multiply or matrix lookup: the
- * refill runs between two slots' reading on every warp's critical path,
- * where a few more instructions cost whole percents (docs/benchmarks.md,
- * thirty-second pass). */
+ * refill runs between two slots' reading on every warp's critical path
+ * (H200: 8B and 0.6B decode +0.3 %; a longer refill, in a run-time
+ * dealing experiment, cost 2-4 %; docs/benchmarks.md, thirty-second
+ * pass). */
 struct sg_cur {
     const char *src, *src1;
     int m, row, ch;
