@@ -865,13 +865,13 @@ static __device__ __forceinline__ void dec_block(float *out, const float *q, uin
     const struct key_run kr = key_run_of(g, g.pos0, k_end, n_splits, sp);
     const int k_lo = kr.k_lo, n_tiles = kr.n_tiles, n_used = kr.n_used, tb = kr.tb, te = kr.te;
     if (sp >= n_used) { /* reads and writes nothing: no need to wait */
-        /* In a cluster too: an exited block holds no cluster barrier up
+        /* Leaving counts as releasing the next launch (cuk_pdl_release).
+         * In a cluster too: an exited block holds no cluster barrier up
          * (PTX exit) and nobody reads its shared memory, so the blocks
          * with keys meet without it, and its SM is free for the next
          * kernel's blocks (o's, whose rings then fill beside this
          * attention; H200, 512 tokens: 0.6B 1,255 -> 1,272 tok/s,
          * docs/benchmarks.md thirty-first pass). */
-        cuk_pdl_release();
         return;
     }
 

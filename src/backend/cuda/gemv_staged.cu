@@ -70,12 +70,22 @@ static __device__ __forceinline__ int sg_row(const struct sgp &p, int u, int *m)
     return u;
 }
 
+/* Rows of matrix m; and the unit of its row `row` (sg_row's inverse).
+ * No local copy of p: no indexing of its arrays. */
+static __device__ __forceinline__ int sg_rows_of(const struct sgp &p, int m)
+{
+    return m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+}
+static __device__ __forceinline__ int sg_unit(const struct sgp &p, int m, int row)
+{
+    return row + (m >= 1 ? p.rows[0] : 0) + (m >= 2 ? p.rows[1] : 0);
+}
+
 /* Where unit u's output for token row r goes (not PAIR). */
 static __device__ __forceinline__ float *sg_out(const struct sgp &p, int u, int r)
 {
     int m, row = sg_row(p, u, &m);
-    /* no local copy of p: no indexing of its arrays */
-    int mrows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    int mrows = sg_rows_of(p, m);
     return (m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2]) + (size_t)r * mrows + row;
 }
 
@@ -120,9 +130,8 @@ static __device__ __forceinline__ void sg_cur_next(const struct sgp &p, sg_cur &
     }
     c.ch = 0;
     c.row += ustride;
-    if (!PAIR && c.row >= (c.m == 0 ? p.rows[0] : c.m == 1 ? p.rows[1] : p.rows[2])) {
-        sg_cur_at<BYTES, PAIR>(p, c.row + (c.m >= 1 ? p.rows[0] : 0) + (c.m >= 2 ? p.rows[1] : 0),
-                               c);
+    if (!PAIR && c.row >= sg_rows_of(p, c.m)) {
+        sg_cur_at<BYTES, PAIR>(p, sg_unit(p, c.m, c.row), c);
         return;
     }
     c.src += ustep;
