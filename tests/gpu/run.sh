@@ -11,7 +11,8 @@
 #      aggregate decode of BATCH (default 8,32,64; 0 skips) streams of 512
 #      + 128 tokens (cllm bench --batch), and one LONG-token (32768)
 #      prefill with its TFLOP/s against the H200's 764 peak,
-#   4. compute-sanitizer (memcheck, racecheck) on short runs.
+#   4. compute-sanitizer (memcheck, racecheck) on short runs, in the
+#      background beside 1-2 (SAN_JOBS at a time), finished before 3.
 # TESTS=0 skips 1-2 (2 includes CPU vs CUDA greedy ids on CROSS_SHAPES,
 # random-weight gen_model shapes), SANITIZE=0 skips 4, EAGER=0 times only the default
 # (CUDA-graph) decode; SANITIZE_TOOLS, SANITIZE_N choose the sanitizer runs.
@@ -28,9 +29,70 @@ WORK=${WORK:-/tmp/cllm-gpu}
 mkdir -p "$WORK"
 export CLLM_FIXTURES_DIR="$ROOT/tests/fixtures" CLLM_SHARED_DIR="$SHARED"
 fails=0 summary=""
-note() { summary+="$1"$'\n'; echo "== $1"; }
+note() { summary+="$1"$'\n'; echo "== [${SECONDS}s] $1"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+
+# compute-sanitizer runs, SAN_JOBS (6) at a time in the background from
+# the start: they are the suite's slowest part, and running them beside
+# the correctness steps (never beside the benchmarks, which wait for them)
+# is what keeps the whole suite inside one device call. Each run's verdict
+# goes to $WORK/san/NN.note (a line, FAIL lines with the log's tail in
+# NN.log), read back in order after the wait.
+san_one() { # NN TIMEOUT LABEL TOOL ARGS...
+    local nn=$1 t=$2 label=$3 tool=$4
+    shift 4
+    if timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" >"$WORK/san/$nn.log" 2>&1; then
+        echo "compute-sanitizer $tool $label: clean" >"$WORK/san/$nn.note"
+    else
+        echo "compute-sanitizer $tool $label: FAIL (exit $?)" >"$WORK/san/$nn.note"
+    fi
+}
+san_all() {
+    local n=0 tool args big ids long
+    ids=$(seq -s, 5 24)
+    # qwen3_hd128: head_dim 128, so the tensor-core attention kernels run
+    # (a 150-token prompt: prefill tiles; then decode steps)
+    long=$(seq -s, 100 249)
+    # the device sampler: rows in shared memory (stories260K, 512 tokens)
+    # and walked in global memory (a 128256-token random-weight model,
+    # top-p wide enough to keep most of the row)
+    big="$WORK/tiny-llama3-bf16.gguf"
+    [ -f "$big" ] || timeout 120 "$BIN/gen_model" --shape tiny-llama3 --dtype bf16 -o "$big" >/dev/null
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+        for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8" "$ROOT/tests/fixtures/oracle/qwen3_hd128 --prompt-ids $long -n 40"; do
+            n=$((n + 1))
+            # shellcheck disable=SC2086 # $args: the run's words
+            san_one "$(printf %02d $n)" 300 "$(basename ${args%% *})" "$tool" "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids &
+            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+        done
+        # the tensor-core GEMV of batched steps (its kernel test's launches:
+        # x staged, column slices summed through shared memory)
+        if [ -x "$BIN/test_gemv_mma" ]; then
+            n=$((n + 1))
+            san_one "$(printf %02d $n)" 300 test_gemv_mma "$tool" "$BIN/test_gemv_mma" &
+            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+        fi
+        for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 0.8 --top-k 0 --top-p 1 --min-p 0"; do
+            n=$((n + 1))
+            # shellcheck disable=SC2086
+            san_one "$(printf %02d $n)" 300 "sampled $(basename ${args%% *}) ${args#* -n }" "$tool" "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids &
+            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+        done
+    done
+    wait
+}
+san_pid=""
+rm -rf "$WORK/san"
+mkdir -p "$WORK/san"
+if [ "${SANITIZE:-1}" = 0 ]; then
+    :
+elif command -v compute-sanitizer >/dev/null; then
+    san_all >"$WORK/san/all.out" 2>&1 &
+    san_pid=$!
+else
+    note "compute-sanitizer: not found"
+fi
 
 if [ "${TESTS:-1}" = 0 ]; then
     :
@@ -231,6 +293,19 @@ for shape in ${CROSS_SHAPES-qwen2.5-0.5b}; do
 done
 fi
 
+if [ -n "$san_pid" ]; then
+    wait "$san_pid"
+    for f in "$WORK"/san/*.note; do
+        [ -e "$f" ] || { note "compute-sanitizer: no run finished (see $WORK/san/all.out)"; fails=$((fails+1)); break; }
+        line=$(cat "$f")
+        case "$line" in
+        *": clean") ;;
+        *) tail -30 "${f%.note}.log"; fails=$((fails+1)) ;;
+        esac
+        note "$line"
+    done
+fi
+
 ids512=$(seq -s, 1000 1511)
 for shape in $SHAPES; do
     f=$(GEN_TIMEOUT=240 gpu_model "$shape") || { note "bench $shape: gen_model failed"; continue; }
@@ -262,49 +337,8 @@ for shape in $SHAPES; do
     rm -f "$f"
 done
 
-if [ "${SANITIZE:-1}" = 0 ]; then
-    :
-elif command -v compute-sanitizer >/dev/null; then
-    ids=$(seq -s, 5 24)
-    # qwen3_hd128: head_dim 128, so the tensor-core attention kernels run
-    # (a 150-token prompt: prefill tiles; then decode steps)
-    long=$(seq -s, 100 249)
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
-        for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8" "$ROOT/tests/fixtures/oracle/qwen3_hd128 --prompt-ids $long -n 40"; do
-            if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
-                note "compute-sanitizer $tool $(basename ${args%% *}): clean"
-            else
-                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool $(basename ${args%% *}): FAIL"; fails=$((fails+1))
-            fi
-        done
-        # the tensor-core GEMV of batched steps (its kernel test's launches:
-        # x staged, column slices summed through shared memory)
-        if [ -x "$BIN/test_gemv_mma" ]; then
-            if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/test_gemv_mma" >"$WORK/san.log" 2>&1; then
-                note "compute-sanitizer $tool test_gemv_mma: clean"
-            else
-                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool test_gemv_mma: FAIL"; fails=$((fails+1))
-            fi
-        fi
-        # the device sampler: rows in shared memory (stories260K, 512 tokens)
-        # and walked in global memory (a 128256-token random-weight model,
-        # top-p wide enough to keep most of the row)
-        big="$WORK/tiny-llama3-bf16.gguf"
-        [ -f "$big" ] || timeout 120 "$BIN/gen_model" --shape tiny-llama3 --dtype bf16 -o "$big" >/dev/null
-        for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 0.8 --top-k 0 --top-p 1 --min-p 0"; do
-            if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids >"$WORK/san.log" 2>&1; then
-                note "compute-sanitizer $tool sampled $(basename ${args%% *}) ${args#* -n }: clean"
-            else
-                tail -30 "$WORK/san.log"; note "compute-sanitizer $tool sampled $(basename ${args%% *}): FAIL"; fails=$((fails+1))
-            fi
-        done
-    done
-else
-    note "compute-sanitizer: not found"
-fi
-
 echo
 echo "==== summary"
 printf '%s' "$summary"
-echo "correctness failures: $fails"
+echo "correctness failures: $fails (${SECONDS} s)"
 exit $((fails > 0))
