@@ -594,6 +594,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->lt = NULL; /* cublasGemmEx for every GEMM */
     c->gemm_pair = env_flag("CLLM_CUDA_GEMM_PAIR", true);
     c->gemv_staged = hopper && env_flag("CLLM_CUDA_GEMV_STAGED", true);
+    c->stage_big = env_flag("CLLM_CUDA_STAGE_BIG", true);
     c->smp_prep = env_flag("CLLM_CUDA_SAMPLE_PREP", true);
     /* mma.sync on bf16/f16: compute capability 8.0 and newer, in code
      * built for it (its body is compiled out below sm_80, like hopper's) */

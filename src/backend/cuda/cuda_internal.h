@@ -122,6 +122,9 @@ struct cuda_backend {
                         * memory (cuk_gemv_staged; Hopper and newer,
                         * CLLM_CUDA_GEMV_STAGED != 0) */
     struct cuk_stage_cfg stage; /* its launch shape */
+    bool stage_big;    /* batched steps' launches too big for the tensor-core
+                        * GEMV go to the staged GEMV, not cuBLAS, where their
+                        * x tiles fit (CLLM_CUDA_STAGE_BIG != 0) */
     bool gemv_mma;     /* batched steps past the GEMVs' rows go to the
                         * tensor-core GEMV (cuk_gemv_mma) where it takes the
                         * shape, not cuBLAS (CLLM_CUDA_GEMV_MMA != 0) */

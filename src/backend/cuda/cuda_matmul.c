@@ -297,6 +297,36 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
            (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
 }
 
+/* Whether n rows of x (past gemv_max, at most CUK_STAGE_MAX_N) times
+ * matrices of `bytes` 2-byte weights and cols columns (one launch) go to
+ * the staged GEMV although the tensor-core GEMV is on: launches it
+ * declines for their size (mma_max_bytes: an 8B model's gate/up; an LM
+ * head is a plain matmul, matmul_x, and stays on cuBLAS) whose x tiles
+ * fit (stage_x_max). cuBLAS, which took them, needs
+ * the input's norm or SwiGLU as launches of their own and launches
+ * without PDL; the staged GEMV fuses both (H200, 8B at 2 streams: gate/up
+ * with its norm and SwiGLU 66 -> 58 us a layer; docs/benchmarks.md,
+ * thirty-third pass). Not where CLLM_CUDA_GEMV_MAX chose the rows. */
+static bool staged_big(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
+{
+    return c->stage_big && c->gemv_staged && c->gemv_mma && !c->precise && !c->gemv_max_env &&
+           n > c->gemv_max && n <= CUK_STAGE_MAX_N && (size_t)n * cols * 4 <= c->stage_x_max &&
+           cols * 2 >= 4096 && bytes > c->mma_max_bytes; /* rows of a slot's 4 KB or more */
+}
+
+/* The weight bytes of the k matrices ts when all are bf16 or all f16 (the
+ * tensor-core and staged GEMVs' dtypes), else 0. */
+static size_t half_bytes(const struct tensor *const *ts, int k)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < k; i++) {
+        if ((ts[i]->dtype != DT_BF16 && ts[i]->dtype != DT_F16) || ts[i]->dtype != ts[0]->dtype)
+            return 0;
+        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
+    }
+    return bytes;
+}
+
 /* Whether n rows of x times the k matrices ts (one launch) that the GEMVs
  * leave go to the tensor-core GEMV (cuk_gemv_mma: x rounded to half as
  * cuBLAS reads it, the input and output ops in its launch) rather than
@@ -318,13 +348,8 @@ static bool mma_takes(const struct cuda_backend *c, const struct tensor *const *
         gemv_rows(c, cols, n) || cols % 32 || (size_t)n * cols > c->mma_max_x ||
         cuk_gemv_mma_smem(n, (int)cols) > (size_t)c->mma.smem_max)
         return false;
-    size_t bytes = 0;
-    for (int i = 0; i < k; i++) {
-        if ((ts[i]->dtype != DT_BF16 && ts[i]->dtype != DT_F16) || ts[i]->dtype != ts[0]->dtype)
-            return false;
-        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
-    }
-    return bytes <= c->mma_max_bytes;
+    const size_t bytes = half_bytes(ts, k);
+    return bytes > 0 && bytes <= c->mma_max_bytes;
 }
 
 /* Whether n rows of x times the k matrices ts go to a kernel that takes
@@ -332,7 +357,8 @@ static bool mma_takes(const struct cuda_backend *c, const struct tensor *const *
  * itself. */
 static bool gemv_like(const struct cuda_backend *c, const struct tensor *const *ts, int k, int n)
 {
-    return gemv_rows(c, (size_t)ts[0]->cols, n) || mma_takes(c, ts, k, n);
+    return gemv_rows(c, (size_t)ts[0]->cols, n) || mma_takes(c, ts, k, n) ||
+           staged_big(c, (size_t)ts[0]->cols, half_bytes(ts, k), n);
 }
 
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
@@ -350,7 +376,8 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
 #define NORM_FUSE_MAX_ROWS 32768
 
 /* A GEMV launch of cuk_gemv_fused's contract: past the GEMVs' rows the
- * tensor-core GEMV (mma_takes); else the staged kernel for up to
+ * tensor-core GEMV (mma_takes) or, for launches too big for it
+ * (staged_big), the staged kernel; else the staged kernel for up to
  * CUK_STAGE_MAX_N rows where it is on and takes the shape, else the
  * register-streamed one; cudaErrorNotSupported (nothing launched) where
  * none does. */
@@ -358,8 +385,14 @@ static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
-    if (!gemv_rows(c, (size_t)ws[0]->cols, n)) /* the caller saw mma_takes */
+    if (!gemv_rows(c, (size_t)ws[0]->cols, n)) { /* the caller saw gemv_like */
+        size_t bytes = 0;
+        for (int i = 0; i < k; i++)
+            bytes += (size_t)ws[i]->rows * (size_t)ws[i]->cols * 2;
+        if (bytes > c->mma_max_bytes) /* staged_big: the tensor-core GEMV declines it */
+            return cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
+    }
     if (n <= CUK_STAGE_MAX_N && c->gemv_staged) {
         cudaError_t err = cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
         if (err != cudaErrorNotSupported)

@@ -92,12 +92,50 @@ template <> struct gemv_cfg<WT_Q8> { static constexpr int VE = 16, BYTES = 1; };
  * of shared memory (the x tile's), sinv: NT floats of shared memory past
  * the tile (registers are what the GEMV is short of); staging begins with
  * a barrier, so both are safe to use until then. Every thread of the
- * block calls it. */
-template <int NT>
+ * block calls it. ALL (the staged GEMV's): NT > 1 rows of 512 < cols <=
+ * 8192 summed together, the same bits with one trip to L2 and one
+ * barrier for all rows; the register GEMV, which holds weights in
+ * registers meanwhile, keeps the row-by-row form (ALL spills there). */
+template <int NT, bool ALL = false>
 static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x, int cols,
                                                     float eps, double *part)
 {
     const int lane = threadIdx.x & 31;
+    if (ALL && NT > 1 && cols > 512 && cols <= 8192) {
+        /* All rows at once: each row's loads in flight beside the others'
+         * (one trip to L2, not NT), then each row's block sum in the order
+         * cuk_block_sum_d takes (every warp sums the warps' partials
+         * itself, in warp 0's order), one barrier for all rows. */
+        const int warp = threadIdx.x >> 5;
+        double ss[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            ss[j] = 0;
+#pragma unroll 2
+        for (int i = threadIdx.x; i < cols / 4; i += GEMV_THREADS) {
+            float4 v[NT];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                v[j] = __ldg((const float4 *)(x + (size_t)j * cols) + i);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                ss[j] += cuk_rms_sq(v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            ss[j] = cuk_warp_sum_d(ss[j]);
+            if (lane == 0)
+                part[32 * j + warp] = ss[j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const double t = cuk_warp_sum_d(lane < GEMV_WARPS ? part[32 * j + lane] : 0.0);
+            if (threadIdx.x == 0)
+                sinv[j] = cuk_rms_inv(t, cols, eps);
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const float *xr = x + (size_t)j * cols;
@@ -171,8 +209,15 @@ static __device__ __forceinline__ float4 gemv_in_op4(float4 v, float4 v2, float 
  * element lc of the tile (vector cl = lc / VE, quarter q = lc % VE / 4) at
  * float4 (cl / 32) * 8 * VE + q * 32 + cl % 32, so a warp's 32 lanes read
  * 32 consecutive float4 per quarter (no bank conflicts). The rows are x,
- * rmsnorm(x) (sinv from gemv_rms_inv) or silu(x) * x2, as IN says. */
-template <int WT, int NT, int IN>
+ * rmsnorm(x) (sinv from gemv_rms_inv) or silu(x) * x2, as IN says.
+ * SB 0 (the register GEMV's, which holds weights in registers meanwhile)
+ * stages row by row, each thread's float4s one after another; SB > 0 (the
+ * staged GEMV's) takes the NT rows' float4s as one run of items (row j,
+ * float4 f) with SB of a thread's loads in flight before any is used: x
+ * was just written by the previous kernel, so each load is a trip to L2,
+ * and one after another (4 a thread for a 4,096-column row, 8 for two
+ * rows) they were the staging's time. */
+template <int WT, int NT, int IN, int SB = 0>
 static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_gemv_in &in,
                                                   const float *sinv, int cols, int t,
                                                   int tile_cols)
@@ -180,19 +225,58 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
     constexpr int VE = gemv_cfg<WT>::VE;
     int c0 = t * tile_cols, tw = min(cols - c0, tile_cols), nf = tw / 4, tile_f4 = tile_cols / 4;
     __syncthreads(); /* every warp is done with the previous tile */
+    if (SB == 0) {
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
-        /* the second operand: the norm's weights or SwiGLU's up */
-        const float4 *src2 = IN == CUK_IN_RMSNORM ? (const float4 *)(in.nw + c0)
-                             : IN == CUK_IN_SWIGLU ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
-                                                   : nullptr;
-        const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
-        for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
-            float4 v = __ldg(src + f);
+        for (int j = 0; j < NT; j++) {
+            const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
+            const float4 *src2 = IN == CUK_IN_RMSNORM ? (const float4 *)(in.nw + c0)
+                                 : IN == CUK_IN_SWIGLU
+                                     ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
+                                     : nullptr;
+            const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
+            for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
+                float4 v = __ldg(src + f);
+                if (IN != CUK_IN_X)
+                    v = gemv_in_op4<IN>(v, __ldg(src2 + f), inv);
+                xs[j * tile_f4 + gemv_xs_slot<VE>(f)] = v;
+            }
+        }
+        __syncthreads();
+        return;
+    }
+    constexpr int B = SB > 0 ? SB : 1;
+    const int items = NT * nf;
+    for (int i0 = threadIdx.x; i0 < items; i0 += B * GEMV_THREADS) {
+        float4 v[B], v2[B];
+        int jb[B], fb[B];
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            int j = 0, f = i0 + b * GEMV_THREADS;
+#pragma unroll
+            for (int r = 1; r < NT; r++)
+                if (f >= nf) {
+                    f -= nf;
+                    j++;
+                }
+            jb[b] = j;
+            fb[b] = f;
+            if (i0 + b * GEMV_THREADS < items) {
+                v[b] = __ldg((const float4 *)(in.x + (size_t)j * cols + c0) + f);
+                /* the second operand: the norm's weights or SwiGLU's up */
+                if (IN == CUK_IN_RMSNORM)
+                    v2[b] = __ldg((const float4 *)(in.nw + c0) + f);
+                else if (IN == CUK_IN_SWIGLU)
+                    v2[b] = __ldg((const float4 *)(in.x2 + (size_t)j * cols + c0) + f);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (i0 + b * GEMV_THREADS >= items)
+                break;
+            float4 w = v[b];
             if (IN != CUK_IN_X)
-                v = gemv_in_op4<IN>(v, __ldg(src2 + f), inv);
-            xs[j * tile_f4 + gemv_xs_slot<VE>(f)] = v;
+                w = gemv_in_op4<IN>(w, v2[b], IN == CUK_IN_RMSNORM ? sinv[jb[b]] : 0.0f);
+            xs[jb[b] * tile_f4 + gemv_xs_slot<VE>(fb[b])] = w;
         }
     }
     __syncthreads();

@@ -320,8 +320,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         sg_norm_stage<WT>(xs, in.x, nwv, p.cols, in.eps, (double *)(sinv + 4));
     } else {
         if (IN == CUK_IN_RMSNORM)
-            gemv_rms_inv<NT>(sinv, in.x, p.cols, in.eps, (double *)xs);
-        gemv_stage<WT, NT, IN>(xs, in, sinv, p.cols, 0, p.tile_cols); /* ends in a barrier */
+            gemv_rms_inv<NT, true>(sinv, in.x, p.cols, in.eps, (double *)xs);
+        /* ends in a barrier */
+        gemv_stage<WT, NT, IN, IN == CUK_IN_X ? 8 : 4>(xs, in, sinv, p.cols, 0, p.tile_cols);
     }
 #ifdef CUK_GEMV_PROBE
     gp_stage(gpw, 2);
