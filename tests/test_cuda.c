@@ -1297,6 +1297,123 @@ static void check_matmul_fused(void)
         check_matmul_fused_cols(cols[i]);
 }
 
+static bool env_is0(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
+
+/* staged_big (cuda_matmul.c): a fused matmul of 2-3 rows that the
+ * tensor-core GEMV declines for its size (here CLLM_CUDA_MMA_MAX_MB=1
+ * against 4.9 MB of gate/up) and whose x fits the staged GEMV's 48 KB
+ * goes to the staged GEMV, not cuBLAS. Seen two ways: the paired SwiGLU
+ * output leaves up's output untouched (the cuBLAS path writes up's
+ * product there), and each row matches the same row alone (a one-token
+ * launch, staged too) within f32 rounding, where cuBLAS's bf16-rounded x
+ * is ~1e-3 off. At 4 rows (64 KB of x) cuBLAS takes it. */
+static void check_staged_big(void)
+{
+    enum { ROWS = 300, COLS = 4096, NMAX = 4 };
+    const float eps = 1e-6f;
+    struct test_mat g, u, normw;
+    mat_make(&g, DT_BF16, ROWS, COLS);
+    mat_make(&u, DT_BF16, ROWS, COLS);
+    mat_make(&normw, DT_F32, 1, COLS);
+    for (int i = 0; i < COLS; i++) {
+        normw.wide[i] += 1.0f;
+        ((float *)normw.mem)[i] = normw.wide[i];
+    }
+    struct layer_weights lw;
+    memset(&lw, 0, sizeof lw);
+    lw.wq = g.t;
+    lw.wk = u.t;
+    lw.attn_norm = normw.t;
+    struct model md;
+    memset(&md, 0, sizeof md);
+    md.cfg.n_layers = 1;
+    md.cfg.dim = COLS;
+    md.cfg.hidden_dim = ROWS;
+    md.layers = &lw;
+    setenv("CLLM_CUDA_MMA_MAX_MB", "1", 1);
+    struct backend *be = gpu_create(false);
+    unsetenv("CLLM_CUDA_MMA_MAX_MB");
+    struct err e = {{0}};
+    float *dx = NULL, *o[2] = {0}, *o1[2] = {0};
+    float *hx = malloc(sizeof(float) * NMAX * COLS);
+    if (!be || !be->ops->matmul_fused || backend_load_weights(be, &md, &e)) {
+        CHECK(0, "staged_big: %s", be ? e.msg : "no backend");
+        goto out;
+    }
+    /* where the route is on: the staged GEMV (Hopper), and no lever that
+     * sends these rows elsewhere (with the tensor-core GEMV off, 2-4 rows
+     * whose x fits are staged anyway) */
+    const bool staged = !env_is0("CLLM_CUDA_GEMV_STAGED") &&
+                        (!env_is0("CLLM_CUDA_STAGE_BIG") || env_is0("CLLM_CUDA_GEMV_MMA")) &&
+                        !getenv("CLLM_CUDA_GEMV_MAX");
+    dx = dev_alloc_copy(be, NULL, (size_t)NMAX * COLS);
+    for (int i = 0; i < 2; i++) {
+        o[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * ROWS);
+        o1[i] = dev_alloc_copy(be, NULL, ROWS);
+    }
+    const struct tensor *ws[2] = {&g.t, &u.t};
+    float *zeros = calloc((size_t)NMAX * ROWS, sizeof(float));
+    double worst_staged = 0, worst_cublas = 0;
+    for (int n = 2; n <= NMAX; n++) {
+        for (int i = 0; i < n * COLS; i++)
+            hx[i] = frand() * 3.0f;
+        backend_upload(be, dx, hx, sizeof(float) * (size_t)n * COLS);
+        for (int i = 0; i < 2; i++)
+            backend_upload(be, o[i], zeros, sizeof(float) * (size_t)n * ROWS);
+        struct matmul_in mi = {.kind = MATMUL_IN_RMSNORM, .x = dx, .norm = normw.t.data,
+                               .eps = eps};
+        CHECK(be->ops->matmul_fused(be, o, &mi, n, ws, 2, MATMUL_OUT_SWIGLU, &e) == 0,
+              "staged_big: matmul_fused n=%d: %s", n, e.msg);
+        float *got = dev_fetch(be, o[0], (size_t)n * ROWS),
+              *up = dev_fetch(be, o[1], (size_t)n * ROWS);
+        const bool want = staged && n <= 3;
+        const bool untouched = !memcmp(up, zeros, sizeof(float) * (size_t)n * ROWS);
+        CHECK(untouched == want, "staged_big n=%d: the staged GEMV %s", n,
+              want ? "did not run" : "ran where cuBLAS should");
+        for (int r = 0; r < n; r++) {
+            for (int i = 0; i < 2; i++)
+                backend_upload(be, o1[i], zeros, sizeof(float) * ROWS);
+            struct matmul_in m1 = mi;
+            m1.x = dx + (size_t)r * COLS;
+            CHECK(be->ops->matmul_fused(be, o1, &m1, 1, ws, 2, MATMUL_OUT_SWIGLU, &e) == 0,
+                  "staged_big: matmul_fused one row: %s", e.msg);
+            float *alone = dev_fetch(be, o1[0], ROWS);
+            const double re = test_rel_err(got + (size_t)r * ROWS, alone, ROWS);
+            const double tol = want ? 1e-5 : 2e-2;
+            CHECK(re <= tol, "staged_big n=%d row %d: rel err %.3g vs the row alone (%g)", n, r,
+                  re, tol);
+            if (want)
+                worst_staged = re > worst_staged ? re : worst_staged;
+            else
+                worst_cublas = re > worst_cublas ? re : worst_cublas;
+            free(alone);
+        }
+        free(got);
+        free(up);
+    }
+    CHECK(be->ops->finish(be, &e) == 0, "staged_big: %s", e.msg);
+    printf("staged_big: 2-3 rows of 4.9 MB gate/up %s; worst rel err vs rows alone %.2e "
+           "(staged), %.2e (cuBLAS)\n",
+           staged ? "staged" : "on cuBLAS (lever)", worst_staged, worst_cublas);
+    free(zeros);
+out:
+    if (be) {
+        float *bufs[] = {dx, o[0], o[1], o1[0], o1[1]};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i])
+                be->ops->free(be, bufs[i]);
+    }
+    backend_destroy(be);
+    free(hx);
+    mat_free(&g);
+    mat_free(&u);
+    mat_free(&normw);
+}
+
 /* ---- 2. oracles (test_models.c's structure, on the GPU) ---- */
 
 /* A runner on a new GPU backend (precise or not, honouring no_graphs and
@@ -2432,6 +2549,7 @@ int main(void)
     check_rope_kv_attention();
     check_deferred_merge();
     check_matmul_fused();
+    check_staged_big();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);

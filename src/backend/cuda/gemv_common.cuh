@@ -225,7 +225,7 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
     constexpr int VE = gemv_cfg<WT>::VE;
     int c0 = t * tile_cols, tw = min(cols - c0, tile_cols), nf = tw / 4, tile_f4 = tile_cols / 4;
     __syncthreads(); /* every warp is done with the previous tile */
-    if (SB == 0) {
+    if constexpr (SB == 0) {
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
@@ -241,42 +241,40 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
                 xs[j * tile_f4 + gemv_xs_slot<VE>(f)] = v;
             }
         }
-        __syncthreads();
-        return;
-    }
-    constexpr int B = SB > 0 ? SB : 1;
-    const int items = NT * nf;
-    for (int i0 = threadIdx.x; i0 < items; i0 += B * GEMV_THREADS) {
-        float4 v[B], v2[B];
-        int jb[B], fb[B];
+    } else {
+        const int items = NT * nf;
+        for (int i0 = threadIdx.x; i0 < items; i0 += SB * GEMV_THREADS) {
+            float4 v[SB], v2[SB];
+            int jb[SB], fb[SB]; /* item i0 + b * GEMV_THREADS: row jb, float4 fb */
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            int j = 0, f = i0 + b * GEMV_THREADS;
+            for (int b = 0; b < SB; b++) {
+                int j = 0, f = i0 + b * GEMV_THREADS;
 #pragma unroll
-            for (int r = 1; r < NT; r++)
-                if (f >= nf) {
-                    f -= nf;
-                    j++;
+                for (int r = 1; r < NT; r++)
+                    if (f >= nf) {
+                        f -= nf;
+                        j++;
+                    }
+                jb[b] = j;
+                fb[b] = f;
+                if (i0 + b * GEMV_THREADS < items) {
+                    v[b] = __ldg((const float4 *)(in.x + (size_t)j * cols + c0) + f);
+                    /* the second operand: the norm's weights or SwiGLU's up */
+                    if (IN == CUK_IN_RMSNORM)
+                        v2[b] = __ldg((const float4 *)(in.nw + c0) + f);
+                    else if (IN == CUK_IN_SWIGLU)
+                        v2[b] = __ldg((const float4 *)(in.x2 + (size_t)j * cols + c0) + f);
                 }
-            jb[b] = j;
-            fb[b] = f;
-            if (i0 + b * GEMV_THREADS < items) {
-                v[b] = __ldg((const float4 *)(in.x + (size_t)j * cols + c0) + f);
-                /* the second operand: the norm's weights or SwiGLU's up */
-                if (IN == CUK_IN_RMSNORM)
-                    v2[b] = __ldg((const float4 *)(in.nw + c0) + f);
-                else if (IN == CUK_IN_SWIGLU)
-                    v2[b] = __ldg((const float4 *)(in.x2 + (size_t)j * cols + c0) + f);
             }
-        }
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            if (i0 + b * GEMV_THREADS >= items)
-                break;
-            float4 w = v[b];
-            if (IN != CUK_IN_X)
-                w = gemv_in_op4<IN>(w, v2[b], IN == CUK_IN_RMSNORM ? sinv[jb[b]] : 0.0f);
-            xs[jb[b] * tile_f4 + gemv_xs_slot<VE>(fb[b])] = w;
+            for (int b = 0; b < SB; b++) {
+                if (i0 + b * GEMV_THREADS >= items)
+                    break;
+                float4 w = v[b];
+                if (IN != CUK_IN_X)
+                    w = gemv_in_op4<IN>(w, v2[b], IN == CUK_IN_RMSNORM ? sinv[jb[b]] : 0.0f);
+                xs[jb[b] * tile_f4 + gemv_xs_slot<VE>(fb[b])] = w;
+            }
         }
     }
     __syncthreads();
