@@ -1334,9 +1334,23 @@ static void check_staged_big(void)
     md.cfg.dim = COLS;
     md.cfg.hidden_dim = ROWS;
     md.layers = &lw;
+    /* the bounds that decide the route are this test's: levers that move
+     * them are set aside for the backend's creation (and put back) */
+    static const char *const bounds[] = {"CLLM_CUDA_GEMV_MAX", "CLLM_CUDA_STAGE_X_MAX"};
+    char *saved[2];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(bounds[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(bounds[i]);
+    }
     setenv("CLLM_CUDA_MMA_MAX_MB", "1", 1);
     struct backend *be = gpu_create(false);
     unsetenv("CLLM_CUDA_MMA_MAX_MB");
+    for (int i = 0; i < 2; i++) {
+        if (saved[i])
+            setenv(bounds[i], saved[i], 1);
+        free(saved[i]);
+    }
     struct err e = {{0}};
     float *dx = NULL, *o[2] = {0}, *o1[2] = {0};
     float *hx = malloc(sizeof(float) * NMAX * COLS);
@@ -1348,8 +1362,7 @@ static void check_staged_big(void)
      * sends these rows elsewhere (with the tensor-core GEMV off, 2-4 rows
      * whose x fits are staged anyway) */
     const bool staged = !env_is0("CLLM_CUDA_GEMV_STAGED") &&
-                        (!env_is0("CLLM_CUDA_STAGE_BIG") || env_is0("CLLM_CUDA_GEMV_MMA")) &&
-                        !getenv("CLLM_CUDA_GEMV_MAX");
+                        (!env_is0("CLLM_CUDA_STAGE_BIG") || env_is0("CLLM_CUDA_GEMV_MMA"));
     dx = dev_alloc_copy(be, NULL, (size_t)NMAX * COLS);
     for (int i = 0; i < 2; i++) {
         o[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * ROWS);
