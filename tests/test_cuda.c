@@ -79,6 +79,13 @@ static struct backend *gpu_create(bool precise)
     return be;
 }
 
+/* Whether the environment sets lever name to 0 (off). */
+static bool env_is0(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
+
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
 static float frand(void) /* uniform in [-1, 1) */
 {
@@ -950,8 +957,7 @@ static void check_deferred_merge(void)
     /* The deferral is the staged GEMV's (Hopper code on a Hopper GPU): where
      * it is off (CLLM_CUDA_GEMV_STAGED=0, as for a run of an sm_80 build)
      * every case must settle its merge itself, and still match. */
-    const char *staged = getenv("CLLM_CUDA_GEMV_STAGED");
-    if (staged && !strcmp(staged, "0"))
+    if (env_is0("CLLM_CUDA_GEMV_STAGED"))
         CHECK(deferred == 0, "deferred merge: %d cases deferred with the staged GEMV off",
               deferred);
     else
@@ -1295,12 +1301,6 @@ static void check_matmul_fused(void)
     static const int cols[] = {64, 96, 100, 512, 1024, 4096, 8224};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
         check_matmul_fused_cols(cols[i]);
-}
-
-static bool env_is0(const char *name)
-{
-    const char *v = getenv(name);
-    return v && !strcmp(v, "0");
 }
 
 /* staged_big (cuda_matmul.c): a fused matmul of 2-3 rows that the

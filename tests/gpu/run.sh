@@ -48,8 +48,18 @@ san_one() { # NN TIMEOUT LABEL TOOL ARGS...
         echo "compute-sanitizer $tool $label: FAIL (exit $?)" >"$WORK/san/$nn.note"
     fi
 }
+# san_bg LABEL TOOL CMD...: san_one in the background as the next run
+# (san_n), then wait while SAN_JOBS runs are in flight.
+san_bg() {
+    local label=$1 tool=$2
+    shift 2
+    san_n=$((san_n + 1))
+    san_one "$(printf %02d $san_n)" 300 "$label" "$tool" "$@" &
+    while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+}
 san_all() {
-    local n=0 tool args big ids long
+    local tool args big ids long
+    san_n=0
     ids=$(seq -s, 5 24)
     # qwen3_hd128: head_dim 128, so the tensor-core attention kernels run
     # (a 150-token prompt: prefill tiles; then decode steps)
@@ -61,23 +71,15 @@ san_all() {
     [ -f "$big" ] || timeout 120 "$BIN/gen_model" --shape tiny-llama3 --dtype bf16 -o "$big" >/dev/null
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
         for args in "$SHARED/models/stories260K -p Once -n ${SANITIZE_N:-280}" "$ROOT/tests/fixtures/oracle/qwen3_bf16 --prompt-ids $ids -n 8" "$ROOT/tests/fixtures/oracle/qwen3_hd128 --prompt-ids $long -n 40"; do
-            n=$((n + 1))
             # shellcheck disable=SC2086 # $args: the run's words
-            san_one "$(printf %02d $n)" 300 "$(basename ${args%% *})" "$tool" "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids &
-            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+            san_bg "$(basename ${args%% *})" "$tool" "$BIN/cllm" run $args --device cuda --temp 0 --ignore-eos --print-ids
         done
         # the tensor-core GEMV of batched steps (its kernel test's launches:
         # x staged, column slices summed through shared memory)
-        if [ -x "$BIN/test_gemv_mma" ]; then
-            n=$((n + 1))
-            san_one "$(printf %02d $n)" 300 test_gemv_mma "$tool" "$BIN/test_gemv_mma" &
-            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
-        fi
+        [ -x "$BIN/test_gemv_mma" ] && san_bg test_gemv_mma "$tool" "$BIN/test_gemv_mma"
         for args in "$SHARED/models/stories260K -p Once -n 40 --temp 0.8 --top-k 40 --top-p 0.95" "$big --prompt-ids 5,6,7 -n 2 --temp 1.5 --top-k 0 --top-p 0.9 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 1 --top-k 50 --top-p 1 --min-p 0" "$big --prompt-ids 5,6,7 -n 2 --temp 0.8 --top-k 0 --top-p 1 --min-p 0"; do
-            n=$((n + 1))
             # shellcheck disable=SC2086
-            san_one "$(printf %02d $n)" 300 "sampled $(basename ${args%% *}) ${args#* -n }" "$tool" "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids &
-            while [ "$(jobs -rp | wc -l)" -ge "${SAN_JOBS:-6}" ]; do wait -n; done
+            san_bg "sampled $(basename ${args%% *}) ${args#* -n }" "$tool" "$BIN/cllm" run $args --seed 3 --device cuda --ignore-eos --print-ids
         done
     done
     wait
