@@ -71,19 +71,33 @@ static __device__ __forceinline__ double cuk_rms_sq(float4 v)
     return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
 }
 
-/* The sum of every thread's v over the block (part: 32 doubles of shared
- * memory), the same in every thread. */
-static __device__ __forceinline__ double cuk_block_sum_d(double v, double *part)
+/* A block sum in two halves, for callers that sum several values with
+ * one barrier: cuk_warp_part_d leaves each warp's sum of v in
+ * part[warp]; after a barrier, cuk_parts_sum_d is the sum of the nw
+ * warps' partials, in warp order, in whichever warp calls it. */
+static __device__ __forceinline__ void cuk_warp_part_d(double v, double *part)
 {
     v = cuk_warp_sum_d(v);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    if (lane == 0)
-        part[warp] = v;
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x / 32] = v;
+}
+
+static __device__ __forceinline__ double cuk_parts_sum_d(const double *part, int nw)
+{
+    const int lane = threadIdx.x & 31;
+    return cuk_warp_sum_d(lane < nw ? part[lane] : 0.0);
+}
+
+/* The sum of every thread's v over the block (part: 32 doubles of shared
+ * memory), the same in every thread: warp 0 sums the partials and
+ * publishes the total, so part may be reused after the call. */
+static __device__ __forceinline__ double cuk_block_sum_d(double v, double *part)
+{
+    cuk_warp_part_d(v, part);
     __syncthreads();
-    if (warp == 0) {
-        v = lane < nw ? part[lane] : 0.0;
-        v = cuk_warp_sum_d(v);
-        if (lane == 0)
+    if (threadIdx.x < 32) {
+        v = cuk_parts_sum_d(part, blockDim.x / 32);
+        if (threadIdx.x == 0)
             part[0] = v;
     }
     __syncthreads();

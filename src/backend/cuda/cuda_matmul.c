@@ -297,23 +297,6 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
            (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
 }
 
-/* Whether n rows of x (past gemv_max, at most CUK_STAGE_MAX_N) times
- * matrices of `bytes` 2-byte weights and cols columns (one launch) go to
- * the staged GEMV although the tensor-core GEMV is on: launches it
- * declines for their size (mma_max_bytes: an 8B model's gate/up; an LM
- * head is a plain matmul, matmul_x, and stays on cuBLAS) whose x tiles
- * fit (stage_x_max). cuBLAS, which took them, needs
- * the input's norm or SwiGLU as launches of their own and launches
- * without PDL; the staged GEMV fuses both (H200, 8B at 2 streams: gate/up
- * with its norm and SwiGLU 66 -> 58 us a layer; docs/benchmarks.md,
- * thirty-third pass). Not where CLLM_CUDA_GEMV_MAX chose the rows. */
-static bool staged_big(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
-{
-    return c->stage_big && c->gemv_staged && c->gemv_mma && !c->precise && !c->gemv_max_env &&
-           n > c->gemv_max && n <= CUK_STAGE_MAX_N && (size_t)n * cols * 4 <= c->stage_x_max &&
-           cols * 2 >= 4096 && bytes > c->mma_max_bytes; /* rows of a slot's 4 KB or more */
-}
-
 /* The weight bytes of the k matrices ts when all are bf16 or all f16 (the
  * tensor-core and staged GEMVs' dtypes), else 0. */
 static size_t half_bytes(const struct tensor *const *ts, int k)
@@ -327,45 +310,72 @@ static size_t half_bytes(const struct tensor *const *ts, int k)
     return bytes;
 }
 
-/* Whether n rows of x times the k matrices ts (one launch) that the GEMVs
- * leave go to the tensor-core GEMV (cuk_gemv_mma: x rounded to half as
- * cuBLAS reads it, the input and output ops in its launch) rather than
- * cuBLAS: bf16/f16 matrices of one dtype in a 2-byte model, not precise, up
- * to CUK_MMA_MAX_N rows, and where it wins (H200, docs/benchmarks.md,
- * seventeenth pass): launches of at most mma_max_bytes of weights (it
- * streams them at ~75 % of the copy bandwidth to cuBLAS's ~90 %, so an 8B
- * model's gate/up and down lose what the saved launches gain) and x of at
- * most mma_max_x elements (every block stages all of x from L2 before its
- * first product: at 16 tokens x 4,096 columns, 256 KB of f32 a block). So
- * an 8B model's step of 2-8 tokens takes it for q/k/v and o, a 0.6B
- * model's for every matrix but the LM head and, past 10 tokens, the down
- * projection. */
-static bool mma_takes(const struct cuda_backend *c, const struct tensor *const *ts, int k,
-                      int n)
+/* Which kernel takes n rows of x times one launch's matrices. */
+enum mm_route {
+    MM_GEMM,       /* cuBLAS (or the f32 widening path) */
+    MM_GEMV,       /* the staged or register GEMV: up to gemv_max rows */
+    MM_MMA,        /* the tensor-core GEMV (cuk_gemv_mma) */
+    MM_STAGED_BIG, /* the staged GEMV past gemv_max rows: staged_big */
+};
+
+/* Whether n rows of x past the GEMVs' rows times matrices of `bytes`
+ * 2-byte weights (0: not all bf16 or all f16) and cols columns go to the
+ * tensor-core GEMV (x rounded to half as cuBLAS reads it, the input and
+ * output ops in its launch) rather than cuBLAS: a 2-byte model, not
+ * precise, up to CUK_MMA_MAX_N rows, and where it wins (H200,
+ * docs/benchmarks.md, seventeenth pass): launches of at most
+ * mma_max_bytes of weights (it streams them at ~75 % of the copy
+ * bandwidth to cuBLAS's ~90 %, so an 8B model's gate/up and down lose what
+ * the saved launches gain) and x of at most mma_max_x elements (every
+ * block stages all of x from L2 before its first product: at 16 tokens x
+ * 4,096 columns, 256 KB of f32 a block). So an 8B model's step of 2-8
+ * tokens takes it for q/k/v and o, a 0.6B model's for every matrix but the
+ * LM head and, past 10 tokens, the down projection. */
+static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
 {
-    const size_t cols = (size_t)ts[0]->cols;
-    if (!c->gemv_mma || c->precise || c->half_type < 0 || n > CUK_MMA_MAX_N ||
-        gemv_rows(c, cols, n) || cols % 32 || (size_t)n * cols > c->mma_max_x ||
-        cuk_gemv_mma_smem(n, (int)cols) > (size_t)c->mma.smem_max)
-        return false;
-    const size_t bytes = half_bytes(ts, k);
-    return bytes > 0 && bytes <= c->mma_max_bytes;
+    return c->gemv_mma && !c->precise && c->half_type >= 0 && n <= CUK_MMA_MAX_N &&
+           cols % 32 == 0 && (size_t)n * cols <= c->mma_max_x &&
+           cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max && bytes > 0 &&
+           bytes <= c->mma_max_bytes;
 }
 
-/* Whether n rows of x times the k matrices ts go to a kernel that takes
- * f32 rows (no half copy needed) and does the input and output ops
- * itself. */
-static bool gemv_like(const struct cuda_backend *c, const struct tensor *const *ts, int k, int n)
+/* Whether n rows of x past the GEMVs' rows (at most CUK_STAGE_MAX_N) times
+ * matrices of `bytes` 2-byte weights and cols columns go to the staged
+ * GEMV although the tensor-core GEMV is on: launches it declines for their
+ * size (mma_max_bytes: an 8B model's gate/up; an LM head is a plain
+ * matmul, matmul_x, and stays on cuBLAS) whose x tiles fit (stage_x_max).
+ * cuBLAS, which took them, needs the input's norm or SwiGLU as launches of
+ * their own and launches without PDL; the staged GEMV fuses both (H200, 8B
+ * at 2 streams: gate/up with its norm and SwiGLU 66 -> 58 us a layer;
+ * docs/benchmarks.md, thirty-third pass). Past stage_x_max, with the
+ * block's shared memory grown for x beside a 112 KB ring, it lost: 8B at
+ * 3-4 streams -3 to -5 %, and nothing gained at 2 streams by the down
+ * projection (thirty-fourth pass). Not where CLLM_CUDA_GEMV_MAX chose the
+ * rows. */
+static bool staged_big(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
 {
-    return gemv_rows(c, (size_t)ts[0]->cols, n) || mma_takes(c, ts, k, n) ||
-           staged_big(c, (size_t)ts[0]->cols, half_bytes(ts, k), n);
+    return c->stage_big && c->gemv_staged && c->gemv_mma && !c->precise && !c->gemv_max_env &&
+           n > c->gemv_max && n <= CUK_STAGE_MAX_N && (size_t)n * cols * 4 <= c->stage_x_max &&
+           cols * 2 >= 4096 && bytes > c->mma_max_bytes; /* rows of a slot's 4 KB or more */
+}
+
+static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor *const *ts, int k,
+                              int n)
+{
+    const size_t cols = (size_t)ts[0]->cols;
+    if (gemv_rows(c, cols, n))
+        return MM_GEMV;
+    const size_t bytes = half_bytes(ts, k);
+    return mma_takes(c, cols, bytes, n)     ? MM_MMA
+           : staged_big(c, cols, bytes, n) ? MM_STAGED_BIG
+                                           : MM_GEMM;
 }
 
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
  * into its output) rather than a GEMV kernel. */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
-    return t->dtype == DT_F32 || !gemv_like(c, &t, 1, n);
+    return t->dtype == DT_F32 || mm_route(c, &t, 1, n) == MM_GEMM;
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -375,24 +385,19 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
-/* A GEMV launch of cuk_gemv_fused's contract: past the GEMVs' rows the
- * tensor-core GEMV (mma_takes) or, for launches too big for it
- * (staged_big), the staged kernel; else the staged kernel for up to
- * CUK_STAGE_MAX_N rows where it is on and takes the shape, else the
- * register-streamed one; cudaErrorNotSupported (nothing launched) where
- * none does. */
-static cudaError_t gemv_fused(struct cuda_backend *c, float *const *outs,
+/* A GEMV launch of cuk_gemv_fused's contract on the kernel `route` (not
+ * MM_GEMM) chose: the tensor-core GEMV; the staged GEMV; else (MM_GEMV) the
+ * staged kernel for up to CUK_STAGE_MAX_N rows where it is on and takes
+ * the shape, else the register-streamed one. cudaErrorNotSupported
+ * (nothing launched) where none does. */
+static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float *const *outs,
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
-    if (!gemv_rows(c, (size_t)ws[0]->cols, n)) { /* the caller saw gemv_like */
-        size_t bytes = 0;
-        for (int i = 0; i < k; i++)
-            bytes += (size_t)ws[i]->rows * (size_t)ws[i]->cols * 2;
-        if (bytes > c->mma_max_bytes) /* staged_big: the tensor-core GEMV declines it */
-            return cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
+    if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
-    }
+    if (route == MM_STAGED_BIG)
+        return cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
     if (n <= CUK_STAGE_MAX_N && c->gemv_staged) {
         cudaError_t err = cuk_gemv_staged(c->stream, outs, in, n, ws, k, out, &c->stage);
         if (err != cudaErrorNotSupported)
@@ -416,18 +421,21 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return -1;
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
-    if (gemv_rows(c, (size_t)w->cols, n)) {
+    /* an LM head too big for the tensor-core GEMV stays on cuBLAS: see
+     * staged_big */
+    const enum mm_route route = mm_route(c, &t, 1, n);
+    if (route == MM_GEMV) {
         if (acc)
             return err_set(e, "%s: internal: accumulating GEMV", c->name);
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
-        cudaError_t err = gemv_fused(c, &out, &gi, n, &w, 1, CUK_OUT_STORE);
+        cudaError_t err = gemv_fused(c, route, &out, &gi, n, &w, 1, CUK_OUT_STORE);
         if (err == cudaErrorNotSupported) /* the scalar kernel takes any shape */
             err = cuk_gemv(c->stream, out, x, n, w);
         if (fail_cuda(c, "gemv", err))
             return sticky(c, e);
         return 0;
     }
-    if (!acc && mma_takes(c, &t, 1, n)) {
+    if (!acc && route == MM_MMA) {
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
         cudaError_t err = cuk_gemv_mma(c->stream, &out, &gi, n, &w, 1, CUK_OUT_STORE, &c->mma);
         if (err != cudaErrorNotSupported) /* else cuBLAS takes it */
@@ -472,7 +480,8 @@ int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int 
                     const struct tensor *const *ts, int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    if (c->fuse && k >= 1 && k <= 3 && gemv_like(c, ts, k, n)) {
+    const enum mm_route route = k >= 1 && k <= 3 ? mm_route(c, ts, k, n) : MM_GEMM;
+    if (c->fuse && route != MM_GEMM) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -480,7 +489,7 @@ int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int 
         if (sticky(c, e))
             return -1;
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
-        cudaError_t err = gemv_fused(c, outs, &gi, n, ws, k, CUK_OUT_STORE);
+        cudaError_t err = gemv_fused(c, route, outs, &gi, n, ws, k, CUK_OUT_STORE);
         if (err != cudaErrorNotSupported) {
             if (fail_cuda(c, "gemv", err))
                 return sticky(c, e);
@@ -491,7 +500,7 @@ int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int 
      * path takes them (gemm_pair) */
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
-    if (pair >= 0 && !gemv_like(c, ts, k, n) && !c->precise && !c->tc_ws && c->gemm_pair) {
+    if (pair >= 0 && route == MM_GEMM && !c->precise && !c->tc_ws && c->gemm_pair) {
         const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
         const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
         if (sticky(c, e))
@@ -608,7 +617,8 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
-    if (c->fuse && gemv_like(c, ts, k, n)) {
+    const enum mm_route route = mm_route(c, ts, k, n);
+    if (c->fuse && route != MM_GEMM) {
         const struct cuk_weight *ws[3];
         for (int i = 0; i < k; i++)
             if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
@@ -632,7 +642,7 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
             return sticky(c, e);
         /* SwiGLU in the GEMV's epilogue, or its own launch after it */
         bool sw_launch = out == MATMUL_OUT_SWIGLU && !c->swiglu_out;
-        cudaError_t err = gemv_fused(c, outs, &gi, n, ws, k,
+        cudaError_t err = gemv_fused(c, route, outs, &gi, n, ws, k,
                                          out == MATMUL_OUT_ADD ? CUK_OUT_ADD
                                          : out == MATMUL_OUT_SWIGLU && !sw_launch
                                              ? CUK_OUT_SWIGLU

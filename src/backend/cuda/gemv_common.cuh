@@ -106,7 +106,6 @@ static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x,
          * (one trip to L2, not NT), then each row's block sum in the order
          * cuk_block_sum_d takes (every warp sums the warps' partials
          * itself, in warp 0's order), one barrier for all rows. */
-        const int warp = threadIdx.x >> 5;
         double ss[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -122,15 +121,12 @@ static __device__ __forceinline__ void gemv_rms_inv(float *sinv, const float *x,
                 ss[j] += cuk_rms_sq(v[j]);
         }
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            ss[j] = cuk_warp_sum_d(ss[j]);
-            if (lane == 0)
-                part[32 * j + warp] = ss[j];
-        }
+        for (int j = 0; j < NT; j++)
+            cuk_warp_part_d(ss[j], part + 32 * j);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const double t = cuk_warp_sum_d(lane < GEMV_WARPS ? part[32 * j + lane] : 0.0);
+            const double t = cuk_parts_sum_d(part + 32 * j, GEMV_WARPS);
             if (threadIdx.x == 0)
                 sinv[j] = cuk_rms_inv(t, cols, eps);
         }

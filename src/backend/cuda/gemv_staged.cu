@@ -172,7 +172,7 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
                                                      int cols, float eps, double *part)
 {
     constexpr int VE = gemv_cfg<WT>::VE;
-    const int nf = cols / 4, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nf = cols / 4;
     float4 xv[SG_NORM_F4];
     double ss = 0;
 #pragma unroll
@@ -185,11 +185,9 @@ static __device__ __forceinline__ void sg_norm_stage(float4 *xs, const float *x,
     for (int k = 0; k < SG_NORM_F4; k++)
         if (threadIdx.x + k * GEMV_THREADS < nf)
             ss += cuk_rms_sq(xv[k]);
-    ss = cuk_warp_sum_d(ss);
-    if (lane == 0)
-        part[warp] = ss;
+    cuk_warp_part_d(ss, part);
     __syncthreads();
-    ss = cuk_warp_sum_d(lane < GEMV_WARPS ? part[lane] : 0.0);
+    ss = cuk_parts_sum_d(part, GEMV_WARPS);
     const float inv = cuk_rms_inv(ss, cols, eps);
 #pragma unroll
     for (int k = 0; k < SG_NORM_F4; k++) {
