@@ -3,19 +3,21 @@
  * both the CUDA and the C flags): per launch, the earliest and latest
  * %globaltimer of each stage over the block's warps, and each warp's
  * longest time since its release from the PDL wait; the report groups
- * launches by matrix shape. Stamps are lane 0's: no barrier is added. The
- * launch's record slot is read after the wait (the previous launch has
- * finished counting by then: PDL lets launches overlap). */
+ * launches by matrix shape and rows of x (tokens). Stamps are lane 0's:
+ * no barrier is added. The launch's record slot is read after the wait
+ * (the previous launch has finished counting by then: PDL lets launches
+ * overlap). */
 #pragma once
 
 #ifdef CUK_GEMV_PROBE
 #include "backend/cuda/probe_common.cuh"
+#include <array>
 #include <math.h>
 
 #define GP_L 16384
 #define GP_S 5
 __device__ unsigned long long gp_min[GP_L][GP_S], gp_max[GP_L][GP_S], gp_wmax[GP_L][GP_S];
-__device__ int gp_cols[GP_L], gp_units[GP_L];
+__device__ int gp_cols[GP_L], gp_units[GP_L], gp_nt[GP_L];
 /* per launch and block: its warps' earliest and latest end, and its SM */
 #define GP_B 144
 __device__ unsigned long long gp_bmin[GP_L][GP_B], gp_bmax[GP_L][GP_B];
@@ -40,7 +42,7 @@ static __device__ __forceinline__ void gp_put(const gp_warp &w, int st, unsigned
         atomicMax(&gp_wmax[w.slot][st], t - w.t1);
 }
 /* after the wait: the slot, then stages 0 and 1 */
-static __device__ __forceinline__ void gp_released(gp_warp &w, int cols, int units)
+static __device__ __forceinline__ void gp_released(gp_warp &w, int cols, int units, int nt)
 {
     if ((threadIdx.x & 31) == 0) {
         w.t1 = gp_now();
@@ -50,6 +52,7 @@ static __device__ __forceinline__ void gp_released(gp_warp &w, int cols, int uni
         if (blockIdx.x == 0 && threadIdx.x == 0) {
             gp_cols[w.slot] = cols;
             gp_units[w.slot] = units;
+            gp_nt[w.slot] = nt;
         }
     }
 }
@@ -98,11 +101,14 @@ extern "C" void cuk_gemv_probe_report(int skip)
                                     bmn = probe_read<unsigned long long>(gp_bmin),
                                     bmx = probe_read<unsigned long long>(gp_bmax);
     std::vector<int> bsm = probe_read<int>(gp_bsm);
-    std::vector<int> cols = probe_read<int>(gp_cols), units = probe_read<int>(gp_units);
+    std::vector<int> cols = probe_read<int>(gp_cols), units = probe_read<int>(gp_units),
+                     nt = probe_read<int>(gp_nt);
     static const char *nm[GP_S] = {"entry", "after wait", "x staged", "first slot", "done"};
-    std::vector<std::pair<int, int>> keys;
+    /* a launch's key: its columns, units and rows of x */
+    auto key = [&](unsigned l) { return std::array<int, 3>{cols[l], units[l], nt[l]}; };
+    std::vector<std::array<int, 3>> keys;
     for (unsigned l = (unsigned)skip; l < seq; l++) {
-        std::pair<int, int> k(cols[l], units[l]);
+        std::array<int, 3> k = key(l);
         bool seen = false;
         for (auto &q : keys)
             seen |= q == k;
@@ -115,7 +121,7 @@ extern "C" void cuk_gemv_probe_report(int skip)
         double a[GP_S][3] = {};
         int cnt = 0;
         for (unsigned l = (unsigned)skip; l < seq; l++) {
-            if (cols[l] != k.first || units[l] != k.second)
+            if (key(l) != k)
                 continue;
             double t1 = (double)mn[l * GP_S + 1];
             for (int st = 0; st < GP_S; st++) {
@@ -125,7 +131,8 @@ extern "C" void cuk_gemv_probe_report(int skip)
             }
             cnt++;
         }
-        fprintf(stderr, "  cols %d, units %d: %d launches\n", k.first, k.second, cnt);
+        fprintf(stderr, "  cols %d, units %d, rows of x %d: %d launches\n", k[0], k[1], k[2],
+                cnt);
         /* Where the end spread lies: within a block (its warps) or between
          * blocks, and whether the late blocks are the same SMs each time. */
         double within = 0, between = 0, var_all = 0;
@@ -133,7 +140,7 @@ extern "C" void cuk_gemv_probe_report(int skip)
         std::vector<int> sm_n(256, 0);
         int nl = 0, nbt = 0;
         for (unsigned l = (unsigned)skip; l < seq; l++) {
-            if (cols[l] != k.first || units[l] != k.second)
+            if (key(l) != k)
                 continue;
             double lo = 1e30, hi = -1e30, mean = 0;
             int nb = 0;

@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     /* x and out are the previous kernel's */
     cuk_pdl_start();
 #ifdef CUK_GEMV_PROBE
-    gp_released(gpw, p.cols, p.units);
+    gp_released(gpw, p.cols, p.units, NT);
 #endif
     /* Adding into out: lane k reads the value the warp's output k (unit
      * ubase + (k / NT) * ustride, token row k % NT) adds to, now, so that
