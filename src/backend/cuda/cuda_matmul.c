@@ -371,11 +371,20 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor 
                                            : MM_GEMM;
 }
 
+/* The kernel matmul_x takes for n rows of x times t: mm_route's, but a
+ * plain matmul that staged_big would take (an LM head too big for the
+ * tensor-core GEMV) stays on cuBLAS, which streams it at its floor. */
+static enum mm_route plain_route(const struct cuda_backend *c, const struct tensor *t, int n)
+{
+    const enum mm_route r = mm_route(c, &t, 1, n);
+    return r == MM_STAGED_BIG ? MM_GEMM : r;
+}
+
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
  * into its output) rather than a GEMV kernel. */
 static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
 {
-    return t->dtype == DT_F32 || mm_route(c, &t, 1, n) == MM_GEMM;
+    return t->dtype == DT_F32 || plain_route(c, t, n) == MM_GEMM;
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -421,9 +430,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return -1;
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
-    /* an LM head too big for the tensor-core GEMV stays on cuBLAS: see
-     * staged_big */
-    const enum mm_route route = mm_route(c, &t, 1, n);
+    const enum mm_route route = plain_route(c, t, n);
     if (route == MM_GEMV) {
         if (acc)
             return err_set(e, "%s: internal: accumulating GEMV", c->name);

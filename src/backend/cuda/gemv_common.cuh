@@ -213,6 +213,22 @@ static __device__ __forceinline__ float4 gemv_in_op4(float4 v, float4 v2, float 
  * was just written by the previous kernel, so each load is a trip to L2,
  * and one after another (4 a thread for a 4,096-column row, 8 for two
  * rows) they were the staging's time. */
+/* Row j of x from column c0 on, and beside it the second operand of the
+ * input op IN (the norm's weights, SwiGLU's up; nullptr for plain x). */
+static __device__ __forceinline__ const float4 *gemv_src(const struct cuk_gemv_in &in, int j,
+                                                         int cols, int c0)
+{
+    return (const float4 *)(in.x + (size_t)j * cols + c0);
+}
+template <int IN>
+static __device__ __forceinline__ const float4 *gemv_src2(const struct cuk_gemv_in &in, int j,
+                                                          int cols, int c0)
+{
+    return IN == CUK_IN_RMSNORM  ? (const float4 *)(in.nw + c0)
+           : IN == CUK_IN_SWIGLU ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
+                                 : nullptr;
+}
+
 template <int WT, int NT, int IN, int SB = 0>
 static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_gemv_in &in,
                                                   const float *sinv, int cols, int t,
@@ -224,11 +240,7 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
     if constexpr (SB == 0) {
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            const float4 *src = (const float4 *)(in.x + (size_t)j * cols + c0);
-            const float4 *src2 = IN == CUK_IN_RMSNORM ? (const float4 *)(in.nw + c0)
-                                 : IN == CUK_IN_SWIGLU
-                                     ? (const float4 *)(in.x2 + (size_t)j * cols + c0)
-                                     : nullptr;
+            const float4 *src = gemv_src(in, j, cols, c0), *src2 = gemv_src2<IN>(in, j, cols, c0);
             const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
             for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
                 float4 v = __ldg(src + f);
@@ -254,12 +266,9 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
                 jb[b] = j;
                 fb[b] = f;
                 if (i0 + b * GEMV_THREADS < items) {
-                    v[b] = __ldg((const float4 *)(in.x + (size_t)j * cols + c0) + f);
-                    /* the second operand: the norm's weights or SwiGLU's up */
-                    if (IN == CUK_IN_RMSNORM)
-                        v2[b] = __ldg((const float4 *)(in.nw + c0) + f);
-                    else if (IN == CUK_IN_SWIGLU)
-                        v2[b] = __ldg((const float4 *)(in.x2 + (size_t)j * cols + c0) + f);
+                    v[b] = __ldg(gemv_src(in, j, cols, c0) + f);
+                    if (IN != CUK_IN_X)
+                        v2[b] = __ldg(gemv_src2<IN>(in, j, cols, c0) + f);
                 }
             }
 #pragma unroll
