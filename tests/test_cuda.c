@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h"
 #include "base/half.h"
 #include "engine/engine.h"
 #include "engine/logits.h"
@@ -1503,6 +1504,214 @@ static void check_tinystories_hf(void)
     }
 }
 
+/* ---- decode_layers: every layer of a decode step in one launch ---- */
+
+/* A bf16 matrix of uniform values in [-scale, scale), or an f32 vector of
+ * base + uniform [-scale, scale). */
+static struct tensor rand_tensor(enum dtype dt, int rows, int cols, float base, float scale,
+                                 void **own)
+{
+    size_t nel = (size_t)rows * cols;
+    void *mem = malloc(nel * (dt == DT_BF16 ? 2 : 4));
+    for (size_t i = 0; i < nel; i++) {
+        float v = base + frand() * scale;
+        if (dt == DT_BF16)
+            ((uint16_t *)mem)[i] = f32_to_bf16(v);
+        else
+            ((float *)mem)[i] = v;
+    }
+    *own = mem;
+    return (struct tensor){.dtype = dt, .rows = rows, .cols = cols, .data = mem};
+}
+
+struct dl_model {
+    struct model m;
+    struct layer_weights lw[3];
+    void *mem[64];
+    int n_mem;
+};
+
+/* Qwen3's shapes (q/k norm) or Qwen2's (q/k/v biases), small: 3 layers,
+ * dim 256, 4 query heads over 2 KV heads of 128, SwiGLU 768. */
+static void dl_make(struct dl_model *d, bool qwen2)
+{
+    memset(d, 0, sizeof *d);
+    struct model_config *c = &d->m.cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", qwen2 ? "qwen2" : "qwen3");
+    c->dim = 256;
+    c->hidden_dim = 768;
+    c->n_layers = 3;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 128;
+    c->vocab_size = 512;
+    c->max_seq = 4096;
+    c->norm_eps = 1e-6f;
+    c->rope_theta = 1e6f;
+    c->qkv_bias = qwen2;
+    c->qk_norm = !qwen2;
+    c->bos_id = c->eos_id = -1;
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+#define T(dt, r, cl, b, sc) rand_tensor(dt, r, cl, b, sc, &d->mem[d->n_mem++])
+    d->m.tok_embd = T(DT_BF16, c->vocab_size, c->dim, 0, 1.0f);
+    d->m.lm_head = T(DT_BF16, c->vocab_size, c->dim, 0, 0.1f);
+    d->m.out_norm = T(DT_F32, 1, c->dim, 1, 0.2f);
+    d->m.layers = d->lw;
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer_weights *w = &d->lw[l];
+        w->attn_norm = T(DT_F32, 1, c->dim, 1, 0.2f);
+        w->ffn_norm = T(DT_F32, 1, c->dim, 1, 0.2f);
+        w->wq = T(DT_BF16, qd, c->dim, 0, 0.1f);
+        w->wk = T(DT_BF16, kvd, c->dim, 0, 0.1f);
+        w->wv = T(DT_BF16, kvd, c->dim, 0, 0.1f);
+        w->wo = T(DT_BF16, c->dim, qd, 0, 0.06f);
+        w->w_gate = T(DT_BF16, c->hidden_dim, c->dim, 0, 0.1f);
+        w->w_up = T(DT_BF16, c->hidden_dim, c->dim, 0, 0.1f);
+        w->w_down = T(DT_BF16, c->dim, c->hidden_dim, 0, 0.05f);
+        if (qwen2) {
+            w->bq = T(DT_F32, 1, qd, 0, 0.1f);
+            w->bk = T(DT_F32, 1, kvd, 0, 0.1f);
+            w->bv = T(DT_F32, 1, kvd, 0, 0.1f);
+        } else {
+            w->q_norm = T(DT_F32, 1, c->head_dim, 1, 0.2f);
+            w->k_norm = T(DT_F32, 1, c->head_dim, 1, 0.2f);
+        }
+    }
+#undef T
+}
+
+static void dl_free(struct dl_model *d)
+{
+    for (int i = 0; i < d->n_mem; i++)
+        free(d->mem[i]);
+}
+
+struct dl_run {
+    struct backend *be;
+    struct forward_state fs;
+    struct kv_pool pool;
+    struct kv_seq seq;
+    bool open;
+};
+
+/* A backend with the one-launch decode step on or off (graphs too). */
+static bool dl_open(struct dl_run *r, const struct model *m, bool mega, bool graphs)
+{
+    memset(r, 0, sizeof *r);
+    setenv("CLLM_CUDA_MEGA", mega ? "1" : "0", 1);
+    kv_bf16_next = true;
+    no_graphs = !graphs;
+    r->be = gpu_create(false);
+    unsetenv("CLLM_CUDA_MEGA");
+    struct err e = {{0}};
+    const struct model_config *c = &m->cfg;
+    if (!r->be || backend_load_weights(r->be, m, &e) || forward_init(&r->fs, m, r->be, 64, &e) ||
+        kv_pool_init(&r->pool, r->be, c->n_layers, c->n_kv_heads, c->head_dim, 16, 80, &e)) {
+        CHECK(0, "decode_layers: backend: %s", e.msg);
+        return false;
+    }
+    r->open = true;
+    return true;
+}
+
+static void dl_close(struct dl_run *r)
+{
+    if (r->open) {
+        kv_seq_release(&r->pool, &r->seq);
+        kv_pool_free(&r->pool);
+        forward_free(&r->fs);
+    }
+    backend_destroy(r->be);
+}
+
+/* Whether the backend's decode_layers takes m (a scratch sequence). */
+static int dl_taken(struct dl_run *r, const struct model *m)
+{
+    struct err e = {{0}};
+    struct kv_seq s = {0};
+    if (!r->be->ops->decode_layers || kv_seq_reserve(&r->pool, &s, 1, &e))
+        return -1;
+    float invf[64];
+    rope_inv_freq(&m->cfg, invf);
+    int rc = r->be->ops->decode_layers(r->be, m, r->fs.x, &r->pool, &s, 0, invf, &e);
+    CHECK(rc >= 0 && r->be->ops->finish(r->be, &e) == 0, "decode_layers: %s", e.msg);
+    kv_seq_release(&r->pool, &s);
+    return rc;
+}
+
+/* decode_layers against the layer ops: a random model of each form it
+ * takes, a prompt, then decode steps fed the same tokens (the reference's
+ * greedy picks) on three backends: the layer ops, the one launch replayed
+ * from graphs, the one launch eager. Logits agree to float rounding (the
+ * sums run in another order), greedy picks are the same, and the one
+ * launch gives the same bits replayed as eager. Contexts past 512 keys
+ * take 16 key splits of more than 32 keys each. */
+static void check_decode_layers(void)
+{
+    for (int form = 0; form < 2; form++) {
+        struct dl_model d;
+        dl_make(&d, form == 1);
+        const struct model *m = &d.m;
+        const int vocab = m->cfg.vocab_size;
+        static const int prompts[] = {5, 300};
+        for (size_t pi = 0; pi < sizeof prompts / sizeof prompts[0]; pi++) {
+            struct dl_run r[3];
+            bool ok = dl_open(&r[0], m, false, true) & dl_open(&r[1], m, true, true) &
+                      dl_open(&r[2], m, true, false);
+            if (ok) {
+                CHECK(dl_taken(&r[0], m) == 0, "decode_layers taken with CLLM_CUDA_MEGA=0");
+                int t1 = dl_taken(&r[1], m);
+                CHECK(t1 == 1, "decode_layers: %s form not taken (%d)", form ? "qwen2" : "qwen3",
+                      t1);
+                ok = t1 == 1;
+            }
+            int plen = prompts[pi], steps = plen > 100 ? 260 : 40;
+            int *prompt = malloc(sizeof(int) * (size_t)plen);
+            for (int i = 0; i < plen; i++)
+                prompt[i] = (i * 37 + 11) % vocab;
+            float *lg[3];
+            for (int k = 0; k < 3; k++)
+                lg[k] = malloc(sizeof(float) * (size_t)vocab);
+            struct err e = {{0}};
+            for (int k = 0; k < 3 && ok; k++)
+                if (forward_tokens(&r[k].fs, &r[k].pool, &r[k].seq, prompt, plen, false, lg[k], &e)) {
+                    CHECK(0, "decode_layers prefill: %s", e.msg);
+                    ok = false;
+                }
+            double worst = 0;
+            int same_pick = 0, same_bits = 0, n = 0;
+            for (int st = 0; st < steps && ok; st++, n++) {
+                int tok = argmax_f32(lg[0], vocab);
+                same_pick += argmax_f32(lg[1], vocab) == tok;
+                for (int k = 0; k < 3 && ok; k++)
+                    if (forward_tokens(&r[k].fs, &r[k].pool, &r[k].seq, &tok, 1, false, lg[k], &e)) {
+                        CHECK(0, "decode_layers step %d: %s", st, e.msg);
+                        ok = false;
+                    }
+                double re = test_rel_err(lg[1], lg[0], (size_t)vocab);
+                worst = re > worst ? re : worst;
+                same_bits += !memcmp(lg[1], lg[2], sizeof(float) * (size_t)vocab);
+            }
+            CHECK(!ok || worst <= 1e-3, "decode_layers %s, prompt %d: logits rel err %.3g",
+                  form ? "qwen2" : "qwen3", plen, worst);
+            CHECK(!ok || same_pick == n, "decode_layers %s, prompt %d: %d of %d greedy picks same",
+                  form ? "qwen2" : "qwen3", plen, same_pick, n);
+            CHECK(!ok || same_bits == n, "decode_layers %s, prompt %d: replayed != eager at %d of %d",
+                  form ? "qwen2" : "qwen3", plen, n - same_bits, n);
+            if (ok)
+                printf("decode_layers %s, %d + %d tokens: logits rel err %.2e, %d/%d picks, "
+                       "graphs = eager\n",
+                       form ? "qwen2" : "qwen3", plen, n, worst, same_pick, n);
+            for (int k = 0; k < 3; k++) {
+                dl_close(&r[k]);
+                free(lg[k]);
+            }
+            free(prompt);
+        }
+        dl_free(&d);
+    }
+}
+
 /* ---- 3. CPU vs GPU on the sample models ---- */
 
 static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_gen)
@@ -2563,6 +2772,7 @@ int main(void)
     check_deferred_merge();
     check_matmul_fused();
     check_staged_big();
+    check_decode_layers();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);

@@ -198,6 +198,19 @@ struct backend_ops {
                                    const struct qk_norm *norm, struct kv_pool *pool, int layer,
                                    const struct attn_args *a, struct err *e);
 
+    /* Optional: every layer of a one-token step of one sequence (forward.c's
+     * layer loop for a decode) in one call: x (dim floats of backend
+     * memory) goes in as the token's embedding and comes out as the last
+     * layer's residual stream; the token's K/V at position pos of seq are
+     * stored in every layer (its blocks reserved by the caller). The
+     * results are those of the layer ops up to float rounding (the sums
+     * run in another order). Returns 1 when done, 0 when the backend does
+     * not take this model or step (the caller runs the layer ops; nothing
+     * was issued), -1 on failure. */
+    int (*decode_layers)(struct backend *be, const struct model *m, float *x,
+                         struct kv_pool *pool, const struct kv_seq *seq, int pos,
+                         const float *inv_freq, struct err *e);
+
     /* A matmul that brings its neighbours in the layer along, so a decode
      * step launches one kernel where it launched two or three:
      *   outs[i] = in . W_i^T        (MATMUL_OUT_STORE),

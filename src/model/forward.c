@@ -298,8 +298,15 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     const struct model_config *c = &m->cfg;
     const struct backend_ops *op = fs->be->ops;
     op->embed(fs->be, fs->x, &m->tok_embd, tokens, n);
+    /* a decode step of one sequence: all layers in one call where the
+     * backend has one for this model */
+    int whole = 0;
+    if (n == 1 && n_seg == 1 && op->decode_layers &&
+        (whole = op->decode_layers(fs->be, m, fs->x, pool, segs[0].seq, segs[0].seq->n_tokens,
+                                   fs->inv_freq, e)) < 0)
+        return -1;
     bool normed = false;
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers && !whole; l++)
         if (layer_forward(fs, pool, segs, n_seg, l, n, &normed, e))
             return -1;
     /* Only the rows whose logits are wanted go through the (large) head:

@@ -97,7 +97,7 @@ int sticky(struct cuda_backend *c, struct err *e)
 size_t dbuf_bytes(const struct cuda_backend *c)
 {
     return c->ids.cap + c->table.cap + c->ws.cap + c->cnt.cap + c->dn.cap + c->xh.cap + c->wf.cap +
-           c->invf.cap +
+           c->invf.cap + c->mega_buf.cap +
            c->step.cap + c->mm_in.cap + c->mm_out.cap + c->smp.cap +
            (c->blas_ws ? BLAS_WS_BYTES : 0) + c->tc_ws_bytes;
 }
@@ -212,6 +212,7 @@ static void cu_destroy(struct backend *be)
     struct cuda_backend *c = cb(be);
     use_device(c);
     cudaStreamSynchronize(c->stream);
+    mega_report(c);
 #ifdef CUK_DEC_PROBE
     cuk_dec_probe_report(64);
 #endif
@@ -275,7 +276,8 @@ static void cu_destroy(struct backend *be)
         cudaFree(c->allocs[i].p);
     free(c->allocs);
     struct dbuf *bufs[] = {&c->ids, &c->table, &c->ws, &c->cnt, &c->dn, &c->xh, &c->wf, &c->invf,
-                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp, &c->rl};
+                           &c->step, &c->bat, &c->mm_in, &c->mm_out, &c->smp, &c->rl,
+                           &c->mega_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         dbuf_free(bufs[i]);
     free(c->tab_host);
@@ -381,6 +383,7 @@ static const struct backend_ops cuda_ops = {
     .rope_kv_store = cu_rope_kv_store,
     .rope_kv_attention = cu_rope_kv_attention,
     .rope_kv_attention_batch = cu_rope_kv_attention_batch,
+    .decode_layers = cu_decode_layers,
     .matmul_fused = cu_matmul_fused,
     .load_weights = cu_load_weights,
     .finish = cu_finish,
@@ -583,6 +586,9 @@ static struct backend *cuda_create(int device, struct err *e)
     c->rgraphs = true;
     c->fuse = env_flag("CLLM_CUDA_FUSE", true);
     c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
+    c->mega = hopper && env_flag("CLLM_CUDA_MEGA", false);
+    c->mega_probe = env_flag("CLLM_CUDA_MEGA_PROBE", false);
+    c->mega_ok = -1;
     c->dec_cluster = hopper && env_flag("CLLM_CUDA_DEC_CLUSTER", true);
     /* four: a 4,096-key bucket (contexts of 2K-4K) in 16 splits; H200,
      * 2,600 tokens: 8B +4.9 %, 0.6B +9.4 %; at 512 no change

@@ -11,7 +11,7 @@
 
 /* The device copy of the RoPE frequency table, copied again only when it
  * changed; NULL (with the failure kept) on error. */
-static const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int half)
+const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int half)
 {
     if (half != c->invf_n || memcmp(c->invf_host, inv_freq, sizeof(float) * (size_t)half)) {
         if (c->capturing) {
@@ -56,8 +56,7 @@ int table_bucket(int n_blocks)
     return b;
 }
 
-/* The device copy of seq's block table, copied again only when it changed. */
-static const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
+const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq)
 {
     if (c->capturing) /* the table comes with the step record, after its ids */
         return (const int *)c->step.p + 1 + c->rec_n;

@@ -181,6 +181,48 @@ struct cuk_dec_rope {
     float eps;
     int interleaved;
 };
+/* A one-token decode step's every layer in one persistent launch
+ * (decode_mega.cu): the layer's weights as the kernel reads them (bf16
+ * matrices [rows][cols]; norm vectors and biases f32, NULL where the model
+ * has none). */
+struct cuk_mega_layer {
+    const uint16_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    const float *attn_norm, *ffn_norm;
+    const float *qn, *kn;      /* Qwen3's q/k norm */
+    const float *bq, *bk, *bv; /* Qwen2's q/k/v biases */
+};
+struct cuk_mega {
+    const struct cuk_mega_layer *layers; /* device, [n_layers] */
+    int n_layers, dim, ffn, n_heads;
+    float eps;
+    int interleaved;
+    const float *inv_freq; /* head_dim / 2 */
+    float *x;              /* [dim]: the token's embedding in, the last layer's residual out */
+    float *ws;             /* cuk_mega_ws_floats, zero when made */
+    unsigned *gen;         /* the steps run so far (the kernel's; zero when made) */
+    const int *table, *dpos; /* block table; dpos as for cuk_rope (NULL: g.pos0) */
+    void *kc, *vc;
+    struct cuk_attn g;     /* the pool's layout, pos0, scale (layer: set per layer) */
+    /* cuk_mega_plan's: rows per ring slot, chunks of the four GEMV jobs of
+     * a layer and where each starts in the layer's deal, ring slots, the
+     * shared memory and blocks of a launch */
+    int rpc[4], chunks[4], pre[4], tot, ns, nb;
+    size_t smem;
+    /* NULL, or cuk_mega_probe_words of record (a measurement): for each
+     * layer, phase and block, when its input was in and when its outputs
+     * were sent, ns since the block began */
+    unsigned *probe;
+    int poll_ns; /* a reader's pause between polls of a value not there yet (0: none) */
+};
+/* Whether cuk_mega_decode takes a's shapes on the current device with at
+ * most n_sms blocks (fills the plan fields); 0 with the reason in why. */
+int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t why_len);
+size_t cuk_mega_ws_floats(const struct cuk_mega *a);
+size_t cuk_mega_probe_words(const struct cuk_mega *a);
+/* x = the layers applied to x for one token at position *dpos (or
+ * g.pos0), its K/V stored in every layer. */
+cudaError_t cuk_mega_decode(cudaStream_t s, const struct cuk_mega *a);
+
 /* The measurement builds' records (dec_probe.cuh, gemv_probe.cuh): zeroed
  * when the backend is created, printed when it is destroyed. */
 #ifdef CUK_GEMV_PROBE

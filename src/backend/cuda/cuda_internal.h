@@ -145,6 +145,24 @@ struct cuda_backend {
     } pend;
     bool kv_bf16;      /* K/V cache in bf16 (the default; f32 when precise or
                         * CLLM_KV_DTYPE=f32) */
+    bool mega;         /* one-token decode steps of one sequence run every layer
+                        * in one persistent launch where it takes the model
+                        * (cu_decode_layers; CLLM_CUDA_MEGA) */
+    /* its setup, made for mega_model on the first step that asks: mega_ok
+     * 1 taken, 0 not (mega_why says why), -1 not set up yet */
+    const struct model *mega_model;
+    int mega_ok;
+    char mega_why[160];
+    struct cuk_mega mega_args;
+    struct dbuf mega_buf; /* step counter, layer table, workspace, probe record */
+    /* CLLM_CUDA_MEGA_PROBE=1 (a measurement; eager steps only, each then
+     * waited for): the kernel's record (after mega_buf's workspace), its
+     * host copy, and per barrier of a layer the sums over steps and
+     * middle layers that cu_decode_layers prints when the backend goes */
+    bool mega_probe;
+    unsigned *mega_rec;
+    double mega_sum[6][10];
+    long mega_n;
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
     size_t map_cap, map_n;
@@ -339,6 +357,17 @@ void dbuf_free(struct dbuf *b);
 bool upload_async(struct cuda_backend *c, struct pinned *pin, void *dst, const void *src,
                   size_t bytes, const char *what);
 
+/* ---- cuda_attention.c: device copies the attention ops share ---- */
+
+/* The device copy of seq's block table (the step record's while
+ * recording), copied again only when it changed; NULL with the failure
+ * kept. */
+const int *dev_table(struct cuda_backend *c, const struct kv_seq *seq);
+
+/* The device copy of the RoPE frequencies (half floats); NULL with the
+ * failure kept. */
+const float *dev_invf(struct cuda_backend *c, const float *inv_freq, int half);
+
 /* ---- cuda_weights.c: the weight map ---- */
 
 /* The device copy of the tensor or vector whose host data is host; NULL
@@ -467,6 +496,10 @@ int cu_rope_kv_attention_batch(struct backend *be, float *out, float *q, float *
                                const float *inv_freq, bool interleaved,
                                const struct qk_norm *norm, struct kv_pool *pool,
                                int layer, const struct attn_args *a, struct err *e);
+/* cuda_mega.c; mega_report prints the probe's sums (CLLM_CUDA_MEGA_PROBE) */
+void mega_report(struct cuda_backend *c);
+int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct kv_pool *pool,
+                     const struct kv_seq *seq, int pos, const float *inv_freq, struct err *e);
 /* cuda_graphs.c */
 int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
 int cu_step_end(struct backend *be, int ops_rc, struct err *e);

@@ -1,0 +1,241 @@
+/* cuda_mega.c - the decode_layers op: a one-token decode step of one
+ * sequence runs every layer in one persistent launch (decode_mega.cu)
+ * where the model has the shapes that kernel takes, set up once per model
+ * on the first step that asks. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+#include "base/env.h"
+
+/* The device copy of a layer matrix when it is bf16 on the device, else
+ * NULL. */
+static const uint16_t *mega_mat(const struct cuda_backend *c, const struct tensor *t)
+{
+    const struct wentry *w = tensor_present(t) ? map_find(c, t->data) : NULL;
+    return w && w->w.dtype == DT_BF16 ? w->w.data : NULL;
+}
+
+/* A norm or bias vector's device copy; NULL when the model has none (ok
+ * stays) or when it was not uploaded (ok cleared). */
+static const float *mega_vec(const struct cuda_backend *c, const struct tensor *t, bool *ok)
+{
+    if (!t->data)
+        return NULL;
+    const struct wentry *w = map_find(c, t->data);
+    if (!w || w->w.dtype != DT_F32)
+        *ok = false;
+    return w ? w->w.data : NULL;
+}
+
+/* Sets up c->mega_args for m (its layer table and buffers on the device);
+ * returns 1 when the kernel takes it, 0 with the reason in c->mega_why. */
+static int mega_setup(struct cuda_backend *c, const struct model *m)
+{
+    const struct model_config *cf = &m->cfg;
+    struct cuk_mega *a = &c->mega_args;
+    memset(a, 0, sizeof *a);
+    c->mega_why[0] = 0;
+#define NO(...) (snprintf(c->mega_why, sizeof c->mega_why, __VA_ARGS__), 0)
+    if (cf->sliding_window > 0)
+        return NO("it has a sliding window");
+    if (!c->kv_bf16)
+        return NO("needs a bf16 K/V cache");
+    int L = cf->n_layers;
+    struct cuk_mega_layer *h = calloc((size_t)L, sizeof *h);
+    if (!h)
+        return NO("out of memory");
+    bool ok = true;
+    for (int l = 0; l < L && ok; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        struct cuk_mega_layer *d = &h[l];
+        ok = (d->wq = mega_mat(c, &w->wq)) && (d->wk = mega_mat(c, &w->wk)) &&
+             (d->wv = mega_mat(c, &w->wv)) && (d->wo = mega_mat(c, &w->wo)) &&
+             (d->wg = mega_mat(c, &w->w_gate)) && (d->wu = mega_mat(c, &w->w_up)) &&
+             (d->wd = mega_mat(c, &w->w_down));
+        if (!ok)
+            break;
+        d->attn_norm = mega_vec(c, &w->attn_norm, &ok);
+        d->ffn_norm = mega_vec(c, &w->ffn_norm, &ok);
+        ok = ok && d->attn_norm && d->ffn_norm;
+        if (cf->qk_norm) {
+            d->qn = mega_vec(c, &w->q_norm, &ok);
+            d->kn = mega_vec(c, &w->k_norm, &ok);
+            ok = ok && d->qn && d->kn;
+        }
+        if (cf->qkv_bias) {
+            d->bq = mega_vec(c, &w->bq, &ok);
+            d->bk = mega_vec(c, &w->bk, &ok);
+            d->bv = mega_vec(c, &w->bv, &ok);
+        }
+    }
+    if (!ok) {
+        free(h);
+        return NO("needs every layer matrix in bf16");
+    }
+    a->n_layers = L;
+    a->dim = cf->dim;
+    a->ffn = cf->hidden_dim;
+    a->n_heads = cf->n_heads;
+    a->eps = cf->norm_eps;
+    a->interleaved = cf->rope_interleaved;
+    a->g.n_kv_heads = cf->n_kv_heads;
+    a->g.head_dim = cf->head_dim;
+    a->g.kv_bf16 = 1;
+    a->g.scale = 1.0f / sqrtf((float)cf->head_dim);
+    if (!cuk_mega_plan(a, c->n_sms, c->mega_why, sizeof c->mega_why)) {
+        free(h);
+        return 0;
+    }
+    /* one buffer: the step counter, the layer table, the workspace (all
+     * zero to begin with, then the kernel's), the probe's record */
+    size_t lay_off = 256;
+    size_t ws_off = (lay_off + (size_t)L * sizeof *h + 255) / 256 * 256;
+    size_t rec_off = ws_off + (cuk_mega_ws_floats(a) * sizeof(float) + 255) / 256 * 256;
+    size_t rec_words = c->mega_probe ? cuk_mega_probe_words(a) : 0;
+    size_t bytes = rec_off + rec_words * sizeof(unsigned);
+    free(c->mega_rec);
+    c->mega_rec = rec_words ? calloc(rec_words, sizeof(unsigned)) : NULL;
+    if (rec_words && !c->mega_rec) {
+        free(h);
+        return NO("out of memory");
+    }
+    char *buf = dbuf_get(c, &c->mega_buf, bytes, "decode step");
+    if (!buf || fail_cuda(c, "decode step setup", cudaMemsetAsync(buf, 0, bytes, c->stream)) ||
+        fail_cuda(c, "decode step setup",
+                  cudaMemcpyAsync(buf + lay_off, h, (size_t)L * sizeof *h,
+                                  cudaMemcpyHostToDevice, c->stream)) ||
+        fail_cuda(c, "decode step setup", cudaStreamSynchronize(c->stream))) {
+        free(h);
+        return NO("its buffers could not be made");
+    }
+    free(h);
+    a->gen = (unsigned *)buf;
+    a->layers = (const struct cuk_mega_layer *)(buf + lay_off);
+    a->ws = (float *)(buf + ws_off);
+    a->probe = rec_words ? (unsigned *)(buf + rec_off) : NULL;
+    long nap = 0;
+    struct err ne = {{0}};
+    if (env_long("CLLM_CUDA_MEGA_POLL_NS", 0, 100000, &nap, &ne) < 0)
+        fprintf(stderr, "cllm: %s (ignored)\n", ne.msg);
+    a->poll_ns = (int)nap;
+    return 1;
+#undef NO
+}
+
+/* The probe's record of the step just issued, added to the sums: per
+ * phase of the middle layers, over blocks, the median and the latest of
+ * when its input was in and when its outputs were sent, from the block's
+ * own start of the layer (its q/k/v input in). */
+static int cmp_u(const void *x, const void *y)
+{
+    unsigned a = *(const unsigned *)x, b = *(const unsigned *)y;
+    return (a > b) - (a < b);
+}
+
+static void mega_collect(struct cuda_backend *c)
+{
+    const struct cuk_mega *a = &c->mega_args;
+    const int nb = a->nb;
+    size_t words = cuk_mega_probe_words(a);
+    if (cudaMemcpyAsync(c->mega_rec, a->probe, words * sizeof(unsigned), cudaMemcpyDeviceToHost,
+                        c->stream) != cudaSuccess ||
+        cudaStreamSynchronize(c->stream) != cudaSuccess)
+        return;
+    const unsigned *r = c->mega_rec;
+    unsigned *v = malloc(sizeof(unsigned) * (size_t)nb);
+    if (!v)
+        return;
+#define AT(l, p, k, b) r[(((size_t)(l) * 5 + (p)) * 5 + (k)) * nb + (b)]
+    for (int l = 1; l + 1 < a->n_layers; l++)
+        for (int p = 0; p < 6; p++)
+            for (int k = 0; k < 5; k++) {
+                if (p == 5 && k > 0)
+                    continue;
+                for (int b = 0; b < nb; b++) /* p 5: the next layer's start */
+                    v[b] = (p < 5 ? AT(l, p, k, b) : AT(l + 1, 0, 0, b)) - AT(l, 0, 0, b);
+                qsort(v, (size_t)nb, sizeof *v, cmp_u);
+                c->mega_sum[p][2 * k] += v[nb / 2];
+                c->mega_sum[p][2 * k + 1] += v[nb - 1];
+            }
+#undef AT
+    free(v);
+    c->mega_n += a->n_layers - 2;
+}
+
+void mega_report(struct cuda_backend *c)
+{
+    if (!c->mega_n)
+        return;
+    static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
+    fprintf(stderr, "mega probe: %ld layers; us from each block's layer start, median / "
+                    "latest block: input in, outputs sent, rows begin, first chunk in, first "
+                    "row done\n",
+            c->mega_n);
+    double k = 1e-3 / (double)c->mega_n;
+    for (int p = 0; p < 6; p++) {
+        fprintf(stderr, "  %-10s", what[p]);
+        for (int j = 0; j < 5; j++)
+            fprintf(stderr, "  %6.2f %6.2f", c->mega_sum[p][2 * j] * k,
+                    c->mega_sum[p][2 * j + 1] * k);
+        fprintf(stderr, "\n");
+    }
+    free(c->mega_rec);
+    c->mega_rec = NULL;
+}
+
+int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct kv_pool *pool,
+                     const struct kv_seq *seq, int pos, const float *inv_freq, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    if (!c->mega)
+        return 0;
+    if (c->mega_model != m) {
+        if (c->capturing) /* set up on an eager step (the first decode is one) */
+            return 0;
+        pend_settle(c);
+        c->mega_ok = mega_setup(c, m);
+        c->mega_model = m;
+        if (c->err[0])
+            return sticky(c, e);
+        if (!c->mega_ok) /* asked for, so say why the layer launches run instead */
+            fprintf(stderr, "cllm: CLLM_CUDA_MEGA: %s: the one-launch decode step does not take "
+                            "this model (%s); each layer's ops run instead\n",
+                    c->name, c->mega_why);
+    }
+    const struct model_config *cf = &m->cfg;
+    if (c->mega_ok != 1 || pool->dtype != DT_BF16 || pool->n_kv_heads != cf->n_kv_heads ||
+        pool->head_dim != cf->head_dim)
+        return 0;
+    c = op_begin(be); /* settles a pending merge; x changes */
+    if (sticky(c, e))
+        return -1;
+    if (pos + 1 > seq->n_blocks * pool->block_size)
+        return err_set(e, "%s: decode beyond the sequence's cached positions", c->name);
+    struct cuk_mega *a = &c->mega_args;
+    const float *invf = dev_invf(c, inv_freq, cf->head_dim / 2);
+    const int *tab = invf ? dev_table(c, seq) : NULL;
+    if (!tab)
+        return sticky(c, e);
+    a->x = x;
+    a->inv_freq = invf;
+    a->table = tab;
+    a->dpos = c->capturing ? (const int *)c->step.p : NULL;
+    a->kc = pool->k;
+    a->vc = pool->v;
+    a->g.n = 1;
+    a->g.pos0 = pos;
+    a->g.n_layers = pool->n_layers;
+    a->g.block_size = pool->block_size;
+    a->g.kv_dim = pool->kv_dim;
+    a->g.pool_blocks = pool->n_blocks;
+    a->g.kv_swz = pool->head_dim % 64 == 0;
+    a->g.n_sms = c->n_sms;
+    if (fail_cuda(c, "decode step", cuk_mega_decode(c->stream, a)))
+        return sticky(c, e);
+    if (a->probe && !c->capturing)
+        mega_collect(c);
+    return 1;
+}

@@ -1,0 +1,881 @@
+/* decode_mega.cu - every layer of a one-token decode step in one persistent
+ * launch, for models small enough that a step is bound by the boundaries
+ * between dependent kernels rather than by their bytes (Qwen3-0.6B: 28
+ * layers of five launches, ~26 µs a layer against ~7 µs of weights).
+ *
+ * One block per SM (fewer when a GEMV has fewer row chunks than SMs), all
+ * resident at once (a cooperative launch). A ninth warp streams the step's
+ * weights, layer after layer, into a ring of shared-memory slots by bulk
+ * copies; it never waits for an activation, so a phase's weights are in
+ * shared memory before its input is. The eight multiplying warps go
+ * through the phases of each layer:
+ *
+ *   q/k/v = rmsnorm(x) . Wqkv (+ bias)           rows dealt over blocks
+ *   attention: q/k norm, RoPE, the new K/V row stored, key splits of
+ *              (KV head, split) items, split 0 of a head merges
+ *   x += att . Wo
+ *   h = silu(rmsnorm(x) . Wgate) * (rmsnorm(x) . Wup)
+ *   x += h . Wdown
+ *
+ * Blocks never meet at a barrier. Every value one block hands another
+ * travels with a tag, (value, tag) in one 8-byte store, the tag naming
+ * the step, layer and exchange; a reader polls each pair until it holds
+ * the tag it wants. A fence and a counter would cost two more trips
+ * through L2 per exchange. Reuse of a buffer is safe because every block
+ * owns rows of every GEMV (the grid is at most the fewest chunks of a
+ * job): a block cannot write a layer's value before every block has read
+ * the last one, which the all-to-all exchanges in between order. The
+ * residual stream alternates between two buffers (after o, after down).
+ *
+ * The arithmetic is the layer ops' (f32 sums of bf16 weights times f32
+ * inputs, norms summed in double, the same RoPE, SwiGLU and bf16 K/V
+ * rounding), in another order: results agree with the launch-per-op path
+ * to float rounding, not to the bit. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+#define MG_WARPS 8                 /* multiplying warps */
+#define MG_CT (MG_WARPS * 32)      /* their threads */
+#define MG_THREADS (MG_CT + 32)    /* and the copying warp */
+#define MG_SLOT (16 * 1024)        /* bytes of one ring slot */
+#define MG_NS_MAX 16
+#define MG_HD 128                  /* head_dim */
+#define MG_GMAX 4                  /* query heads per KV head */
+#define MG_SMAX 16                 /* key splits per KV head */
+#define MG_PART (MG_HD + 2)        /* pairs of one split's partial: acc, m, l */
+#define MG_PRE 32                  /* keys of a split fetched before the q/k/v projection */
+#define MG_LOG2E 1.4426950408889634f
+
+/* The measurement record (cuk_mega.probe): for each layer l and phase p
+ * (q/k/v, attention, o, gate/up, down) and block, when its input had
+ * arrived and when its outputs were sent, ns since the block began. */
+#define MG_PROBE_K 5 /* stamps a phase: in, sent, rows begin, first chunk in, first row done */
+#define MG_PROBE_AT(l, p) (((size_t)(l) * 5 + (p)) * MG_PROBE_K * gridDim.x)
+
+/* Shared memory ahead of the inputs. */
+struct mg_head {
+    uint64_t full[MG_NS_MAX], empty[MG_NS_MAX];
+    double part[32];
+};
+
+/* Floats of the region the phases' inputs and the attention share. */
+static __host__ __device__ int mg_vec_floats(int dim, int qd, int ffn, int group)
+{
+    int v = dim > qd ? dim : qd;
+    v = v > ffn ? v : ffn;
+    /* attention: q heads, new k and v, per-warp m and l, per-warp acc */
+    int a = group * MG_HD + 2 * MG_HD + 2 * MG_WARPS * group + MG_WARPS * group * MG_HD;
+    return v > a ? v : a;
+}
+
+/* Where each region starts in shared memory (128-byte aligned: float4
+ * and bulk-copy targets): the inputs (vec), the residual stream as last
+ * received (xr), the fetched K/V rows, the next norm's weights, the q/k
+ * norm weights, the ring. */
+#define MG_VEC_OFF ((sizeof(struct mg_head) + 127) / 128 * 128)
+struct mg_layout {
+    size_t xr, kvs, nrm, qkn, ring; /* byte offsets */
+};
+static __host__ __device__ mg_layout mg_layout_of(int dim, int qd, int ffn, int group)
+{
+    mg_layout o;
+    o.xr = (MG_VEC_OFF + (size_t)mg_vec_floats(dim, qd, ffn, group) * 4 + 127) / 128 * 128;
+    o.kvs = o.xr + ((size_t)dim * 4 + 127) / 128 * 128;
+    o.nrm = o.kvs + (size_t)2 * MG_PRE * MG_HD * 2;
+    o.qkn = o.nrm + ((size_t)dim * 4 + 127) / 128 * 128;
+    o.ring = o.qkn + (size_t)2 * MG_HD * 4;
+    return o;
+}
+
+extern "C" size_t cuk_mega_ws_floats(const struct cuk_mega *a)
+{
+    int qd = a->n_heads * MG_HD, kvd = a->g.n_kv_heads * MG_HD;
+    int group = a->n_heads / a->g.n_kv_heads;
+    size_t pairs = (size_t)qd * 2 + (size_t)kvd * 2 + (size_t)a->ffn + (size_t)a->dim * 2 +
+                   (size_t)a->g.n_kv_heads * MG_SMAX * group * MG_PART;
+    return pairs * 2;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MG_ARCH_OK 1
+#else
+#define MG_ARCH_OK 0
+#endif
+
+#if MG_ARCH_OK
+/* The workspace of tagged pairs: q/k/v, attention output, SwiGLU output,
+ * the residual after o and after down, the key splits' partials. */
+struct mg_ws {
+    uint2 *qkv, *att, *h, *xo, *xd, *part;
+};
+static __device__ __forceinline__ mg_ws mg_ws_of(const struct cuk_mega &a)
+{
+    const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
+    mg_ws w;
+    w.qkv = (uint2 *)a.ws;
+    w.att = w.qkv + qd + 2 * kvd;
+    w.h = w.att + qd;
+    w.xo = w.h + a.ffn;
+    w.xd = w.xo + a.dim;
+    w.part = w.xd + a.dim;
+    return w;
+}
+
+static __device__ __forceinline__ unsigned long long mg_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ void mg_stamp(unsigned *pr, int l, int p, int k,
+                                                unsigned long long t0)
+{
+    if (pr && threadIdx.x == 0)
+        pr[MG_PROBE_AT(l, p) + k * gridDim.x + blockIdx.x] = (unsigned)(mg_now() - t0);
+}
+
+/* The eight multiplying warps meet (the copying warp goes its own way). */
+static __device__ __forceinline__ void mg_sync()
+{
+    asm volatile("bar.sync 1, %0;" ::"n"(MG_CT) : "memory");
+}
+
+/* One tagged value handed to other blocks. */
+static __device__ __forceinline__ void mg_send(uint2 *dst, float v, unsigned tag)
+{
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(dst),
+                 "r"(__float_as_uint(v)), "r"(tag)
+                 : "memory");
+}
+
+/* Two tagged values (16 bytes, one access), read at the GPU's coherence
+ * point, never from L1. */
+static __device__ __forceinline__ uint4 mg_ld2(const uint2 *p)
+{
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+/* v0, v1 = the values of the two pairs at p (16-byte aligned) once both
+ * carry tag. */
+static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, float &v0,
+                                                 float &v1, int nap)
+{
+    uint4 v = mg_ld2(p);
+    while (v.y != tag || v.w != tag) {
+        if (nap) /* fewer polls in flight: the L2 serves the copies and stores */
+            __nanosleep(nap);
+        v = mg_ld2(p);
+    }
+    v0 = __uint_as_float(v.x);
+    v1 = __uint_as_float(v.z);
+}
+
+/* dst[i], dst[i + 1] = the values of pairs i, i + 1 of src (i even) once
+ * both carry tag. */
+static __device__ __forceinline__ void mg_take2(const uint2 *src, int i, unsigned tag, float *dst,
+                                                int nap)
+{
+    mg_take2v(src + i, tag, dst[i], dst[i + 1], nap);
+}
+
+/* dst[0..n) = the values of n tagged pairs (n even), by the multiplying
+ * threads, which meet after. */
+static __device__ __forceinline__ void mg_recv(const uint2 *src, int n, unsigned tag, float *dst,
+                                               int nap)
+{
+    for (int i = 2 * threadIdx.x; i < n; i += 2 * MG_CT)
+        mg_take2(src, i, tag, dst, nap);
+    mg_sync();
+}
+
+/* Chunks of a layer's four GEMV jobs (q/k/v, o, gate/up, down) are dealt
+ * round-robin over the blocks, each job starting where the last ended so
+ * that blocks short in one job are long in the next. */
+static __device__ __forceinline__ void mg_mine(const struct cuk_mega &a, int l, int j, int &c0,
+                                               int &m)
+{
+    const int nb = gridDim.x;
+    long long base = (long long)l * a.tot + a.pre[j];
+    int c = (int)(((long long)blockIdx.x - base) % nb);
+    c += c < 0 ? nb : 0;
+    c0 = c;
+    m = c < a.chunks[j] ? (a.chunks[j] - c + nb - 1) / nb : 0;
+}
+
+/* The weights of chunk c of job j of layer L: up to two pieces of bytes
+ * each (gate/up: the gate rows, then the same rows of up). */
+static __device__ __forceinline__ int mg_src(const struct cuk_mega &a, const cuk_mega_layer &L,
+                                             int j, int c, const void **src, unsigned &bytes)
+{
+    const int k = a.rpc[j];
+    const size_t r0 = (size_t)c * k;
+    const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
+    switch (j) {
+    case 0:
+        bytes = (unsigned)(k * a.dim * 2);
+        src[0] = r0 < (size_t)qd ? L.wq + r0 * a.dim
+                 : r0 < (size_t)(qd + kvd) ? L.wk + (r0 - qd) * a.dim
+                                           : L.wv + (r0 - qd - kvd) * a.dim;
+        return 1;
+    case 1:
+        bytes = (unsigned)(k * qd * 2);
+        src[0] = L.wo + r0 * qd;
+        return 1;
+    case 2:
+        bytes = (unsigned)(k * a.dim * 2);
+        src[0] = L.wg + r0 * a.dim;
+        src[1] = L.wu + r0 * a.dim;
+        return 2;
+    default:
+        bytes = (unsigned)(k * a.ffn * 2);
+        src[0] = L.wd + r0 * a.ffn;
+        return 1;
+    }
+}
+
+/* The copying warp's lane 0: every chunk of every layer this block owns,
+ * in the order the multiplying warps take them. */
+static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigned char *ring,
+                                  int ns)
+{
+    const uint64_t pol = cuk_l2_evict_first();
+    unsigned n = 0;
+    for (int l = 0; l < a.n_layers; l++) {
+        const cuk_mega_layer &L = a.layers[l];
+        for (int j = 0; j < 4; j++) {
+            int c0, m;
+            mg_mine(a, l, j, c0, m);
+            for (int i = 0; i < m; i++, n++) {
+                const int slot = n % ns;
+                const unsigned use = n / ns;
+                if (use > 0)
+                    cuk_mbar_wait(&hd->empty[slot], (use - 1) & 1);
+                const void *src[2];
+                unsigned bytes;
+                const int pieces = mg_src(a, L, j, c0 + i * gridDim.x, src, bytes);
+                unsigned char *dst = ring + (size_t)slot * MG_SLOT;
+                cuk_mbar_expect(&hd->full[slot], bytes * pieces);
+                for (int p = 0; p < pieces; p++)
+                    cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, &hd->full[slot], pol);
+            }
+        }
+    }
+}
+
+/* dot of one weight row (bf16, smem) with vec (f32, smem), cols % 8 == 0;
+ * the warp's sum in every lane. */
+static __device__ __forceinline__ float mg_dot(const unsigned char *row, const float *vec,
+                                               int cols, int lane)
+{
+    const uint4 *w = (const uint4 *)row;
+    const float4 *x = (const float4 *)vec;
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int e = lane; e < cols / 8; e += 32) {
+        const uint4 p = w[e];
+        const float4 x0 = x[2 * e], x1 = x[2 * e + 1];
+        a0 = fmaf(__uint_as_float(p.x << 16), x0.x, a0);
+        a1 = fmaf(__uint_as_float(p.x & 0xffff0000u), x0.y, a1);
+        a0 = fmaf(__uint_as_float(p.y << 16), x0.z, a0);
+        a1 = fmaf(__uint_as_float(p.y & 0xffff0000u), x0.w, a1);
+        a0 = fmaf(__uint_as_float(p.z << 16), x1.x, a0);
+        a1 = fmaf(__uint_as_float(p.z & 0xffff0000u), x1.y, a1);
+        a0 = fmaf(__uint_as_float(p.w << 16), x1.z, a0);
+        a1 = fmaf(__uint_as_float(p.w & 0xffff0000u), x1.w, a1);
+    }
+    return cuk_warp_sum(a0 + a1);
+}
+
+/* One GEMV job of layer l over this block's chunks, its input in vec, the
+ * residual stream as received in xr (o, down). Every warp waits for every
+ * chunk in order and releases it (so a slot's phases never run ahead of a
+ * warp); row r of the block's chunk i is warp (i * k + r) % 8's. n: the
+ * ring sequence number of the first chunk. Outputs are sent with tag. */
+template <int J>
+static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const cuk_mega_layer &L,
+                                               int l, mg_head *hd, const unsigned char *ring,
+                                               int ns, const float *vec, const float *xr,
+                                               const mg_ws &w, unsigned tag, unsigned &n,
+                                               unsigned long long t0)
+{
+    const int P = J == 0 ? 0 : J + 1; /* the probe's phase */
+    mg_stamp(a.probe, l, P, 2, t0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int k = a.rpc[J];
+    const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
+    const int cols = J == 1 ? qd : J == 3 ? a.ffn : a.dim;
+    const size_t rowb = (size_t)cols * 2;
+    const bool last = l + 1 == a.n_layers;
+    const float *bq = J == 0 ? L.bq : nullptr, *bk = J == 0 ? L.bk : nullptr,
+                *bv = J == 0 ? L.bv : nullptr;
+    int c0, m;
+    mg_mine(a, l, J, c0, m);
+    for (int i = 0; i < m; i++, n++) {
+        const int slot = n % ns;
+        cuk_mbar_wait(&hd->full[slot], (n / ns) & 1);
+        if (i == 0)
+            mg_stamp(a.probe, l, P, 3, t0);
+        const int r = (warp - (i * k) % MG_WARPS + MG_WARPS) % MG_WARPS;
+        if (r < k) {
+            const unsigned char *base = ring + (size_t)slot * MG_SLOT;
+            const float acc = mg_dot(base + r * rowb, vec, cols, lane);
+            float acc2 = 0.0f;
+            if (J == 2)
+                acc2 = mg_dot(base + (k + r) * rowb, vec, cols, lane);
+            if (lane == 0) {
+                const int row = (c0 + i * (int)gridDim.x) * k + r;
+                if (J == 0) {
+                    const float *b = row < qd ? bq : row < qd + kvd ? bk : bv;
+                    const int br = row < qd ? row : row < qd + kvd ? row - qd : row - qd - kvd;
+                    /* as the plain path: the matmul's sum, then the bias added */
+                    mg_send(w.qkv + row, b ? acc + b[br] : acc, tag);
+                } else if (J == 2) {
+                    mg_send(w.h + row, cuk_silu_mul1(acc, acc2), tag);
+                } else if (J == 1) {
+                    mg_send(w.xo + row, xr[row] + acc, tag + 1);
+                } else if (last) { /* the step's result, for the LM head */
+                    a.x[row] = xr[row] + acc;
+                } else {
+                    mg_send(w.xd + row, xr[row] + acc, tag + 2);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0)
+            cuk_mbar_arrive(&hd->empty[slot]);
+        if (i == 0)
+            mg_stamp(a.probe, l, P, 4, t0);
+    }
+}
+
+/* vec = rmsnorm(xr) * w over dim (the multiplying threads; w in shared
+ * memory). */
+static __device__ __forceinline__ void mg_norm(const struct cuk_mega &a, const float *xr,
+                                               const float *w, float *vec, mg_head *hd)
+{
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT)
+        ss += cuk_rms_sq(((const float4 *)xr)[i]);
+    cuk_warp_part_d(ss, hd->part);
+    mg_sync();
+    const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
+    for (int i = threadIdx.x; i < a.dim; i += MG_CT)
+        vec[i] = cuk_rms_scale(w[i], xr[i], inv);
+    mg_sync();
+}
+
+/* One head (128 floats at x, shared memory) normed with nw (NULL: not)
+ * and rotated for the step's position, in place, by the calling warp: the
+ * RoPE kernels' arithmetic (cuk_norm_rope). */
+static __device__ __forceinline__ void mg_norm_rope(float *x, const float *nw, float eps,
+                                                    const float *cs, const float *sn,
+                                                    int interleaved, int lane)
+{
+    __syncwarp();
+    const float inv = nw ? cuk_warp_rms_inv(x, nw, MG_HD, eps, lane) : 0.0f;
+    __syncwarp();
+    float ra[2], rb[2];
+    int ia[2], ib[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int f = lane + 32 * r;
+        ia[r] = interleaved ? 2 * f : f;
+        ib[r] = interleaved ? 2 * f + 1 : f + MG_HD / 2;
+        cuk_norm_rope(x, nw, inv, ia[r], ib[r], cs[r], sn[r], ra[r], rb[r]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        x[ia[r]] = ra[r];
+        x[ib[r]] = rb[r];
+    }
+    __syncwarp();
+}
+
+static __device__ __forceinline__ float mg_bf16_round(float v)
+{
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* This block's attention item for the step: (KV head h, key split s) of
+ * keys [k0, k1), on = false for a block without one. S splits a head: at
+ * least 32 keys a split, at most MG_SMAX, and no more items than blocks
+ * (so a block has at most one); split 0's block merges the head. */
+struct mg_item {
+    int pos, S, h, s, k0, k1;
+    bool on;
+};
+
+static __device__ __forceinline__ mg_item mg_item_of(const struct cuk_mega &a, int pos)
+{
+    const int nkv = a.g.n_kv_heads, ctx = pos + 1;
+    int S = (ctx + 31) / 32;
+    S = S > MG_SMAX ? MG_SMAX : S;
+    const int fit = (int)gridDim.x / nkv;
+    S = S > fit ? fit : S;
+    S = S < 1 ? 1 : S;
+    const int kps = (ctx + S - 1) / S;
+    mg_item it;
+    it.pos = pos;
+    it.S = S;
+    it.on = (int)blockIdx.x < nkv * S;
+    it.h = blockIdx.x / S;
+    it.s = blockIdx.x % S;
+    it.k0 = it.s * kps;
+    it.k1 = min(ctx, it.k0 + kps);
+    return it;
+}
+
+/* Asynchronous copies into shared memory (each call's copies are one
+ * group once the caller commits): a vector of n floats (n % 4 == 0,
+ * 16-byte aligned) ... */
+static __device__ __forceinline__ void mg_fetch_vec(const float *w, int n, float *dst)
+{
+    for (int i = threadIdx.x; i < n / 4; i += MG_CT)
+        cuk_cp_async16(cuk_smem_addr(dst + 4 * i), w + 4 * i, true);
+}
+
+/* ... and the item's first MG_PRE keys' K and V rows of layer l (all but
+ * the step's own, which the attention makes), with the q/k norm weights:
+ * none of it depends on this step's results, so it flies while the
+ * q/k/v projection runs. */
+static __device__ __forceinline__ void mg_fetch_kv(const struct cuk_mega &a,
+                                                   const cuk_mega_layer &L, int l,
+                                                   const mg_item &it, uint16_t *kvs, float *qkn)
+{
+    if (it.on) {
+        struct cuk_attn g = a.g;
+        g.layer = l;
+        const int npre = min(it.k1 - it.k0, MG_PRE);
+        for (int t = threadIdx.x; t < npre * 32; t += MG_CT) {
+            const int key = t >> 5, half = (t >> 4) & 1, ch = t & 15, p = it.k0 + key;
+            if (p == it.pos)
+                continue;
+            const size_t row = cuk_kv_row(&g, a.table, p, it.h);
+            const uint16_t *src = (const uint16_t *)(half ? a.vc : a.kc) + row + ch * 8;
+            cuk_cp_async16(cuk_smem_addr(kvs + ((size_t)half * MG_PRE + key) * MG_HD + ch * 8), src,
+                           true);
+        }
+        if (L.qn) {
+            mg_fetch_vec(L.qn, MG_HD, qkn);
+            mg_fetch_vec(L.kn, MG_HD, qkn + MG_HD);
+        }
+    }
+    cuk_cp_async_commit();
+}
+
+/* Warp-wide: head[0..128) = the 128 tagged values at src. */
+static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned tag, float *head,
+                                                    int lane, int nap)
+{
+    mg_take2(src, 4 * lane, tag, head, nap);
+    mg_take2(src, 4 * lane + 2, tag, head, nap);
+    __syncwarp();
+}
+
+/* The attention of layer l for the block's item; see the file comment.
+ * kvs, qkn: mg_fetch_kv's copies (waited for here). */
+static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_layer &L, int l,
+                                    const mg_item &it, const float *cs, const float *sn,
+                                    float *sm, const uint16_t *kvs, const float *qkn,
+                                    const mg_ws &w, unsigned tag)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int nkv = a.g.n_kv_heads, G = a.n_heads / nkv;
+    const int qd = a.n_heads * MG_HD, kvd = nkv * MG_HD;
+    const int pos = it.pos, S = it.S;
+    cuk_cp_async_wait<0>();
+    if (!it.on)
+        return;
+    struct cuk_attn g = a.g;
+    g.layer = l;
+    float *qs = sm, *kn = qs + G * MG_HD, *vn = kn + MG_HD, *wm = vn + MG_HD,
+          *wl = wm + MG_WARPS * G, *wacc = wl + MG_WARPS * G;
+    const uint16_t *kc = (const uint16_t *)a.kc, *vc = (const uint16_t *)a.vc;
+    const float *qnw = L.qn ? qkn : nullptr, *knw = L.kn ? qkn + MG_HD : nullptr;
+    const int h = it.h, s = it.s, k0 = it.k0, k1 = it.k1;
+    mg_sync(); /* every thread's fetched rows in */
+    if (warp < G) {
+        float *x = qs + warp * MG_HD;
+        mg_take_head(w.qkv + (size_t)(h * G + warp) * MG_HD, tag, x, lane, a.poll_ns);
+        mg_norm_rope(x, qnw, a.eps, cs, sn, a.interleaved, lane);
+    } else if (warp == MG_WARPS - 1 && pos >= k0 && pos < k1) {
+        mg_take_head(w.qkv + qd + (size_t)h * MG_HD, tag, kn, lane, a.poll_ns);
+        mg_take_head(w.qkv + qd + kvd + (size_t)h * MG_HD, tag, vn, lane, a.poll_ns);
+        mg_norm_rope(kn, knw, a.eps, cs, sn, a.interleaved, lane);
+        const size_t row = cuk_kv_row(&g, a.table, pos, h);
+        for (int e = 0; e < 4; e++) {
+            const int d = 4 * lane + e;
+            const size_t at = row + cuk_kv_col(&g, pos, d);
+            kv_st((uint16_t *)a.kc, at, kn[d]);
+            kv_st((uint16_t *)a.vc, at, vn[d]);
+            kn[d] = mg_bf16_round(kn[d]);
+            vn[d] = mg_bf16_round(vn[d]);
+        }
+    }
+    mg_sync();
+    /* lane: dims 4 lane .. 4 lane + 3 of every head */
+    float qr[MG_GMAX][4], m[MG_GMAX], lsum[MG_GMAX], acc[MG_GMAX][4];
+    const float sc = a.g.scale * MG_LOG2E;
+#pragma unroll
+    for (int gi = 0; gi < MG_GMAX; gi++) {
+        m[gi] = -INFINITY;
+        lsum[gi] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            qr[gi][e] = gi < G ? qs[gi * MG_HD + 4 * lane + e] * sc : 0.0f;
+            acc[gi][e] = 0.0f;
+        }
+    }
+    for (int p = k0 + warp; p < k1; p += MG_WARPS) {
+        float kf[4], vf[4];
+        if (p == pos) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                kf[e] = kn[4 * lane + e];
+                vf[e] = vn[4 * lane + e];
+            }
+        } else {
+            uint2 kk, vv;
+            const int col = cuk_kv_col(&g, p, 4 * lane);
+            if (p - k0 < MG_PRE) { /* fetched before the q/k/v projection */
+                kk = *(const uint2 *)(kvs + (size_t)(p - k0) * MG_HD + col);
+                vv = *(const uint2 *)(kvs + (size_t)(MG_PRE + p - k0) * MG_HD + col);
+            } else {
+                const size_t at = cuk_kv_row(&g, a.table, p, h) + col;
+                kk = *(const uint2 *)(kc + at);
+                vv = *(const uint2 *)(vc + at);
+            }
+            kf[0] = __uint_as_float(kk.x << 16);
+            kf[1] = __uint_as_float(kk.x & 0xffff0000u);
+            kf[2] = __uint_as_float(kk.y << 16);
+            kf[3] = __uint_as_float(kk.y & 0xffff0000u);
+            vf[0] = __uint_as_float(vv.x << 16);
+            vf[1] = __uint_as_float(vv.x & 0xffff0000u);
+            vf[2] = __uint_as_float(vv.y << 16);
+            vf[3] = __uint_as_float(vv.y & 0xffff0000u);
+        }
+#pragma unroll
+        for (int gi = 0; gi < MG_GMAX; gi++) {
+            if (gi >= G)
+                break;
+            float d = qr[gi][0] * kf[0];
+            d = fmaf(qr[gi][1], kf[1], d);
+            d = fmaf(qr[gi][2], kf[2], d);
+            d = fmaf(qr[gi][3], kf[3], d);
+            d = cuk_warp_sum(d);
+            const float mn = fmaxf(m[gi], d);
+            const float corr = exp2f(m[gi] - mn), pe = exp2f(d - mn);
+            lsum[gi] = fmaf(lsum[gi], corr, pe);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[gi][e] = fmaf(acc[gi][e], corr, pe * vf[e]);
+            m[gi] = mn;
+        }
+    }
+    for (int gi = 0; gi < G; gi++) {
+        if (lane == 0) {
+            wm[warp * G + gi] = m[gi];
+            wl[warp * G + gi] = lsum[gi];
+        }
+        ((float4 *)(wacc + (size_t)(warp * G + gi) * MG_HD))[lane] =
+            make_float4(acc[gi][0], acc[gi][1], acc[gi][2], acc[gi][3]);
+    }
+    mg_sync();
+    if (warp < G) { /* the split's partial of query head h G + warp */
+        const int gi = warp;
+        float M = -INFINITY;
+        for (int v = 0; v < MG_WARPS; v++)
+            M = fmaxf(M, wm[v * G + gi]);
+        float Ls = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int v = 0; v < MG_WARPS; v++) {
+            const float mw = wm[v * G + gi];
+            const float c = mw == -INFINITY ? 0.0f : exp2f(mw - M);
+            Ls = fmaf(wl[v * G + gi], c, Ls);
+            const float4 v4 = ((const float4 *)(wacc + (size_t)(v * G + gi) * MG_HD))[lane];
+            o[0] = fmaf(v4.x, c, o[0]);
+            o[1] = fmaf(v4.y, c, o[1]);
+            o[2] = fmaf(v4.z, c, o[2]);
+            o[3] = fmaf(v4.w, c, o[3]);
+        }
+        uint2 *att = w.att + (size_t)(h * G + gi) * MG_HD;
+        if (S == 1) {
+            const float inv = 1.0f / Ls;
+            for (int e = 0; e < 4; e++)
+                mg_send(att + 4 * lane + e, o[e] * inv, tag);
+        } else {
+            uint2 *pp = w.part + ((size_t)(h * MG_SMAX + s) * G + gi) * MG_PART;
+            for (int e = 0; e < 4; e++)
+                mg_send(pp + 4 * lane + e, o[e], tag);
+            if (lane == 0) {
+                mg_send(pp + MG_HD, M, tag);
+                mg_send(pp + MG_HD + 1, Ls, tag);
+            }
+        }
+    }
+    if (S == 1 || s != 0)
+        return;
+    /* Split 0's block merges the head's S splits with all its warps:
+     * warp v takes query head v % G and splits v / G, v / G + 8 / G, ...,
+     * their loads in flight together; every warp weighs them with the
+     * maxima and sums of all S (lane t loads split t's). */
+    mg_sync(); /* wacc is the warps' again */
+    const int per = MG_WARPS / G, gi = warp % G;
+    const uint2 *p0 = w.part + (size_t)h * MG_SMAX * G * MG_PART + (size_t)gi * MG_PART;
+    const size_t stride = (size_t)G * MG_PART; /* pairs from one split to the next */
+    float mt = -INFINITY, lt = 0.0f;
+    if (lane < S)
+        mg_take2v(p0 + lane * stride + MG_HD, tag, mt, lt, a.poll_ns);
+    float M = mt;
+    for (int o2 = 16; o2 > 0; o2 >>= 1)
+        M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
+    const float ct = mt == -INFINITY ? 0.0f : exp2f(mt - M);
+    const float Ls = cuk_warp_sum(lt * ct);
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int t0s = warp / G; t0s < S; t0s += 4 * per) {
+        uint4 u[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (t0s + j * per < S) {
+                u[j][0] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane);
+                u[j][1] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane + 2);
+            }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int t = t0s + j * per;
+            const float c = __shfl_sync(0xffffffffu, ct, t & 31);
+            if (t >= S)
+                continue;
+            const uint2 *pt = p0 + t * stride + 4 * lane;
+            while (u[j][0].y != tag || u[j][0].w != tag) {
+                if (a.poll_ns)
+                    __nanosleep(a.poll_ns);
+                u[j][0] = mg_ld2(pt);
+            }
+            while (u[j][1].y != tag || u[j][1].w != tag) {
+                if (a.poll_ns)
+                    __nanosleep(a.poll_ns);
+                u[j][1] = mg_ld2(pt + 2);
+            }
+            o[0] = fmaf(__uint_as_float(u[j][0].x), c, o[0]);
+            o[1] = fmaf(__uint_as_float(u[j][0].z), c, o[1]);
+            o[2] = fmaf(__uint_as_float(u[j][1].x), c, o[2]);
+            o[3] = fmaf(__uint_as_float(u[j][1].z), c, o[3]);
+        }
+    }
+    ((float4 *)(wacc + (size_t)warp * MG_HD))[lane] = make_float4(o[0], o[1], o[2], o[3]);
+    mg_sync();
+    if (warp < G) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int v = warp; v < MG_WARPS; v += G) { /* warp order: the same sum every step */
+            const float4 t = ((const float4 *)(wacc + (size_t)v * MG_HD))[lane];
+            sum.x += t.x;
+            sum.y += t.y;
+            sum.z += t.z;
+            sum.w += t.w;
+        }
+        const float inv = 1.0f / Ls;
+        uint2 *att = w.att + (size_t)(h * G + warp) * MG_HD;
+        mg_send(att + 4 * lane, sum.x * inv, tag);
+        mg_send(att + 4 * lane + 1, sum.y * inv, tag);
+        mg_send(att + 4 * lane + 2, sum.z * inv, tag);
+        mg_send(att + 4 * lane + 3, sum.w * inv, tag);
+    }
+}
+
+#endif
+
+__global__ void __launch_bounds__(MG_THREADS, 1)
+    k_decode_mega(const __grid_constant__ struct cuk_mega a, int ns)
+{
+#if MG_ARCH_OK
+    extern __shared__ __align__(128) unsigned char smem[];
+    mg_head *hd = (mg_head *)smem;
+    float *vec = (float *)(smem + MG_VEC_OFF);
+    const int qd = a.n_heads * MG_HD;
+    const mg_layout lo = mg_layout_of(a.dim, qd, a.ffn, a.n_heads / a.g.n_kv_heads);
+    float *xr = (float *)(smem + lo.xr);
+    uint16_t *kvs = (uint16_t *)(smem + lo.kvs);
+    float *nrm = (float *)(smem + lo.nrm), *qkn = (float *)(smem + lo.qkn);
+    unsigned char *ring = smem + lo.ring;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ns; i++) {
+            cuk_mbar_init(&hd->full[i], 1);
+            cuk_mbar_init(&hd->empty[i], MG_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x >= MG_CT) {
+        if (threadIdx.x == MG_CT)
+            mg_produce(a, hd, ring, ns);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const mg_item it = mg_item_of(a, a.dpos ? *a.dpos : a.g.pos0);
+    /* the rotation of the step's position, the same for every layer */
+    float cs[2], sn[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float ang = cuk_rope_angle(it.pos, a.inv_freq[lane + 32 * r]);
+        cs[r] = cosf(ang);
+        sn[r] = sinf(ang);
+    }
+    /* the step's tags: 4 a layer (q/k/v and the values that share its tag,
+     * x after o, x after down), never 0 (the workspace starts zeroed) */
+    const unsigned gen = *(volatile const unsigned *)a.gen;
+    const mg_ws w = mg_ws_of(a);
+    unsigned n = 0;
+    const unsigned long long t0 = mg_now();
+    unsigned *pr = a.probe;
+    /* cp.async groups in flight: the next norm's weights (one group),
+     * then the layer's K/V rows (one group) */
+    mg_fetch_vec(a.layers[0].attn_norm, a.dim, nrm);
+    cuk_cp_async_commit();
+    for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT) /* the embedding, from the last kernel */
+        ((float4 *)xr)[i] = __ldcg((const float4 *)a.x + i);
+    for (int l = 0; l < a.n_layers; l++) {
+        const cuk_mega_layer &L = a.layers[l];
+        const unsigned tag = (gen * (unsigned)a.n_layers + (unsigned)l) * 4u + 4u;
+        mg_fetch_kv(a, L, l, it, kvs, qkn);
+        if (l > 0)
+            mg_recv(w.xd, a.dim, tag - 2, xr, a.poll_ns);
+        cuk_cp_async_wait<1>(); /* the norm (mg_norm's barrier shares it) */
+        mg_stamp(pr, l, 0, 0, t0);
+        mg_norm(a, xr, nrm, vec, hd);
+        mg_gemv<0>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_stamp(pr, l, 0, 1, t0);
+        mg_stamp(pr, l, 1, 0, t0);
+        mg_attention(a, L, l, it, cs, sn, vec, kvs, qkn, w, tag);
+        mg_stamp(pr, l, 1, 1, t0);
+        mg_sync(); /* the attention's shared memory is the o projection's input */
+        mg_fetch_vec(L.ffn_norm, a.dim, nrm);
+        cuk_cp_async_commit();
+        mg_recv(w.att, qd, tag, vec, a.poll_ns);
+        mg_stamp(pr, l, 2, 0, t0);
+        mg_gemv<1>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_stamp(pr, l, 2, 1, t0);
+        mg_sync(); /* every warp's rows done with xr */
+        mg_recv(w.xo, a.dim, tag + 1, xr, a.poll_ns);
+        cuk_cp_async_wait<0>();
+        mg_stamp(pr, l, 3, 0, t0);
+        mg_norm(a, xr, nrm, vec, hd);
+        mg_gemv<2>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_stamp(pr, l, 3, 1, t0);
+        mg_sync(); /* every warp's rows done with vec and nrm */
+        if (l + 1 < a.n_layers)
+            mg_fetch_vec(a.layers[l + 1].attn_norm, a.dim, nrm);
+        cuk_cp_async_commit();
+        mg_recv(w.h, a.ffn, tag, vec, a.poll_ns);
+        mg_stamp(pr, l, 4, 0, t0);
+        mg_gemv<3>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_stamp(pr, l, 4, 1, t0);
+        mg_sync(); /* every warp's rows done with vec and xr */
+    }
+    /* Block 0 ends after every block has read this step's gen (it took
+     * their values), so the next step's tags start past this one's. */
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *(volatile unsigned *)a.gen = gen + 1;
+#endif
+}
+
+/* Shared memory a launch takes for a's shapes: the head, the inputs, and
+ * as many ring slots as fit the device's opt-in limit (0: too few). */
+static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
+{
+    const int qd = a->n_heads * MG_HD;
+    size_t off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads).ring;
+    int k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
+    k = k > MG_NS_MAX ? MG_NS_MAX : k;
+    *ns = k;
+    return off + (size_t)k * MG_SLOT;
+}
+
+extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t why_len)
+{
+    int dev = 0, major = 0, smem_max = 0, coop = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
+    const int nkv = a->g.n_kv_heads;
+#define MG_NO(...) (snprintf(why, why_len, __VA_ARGS__), 0)
+    if (major < 9 || !coop)
+        return MG_NO("needs a Hopper GPU with cooperative launches");
+    if (a->g.head_dim != MG_HD || nkv < 1 || a->n_heads % nkv ||
+        a->n_heads / nkv > MG_GMAX || !a->g.kv_bf16)
+        return MG_NO("needs head_dim %d, at most %d query heads a KV head, a bf16 cache", MG_HD,
+                     MG_GMAX);
+    if (a->dim % 8 || a->ffn % 8)
+        return MG_NO("needs widths that are multiples of 8");
+    const int qd = a->n_heads * MG_HD, kvd = nkv * MG_HD;
+    const int cols[4] = {a->dim, qd, a->dim, a->ffn};
+    const int rows[4] = {qd + 2 * kvd, a->dim, a->ffn, a->dim};
+    a->tot = 0;
+    for (int j = 0; j < 4; j++) {
+        int k = MG_SLOT / (cols[j] * 2 * (j == 2 ? 2 : 1));
+        k = k > MG_WARPS ? MG_WARPS : k;
+        while (k > 1 && (rows[j] % k || (j == 0 && (qd % k || kvd % k))))
+            k--;
+        if (k < 1)
+            return MG_NO("a row of %d columns does not fit a %d-byte slot", cols[j], MG_SLOT);
+        a->rpc[j] = k;
+        a->chunks[j] = rows[j] / k;
+        a->pre[j] = a->tot;
+        a->tot += a->chunks[j];
+    }
+    int ns = 0;
+    size_t smem = mg_smem(a, smem_max, &ns);
+    a->ns = ns;
+    a->smem = smem;
+    if (ns < 4)
+        return MG_NO("the inputs leave too little shared memory for the ring");
+    int per_sm = 0;
+    if (cudaFuncSetAttribute(k_decode_mega, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_decode_mega, MG_THREADS, smem) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError();
+        return MG_NO("its blocks do not fit an SM");
+    }
+    /* every block owns rows of every job (the file comment says why) */
+    int nb = n_sms;
+    for (int j = 0; j < 4; j++)
+        nb = a->chunks[j] < nb ? a->chunks[j] : nb;
+    if (nb < nkv)
+        return MG_NO("fewer blocks than KV heads");
+    a->nb = nb;
+    return 1;
+#undef MG_NO
+}
+
+extern "C" size_t cuk_mega_probe_words(const struct cuk_mega *a)
+{
+    return (size_t)a->n_layers * 5 * MG_PROBE_K * a->nb;
+}
+
+extern "C" cudaError_t cuk_mega_decode(cudaStream_t s, const struct cuk_mega *a)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a->nb);
+    cfg.blockDim = dim3(MG_THREADS);
+    cfg.dynamicSmemBytes = a->smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k_decode_mega, *a, a->ns);
+}
