@@ -157,8 +157,8 @@ struct cuda_backend {
     struct dbuf mega_buf; /* step counter, layer table, workspace, probe record */
     /* CLLM_CUDA_MEGA_PROBE=1 (a measurement; eager steps only, each then
      * waited for): the kernel's record (after mega_buf's workspace), its
-     * host copy, and per barrier of a layer the sums over steps and
-     * middle layers that cu_decode_layers prints when the backend goes */
+     * host copy, and per phase of a layer the sums over steps and middle
+     * layers that mega_report prints when the backend goes */
     bool mega_probe;
     unsigned *mega_rec;
     double mega_sum[6][10];

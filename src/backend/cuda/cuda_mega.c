@@ -167,8 +167,11 @@ static void mega_collect(struct cuda_backend *c)
 
 void mega_report(struct cuda_backend *c)
 {
-    if (!c->mega_n)
+    if (!c->mega_n) {
+        free(c->mega_rec);
+        c->mega_rec = NULL;
         return;
+    }
     static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
     fprintf(stderr, "mega probe: %ld layers; us from each block's layer start, median / "
                     "latest block: input in, outputs sent, rows begin, first chunk in, first "
@@ -192,6 +195,8 @@ int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct
     struct cuda_backend *c = cb(be);
     if (!c->mega)
         return 0;
+    if (!c->capturing)
+        use_device(c);
     if (c->mega_model != m) {
         if (c->capturing) /* set up on an eager step (the first decode is one) */
             return 0;
