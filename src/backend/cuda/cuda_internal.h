@@ -161,7 +161,7 @@ struct cuda_backend {
      * layers that mega_report prints when the backend goes */
     bool mega_probe;
     unsigned *mega_rec;
-    double mega_sum[6][10];
+    double mega_sum[6][10], mega_late[5];
     long mega_n;
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */

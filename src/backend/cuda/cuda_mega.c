@@ -148,7 +148,7 @@ static void mega_collect(struct cuda_backend *c)
     unsigned *v = malloc(sizeof(unsigned) * (size_t)nb);
     if (!v)
         return;
-#define AT(l, p, k, b) r[(((size_t)(l) * 5 + (p)) * 5 + (k)) * nb + (b)]
+#define AT(l, p, k, b) r[(((size_t)(l) * 5 + (p)) * 6 + (k)) * nb + (b)]
     for (int l = 1; l + 1 < a->n_layers; l++)
         for (int p = 0; p < 6; p++)
             for (int k = 0; k < 5; k++) {
@@ -160,6 +160,10 @@ static void mega_collect(struct cuda_backend *c)
                 c->mega_sum[p][2 * k] += v[nb / 2];
                 c->mega_sum[p][2 * k + 1] += v[nb - 1];
             }
+    for (int l = 1; l + 1 < a->n_layers; l++) /* chunks not yet landed at first look */
+        for (int p = 0; p < 5; p++)
+            for (int b = 0; b < nb; b++)
+                c->mega_late[p] += (double)AT(l, p, 5, b) / nb;
 #undef AT
     free(v);
     c->mega_n += a->n_layers - 2;
@@ -175,7 +179,8 @@ void mega_report(struct cuda_backend *c)
     static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
     fprintf(stderr, "mega probe: %ld layers; us from each block's layer start, median / "
                     "latest block: input in, outputs sent, rows begin, first chunk in, first "
-                    "row done\n",
+                    "row done; late: a block's chunks whose weights had not landed when its "
+                    "rows began on them\n",
             c->mega_n);
     double k = 1e-3 / (double)c->mega_n;
     for (int p = 0; p < 6; p++) {
@@ -183,6 +188,8 @@ void mega_report(struct cuda_backend *c)
         for (int j = 0; j < 5; j++)
             fprintf(stderr, "  %6.2f %6.2f", c->mega_sum[p][2 * j] * k,
                     c->mega_sum[p][2 * j + 1] * k);
+        if (p < 5)
+            fprintf(stderr, "   late %.2f", c->mega_late[p] / (double)c->mega_n);
         fprintf(stderr, "\n");
     }
     free(c->mega_rec);

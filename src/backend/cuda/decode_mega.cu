@@ -54,7 +54,9 @@
 /* The measurement record (cuk_mega.probe): for each layer l and phase p
  * (q/k/v, attention, o, gate/up, down) and block, when its input had
  * arrived and when its outputs were sent, ns since the block began. */
-#define MG_PROBE_K 5 /* stamps a phase: in, sent, rows begin, first chunk in, first row done */
+/* per phase: in, sent, rows begin, first chunk in, first row done (ns), and
+ * how many of the block's chunks had not landed when warp 0 first looked */
+#define MG_PROBE_K 6
 #define MG_PROBE_AT(l, p) (((size_t)(l) * 5 + (p)) * MG_PROBE_K * gridDim.x)
 
 /* Shared memory ahead of the inputs. */
@@ -320,8 +322,18 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
                 *bv = J == 0 ? L.bv : nullptr;
     int c0, m;
     mg_mine(a, l, J, c0, m);
+    unsigned late = 0;
     for (int i = 0; i < m; i++, n++) {
         const int slot = n % ns;
+        if (a.probe && threadIdx.x == 0) {
+            uint32_t done;
+            asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+                         "selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done)
+                         : "r"(cuk_smem_addr(&hd->full[slot])), "r"((n / ns) & 1)
+                         : "memory");
+            late += !done;
+        }
         cuk_mbar_wait(&hd->full[slot], (n / ns) & 1);
         if (i == 0)
             mg_stamp(a.probe, l, P, 3, t0);
@@ -356,6 +368,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
         if (i == 0)
             mg_stamp(a.probe, l, P, 4, t0);
     }
+    if (a.probe && threadIdx.x == 0)
+        a.probe[MG_PROBE_AT(l, P) + 5 * gridDim.x + blockIdx.x] = late;
 }
 
 /* vec = rmsnorm(xr) * w over dim (the multiplying threads; w in shared
