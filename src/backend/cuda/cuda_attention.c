@@ -138,15 +138,13 @@ cudaError_t pend_o_gemv(struct cuda_backend *c, float *out, const struct tensor 
     return err;
 }
 
-/* True when the pool was made for this KV head geometry: its layout
- * (cuk_kv_row) depends on it, and attn_geom takes it from the pool. */
-static bool pool_takes(const struct kv_pool *pool, int n_kv_heads, int head_dim)
+bool pool_takes(const struct kv_pool *pool, int n_kv_heads, int head_dim)
 {
     return n_kv_heads == pool->n_kv_heads && head_dim == pool->head_dim;
 }
 
-static struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool,
-                                 int layer, int n, int pos0)
+struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool, int layer,
+                          int n, int pos0)
 {
     struct cuk_attn g = {0};
     g.n_sms = c->n_sms;

@@ -330,6 +330,18 @@ static __device__ __forceinline__ void cuk_bulk_copy(void *dst, const void *src,
                  : "memory");
 }
 
+/* Whether bar's phase of this parity has completed, without waiting. */
+static __device__ __forceinline__ bool cuk_mbar_done(uint64_t *bar, unsigned parity)
+{
+    uint32_t done;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(cuk_smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done;
+}
+
 static __device__ __forceinline__ void cuk_mbar_wait(uint64_t *bar, unsigned parity)
 {
     uint32_t done;

@@ -357,7 +357,17 @@ void dbuf_free(struct dbuf *b);
 bool upload_async(struct cuda_backend *c, struct pinned *pin, void *dst, const void *src,
                   size_t bytes, const char *what);
 
-/* ---- cuda_attention.c: device copies the attention ops share ---- */
+/* ---- cuda_attention.c: what the attention ops share ---- */
+
+/* True when the pool was made for this KV head geometry: its layout
+ * (cuk_kv_row) depends on it, and attn_geom takes it from the pool. */
+bool pool_takes(const struct kv_pool *pool, int n_kv_heads, int head_dim);
+
+/* The geometry of n queries at positions pos0.. over layer `layer` of
+ * pool, as the kernels see it (the pool's layout, the device's launch
+ * choices); n_heads, window and scale are the caller's to set. */
+struct cuk_attn attn_geom(const struct cuda_backend *c, const struct kv_pool *pool, int layer,
+                          int n, int pos0);
 
 /* The device copy of seq's block table (the step record's while
  * recording), copied again only when it changed; NULL with the failure

@@ -218,8 +218,8 @@ int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct
                     c->name, c->mega_why);
     }
     const struct model_config *cf = &m->cfg;
-    if (c->mega_ok != 1 || pool->dtype != DT_BF16 || pool->n_kv_heads != cf->n_kv_heads ||
-        pool->head_dim != cf->head_dim)
+    if (c->mega_ok != 1 || pool->dtype != DT_BF16 ||
+        !pool_takes(pool, cf->n_kv_heads, cf->head_dim))
         return 0;
     c = op_begin(be); /* settles a pending merge; x changes */
     if (sticky(c, e))
@@ -237,14 +237,8 @@ int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct
     a->dpos = c->capturing ? (const int *)c->step.p : NULL;
     a->kc = pool->k;
     a->vc = pool->v;
-    a->g.n = 1;
-    a->g.pos0 = pos;
-    a->g.n_layers = pool->n_layers;
-    a->g.block_size = pool->block_size;
-    a->g.kv_dim = pool->kv_dim;
-    a->g.pool_blocks = pool->n_blocks;
-    a->g.kv_swz = pool->head_dim % 64 == 0;
-    a->g.n_sms = c->n_sms;
+    a->g = attn_geom(c, pool, 0, 1, pos); /* the kernel sets the layer */
+    a->g.scale = 1.0f / sqrtf((float)cf->head_dim);
     if (fail_cuda(c, "decode step", cuk_mega_decode(c->stream, a)))
         return sticky(c, e);
     if (a->probe && !c->capturing)

@@ -38,6 +38,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/gemv_common.cuh"
 
 #define MG_WARPS 8                 /* multiplying warps */
 #define MG_CT (MG_WARPS * 32)      /* their threads */
@@ -51,11 +52,11 @@
 #define MG_PRE 32                  /* keys of a split fetched before the q/k/v projection */
 #define MG_LOG2E 1.4426950408889634f
 
-/* The measurement record (cuk_mega.probe): for each layer l and phase p
- * (q/k/v, attention, o, gate/up, down) and block, when its input had
- * arrived and when its outputs were sent, ns since the block began. */
-/* per phase: in, sent, rows begin, first chunk in, first row done (ns), and
- * how many of the block's chunks had not landed when warp 0 first looked */
+/* The measurement record (cuk_mega.probe): for each layer l, phase p
+ * (q/k/v, attention, o, gate/up, down) and block, MG_PROBE_K words: when
+ * its input was in, its outputs sent, its rows began, its first chunk
+ * was in and its first row done (ns since the block began), and how many
+ * of its chunks had not landed when warp 0 first looked. */
 #define MG_PROBE_K 6
 #define MG_PROBE_AT(l, p) (((size_t)(l) * 5 + (p)) * MG_PROBE_K * gridDim.x)
 
@@ -168,17 +169,23 @@ static __device__ __forceinline__ uint4 mg_ld2(const uint2 *p)
     return v;
 }
 
+/* v, already loaded from p, reloaded until both its pairs carry tag. */
+static __device__ __forceinline__ void mg_until(const uint2 *p, unsigned tag, uint4 &v, int nap)
+{
+    while (v.y != tag || v.w != tag) {
+        if (nap) /* fewer polls in flight: the L2 serves the copies and stores */
+            __nanosleep(nap);
+        v = mg_ld2(p);
+    }
+}
+
 /* v0, v1 = the values of the two pairs at p (16-byte aligned) once both
  * carry tag. */
 static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, float &v0,
                                                  float &v1, int nap)
 {
     uint4 v = mg_ld2(p);
-    while (v.y != tag || v.w != tag) {
-        if (nap) /* fewer polls in flight: the L2 serves the copies and stores */
-            __nanosleep(nap);
-        v = mg_ld2(p);
-    }
+    mg_until(p, tag, v, nap);
     v0 = __uint_as_float(v.x);
     v1 = __uint_as_float(v.z);
 }
@@ -284,16 +291,17 @@ static __device__ __forceinline__ float mg_dot(const unsigned char *row, const f
     const float4 *x = (const float4 *)vec;
     float a0 = 0.0f, a1 = 0.0f;
     for (int e = lane; e < cols / 8; e += 32) {
-        const uint4 p = w[e];
+        float f[8];
+        unpack<WT_BF16>(w[e], f);
         const float4 x0 = x[2 * e], x1 = x[2 * e + 1];
-        a0 = fmaf(__uint_as_float(p.x << 16), x0.x, a0);
-        a1 = fmaf(__uint_as_float(p.x & 0xffff0000u), x0.y, a1);
-        a0 = fmaf(__uint_as_float(p.y << 16), x0.z, a0);
-        a1 = fmaf(__uint_as_float(p.y & 0xffff0000u), x0.w, a1);
-        a0 = fmaf(__uint_as_float(p.z << 16), x1.x, a0);
-        a1 = fmaf(__uint_as_float(p.z & 0xffff0000u), x1.y, a1);
-        a0 = fmaf(__uint_as_float(p.w << 16), x1.z, a0);
-        a1 = fmaf(__uint_as_float(p.w & 0xffff0000u), x1.w, a1);
+        a0 = fmaf(f[0], x0.x, a0);
+        a1 = fmaf(f[1], x0.y, a1);
+        a0 = fmaf(f[2], x0.z, a0);
+        a1 = fmaf(f[3], x0.w, a1);
+        a0 = fmaf(f[4], x1.x, a0);
+        a1 = fmaf(f[5], x1.y, a1);
+        a0 = fmaf(f[6], x1.z, a0);
+        a1 = fmaf(f[7], x1.w, a1);
     }
     return cuk_warp_sum(a0 + a1);
 }
@@ -325,15 +333,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
     unsigned late = 0;
     for (int i = 0; i < m; i++, n++) {
         const int slot = n % ns;
-        if (a.probe && threadIdx.x == 0) {
-            uint32_t done;
-            asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
-                         "selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done)
-                         : "r"(cuk_smem_addr(&hd->full[slot])), "r"((n / ns) & 1)
-                         : "memory");
-            late += !done;
-        }
+        if (a.probe && threadIdx.x == 0)
+            late += !cuk_mbar_done(&hd->full[slot], (n / ns) & 1);
         cuk_mbar_wait(&hd->full[slot], (n / ns) & 1);
         if (i == 0)
             mg_stamp(a.probe, l, P, 3, t0);
@@ -671,16 +672,8 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
             if (t >= S)
                 continue;
             const uint2 *pt = p0 + t * stride + 4 * lane;
-            while (u[j][0].y != tag || u[j][0].w != tag) {
-                if (a.poll_ns)
-                    __nanosleep(a.poll_ns);
-                u[j][0] = mg_ld2(pt);
-            }
-            while (u[j][1].y != tag || u[j][1].w != tag) {
-                if (a.poll_ns)
-                    __nanosleep(a.poll_ns);
-                u[j][1] = mg_ld2(pt + 2);
-            }
+            mg_until(pt, tag, u[j][0], a.poll_ns);
+            mg_until(pt + 2, tag, u[j][1], a.poll_ns);
             o[0] = fmaf(__uint_as_float(u[j][0].x), c, o[0]);
             o[1] = fmaf(__uint_as_float(u[j][0].z), c, o[1]);
             o[2] = fmaf(__uint_as_float(u[j][1].x), c, o[2]);
