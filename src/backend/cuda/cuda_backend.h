@@ -207,6 +207,10 @@ struct cuk_mega {
      * a layer and where each starts in the layer's deal, ring slots, the
      * shared memory and blocks of a launch */
     int rpc[4], chunks[4], pre[4], tot, ns, nb;
+    /* and the dealing's constants: rpc = 1 << lk; a block's chunks of job
+     * j are mq + (first < mr); nbr rows a warp multiplies together; tm =
+     * tot mod nb */
+    int lk[4], mq[4], mr[4], nbr[4], tm;
     size_t smem;
     /* NULL, or cuk_mega_probe_words of record (a measurement): for each
      * layer, phase and block, when its input was in and when its outputs
@@ -219,6 +223,9 @@ struct cuk_mega {
 int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t why_len);
 size_t cuk_mega_ws_floats(const struct cuk_mega *a);
 size_t cuk_mega_probe_words(const struct cuk_mega *a);
+/* The probe's record ends with a trace of the middle layer: per block,
+ * CUK_MEGA_TR_MAX events (id, %globaltimer, clock; 0 ids unused). */
+#define CUK_MEGA_TR_MAX 128
 /* x = the layers applied to x for one token at position *dpos (or
  * g.pos0), its K/V stored in every layer. */
 cudaError_t cuk_mega_decode(cudaStream_t s, const struct cuk_mega *a);

@@ -97,8 +97,14 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     size_t rec_words = c->mega_probe ? cuk_mega_probe_words(a) : 0;
     size_t bytes = rec_off + rec_words * sizeof(unsigned);
     free(c->mega_rec);
+    free(c->mega_tr);
+    free(c->mega_skew);
+    free(c->mega_trid);
     c->mega_rec = rec_words ? calloc(rec_words, sizeof(unsigned)) : NULL;
-    if (rec_words && !c->mega_rec) {
+    c->mega_tr = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX * 2, sizeof(double)) : NULL;
+    c->mega_skew = rec_words ? calloc((size_t)a->nb, sizeof(double)) : NULL;
+    c->mega_trid = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX, sizeof(unsigned)) : NULL;
+    if (rec_words && (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid)) {
         free(h);
         return NO("out of memory");
     }
@@ -165,6 +171,19 @@ static void mega_collect(struct cuda_backend *c)
             for (int b = 0; b < nb; b++)
                 c->mega_late[p] += (double)AT(l, p, 5, b) / nb;
 #undef AT
+    /* the middle layer's trace: each block's events from its first */
+    const unsigned *t = r + (size_t)a->n_layers * 5 * 6 * nb;
+    for (int b = 0; b < nb; b++) {
+        const unsigned *q = t + (size_t)b * CUK_MEGA_TR_MAX * 3;
+        c->mega_skew[b] += (double)(int)(q[1] - t[1]);
+        for (int i = 0; i < CUK_MEGA_TR_MAX && q[3 * i]; i++) {
+            c->mega_trid[b * CUK_MEGA_TR_MAX + i] = q[3 * i];
+            c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2] += (double)(q[3 * i + 1] - q[1]);
+            c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2 + 1] +=
+                (double)(q[3 * i + 2] - q[2]);
+        }
+    }
+    c->mega_trn++;
     free(v);
     c->mega_n += a->n_layers - 2;
 }
@@ -173,7 +192,12 @@ void mega_report(struct cuda_backend *c)
 {
     if (!c->mega_n) {
         free(c->mega_rec);
+        free(c->mega_tr);
+        free(c->mega_skew);
+        free(c->mega_trid);
         c->mega_rec = NULL;
+        c->mega_tr = c->mega_skew = NULL;
+        c->mega_trid = NULL;
         return;
     }
     static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
@@ -192,8 +216,30 @@ void mega_report(struct cuda_backend *c)
             fprintf(stderr, "   late %.2f", c->mega_late[p] / (double)c->mega_n);
         fprintf(stderr, "\n");
     }
+    /* the trace of four blocks (0 merges a head, 1 does not) */
+    const int nb = c->mega_args.nb, show[4] = {0, 1, nb / 2, nb - 1};
+    fprintf(stderr, "mega trace of layer %d, warp 0 of blocks %d, %d, %d, %d: event id, ns "
+                    "and cycles from the block's first event (%ld steps)\n",
+            c->mega_args.n_layers / 2, show[0], show[1], show[2], show[3], c->mega_trn);
+    for (int k = 0; k < 4; k++) {
+        const int b = show[k];
+        fprintf(stderr, "  block %d starts %.0f ns after block 0:", b,
+                c->mega_skew[b] / (double)c->mega_trn);
+        for (int i = 0; i < CUK_MEGA_TR_MAX && c->mega_trid[b * CUK_MEGA_TR_MAX + i]; i++)
+            fprintf(stderr, "%s%u:%.0f/%.0f", i % 8 ? " " : "\n    ",
+                    c->mega_trid[b * CUK_MEGA_TR_MAX + i],
+                    c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2] / (double)c->mega_trn,
+                    c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2 + 1] / (double)c->mega_trn);
+        fprintf(stderr, "\n");
+    }
     free(c->mega_rec);
     c->mega_rec = NULL;
+    free(c->mega_tr);
+    c->mega_tr = NULL;
+    free(c->mega_skew);
+    c->mega_skew = NULL;
+    free(c->mega_trid);
+    c->mega_trid = NULL;
 }
 
 int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct kv_pool *pool,

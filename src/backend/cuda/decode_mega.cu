@@ -49,7 +49,10 @@
 #define MG_GMAX 4                  /* query heads per KV head */
 #define MG_SMAX 16                 /* key splits per KV head */
 #define MG_PART (MG_HD + 2)        /* pairs of one split's partial: acc, m, l */
-#define MG_PRE 32                  /* keys of a split fetched before the q/k/v projection */
+#define MG_PRE 56                  /* keys of a split fetched before the q/k/v projection */
+#ifndef MG_RB
+#define MG_RB 2                    /* loads of tagged pairs a thread keeps in flight */
+#endif
 #define MG_LOG2E 1.4426950408889634f
 
 /* The measurement record (cuk_mega.probe): for each layer l, phase p
@@ -59,6 +62,10 @@
  * of its chunks had not landed when warp 0 first looked. */
 #define MG_PROBE_K 6
 #define MG_PROBE_AT(l, p) (((size_t)(l) * 5 + (p)) * MG_PROBE_K * gridDim.x)
+/* After it, the trace of the middle layer: per block, up to MG_TR_MAX
+ * events of warp 0's lane 0, each (id, %globaltimer, clock) in 32 bits:
+ * where the time of a phase goes, in cycles as well as nanoseconds. */
+#define MG_TR_MAX CUK_MEGA_TR_MAX
 
 /* Shared memory ahead of the inputs. */
 struct mg_head {
@@ -104,6 +111,16 @@ extern "C" size_t cuk_mega_ws_floats(const struct cuk_mega *a)
     return pairs * 2;
 }
 
+/* Rows of one GEMV job a warp multiplies together (q/k/v: a 0.6B block's
+ * ~32 rows are 4 a warp; gate/up pairs: ~3). */
+#ifndef MG_NR_MAX
+#define MG_NR_MAX 4
+#endif
+template <int J> struct mg_nr { /* the host's cuk_mega_plan knows these too */
+    static constexpr int v0 = J == 0 ? 4 : J == 2 ? 3 : 1;
+    static constexpr int v = v0 < MG_NR_MAX ? v0 : MG_NR_MAX;
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MG_ARCH_OK 1
 #else
@@ -134,6 +151,25 @@ static __device__ __forceinline__ unsigned long long mg_now()
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+/* The trace's cursor: p NULL for every thread and layer not traced. */
+struct mg_tr {
+    unsigned *p;
+    unsigned n;
+};
+
+static __device__ __forceinline__ void mg_ev(mg_tr &t, unsigned id)
+{
+    if (t.p) {
+        if (t.n < MG_TR_MAX) {
+            unsigned *q = t.p + 3 * t.n;
+            q[0] = id;
+            q[1] = (unsigned)mg_now();
+            q[2] = (unsigned)clock64();
+        }
+        t.n++;
+    }
 }
 
 static __device__ __forceinline__ void mg_stamp(unsigned *pr, int l, int p, int k,
@@ -190,36 +226,84 @@ static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, f
     v1 = __uint_as_float(v.z);
 }
 
-/* dst[i], dst[i + 1] = the values of pairs i, i + 1 of src (i even) once
- * both carry tag. */
-static __device__ __forceinline__ void mg_take2(const uint2 *src, int i, unsigned tag, float *dst,
-                                                int nap)
+/* dst[0..n) = the values of n tagged pairs (n even), by the multiplying
+ * threads, which meet after. A thread's loads go out together, MG_RB at a
+ * time: each is a trip to L2, and one after another they were most of a
+ * phase's wait (x271). */
+static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, unsigned tag,
+                                                    float *dst, int nap)
 {
-    mg_take2v(src + i, tag, dst[i], dst[i + 1], nap);
+    double ss = 0.0;
+    for (int i0 = 2 * threadIdx.x; i0 < n; i0 += 2 * MG_CT * MG_RB) {
+        uint4 v[MG_RB];
+#pragma unroll
+        for (int j = 0; j < MG_RB; j++)
+            if (i0 + j * 2 * MG_CT < n)
+                v[j] = mg_ld2(src + i0 + j * 2 * MG_CT);
+#pragma unroll
+        for (int j = 0; j < MG_RB; j++) {
+            const int i = i0 + j * 2 * MG_CT;
+            if (i < n) {
+                mg_until(src + i, tag, v[j], nap);
+                const float x0 = __uint_as_float(v[j].x), x1 = __uint_as_float(v[j].z);
+                dst[i] = x0;
+                dst[i + 1] = x1;
+                ss += (double)x0 * x0 + (double)x1 * x1;
+            }
+        }
+    }
+    return ss; /* the squares of this thread's values (mg_recv_norm's) */
 }
 
-/* dst[0..n) = the values of n tagged pairs (n even), by the multiplying
- * threads, which meet after. */
 static __device__ __forceinline__ void mg_recv(const uint2 *src, int n, unsigned tag, float *dst,
                                                int nap)
 {
-    for (int i = 2 * threadIdx.x; i < n; i += 2 * MG_CT)
-        mg_take2(src, i, tag, dst, nap);
+    mg_recv_ss(src, n, tag, dst, nap);
     mg_sync();
 }
 
 /* Chunks of a layer's four GEMV jobs (q/k/v, o, gate/up, down) are dealt
  * round-robin over the blocks, each job starting where the last ended so
- * that blocks short in one job are long in the next. */
-static __device__ __forceinline__ void mg_mine(const struct cuk_mega &a, int l, int j, int &c0,
-                                               int &m)
+ * that blocks short in one job are long in the next: job j of layer l
+ * starts at block (l tot + pre[j]) mod nb. A block's cursor holds, per
+ * job, its first chunk of the current layer, stepped without a division
+ * (integer divisions were a tenth of a layer, x275). */
+struct mg_deal {
+    int c[4];
+};
+
+/* The ring slot of the multiplying warps' next chunk, and the parity its
+ * full barrier completes with. */
+struct mg_ringpos {
+    int slot;
+    unsigned par;
+};
+
+static __device__ __forceinline__ mg_deal mg_deal_first(const struct cuk_mega &a)
 {
+    mg_deal d;
     const int nb = gridDim.x;
-    long long base = (long long)l * a.tot + a.pre[j];
-    int c = (int)(((long long)blockIdx.x - base) % nb);
-    c += c < 0 ? nb : 0;
-    c0 = c;
-    m = c < a.chunks[j] ? (a.chunks[j] - c + nb - 1) / nb : 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        d.c[j] = ((int)blockIdx.x - a.pre[j] % nb + nb) % nb;
+    return d;
+}
+
+static __device__ __forceinline__ void mg_deal_next(const struct cuk_mega &a, mg_deal &d)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        d.c[j] -= a.tm;
+        d.c[j] += d.c[j] < 0 ? (int)gridDim.x : 0;
+    }
+}
+
+/* The block's chunks of job j this layer: c0, c0 + nb, ... (m of them). */
+static __device__ __forceinline__ void mg_mine(const struct cuk_mega &a, const mg_deal &d, int j,
+                                               int &c0, int &m)
+{
+    c0 = d.c[j];
+    m = a.mq[j] + (c0 < a.mr[j] ? 1 : 0);
 }
 
 /* The weights of chunk c of job j of layer L: up to two pieces of bytes
@@ -259,15 +343,15 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
                                   int ns)
 {
     const uint64_t pol = cuk_l2_evict_first();
-    unsigned n = 0;
-    for (int l = 0; l < a.n_layers; l++) {
+    unsigned use = 0; /* the slot's fills so far */
+    int slot = 0;
+    mg_deal d = mg_deal_first(a);
+    for (int l = 0; l < a.n_layers; l++, mg_deal_next(a, d)) {
         const cuk_mega_layer &L = a.layers[l];
         for (int j = 0; j < 4; j++) {
             int c0, m;
-            mg_mine(a, l, j, c0, m);
-            for (int i = 0; i < m; i++, n++) {
-                const int slot = n % ns;
-                const unsigned use = n / ns;
+            mg_mine(a, d, j, c0, m);
+            for (int i = 0; i < m; i++) {
                 if (use > 0)
                     cuk_mbar_wait(&hd->empty[slot], (use - 1) & 1);
                 const void *src[2];
@@ -277,98 +361,190 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
                 cuk_mbar_expect(&hd->full[slot], bytes * pieces);
                 for (int p = 0; p < pieces; p++)
                     cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, &hd->full[slot], pol);
+                if (++slot == ns) {
+                    slot = 0;
+                    use++;
+                }
             }
         }
     }
 }
 
-/* dot of one weight row (bf16, smem) with vec (f32, smem), cols % 8 == 0;
- * the warp's sum in every lane. */
-static __device__ __forceinline__ float mg_dot(const unsigned char *row, const float *vec,
-                                               int cols, int lane)
-{
-    const uint4 *w = (const uint4 *)row;
-    const float4 *x = (const float4 *)vec;
-    float a0 = 0.0f, a1 = 0.0f;
-    for (int e = lane; e < cols / 8; e += 32) {
-        float f[8];
-        unpack<WT_BF16>(w[e], f);
-        const float4 x0 = x[2 * e], x1 = x[2 * e + 1];
-        a0 = fmaf(f[0], x0.x, a0);
-        a1 = fmaf(f[1], x0.y, a1);
-        a0 = fmaf(f[2], x0.z, a0);
-        a1 = fmaf(f[3], x0.w, a1);
-        a0 = fmaf(f[4], x1.x, a0);
-        a1 = fmaf(f[5], x1.y, a1);
-        a0 = fmaf(f[6], x1.z, a0);
-        a1 = fmaf(f[7], x1.w, a1);
-    }
-    return cuk_warp_sum(a0 + a1);
-}
-
-/* One GEMV job of layer l over this block's chunks, its input in vec, the
- * residual stream as received in xr (o, down). Every warp waits for every
- * chunk in order and releases it (so a slot's phases never run ahead of a
- * warp); row r of the block's chunk i is warp (i * k + r) % 8's. n: the
- * ring sequence number of the first chunk. Outputs are sent with tag. */
+/* One GEMV job of layer l over this block's m chunks, its input in vec,
+ * the residual stream as received in xr (o, down). The block's m k rows
+ * (chunk i's row r is block row i k + r) go in batches of 8 nb rows,
+ * block row j to warp j % 8, and each warp multiplies its nb rows of a
+ * batch together once their chunks have landed: one load of x for all of
+ * them, independent sums, their shuffles interleaved. A chunk at a time,
+ * each row was one long dependent chain and a chunk cost ~1 us (x271).
+ * nb is NR unless a batch's chunks would not fit the ring beside one
+ * more (rows of 1 or 2 a chunk); a warp short of NR rows repeats its last
+ * (no branches in the loop) and sends only its own. A warp releases a
+ * chunk once no later batch of its reads it. n: the ring sequence number
+ * of the first chunk. Outputs are sent with tag. */
 template <int J>
 static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const cuk_mega_layer &L,
                                                int l, mg_head *hd, const unsigned char *ring,
                                                int ns, const float *vec, const float *xr,
-                                               const mg_ws &w, unsigned tag, unsigned &n,
-                                               unsigned long long t0)
+                                               const mg_ws &w, unsigned tag, mg_ringpos &rp,
+                                               const mg_deal &dl, unsigned long long t0,
+                                               mg_tr &tr)
 {
+    constexpr int NR = mg_nr<J>::v;
+    constexpr int R = J == 2 ? 2 : 1; /* weight rows of one output: gate and up */
     const int P = J == 0 ? 0 : J + 1; /* the probe's phase */
+    const unsigned E = 20 + 10 * J;  /* the trace's ids */
+    mg_ev(tr, E);
     mg_stamp(a.probe, l, P, 2, t0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int k = a.rpc[J];
+    const int k = a.rpc[J], lk = a.lk[J]; /* k = 1 << lk */
     const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
     const int cols = J == 1 ? qd : J == 3 ? a.ffn : a.dim;
-    const size_t rowb = (size_t)cols * 2;
+    const unsigned rowb = (unsigned)cols * 2;
     const bool last = l + 1 == a.n_layers;
-    const float *bq = J == 0 ? L.bq : nullptr, *bk = J == 0 ? L.bk : nullptr,
-                *bv = J == 0 ? L.bv : nullptr;
     int c0, m;
-    mg_mine(a, l, J, c0, m);
+    mg_mine(a, dl, J, c0, m);
+    const int nrows = m << lk;
+    const int nb = a.nbr[J];
+    /* the ring slot and parity of the job's next chunk to wait for, and
+     * the chunks this warp has waited for and released */
+    int waited = 0, released = 0, slot = rp.slot, rslot = rp.slot;
+    unsigned par = rp.par;
     unsigned late = 0;
-    for (int i = 0; i < m; i++, n++) {
-        const int slot = n % ns;
-        if (a.probe && threadIdx.x == 0)
-            late += !cuk_mbar_done(&hd->full[slot], (n / ns) & 1);
-        cuk_mbar_wait(&hd->full[slot], (n / ns) & 1);
-        if (i == 0)
+    bool first = true;
+    for (int b0 = 0; b0 < nrows; b0 += MG_WARPS * nb) {
+        /* this batch's rows: block rows j0, j0 + 8, ... (the last repeated) */
+        const int j0 = b0 + warp;
+        const int jl = min(j0 + (nb - 1) * MG_WARPS,
+                           j0 + ((nrows - 1 - j0) / MG_WARPS) * MG_WARPS);
+        unsigned off[NR];
+        int row[NR];
+#pragma unroll
+        for (int t = 0; t < NR; t++) {
+            const int j = min(j0 + t * MG_WARPS, jl);
+            const int ci = j >> lk, r = j & (k - 1);
+            int s2 = slot + (ci - waited); /* waited <= ci < waited + ns */
+            s2 -= s2 >= ns ? ns : 0;
+            off[t] = (unsigned)s2 * MG_SLOT + (unsigned)r * rowb;
+            row[t] = (c0 + ci * (int)gridDim.x) * k + r;
+        }
+        /* every chunk up to the batch's last row's (none: no rows) */
+        const int need = j0 < nrows ? jl >> lk : -1;
+        for (; waited <= need; waited++) {
+            if (a.probe && threadIdx.x == 0)
+                late += !cuk_mbar_done(&hd->full[slot], par);
+            mg_ev(tr, E + 1);
+            cuk_mbar_wait(&hd->full[slot], par);
+            mg_ev(tr, E + 2);
+            if (++slot == ns) {
+                slot = 0;
+                par ^= 1;
+            }
+        }
+        if (first && a.probe)
             mg_stamp(a.probe, l, P, 3, t0);
-        const int r = (warp - (i * k) % MG_WARPS + MG_WARPS) % MG_WARPS;
-        if (r < k) {
-            const unsigned char *base = ring + (size_t)slot * MG_SLOT;
-            const float acc = mg_dot(base + r * rowb, vec, cols, lane);
-            float acc2 = 0.0f;
-            if (J == 2)
-                acc2 = mg_dot(base + (k + r) * rowb, vec, cols, lane);
-            if (lane == 0) {
-                const int row = (c0 + i * (int)gridDim.x) * k + r;
-                if (J == 0) {
-                    const float *b = row < qd ? bq : row < qd + kvd ? bk : bv;
-                    const int br = row < qd ? row : row < qd + kvd ? row - qd : row - qd - kvd;
-                    /* as the plain path: the matmul's sum, then the bias added */
-                    mg_send(w.qkv + row, b ? acc + b[br] : acc, tag);
-                } else if (J == 2) {
-                    mg_send(w.h + row, cuk_silu_mul1(acc, acc2), tag);
-                } else if (J == 1) {
-                    mg_send(w.xo + row, xr[row] + acc, tag + 1);
-                } else if (last) { /* the step's result, for the LM head */
-                    a.x[row] = xr[row] + acc;
-                } else {
-                    mg_send(w.xd + row, xr[row] + acc, tag + 2);
+        if (j0 < nrows) {
+            float acc[NR][R][2];
+#pragma unroll
+            for (int t = 0; t < NR; t++)
+#pragma unroll
+                for (int h = 0; h < R; h++)
+                    acc[t][h][0] = acc[t][h][1] = 0.0f;
+            const float4 *x = (const float4 *)vec;
+#pragma unroll 2
+            for (int e = lane; e < cols / 8; e += 32) {
+                const float4 x0 = x[2 * e], x1 = x[2 * e + 1];
+                uint4 wv[NR][R];
+#pragma unroll
+                for (int t = 0; t < NR; t++)
+#pragma unroll
+                    for (int h = 0; h < R; h++)
+                        wv[t][h] = *(const uint4 *)(ring + off[t] + (unsigned)(h * k) * rowb +
+                                                    16u * (unsigned)e);
+#pragma unroll
+                for (int t = 0; t < NR; t++)
+#pragma unroll
+                    for (int h = 0; h < R; h++) {
+                        float f[8];
+                        unpack<WT_BF16>(wv[t][h], f);
+                        float a0 = acc[t][h][0], a1 = acc[t][h][1];
+                        a0 = fmaf(f[0], x0.x, a0);
+                        a1 = fmaf(f[1], x0.y, a1);
+                        a0 = fmaf(f[2], x0.z, a0);
+                        a1 = fmaf(f[3], x0.w, a1);
+                        a0 = fmaf(f[4], x1.x, a0);
+                        a1 = fmaf(f[5], x1.y, a1);
+                        a0 = fmaf(f[6], x1.z, a0);
+                        a1 = fmaf(f[7], x1.w, a1);
+                        acc[t][h][0] = a0;
+                        acc[t][h][1] = a1;
+                    }
+            }
+            float sum[NR][R];
+#pragma unroll
+            for (int t = 0; t < NR; t++)
+#pragma unroll
+                for (int h = 0; h < R; h++)
+                    sum[t][h] = acc[t][h][0] + acc[t][h][1];
+#pragma unroll
+            for (int o2 = 16; o2 > 0; o2 >>= 1)
+#pragma unroll
+                for (int t = 0; t < NR; t++)
+#pragma unroll
+                    for (int h = 0; h < R; h++)
+                        sum[t][h] += __shfl_xor_sync(0xffffffffu, sum[t][h], o2);
+            mg_ev(tr, E + 3);
+            /* lane t sends the batch's row t (rows past the warp's last are repeats) */
+            float s0 = sum[0][0], s1 = sum[0][R - 1];
+            int rw = row[0];
+#pragma unroll
+            for (int t = 1; t < NR; t++)
+                if (lane == t) {
+                    s0 = sum[t][0];
+                    s1 = sum[t][R - 1];
+                    rw = row[t];
                 }
+            if (lane < nb && j0 + lane * MG_WARPS < nrows) {
+                if (J == 0) {
+                    const float *b = rw < qd ? L.bq : rw < qd + kvd ? L.bk : L.bv;
+                    const int br = rw < qd ? rw : rw < qd + kvd ? rw - qd : rw - qd - kvd;
+                    /* as the plain path: the matmul's sum, then the bias added */
+                    mg_send(w.qkv + rw, b ? s0 + b[br] : s0, tag);
+                } else if (J == 2) {
+                    mg_send(w.h + rw, cuk_silu_mul1(s0, s1), tag);
+                } else if (J == 1) {
+                    mg_send(w.xo + rw, xr[rw] + s0, tag + 1);
+                } else if (last) { /* the step's result, for the LM head */
+                    a.x[rw] = xr[rw] + s0;
+                } else {
+                    mg_send(w.xd + rw, xr[rw] + s0, tag + 2);
+                }
+            }
+        }
+        mg_ev(tr, E + 4);
+        if (first)
+            mg_stamp(a.probe, l, P, 4, t0);
+        first = false;
+        /* the chunks before the next batch's: waited for (a warp must not
+         * arrive before the copy it releases has landed), then released */
+        const int next = min((b0 + MG_WARPS * nb) >> lk, m);
+        for (; waited < next; waited++) {
+            cuk_mbar_wait(&hd->full[slot], par);
+            if (++slot == ns) {
+                slot = 0;
+                par ^= 1;
             }
         }
         __syncwarp();
         if (lane == 0)
-            cuk_mbar_arrive(&hd->empty[slot]);
-        if (i == 0)
-            mg_stamp(a.probe, l, P, 4, t0);
+            for (; released < next; released++) {
+                cuk_mbar_arrive(&hd->empty[rslot]);
+                rslot += rslot + 1 == ns ? 1 - ns : 1;
+            }
     }
+    rp.slot = slot; /* every chunk of the job waited for: past them */
+    rp.par = par;
+    mg_ev(tr, E + 9);
     if (a.probe && threadIdx.x == 0)
         a.probe[MG_PROBE_AT(l, P) + 5 * gridDim.x + blockIdx.x] = late;
 }
@@ -386,6 +562,28 @@ static __device__ __forceinline__ void mg_norm(const struct cuk_mega &a, const f
     const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
     for (int i = threadIdx.x; i < a.dim; i += MG_CT)
         vec[i] = cuk_rms_scale(w[i], xr[i], inv);
+    mg_sync();
+}
+
+/* xr = the residual stream's a.dim tagged pairs at src, and vec =
+ * rmsnorm(xr) * w (w: shared memory, the cp.async group PEND groups
+ * back), with two meetings rather than mg_recv's and mg_norm's three:
+ * each thread sums the squares of the values it received and scales
+ * those same values. */
+template <int PEND>
+static __device__ __forceinline__ void mg_recv_norm(const struct cuk_mega &a, const uint2 *src,
+                                                    unsigned tag, float *xr, const float *w,
+                                                    float *vec, mg_head *hd)
+{
+    const double ss = mg_recv_ss(src, a.dim, tag, xr, a.poll_ns);
+    cuk_cp_async_wait<PEND>();
+    cuk_warp_part_d(ss, hd->part);
+    mg_sync();
+    const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
+    for (int i = 2 * threadIdx.x; i < a.dim; i += 2 * MG_CT) {
+        vec[i] = cuk_rms_scale(w[i], xr[i], inv);
+        vec[i + 1] = cuk_rms_scale(w[i + 1], xr[i + 1], inv);
+    }
     mg_sync();
 }
 
@@ -493,8 +691,13 @@ static __device__ __forceinline__ void mg_fetch_kv(const struct cuk_mega &a,
 static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned tag, float *head,
                                                     int lane, int nap)
 {
-    mg_take2(src, 4 * lane, tag, head, nap);
-    mg_take2(src, 4 * lane + 2, tag, head, nap);
+    uint4 v0 = mg_ld2(src + 4 * lane), v1 = mg_ld2(src + 4 * lane + 2);
+    mg_until(src + 4 * lane, tag, v0, nap);
+    mg_until(src + 4 * lane + 2, tag, v1, nap);
+    head[4 * lane] = __uint_as_float(v0.x);
+    head[4 * lane + 1] = __uint_as_float(v0.z);
+    head[4 * lane + 2] = __uint_as_float(v1.x);
+    head[4 * lane + 3] = __uint_as_float(v1.z);
     __syncwarp();
 }
 
@@ -503,13 +706,14 @@ static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned t
 static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_layer &L, int l,
                                     const mg_item &it, const float *cs, const float *sn,
                                     float *sm, const uint16_t *kvs, const float *qkn,
-                                    const mg_ws &w, unsigned tag)
+                                    const mg_ws &w, unsigned tag, mg_tr &tr)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int nkv = a.g.n_kv_heads, G = a.n_heads / nkv;
     const int qd = a.n_heads * MG_HD, kvd = nkv * MG_HD;
     const int pos = it.pos, S = it.S;
     cuk_cp_async_wait<0>();
+    mg_ev(tr, 60);
     if (!it.on)
         return;
     struct cuk_attn g = a.g;
@@ -520,10 +724,13 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     const float *qnw = L.qn ? qkn : nullptr, *knw = L.kn ? qkn + MG_HD : nullptr;
     const int h = it.h, s = it.s, k0 = it.k0, k1 = it.k1;
     mg_sync(); /* every thread's fetched rows in */
+    mg_ev(tr, 61);
     if (warp < G) {
         float *x = qs + warp * MG_HD;
         mg_take_head(w.qkv + (size_t)(h * G + warp) * MG_HD, tag, x, lane, a.poll_ns);
+        mg_ev(tr, 62);
         mg_norm_rope(x, qnw, a.eps, cs, sn, a.interleaved, lane);
+        mg_ev(tr, 63);
     } else if (warp == MG_WARPS - 1 && pos >= k0 && pos < k1) {
         mg_take_head(w.qkv + qd + (size_t)h * MG_HD, tag, kn, lane, a.poll_ns);
         mg_take_head(w.qkv + qd + kvd + (size_t)h * MG_HD, tag, vn, lane, a.poll_ns);
@@ -539,6 +746,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         }
     }
     mg_sync();
+    mg_ev(tr, 64);
     /* lane: dims 4 lane .. 4 lane + 3 of every head */
     float qr[MG_GMAX][4], m[MG_GMAX], lsum[MG_GMAX], acc[MG_GMAX][4];
     const float sc = a.g.scale * MG_LOG2E;
@@ -606,7 +814,9 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         ((float4 *)(wacc + (size_t)(warp * G + gi) * MG_HD))[lane] =
             make_float4(acc[gi][0], acc[gi][1], acc[gi][2], acc[gi][3]);
     }
+    mg_ev(tr, 65);
     mg_sync();
+    mg_ev(tr, 66);
     if (warp < G) { /* the split's partial of query head h G + warp */
         const int gi = warp;
         float M = -INFINITY;
@@ -638,6 +848,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
             }
         }
     }
+    mg_ev(tr, 67);
     if (S == 1 || s != 0)
         return;
     /* Split 0's block merges the head's S splits with all its warps:
@@ -645,6 +856,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
      * their loads in flight together; every warp weighs them with the
      * maxima and sums of all S (lane t loads split t's). */
     mg_sync(); /* wacc is the warps' again */
+    mg_ev(tr, 70);
     const int per = MG_WARPS / G, gi = warp % G;
     const uint2 *p0 = w.part + (size_t)h * MG_SMAX * G * MG_PART + (size_t)gi * MG_PART;
     const size_t stride = (size_t)G * MG_PART; /* pairs from one split to the next */
@@ -654,6 +866,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     float M = mt;
     for (int o2 = 16; o2 > 0; o2 >>= 1)
         M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
+    mg_ev(tr, 71);
     const float ct = mt == -INFINITY ? 0.0f : exp2f(mt - M);
     const float Ls = cuk_warp_sum(lt * ct);
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -680,8 +893,10 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
             o[3] = fmaf(__uint_as_float(u[j][1].z), c, o[3]);
         }
     }
+    mg_ev(tr, 72);
     ((float4 *)(wacc + (size_t)warp * MG_HD))[lane] = make_float4(o[0], o[1], o[2], o[3]);
     mg_sync();
+    mg_ev(tr, 73);
     if (warp < G) {
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int v = warp; v < MG_WARPS; v += G) { /* warp order: the same sum every step */
@@ -698,6 +913,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         mg_send(att + 4 * lane + 2, sum.z * inv, tag);
         mg_send(att + 4 * lane + 3, sum.w * inv, tag);
     }
+    mg_ev(tr, 74);
 }
 
 #endif
@@ -742,7 +958,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
      * x after o, x after down), never 0 (the workspace starts zeroed) */
     const unsigned gen = *(volatile const unsigned *)a.gen;
     const mg_ws w = mg_ws_of(a);
-    unsigned n = 0;
+    mg_ringpos rp = {0, 0};
     const unsigned long long t0 = mg_now();
     unsigned *pr = a.probe;
     /* cp.async groups in flight: the next norm's weights (one group),
@@ -751,43 +967,59 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
     cuk_cp_async_commit();
     for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT) /* the embedding, from the last kernel */
         ((float4 *)xr)[i] = __ldcg((const float4 *)a.x + i);
-    for (int l = 0; l < a.n_layers; l++) {
+    mg_deal dl = mg_deal_first(a);
+    for (int l = 0; l < a.n_layers; l++, mg_deal_next(a, dl)) {
         const cuk_mega_layer &L = a.layers[l];
         const unsigned tag = (gen * (unsigned)a.n_layers + (unsigned)l) * 4u + 4u;
+        mg_tr tr = {nullptr, 0};
+        if (pr && threadIdx.x == 0 && l == a.n_layers / 2)
+            tr.p = pr + (size_t)a.n_layers * 5 * MG_PROBE_K * gridDim.x +
+                   (size_t)blockIdx.x * MG_TR_MAX * 3;
+        mg_ev(tr, 90);
+        mg_ev(tr, 91);
+        mg_ev(tr, 1);
         mg_fetch_kv(a, L, l, it, kvs, qkn);
-        if (l > 0)
-            mg_recv(w.xd, a.dim, tag - 2, xr, a.poll_ns);
-        cuk_cp_async_wait<1>(); /* the norm (mg_norm's barrier shares it) */
+        if (l > 0) {
+            mg_recv_norm<1>(a, w.xd, tag - 2, xr, nrm, vec, hd); /* K/V rows may fly */
+        } else {
+            cuk_cp_async_wait<1>(); /* the norm (mg_norm's barrier shares it) */
+            mg_norm(a, xr, nrm, vec, hd);
+        }
         mg_stamp(pr, l, 0, 0, t0);
-        mg_norm(a, xr, nrm, vec, hd);
-        mg_gemv<0>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_ev(tr, 3);
+        mg_gemv<0>(a, L, l, hd, ring, ns, vec, xr, w, tag, rp, dl, t0, tr);
         mg_stamp(pr, l, 0, 1, t0);
         mg_stamp(pr, l, 1, 0, t0);
-        mg_attention(a, L, l, it, cs, sn, vec, kvs, qkn, w, tag);
+        mg_attention(a, L, l, it, cs, sn, vec, kvs, qkn, w, tag, tr);
         mg_stamp(pr, l, 1, 1, t0);
         mg_sync(); /* the attention's shared memory is the o projection's input */
+        mg_ev(tr, 4);
         mg_fetch_vec(L.ffn_norm, a.dim, nrm);
         cuk_cp_async_commit();
         mg_recv(w.att, qd, tag, vec, a.poll_ns);
+        mg_ev(tr, 5);
         mg_stamp(pr, l, 2, 0, t0);
-        mg_gemv<1>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_gemv<1>(a, L, l, hd, ring, ns, vec, xr, w, tag, rp, dl, t0, tr);
         mg_stamp(pr, l, 2, 1, t0);
         mg_sync(); /* every warp's rows done with xr */
-        mg_recv(w.xo, a.dim, tag + 1, xr, a.poll_ns);
-        cuk_cp_async_wait<0>();
+        mg_ev(tr, 6);
+        mg_recv_norm<0>(a, w.xo, tag + 1, xr, nrm, vec, hd);
         mg_stamp(pr, l, 3, 0, t0);
-        mg_norm(a, xr, nrm, vec, hd);
-        mg_gemv<2>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_ev(tr, 8);
+        mg_gemv<2>(a, L, l, hd, ring, ns, vec, xr, w, tag, rp, dl, t0, tr);
         mg_stamp(pr, l, 3, 1, t0);
         mg_sync(); /* every warp's rows done with vec and nrm */
+        mg_ev(tr, 9);
         if (l + 1 < a.n_layers)
             mg_fetch_vec(a.layers[l + 1].attn_norm, a.dim, nrm);
         cuk_cp_async_commit();
         mg_recv(w.h, a.ffn, tag, vec, a.poll_ns);
+        mg_ev(tr, 10);
         mg_stamp(pr, l, 4, 0, t0);
-        mg_gemv<3>(a, L, l, hd, ring, ns, vec, xr, w, tag, n, t0);
+        mg_gemv<3>(a, L, l, hd, ring, ns, vec, xr, w, tag, rp, dl, t0, tr);
         mg_stamp(pr, l, 4, 1, t0);
         mg_sync(); /* every warp's rows done with vec and xr */
+        mg_ev(tr, 11);
     }
     /* Block 0 ends after every block has read this step's gen (it took
      * their values), so the next step's tags start past this one's. */
@@ -831,12 +1063,16 @@ extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t wh
     a->tot = 0;
     for (int j = 0; j < 4; j++) {
         int k = MG_SLOT / (cols[j] * 2 * (j == 2 ? 2 : 1));
-        k = k > MG_WARPS ? MG_WARPS : k;
-        while (k > 1 && (rows[j] % k || (j == 0 && (qd % k || kvd % k))))
-            k--;
         if (k < 1)
             return MG_NO("a row of %d columns does not fit a %d-byte slot", cols[j], MG_SLOT);
+        int lk = 0; /* a power of two: the kernel divides by shifting */
+        while (lk < 3 && (2 << lk) <= k)
+            lk++;
+        while (lk > 0 && (rows[j] % (1 << lk) || (j == 0 && (qd % (1 << lk) || kvd % (1 << lk)))))
+            lk--;
+        k = 1 << lk;
         a->rpc[j] = k;
+        a->lk[j] = lk;
         a->chunks[j] = rows[j] / k;
         a->pre[j] = a->tot;
         a->tot += a->chunks[j];
@@ -863,13 +1099,21 @@ extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t wh
     if (nb < nkv)
         return MG_NO("fewer blocks than KV heads");
     a->nb = nb;
+    for (int j = 0; j < 4; j++) { /* the dealing's constants (mg_mine, mg_gemv) */
+        static const int nr[4] = {mg_nr<0>::v, mg_nr<1>::v, mg_nr<2>::v, mg_nr<3>::v};
+        a->mq[j] = a->chunks[j] / nb;
+        a->mr[j] = a->chunks[j] % nb;
+        int b = (ns - 2) * a->rpc[j] / MG_WARPS; /* a batch's chunks and one more fit the ring */
+        a->nbr[j] = b < 1 ? 1 : b > nr[j] ? nr[j] : b;
+    }
+    a->tm = a->tot % nb;
     return 1;
 #undef MG_NO
 }
 
 extern "C" size_t cuk_mega_probe_words(const struct cuk_mega *a)
 {
-    return (size_t)a->n_layers * 5 * MG_PROBE_K * a->nb;
+    return (size_t)a->n_layers * 5 * MG_PROBE_K * a->nb + (size_t)a->nb * MG_TR_MAX * 3;
 }
 
 extern "C" cudaError_t cuk_mega_decode(cudaStream_t s, const struct cuk_mega *a)
