@@ -85,6 +85,11 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     a->g.head_dim = cf->head_dim;
     a->g.kv_bf16 = 1;
     a->g.scale = 1.0f / sqrtf((float)cf->head_dim);
+    long slots = 0;
+    struct err se = {{0}};
+    if (env_long("CLLM_CUDA_MEGA_SLOTS", 0, 16, &slots, &se) < 0)
+        fprintf(stderr, "cllm: %s (ignored)\n", se.msg);
+    a->ns_max = (int)slots;
     if (!cuk_mega_plan(a, c->n_sms, c->mega_why, sizeof c->mega_why)) {
         free(h);
         return 0;

@@ -701,6 +701,116 @@ static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned t
     __syncwarp();
 }
 
+/* dims 4 lane .. 4 lane + 3 of key p's K and V rows: the step's own
+ * (kn, vn), one fetched ahead (kvs), or one from the cache. */
+static __device__ __forceinline__ void mg_key(const struct cuk_mega &a, const cuk_attn &g, int h,
+                                              int pos, int k0, int p, const float *kn,
+                                              const float *vn, const uint16_t *kvs, float *kf,
+                                              float *vf)
+{
+    const int lane = threadIdx.x & 31;
+    if (p == pos) {
+        const float4 k4 = ((const float4 *)kn)[lane], v4 = ((const float4 *)vn)[lane];
+        kf[0] = k4.x, kf[1] = k4.y, kf[2] = k4.z, kf[3] = k4.w;
+        vf[0] = v4.x, vf[1] = v4.y, vf[2] = v4.z, vf[3] = v4.w;
+        return;
+    }
+    uint2 kk, vv;
+    const int col = cuk_kv_col(&g, p, 4 * lane);
+    if (p - k0 < MG_PRE) { /* fetched before the q/k/v projection */
+        kk = *(const uint2 *)(kvs + (size_t)(p - k0) * MG_HD + col);
+        vv = *(const uint2 *)(kvs + (size_t)(MG_PRE + p - k0) * MG_HD + col);
+    } else {
+        const size_t at = cuk_kv_row(&g, a.table, p, h) + col;
+        kk = *(const uint2 *)((const uint16_t *)a.kc + at);
+        vv = *(const uint2 *)((const uint16_t *)a.vc + at);
+    }
+    kf[0] = __uint_as_float(kk.x << 16);
+    kf[1] = __uint_as_float(kk.x & 0xffff0000u);
+    kf[2] = __uint_as_float(kk.y << 16);
+    kf[3] = __uint_as_float(kk.y & 0xffff0000u);
+    vf[0] = __uint_as_float(vv.x << 16);
+    vf[1] = __uint_as_float(vv.x & 0xffff0000u);
+    vf[2] = __uint_as_float(vv.y << 16);
+    vf[3] = __uint_as_float(vv.y & 0xffff0000u);
+}
+
+/* The calling warp's keys of a split, k0 + warp, k0 + warp + 8, ... below
+ * k1, two at a time, against the G query heads at qs (lane: dims 4 lane
+ * .. 4 lane + 3): its maxima, sums and weighted V rows to wm, wl, wacc.
+ * Two keys and G heads make 2 G independent sums whose shuffles
+ * interleave; a key and a head at a time, each waited on the last (x271:
+ * 3.3 us a split of 40 keys). */
+template <int G>
+static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const cuk_attn &g, int h,
+                                               int pos, int k0, int k1, const float *qs,
+                                               const float *kn, const float *vn,
+                                               const uint16_t *kvs, float *wm, float *wl,
+                                               float *wacc)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const float sc = a.g.scale * MG_LOG2E;
+    float qr[G][4], m[G], ls[G], acc[G][4];
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        m[gi] = -INFINITY;
+        ls[gi] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            qr[gi][e] = qs[gi * MG_HD + 4 * lane + e] * sc;
+            acc[gi][e] = 0.0f;
+        }
+    }
+    for (int p = k0 + warp; p < k1; p += 2 * MG_WARPS) {
+        const bool two = p + MG_WARPS < k1;
+        float kf[2][4], vf[2][4];
+        mg_key(a, g, h, pos, k0, p, kn, vn, kvs, kf[0], vf[0]);
+        if (two)
+            mg_key(a, g, h, pos, k0, p + MG_WARPS, kn, vn, kvs, kf[1], vf[1]);
+        else
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                kf[1][e] = vf[1][e] = 0.0f;
+        float d[2][G];
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int gi = 0; gi < G; gi++) {
+                float t = qr[gi][0] * kf[u][0];
+                t = fmaf(qr[gi][1], kf[u][1], t);
+                t = fmaf(qr[gi][2], kf[u][2], t);
+                d[u][gi] = fmaf(qr[gi][3], kf[u][3], t);
+            }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1)
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int gi = 0; gi < G; gi++)
+                    d[u][gi] += __shfl_xor_sync(0xffffffffu, d[u][gi], o2);
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            const float mn = fmaxf(m[gi], two ? fmaxf(d[0][gi], d[1][gi]) : d[0][gi]);
+            const float corr = exp2f(m[gi] - mn), p0 = exp2f(d[0][gi] - mn);
+            const float p1 = two ? exp2f(d[1][gi] - mn) : 0.0f;
+            ls[gi] = fmaf(ls[gi], corr, p0) + p1;
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[gi][e] = fmaf(acc[gi][e], corr, fmaf(p0, vf[0][e], p1 * vf[1][e]));
+            m[gi] = mn;
+        }
+    }
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        if (lane == 0) {
+            wm[warp * G + gi] = m[gi];
+            wl[warp * G + gi] = ls[gi];
+        }
+        ((float4 *)(wacc + (size_t)(warp * G + gi) * MG_HD))[lane] =
+            make_float4(acc[gi][0], acc[gi][1], acc[gi][2], acc[gi][3]);
+    }
+}
+
 /* The attention of layer l for the block's item; see the file comment.
  * kvs, qkn: mg_fetch_kv's copies (waited for here). */
 static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_layer &L, int l,
@@ -720,7 +830,6 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     g.layer = l;
     float *qs = sm, *kn = qs + G * MG_HD, *vn = kn + MG_HD, *wm = vn + MG_HD,
           *wl = wm + MG_WARPS * G, *wacc = wl + MG_WARPS * G;
-    const uint16_t *kc = (const uint16_t *)a.kc, *vc = (const uint16_t *)a.vc;
     const float *qnw = L.qn ? qkn : nullptr, *knw = L.kn ? qkn + MG_HD : nullptr;
     const int h = it.h, s = it.s, k0 = it.k0, k1 = it.k1;
     mg_sync(); /* every thread's fetched rows in */
@@ -747,72 +856,19 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     }
     mg_sync();
     mg_ev(tr, 64);
-    /* lane: dims 4 lane .. 4 lane + 3 of every head */
-    float qr[MG_GMAX][4], m[MG_GMAX], lsum[MG_GMAX], acc[MG_GMAX][4];
-    const float sc = a.g.scale * MG_LOG2E;
-#pragma unroll
-    for (int gi = 0; gi < MG_GMAX; gi++) {
-        m[gi] = -INFINITY;
-        lsum[gi] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            qr[gi][e] = gi < G ? qs[gi * MG_HD + 4 * lane + e] * sc : 0.0f;
-            acc[gi][e] = 0.0f;
-        }
-    }
-    for (int p = k0 + warp; p < k1; p += MG_WARPS) {
-        float kf[4], vf[4];
-        if (p == pos) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                kf[e] = kn[4 * lane + e];
-                vf[e] = vn[4 * lane + e];
-            }
-        } else {
-            uint2 kk, vv;
-            const int col = cuk_kv_col(&g, p, 4 * lane);
-            if (p - k0 < MG_PRE) { /* fetched before the q/k/v projection */
-                kk = *(const uint2 *)(kvs + (size_t)(p - k0) * MG_HD + col);
-                vv = *(const uint2 *)(kvs + (size_t)(MG_PRE + p - k0) * MG_HD + col);
-            } else {
-                const size_t at = cuk_kv_row(&g, a.table, p, h) + col;
-                kk = *(const uint2 *)(kc + at);
-                vv = *(const uint2 *)(vc + at);
-            }
-            kf[0] = __uint_as_float(kk.x << 16);
-            kf[1] = __uint_as_float(kk.x & 0xffff0000u);
-            kf[2] = __uint_as_float(kk.y << 16);
-            kf[3] = __uint_as_float(kk.y & 0xffff0000u);
-            vf[0] = __uint_as_float(vv.x << 16);
-            vf[1] = __uint_as_float(vv.x & 0xffff0000u);
-            vf[2] = __uint_as_float(vv.y << 16);
-            vf[3] = __uint_as_float(vv.y & 0xffff0000u);
-        }
-#pragma unroll
-        for (int gi = 0; gi < MG_GMAX; gi++) {
-            if (gi >= G)
-                break;
-            float d = qr[gi][0] * kf[0];
-            d = fmaf(qr[gi][1], kf[1], d);
-            d = fmaf(qr[gi][2], kf[2], d);
-            d = fmaf(qr[gi][3], kf[3], d);
-            d = cuk_warp_sum(d);
-            const float mn = fmaxf(m[gi], d);
-            const float corr = exp2f(m[gi] - mn), pe = exp2f(d - mn);
-            lsum[gi] = fmaf(lsum[gi], corr, pe);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[gi][e] = fmaf(acc[gi][e], corr, pe * vf[e]);
-            m[gi] = mn;
-        }
-    }
-    for (int gi = 0; gi < G; gi++) {
-        if (lane == 0) {
-            wm[warp * G + gi] = m[gi];
-            wl[warp * G + gi] = lsum[gi];
-        }
-        ((float4 *)(wacc + (size_t)(warp * G + gi) * MG_HD))[lane] =
-            make_float4(acc[gi][0], acc[gi][1], acc[gi][2], acc[gi][3]);
+    switch (G) { /* heads known at compile time: their sums interleave */
+    case 1:
+        mg_keys<1>(a, g, h, pos, k0, k1, qs, kn, vn, kvs, wm, wl, wacc);
+        break;
+    case 2:
+        mg_keys<2>(a, g, h, pos, k0, k1, qs, kn, vn, kvs, wm, wl, wacc);
+        break;
+    case 3:
+        mg_keys<3>(a, g, h, pos, k0, k1, qs, kn, vn, kvs, wm, wl, wacc);
+        break;
+    default:
+        mg_keys<4>(a, g, h, pos, k0, k1, qs, kn, vn, kvs, wm, wl, wacc);
+        break;
     }
     mg_ev(tr, 65);
     mg_sync();
@@ -860,6 +916,19 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     const int per = MG_WARPS / G, gi = warp % G;
     const uint2 *p0 = w.part + (size_t)h * MG_SMAX * G * MG_PART + (size_t)gi * MG_PART;
     const size_t stride = (size_t)G * MG_PART; /* pairs from one split to the next */
+    /* the first splits' partials asked for before their maxima and sums
+     * are waited for: one trip to L2 fewer */
+    uint4 u[4][2];
+    int t0s = warp / G;
+    auto merge_loads = [&]() {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (t0s + j * per < S) {
+                u[j][0] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane);
+                u[j][1] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane + 2);
+            }
+    };
+    merge_loads();
     float mt = -INFINITY, lt = 0.0f;
     if (lane < S)
         mg_take2v(p0 + lane * stride + MG_HD, tag, mt, lt, a.poll_ns);
@@ -870,14 +939,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
     const float ct = mt == -INFINITY ? 0.0f : exp2f(mt - M);
     const float Ls = cuk_warp_sum(lt * ct);
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int t0s = warp / G; t0s < S; t0s += 4 * per) {
-        uint4 u[4][2];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (t0s + j * per < S) {
-                u[j][0] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane);
-                u[j][1] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane + 2);
-            }
+    for (;;) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int t = t0s + j * per;
@@ -892,6 +954,10 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
             o[2] = fmaf(__uint_as_float(u[j][1].x), c, o[2]);
             o[3] = fmaf(__uint_as_float(u[j][1].z), c, o[3]);
         }
+        t0s += 4 * per;
+        if (t0s >= S)
+            break;
+        merge_loads();
     }
     mg_ev(tr, 72);
     ((float4 *)(wacc + (size_t)warp * MG_HD))[lane] = make_float4(o[0], o[1], o[2], o[3]);
@@ -1036,6 +1102,7 @@ static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
     size_t off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads).ring;
     int k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
     k = k > MG_NS_MAX ? MG_NS_MAX : k;
+    k = a->ns_max > 0 && k > a->ns_max ? a->ns_max : k;
     *ns = k;
     return off + (size_t)k * MG_SLOT;
 }
