@@ -45,6 +45,7 @@
 #define MG_THREADS (MG_CT + 32)    /* and the copying warp */
 #define MG_SLOT (16 * 1024)        /* bytes of one ring slot */
 #define MG_NS_MAX 16
+#define MG_NS_DEF 6                /* ring slots unless CLLM_CUDA_MEGA_SLOTS says */
 #define MG_HD 128                  /* head_dim */
 #define MG_GMAX 4                  /* query heads per KV head */
 #define MG_SMAX 16                 /* key splits per KV head */
@@ -71,6 +72,11 @@
 struct mg_head {
     uint64_t full[MG_NS_MAX], empty[MG_NS_MAX];
     double part[32];
+    /* layer 0's cache rows (elements) of the attention item's first
+     * MG_PRE keys and, last, of the step's position: found in the block
+     * table once a step, not once a layer (each lookup a trip to L2 on
+     * the way to the next layer's norm) */
+    unsigned long long krow[MG_PRE + 1];
 };
 
 /* Floats of the region the phases' inputs and the attention share. */
@@ -649,6 +655,28 @@ static __device__ __forceinline__ mg_item mg_item_of(const struct cuk_mega &a, i
     return it;
 }
 
+/* Where layer l's cache rows start after layer 0's (elements). */
+static __device__ __forceinline__ unsigned long long mg_layer_rows(const struct cuk_mega &a, int l)
+{
+    return (unsigned long long)l * a.g.n_kv_heads * a.g.pool_blocks * a.g.block_size * MG_HD;
+}
+
+/* hd->krow: the item's rows in layer 0 (the multiplying threads, which
+ * meet after). */
+static __device__ __forceinline__ void mg_key_rows(const struct cuk_mega &a, const mg_item &it,
+                                                   mg_head *hd)
+{
+    if (it.on) {
+        struct cuk_attn g = a.g;
+        g.layer = 0;
+        const int npre = min(it.k1 - it.k0, MG_PRE);
+        for (int t = threadIdx.x; t <= npre; t += MG_CT)
+            hd->krow[t < npre ? t : MG_PRE] = cuk_kv_row(&g, a.table, t < npre ? it.k0 + t : it.pos,
+                                                         it.h);
+    }
+    mg_sync();
+}
+
 /* Asynchronous copies into shared memory (each call's copies are one
  * group once the caller commits): a vector of n floats (n % 4 == 0,
  * 16-byte aligned) ... */
@@ -664,17 +692,17 @@ static __device__ __forceinline__ void mg_fetch_vec(const float *w, int n, float
  * q/k/v projection runs. */
 static __device__ __forceinline__ void mg_fetch_kv(const struct cuk_mega &a,
                                                    const cuk_mega_layer &L, int l,
-                                                   const mg_item &it, uint16_t *kvs, float *qkn)
+                                                   const mg_item &it, const mg_head *hd,
+                                                   uint16_t *kvs, float *qkn)
 {
     if (it.on) {
-        struct cuk_attn g = a.g;
-        g.layer = l;
+        const unsigned long long *krow = hd->krow, lrow = mg_layer_rows(a, l);
         const int npre = min(it.k1 - it.k0, MG_PRE);
         for (int t = threadIdx.x; t < npre * 32; t += MG_CT) {
             const int key = t >> 5, half = (t >> 4) & 1, ch = t & 15, p = it.k0 + key;
             if (p == it.pos)
                 continue;
-            const size_t row = cuk_kv_row(&g, a.table, p, it.h);
+            const size_t row = krow[key] + lrow;
             const uint16_t *src = (const uint16_t *)(half ? a.vc : a.kc) + row + ch * 8;
             cuk_cp_async16(cuk_smem_addr(kvs + ((size_t)half * MG_PRE + key) * MG_HD + ch * 8), src,
                            true);
@@ -816,7 +844,8 @@ static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const c
 static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_layer &L, int l,
                                     const mg_item &it, const float *cs, const float *sn,
                                     float *sm, const uint16_t *kvs, const float *qkn,
-                                    const mg_ws &w, unsigned tag, mg_tr &tr)
+                                    const mg_ws &w, unsigned tag, unsigned long long prow,
+                                    mg_tr &tr)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int nkv = a.g.n_kv_heads, G = a.n_heads / nkv;
@@ -844,7 +873,7 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         mg_take_head(w.qkv + qd + (size_t)h * MG_HD, tag, kn, lane, a.poll_ns);
         mg_take_head(w.qkv + qd + kvd + (size_t)h * MG_HD, tag, vn, lane, a.poll_ns);
         mg_norm_rope(kn, knw, a.eps, cs, sn, a.interleaved, lane);
-        const size_t row = cuk_kv_row(&g, a.table, pos, h);
+        const size_t row = prow;
         for (int e = 0; e < 4; e++) {
             const int d = 4 * lane + e;
             const size_t at = row + cuk_kv_col(&g, pos, d);
@@ -1033,6 +1062,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
     cuk_cp_async_commit();
     for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT) /* the embedding, from the last kernel */
         ((float4 *)xr)[i] = __ldcg((const float4 *)a.x + i);
+    mg_key_rows(a, it, hd);
     mg_deal dl = mg_deal_first(a);
     for (int l = 0; l < a.n_layers; l++, mg_deal_next(a, dl)) {
         const cuk_mega_layer &L = a.layers[l];
@@ -1044,7 +1074,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
         mg_ev(tr, 90);
         mg_ev(tr, 91);
         mg_ev(tr, 1);
-        mg_fetch_kv(a, L, l, it, kvs, qkn);
+        mg_fetch_kv(a, L, l, it, hd, kvs, qkn);
         if (l > 0) {
             mg_recv_norm<1>(a, w.xd, tag - 2, xr, nrm, vec, hd); /* K/V rows may fly */
         } else {
@@ -1056,7 +1086,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
         mg_gemv<0>(a, L, l, hd, ring, ns, vec, xr, w, tag, rp, dl, t0, tr);
         mg_stamp(pr, l, 0, 1, t0);
         mg_stamp(pr, l, 1, 0, t0);
-        mg_attention(a, L, l, it, cs, sn, vec, kvs, qkn, w, tag, tr);
+        mg_attention(a, L, l, it, cs, sn, vec, kvs, qkn, w, tag,
+                     hd->krow[MG_PRE] + mg_layer_rows(a, l), tr);
         mg_stamp(pr, l, 1, 1, t0);
         mg_sync(); /* the attention's shared memory is the o projection's input */
         mg_ev(tr, 4);
@@ -1102,7 +1133,8 @@ static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
     size_t off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads).ring;
     int k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
     k = k > MG_NS_MAX ? MG_NS_MAX : k;
-    k = a->ns_max > 0 && k > a->ns_max ? a->ns_max : k;
+    const int cap = a->ns_max > 0 ? a->ns_max : MG_NS_DEF; /* deeper rings queued more in L2 (x277) */
+    k = k > cap ? cap : k;
     *ns = k;
     return off + (size_t)k * MG_SLOT;
 }
