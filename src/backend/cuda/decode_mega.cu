@@ -51,9 +51,7 @@
 #define MG_SMAX 16                 /* key splits per KV head */
 #define MG_PART (MG_HD + 2)        /* pairs of one split's partial: acc, m, l */
 #define MG_PRE 56                  /* keys of a split fetched before the q/k/v projection */
-#ifndef MG_RB
 #define MG_RB 2                    /* loads of tagged pairs a thread keeps in flight */
-#endif
 #define MG_LOG2E 1.4426950408889634f
 
 /* The measurement record (cuk_mega.probe): for each layer l, phase p
@@ -117,14 +115,11 @@ extern "C" size_t cuk_mega_ws_floats(const struct cuk_mega *a)
     return pairs * 2;
 }
 
-/* Rows of one GEMV job a warp multiplies together (q/k/v: a 0.6B block's
- * ~32 rows are 4 a warp; gate/up pairs: ~3). */
-#ifndef MG_NR_MAX
-#define MG_NR_MAX 4
-#endif
-template <int J> struct mg_nr { /* the host's cuk_mega_plan knows these too */
-    static constexpr int v0 = J == 0 ? 4 : J == 2 ? 3 : 1;
-    static constexpr int v = v0 < MG_NR_MAX ? v0 : MG_NR_MAX;
+/* Most rows of one GEMV job a warp multiplies together (a 0.6B block's
+ * q/k/v rows are ~4 a warp, gate/up pairs ~3, o and down rows 1; a warp
+ * short of them computes repeats). */
+template <int J> struct mg_nr { /* cuk_mega_plan's too */
+    static constexpr int v = J == 0 ? 4 : J == 2 ? 3 : 1;
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1133,8 +1128,16 @@ static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
     size_t off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads).ring;
     int k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
     k = k > MG_NS_MAX ? MG_NS_MAX : k;
-    const int cap = a->ns_max > 0 ? a->ns_max : MG_NS_DEF; /* deeper rings queued more in L2 (x277) */
+    /* deeper rings queued more in L2 (x277); but a GEMV batch of a job
+     * with k rows a chunk spans 8 / k chunks or more, all held at once
+     * (mg_gemv), so the ring holds at least that many */
+    int need = 1;
+    for (int j = 0; j < 4; j++)
+        need = (MG_WARPS >> a->lk[j]) > need ? MG_WARPS >> a->lk[j] : need;
+    int cap = a->ns_max > 0 ? a->ns_max : MG_NS_DEF;
+    cap = cap < need ? need : cap;
     k = k > cap ? cap : k;
+    k = k < need ? 0 : k;
     *ns = k;
     return off + (size_t)k * MG_SLOT;
 }
@@ -1202,7 +1205,7 @@ extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t wh
         static const int nr[4] = {mg_nr<0>::v, mg_nr<1>::v, mg_nr<2>::v, mg_nr<3>::v};
         a->mq[j] = a->chunks[j] / nb;
         a->mr[j] = a->chunks[j] % nb;
-        int b = (ns - 2) * a->rpc[j] / MG_WARPS; /* a batch's chunks and one more fit the ring */
+        int b = ns * a->rpc[j] / MG_WARPS; /* a batch's chunks fit the ring */
         a->nbr[j] = b < 1 ? 1 : b > nr[j] ? nr[j] : b;
     }
     a->tm = a->tot % nb;
