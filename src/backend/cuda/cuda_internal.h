@@ -164,8 +164,8 @@ struct cuda_backend {
     double mega_sum[6][10], mega_late[5];
     double *mega_tr; /* per block and trace event: ns, cycles from its first, summed */
     double *mega_skew; /* per block: its first event's ns after block 0's, summed */
-    unsigned *mega_trid;
-    long mega_trn;
+    unsigned *mega_trid; /* per block and trace event: its id, as last recorded */
+    long mega_trn;       /* steps traced */
     long mega_n;
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */

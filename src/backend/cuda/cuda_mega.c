@@ -30,6 +30,17 @@ static const float *mega_vec(const struct cuda_backend *c, const struct tensor *
     return w ? w->w.data : NULL;
 }
 
+/* The probe's host copies (none when it is off). */
+static void mega_rec_free(struct cuda_backend *c)
+{
+    free(c->mega_rec);
+    free(c->mega_tr);
+    free(c->mega_skew);
+    free(c->mega_trid);
+    c->mega_rec = c->mega_trid = NULL;
+    c->mega_tr = c->mega_skew = NULL;
+}
+
 /* Sets up c->mega_args for m (its layer table and buffers on the device);
  * returns 1 when the kernel takes it, 0 with the reason in c->mega_why. */
 static int mega_setup(struct cuda_backend *c, const struct model *m)
@@ -101,14 +112,12 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     size_t rec_off = ws_off + (cuk_mega_ws_floats(a) * sizeof(float) + 255) / 256 * 256;
     size_t rec_words = c->mega_probe ? cuk_mega_probe_words(a) : 0;
     size_t bytes = rec_off + rec_words * sizeof(unsigned);
-    free(c->mega_rec);
-    free(c->mega_tr);
-    free(c->mega_skew);
-    free(c->mega_trid);
+    mega_rec_free(c);
     c->mega_rec = rec_words ? calloc(rec_words, sizeof(unsigned)) : NULL;
     c->mega_tr = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX * 2, sizeof(double)) : NULL;
     c->mega_skew = rec_words ? calloc((size_t)a->nb, sizeof(double)) : NULL;
     c->mega_trid = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX, sizeof(unsigned)) : NULL;
+    c->mega_trn = 0;
     if (rec_words && (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid)) {
         free(h);
         return NO("out of memory");
@@ -196,13 +205,7 @@ static void mega_collect(struct cuda_backend *c)
 void mega_report(struct cuda_backend *c)
 {
     if (!c->mega_n) {
-        free(c->mega_rec);
-        free(c->mega_tr);
-        free(c->mega_skew);
-        free(c->mega_trid);
-        c->mega_rec = NULL;
-        c->mega_tr = c->mega_skew = NULL;
-        c->mega_trid = NULL;
+        mega_rec_free(c);
         return;
     }
     static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
@@ -237,14 +240,7 @@ void mega_report(struct cuda_backend *c)
                     c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2 + 1] / (double)c->mega_trn);
         fprintf(stderr, "\n");
     }
-    free(c->mega_rec);
-    c->mega_rec = NULL;
-    free(c->mega_tr);
-    c->mega_tr = NULL;
-    free(c->mega_skew);
-    c->mega_skew = NULL;
-    free(c->mega_trid);
-    c->mega_trid = NULL;
+    mega_rec_free(c);
 }
 
 int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct kv_pool *pool,

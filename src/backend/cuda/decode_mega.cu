@@ -228,9 +228,9 @@ static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, f
 }
 
 /* dst[0..n) = the values of n tagged pairs (n even), by the multiplying
- * threads, which meet after. A thread's loads go out together, MG_RB at a
- * time: each is a trip to L2, and one after another they were most of a
- * phase's wait (x271). */
+ * threads; returns the sum of the squares of the calling thread's values.
+ * A thread's loads go out together, MG_RB at a time: each is a trip to L2,
+ * and one after another they were most of a phase's wait (x271). */
 static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, unsigned tag,
                                                     float *dst, int nap)
 {
@@ -253,9 +253,10 @@ static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, uns
             }
         }
     }
-    return ss; /* the squares of this thread's values (mg_recv_norm's) */
+    return ss;
 }
 
+/* The same, the threads meeting after. */
 static __device__ __forceinline__ void mg_recv(const uint2 *src, int n, unsigned tag, float *dst,
                                                int nap)
 {
@@ -378,11 +379,11 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
  * batch together once their chunks have landed: one load of x for all of
  * them, independent sums, their shuffles interleaved. A chunk at a time,
  * each row was one long dependent chain and a chunk cost ~1 us (x271).
- * nb is NR unless a batch's chunks would not fit the ring beside one
- * more (rows of 1 or 2 a chunk); a warp short of NR rows repeats its last
- * (no branches in the loop) and sends only its own. A warp releases a
- * chunk once no later batch of its reads it. n: the ring sequence number
- * of the first chunk. Outputs are sent with tag. */
+ * nb is NR unless a batch's chunks would not fit the ring (rows of 1 or
+ * 2 a chunk); a warp short of NR rows repeats its last (no branches in
+ * the loop) and sends only its own. A warp releases a chunk once no later
+ * batch of its reads it. rp: the ring position of the job's first chunk,
+ * then of the next job's. Outputs are sent with tag. */
 template <int J>
 static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const cuk_mega_layer &L,
                                                int l, mg_head *hd, const unsigned char *ring,
@@ -1066,7 +1067,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
         if (pr && threadIdx.x == 0 && l == a.n_layers / 2)
             tr.p = pr + (size_t)a.n_layers * 5 * MG_PROBE_K * gridDim.x +
                    (size_t)blockIdx.x * MG_TR_MAX * 3;
-        mg_ev(tr, 90);
+        mg_ev(tr, 90); /* two events back to back: what an event costs */
         mg_ev(tr, 91);
         mg_ev(tr, 1);
         mg_fetch_kv(a, L, l, it, hd, kvs, qkn);
@@ -1112,6 +1113,8 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
         mg_stamp(pr, l, 4, 1, t0);
         mg_sync(); /* every warp's rows done with vec and xr */
         mg_ev(tr, 11);
+        if (tr.p && tr.n < MG_TR_MAX) /* the end of this step's events */
+            tr.p[3 * tr.n] = 0;
     }
     /* Block 0 ends after every block has read this step's gen (it took
      * their values), so the next step's tags start past this one's. */
