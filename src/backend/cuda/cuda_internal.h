@@ -166,6 +166,8 @@ struct cuda_backend {
     double *mega_skew; /* per block: its first event's ns after block 0's, summed */
     unsigned *mega_trid; /* per block and trace event: its id, as last recorded */
     long mega_trn;       /* steps traced */
+    double *mega_lag;    /* per block: how much later than the median it sent, summed */
+    unsigned *mega_sm;   /* per block: its SM (the trace's event 92) */
     long mega_n;
 
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */

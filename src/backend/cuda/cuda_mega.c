@@ -37,8 +37,10 @@ static void mega_rec_free(struct cuda_backend *c)
     free(c->mega_tr);
     free(c->mega_skew);
     free(c->mega_trid);
-    c->mega_rec = c->mega_trid = NULL;
-    c->mega_tr = c->mega_skew = NULL;
+    free(c->mega_lag);
+    free(c->mega_sm);
+    c->mega_rec = c->mega_trid = c->mega_sm = NULL;
+    c->mega_tr = c->mega_skew = c->mega_lag = NULL;
 }
 
 /* Sets up c->mega_args for m (its layer table and buffers on the device);
@@ -117,8 +119,12 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     c->mega_tr = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX * 2, sizeof(double)) : NULL;
     c->mega_skew = rec_words ? calloc((size_t)a->nb, sizeof(double)) : NULL;
     c->mega_trid = rec_words ? calloc((size_t)a->nb * CUK_MEGA_TR_MAX, sizeof(unsigned)) : NULL;
+    c->mega_lag = rec_words ? calloc((size_t)a->nb, sizeof(double)) : NULL;
+    c->mega_sm = rec_words ? calloc((size_t)a->nb, sizeof(unsigned)) : NULL;
     c->mega_trn = 0;
-    if (rec_words && (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid)) {
+    if (rec_words &&
+        (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid || !c->mega_lag ||
+                      !c->mega_sm)) {
         free(h);
         return NO("out of memory");
     }
@@ -179,6 +185,13 @@ static void mega_collect(struct cuda_backend *c)
                 qsort(v, (size_t)nb, sizeof *v, cmp_u);
                 c->mega_sum[p][2 * k] += v[nb / 2];
                 c->mega_sum[p][2 * k + 1] += v[nb - 1];
+                if (p < 5 && k == 1) { /* outputs sent, from the blocks' common start */
+                    for (int b = 0; b < nb; b++)
+                        v[b] = AT(l, p, 1, b);
+                    qsort(v, (size_t)nb, sizeof *v, cmp_u);
+                    for (int b = 0; b < nb; b++)
+                        c->mega_lag[b] += (double)(int)(AT(l, p, 1, b) - v[nb / 2]);
+                }
             }
     for (int l = 1; l + 1 < a->n_layers; l++) /* chunks not yet landed at first look */
         for (int p = 0; p < 5; p++)
@@ -190,6 +203,8 @@ static void mega_collect(struct cuda_backend *c)
     for (int b = 0; b < nb; b++) {
         const unsigned *q = t + (size_t)b * CUK_MEGA_TR_MAX * 3;
         c->mega_skew[b] += (double)(int)(q[1] - t[1]);
+        if (q[6] == 92)
+            c->mega_sm[b] = q[7];
         for (int i = 0; i < CUK_MEGA_TR_MAX && q[3 * i]; i++) {
             c->mega_trid[b * CUK_MEGA_TR_MAX + i] = q[3 * i];
             c->mega_tr[((size_t)b * CUK_MEGA_TR_MAX + i) * 2] += (double)(q[3 * i + 1] - q[1]);
@@ -222,6 +237,24 @@ void mega_report(struct cuda_backend *c)
                     c->mega_sum[p][2 * j + 1] * k);
         if (p < 5)
             fprintf(stderr, "   late %.2f", c->mega_late[p] / (double)c->mega_n);
+        fprintf(stderr, "\n");
+    }
+    /* the blocks latest to send, on average, and their SMs (the trace's
+     * event 92) */
+    {
+        const int nb = c->mega_args.nb;
+        fprintf(stderr, "mega latest senders (block/SM: us after the median, per phase):");
+        for (int k = 0; k < 8; k++) {
+            int w = -1;
+            for (int b = 0; b < nb; b++)
+                if (c->mega_lag[b] > -1e300 && (w < 0 || c->mega_lag[b] > c->mega_lag[w]))
+                    w = b;
+            if (w < 0)
+                break;
+            fprintf(stderr, " %d/%u: %.2f", w, c->mega_sm[w],
+                    c->mega_lag[w] * 1e-3 / (double)c->mega_n / 5);
+            c->mega_lag[w] = -1e301;
+        }
         fprintf(stderr, "\n");
     }
     /* the trace of four blocks (0 merges a head, 1 does not) */

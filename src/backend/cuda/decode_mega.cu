@@ -173,6 +173,27 @@ static __device__ __forceinline__ void mg_ev(mg_tr &t, unsigned id)
     }
 }
 
+/* An event carrying a value in place of its time (the SM of the block). */
+static __device__ __forceinline__ void mg_ev_val(mg_tr &t, unsigned id, unsigned v)
+{
+    if (t.p) {
+        if (t.n < MG_TR_MAX) {
+            unsigned *q = t.p + 3 * t.n;
+            q[0] = id;
+            q[1] = v;
+            q[2] = 0;
+        }
+        t.n++;
+    }
+}
+
+static __device__ __forceinline__ unsigned mg_smid()
+{
+    unsigned v;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+    return v;
+}
+
 static __device__ __forceinline__ void mg_stamp(unsigned *pr, int l, int p, int k,
                                                 unsigned long long t0)
 {
@@ -1069,6 +1090,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
                    (size_t)blockIdx.x * MG_TR_MAX * 3;
         mg_ev(tr, 90); /* two events back to back: what an event costs */
         mg_ev(tr, 91);
+        mg_ev_val(tr, 92, mg_smid());
         mg_ev(tr, 1);
         mg_fetch_kv(a, L, l, it, hd, kvs, qkn);
         if (l > 0) {
