@@ -122,9 +122,8 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     c->mega_lag = rec_words ? calloc((size_t)a->nb, sizeof(double)) : NULL;
     c->mega_sm = rec_words ? calloc((size_t)a->nb, sizeof(unsigned)) : NULL;
     c->mega_trn = 0;
-    if (rec_words &&
-        (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid || !c->mega_lag ||
-                      !c->mega_sm)) {
+    if (rec_words && (!c->mega_rec || !c->mega_tr || !c->mega_skew || !c->mega_trid ||
+                      !c->mega_lag || !c->mega_sm)) {
         free(h);
         return NO("out of memory");
     }
@@ -203,7 +202,7 @@ static void mega_collect(struct cuda_backend *c)
     for (int b = 0; b < nb; b++) {
         const unsigned *q = t + (size_t)b * CUK_MEGA_TR_MAX * 3;
         c->mega_skew[b] += (double)(int)(q[1] - t[1]);
-        if (q[6] == 92)
+        if (q[6] == 92) /* the third event carries the block's SM */
             c->mega_sm[b] = q[7];
         for (int i = 0; i < CUK_MEGA_TR_MAX && q[3 * i]; i++) {
             c->mega_trid[b * CUK_MEGA_TR_MAX + i] = q[3 * i];
@@ -239,26 +238,21 @@ void mega_report(struct cuda_backend *c)
             fprintf(stderr, "   late %.2f", c->mega_late[p] / (double)c->mega_n);
         fprintf(stderr, "\n");
     }
-    /* the blocks latest to send, on average, and their SMs (the trace's
-     * event 92) */
-    {
-        const int nb = c->mega_args.nb;
-        fprintf(stderr, "mega latest senders (block/SM: us after the median, per phase):");
-        for (int k = 0; k < 8; k++) {
-            int w = -1;
-            for (int b = 0; b < nb; b++)
-                if (c->mega_lag[b] > -1e300 && (w < 0 || c->mega_lag[b] > c->mega_lag[w]))
-                    w = b;
-            if (w < 0)
-                break;
-            fprintf(stderr, " %d/%u: %.2f", w, c->mega_sm[w],
-                    c->mega_lag[w] * 1e-3 / (double)c->mega_n / 5);
-            c->mega_lag[w] = -1e301;
-        }
-        fprintf(stderr, "\n");
+    /* the eight blocks latest to send, on average, and their SMs (each
+     * printed block's sum is then marked -INFINITY) */
+    const int nb = c->mega_args.nb;
+    fprintf(stderr, "mega latest senders (block/SM: us after the median, per phase):");
+    for (int k = 0; k < 8 && k < nb; k++) {
+        int w = 0;
+        for (int b = 1; b < nb; b++)
+            w = c->mega_lag[b] > c->mega_lag[w] ? b : w;
+        fprintf(stderr, " %d/%u: %.2f", w, c->mega_sm[w],
+                c->mega_lag[w] * 1e-3 / (double)c->mega_n / 5);
+        c->mega_lag[w] = -INFINITY;
     }
+    fprintf(stderr, "\n");
     /* the trace of four blocks (0 merges a head, 1 does not) */
-    const int nb = c->mega_args.nb, show[4] = {0, 1, nb / 2, nb - 1};
+    const int show[4] = {0, 1, nb / 2, nb - 1};
     fprintf(stderr, "mega trace of layer %d, warp 0 of blocks %d, %d, %d, %d: event id, ns "
                     "and cycles from the block's first event (%ld steps)\n",
             c->mega_args.n_layers / 2, show[0], show[1], show[2], show[3], c->mega_trn);
