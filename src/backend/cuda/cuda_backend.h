@@ -206,11 +206,10 @@ struct cuk_mega {
     /* cuk_mega_plan's: rows per ring slot, chunks of the four GEMV jobs of
      * a layer and where each starts in the layer's deal, ring slots, the
      * shared memory and blocks of a launch */
-    int rpc[4], chunks[4], pre[4], tot, ns, nb;
-    /* and the dealing's constants: rpc = 1 << lk; a block's chunks of job
-     * j are mq + (first < mr); nbr rows a warp multiplies together; tm =
-     * tot mod nb */
-    int lk[4], mq[4], mr[4], nbr[4], tm;
+    int lk[4], chunks[4], pre[4], tot, ns, nb; /* rows a slot: 1 << lk */
+    /* and the dealing's constants: a block's chunks of job j are mq +
+     * (first < mr); nbr rows a warp multiplies together; tm = tot mod nb */
+    int mq[4], mr[4], nbr[4], tm;
     size_t smem;
     /* NULL, or cuk_mega_probe_words of record (a measurement): for each
      * layer, phase and block, when its input was in and when its outputs

@@ -160,31 +160,29 @@ struct mg_tr {
     unsigned n;
 };
 
-static __device__ __forceinline__ void mg_ev(mg_tr &t, unsigned id)
+/* An event: its id and two words, when and in which clock cycle it
+ * happened (mg_ev), or a value in place of the time (mg_ev_val). */
+static __device__ __forceinline__ void mg_ev_put(mg_tr &t, unsigned id, unsigned w1, unsigned w2)
 {
-    if (t.p) {
-        if (t.n < MG_TR_MAX) {
-            unsigned *q = t.p + 3 * t.n;
-            q[0] = id;
-            q[1] = (unsigned)mg_now();
-            q[2] = (unsigned)clock64();
-        }
-        t.n++;
+    if (t.n < MG_TR_MAX) {
+        unsigned *q = t.p + 3 * t.n;
+        q[0] = id;
+        q[1] = w1;
+        q[2] = w2;
     }
+    t.n++;
 }
 
-/* An event carrying a value in place of its time (the SM of the block). */
+static __device__ __forceinline__ void mg_ev(mg_tr &t, unsigned id)
+{
+    if (t.p)
+        mg_ev_put(t, id, (unsigned)mg_now(), (unsigned)clock64());
+}
+
 static __device__ __forceinline__ void mg_ev_val(mg_tr &t, unsigned id, unsigned v)
 {
-    if (t.p) {
-        if (t.n < MG_TR_MAX) {
-            unsigned *q = t.p + 3 * t.n;
-            q[0] = id;
-            q[1] = v;
-            q[2] = 0;
-        }
-        t.n++;
-    }
+    if (t.p)
+        mg_ev_put(t, id, v, 0);
 }
 
 static __device__ __forceinline__ unsigned mg_smid()
@@ -295,12 +293,22 @@ struct mg_deal {
     int c[4];
 };
 
-/* The ring slot of the multiplying warps' next chunk, and the parity its
- * full barrier completes with. */
+/* A place in the ring: a slot, and the parity its barriers complete with
+ * on this pass over the ring. */
 struct mg_ringpos {
     int slot;
     unsigned par;
 };
+
+/* The next slot; whether the ring wrapped. */
+static __device__ __forceinline__ bool mg_ring_step(mg_ringpos &p, int ns)
+{
+    if (++p.slot < ns)
+        return false;
+    p.slot = 0;
+    p.par ^= 1;
+    return true;
+}
 
 static __device__ __forceinline__ mg_deal mg_deal_first(const struct cuk_mega &a)
 {
@@ -334,7 +342,7 @@ static __device__ __forceinline__ void mg_mine(const struct cuk_mega &a, const m
 static __device__ __forceinline__ int mg_src(const struct cuk_mega &a, const cuk_mega_layer &L,
                                              int j, int c, const void **src, unsigned &bytes)
 {
-    const int k = a.rpc[j];
+    const int k = 1 << a.lk[j];
     const size_t r0 = (size_t)c * k;
     const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
     switch (j) {
@@ -366,8 +374,8 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
                                   int ns)
 {
     const uint64_t pol = cuk_l2_evict_first();
-    unsigned use = 0; /* the slot's fills so far */
-    int slot = 0;
+    mg_ringpos w = {0, 0};
+    bool again = false; /* past the first pass: a slot is refilled once emptied */
     mg_deal d = mg_deal_first(a);
     for (int l = 0; l < a.n_layers; l++, mg_deal_next(a, d)) {
         const cuk_mega_layer &L = a.layers[l];
@@ -375,19 +383,16 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
             int c0, m;
             mg_mine(a, d, j, c0, m);
             for (int i = 0; i < m; i++) {
-                if (use > 0)
-                    cuk_mbar_wait(&hd->empty[slot], (use - 1) & 1);
+                if (again) /* the last pass's use emptied */
+                    cuk_mbar_wait(&hd->empty[w.slot], w.par ^ 1);
                 const void *src[2];
                 unsigned bytes;
                 const int pieces = mg_src(a, L, j, c0 + i * gridDim.x, src, bytes);
-                unsigned char *dst = ring + (size_t)slot * MG_SLOT;
-                cuk_mbar_expect(&hd->full[slot], bytes * pieces);
+                unsigned char *dst = ring + (size_t)w.slot * MG_SLOT;
+                cuk_mbar_expect(&hd->full[w.slot], bytes * pieces);
                 for (int p = 0; p < pieces; p++)
-                    cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, &hd->full[slot], pol);
-                if (++slot == ns) {
-                    slot = 0;
-                    use++;
-                }
+                    cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, &hd->full[w.slot], pol);
+                again |= mg_ring_step(w, ns);
             }
         }
     }
@@ -420,7 +425,7 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
     mg_ev(tr, E);
     mg_stamp(a.probe, l, P, 2, t0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int k = a.rpc[J], lk = a.lk[J]; /* k = 1 << lk */
+    const int lk = a.lk[J], k = 1 << lk;
     const int qd = a.n_heads * MG_HD, kvd = a.g.n_kv_heads * MG_HD;
     const int cols = J == 1 ? qd : J == 3 ? a.ffn : a.dim;
     const unsigned rowb = (unsigned)cols * 2;
@@ -431,8 +436,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
     const int nb = a.nbr[J];
     /* the ring slot and parity of the job's next chunk to wait for, and
      * the chunks this warp has waited for and released */
-    int waited = 0, released = 0, slot = rp.slot, rslot = rp.slot;
-    unsigned par = rp.par;
+    int waited = 0, released = 0;
+    mg_ringpos rel = rp; /* the next chunk to release (its parity unused) */
     unsigned late = 0;
     bool first = true;
     for (int b0 = 0; b0 < nrows; b0 += MG_WARPS * nb) {
@@ -446,7 +451,7 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
         for (int t = 0; t < NR; t++) {
             const int j = min(j0 + t * MG_WARPS, jl);
             const int ci = j >> lk, r = j & (k - 1);
-            int s2 = slot + (ci - waited); /* waited <= ci < waited + ns */
+            int s2 = rp.slot + (ci - waited); /* waited <= ci < waited + ns */
             s2 -= s2 >= ns ? ns : 0;
             off[t] = (unsigned)s2 * MG_SLOT + (unsigned)r * rowb;
             row[t] = (c0 + ci * (int)gridDim.x) * k + r;
@@ -455,14 +460,11 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
         const int need = j0 < nrows ? jl >> lk : -1;
         for (; waited <= need; waited++) {
             if (a.probe && threadIdx.x == 0)
-                late += !cuk_mbar_done(&hd->full[slot], par);
+                late += !cuk_mbar_done(&hd->full[rp.slot], rp.par);
             mg_ev(tr, E + 1);
-            cuk_mbar_wait(&hd->full[slot], par);
+            cuk_mbar_wait(&hd->full[rp.slot], rp.par);
             mg_ev(tr, E + 2);
-            if (++slot == ns) {
-                slot = 0;
-                par ^= 1;
-            }
+            mg_ring_step(rp, ns);
         }
         if (first && a.probe)
             mg_stamp(a.probe, l, P, 3, t0);
@@ -552,21 +554,17 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
          * arrive before the copy it releases has landed), then released */
         const int next = min((b0 + MG_WARPS * nb) >> lk, m);
         for (; waited < next; waited++) {
-            cuk_mbar_wait(&hd->full[slot], par);
-            if (++slot == ns) {
-                slot = 0;
-                par ^= 1;
-            }
+            cuk_mbar_wait(&hd->full[rp.slot], rp.par);
+            mg_ring_step(rp, ns);
         }
         __syncwarp();
         if (lane == 0)
             for (; released < next; released++) {
-                cuk_mbar_arrive(&hd->empty[rslot]);
-                rslot += rslot + 1 == ns ? 1 - ns : 1;
+                cuk_mbar_arrive(&hd->empty[rel.slot]);
+                mg_ring_step(rel, ns);
             }
     }
-    rp.slot = slot; /* every chunk of the job waited for: past them */
-    rp.par = par;
+    /* rp: every chunk of the job waited for, past them */
     mg_ev(tr, E + 9);
     if (a.probe && threadIdx.x == 0)
         a.probe[MG_PROBE_AT(l, P) + 5 * gridDim.x + blockIdx.x] = late;
@@ -574,13 +572,11 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
 
 /* vec = rmsnorm(xr) * w over dim (the multiplying threads; w in shared
  * memory). */
-static __device__ __forceinline__ void mg_norm(const struct cuk_mega &a, const float *xr,
-                                               const float *w, float *vec, mg_head *hd)
+static __device__ __forceinline__ void mg_norm_end(const struct cuk_mega &a, double ss,
+                                                   const float *xr, const float *w, float *vec,
+                                                   mg_head *hd)
 {
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT)
-        ss += cuk_rms_sq(((const float4 *)xr)[i]);
-    cuk_warp_part_d(ss, hd->part);
+    cuk_warp_part_d(ss, hd->part); /* ss: the calling thread's share of the squares */
     mg_sync();
     const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
     for (int i = threadIdx.x; i < a.dim; i += MG_CT)
@@ -588,11 +584,19 @@ static __device__ __forceinline__ void mg_norm(const struct cuk_mega &a, const f
     mg_sync();
 }
 
+static __device__ __forceinline__ void mg_norm(const struct cuk_mega &a, const float *xr,
+                                               const float *w, float *vec, mg_head *hd)
+{
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < a.dim / 4; i += MG_CT)
+        ss += cuk_rms_sq(((const float4 *)xr)[i]);
+    mg_norm_end(a, ss, xr, w, vec, hd);
+}
+
 /* xr = the residual stream's a.dim tagged pairs at src, and vec =
  * rmsnorm(xr) * w (w: shared memory, the cp.async group PEND groups
  * back), with two meetings rather than mg_recv's and mg_norm's three:
- * each thread sums the squares of the values it received and scales
- * those same values. */
+ * each thread sums the squares of the values it received. */
 template <int PEND>
 static __device__ __forceinline__ void mg_recv_norm(const struct cuk_mega &a, const uint2 *src,
                                                     unsigned tag, float *xr, const float *w,
@@ -600,14 +604,7 @@ static __device__ __forceinline__ void mg_recv_norm(const struct cuk_mega &a, co
 {
     const double ss = mg_recv_ss(src, a.dim, tag, xr, a.poll_ns);
     cuk_cp_async_wait<PEND>();
-    cuk_warp_part_d(ss, hd->part);
-    mg_sync();
-    const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
-    for (int i = 2 * threadIdx.x; i < a.dim; i += 2 * MG_CT) {
-        vec[i] = cuk_rms_scale(w[i], xr[i], inv);
-        vec[i + 1] = cuk_rms_scale(w[i + 1], xr[i + 1], inv);
-    }
-    mg_sync();
+    mg_norm_end(a, ss, xr, w, vec, hd);
 }
 
 /* One head (128 floats at x, shared memory) normed with nw (NULL: not)
@@ -1198,7 +1195,6 @@ extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t wh
         while (lk > 0 && (rows[j] % (1 << lk) || (j == 0 && (qd % (1 << lk) || kvd % (1 << lk)))))
             lk--;
         k = 1 << lk;
-        a->rpc[j] = k;
         a->lk[j] = lk;
         a->chunks[j] = rows[j] / k;
         a->pre[j] = a->tot;
@@ -1230,7 +1226,7 @@ extern "C" int cuk_mega_plan(struct cuk_mega *a, int n_sms, char *why, size_t wh
         static const int nr[4] = {mg_nr<0>::v, mg_nr<1>::v, mg_nr<2>::v, mg_nr<3>::v};
         a->mq[j] = a->chunks[j] / nb;
         a->mr[j] = a->chunks[j] % nb;
-        int b = ns * a->rpc[j] / MG_WARPS; /* a batch's chunks fit the ring */
+        int b = (ns << a->lk[j]) / MG_WARPS; /* a batch's chunks fit the ring */
         a->nbr[j] = b < 1 ? 1 : b > nr[j] ? nr[j] : b;
     }
     a->tm = a->tot % nb;
