@@ -210,6 +210,7 @@ struct cuk_mega {
     /* and the dealing's constants: a block's chunks of job j are mq +
      * (first < mr); nbr rows a warp multiplies together; tm = tot mod nb */
     int mq[4], mr[4], nbr[4], tm;
+    int npre; /* keys of an attention split fetched ahead (the most the shared memory allows) */
     size_t smem;
     /* NULL, or cuk_mega_probe_words of record (a measurement): for each
      * layer, phase and block, when its input was in and when its outputs

@@ -50,7 +50,8 @@
 #define MG_GMAX 4                  /* query heads per KV head */
 #define MG_SMAX 16                 /* key splits per KV head */
 #define MG_PART (MG_HD + 2)        /* pairs of one split's partial: acc, m, l */
-#define MG_PRE 56                  /* keys of a split fetched before the q/k/v projection */
+#define MG_KPS 56                  /* keys a split while that needs at most MG_SMAX splits */
+#define MG_PRE 128                 /* most keys of a split fetched before the q/k/v projection */
 #define MG_RB 2                    /* loads of tagged pairs a thread keeps in flight */
 #define MG_LOG2E 1.4426950408889634f
 
@@ -71,7 +72,7 @@ struct mg_head {
     uint64_t full[MG_NS_MAX], empty[MG_NS_MAX];
     double part[32];
     /* layer 0's cache rows (elements) of the attention item's first
-     * MG_PRE keys and, last, of the step's position: found in the block
+     * npre keys and, at MG_PRE, of the step's position: found in the block
      * table once a step, not once a layer (each lookup a trip to L2 on
      * the way to the next layer's norm) */
     unsigned long long krow[MG_PRE + 1];
@@ -95,12 +96,12 @@ static __host__ __device__ int mg_vec_floats(int dim, int qd, int ffn, int group
 struct mg_layout {
     size_t xr, kvs, nrm, qkn, ring; /* byte offsets */
 };
-static __host__ __device__ mg_layout mg_layout_of(int dim, int qd, int ffn, int group)
+static __host__ __device__ mg_layout mg_layout_of(int dim, int qd, int ffn, int group, int npre)
 {
     mg_layout o;
     o.xr = (MG_VEC_OFF + (size_t)mg_vec_floats(dim, qd, ffn, group) * 4 + 127) / 128 * 128;
     o.kvs = o.xr + ((size_t)dim * 4 + 127) / 128 * 128;
-    o.nrm = o.kvs + (size_t)2 * MG_PRE * MG_HD * 2;
+    o.nrm = o.kvs + (size_t)2 * npre * MG_HD * 2;
     o.qkn = o.nrm + ((size_t)dim * 4 + 127) / 128 * 128;
     o.ring = o.qkn + (size_t)2 * MG_HD * 4;
     return o;
@@ -673,7 +674,7 @@ static __device__ __forceinline__ float mg_bf16_round(float v)
 
 /* This block's attention item for the step: (KV head h, key split s) of
  * keys [k0, k1), on = false for a block without one. S splits a head: at
- * most MG_PRE keys a split unless that takes more than MG_SMAX splits,
+ * most MG_KPS keys a split unless that takes more than MG_SMAX splits,
  * and no more items than blocks (so a block has at most one); split 0's
  * block merges the head. */
 struct mg_item {
@@ -684,11 +685,10 @@ struct mg_item {
 static __device__ __forceinline__ mg_item mg_item_of(const struct cuk_mega &a, int pos)
 {
     const int nkv = a.g.n_kv_heads, ctx = pos + 1;
-    /* splits of the keys fetched ahead: fewer splits for the merge to
-     * wait for, none longer than its prefetch (x299: 1,267 against 1,250
-     * tok/s at 32 keys a split; capping at 12 splits instead cost 8 % at
-     * 2,048 tokens) */
-    int S = (ctx + MG_PRE - 1) / MG_PRE;
+    /* fewer splits for the merge to wait for (x299: 1,267 tok/s at 56
+     * keys a split against 1,250 at 32; capping at 12 splits instead cost
+     * 8 % at 2,048 tokens) */
+    int S = (ctx + MG_KPS - 1) / MG_KPS;
     S = S > MG_SMAX ? MG_SMAX : S;
     const int fit = (int)gridDim.x / nkv;
     S = S > fit ? fit : S;
@@ -719,7 +719,7 @@ static __device__ __forceinline__ void mg_key_rows(const struct cuk_mega &a, con
     if (it.on) {
         struct cuk_attn g = a.g;
         g.layer = 0;
-        const int npre = min(it.k1 - it.k0, MG_PRE);
+        const int npre = min(it.k1 - it.k0, a.npre);
         for (int t = threadIdx.x; t <= npre; t += MG_CT)
             hd->krow[t < npre ? t : MG_PRE] = cuk_kv_row(&g, a.table, t < npre ? it.k0 + t : it.pos,
                                                          it.h);
@@ -736,7 +736,7 @@ static __device__ __forceinline__ void mg_fetch_vec(const float *w, int n, float
         cuk_cp_async16(cuk_smem_addr(dst + 4 * i), w + 4 * i, true);
 }
 
-/* ... and the item's first MG_PRE keys' K and V rows of layer l (all but
+/* ... and the item's first a.npre keys' K and V rows of layer l (all but
  * the step's own, which the attention makes), with the q/k norm weights:
  * none of it depends on this step's results, so it flies while the
  * q/k/v projection runs. */
@@ -747,14 +747,14 @@ static __device__ __forceinline__ void mg_fetch_kv(const struct cuk_mega &a,
 {
     if (it.on) {
         const unsigned long long *krow = hd->krow, lrow = mg_layer_rows(a, l);
-        const int npre = min(it.k1 - it.k0, MG_PRE);
+        const int npre = min(it.k1 - it.k0, a.npre);
         for (int t = threadIdx.x; t < npre * 32; t += MG_CT) {
             const int key = t >> 5, half = (t >> 4) & 1, ch = t & 15, p = it.k0 + key;
             if (p == it.pos)
                 continue;
             const size_t row = krow[key] + lrow;
             const uint16_t *src = (const uint16_t *)(half ? a.vc : a.kc) + row + ch * 8;
-            cuk_cp_async16(cuk_smem_addr(kvs + ((size_t)half * MG_PRE + key) * MG_HD + ch * 8), src,
+            cuk_cp_async16(cuk_smem_addr(kvs + ((size_t)half * a.npre + key) * MG_HD + ch * 8), src,
                            true);
         }
         if (L.qn) {
@@ -795,9 +795,9 @@ static __device__ __forceinline__ void mg_key(const struct cuk_mega &a, const cu
     }
     uint2 kk, vv;
     const int col = cuk_kv_col(&g, p, 4 * lane);
-    if (p - k0 < MG_PRE) { /* fetched before the q/k/v projection */
+    if (p - k0 < a.npre) { /* fetched before the q/k/v projection */
         kk = *(const uint2 *)(kvs + (size_t)(p - k0) * MG_HD + col);
-        vv = *(const uint2 *)(kvs + (size_t)(MG_PRE + p - k0) * MG_HD + col);
+        vv = *(const uint2 *)(kvs + (size_t)(a.npre + p - k0) * MG_HD + col);
     } else {
         const size_t at = cuk_kv_row(&g, a.table, p, h) + col;
         kk = *(const uint2 *)((const uint16_t *)a.kc + at);
@@ -1071,7 +1071,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
     mg_head *hd = (mg_head *)smem;
     float *vec = (float *)(smem + MG_VEC_OFF);
     const int qd = a.n_heads * MG_HD;
-    const mg_layout lo = mg_layout_of(a.dim, qd, a.ffn, a.n_heads / a.g.n_kv_heads);
+    const mg_layout lo = mg_layout_of(a.dim, qd, a.ffn, a.n_heads / a.g.n_kv_heads, a.npre);
     float *xr = (float *)(smem + lo.xr);
     uint16_t *kvs = (uint16_t *)(smem + lo.kvs);
     float *nrm = (float *)(smem + lo.nrm), *qkn = (float *)(smem + lo.qkn);
@@ -1179,13 +1179,13 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
 }
 
 /* Shared memory a launch takes for a's shapes: the head, the inputs, and
- * as many ring slots as fit the device's opt-in limit (0: too few). */
-static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
+ * as many ring slots as fit the device's opt-in limit (0: too few); sets
+ * a->npre, the keys of a split fetched ahead: MG_PRE where the ring still
+ * gets its slots, else MG_KPS (x301: 128 against 56 keys, 974 -> 1,087
+ * tok/s at 2,048 tokens). */
+static size_t mg_smem(struct cuk_mega *a, int smem_max, int *ns)
 {
     const int qd = a->n_heads * MG_HD;
-    size_t off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads).ring;
-    int k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
-    k = k > MG_NS_MAX ? MG_NS_MAX : k;
     /* deeper rings queued more in L2 (x277); but a GEMV batch of a job
      * with k rows a chunk spans 8 / k chunks or more, all held at once
      * (mg_gemv), so the ring holds at least that many */
@@ -1194,6 +1194,16 @@ static size_t mg_smem(const struct cuk_mega *a, int smem_max, int *ns)
         need = (MG_WARPS >> a->lk[j]) > need ? MG_WARPS >> a->lk[j] : need;
     int cap = a->ns_max > 0 ? a->ns_max : MG_NS_DEF;
     cap = cap < need ? need : cap;
+    size_t off = 0;
+    int k = 0;
+    for (int npre = MG_PRE;; npre = MG_KPS) {
+        a->npre = npre;
+        off = mg_layout_of(a->dim, qd, a->ffn, a->n_heads / a->g.n_kv_heads, npre).ring;
+        k = smem_max > (int)off ? (int)((smem_max - off) / MG_SLOT) : 0;
+        k = k > MG_NS_MAX ? MG_NS_MAX : k;
+        if (k >= cap || npre == MG_KPS)
+            break;
+    }
     k = k > cap ? cap : k;
     k = k < need ? 0 : k;
     *ns = k;
