@@ -224,9 +224,9 @@ void mega_report(struct cuda_backend *c)
     }
     static const char *what[] = {"q/k/v", "attention", "o", "gate/up", "down", "next layer"};
     fprintf(stderr, "mega probe: %ld layers; us from each block's layer start, median / "
-                    "latest block: input in, outputs sent, rows begin, first chunk in, first "
-                    "row done; late: a block's chunks whose weights had not landed when its "
-                    "rows began on them\n",
+                    "latest block: input in, outputs sent, rows begin, first batch's chunks "
+                    "in, first batch done; late: a block's waits on weights (a chunk's, or a "
+                    "job's chunks together) that had not landed when its rows reached them\n",
             c->mega_n);
     double k = 1e-3 / (double)c->mega_n;
     for (int p = 0; p < 6; p++) {

@@ -57,9 +57,10 @@
 
 /* The measurement record (cuk_mega.probe): for each layer l, phase p
  * (q/k/v, attention, o, gate/up, down) and block, MG_PROBE_K words: when
- * its input was in, its outputs sent, its rows began, its first chunk
- * was in and its first row done (ns since the block began), and how many
- * of its chunks had not landed when warp 0 first looked. */
+ * its input was in, its outputs sent, its rows began, its first batch's
+ * chunks were in and its first batch done (ns since the block began), and
+ * how many of the barriers it waited on (a chunk's, or a group's: see
+ * mg_group) had not completed when warp 0 first looked. */
 #define MG_PROBE_K 6
 #define MG_PROBE_AT(l, p) (((size_t)(l) * 5 + (p)) * MG_PROBE_K * gridDim.x)
 /* After it, the trace of the middle layer: per block, up to MG_TR_MAX
