@@ -1613,7 +1613,7 @@ static bool dl_open(struct dl_run *r, const struct model *m, bool mega, bool gra
     struct err e = {{0}};
     const struct model_config *c = &m->cfg;
     if (!r->be || backend_load_weights(r->be, m, &e) || forward_init(&r->fs, m, r->be, 64, &e) ||
-        kv_pool_init(&r->pool, r->be, c->n_layers, c->n_kv_heads, c->head_dim, 16, 80, &e)) {
+        kv_pool_init(&r->pool, r->be, c->n_layers, c->n_kv_heads, c->head_dim, 16, 144, &e)) {
         CHECK(0, "decode_layers: backend: %s", e.msg);
         return false;
     }
@@ -1651,8 +1651,11 @@ static int dl_taken(struct dl_run *r, const struct model *m)
  * greedy picks) on three backends: the layer ops, the one launch replayed
  * from graphs, the one launch eager. Logits agree to float rounding (the
  * sums run in another order), greedy picks are the same, and the one
- * launch gives the same bits replayed as eager. Contexts past 512 keys
- * take 16 key splits of more than 32 keys each. */
+ * launch gives the same bits replayed as eager. A head's keys go up to 56
+ * a split, at most 16 splits: the 5-token prompt takes one split, the
+ * 300-token one 6-10, and the 2,100-token one 16 splits of ~132 keys, more
+ * than the kernel fetches ahead, so its splits read the rest from the
+ * cache. */
 static void check_decode_layers(void)
 {
     for (int form = 0; form < 3; form++) {
@@ -1660,7 +1663,7 @@ static void check_decode_layers(void)
         dl_make(&d, form);
         const struct model *m = &d.m;
         const int vocab = m->cfg.vocab_size;
-        static const int prompts[] = {5, 300};
+        static const int prompts[] = {5, 300, 2100};
         for (size_t pi = 0; pi < sizeof prompts / sizeof prompts[0]; pi++) {
             struct dl_run r[3];
             bool ok = dl_open(&r[0], m, false, true) & dl_open(&r[1], m, true, true) &
@@ -1672,7 +1675,7 @@ static void check_decode_layers(void)
                       t1);
                 ok = t1 == 1;
             }
-            int plen = prompts[pi], steps = plen > 100 ? 260 : 40;
+            int plen = prompts[pi], steps = plen > 1000 ? 20 : plen > 100 ? 260 : 40;
             int *prompt = malloc(sizeof(int) * (size_t)plen);
             for (int i = 0; i < plen; i++)
                 prompt[i] = (i * 37 + 11) % vocab;

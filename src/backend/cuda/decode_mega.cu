@@ -350,6 +350,28 @@ static __device__ __forceinline__ int mg_group(int m, int nb, int lk)
     return m <= (MG_WARPS * nb) >> lk ? m : 1;
 }
 
+/* A warp past its job's next chunk (waited): the barrier waited on first
+ * when the chunk leads a group (mg_group), then the next lead gs chunks
+ * on. look: the wait is the batch's own (not a release's), so the probe
+ * counts it late if not complete and the trace records it. */
+static __device__ __forceinline__ void mg_pass(const struct cuk_mega &a, mg_head *hd,
+                                               mg_ringpos &rp, int ns, int waited, int &lead,
+                                               int gs, bool look, unsigned &late, mg_tr &tr,
+                                               unsigned ev)
+{
+    if (waited == lead) {
+        if (look && a.probe && threadIdx.x == 0)
+            late += !cuk_mbar_done(&hd->full[rp.slot], rp.par);
+        if (look)
+            mg_ev(tr, ev);
+        cuk_mbar_wait(&hd->full[rp.slot], rp.par);
+        if (look)
+            mg_ev(tr, ev + 1);
+        lead += gs;
+    }
+    mg_ring_step(rp, ns);
+}
+
 /* The weights of chunk c of job j of layer L: up to two pieces of bytes
  * each (gate/up: the gate rows, then the same rows of up). */
 static __device__ __forceinline__ int mg_src(const struct cuk_mega &a, const cuk_mega_layer &L,
@@ -485,17 +507,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
         }
         /* every chunk up to the batch's last row's (none: no rows) */
         const int need = j0 < nrows ? jl >> lk : -1;
-        for (; waited <= need; waited++) {
-            if (waited == lead) {
-                if (a.probe && threadIdx.x == 0)
-                    late += !cuk_mbar_done(&hd->full[rp.slot], rp.par);
-                mg_ev(tr, E + 1);
-                cuk_mbar_wait(&hd->full[rp.slot], rp.par);
-                mg_ev(tr, E + 2);
-                lead += gs;
-            }
-            mg_ring_step(rp, ns);
-        }
+        for (; waited <= need; waited++)
+            mg_pass(a, hd, rp, ns, waited, lead, gs, true, late, tr, E + 1);
         if (first && a.probe)
             mg_stamp(a.probe, l, P, 3, t0);
         if (j0 < nrows) {
@@ -583,13 +596,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
         /* the chunks before the next batch's: waited for (a warp must not
          * arrive before the copy it releases has landed), then released */
         const int next = min((b0 + MG_WARPS * nb) >> lk, m);
-        for (; waited < next; waited++) {
-            if (waited == lead) {
-                cuk_mbar_wait(&hd->full[rp.slot], rp.par);
-                lead += gs;
-            }
-            mg_ring_step(rp, ns);
-        }
+        for (; waited < next; waited++)
+            mg_pass(a, hd, rp, ns, waited, lead, gs, false, late, tr, E + 1);
         __syncwarp();
         if (lane == 0)
             for (; released < next; released++) {
