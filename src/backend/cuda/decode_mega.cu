@@ -84,6 +84,7 @@ static __host__ __device__ int mg_vec_floats(int dim, int qd, int ffn, int group
 {
     int v = dim > qd ? dim : qd;
     v = v > ffn ? v : ffn;
+    v = (v + 255) / 256 * 256; /* whole groups of mg_xi's layout */
     /* attention: q heads, new k and v, per-warp m and l, per-warp acc */
     int a = group * MG_HD + 2 * MG_HD + 2 * MG_WARPS * group + MG_WARPS * group * MG_HD;
     return v > a ? v : a;
@@ -248,10 +249,23 @@ static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, f
     v1 = __uint_as_float(v.z);
 }
 
-/* dst[0..n) = the values of n tagged pairs (n even), by the multiplying
- * threads; returns the sum of the squares of the calling thread's values.
+/* Where float i of a GEMV's input sits in shared memory: a warp's lane
+ * takes the 8 floats of one 16-byte weight load (e = i / 8), and the two
+ * float4s of it lie 512 bytes apart, so that each float4 load of the warp
+ * reads 512 contiguous bytes (in order, the float4s 32 bytes apart were
+ * read with 2-way bank conflicts: 8 wavefronts a load instead of 4). */
+static __device__ __forceinline__ int mg_xi(int i)
+{
+    const int e = i >> 3, q = (i >> 2) & 1;
+    return (((e >> 5) * 64 + q * 32 + (e & 31)) << 2) + (i & 3);
+}
+
+/* dst[0..n) = the values of n tagged pairs (n even; SW: at mg_xi(i)), by
+ * the multiplying threads; returns the sum of the squares of the calling
+ * thread's values.
  * A thread's loads go out together, MG_RB at a time: each is a trip to L2,
  * and one after another they were most of a phase's wait (x271). */
+template <bool SW>
 static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, unsigned tag,
                                                     float *dst, int nap)
 {
@@ -268,8 +282,9 @@ static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, uns
             if (i < n) {
                 mg_until(src + i, tag, v[j], nap);
                 const float x0 = __uint_as_float(v[j].x), x1 = __uint_as_float(v[j].z);
-                dst[i] = x0;
-                dst[i + 1] = x1;
+                const int at = SW ? mg_xi(i) : i; /* SW: a GEMV's input */
+                dst[at] = x0;
+                dst[at + 1] = x1;
                 ss += (double)x0 * x0 + (double)x1 * x1;
             }
         }
@@ -277,11 +292,12 @@ static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, uns
     return ss;
 }
 
-/* The same, the threads meeting after. */
+/* The same into a GEMV's input (mg_xi's layout), the threads meeting
+ * after. */
 static __device__ __forceinline__ void mg_recv(const uint2 *src, int n, unsigned tag, float *dst,
                                                int nap)
 {
-    mg_recv_ss(src, n, tag, dst, nap);
+    mg_recv_ss<true>(src, n, tag, dst, nap);
     mg_sync();
 }
 
@@ -521,7 +537,7 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
             const float4 *x = (const float4 *)vec;
 #pragma unroll 2
             for (int e = lane; e < cols / 8; e += 32) {
-                const float4 x0 = x[2 * e], x1 = x[2 * e + 1];
+                const float4 x0 = x[(e >> 5) * 64 + (e & 31)], x1 = x[(e >> 5) * 64 + 32 + (e & 31)];
                 uint4 wv[NR][R];
 #pragma unroll
                 for (int t = 0; t < NR; t++)
@@ -621,7 +637,7 @@ static __device__ __forceinline__ void mg_norm_end(const struct cuk_mega &a, dou
     mg_sync();
     const float inv = cuk_rms_inv(cuk_parts_sum_d(hd->part, MG_WARPS), a.dim, a.eps);
     for (int i = threadIdx.x; i < a.dim; i += MG_CT)
-        vec[i] = cuk_rms_scale(w[i], xr[i], inv);
+        vec[mg_xi(i)] = cuk_rms_scale(w[i], xr[i], inv);
     mg_sync();
 }
 
@@ -643,7 +659,7 @@ static __device__ __forceinline__ void mg_recv_norm(const struct cuk_mega &a, co
                                                     unsigned tag, float *xr, const float *w,
                                                     float *vec, mg_head *hd)
 {
-    const double ss = mg_recv_ss(src, a.dim, tag, xr, a.poll_ns);
+    const double ss = mg_recv_ss<false>(src, a.dim, tag, xr, a.poll_ns);
     cuk_cp_async_wait<PEND>();
     mg_norm_end(a, ss, xr, w, vec, hd);
 }
