@@ -1533,11 +1533,14 @@ struct dl_model {
 
 /* The forms check_decode_layers runs: Qwen3's shapes (q/k norm) or
  * Qwen2's (q/k/v biases), small: 3 layers, dim 256, 4 query heads over 2
- * KV heads of 128, SwiGLU 768; and Qwen3's with SwiGLU 6144, whose down
+ * KV heads of 128, SwiGLU 768; Qwen3's with SwiGLU 6144, whose down
  * projection rows (12 KB) go one to a ring slot and whose gate/up rows
  * take a block several batches (the kernel's multi-batch path and its
- * deepest ring, which the 0.6B never reaches). */
-static const char *const dl_forms[] = {"qwen3", "qwen2", "qwen3 ffn 6144"};
+ * deepest ring, which the 0.6B never reaches); and Qwen3's with 8 query
+ * heads over 2 KV heads (the kernel's instance for 4 heads a KV head, as
+ * Llama-3's). */
+static const char *const dl_forms[] = {"qwen3", "qwen2", "qwen3 ffn 6144", "qwen3 8 heads"};
+#define DL_FORMS (int)(sizeof dl_forms / sizeof dl_forms[0])
 
 static void dl_make(struct dl_model *d, int form)
 {
@@ -1548,7 +1551,7 @@ static void dl_make(struct dl_model *d, int form)
     c->dim = 256;
     c->hidden_dim = form == 2 ? 6144 : 768;
     c->n_layers = 3;
-    c->n_heads = 4;
+    c->n_heads = form == 3 ? 8 : 4;
     c->n_kv_heads = 2;
     c->head_dim = 128;
     c->vocab_size = 512;
@@ -1658,7 +1661,7 @@ static int dl_taken(struct dl_run *r, const struct model *m)
  * cache. */
 static void check_decode_layers(void)
 {
-    for (int form = 0; form < 3; form++) {
+    for (int form = 0; form < DL_FORMS; form++) {
         struct dl_model d;
         dl_make(&d, form);
         const struct model *m = &d.m;
