@@ -550,7 +550,8 @@ static struct backend *cuda_create(int device, struct err *e)
     /* The argmax's workspace and pinned result, zeroed once. */
     if (cudaMalloc(&c->am_ws, CUK_ARGMAX_WS_BYTES) != cudaSuccess ||
         cudaMemsetAsync(c->am_ws, 0, CUK_ARGMAX_WS_BYTES, c->stream) != cudaSuccess ||
-        cudaHostAlloc((void **)&c->am_host, 3 * sizeof(int), 0) != cudaSuccess ||
+        cudaHostAlloc((void **)&c->am_host, 3 * sizeof(int), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer((void **)&c->am_host_dev, c->am_host, 0) != cudaSuccess ||
         !events_create(c->am_ev, 2) || !events_create(c->rec_ev, 2)) {
         err_set(e, "cuda:%d: cannot allocate the argmax buffers", device);
         events_destroy(c->am_ev, 2);

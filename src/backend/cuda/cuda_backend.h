@@ -470,8 +470,10 @@ cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const vo
  * (the kernel leaves it re-armed). */
 #define CUK_ARGMAX_WS_BYTES (128 * 8 + 16)
 /* *out (device) = index of the largest of x[0..n), the lowest on ties; NaNs
- * are skipped (0 when nothing compares). One launch. */
-cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws);
+ * are skipped (0 when nothing compares); and *host too unless it is NULL
+ * (pinned host memory mapped for the device: the host reads it once the
+ * launch is done, with no copy after it). One launch. */
+cudaError_t cuk_argmax(cudaStream_t s, int *out, int *host, const float *x, int n, void *ws);
 /* out[r] (device) = cuk_argmax of row r of x[rows][n], for every row; one
  * launch of about `blocks` blocks (each row split over blocks / rows of
  * them); rows <= 65535. ws: 8-byte aligned device memory of at least

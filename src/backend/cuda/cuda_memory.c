@@ -125,7 +125,7 @@ int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e
         return -1;
     bool timed = timing_mark(c);
     int *dout = am_last(c);
-    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
+    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, NULL, x, n, c->am_ws)) ||
         fetch_ids(c, c->am_host, dout, 1, timed, e))
         return sticky(c, e);
     *out = *c->am_host;
@@ -133,10 +133,12 @@ int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e
 }
 
 /* Greedy decoding one step ahead (forward_pipe_issue): the pick stays in
- * am_last for the next step's embed, and its copy goes to the slot's pinned
- * int, which argmax_take waits for by the slot's event instead of the
- * stream, so the step queued behind it need not finish first. Not timed
- * under CLLM_CUDA_TIMING (its marks assume one step in flight). */
+ * am_last for the next step's embed, and the kernel writes it to the
+ * slot's pinned int as well (mapped: no copy between this step and the
+ * next one queued behind it), which argmax_take waits for by the slot's
+ * event instead of the stream, so that next step need not finish first.
+ * Not timed under CLLM_CUDA_TIMING (its marks assume one step in
+ * flight). */
 int cu_argmax_async(struct backend *be, const float *x, int n, int slot, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
@@ -147,11 +149,9 @@ int cu_argmax_async(struct backend *be, const float *x, int n, int slot, struct 
         return err_set(e, "argmax_async: slot %d, not 0 or 1", slot);
     c->t_open = false;
     int *dout = am_last(c);
-    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, x, n, c->am_ws)) ||
-        fail_cuda(c, "copy the token id",
-                  cudaMemcpyAsync(c->am_host + 1 + slot, dout, sizeof(int),
-                                  cudaMemcpyDeviceToHost, c->stream)) ||
-        fail_cuda(c, "mark the token id's copy", cudaEventRecord(c->am_ev[slot], c->stream)))
+    if (fail_cuda(c, "argmax",
+                  cuk_argmax(c->stream, dout, c->am_host_dev + 1 + slot, x, n, c->am_ws)) ||
+        fail_cuda(c, "mark the token id", cudaEventRecord(c->am_ev[slot], c->stream)))
         return sticky(c, e);
     c->am_queued[slot] = true;
     c->steps_ahead++;

@@ -643,9 +643,9 @@ static __device__ __forceinline__ void am_block(float &bv, int &bi, float *sv, i
 
 /* Each block reduces a strided share into ws; the last block to finish
  * (cuk_last_arrival, which re-arms the counter) reduces the blocks'
- * results and writes the index. */
+ * results and writes the index, to host too when host is not NULL. */
 __global__ void __launch_bounds__(AM_THREADS)
-    k_argmax(int *out, const float *x, int n, float *pv, int *pi, unsigned *count)
+    k_argmax(int *out, int *host, const float *x, int n, float *pv, int *pi, unsigned *count)
 {
     cuk_pdl_start();
     __shared__ float sv[AM_THREADS / 32];
@@ -670,11 +670,17 @@ __global__ void __launch_bounds__(AM_THREADS)
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
         am_better(bv, bi, ((volatile float *)pv)[b], ((volatile int *)pi)[b]);
     am_block(bv, bi, sv, si);
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         *out = bi == INT_MAX ? 0 : bi;
+        if (host) { /* mapped host memory: seen there once the kernel is done */
+            *(volatile int *)host = bi == INT_MAX ? 0 : bi;
+            __threadfence_system();
+        }
+    }
 }
 
-extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int n, void *ws)
+extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, int *host, const float *x, int n,
+                                  void *ws)
 {
     if (n < 1)
         return cudaErrorInvalidValue;
@@ -684,7 +690,7 @@ extern "C" cudaError_t cuk_argmax(cudaStream_t s, int *out, const float *x, int 
     float *pv = (float *)ws;
     int *pi = (int *)(pv + AM_BLOCKS);
     unsigned *count = (unsigned *)(pi + AM_BLOCKS);
-    cuk_launch(k_argmax, blocks, AM_THREADS, 0, s, out, x, n, pv, pi, count);
+    cuk_launch(k_argmax, blocks, AM_THREADS, 0, s, out, host, x, n, pv, pi, count);
     return cudaGetLastError();
 }
 
