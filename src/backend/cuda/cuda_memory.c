@@ -97,15 +97,12 @@ void cu_download(struct backend *be, float *dst, const float *src, size_t n)
         timing_done(c);
 }
 
-/* Copies rows token ids from the device to pinned host memory and waits:
- * the one wait of a greedy or sampled step (its copy timed under
- * CLLM_CUDA_TIMING). Returns -1 with the failure kept (sticky). */
-static int fetch_ids(struct cuda_backend *c, int *host, const int *dev, int rows, bool timed,
-                     struct err *e)
+/* Waits for the step whose kernel wrote its token ids to mapped pinned
+ * memory (no copy after it): the one wait of a greedy or sampled step
+ * (timed under CLLM_CUDA_TIMING). Returns -1 with the failure kept
+ * (sticky). */
+static int wait_ids(struct cuda_backend *c, bool timed, struct err *e)
 {
-    if (fail_cuda(c, "copy token ids", cudaMemcpyAsync(host, dev, sizeof(int) * (size_t)rows,
-                                                       cudaMemcpyDeviceToHost, c->stream)))
-        return sticky(c, e);
     if (timed)
         cudaEventRecord(c->ev[2], c->stream);
     if (fail_cuda(c, "synchronize after the token ids", cudaStreamSynchronize(c->stream)))
@@ -125,8 +122,8 @@ int cu_argmax(struct backend *be, int *out, const float *x, int n, struct err *e
         return -1;
     bool timed = timing_mark(c);
     int *dout = am_last(c);
-    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, NULL, x, n, c->am_ws)) ||
-        fetch_ids(c, c->am_host, dout, 1, timed, e))
+    if (fail_cuda(c, "argmax", cuk_argmax(c->stream, dout, c->am_host_dev, x, n, c->am_ws)) ||
+        wait_ids(c, timed, e))
         return sticky(c, e);
     *out = *c->am_host;
     return 0;
@@ -173,8 +170,8 @@ int cu_argmax_take(struct backend *be, int slot, int *out, struct err *e)
     return 0;
 }
 
-/* Makes amr_dev / amr_host hold rows ids (and amr_ws the argmax's
- * workspace for as many rows, zeroed); -1 with the failure kept. */
+/* Makes amr_host hold rows ids (and amr_ws the argmax's workspace for as
+ * many rows, zeroed); -1 with the failure kept. */
 static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
 {
     if (rows > c->amr_cap) { /* grows rarely: the batch size bounds rows */
@@ -187,26 +184,27 @@ static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
         if (c->amr_host)
             cudaFreeHost(c->amr_host);
         c->amr_dev = NULL;
-        c->amr_host = NULL;
+        c->amr_host = c->amr_host_dev = NULL;
         c->amr_ws = NULL;
         c->amr_cap = 0;
-        const size_t ids = ((size_t)cap * sizeof(int) + 15) / 16 * 16;
         const size_t wsb = CUK_ARGMAX_ROWS_WS_BYTES(cap);
-        if (fail_cuda(c, "allocate token ids",
-                      cudaMalloc((void **)&c->amr_dev, ids + wsb)) ||
+        if (fail_cuda(c, "allocate the argmax workspace", cudaMalloc((void **)&c->amr_dev, wsb)) ||
             fail_cuda(c, "zero the argmax workspace",
-                      cudaMemsetAsync((char *)c->amr_dev + ids, 0, wsb, c->stream)) ||
+                      cudaMemsetAsync(c->amr_dev, 0, wsb, c->stream)) ||
             fail_cuda(c, "allocate token ids (host)",
-                      cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap, 0)))
+                      cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap,
+                                    cudaHostAllocMapped)) ||
+            fail_cuda(c, "map token ids",
+                      cudaHostGetDevicePointer((void **)&c->amr_host_dev, c->amr_host, 0)))
             return sticky(c, e);
-        c->amr_ws = (char *)c->amr_dev + ids;
+        c->amr_ws = c->amr_dev;
         c->amr_cap = cap;
     }
     return 0;
 }
 
-/* A batched step's greedy sequences: one launch over their logits rows and
- * one copy of rows ids to pinned memory, instead of rows x n floats. */
+/* A batched step's greedy sequences: one launch over their logits rows,
+ * which writes rows ids to pinned memory, instead of rows x n floats. */
 int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n,
                    struct err *e)
 {
@@ -215,9 +213,9 @@ int cu_argmax_rows(struct backend *be, int *out, const float *x, int rows, int n
     if (sticky(c, e) || ids_reserve(c, rows, e))
         return -1;
     bool timed = timing_mark(c);
-    if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_dev, x, rows, n, c->amr_ws,
-                                                         2 * c->n_sms)) ||
-        fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
+    if (fail_cuda(c, "argmax rows", cuk_argmax_rows(c->stream, c->amr_host_dev, x, rows, n,
+                                                         c->amr_ws, 2 * c->n_sms)) ||
+        wait_ids(c, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
     return 0;
@@ -308,9 +306,9 @@ int cu_sample_rows(struct backend *be, int *out, const float *x, int rows, int n
     const bool prep = smp_prep_reserve(c, rows, n);
     bool timed = timing_mark(c);
     if (fail_cuda(c, "sample rows",
-                  cuk_sample_rows(c->stream, c->amr_dev, x, rows, n, dp,
+                  cuk_sample_rows(c->stream, c->amr_host_dev, x, rows, n, dp,
                                   prep ? &c->smp_fw : NULL)) ||
-        fetch_ids(c, c->amr_host, c->amr_dev, rows, timed, e))
+        wait_ids(c, timed, e))
         return sticky(c, e);
     memcpy(out, c->amr_host, sizeof(int) * (size_t)rows);
     return 0;
