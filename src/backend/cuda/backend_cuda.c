@@ -226,8 +226,9 @@ static void cu_destroy(struct backend *be)
             if (!c->t_steps[b])
                 continue;
             fprintf(stderr, "%s: timing of %ld %s steps, per step: %.1f us on the GPU before "
-                            "the result copy, %.1f us copy, %.1f us host wall (step_begin to "
-                            "after the copy), %.1f us host issuing the ops%s",
+                            "the result, %.1f us result (the logits' copy, or the ids' "
+                            "kernel), %.1f us host wall (step_begin to after the result), "
+                            "%.1f us host issuing the ops%s",
                     c->name, c->t_steps[b], what[b], 1e3 * c->t_gpu[b] / k,
                     1e3 * c->t_copy[b] / k, 1e3 * c->t_wall[b] / k, 1e3 * c->t_enq[b] / k,
                     b == 2 ? "\n" : "");
