@@ -280,10 +280,10 @@ struct cuda_backend {
     struct lt_plan *lt_plans; /* [LT_PLANS] */
     int lt_next;              /* the slot the next new shape takes */
     void *am_ws;       /* cuk_argmax workspace + the result id (device) */
-    int *am_host;      /* pinned: the id copied back; [1 + slot]: argmax_async's */
+    int *am_host;      /* pinned, mapped: the id, written by the argmax; [1 + slot]: argmax_async's */
     int *am_host_dev;  /* am_host as the device addresses it (mapped) */
-    cudaEvent_t am_ev[2];  /* argmax_async: its copy into slot i is done */
-    bool am_queued[2];     /* a copy into slot i awaits argmax_take */
+    cudaEvent_t am_ev[2];  /* argmax_async: the argmax writing slot i is done */
+    bool am_queued[2];     /* an id for slot i awaits argmax_take */
     long steps_ahead;      /* argmax_async calls (CLLM_CUDA_TIMING prints them) */
     int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: device memory for amr_ws; the
                               * ids, pinned and mapped (the kernels write them there) */

@@ -537,7 +537,8 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
             const float4 *x = (const float4 *)vec;
 #pragma unroll 2
             for (int e = lane; e < cols / 8; e += 32) {
-                const float4 x0 = x[(e >> 5) * 64 + (e & 31)], x1 = x[(e >> 5) * 64 + 32 + (e & 31)];
+                const int xe = (e >> 5) * 64 + (e & 31); /* mg_xi's layout */
+                const float4 x0 = x[xe], x1 = x[xe + 32];
                 uint4 wv[NR][R];
 #pragma unroll
                 for (int t = 0; t < NR; t++)
