@@ -288,7 +288,7 @@ struct cuda_backend {
     int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: device memory for amr_ws; the
                               * ids, pinned and mapped (the kernels write them there) */
     int *amr_host_dev;       /* amr_host as the device addresses it */
-    int amr_cap;             /* ids both hold */
+    int amr_cap;             /* rows amr_host and amr_ws hold */
     void *amr_ws;            /* cuk_argmax_rows's workspace for amr_cap rows (amr_dev) */
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */

@@ -228,12 +228,12 @@ void mega_report(struct cuda_backend *c)
                     "in, first batch done; late: a block's waits on weights (a chunk's, or a "
                     "job's chunks together) that had not landed when its rows reached them\n",
             c->mega_n);
-    double k = 1e-3 / (double)c->mega_n;
+    const double us = 1e-3 / (double)c->mega_n; /* summed ns to us a layer */
     for (int p = 0; p < 6; p++) {
         fprintf(stderr, "  %-10s", what[p]);
         for (int j = 0; j < 5; j++)
-            fprintf(stderr, "  %6.2f %6.2f", c->mega_sum[p][2 * j] * k,
-                    c->mega_sum[p][2 * j + 1] * k);
+            fprintf(stderr, "  %6.2f %6.2f", c->mega_sum[p][2 * j] * us,
+                    c->mega_sum[p][2 * j + 1] * us);
         if (p < 5)
             fprintf(stderr, "   late %.2f", c->mega_late[p] / (double)c->mega_n);
         fprintf(stderr, "\n");
@@ -246,8 +246,7 @@ void mega_report(struct cuda_backend *c)
         int w = 0;
         for (int b = 1; b < nb; b++)
             w = c->mega_lag[b] > c->mega_lag[w] ? b : w;
-        fprintf(stderr, " %d/%u: %.2f", w, c->mega_sm[w],
-                c->mega_lag[w] * 1e-3 / (double)c->mega_n / 5);
+        fprintf(stderr, " %d/%u: %.2f", w, c->mega_sm[w], c->mega_lag[w] * us / 5);
         c->mega_lag[w] = -INFINITY;
     }
     fprintf(stderr, "\n");
