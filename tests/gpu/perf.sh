@@ -3,8 +3,9 @@
 # the GPU machine:
 #   1. bench_gemv (GEMV kernels alone: GB/s per shape, n = 1..8), and when
 #      packed bench_gemm_tc (the opt-in tensor-core GEMM against cuBLAS,
-#      n = 2..64) and bench_persist (the decode GEMV chain, one launch per
-#      matrix against one persistent launch),
+#      n = 2..64), bench_persist (the decode GEMV chain, one launch per
+#      matrix against one persistent launch) and bench_handoff (what one
+#      tagged hand-off between blocks costs alone),
 #   2. `cllm bench` on random-weight Qwen3-0.6B and Llama-3.1-8B shapes
 #      (prefill pp512, decode tg128, batched decode at 1/8/32/64 streams),
 #   3. ncu per-kernel GPU time of one 8B prefill (512 tokens) when NCU=1,
@@ -25,7 +26,7 @@ if [ -x "$BIN/bench_gemv" ] && [ "${GEMV:-1}" = 1 ]; then
     echo "== bench_gemv"
     timeout 120 "$BIN/bench_gemv" || echo "bench_gemv: FAILED (rc $?)"
 fi
-for b in bench_gemm_tc bench_persist; do
+for b in bench_gemm_tc bench_persist bench_handoff; do
     if [ -x "$BIN/$b" ] && [ "${GEMV:-1}" = 1 ]; then
         echo "== $b"
         timeout 180 "$BIN/$b" || echo "$b: FAILED (rc $?)"

@@ -271,6 +271,29 @@ template <int N> static __device__ __forceinline__ void cuk_cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* A value handed to other blocks of a running grid as (value, tag) in one
+ * 8-byte store (single-copy atomic): a reader polling the pair has the
+ * value it waits for once the pair carries its tag (decode_mega.cu's
+ * exchanges, bench/bench_handoff.cu). */
+static __device__ __forceinline__ void cuk_tag_send(uint2 *dst, float v, unsigned tag)
+{
+    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(dst),
+                 "r"(__float_as_uint(v)), "r"(tag)
+                 : "memory");
+}
+
+/* Two tagged pairs (16 bytes, one access), read at the GPU's coherence
+ * point, never from L1. */
+static __device__ __forceinline__ uint4 cuk_tag_ld2(const uint2 *p)
+{
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 /* ---- Bulk asynchronous copies into shared memory, completing on an
  * mbarrier (Hopper, sm_90): what the staged kernels (gemv_staged.cu,
  * gemm_tc.cu) fill their rings with. A slot's barrier is armed by one

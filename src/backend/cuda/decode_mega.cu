@@ -52,7 +52,9 @@
 #define MG_PART (MG_HD + 2)        /* pairs of one split's partial: acc, m, l */
 #define MG_KPS 56                  /* keys a split while that needs at most MG_SMAX splits */
 #define MG_PRE 128                 /* most keys of a split fetched before the q/k/v projection */
+#ifndef MG_RB /* -DMG_RB=N to measure another (x329: 1 a thread, 3.4 % slower) */
 #define MG_RB 2                    /* loads of tagged pairs a thread keeps in flight */
+#endif
 #define MG_LOG2E 1.4426950408889634f
 
 /* The measurement record (cuk_mega.probe): for each layer l, phase p
@@ -208,33 +210,13 @@ static __device__ __forceinline__ void mg_sync()
     asm volatile("bar.sync 1, %0;" ::"n"(MG_CT) : "memory");
 }
 
-/* One tagged value handed to other blocks. */
-static __device__ __forceinline__ void mg_send(uint2 *dst, float v, unsigned tag)
-{
-    asm volatile("st.relaxed.gpu.global.v2.u32 [%0], {%1, %2};" ::"l"(dst),
-                 "r"(__float_as_uint(v)), "r"(tag)
-                 : "memory");
-}
-
-/* Two tagged values (16 bytes, one access), read at the GPU's coherence
- * point, never from L1. */
-static __device__ __forceinline__ uint4 mg_ld2(const uint2 *p)
-{
-    uint4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
 /* v, already loaded from p, reloaded until both its pairs carry tag. */
 static __device__ __forceinline__ void mg_until(const uint2 *p, unsigned tag, uint4 &v, int nap)
 {
     while (v.y != tag || v.w != tag) {
         if (nap) /* fewer polls in flight: the L2 serves the copies and stores */
             __nanosleep(nap);
-        v = mg_ld2(p);
+        v = cuk_tag_ld2(p);
     }
 }
 
@@ -243,7 +225,7 @@ static __device__ __forceinline__ void mg_until(const uint2 *p, unsigned tag, ui
 static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, float &v0,
                                                  float &v1, int nap)
 {
-    uint4 v = mg_ld2(p);
+    uint4 v = cuk_tag_ld2(p);
     mg_until(p, tag, v, nap);
     v0 = __uint_as_float(v.x);
     v1 = __uint_as_float(v.z);
@@ -275,7 +257,7 @@ static __device__ __forceinline__ double mg_recv_ss(const uint2 *src, int n, uns
 #pragma unroll
         for (int j = 0; j < MG_RB; j++)
             if (i0 + j * 2 * MG_CT < n)
-                v[j] = mg_ld2(src + i0 + j * 2 * MG_CT);
+                v[j] = cuk_tag_ld2(src + i0 + j * 2 * MG_CT);
 #pragma unroll
         for (int j = 0; j < MG_RB; j++) {
             const int i = i0 + j * 2 * MG_CT;
@@ -594,15 +576,15 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
                     const float *b = rw < qd ? L.bq : rw < qd + kvd ? L.bk : L.bv;
                     const int br = rw < qd ? rw : rw < qd + kvd ? rw - qd : rw - qd - kvd;
                     /* as the plain path: the matmul's sum, then the bias added */
-                    mg_send(w.qkv + rw, b ? s0 + b[br] : s0, tag);
+                    cuk_tag_send(w.qkv + rw, b ? s0 + b[br] : s0, tag);
                 } else if (J == 2) {
-                    mg_send(w.h + rw, cuk_silu_mul1(s0, s1), tag);
+                    cuk_tag_send(w.h + rw, cuk_silu_mul1(s0, s1), tag);
                 } else if (J == 1) {
-                    mg_send(w.xo + rw, xr[rw] + s0, tag + 1);
+                    cuk_tag_send(w.xo + rw, xr[rw] + s0, tag + 1);
                 } else if (last) { /* the step's result, for the LM head */
                     a.x[rw] = xr[rw] + s0;
                 } else {
-                    mg_send(w.xd + rw, xr[rw] + s0, tag + 2);
+                    cuk_tag_send(w.xd + rw, xr[rw] + s0, tag + 2);
                 }
             }
         }
@@ -795,7 +777,7 @@ static __device__ __forceinline__ void mg_fetch_kv(const struct cuk_mega &a,
 static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned tag, float *head,
                                                     int lane, int nap)
 {
-    uint4 v0 = mg_ld2(src + 4 * lane), v1 = mg_ld2(src + 4 * lane + 2);
+    uint4 v0 = cuk_tag_ld2(src + 4 * lane), v1 = cuk_tag_ld2(src + 4 * lane + 2);
     mg_until(src + 4 * lane, tag, v0, nap);
     mg_until(src + 4 * lane + 2, tag, v1, nap);
     head[4 * lane] = __uint_as_float(v0.x);
@@ -987,14 +969,14 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         if (S == 1) {
             const float inv = 1.0f / Ls;
             for (int e = 0; e < 4; e++)
-                mg_send(att + 4 * lane + e, o[e] * inv, tag);
+                cuk_tag_send(att + 4 * lane + e, o[e] * inv, tag);
         } else {
             uint2 *pp = w.part + ((size_t)(h * MG_SMAX + s) * G + gi) * MG_PART;
             for (int e = 0; e < 4; e++)
-                mg_send(pp + 4 * lane + e, o[e], tag);
+                cuk_tag_send(pp + 4 * lane + e, o[e], tag);
             if (lane == 0) {
-                mg_send(pp + MG_HD, M, tag);
-                mg_send(pp + MG_HD + 1, Ls, tag);
+                cuk_tag_send(pp + MG_HD, M, tag);
+                cuk_tag_send(pp + MG_HD + 1, Ls, tag);
             }
         }
     }
@@ -1018,8 +1000,8 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
 #pragma unroll
         for (int j = 0; j < 4; j++)
             if (t0s + j * per < S) {
-                u[j][0] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane);
-                u[j][1] = mg_ld2(p0 + (t0s + j * per) * stride + 4 * lane + 2);
+                u[j][0] = cuk_tag_ld2(p0 + (t0s + j * per) * stride + 4 * lane);
+                u[j][1] = cuk_tag_ld2(p0 + (t0s + j * per) * stride + 4 * lane + 2);
             }
     };
     merge_loads();
@@ -1068,10 +1050,10 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
         }
         const float inv = 1.0f / Ls;
         uint2 *att = w.att + (size_t)(h * G + warp) * MG_HD;
-        mg_send(att + 4 * lane, sum.x * inv, tag);
-        mg_send(att + 4 * lane + 1, sum.y * inv, tag);
-        mg_send(att + 4 * lane + 2, sum.z * inv, tag);
-        mg_send(att + 4 * lane + 3, sum.w * inv, tag);
+        cuk_tag_send(att + 4 * lane, sum.x * inv, tag);
+        cuk_tag_send(att + 4 * lane + 1, sum.y * inv, tag);
+        cuk_tag_send(att + 4 * lane + 2, sum.z * inv, tag);
+        cuk_tag_send(att + 4 * lane + 3, sum.w * inv, tag);
     }
     mg_ev(tr, 74);
 }
