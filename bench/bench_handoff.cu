@@ -30,13 +30,6 @@
 
 #define THREADS 256
 
-static __device__ __forceinline__ unsigned long long now_ns()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 static __device__ __forceinline__ unsigned ld_tag(const uint2 *p)
 {
     unsigned t;
@@ -52,7 +45,7 @@ __global__ void k_pingpong(uint2 *slot, int other, int rounds, unsigned base, do
     if (threadIdx.x != 0 || (blockIdx.x != 0 && (int)blockIdx.x != other))
         return;
     const bool a = blockIdx.x == 0;
-    const unsigned long long t0 = now_ns();
+    const unsigned long long t0 = cuk_globaltimer();
     for (int r = 1; r <= rounds; r++) {
         const unsigned tag = base + (unsigned)r;
         if (a) {
@@ -66,7 +59,7 @@ __global__ void k_pingpong(uint2 *slot, int other, int rounds, unsigned base, do
         }
     }
     if (a)
-        out[0] = (double)(now_ns() - t0) / rounds;
+        out[0] = (double)(cuk_globaltimer() - t0) / rounds;
 }
 
 /* Every block sends its n / gridDim.x of n values and reads all n, each
@@ -81,7 +74,7 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ unsigned sink[THREADS];
     const int nb = gridDim.x, per = (n + nb - 1) / nb;
     unsigned bad = 0;
-    const unsigned long long t0 = now_ns();
+    const unsigned long long t0 = cuk_globaltimer();
     for (int r = 1; r <= rounds; r++) {
         const unsigned tag = base + (unsigned)r;
         uint2 *b = buf + (size_t)(r & 1) * n;
@@ -111,7 +104,7 @@ __global__ void __launch_bounds__(THREADS)
         }
         __syncthreads(); /* as a layer's warps meet before using what they read */
     }
-    const unsigned long long t1 = now_ns();
+    const unsigned long long t1 = cuk_globaltimer();
     sink[threadIdx.x] = bad;
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x == 0) {

@@ -146,13 +146,6 @@ static __device__ __forceinline__ void fill(cursor &c, unsigned consumed, int p1
 
 #endif
 
-static __device__ __forceinline__ unsigned long long gtime()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-
 /* trace (block 0, thread 0, when not NULL): per phase the times at which
  * it arrived at the barrier, left it, had x staged, and finished its rows.
  * how: 0 fence + atomicAdd, 1 red.release */
@@ -194,7 +187,7 @@ __global__ void __launch_bounds__(PT, 1)
         if (p > p0) { /* every block's outputs of phase p - 1 are written */
             __syncthreads();
             if (tr)
-                trb[p * tstride + 0] = gtime();
+                trb[p * tstride + 0] = cuk_globaltimer();
             if (threadIdx.x == 0) {
                 if (how == 0) {
                     __threadfence();
@@ -208,14 +201,14 @@ __global__ void __launch_bounds__(PT, 1)
             }
             __syncthreads();
             if (tr)
-                trb[p * tstride + 1] = gtime();
+                trb[p * tstride + 1] = cuk_globaltimer();
         }
         /* x into the tile, in gemv_stage's layout */
         for (int f = threadIdx.x; f < ph.cols / 4; f += PT)
             xs[gemv_xs_slot<8>(f)] = __ldcg((const float4 *)ph.x + f);
         __syncthreads();
         if (tr)
-            trb[p * tstride + 2] = gtime();
+            trb[p * tstride + 2] = cuk_globaltimer();
         share sh = share_of(ph, warp);
         const int cvec = ph.chunk / 8;
         for (int j = 0; j < sh.nu; j++) {
@@ -226,7 +219,7 @@ __global__ void __launch_bounds__(PT, 1)
                 unsigned s = consumed % (unsigned)slots;
                 cuk_mbar_wait(bar + s, (consumed / (unsigned)slots) & 1u);
                 if (tr && j == 0 && ch == 0)
-                    trb[p * tstride + 4] = gtime();
+                    trb[p * tstride + 4] = cuk_globaltimer();
                 const uint4 *wv = (const uint4 *)(wring + (size_t)s * slot_bytes);
                 const int nvec = min(ph.chunk, ph.cols - ch * ph.chunk) / 8;
                 const float4 *xc = xs + (size_t)(ch * cvec / 32) * 64 + lane;
@@ -269,7 +262,7 @@ __global__ void __launch_bounds__(PT, 1)
             }
             const int u = sh.ubase + j * PW;
             if (tr && j == sh.nu - 1)
-                trb[p * tstride + 5] = gtime();
+                trb[p * tstride + 5] = cuk_globaltimer();
             float g = cuk_warp_sum(acc0);
             if (ph.w1) {
                 float uv = cuk_warp_sum(acc1);
@@ -280,7 +273,7 @@ __global__ void __launch_bounds__(PT, 1)
             }
         }
         if (tr)
-            trb[p * tstride + 3] = gtime();
+            trb[p * tstride + 3] = cuk_globaltimer();
         if (p + 1 < p1)
             ph = phs[p + 1];
     }

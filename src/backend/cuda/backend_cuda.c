@@ -268,8 +268,8 @@ static void cu_destroy(struct backend *be)
     events_destroy(c->am_ev, 2);
     events_destroy(c->rec_ev, 2);
     smp_prep_free(c);
-    if (c->amr_dev)
-        cudaFree(c->amr_dev);
+    if (c->amr_ws)
+        cudaFree(c->amr_ws);
     if (c->amr_host)
         cudaFreeHost(c->amr_host);
     /* Buffers callers did not free (they should have) go with the backend. */

@@ -271,6 +271,15 @@ template <int N> static __device__ __forceinline__ void cuk_cp_async_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* The GPU's nanosecond clock, comparable across multiprocessors (the
+ * measurement probes and traces, the benches). */
+static __device__ __forceinline__ unsigned long long cuk_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 /* A value handed to other blocks of a running grid as (value, tag) in one
  * 8-byte store (single-copy atomic): a reader polling the pair has the
  * value it waits for once the pair carries its tag (decode_mega.cu's

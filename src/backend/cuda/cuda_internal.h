@@ -285,11 +285,11 @@ struct cuda_backend {
     cudaEvent_t am_ev[2];  /* argmax_async: the argmax writing slot i is done */
     bool am_queued[2];     /* an id for slot i awaits argmax_take */
     long steps_ahead;      /* argmax_async calls (CLLM_CUDA_TIMING prints them) */
-    int *amr_dev, *amr_host; /* cu_argmax_rows, cu_sample_rows: device memory for amr_ws; the
-                              * ids, pinned and mapped (the kernels write them there) */
+    int *amr_host;           /* cu_argmax_rows, cu_sample_rows: the ids, pinned and mapped
+                              * (the kernels write them there) */
     int *amr_host_dev;       /* amr_host as the device addresses it */
     int amr_cap;             /* rows amr_host and amr_ws hold */
-    void *amr_ws;            /* cuk_argmax_rows's workspace for amr_cap rows (amr_dev) */
+    void *amr_ws;            /* device: cuk_argmax_rows's workspace for amr_cap rows */
 
     /* CLLM_CUDA_TIMING=1: where a decode step's time goes (printed at exit) */
     bool timing, t_open;

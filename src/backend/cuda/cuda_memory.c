@@ -179,25 +179,23 @@ static int ids_reserve(struct cuda_backend *c, int rows, struct err *e)
         if (fail_cuda(c, "synchronize before growing the id buffers",
                       cudaStreamSynchronize(c->stream)))
             return sticky(c, e);
-        if (c->amr_dev)
-            cudaFree(c->amr_dev);
+        if (c->amr_ws)
+            cudaFree(c->amr_ws);
         if (c->amr_host)
             cudaFreeHost(c->amr_host);
-        c->amr_dev = NULL;
-        c->amr_host = c->amr_host_dev = NULL;
         c->amr_ws = NULL;
+        c->amr_host = c->amr_host_dev = NULL;
         c->amr_cap = 0;
         const size_t wsb = CUK_ARGMAX_ROWS_WS_BYTES(cap);
-        if (fail_cuda(c, "allocate the argmax workspace", cudaMalloc((void **)&c->amr_dev, wsb)) ||
+        if (fail_cuda(c, "allocate the argmax workspace", cudaMalloc(&c->amr_ws, wsb)) ||
             fail_cuda(c, "zero the argmax workspace",
-                      cudaMemsetAsync(c->amr_dev, 0, wsb, c->stream)) ||
+                      cudaMemsetAsync(c->amr_ws, 0, wsb, c->stream)) ||
             fail_cuda(c, "allocate token ids (host)",
                       cudaHostAlloc((void **)&c->amr_host, sizeof(int) * (size_t)cap,
                                     cudaHostAllocMapped)) ||
             fail_cuda(c, "map token ids",
                       cudaHostGetDevicePointer((void **)&c->amr_host_dev, c->amr_host, 0)))
             return sticky(c, e);
-        c->amr_ws = c->amr_dev;
         c->amr_cap = cap;
     }
     return 0;

@@ -34,8 +34,7 @@ static __device__ __forceinline__ void probe(int stage)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned long long t, c = clock64();
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        const unsigned long long c = clock64(), t = cuk_globaltimer();
         unsigned l = probe_slot();
         if (stage == 0) {
             l = probe_slot() = *(volatile unsigned *)&cuk_probe_seq % PROBE_L;

@@ -152,13 +152,6 @@ static __device__ __forceinline__ mg_ws mg_ws_of(const struct cuk_mega &a)
     return w;
 }
 
-static __device__ __forceinline__ unsigned long long mg_now()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 /* The trace's cursor: p NULL for every thread and layer not traced. */
 struct mg_tr {
     unsigned *p;
@@ -181,7 +174,7 @@ static __device__ __forceinline__ void mg_ev_put(mg_tr &t, unsigned id, unsigned
 static __device__ __forceinline__ void mg_ev(mg_tr &t, unsigned id)
 {
     if (t.p)
-        mg_ev_put(t, id, (unsigned)mg_now(), (unsigned)clock64());
+        mg_ev_put(t, id, (unsigned)cuk_globaltimer(), (unsigned)clock64());
 }
 
 static __device__ __forceinline__ void mg_ev_val(mg_tr &t, unsigned id, unsigned v)
@@ -201,7 +194,7 @@ static __device__ __forceinline__ void mg_stamp(unsigned *pr, int l, int p, int 
                                                 unsigned long long t0)
 {
     if (pr && threadIdx.x == 0)
-        pr[MG_PROBE_AT(l, p) + k * gridDim.x + blockIdx.x] = (unsigned)(mg_now() - t0);
+        pr[MG_PROBE_AT(l, p) + k * gridDim.x + blockIdx.x] = (unsigned)(cuk_globaltimer() - t0);
 }
 
 /* The eight multiplying warps meet (the copying warp goes its own way). */
@@ -231,15 +224,21 @@ static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, f
     v1 = __uint_as_float(v.z);
 }
 
-/* Where float i of a GEMV's input sits in shared memory: a warp's lane
- * takes the 8 floats of one 16-byte weight load (e = i / 8), and the two
- * float4s of it lie 512 bytes apart, so that each float4 load of the warp
+/* Where a GEMV's input sits in shared memory: a warp's lane takes the 8
+ * floats of one 16-byte weight load (group e = i / 8), and the two float4s
+ * of a group lie 512 bytes apart, so that each float4 load of the warp
  * reads 512 contiguous bytes (in order, the float4s 32 bytes apart were
- * read with 2-way bank conflicts: 8 wavefronts a load instead of 4). */
+ * read with 2-way bank conflicts: 8 wavefronts a load instead of 4).
+ * mg_xe: the first float4 of group e (the second is 32 float4s on);
+ * mg_xi: float i. */
+static __device__ __forceinline__ int mg_xe(int e)
+{
+    return (e >> 5) * 64 + (e & 31);
+}
+
 static __device__ __forceinline__ int mg_xi(int i)
 {
-    const int e = i >> 3, q = (i >> 2) & 1;
-    return (((e >> 5) * 64 + q * 32 + (e & 31)) << 2) + (i & 3);
+    return ((mg_xe(i >> 3) + ((i >> 2) & 1) * 32) << 2) + (i & 3);
 }
 
 /* dst[0..n) = the values of n tagged pairs (n even; SW: at mg_xi(i)), by
@@ -519,7 +518,7 @@ static __device__ __forceinline__ void mg_gemv(const struct cuk_mega &a, const c
             const float4 *x = (const float4 *)vec;
 #pragma unroll 2
             for (int e = lane; e < cols / 8; e += 32) {
-                const int xe = (e >> 5) * 64 + (e & 31); /* mg_xi's layout */
+                const int xe = mg_xe(e);
                 const float4 x0 = x[xe], x1 = x[xe + 32];
                 uint4 wv[NR][R];
 #pragma unroll
@@ -1073,7 +1072,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
     mg_head *hd = (mg_head *)smem;
     float *vec = (float *)(smem + MG_VEC_OFF);
     const int qd = a.n_heads * MG_HD;
-    const mg_layout lo = mg_layout_of(a.dim, qd, a.ffn, a.n_heads / a.g.n_kv_heads, a.npre);
+    const mg_layout lo = mg_layout_of(a.dim, qd, a.ffn, G, a.npre);
     float *xr = (float *)(smem + lo.xr);
     uint16_t *kvs = (uint16_t *)(smem + lo.kvs);
     float *nrm = (float *)(smem + lo.nrm), *qkn = (float *)(smem + lo.qkn);
@@ -1106,7 +1105,7 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
     const unsigned gen = *(volatile const unsigned *)a.gen;
     const mg_ws w = mg_ws_of(a);
     mg_ringpos rp = {0, 0};
-    const unsigned long long t0 = mg_now();
+    const unsigned long long t0 = cuk_globaltimer();
     unsigned *pr = a.probe;
     /* cp.async groups in flight: the next norm's weights (one group),
      * then the layer's K/V rows (one group) */

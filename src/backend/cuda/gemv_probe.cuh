@@ -28,12 +28,6 @@ struct gp_warp {
     unsigned long long t0, t1;
     unsigned slot;
 };
-static __device__ __forceinline__ unsigned long long gp_now()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 static __device__ __forceinline__ void gp_put(const gp_warp &w, int st, unsigned long long t)
 {
     atomicMin(&gp_min[w.slot][st], t);
@@ -45,7 +39,7 @@ static __device__ __forceinline__ void gp_put(const gp_warp &w, int st, unsigned
 static __device__ __forceinline__ void gp_released(gp_warp &w, int cols, int units, int nt)
 {
     if ((threadIdx.x & 31) == 0) {
-        w.t1 = gp_now();
+        w.t1 = cuk_globaltimer();
         w.slot = *(volatile unsigned *)&gp_seq % GP_L;
         gp_put(w, 0, w.t0);
         gp_put(w, 1, w.t1);
@@ -59,13 +53,13 @@ static __device__ __forceinline__ void gp_released(gp_warp &w, int cols, int uni
 static __device__ __forceinline__ void gp_stage(const gp_warp &w, int st)
 {
     if ((threadIdx.x & 31) == 0)
-        gp_put(w, st, gp_now());
+        gp_put(w, st, cuk_globaltimer());
 }
 /* the launch's last warp to finish moves the record on */
 static __device__ __forceinline__ void gp_end(const gp_warp &w)
 {
     if ((threadIdx.x & 31) == 0) {
-        const unsigned long long t = gp_now();
+        const unsigned long long t = cuk_globaltimer();
         gp_put(w, GP_S - 1, t);
         if (blockIdx.x < GP_B) {
             atomicMin(&gp_bmin[w.slot][blockIdx.x], t);

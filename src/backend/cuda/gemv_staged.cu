@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #ifdef CUK_GEMV_PROBE
     gp_warp gpw;
-    gpw.t0 = gp_now();
+    gpw.t0 = cuk_globaltimer();
 #endif
     /* the warp's units: ubase, ubase + ustride, ... (nu of them) */
     const int ustride = (int)gridDim.x * GEMV_WARPS, ubase = (int)blockIdx.x * GEMV_WARPS + warp;
