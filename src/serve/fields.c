@@ -343,7 +343,13 @@ int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *a
         r->calls_off = true;
     } else if (!strcmp(type, "required") || !strcmp(type, "any")) {
         r->force = TOOLS_REQUIRED;
-    } else if (json_is_object(tc) && (!strcmp(type, "function") || !strcmp(type, "tool"))) {
+    } else if (json_is_object(tc) && !strcmp(type, "allowed_tools")) {
+        /* Responses: the mode holds; the subset is left to the model */
+        const char *mode = json_string_value(json_object_get(tc, "mode"));
+        if (mode && !strcmp(mode, "required"))
+            r->force = TOOLS_REQUIRED;
+    } else if (json_is_object(tc) && (!strcmp(type, "function") || !strcmp(type, "tool") ||
+                                      !strcmp(type, "custom"))) {
         const json_t *fn = json_object_get(tc, "function");
         const char *name = json_string_value(json_object_get(json_is_object(fn) ? fn : tc, "name"));
         if (!name || !*name)

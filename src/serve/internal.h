@@ -163,8 +163,9 @@ int content_text(const json_t *content, const char *param, const char *const *ty
 /* tool_choice in any API's shape into r: "none" / {"type": "none"} turns
  * call parsing off; "required", {"type": "any"} or "required" forces a
  * call; {"type": "function", "function": {"name"}} (chat), {"type":
- * "function", "name"} (Responses) or {"type": "tool", "name"} (Messages)
- * forces that tool; parallel_tool_calls false or Anthropic's
+ * "function" or "custom", "name"} (Responses) or {"type": "tool", "name"}
+ * (Messages) forces that tool, and Responses' {"type": "allowed_tools",
+ * "mode": "required"} a call; parallel_tool_calls false or Anthropic's
  * disable_parallel_tool_use allow one call. "auto" and choices cllm does
  * not know are left to the model. A named choice without a name: 400. */
 int field_tool_choice(const json_t *obj, struct chat_req *r, struct api_error *ae);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve/codex_items.h"
 #include "serve/internal.h"
 
 /* ---- the store ---- */
@@ -104,6 +105,23 @@ json_t *responses_get(struct server *srv, const char *id) { return store_get(srv
 
 static const char *const part_types[] = {"input_text", "output_text", "text", NULL};
 
+/* Takes call. The calls of one answer (and its text before them) are one
+ * assistant turn, as the model wrote them. */
+static void append_call(json_t *out, json_t *call)
+{
+    json_t *last = json_array_get(out, json_array_size(out) - 1);
+    const char *lr = json_string_value(json_object_get(last, "role"));
+    if (lr && !strcmp(lr, "assistant")) {
+        json_t *calls = json_object_get(last, "tool_calls");
+        if (!json_is_array(calls))
+            json_object_set_new(last, "tool_calls", calls = json_array());
+        json_array_append_new(calls, call);
+        return;
+    }
+    json_array_append_new(out, json_pack("{s:s, s:s, s:[o]}", "role", "assistant", "content", "",
+                                         "tool_calls", call));
+}
+
 static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *ae)
 {
     char param[64];
@@ -138,26 +156,28 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
         const json_t *id = json_object_get(it, "call_id");
         if (call && json_is_string(id))
             json_object_set(call, "id", (json_t *)id);
-        /* The calls of one answer (and its text before them) are one
-         * assistant turn, as the model wrote them. */
-        json_t *last = json_array_get(out, json_array_size(out) - 1);
-        const char *lr = json_string_value(json_object_get(last, "role"));
-        if (lr && !strcmp(lr, "assistant")) {
-            json_t *calls = json_object_get(last, "tool_calls");
-            if (!json_is_array(calls))
-                json_object_set_new(last, "tool_calls", calls = json_array());
-            json_array_append_new(calls, call);
-            return 0;
-        }
-        json_array_append_new(out, json_pack("{s:s, s:s, s:[o]}", "role", "assistant", "content",
-                                             "", "tool_calls", call));
+        append_call(out, call);
         return 0;
     }
-    if (!strcmp(type, "function_call_output")) {
-        const json_t *o = json_object_get(it, "output"), *id = json_object_get(it, "call_id");
-        if (!json_is_string(o))
-            return api_fail(ae, 400, NULL, param, "'%s.output' must be a string", param);
-        json_t *m = json_pack("{s:s, s:O}", "role", "tool", "content", o);
+    if (!strcmp(type, "custom_tool_call") || !strcmp(type, "local_shell_call")) {
+        json_t *call = codex_item_call(it, param, ae);
+        if (!call)
+            return -1;
+        append_call(out, call);
+        return 0;
+    }
+    if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output") ||
+        !strcmp(type, "local_shell_call_output")) {
+        const json_t *id = json_object_get(it, "call_id");
+        char op[80];
+        snprintf(op, sizeof op, "%s.output", param);
+        struct buf t = {0};
+        if (content_text(json_object_get(it, "output"), op, part_types, &t, ae)) {
+            buf_free(&t);
+            return -1;
+        }
+        json_t *m = json_pack("{s:s, s:o}", "role", "tool", "content", json_text(t.p, t.n));
+        buf_free(&t);
         if (json_is_string(id))
             json_object_set(m, "tool_call_id", (json_t *)id);
         json_array_append_new(out, m);
@@ -186,6 +206,8 @@ struct resp_ctx {
     /* the answer as a chat message, for the store: content and tool_calls */
     struct buf answer;
     json_t *calls;
+    /* the request's tools that are not functions: name -> enum codex_kind */
+    json_t *kinds;
     /* include "message.output_text.logprobs" (or top_logprobs): the
      * message's tokens' entries, for its output_text part */
     bool logprobs;
@@ -203,6 +225,7 @@ static void ctx_free(void *p)
     json_decref(c->conversation);
     json_decref(c->output);
     json_decref(c->calls);
+    json_decref(c->kinds);
     json_decref(c->lps);
     buf_free(&c->text);
     buf_free(&c->answer);
@@ -286,11 +309,21 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
         return -1;
     if (tools) { /* {type:function, name, description, parameters} -> the chat form */
         r->tools = json_array();
+        c->kinds = json_object();
         size_t i;
         const json_t *t;
         json_array_foreach(tools, i, t) {
             const char *type = json_string_value(json_object_get(t, "type"));
             const json_t *name = json_object_get(t, "name");
+            enum codex_kind kind = CODEX_FUNCTION;
+            json_t *as_fn = codex_tool_function(t, &kind);
+            if (as_fn) { /* Codex's custom and local_shell tools */
+                const char *fname = json_string_value(
+                    json_object_get(json_object_get(as_fn, "function"), "name"));
+                json_object_set_new(c->kinds, fname, json_integer(kind));
+                json_array_append_new(r->tools, as_fn);
+                continue;
+            }
             if (!type || strcmp(type, "function") || !json_is_string(name))
                 continue; /* built-in tools (web search, ...) do not exist here */
             json_t *fn = json_pack("{s:O}", "name", name);
@@ -312,6 +345,29 @@ static int parse_request(struct server *srv, const json_t *req, struct chat_req 
                         "tools", tools ? json_incref(tools) : json_array(), "store", c->store);
     const json_t *md = json_object_get(req, "metadata");
     json_object_set_new(c->echo, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
+    /* what the request chose, where response_json's defaults would say
+     * otherwise */
+    const json_t *ptc = json_object_get(req, "parallel_tool_calls");
+    const json_t *tc = json_object_get(req, "tool_choice");
+    const json_t *tr = json_object_get(req, "truncation");
+    if (json_is_boolean(ptc))
+        json_object_set(c->echo, "parallel_tool_calls", (json_t *)ptc);
+    if (json_is_string(tc) || json_is_object(tc))
+        json_object_set_new(c->echo, "tool_choice", json_deep_copy(tc));
+    if (json_is_string(tr))
+        json_object_set(c->echo, "truncation", (json_t *)tr);
+    if (reasoning) {
+        const json_t *e = json_object_get(reasoning, "effort"), *sm = json_object_get(reasoning, "summary");
+        json_object_set_new(c->echo, "reasoning",
+                            json_pack("{s:O, s:O}", "effort", json_is_string(e) ? e : json_null(),
+                                      "summary", json_is_string(sm) ? sm : json_null()));
+    }
+    if (text) {
+        json_t *t = json_deep_copy(text);
+        if (t && !json_is_object(json_object_get(t, "format")))
+            json_object_set_new(t, "format", json_pack("{s:s}", "type", "text"));
+        json_object_set_new(c->echo, "text", t);
+    }
     return c->echo ? 0 : api_fail(ae, 500, "server_error", NULL, "out of memory");
 }
 
@@ -369,18 +425,24 @@ static json_t *call_item(const char *id, const char *call_id, const char *status
                      "status", status, "call_id", call_id, "name", name, "arguments", args);
 }
 
-/* A call of the answer: its item (completed), and the same call in chat
- * form kept for the store. */
+/* A call of the answer: its item (completed; a custom_tool_call or
+ * local_shell_call for the request's tools of those kinds), and the same
+ * call in chat form kept for the store. */
 static json_t *answer_call(struct resp_ctx *c, const char *name, const char *args)
 {
+    const enum codex_kind kind = json_integer_value(json_object_get(c->kinds, name));
     char id[64], call_id[64];
-    serve_make_id(id, sizeof id, "fc_");
+    serve_make_id(id, sizeof id, kind == CODEX_CUSTOM ? "ctc_" : kind == CODEX_LOCAL_SHELL ? "lsc_" : "fc_");
     serve_make_id(call_id, sizeof call_id, "call_");
     if (!c->calls)
         c->calls = json_array();
     json_array_append_new(c->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", call_id, "type",
                                               "function", "function", "name", name, "arguments",
                                               args));
+    json_t *item = codex_call_item(kind, id, call_id, "completed", name, args);
+    if (item)
+        return item;
+    serve_make_id(id, sizeof id, "fc_"); /* arguments that do not fit the kind */
     return call_item(id, call_id, "completed", name, args);
 }
 
@@ -538,17 +600,35 @@ static void rs_tool_call(struct stream *s, const char *name, const char *args)
     take_logprobs(c, s->gen, false);
     json_t *done = answer_call(c, name, args);
     const char *id = json_string_value(json_object_get(done, "id"));
-    json_t *added = call_item(id, json_string_value(json_object_get(done, "call_id")),
-                              "in_progress", name, "");
-    ev(s, "response.output_item.added",
-       json_pack("{s:i, s:o}", "output_index", out_index(c), "item", added));
-    ev(s, "response.function_call_arguments.delta",
-       json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", out_index(c), "delta", args));
-    ev(s, "response.function_call_arguments.done",
-       json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index", out_index(c), "name",
-                 name, "arguments", args));
-    ev(s, "response.output_item.done",
-       json_pack("{s:i, s:O}", "output_index", out_index(c), "item", done));
+    const char *type = json_string_value(json_object_get(done, "type"));
+    const int at = out_index(c);
+    if (type && strcmp(type, "function_call")) { /* Codex's kinds */
+        json_t *added = json_deep_copy(done);
+        json_object_set_new(added, "status", json_string("in_progress"));
+        const bool custom = !strcmp(type, "custom_tool_call");
+        if (custom)
+            json_object_set_new(added, "input", json_string(""));
+        ev(s, "response.output_item.added",
+           json_pack("{s:i, s:o}", "output_index", at, "item", added));
+        if (custom) {
+            const char *input = codex_call_input(done);
+            ev(s, "response.custom_tool_call_input.delta",
+               json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", at, "delta", input));
+            ev(s, "response.custom_tool_call_input.done",
+               json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", at, "input", input));
+        }
+    } else {
+        json_t *added = call_item(id, json_string_value(json_object_get(done, "call_id")),
+                                  "in_progress", name, "");
+        ev(s, "response.output_item.added",
+           json_pack("{s:i, s:o}", "output_index", at, "item", added));
+        ev(s, "response.function_call_arguments.delta",
+           json_pack("{s:s, s:i, s:s}", "item_id", id, "output_index", at, "delta", args));
+        ev(s, "response.function_call_arguments.done",
+           json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index", at, "name", name,
+                     "arguments", args));
+    }
+    ev(s, "response.output_item.done", json_pack("{s:i, s:O}", "output_index", at, "item", done));
     json_array_append_new(c->output, done);
 }
 

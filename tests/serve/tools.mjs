@@ -163,6 +163,53 @@ try {
   check(cx?.output.at(-1)?.type === 'function_call' && cx.output.at(-1).name === 'get_weather',
     `a Codex shaped request ${JSON.stringify(cx?.output)}`);
 
+  // Codex's own tool kinds, offered to the template as functions: a custom
+  // (freeform) tool's call comes back as a custom_tool_call (its input the
+  // arguments' text, the fixture's call having no "input" string),
+  // streamed with custom_tool_call_input events; what the request chose is
+  // echoed
+  const ctool = { type: 'custom', name: 'get_weather', description: 'The forecast',
+    format: { type: 'grammar', syntax: 'lark', definition: 'start: /.+/' } };
+  const creq = { model: 'gpt-5-codex', input: 'Weather?', tools: [ctool, { type: 'local_shell' }], temperature: 0,
+    parallel_tool_calls: false, tool_choice: 'auto', reasoning: { effort: 'low' }, truncation: 'auto' };
+  const rc = await openai.responses.create(creq);
+  const cc0 = rc.output.at(-1);
+  check(same(rc.output.map(o => o.type), ['reasoning', 'message', 'custom_tool_call']) && cc0.name === 'get_weather' &&
+    cc0.call_id.startsWith('call_') && cc0.id.startsWith('ctc_') && cc0.status === 'completed' &&
+    same(JSON.parse(cc0.input), args), `responses custom_tool_call ${JSON.stringify(rc.output)}`);
+  check(rc.parallel_tool_calls === false && rc.tool_choice === 'auto' && rc.reasoning?.effort === 'low' &&
+    rc.truncation === 'auto', `responses echo ${JSON.stringify([rc.parallel_tool_calls, rc.tool_choice, rc.reasoning, rc.truncation])}`);
+  let cadded = null, cdelta = '', cdone = null, cfinal = null;
+  for await (const e of await openai.responses.create({ ...creq, stream: true })) {
+    if (e.type === 'response.output_item.added' && e.item.type === 'custom_tool_call') cadded = e.item;
+    if (e.type === 'response.custom_tool_call_input.delta') cdelta += e.delta;
+    if (e.type === 'response.custom_tool_call_input.done') cdone = e.input;
+    if (e.type === 'response.completed') cfinal = e.response;
+  }
+  check(cadded?.status === 'in_progress' && cadded.input === '' && cdelta === cc0.input && cdone === cc0.input &&
+    cfinal?.output.at(-1)?.type === 'custom_tool_call' && cfinal.output.at(-1).input === cc0.input,
+    `responses custom_tool_call streamed ${JSON.stringify([cadded, cdelta, cdone, cfinal?.output])}`);
+  // the stored turn and a custom_tool_call_output continue it
+  const rc2 = await openai.responses.create({ model: 'm', previous_response_id: rc.id, max_output_tokens: 2,
+    tools: creq.tools, input: [{ type: 'custom_tool_call_output', call_id: cc0.call_id, output: 'sun' }] });
+  check(rc2.usage.input_tokens > rc.usage.input_tokens + 10, `responses custom round trip ${JSON.stringify([rc.usage, rc2.usage])}`);
+  // their history items are the template's calls: the same prompt as the
+  // function form of the same calls
+  const hist = (items) => openai.responses.create({ model: 'm', max_output_tokens: 1,
+    tools: [ctool, { type: 'local_shell' }], input: [{ role: 'user', content: 'Weather?' }, ...items] });
+  const h1 = await hist([{ type: 'custom_tool_call', call_id: 'c1', name: 'get_weather', input: 'days=3' },
+    { type: 'custom_tool_call_output', call_id: 'c1', output: 'sun' },
+    { type: 'local_shell_call', id: 'lsc_1', call_id: 'c2', status: 'completed',
+      action: { type: 'exec', command: ['ls', '-a'], working_directory: '/w', timeout_ms: 100, env: {} } },
+    { type: 'local_shell_call_output', call_id: 'c2', output: [{ type: 'input_text', text: 'a.c' }] }]);
+  const h2 = await hist([{ type: 'function_call', call_id: 'c1', name: 'get_weather', arguments: '{"input":"days=3"}' },
+    { type: 'function_call_output', call_id: 'c1', output: 'sun' },
+    { type: 'function_call', call_id: 'c2', name: 'local_shell', arguments: '{"command":["ls","-a"],"workdir":"/w","timeout_ms":100}' },
+    { type: 'function_call_output', call_id: 'c2', output: 'a.c' }]);
+  const h0 = await hist([]);
+  check(h1.usage.input_tokens === h2.usage.input_tokens && h1.usage.input_tokens > h0.usage.input_tokens + 30,
+    `custom and local_shell history: ${h1.usage.input_tokens} / function form ${h2.usage.input_tokens} / none ${h0.usage.input_tokens}`);
+
   // two calls of one answer and their results: the same prompt from all three
   // APIs (arguments as this server returns them, which is how the template
   // writes an object's)
