@@ -308,6 +308,16 @@ msg_text=$(curl -s "$B/v1/messages" -d '{"max_tokens":10,"temperature":0,"messag
 check '[ "$(sse_data | jq -rj "select(.type == \"content_block_delta\") | .delta.text")" = "$msg_text" ]' "messages stream text"
 call /v1/messages/count_tokens '{"model":"x","system":"Stories.","messages":[{"role":"user","content":"Zoo"}]}'
 check '[ "$code" = 200 ] && [ "$(jq .input_tokens <<<"$body")" = "$(ntok "$STORIES" $'"'"'system: Stories.\nuser: Zoo\nassistant:'"'"')" ]' "count_tokens: $code $body"
+# a text document is its title and text; blocks of tools another server
+# ran (web search, MCP) are left out, as earlier thinking is
+ct() { curl -s "$B/v1/messages/count_tokens" -d "$1" | jq .input_tokens; }
+want=$(ct '{"messages":[{"role":"user","content":"Notes\n\nA tale.Zoo"}]}')
+got=$(ct '{"messages":[{"role":"user","content":[{"type":"document","title":"Notes","source":{"type":"text","media_type":"text/plain","data":"A tale."}},{"type":"text","text":"Zoo"}]}]}')
+got2=$(ct '{"messages":[{"role":"user","content":[{"type":"search_result","title":"Notes","source":"s","content":[{"type":"text","text":"A tale."}]},{"type":"text","text":"Zoo"}]}]}')
+check '[ "$want" -gt 3 ] && [ "$got" = "$want" ] && [ "$got2" = "$want" ]' "document / search_result as text: $want, $got, $got2"
+want=$(ct '{"messages":[{"role":"user","content":"Zoo"},{"role":"assistant","content":[{"type":"text","text":"Lions."}]},{"role":"user","content":"More"}]}')
+got=$(ct '{"messages":[{"role":"user","content":"Zoo"},{"role":"assistant","content":[{"type":"server_tool_use","id":"srvtoolu_1","name":"web_search","input":{"query":"zoo"}},{"type":"web_search_tool_result","tool_use_id":"srvtoolu_1","content":[{"type":"web_search_result","url":"http://a","title":"t","encrypted_content":"e"}]},{"type":"mcp_tool_use","id":"m","name":"n","server_name":"s","input":{}},{"type":"text","text":"Lions."}]},{"role":"user","content":"More"}]}')
+check '[ "$want" -gt 3 ] && [ "$got" = "$want" ]' "server tool blocks left out: $want, $got"
 
 # ---- Responses ----
 call /v1/responses '{"input":"Zoo","instructions":"Stories.","max_output_tokens":8,"temperature":0}'
@@ -342,6 +352,7 @@ err_case /v1/chat/completions '{"messages":[{"role":"user","content":[{"type":"i
 err_case /v1/completions '{"prompt":[1,99999]}' 400 "$oai and (.error.message | test(\"vocabulary\"))" "id out of vocabulary"
 err_case /v1/messages '{"messages":[{"role":"user","content":"x"}]}' 400 "$ant and (.error.message | test(\"max_tokens\"))" "messages without max_tokens"
 err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"robot","content":"x"}]}' 400 "$ant" "messages bad role"
+err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBE"}}]}]}' 400 "$ant and (.error.message | test(\"base64\"))" "a PDF document is refused, named"
 err_case /v1/responses '{"input":"x","previous_response_id":"resp_nope"}' 400 "$oai and .error.param == \"previous_response_id\"" "unknown previous_response_id"
 long=$(jq -cn '{messages:[{role:"user",content:("Zoo " * 300)}]}')
 err_case /v1/chat/completions "$long" 400 "$oai and (.error.message | test(\"context is 512 tokens\")) and .error.code == \"context_length_exceeded\"" "prompt longer than the context"

@@ -79,6 +79,46 @@ static int tool_result_text(const json_t *block, const char *param, struct buf *
     return content_text(json_object_get(block, "content"), param, text_types, t, ae);
 }
 
+/* Blocks of tools another server ran (Anthropic's web search and fetch,
+ * code execution, the MCP connector): a conversation begun there goes on
+ * here without them, as it does without its earlier thinking. */
+static bool ran_elsewhere(const char *type)
+{
+    static const char *const names[] = {"server_tool_use", "mcp_tool_use", "mcp_tool_result",
+                                        "container_upload", NULL};
+    for (const char *const *n = names; *n; n++)
+        if (!strcmp(type, *n))
+            return true;
+    const size_t n = strlen(type), k = strlen("_tool_result");
+    return n > k && !strcmp(type + n - k, "_tool_result");
+}
+
+/* A document block of plain text (source type "text", or "content" of
+ * text blocks) or a search_result's text blocks, into t after its title. */
+static int document_text(const json_t *b, const char *param, struct buf *t,
+                         struct api_error *ae)
+{
+    const char *title = json_string_value(json_object_get(b, "title"));
+    if (title && *title) {
+        buf_puts(t, title);
+        buf_puts(t, "\n\n");
+    }
+    const json_t *src = json_object_get(b, "source");
+    if (!strcmp(json_string_value(json_object_get(b, "type")), "search_result"))
+        return content_text(json_object_get(b, "content"), param, text_types, t, ae);
+    const char *st = json_string_value(json_object_get(src, "type"));
+    const json_t *data = json_object_get(src, "data");
+    if (st && !strcmp(st, "text") && json_is_string(data)) {
+        buf_putn(t, json_string_value(data), json_string_length(data));
+        return 0;
+    }
+    if (st && !strcmp(st, "content"))
+        return content_text(json_object_get(src, "content"), param, text_types, t, ae);
+    return api_fail(ae, 400, NULL, param,
+                    "'%s': documents of source type '%s' are not supported (this server takes "
+                    "text only)", param, st ? st : "(none)");
+}
+
 /* One Anthropic message -> one or more template messages (tool results
  * become "tool" messages; tool_use blocks become OpenAI-style tool_calls,
  * which is what Hugging Face chat templates read). */
@@ -146,7 +186,11 @@ static int add_message(json_t *out, const json_t *m, size_t i, struct api_error 
             if (call && json_is_string(id))
                 json_object_set(call, "id", (json_t *)id);
             json_array_append_new(calls, call);
-        } else if (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking")) {
+        } else if (!strcmp(type, "document") || !strcmp(type, "search_result")) {
+            if (document_text(b, bp, &text, ae))
+                goto fail;
+        } else if (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking") ||
+                   ran_elsewhere(type)) {
             /* earlier reasoning is not replayed into the prompt */
         } else {
             api_fail(ae, 400, NULL, bp,
