@@ -52,9 +52,17 @@ BASE = {
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                                              {"type": "server_tool_use", "id": "s1", "name": "web_search",
+                                               "input": {"query": "q"}},
+                                              {"type": "web_search_tool_result", "tool_use_id": "s1",
+                                               "content": []}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                          "content": [{"type": "text", "text": "r"}]}]}],
+                                          "content": [{"type": "text", "text": "r"}]},
+                                         {"type": "document", "title": "t",
+                                          "source": {"type": "text", "data": "d"}},
+                                         {"type": "search_result", "source": "s", "title": "t",
+                                          "content": [{"type": "text", "text": "c"}]}]}],
         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
         "output_format": {"type": "json_schema", "schema": {"type": "array", "items": {"type": "boolean"},
@@ -65,9 +73,19 @@ BASE = {
         "reasoning": {"effort": "low"},
         "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
                   {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-                  {"type": "function_call_output", "call_id": "c", "output": "r"}],
-        "tools": [{"type": "function", "name": "f", "parameters": {}}],
-        "tool_choice": "required", "text": {"format": {"type": "json_object"}},
+                  {"type": "function_call_output", "call_id": "c", "output": "r"},
+                  {"type": "custom_tool_call", "call_id": "d", "name": "p", "input": "*** Begin"},
+                  {"type": "custom_tool_call_output", "call_id": "d",
+                   "output": [{"type": "input_text", "text": "ok"}]},
+                  {"type": "local_shell_call", "call_id": "e", "status": "completed",
+                   "action": {"type": "exec", "command": ["ls"], "timeout_ms": 5}},
+                  {"type": "local_shell_call_output", "call_id": "e", "output": "x"}],
+        "tools": [{"type": "function", "name": "f", "parameters": {}},
+                  {"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark",
+                                                            "definition": "start: /.+/"}},
+                  {"type": "local_shell"}],
+        "tool_choice": "required", "parallel_tool_calls": False, "truncation": "auto",
+        "text": {"format": {"type": "json_object"}},
         "include": ["message.output_text.logprobs"], "top_logprobs": 2},
 }
 ODD = [None, True, False, 0, -1, 1, 2**31, 2**63, -2**63, 1e308, -1e308, 1.5, 1e-7, -0.0, "", "x",
@@ -76,7 +94,8 @@ ODD = [None, True, False, 0, -1, 1, 2**31, 2**63, -2**63, 1e308, -1e308, 1.5, 1e
 KEYS = ["type", "role", "content", "text", "name", "stream", "max_tokens", "n", "logprobs",
         "response_format", "tool_choice", "input", "prompt", "id", "arguments", "cache_control",
         "stop", "top_k", "min_p", "logit_bias", "echo", "top_logprobs", "guided_regex",
-        "structured_outputs", "presence_penalty", "pattern"]
+        "structured_outputs", "presence_penalty", "pattern", "input", "action", "command",
+        "source", "data", "format", "definition", "output", "call_id"]
 
 
 def mutate(rnd, v):
