@@ -1,7 +1,7 @@
 /* bench_head_screen.c - how many rows an exact greedy pick has to rescore
- * when an int8 copy of the LM head screens them first (a plan for the
- * decode step's head, not yet built; docs/benchmarks.md, "An exact greedy
- * pick from half the head's bytes").
+ * when an int8 copy of the LM head screens them first (the CPU's
+ * head_pick, src/backend/cpu/head_pick.c, and the plan for the GPU's;
+ * docs/benchmarks.md, "An exact greedy pick from half the head's bytes").
  *
  * The idea: the head is the largest matrix of a small model's step (the
  * Qwen3-0.6B's is 311 MB of its 1.2 GB), and a greedy step wants only its

@@ -151,6 +151,14 @@ static bool seg_sampled(const struct forward_seg *s)
     return s->sample && s->sample->temperature > 0;
 }
 
+/* Whether a segment's logits row serves only its greedy pick (no
+ * logprobs, nothing the host does with the row), so the head may be
+ * head_pick's. */
+static bool seg_pick_only(const struct forward_state *fs, const struct forward_seg *s)
+{
+    return seg_picked(fs, s) && !seg_sampled(s) && !s->lp && fs->be->ops->head_pick;
+}
+
 /* The matmuls of the fused path (backends with matmul_fused), one call
  * each: outs = rmsnorm(x) . W for n rows of x (q/k/v; gate/up with
  * SwiGLU's output; the LM head), and x += in . W (o_proj over att,
@@ -318,15 +326,21 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
     } else if (n_seg == 1) {
         if (!segs[0].logits)
             return 0;
+        float *last = fs->x + (size_t)(n - 1) * c->dim;
+        if (seg_pick_only(fs, &segs[0])) { /* a greedy pick alone: less of the head */
+            op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
+            int rc = op->head_pick(fs->be, fs->logits, fs->xb, &m->lm_head, e);
+            if (rc <= 0)
+                return rc < 0 ? -1 : 1;
+        }
         if (op->matmul_fused) { /* the norm in the head's launch where that pays */
             const struct tensor *head = &m->lm_head;
-            return fused_norm_matmul(fs, fs->x + (size_t)(n - 1) * c->dim, &fs->logits,
+            return fused_norm_matmul(fs, last, &fs->logits,
                                      m->out_norm.data, &head, 1, MATMUL_OUT_STORE, 1, e)
                        ? -1
                        : 1;
         }
-        op->rmsnorm(fs->be, fs->xb, fs->x + (size_t)(n - 1) * c->dim, m->out_norm.data, 1,
-                    c->dim, c->norm_eps);
+        op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
         rows = 1;
     } else {
         /* Gathered rows that are also consecutive in x (neighbouring
@@ -513,6 +527,8 @@ static int step_issue(struct forward_state *fs, struct kv_pool *pool, struct for
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
                               .segs = n_seg > 1 ? fs->bsegs : NULL,
                               .logits = n_seg == 1 && !all_rows && segs[0].logits,
+                              .pick_only = n_seg == 1 && !all_rows && segs[0].logits &&
+                                           seg_pick_only(fs, &segs[0]),
                               .decodes = decodes, .rows = n_seg == 1 && all_rows};
     int rows = 0;
     for (int attempt = 0;; attempt++) {

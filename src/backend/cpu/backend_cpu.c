@@ -10,7 +10,9 @@
 #include <time.h>
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/head_pick.h"
 #include "backend/cpu/matmul.h"
+#include "base/env.h"
 #include "base/half.h"
 #include "base/threadpool.h"
 
@@ -20,6 +22,8 @@ struct cpu_backend {
     struct cpu_matmul mm;
     struct cpu_att_scratch att;
     int kv_dtype; /* DT_F32, or DT_BF16 with CLLM_KV_DTYPE=bf16 */
+    bool screen;  /* head_pick on (CLLM_HEAD_SCREEN, default 1) */
+    struct head_screen hs;
 };
 
 static struct cpu_backend *cpu(struct backend *be) { return be->impl; }
@@ -28,6 +32,7 @@ static void cpu_destroy(struct backend *be)
 {
     struct cpu_backend *c = cpu(be);
     cpu_matmul_free(&c->mm);
+    head_screen_free(&c->hs);
     tp_destroy(c->tp);
     cpu_att_scratch_free(&c->att);
     free(c);
@@ -86,6 +91,13 @@ static int cpu_mm(struct backend *be, float *out, const float *x, int n, const s
                   struct err *e)
 {
     return cpu_matmul(&cpu(be)->mm, out, x, n, w, e);
+}
+
+static int cpu_head_pick(struct backend *be, float *logits, const float *x,
+                         const struct tensor *head, struct err *e)
+{
+    struct cpu_backend *c = cpu(be);
+    return c->screen ? head_screen_pick(&c->hs, &c->mm, logits, x, head, e) : 1;
 }
 
 static void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,
@@ -262,6 +274,7 @@ static const struct backend_ops cpu_ops = {
     .download = cpu_download,
     .embed = cpu_embed,
     .matmul = cpu_mm,
+    .head_pick = cpu_head_pick,
     .rmsnorm = cpu_rmsnorm,
     .add_bias = cpu_add_bias,
     .rope = cpu_rope,
@@ -295,6 +308,7 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
         free(c);
         return NULL;
     }
+    c->screen = env_flag("CLLM_HEAD_SCREEN", true);
     c->be.ops = &cpu_ops;
     c->be.impl = c;
     return &c->be;
