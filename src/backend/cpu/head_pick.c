@@ -20,31 +20,116 @@
 
 /* ---- the copy ---- */
 
-static float widen(enum dtype dt, const uint8_t *row, int64_t i)
+/* v rounded to the nearest integer, ties to even, for |v| <= 2^22 (adding
+ * 1.5 x 2^23 leaves no fraction bits); rintf is a libm call in a baseline
+ * x86-64 build. */
+static inline float round_even(float v)
 {
-    switch (dt) {
-    case DT_F32: {
-        float f;
-        memcpy(&f, row + 4 * i, 4);
-        return f;
-    }
-    case DT_F16: {
-        uint16_t h;
-        memcpy(&h, row + 2 * i, 2);
-        return f16_to_f32(h);
-    }
-    default: {
-        uint16_t h;
-        memcpy(&h, row + 2 * i, 2);
-        return bf16_to_f32(h);
-    }
-    }
+    volatile float big = 12582912.0f; /* kept from being folded away */
+    return (v + big) - big;
 }
+
+/* Row r of head as floats (exact for f32, f16 and bf16). */
+static void widen_row(enum dtype dt, const uint8_t *row, int64_t cols, float *out)
+{
+    if (dt == DT_F32) {
+        memcpy(out, row, (size_t)cols * 4);
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)row;
+    if (dt == DT_F16)
+        for (int64_t i = 0; i < cols; i++)
+            out[i] = f16_to_f32(h[i]);
+    else
+        for (int64_t i = 0; i < cols; i++)
+            out[i] = bf16_to_f32(h[i]);
+}
+
+/* q = round(w / s), s = max|w| / 127, *qa = sum |q|; false when a weight
+ * is not finite. w x (1 / s) is within a few ulps of w / s, so |w - s q|
+ * stays under s (1/2 + 2^-16). */
+static bool quantize_row(const float *w, int64_t cols, int8_t *q, float *s_out, float *qa_out)
+{
+    float m = 0.0f, fin = 0.0f;
+    for (int64_t i = 0; i < cols; i++) {
+        const float a = fabsf(w[i]);
+        m = a > m ? a : m;
+        fin += w[i] * 0.0f; /* NaN once any weight is infinite or NaN */
+    }
+    const float s = m / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    int32_t qa = 0;
+    for (int64_t i = 0; i < cols; i++) {
+        float v = round_even(w[i] * inv);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+        qa += q[i] < 0 ? -q[i] : q[i];
+    }
+    *s_out = s;
+    *qa_out = (float)qa; /* exact: at most 127 x 2^20 < 2^24 */
+    return fin == 0.0f;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static bool quantize_row_avx2(const float *w, int64_t cols,
+                                                              int8_t *q, float *s_out,
+                                                              float *qa_out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vm = _mm256_setzero_ps(), un = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= cols; i += 8) {
+        const __m256 v = _mm256_loadu_ps(w + i);
+        vm = _mm256_max_ps(vm, _mm256_and_ps(v, absmask));
+        un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float lanes[8], m = 0.0f;
+    _mm256_storeu_ps(lanes, vm);
+    for (int k = 0; k < 8; k++)
+        m = lanes[k] > m ? lanes[k] : m;
+    bool ok = _mm256_movemask_ps(un) == 0;
+    for (int64_t k = i; k < cols; k++) {
+        const float a = fabsf(w[k]);
+        ok = ok && a == a;
+        m = a > m ? a : m;
+    }
+    if (!ok || m == INFINITY)
+        return false;
+    const float s = m / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    __m256i qa = _mm256_setzero_si256();
+    for (i = 0; i + 8 <= cols; i += 8) {
+        /* the default rounding mode: to nearest, ties to even */
+        __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w + i), vinv));
+        r = _mm256_max_epi32(_mm256_min_epi32(r, hi), lo);
+        qa = _mm256_add_epi32(qa, _mm256_abs_epi32(r));
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(r, r), _mm256_setzero_si256());
+        const int32_t q0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(b));
+        const int32_t q1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
+        memcpy(q + i, &q0, 4);
+        memcpy(q + i + 4, &q1, 4);
+    }
+    int32_t sum[8], total = 0;
+    _mm256_storeu_si256((__m256i *)sum, qa);
+    for (int k = 0; k < 8; k++)
+        total += sum[k];
+    for (; i < cols; i++) {
+        float v = round_even(w[i] * inv);
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        q[i] = (int8_t)v;
+        total += q[i] < 0 ? -q[i] : q[i];
+    }
+    *s_out = s;
+    *qa_out = (float)total;
+    return true;
+}
+#endif
 
 struct build_task {
     struct head_screen *hs;
     const struct tensor *head;
     size_t stride;
+    bool avx2;
     atomic_llong next;
     atomic_int bad; /* a weight that is not finite */
 };
@@ -56,32 +141,31 @@ static void build_worker(void *ctx, int ith, int nth)
     struct build_task *t = ctx;
     struct head_screen *hs = t->hs;
     const int64_t cols = hs->cols;
+    float *w = malloc((size_t)cols * sizeof *w);
+    if (!w) {
+        atomic_store(&t->bad, 1);
+        return;
+    }
     for (;;) {
         int64_t r0 = atomic_fetch_add_explicit(&t->next, HP_CHUNK, memory_order_relaxed);
         if (r0 >= hs->rows)
             break;
         int64_t r1 = r0 + HP_CHUNK < hs->rows ? r0 + HP_CHUNK : hs->rows;
         for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = (const uint8_t *)t->head->data + (size_t)r * t->stride;
-            float m = 0.0f;
-            for (int64_t i = 0; i < cols; i++)
-                m = fmaxf(m, fabsf(widen(t->head->dtype, row, i)));
-            for (int64_t i = 0; i < cols; i++) /* fmaxf drops NaNs */
-                if (!isfinite(widen(t->head->dtype, row, i)))
-                    atomic_store(&t->bad, 1);
-            const float s = m / 127.0f;
+            widen_row(t->head->dtype, (const uint8_t *)t->head->data + (size_t)r * t->stride,
+                      cols, w);
             int8_t *q = hs->q + (size_t)r * (size_t)cols;
-            float qa = 0.0f;
-            for (int64_t i = 0; i < cols; i++) {
-                long v = s > 0.0f ? lrintf(widen(t->head->dtype, row, i) / s) : 0;
-                v = v > 127 ? 127 : v < -127 ? -127 : v;
-                q[i] = (int8_t)v;
-                qa += (float)labs(v); /* exact: at most 127 x 2^20 < 2^24 */
-            }
-            hs->scale[r] = s;
-            hs->qabs[r] = qa;
+#if defined(__x86_64__)
+            const bool ok = t->avx2 ? quantize_row_avx2(w, cols, q, &hs->scale[r], &hs->qabs[r])
+                                    : quantize_row(w, cols, q, &hs->scale[r], &hs->qabs[r]);
+#else
+            const bool ok = quantize_row(w, cols, q, &hs->scale[r], &hs->qabs[r]);
+#endif
+            if (!ok)
+                atomic_store(&t->bad, 1);
         }
     }
+    free(w);
 }
 
 void head_screen_free(struct head_screen *hs)
@@ -96,9 +180,9 @@ void head_screen_free(struct head_screen *hs)
     memset(hs, 0, sizeof *hs);
 }
 
-/* hs = the copy of head; 1 when the head cannot be screened. */
-static int build(struct head_screen *hs, struct cpu_matmul *mm, const struct tensor *head,
-                 struct err *e)
+/* hs = the copy of head, or hs->q NULL where it cannot be made (no
+ * memory for it, a weight that is not finite). */
+static void build(struct head_screen *hs, struct cpu_matmul *mm, const struct tensor *head)
 {
     head_screen_free(hs);
     const size_t rows = (size_t)head->rows, cols = (size_t)head->cols;
@@ -111,14 +195,18 @@ static int build(struct head_screen *hs, struct cpu_matmul *mm, const struct ten
     const int nth = mm->tp ? tp_size(mm->tp) : 1;
     hs->lo_max = malloc((size_t)(nth > 0 ? nth : 1) * sizeof *hs->lo_max);
     if (!hs->q || !hs->scale || !hs->qabs || !hs->approx || !hs->bound || !hs->xq ||
-        !hs->lo_max) {
+        !hs->lo_max) { /* no room for the copy: the full head, as without it */
         head_screen_free(hs);
-        return err_set(e, "head_pick: out of memory for the LM head's int8 copy (%zu MB; "
-                          "CLLM_HEAD_SCREEN=0 turns it off)", rows * cols >> 20);
+        hs->data = head->data;
+        hs->rows = head->rows;
+        hs->cols = head->cols;
+        return;
     }
     hs->rows = head->rows;
     hs->cols = head->cols;
-    struct build_task t = {.hs = hs, .head = head, .stride = dtype_row_bytes(head->dtype, head->cols)};
+    struct build_task t = {.hs = hs, .head = head,
+                           .stride = dtype_row_bytes(head->dtype, head->cols),
+                           .avx2 = mm->isa >= CPU_ISA_AVX2};
     atomic_init(&t.next, 0);
     atomic_init(&t.bad, 0);
     if (mm->tp && tp_size(mm->tp) > 1)
@@ -130,7 +218,6 @@ static int build(struct head_screen *hs, struct cpu_matmul *mm, const struct ten
         free(hs->q);
         hs->q = NULL;
     }
-    return 0;
 }
 
 /* ---- screening ---- */
@@ -251,10 +338,8 @@ int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logit
         return 1;
     if (head->cols > HP_MAX_COLS || head->rows < 2)
         return 1;
-    if (hs->data != head->data || hs->rows != head->rows || hs->cols != head->cols) {
-        if (build(hs, mm, head, e))
-            return -1;
-    }
+    if (hs->data != head->data || hs->rows != head->rows || hs->cols != head->cols)
+        build(hs, mm, head);
     if (!hs->q)
         return 1;
     const int64_t cols = head->cols;
@@ -269,8 +354,9 @@ int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logit
     /* The input as int16, x_i ~ dx xq_i; |x_i - dx xq_i| <= dx (1/2 + 2^-10). */
     const float dx = mx / (float)HP_XQ_MAX;
     for (int64_t i = 0; i < cols; i++) {
-        long v = lrintf(x[i] / dx);
-        hs->xq[i] = (int16_t)(v > HP_XQ_MAX ? HP_XQ_MAX : v < -HP_XQ_MAX ? -HP_XQ_MAX : v);
+        float v = round_even(x[i] / dx);
+        v = v > HP_XQ_MAX ? HP_XQ_MAX : v < -HP_XQ_MAX ? -HP_XQ_MAX : v;
+        hs->xq[i] = (int16_t)v;
     }
     /* e_r, for each row: the weights' rounding (|w - s q| <= s (1/2 +
      * 2^-16)) times sum |x|; the input's times s sum |q|; and the rounding

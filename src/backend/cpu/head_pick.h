@@ -33,9 +33,10 @@ struct head_screen {
  * exact (cpu_matmul's bits) at every row the copy cannot rule out, and
  * -INFINITY elsewhere, so argmax_f32 over logits picks the row it picks
  * over the full product. Returns 0; 1 when it does not take this head
- * (not f32, f16 or bf16; more columns than it holds exactly; an input
- * that is not finite) and the caller computes the full product; -1 with a
- * message (out of memory). Makes hs's copy when hs holds another head's. */
+ * (not f32, f16 or bf16; more columns than it holds exactly; a weight or
+ * an input that is not finite; no memory for the copy) and the caller
+ * computes the full product; -1 with a message when cpu_matmul fails.
+ * Makes hs's copy when hs holds another head's. */
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
                      const struct tensor *head, struct err *e);
 
