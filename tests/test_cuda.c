@@ -1725,6 +1725,77 @@ static void check_decode_layers(void)
     }
 }
 
+/* n greedy ids of m after a prompt, on a backend with head_pick on or
+ * off (CLLM_CUDA_HEAD_SCREEN), one step ahead of the host (the graphs
+ * replayed, keyed on the pick) or waiting for each id; *taken: whether the
+ * backend kept head_pick. 0, or -1 after a failed CHECK. */
+static int hp_ids(const struct model *m, bool screen, bool ahead, int *ids, int n, bool *taken)
+{
+    setenv("CLLM_CUDA_HEAD_SCREEN", screen ? "1" : "0", 1);
+    kv_bf16_next = true;
+    struct backend *be = gpu_create(false);
+    unsetenv("CLLM_CUDA_HEAD_SCREEN");
+    struct err e = {{0}};
+    struct forward_state fs;
+    struct kv_pool pool;
+    struct kv_seq seq = {0};
+    const struct model_config *c = &m->cfg;
+    bool ok = be && !backend_load_weights(be, m, &e) && !forward_init(&fs, m, be, 64, &e) &&
+              !kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, 16, 64, &e);
+    CHECK(ok, "head_pick: backend: %s", e.msg);
+    if (!ok) {
+        backend_destroy(be);
+        return -1;
+    }
+    *taken = be->ops->head_pick != NULL;
+    int prompt[7];
+    for (int i = 0; i < 7; i++)
+        prompt[i] = (i * 53 + 5) % c->vocab_size;
+    float *row = malloc(sizeof(float) * (size_t)c->vocab_size);
+    int tok = 0, rc = forward_tokens_greedy(&fs, &pool, &seq, prompt, 7, row, &tok, &e);
+    for (int i = 0; i < n && rc == 0; i++) {
+        ids[i] = tok;
+        if (!ahead)
+            rc = forward_tokens_greedy(&fs, &pool, &seq, &tok, 1, row, &tok, &e);
+        else if (!(rc = forward_pipe_issue(&fs, &pool, &seq, &tok, &e)))
+            rc = forward_pipe_take(&fs, &tok, &e);
+    }
+    CHECK(rc == 0, "head_pick: decoding: %s", e.msg);
+    free(row);
+    kv_seq_release(&pool, &seq);
+    kv_pool_free(&pool);
+    forward_free(&fs);
+    backend_destroy(be);
+    return rc ? -1 : 0;
+}
+
+/* head_pick (CLLM_CUDA_HEAD_SCREEN=1) against the full head: 60 greedy
+ * ids of the random models of every decode_layers form, both ways of
+ * decoding, the same as without it (its logits are exact in double
+ * precision; the kernels' own checks are test_head_pick_cuda's). */
+static void check_head_pick(void)
+{
+    for (int form = 0; form < DL_FORMS; form++) {
+        struct dl_model d;
+        dl_make(&d, form);
+        for (int ahead = 0; ahead < 2; ahead++) {
+            int a[60], b[60];
+            bool ta = false, tb = false;
+            if (hp_ids(&d.m, false, ahead, a, 60, &ta) || hp_ids(&d.m, true, ahead, b, 60, &tb))
+                continue;
+            int k = 0;
+            while (k < 60 && a[k] == b[k])
+                k++;
+            CHECK(!ta && tb, "head_pick: on %d off %d", tb, ta);
+            CHECK(k == 60, "head_pick %s%s: ids differ at step %d", dl_forms[form],
+                  ahead ? ", one step ahead" : "", k);
+            printf("head_pick %s%s: %d greedy ids the same as the full head's\n", dl_forms[form],
+                   ahead ? ", one step ahead" : "", k);
+        }
+        dl_free(&d);
+    }
+}
+
 /* ---- 3. CPU vs GPU on the sample models ---- */
 
 static void check_cpu_vs_gpu(const char *model_dir, struct backend *cpu, int n_gen)
@@ -2786,6 +2857,7 @@ int main(void)
     check_matmul_fused();
     check_staged_big();
     check_decode_layers();
+    check_head_pick();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);

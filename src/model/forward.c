@@ -726,7 +726,10 @@ int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv
     /* a token of the host's after an id still in flight: the queue stays in
      * order, the device's pick of that step is simply not fed */
     int t = tok ? *tok : BACKEND_TOKEN_LAST;
-    struct forward_seg seg = {.seq = seq, .tokens = &t, .n = 1, .logits = true};
+    /* next: the row serves argmax_async's pick alone (seg_pick_only), which
+     * lands in the slot, not through next */
+    struct forward_seg seg = {.seq = seq, .tokens = &t, .n = 1, .logits = true,
+                              .next = &p->ids[slot]};
     bool decodes = false;
     int rows = step_issue(fs, pool, &seg, 1, false, true, &decodes, e);
     if (rows < 0)

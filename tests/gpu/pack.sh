@@ -27,9 +27,9 @@ mkdir -p .carry/bin .carry/lib .carry/shared/models
 cp "$BUILD/cllm" "$BUILD/test_cuda" "$BUILD/gen_model" "$BUILD/libcllm_cuda.so" .carry/bin/
 # test_batch runs the batching equivalence tests on the GPU,
 # test_gemv_staged the staged GEMV kernel, test_gemm_tc the tensor-core
-# GEMM; bench_gemv, bench_gemm_tc, bench_persist, bench_kvread, bench_icache and bench_handoff time kernels alone
+# GEMM, test_head_pick_cuda the screened greedy head; bench_gemv, bench_gemm_tc, bench_persist, bench_kvread, bench_icache and bench_handoff time kernels alone
 # (all optional; tests/gpu/perf.sh runs the benches).
-for b in test_batch test_gemv_staged test_gemm_tc test_gemv_mma bench_gemv bench_gemm_tc bench_persist bench_kvread bench_icache bench_handoff; do [ -x "$BUILD/$b" ] && cp "$BUILD/$b" .carry/bin/; done
+for b in test_batch test_gemv_staged test_gemm_tc test_gemv_mma test_head_pick_cuda bench_gemv bench_gemm_tc bench_persist bench_kvread bench_icache bench_handoff; do [ -x "$BUILD/$b" ] && cp "$BUILD/$b" .carry/bin/; done
 # libcllm_trace.so writes a kernel timeline through CUPTI (bench/cupti/);
 # CUPTI itself travels too, in case the GPU machine's toolkit lacks it.
 if [ -e "$BUILD/libcllm_trace.so" ]; then

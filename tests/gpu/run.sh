@@ -117,6 +117,10 @@ if [ -x "$BIN/test_gemv_mma" ]; then
     echo "== test_gemv_mma"
     if timeout 300 "$BIN/test_gemv_mma"; then note "test_gemv_mma: PASS"; else note "test_gemv_mma: FAIL"; fails=$((fails+1)); fi
 fi
+if [ -x "$BIN/test_head_pick_cuda" ]; then
+    echo "== test_head_pick_cuda"
+    if timeout 300 "$BIN/test_head_pick_cuda"; then note "test_head_pick_cuda: PASS"; else note "test_head_pick_cuda: FAIL"; fails=$((fails+1)); fi
+fi
 # Batched steps through the engine: the default dispatch (steps past 2
 # tokens on the tensor-core GEMV), then with the tensor-core GEMV off and
 # the x-tile bound lowered so that the bf16 fixtures' 4-token steps mix

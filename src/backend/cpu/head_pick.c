@@ -16,7 +16,7 @@
 #define HP_CHUNK 256     /* rows a worker takes at a time */
 #define HP_XQ_MAX 16383  /* the input as int16: |x q| at most this */
 #define HP_FLUSH 512     /* columns summed in int32 before a flush to int64 */
-#define HP_MAX_COLS (1 << 20)
+#define HP_MAX_COLS (1 << 16) /* sum |q| stays exact in a float */
 
 /* ---- the copy ---- */
 
@@ -65,7 +65,7 @@ static bool quantize_row(const float *w, int64_t cols, int8_t *q, float *s_out, 
         qa += q[i] < 0 ? -q[i] : q[i];
     }
     *s_out = s;
-    *qa_out = (float)qa; /* exact: at most 127 x 2^20 < 2^24 */
+    *qa_out = (float)qa; /* exact: at most 127 x 2^16 < 2^24 */
     return fin == 0.0f;
 }
 

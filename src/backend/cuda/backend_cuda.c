@@ -254,6 +254,7 @@ static void cu_destroy(struct backend *be)
             cudaFree(c->map[i].mem2);
     }
     free(c->map);
+    cu_head_free(c);
     graphs_flush(c);
     if (c->h_step)
         cudaFreeHost(c->h_step);
@@ -402,6 +403,7 @@ static const struct backend_ops cuda_ops = {
     .row_logprobs = cu_row_logprobs,
     .argmax_async = cu_argmax_async,
     .argmax_take = cu_argmax_take,
+    .head_pick = cu_head_pick,
 };
 
 /* Creates n events without timing; false (none left) when one fails. */
@@ -652,6 +654,11 @@ static struct backend *cuda_create(int device, struct err *e)
         c->ops.argmax_async = NULL;
         c->ops.argmax_take = NULL;
     }
+    /* a greedy step's head screened by an int8 copy: opt-in until measured
+     * on the GPU (docs/benchmarks.md, "An exact greedy pick from half the
+     * head's bytes") */
+    if (!env_flag("CLLM_CUDA_HEAD_SCREEN", false))
+        c->ops.head_pick = NULL;
     c->be.ops = &c->ops;
     c->be.impl = c;
     return &c->be;

@@ -466,6 +466,32 @@ cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_
 cudaError_t cuk_q8_repack(cudaStream_t s, int8_t *qs, uint16_t *scales, const void *src,
                           size_t n_blocks);
 
+/* The int8 copy of an LM head that rules rows out of a greedy step's
+ * pick (head_pick.cu): q (rows x cols quants), per row its scale and
+ * sum |q|, per row scratch ab (a_r, e_r), and ws (2 unsigned, zero before
+ * first use; the kernels leave them re-armed). cols a multiple of 16, at
+ * most CUK_HEAD_MAX_COLS (the int32 sums stay exact). */
+#define CUK_HEAD_MAX_COLS 16384
+struct cuk_head_copy {
+    int8_t *q;
+    float *scale, *qabs, *ab;
+    unsigned *ws;
+    int rows, cols;
+};
+/* c's q, scale and qabs from w (f32, f16 or bf16 on the device, c's
+ * shape); *bad (device, zero before) becomes 1 where a weight is not
+ * finite, and c must not be used then. */
+cudaError_t cuk_head_quant(cudaStream_t s, const struct cuk_head_copy *c,
+                           const struct cuk_weight *w, unsigned *bad);
+/* Shared memory bytes cuk_head_pick's screening launch takes. */
+size_t cuk_head_smem(int cols);
+/* logits[w->rows] = x . w^T where a greedy pick needs it: in double
+ * precision (rounded to f32) at every row the copy cannot rule out, -inf
+ * at the others; x (device, w->cols floats) is the normed row. Two
+ * launches of up to 8 and 4 blocks an SM. */
+cudaError_t cuk_head_pick(cudaStream_t s, const struct cuk_head_copy *c,
+                          const struct cuk_weight *w, const float *x, float *logits, int n_sms);
+
 /* Bytes of device workspace cuk_argmax takes; zeroed once before first use
  * (the kernel leaves it re-armed). */
 #define CUK_ARGMAX_WS_BYTES (128 * 8 + 16)

@@ -12,7 +12,7 @@ static bool graph_key_eq(const struct step_graph *a, const struct step_graph *b)
 {
     return a->owner == b->owner && a->kpool == b->kpool && a->bucket == b->bucket &&
            a->n_seg == b->n_seg && a->n_tok == b->n_tok && a->rows == b->rows &&
-           a->par == b->par;
+           a->pick == b->pick && a->par == b->par;
 }
 
 static struct step_graph *graph_find(struct cuda_backend *c, const struct step_graph *key)
@@ -179,7 +179,8 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     const struct kv_seq *seq = st->seq;
     struct step_graph key = {.owner = st->owner, .kpool = st->pool->k,
                              .bucket = table_bucket(seq->n_blocks), .n_seg = 1,
-                             .n_tok = st->n, .rows = st->rows};
+                             .n_tok = st->n, .rows = st->rows,
+                             .pick = st->pick_only && c->head_mem};
     if (few && !graph_find(c, &key) && !seen_before(c, &key))
         return 0;
     if (step_reserve(c, key.bucket))

@@ -57,6 +57,7 @@ struct step_graph {
     int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
     int n_tok;                 /* n_seg 1: its tokens (> 1: a few tokens' step, see cu_step_begin) */
     bool rows;                 /* such a step ends with every row's logits, not the last's */
+    bool pick;                 /* its head is head_pick's (backend_step.pick_only) */
     int par;                   /* n_seg 1: which half of h_step its record is copied from */
     struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
@@ -173,6 +174,11 @@ struct cuda_backend {
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
     size_t map_cap, map_n;
     size_t weight_bytes;
+    /* head_pick (CLLM_CUDA_HEAD_SCREEN=1): the LM head's int8 copy in one
+     * allocation, and the host pointer of the head it was made from */
+    struct cuk_head_copy head;
+    void *head_mem;
+    const void *head_host;
 
     struct alloc_rec *allocs;
     size_t n_allocs, cap_allocs, alloc_bytes;
@@ -520,6 +526,13 @@ void mega_report(struct cuda_backend *c);
 int cu_decode_layers(struct backend *be, const struct model *m, float *x, struct kv_pool *pool,
                      const struct kv_seq *seq, int pos, const float *inv_freq, struct err *e);
 /* cuda_graphs.c */
+/* cuda_head.c: the device bytes the LM head's int8 copy takes (0: not
+ * made), making it after the weights are loaded, freeing it, the op. */
+size_t cu_head_bytes(const struct cuda_backend *c, const struct model *m);
+int cu_head_load(struct cuda_backend *c, const struct model *m, struct err *e);
+void cu_head_free(struct cuda_backend *c);
+int cu_head_pick(struct backend *be, float *logits, const float *x, const struct tensor *head,
+                 struct err *e);
 int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
 int cu_step_end(struct backend *be, int ops_rc, struct err *e);
 void cu_step_stats(struct backend *be, long recorded[2], long replayed[2]);

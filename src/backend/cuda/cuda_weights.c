@@ -238,17 +238,19 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
             uniq++;
         }
     }
+    const size_t head = cu_head_bytes(c, m); /* the head's int8 copy, where head_pick is on */
     size_t dfree = 0, dtotal = 0;
     cudaMemGetInfo(&dfree, &dtotal);
     size_t reserve = (size_t)512 << 20; /* activations, KV, cuBLAS workspace come after */
-    if (need + reserve > dfree) {
+    if (need + head + reserve > dfree) {
         free(ts);
         free(pair);
-        return err_set(e, "%s: the model's weights need %.1f GiB but only %.1f of %.1f GiB are free "
-                          "(plus %.1f GiB kept for activations and KV); use a smaller or more "
-                          "quantized model, or --device cpu",
-                       c->name, need / 1073741824.0, dfree / 1073741824.0, dtotal / 1073741824.0,
-                       reserve / 1073741824.0);
+        return err_set(e, "%s: the model's weights need %.1f GiB%s but only %.1f of %.1f GiB are "
+                          "free (plus %.1f GiB kept for activations and KV); use a smaller or "
+                          "more quantized model, or --device cpu",
+                       c->name, (need + head) / 1073741824.0,
+                       head ? " with the LM head's int8 copy (CLLM_CUDA_HEAD_SCREEN=0 drops it)" : "",
+                       dfree / 1073741824.0, dtotal / 1073741824.0, reserve / 1073741824.0);
     }
     fprintf(stderr, "%s: loading %d tensors, %.1f MiB of weights (%.1f GiB free)\n", c->name, uniq,
             need / 1048576.0, dfree / 1073741824.0);
@@ -287,5 +289,5 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     double dt = now_s() - t0;
     fprintf(stderr, "%s%s: weights loaded in %.2f s (%.2f GB/s)\n", isatty(2) ? "\r" : "", c->name,
             dt, dt > 0 ? need / dt / 1e9 : 0.0);
-    return 0;
+    return cu_head_load(c, m, e);
 }
