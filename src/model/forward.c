@@ -327,7 +327,8 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
         if (!segs[0].logits)
             return 0;
         float *last = fs->x + (size_t)(n - 1) * c->dim;
-        if (seg_pick_only(fs, &segs[0])) { /* a greedy pick alone: less of the head */
+        const bool pick = seg_pick_only(fs, &segs[0]);
+        if (pick) { /* a greedy pick alone: less of the head */
             op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
             int rc = op->head_pick(fs->be, fs->logits, fs->xb, &m->lm_head, e);
             if (rc <= 0)
@@ -340,7 +341,8 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
                        ? -1
                        : 1;
         }
-        op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
+        if (!pick) /* else xb holds it: head_pick declined this head */
+            op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
         rows = 1;
     } else {
         /* Gathered rows that are also consecutive in x (neighbouring

@@ -11,10 +11,10 @@
 #endif
 
 #include "backend/cpu/head_pick.h"
+#include "backend/head_bound.h"
 #include "base/half.h"
 
 #define HP_CHUNK 256     /* rows a worker takes at a time */
-#define HP_XQ_MAX 16383  /* the input as int16: |x q| at most this */
 #define HP_FLUSH 512     /* columns summed in int32 before a flush to int64 */
 #define HP_MAX_COLS (1 << 16) /* sum |q| stays exact in a float */
 
@@ -292,7 +292,7 @@ dot_vnni(const int8_t *q, const int16_t *xq, int64_t n)
 struct screen_task {
     struct head_screen *hs;
     bool avx2, vnni;
-    double sx, x1_term, xq_term; /* a_r = s_r sx dot; e_r = s_r (x1_term + xq_term qabs_r) */
+    double sx, t1, tq; /* a_r = s_r sx dot; e_r: head_bound.h */
     double *lo_max;              /* per worker: max_r (a_r - e_r) */
     atomic_llong next;
 };
@@ -319,11 +319,8 @@ static void screen_worker(void *ctx, int ith, int nth)
 #endif
             const double s = hs->scale[r];
             const double a = s * t->sx * (double)d;
-            const double b = s * (t->x1_term + t->xq_term * hs->qabs[r]);
-            /* kept as floats: the bound grows by more than a's rounding to
-             * float (2^-24 |a|), so approx +- bound still brackets the logit */
             hs->approx[r] = (float)a;
-            hs->bound[r] = (float)((b + 2e-7 * fabs(a)) * (1.0 + 1e-6));
+            hs->bound[r] = head_bound_e(a, s, t->t1, t->tq, hs->qabs[r]);
             const double l = (double)hs->approx[r] - (double)hs->bound[r];
             lo = l > lo ? l : lo;
         }
@@ -351,24 +348,18 @@ int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logit
     }
     if (!isfinite(x1) || mx == 0.0f)
         return 1;
-    /* The input as int16, x_i ~ dx xq_i; |x_i - dx xq_i| <= dx (1/2 + 2^-10). */
-    const float dx = mx / (float)HP_XQ_MAX;
+    /* The input as int16, x_i ~ dx xq_i (head_bound.h) */
+    const float dx = mx / (float)HEAD_XQ_MAX;
     for (int64_t i = 0; i < cols; i++) {
         float v = round_even(x[i] / dx);
-        v = v > HP_XQ_MAX ? HP_XQ_MAX : v < -HP_XQ_MAX ? -HP_XQ_MAX : v;
+        v = v > HEAD_XQ_MAX ? HEAD_XQ_MAX : v < -HEAD_XQ_MAX ? -HEAD_XQ_MAX : v;
         hs->xq[i] = (int16_t)v;
     }
-    /* e_r, for each row: the weights' rounding (|w - s q| <= s (1/2 +
-     * 2^-16)) times sum |x|; the input's times s sum |q|; and the rounding
-     * of the exact logit's own f32 sum in any order, gamma_n sum |w| |x|
-     * with |w| <= 127.01 s. */
-    const double u = ldexp(1.0, -24), gamma = (double)cols * u / (1.0 - (double)cols * u);
+    /* e_r covers the f32 sums of the kept rows' logits (cpu_matmul's) */
     const int nth = mm->tp ? tp_size(mm->tp) : 1;
     double *lo_max = hs->lo_max;
-    struct screen_task t = {.hs = hs, .sx = dx,
-                            .x1_term = (0.5 + 1.6e-5 + 127.01 * gamma) * x1 * (1.0 + 1e-6),
-                            .xq_term = (0.5 + 1e-3) * dx * (1.0 + 1e-6),
-                            .lo_max = lo_max};
+    struct screen_task t = {.hs = hs, .sx = dx, .t1 = head_bound_t1(x1, (int)cols, 1),
+                            .tq = head_bound_tq(dx), .lo_max = lo_max};
 #if defined(__x86_64__)
     t.avx2 = mm->isa >= CPU_ISA_AVX2;
     t.vnni = mm->vnni;

@@ -4,8 +4,9 @@
  *
  * Row r of the copy is q_r = round(w_r / s_r), s_r = max|w_r| / 127, so
  * the copy's logit a_r = s_r (q_r . x) is within e_r of the exact one, e_r
- * a worst-case bound (each weight off by at most s_r / 2, plus the float
- * rounding of both sums, whatever their order). The exact argmax is then
+ * a worst-case bound (backend/head_bound.h: each weight off by at most
+ * s_r / 2, the input held as int16, and the float rounding of the exact
+ * logit's sum, whatever its order). The exact argmax is then
  * among the rows with a_r + e_r >= max_r (a_r - e_r): a step reads half
  * the head's bf16 bytes (a quarter of f32's) and a few rows of the head
  * itself. */

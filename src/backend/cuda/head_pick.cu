@@ -1,13 +1,9 @@
 /* head_pick.cu - a greedy step's LM head read as an int8 copy that rules
  * rows out, on the device (the CUDA backend's head_pick; host side in
  * cuda_head.c). The copy and the bound are the CPU's
- * (backend/cpu/head_pick.h): row r is q_r = round(w_r / s_r), s_r =
- * max|w_r| / 127, and with the input held as int16 (x ~ dx xq) the integer
- * dot product is exact, so a_r = s_r dx (q_r . xq) is within
- *
- *   e_r = s_r ((1/2 + 2^-16) sum|x| + (1/2 + 2^-10) dx sum|q_r|)
- *
- * of the exact logit. k_head_screen writes (a_r, e_r) and the largest
+ * (backend/head_bound.h): a_r = s_r dx (q_r . xq), an exact integer dot
+ * product of the int8 copy and the input as int16, is within e_r of the
+ * exact logit. k_head_screen writes (a_r, e_r) and the largest
  * a_r - e_r, L; k_head_rescore keeps the rows with a_r + e_r >= L, whose
  * logits it computes in double precision, and writes -inf at the others.
  * The row with the largest exact logit is always kept, so the argmax over
@@ -20,12 +16,12 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/head_bound.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/order_key.cuh"
 
 #define HP_THREADS 256
 #define HP_WARPS (HP_THREADS / 32)
-#define HP_XQ_MAX 16383
 #define HP_CHUNK 512 /* columns a warp covers with one 16-byte load a lane */
 
 /* ---- the copy ---- */
@@ -109,10 +105,10 @@ static __device__ __forceinline__ void hp_input(const float *x, int cols, int16_
         m = fmaxf(m, wm[k]);
         a += ws[k];
     }
-    const float dx = m / (float)HP_XQ_MAX;
+    const float dx = m / (float)HEAD_XQ_MAX;
     for (int j = threadIdx.x; j < cols; j += HP_THREADS) {
         int v = dx > 0.0f ? __float2int_rn(x[j] / dx) : 0;
-        xq[j] = (int16_t)(v > HP_XQ_MAX ? HP_XQ_MAX : v < -HP_XQ_MAX ? -HP_XQ_MAX : v);
+        xq[j] = (int16_t)(v > HEAD_XQ_MAX ? HEAD_XQ_MAX : v < -HEAD_XQ_MAX ? -HEAD_XQ_MAX : v);
     }
     __syncthreads();
     *dx_out = dx;
@@ -133,8 +129,8 @@ __global__ void __launch_bounds__(HP_THREADS)
     double x1;
     hp_input(x, c.cols, hp_xq, &dx, &x1);
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const double t1 = (0.5 + 1.6e-5) * x1 * (1.0 + 1e-6);
-    const double tq = (0.5 + 1e-3) * (double)dx * (1.0 + 1e-6);
+    /* the kept rows are summed in double: no f32 sum to cover */
+    const double t1 = head_bound_t1(x1, c.cols, 0), tq = head_bound_tq(dx);
     float lo_best = -INFINITY;
     for (int r = blockIdx.x * HP_WARPS + warp; r < c.rows; r += gridDim.x * HP_WARPS) {
         const int8_t *qr = c.q + (size_t)r * c.cols;
@@ -156,9 +152,7 @@ __global__ void __launch_bounds__(HP_THREADS)
             d += __shfl_xor_sync(0xffffffffu, d, o);
         if (lane == 0) {
             const double s = c.scale[r], a = s * (double)dx * (double)d;
-            const double b = s * (t1 + tq * (double)c.qabs[r]);
-            /* as floats: the bound grows by more than a's rounding */
-            const float af = (float)a, bf = (float)((b + 2e-7 * fabs(a)) * (1.0 + 1e-6));
+            const float af = (float)a, bf = head_bound_e(a, s, t1, tq, c.qabs[r]);
             c.ab[2 * (size_t)r] = af;
             c.ab[2 * (size_t)r + 1] = bf;
             lo_best = fmaxf(lo_best, (float)((double)af - (double)bf));
