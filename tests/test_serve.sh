@@ -354,6 +354,8 @@ err_case /v1/messages '{"messages":[{"role":"user","content":"x"}]}' 400 "$ant a
 err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"robot","content":"x"}]}' 400 "$ant" "messages bad role"
 err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBE"}}]}]}' 400 "$ant and (.error.message | test(\"base64\"))" "a PDF document is refused, named"
 err_case /v1/responses '{"input":"x","previous_response_id":"resp_nope"}' 400 "$oai and .error.param == \"previous_response_id\"" "unknown previous_response_id"
+err_case /v1/responses '{"input":[{"role":"user","content":"x"},{"type":"custom_tool_call_output","call_id":"c"}]}' 400 "$oai and .error.param == \"input[1]\" and (.error.message | test(\"output\"))" "a tool output without output"
+err_case /v1/responses '{"input":[{"type":"local_shell_call","call_id":"c","action":{"type":"exec","command":"ls"}}]}' 400 "$oai and .error.param == \"input[0]\" and (.error.message | test(\"command\"))" "a local_shell_call without a command array"
 long=$(jq -cn '{messages:[{role:"user",content:("Zoo " * 300)}]}')
 err_case /v1/chat/completions "$long" 400 "$oai and (.error.message | test(\"context is 512 tokens\")) and .error.code == \"context_length_exceeded\"" "prompt longer than the context"
 err_case /v1/messages "$(jq -c '.max_tokens = 5' <<<"$long")" 400 "$ant and (.error.message | test(\"512\"))" "long prompt (anthropic)"

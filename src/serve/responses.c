@@ -168,11 +168,13 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
     }
     if (!strcmp(type, "function_call_output") || !strcmp(type, "custom_tool_call_output") ||
         !strcmp(type, "local_shell_call_output")) {
-        const json_t *id = json_object_get(it, "call_id");
+        const json_t *id = json_object_get(it, "call_id"), *o = json_object_get(it, "output");
         char op[80];
         snprintf(op, sizeof op, "%s.output", param);
+        if (!json_is_string(o) && !json_is_array(o))
+            return api_fail(ae, 400, NULL, param, "'%s' must be a string or an array of parts", op);
         struct buf t = {0};
-        if (content_text(json_object_get(it, "output"), op, part_types, &t, ae)) {
+        if (content_text(o, op, part_types, &t, ae)) {
             buf_free(&t);
             return -1;
         }
