@@ -340,6 +340,7 @@ struct single_result {
     double bandwidth;          /* measured bytes/s, or <= 0 */
     char bw_err[256];
     char device[160];
+    bool head_pick; /* greedy steps may read the head's int8 copy (backend head_pick) */
 };
 
 /* One sequence on a backend of its own: measures the bandwidth (unless
@@ -381,6 +382,7 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     } else {
         snprintf(r->device, sizeof r->device, "%s, all cores", be->ops->name);
     }
+    r->head_pick = be->ops->head_pick != NULL && o->sp.temperature <= 0;
     if (o->bandwidth > 0) {
         r->bandwidth = o->bandwidth;
     } else if (be->ops->mem_bandwidth) {
@@ -757,6 +759,9 @@ int cmd_bench(int argc, char **argv)
     else
         printf("bandwidth:  unknown (%s); no floor (give --bandwidth GBPS)\n", sr.bw_err);
     printf("floor:      S x bandwidth / (weight bytes + S x KV bytes at the mean context), S streams\n");
+    if (sr.head_pick)
+        printf("head:       one stream's greedy steps read the LM head's int8 copy where the backend\n"
+               "            takes its dtype (head_pick, half a bf16 head); the floor counts the whole head\n");
     printf("compute:    %.3f %s a prefill token (matrices %.1f%%, attention %.1f%%)",
            fl >= 1e9 ? fl / 1e9 : fl / 1e6, fl >= 1e9 ? "GFLOP" : "MFLOP", 100 * fl_mats / fl,
            100 * fl_attn / fl);
