@@ -18,15 +18,19 @@ check 'grep -q "decode:.*tok/s" "$tmp/err"' "no tokens/s report on stderr"
 ids=$("$CLLM" run "$SHARED/models/tinystories-656k" --prompt-ids 1,80,147,201,282,57 -n 8 --temp 0 --print-ids 2>/dev/null)
 check '[ "$ids" = "313,598,303,1049,1468,267,628,333" ]' "tinystories ids: got '$ids'"
 
-# 2b. A greedy step's head screened by its int8 copy (head_pick): the same
-# ids as the full head, on a bf16 model with Qwen3's 151,936-row head and on
-# the tied f32 one above
+# 2b. A step's head screened by its int8 copy (head_pick) for a greedy pick
+# or a top-k draw: the same ids as the full head, on a bf16 model with
+# Qwen3's 151,936-row head and on the tied f32 one above
 "$(dirname "$CLLM")/gen_model" --shape tiny-qwen3 --dtype bf16 -o "$tmp/tq3.gguf" >"$tmp/o" 2>&1
 check '[ -s "$tmp/tq3.gguf" ]' "gen_model tiny-qwen3: $(cat "$tmp/o")"
 for m in "$tmp/tq3.gguf" "$SHARED/models/tinystories-656k"; do
     on=$("$CLLM" run "$m" --prompt-ids 1,80,147,201,282,57 -n 40 --temp 0 --ignore-eos --print-ids 2>/dev/null)
     off=$(CLLM_HEAD_SCREEN=0 "$CLLM" run "$m" --prompt-ids 1,80,147,201,282,57 -n 40 --temp 0 --ignore-eos --print-ids 2>/dev/null)
     check '[ "$(tr "," "\n" <<<"$on" | grep -c .)" = 40 ] && [ "$on" = "$off" ]' "head_pick ids on $(basename "$m"): '$on' vs '$off'"
+    # a top-k draw needs the k largest logits only: the same tokens for a seed
+    on=$("$CLLM" run "$m" --prompt-ids 1,80,147 -n 40 --temp 0.9 --top-k 20 --top-p 0.95 --seed 3 --ignore-eos --print-ids 2>/dev/null)
+    off=$(CLLM_HEAD_SCREEN=0 "$CLLM" run "$m" --prompt-ids 1,80,147 -n 40 --temp 0.9 --top-k 20 --top-p 0.95 --seed 3 --ignore-eos --print-ids 2>/dev/null)
+    check '[ "$(tr "," "\n" <<<"$on" | grep -c .)" = 40 ] && [ "$on" = "$off" ]' "head_pick top-k draws on $(basename "$m"): '$on' vs '$off'"
 done
 
 # 3. Text prompt through tokenizer.json gives the same ids.

@@ -1,9 +1,11 @@
 /* test_head_pick.c - the CPU backend's head_pick (backend/cpu/head_pick.c):
- * over f32, f16 and bf16 heads of several shapes, with one thread and a
- * pool, the pick argmax_f32 makes over its row is the one it makes over
- * the full product, every row it keeps holds the full product's bits, and
- * it keeps few; ties, near ties, an outlier input, a head of identical
- * rows (the full product instead), and the cases it refuses. */
+ * over f32, f16 and bf16 heads of several shapes, with every kernel and a
+ * pool, for greedy picks and top-k draws: the pick argmax_f32 makes over
+ * its row is the one it makes over the full product, every row it keeps
+ * holds the full product's bits, every one of the k largest is kept, the
+ * sampler's top-k draws are the same tokens, and it keeps few; ties, near
+ * ties, an outlier input, a head of identical rows (the full product
+ * instead), and the cases it refuses. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,6 +13,8 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/head_pick.h"
+#include "backend/head_bound.h"
+#include "engine/sampler.h"
 #include "base/argmax.h"
 #include "base/half.h"
 #include "base/threadpool.h"
@@ -47,34 +51,72 @@ struct stats {
     int cases, kept_max;
 };
 
-/* One check: head_pick's row against the full product. want_rc: 0 taken
- * (screened or the full product), 1 refused. */
+/* One check: head_pick's row for a pick among the k largest against the
+ * full product: the same argmax; for k > 1 every one of the k largest
+ * kept, and sampler_pick's top-k draws (40 uniforms) the same tokens. */
 static void check_pick(struct cpu_matmul *mm, struct head_screen *hs, const struct tensor *h,
-                       const float *x, const char *what, struct stats *st)
+                       const float *x, int k, const char *what, struct stats *st)
 {
     const size_t rows = (size_t)h->rows;
-    float *full = malloc(rows * 4), *got = malloc(rows * 4);
+    float *full = malloc(rows * 4), *got = malloc(rows * 4), *pr = malloc(rows * 4);
+    int *idx = malloc(rows * sizeof *idx);
     struct err e = {{0}};
     CHECK(cpu_matmul(mm, full, x, 1, h, &e) == 0, "%s: matmul: %s", what, e.msg);
-    int rc = head_screen_pick(hs, mm, got, x, h, &e);
+    int rc = head_screen_pick(hs, mm, got, x, h, k, &e);
     CHECK(rc == 0, "%s: head_pick returned %d (%s)", what, rc, e.msg);
     if (rc == 0) {
         int want = argmax_f32(full, (int)rows), pick = argmax_f32(got, (int)rows);
-        int kept = 0, same = 1;
+        int kept = 0, same = 1, higher_dropped = 0;
         for (size_t r = 0; r < rows; r++) {
             if (got[r] == -INFINITY && full[r] != -INFINITY)
                 continue;
             kept++;
             same &= memcmp(&got[r], &full[r], 4) == 0;
         }
+        /* a dropped row must have a logit below the k-th largest kept one */
+        float kth = INFINITY;
+        if (kept >= k) {
+            float *kv = malloc(sizeof *kv * (size_t)kept);
+            int n = 0;
+            for (size_t r = 0; r < rows; r++)
+                if (got[r] != -INFINITY)
+                    kv[n++] = got[r];
+            for (int i = 0; i < k; i++) { /* selection of the k-th largest */
+                int b = i;
+                for (int j = i + 1; j < n; j++)
+                    if (kv[j] > kv[b])
+                        b = j;
+                float tmp = kv[i];
+                kv[i] = kv[b];
+                kv[b] = tmp;
+            }
+            kth = kv[k - 1];
+            free(kv);
+        }
+        for (size_t r = 0; r < rows; r++)
+            higher_dropped += got[r] == -INFINITY && full[r] > kth;
         CHECK(pick == want, "%s: picked %d, the full product %d", what, pick, want);
         CHECK(same, "%s: a kept row differs from the full product's", what);
-        CHECK(kept >= 1, "%s: no row kept", what);
+        CHECK(kept >= k && !higher_dropped, "%s: %d kept, %d above the k-th dropped", what, kept,
+              higher_dropped);
+        if (k > 1) {
+            const struct sampler_params sp = {.temperature = 0.7f, .top_k = k, .top_p = 0.9f,
+                                              .min_p = 0.02f};
+            int diff = 0;
+            for (int i = 0; i < 40; i++) {
+                const double u = (i + 0.5) / 40;
+                diff += sampler_pick(&sp, full, (int)rows, u, pr, idx) !=
+                        sampler_pick(&sp, got, (int)rows, u, pr, idx);
+            }
+            CHECK(!diff, "%s: %d of 40 top-%d draws differ", what, diff, k);
+        }
         st->cases++;
         st->kept_max = kept > st->kept_max ? kept : st->kept_max;
     }
     free(full);
     free(got);
+    free(pr);
+    free(idx);
 }
 
 static void shapes(struct cpu_matmul *mm, const char *pool)
@@ -91,15 +133,17 @@ static void shapes(struct cpu_matmul *mm, const char *pool)
             void *data = make_head(dts[t], w, rows, cols);
             struct tensor h = {dts[t], rows, cols, data};
             struct head_screen hs = {0};
+            static const int ks[] = {1, 1, 20, HEAD_PICK_MAX_K};
             for (int trial = 0; trial < 4; trial++) {
                 for (int64_t i = 0; i < cols; i++)
                     x[i] = gauss();
-                if (trial == 3)
+                if (trial == 1)
                     x[cols / 2] = 300.0f; /* one outlier dimension */
+                const int k = ks[trial] < rows ? ks[trial] : (int)rows;
                 char what[96];
-                snprintf(what, sizeof what, "%s %s %lldx%lld trial %d", pool, dtype_name(dts[t]),
-                         (long long)rows, (long long)cols, trial);
-                check_pick(mm, &hs, &h, x, what, &st);
+                snprintf(what, sizeof what, "%s %s %lldx%lld trial %d k %d", pool,
+                         dtype_name(dts[t]), (long long)rows, (long long)cols, trial, k);
+                check_pick(mm, &hs, &h, x, k, what, &st);
             }
             head_screen_free(&hs);
             free(data);
@@ -137,7 +181,8 @@ static void ties_and_refusals(struct cpu_matmul *mm)
     struct head_screen hs = {0};
     void *data = make_head(DT_BF16, w, rows, cols);
     struct tensor h = {DT_BF16, rows, cols, data};
-    check_pick(mm, &hs, &h, x, "ties", &st);
+    check_pick(mm, &hs, &h, x, 1, "ties", &st);
+    check_pick(mm, &hs, &h, x, 3, "ties, top 3", &st);
     /* every row the same: past the cap, the full product (no -inf) */
     for (int64_t r = 1; r < rows; r++)
         memcpy(w + r * cols, w, sizeof *w * cols);
@@ -145,22 +190,25 @@ static void ties_and_refusals(struct cpu_matmul *mm)
     struct tensor hsame = {DT_F32, rows, cols, same};
     float *got = malloc(sizeof *got * rows);
     struct err e = {{0}};
-    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, &e) == 0 && argmax_f32(got, (int)rows) == 0 &&
+    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, 1, &e) == 0 && argmax_f32(got, (int)rows) == 0 &&
               got[rows - 1] == got[0],
           "identical rows: the full product, row 0");
     /* refusals: a Q8_0 head, an input that is not finite or all zero, a
      * head with a NaN */
     struct tensor q8 = {DT_Q8_0, rows, cols, data};
-    CHECK(head_screen_pick(&hs, mm, got, x, &q8, &e) == 1, "a Q8_0 head is refused");
+    CHECK(head_screen_pick(&hs, mm, got, x, &h, HEAD_PICK_MAX_K + 1, &e) == 1 &&
+              head_screen_pick(&hs, mm, got, x, &h, 0, &e) == 1,
+          "k outside 1..HEAD_PICK_MAX_K is refused");
+    CHECK(head_screen_pick(&hs, mm, got, x, &q8, 1, &e) == 1, "a Q8_0 head is refused");
     x[5] = INFINITY;
-    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, &e) == 1, "an infinite input is refused");
+    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, 1, &e) == 1, "an infinite input is refused");
     memset(x, 0, sizeof *x * cols);
-    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, &e) == 1, "a zero input is refused");
+    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, 1, &e) == 1, "a zero input is refused");
     x[0] = 1.0f;
     ((float *)same)[17] = NAN;
     hsame.data = same; /* same pointer: mark it new by freeing the copy */
     head_screen_free(&hs);
-    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, &e) == 1, "a head with a NaN is refused");
+    CHECK(head_screen_pick(&hs, mm, got, x, &hsame, 1, &e) == 1, "a head with a NaN is refused");
     head_screen_free(&hs);
     free(got);
     free(same);

@@ -117,6 +117,22 @@ if start S6 "$P6" "$STORIES" -- --draft-kind ngram --num-draft-tokens 6; then
     kill -TERM "$S6"
     wait "$S6"
 fi
+# head_pick (CLLM_HEAD_SCREEN): a greedy request and a seeded top-k draw
+# through the engine give the same text with the head's int8 copy as
+# without it
+PH=$(free_port)
+if start SH "$PH" "$STORIES" CLLM_HEAD_SCREEN=0; then
+    for req in '{"prompt":"Zoo","max_tokens":60,"temperature":0,"ignore_eos":true}' \
+               '{"prompt":"Zoo","max_tokens":60,"temperature":0.9,"top_k":20,"top_p":0.95,"seed":5,"ignore_eos":true}'; do
+        call /v1/completions "$req" "http://127.0.0.1:$PH"
+        off=$(jq -r .choices[0].text <<<"$body")
+        call /v1/completions "$req"
+        on=$(jq -r .choices[0].text <<<"$body")
+        check '[ -n "$on" ] && [ "$on" = "$off" ]' "head_pick through the engine: '$on' vs '$off' for $req"
+    done
+    kill -TERM "$SH"
+    wait "$SH"
+fi
 # --draft-model: the model's first 4 of 5 layers (gen_model --layers 4: a GGUF with
 # no tokenizer, the same 512 ids) drafts; the text is the model's own
 "$(dirname "$CLLM")/gen_model" --from-hf "$STORIES" --dtype f32 --layers 4 -o "$tmp/draft1.gguf" >"$tmp/o" 2>&1

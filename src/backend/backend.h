@@ -94,9 +94,10 @@ struct backend_step {
     const struct kv_seq *seq;   /* the first segment's sequence */
     const struct batch_seg *segs; /* n_seg > 1: the segments, as the ops get them */
     bool logits;                /* one segment: ends with the logits of its last row */
-    /* with logits: that row serves only a greedy pick, so the step may use
+    /* with logits: that row serves only a pick among its pick_k largest
+     * logits (1: greedy; 0: the row serves more), so the step may use
      * head_pick (a backend that records steps keys them on it) */
-    bool pick_only;
+    int pick_k;
     /* n_seg > 1 one-token segments that all want their logits, which the
      * step ends with in segment order (n_seg rows; a batched decode step):
      * a shape the backend may record and replay like a single decode. */
@@ -254,14 +255,16 @@ struct backend_ops {
     int (*step_begin)(struct backend *be, const struct backend_step *st, struct err *e);
     int (*step_end)(struct backend *be, int ops_rc, struct err *e);
     /* Optional: logits[head->rows] = x . head^T for one row x whose
-     * logits serve only a greedy pick (see backend_step.pick_only): exact
-     * (matmul's values) at every row that may hold the largest and
-     * -INFINITY at the others, so argmax picks what it would over the full
+     * logits serve only a pick among its k largest (see
+     * backend_step.pick_k: 1 a greedy pick, up to HEAD_PICK_MAX_K a top-k
+     * draw): exact (matmul's values) at every row that may be among the k
+     * largest and -INFINITY at the others, so argmax, and a sampler that
+     * keeps the k largest before anything else, pick as over the full
      * product, having read less of the head (the CPU: an int8 copy rules
      * rows out, cpu/head_pick.h). Returns 0; 1 when it does not take this
-     * head, and the caller runs matmul; -1 with a message. */
+     * head or k, and the caller runs matmul; -1 with a message. */
     int (*head_pick)(struct backend *be, float *logits, const float *x, const struct tensor *head,
-                     struct err *e);
+                     int k, struct err *e);
     /* *out (host) = the index of the largest of n floats of backend memory
      * x, the lowest index on ties (NaNs never win), waiting for queued work;
      * greedy decoding then copies one id to the host instead of a logits

@@ -32,6 +32,9 @@
 #define HEAD_BOUND_FN static inline
 #endif
 
+/* The most rows head_pick keeps for a top-k draw (k > 1); past it the
+ * caller reads the whole head. */
+#define HEAD_PICK_MAX_K 64
 #define HEAD_XQ_MAX 16383 /* |xq| at most this: 127 x 16383 x 2 fits int16 pairs' int32 sums */
 
 /* t1 of e_r for an input with sum|x| = x1, and an f32 sum over cols

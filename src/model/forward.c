@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/head_bound.h"
 #include "base/argmax.h"
 
 void rope_inv_freq(const struct model_config *c, float *inv_freq)
@@ -151,12 +152,18 @@ static bool seg_sampled(const struct forward_seg *s)
     return s->sample && s->sample->temperature > 0;
 }
 
-/* Whether a segment's logits row serves only its greedy pick (no
- * logprobs, nothing the host does with the row), so the head may be
- * head_pick's. */
-static bool seg_pick_only(const struct forward_state *fs, const struct forward_seg *s)
+/* k when a segment's logits row serves only a pick among its k largest
+ * logits, so the head may be head_pick's: 1 for a greedy pick, the top-k
+ * of a draw that keeps at most HEAD_PICK_MAX_K (the sampler keeps the k
+ * largest first: engine/sampler.c); 0 when the row serves more (logprobs,
+ * the host's own processing, a draw over the whole row). */
+static int seg_pick_k(const struct forward_state *fs, const struct forward_seg *s)
 {
-    return seg_picked(fs, s) && !seg_sampled(s) && !s->lp && fs->be->ops->head_pick;
+    if (!s->logits || !s->next || s->lp || !fs->be->ops->head_pick)
+        return 0;
+    if (!seg_sampled(s))
+        return 1;
+    return s->sample->top_k > 0 && s->sample->top_k <= HEAD_PICK_MAX_K ? s->sample->top_k : 0;
 }
 
 /* The matmuls of the fused path (backends with matmul_fused), one call
@@ -327,10 +334,11 @@ static int batch_ops(struct forward_state *fs, struct kv_pool *pool,
         if (!segs[0].logits)
             return 0;
         float *last = fs->x + (size_t)(n - 1) * c->dim;
-        const bool pick = seg_pick_only(fs, &segs[0]);
-        if (pick) { /* a greedy pick alone: less of the head */
+        const int pick_k = seg_pick_k(fs, &segs[0]);
+        const bool pick = pick_k > 0;
+        if (pick) { /* a pick among the k largest alone: less of the head */
             op->rmsnorm(fs->be, fs->xb, last, m->out_norm.data, 1, c->dim, c->norm_eps);
-            int rc = op->head_pick(fs->be, fs->logits, fs->xb, &m->lm_head, e);
+            int rc = op->head_pick(fs->be, fs->logits, fs->xb, &m->lm_head, pick_k, e);
             if (rc <= 0)
                 return rc < 0 ? -1 : 1;
         }
@@ -529,8 +537,7 @@ static int step_issue(struct forward_state *fs, struct kv_pool *pool, struct for
                               .tokens = fs->ids, .pool = pool, .seq = segs[0].seq,
                               .segs = n_seg > 1 ? fs->bsegs : NULL,
                               .logits = n_seg == 1 && !all_rows && segs[0].logits,
-                              .pick_only = n_seg == 1 && !all_rows && segs[0].logits &&
-                                           seg_pick_only(fs, &segs[0]),
+                              .pick_k = n_seg == 1 && !all_rows ? seg_pick_k(fs, &segs[0]) : 0,
                               .decodes = decodes, .rows = n_seg == 1 && all_rows};
     int rows = 0;
     for (int attempt = 0;; attempt++) {
@@ -728,7 +735,7 @@ int forward_pipe_issue(struct forward_state *fs, struct kv_pool *pool, struct kv
     /* a token of the host's after an id still in flight: the queue stays in
      * order, the device's pick of that step is simply not fed */
     int t = tok ? *tok : BACKEND_TOKEN_LAST;
-    /* next: the row serves argmax_async's pick alone (seg_pick_only), which
+    /* next: the row serves argmax_async's pick alone (seg_pick_k), which
      * lands in the slot, not through next */
     struct forward_seg seg = {.seq = seq, .tokens = &t, .n = 1, .logits = true,
                               .next = &p->ids[slot]};

@@ -94,10 +94,10 @@ static int cpu_mm(struct backend *be, float *out, const float *x, int n, const s
 }
 
 static int cpu_head_pick(struct backend *be, float *logits, const float *x,
-                         const struct tensor *head, struct err *e)
+                         const struct tensor *head, int k, struct err *e)
 {
     struct cpu_backend *c = cpu(be);
-    return c->screen ? head_screen_pick(&c->hs, &c->mm, logits, x, head, e) : 1;
+    return c->screen ? head_screen_pick(&c->hs, &c->mm, logits, x, head, k, e) : 1;
 }
 
 static void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n,

@@ -176,7 +176,7 @@ void head_screen_free(struct head_screen *hs)
     free(hs->approx);
     free(hs->bound);
     free(hs->xq);
-    free(hs->lo_max);
+    free(hs->lo);
     memset(hs, 0, sizeof *hs);
 }
 
@@ -193,9 +193,9 @@ static void build(struct head_screen *hs, struct cpu_matmul *mm, const struct te
     hs->bound = malloc(rows * sizeof *hs->bound);
     hs->xq = malloc((cols + 16) * sizeof *hs->xq);
     const int nth = mm->tp ? tp_size(mm->tp) : 1;
-    hs->lo_max = malloc((size_t)(nth > 0 ? nth : 1) * sizeof *hs->lo_max);
+    hs->lo = malloc((size_t)(nth > 0 ? nth : 1) * HEAD_PICK_MAX_K * sizeof *hs->lo);
     if (!hs->q || !hs->scale || !hs->qabs || !hs->approx || !hs->bound || !hs->xq ||
-        !hs->lo_max) { /* no room for the copy: the full head, as without it */
+        !hs->lo) { /* no room for the copy: the full head, as without it */
         head_screen_free(hs);
         hs->data = head->data;
         hs->rows = head->rows;
@@ -293,16 +293,32 @@ struct screen_task {
     struct head_screen *hs;
     bool avx2, vnni;
     double sx, t1, tq; /* a_r = s_r sx dot; e_r: head_bound.h */
-    double *lo_max;              /* per worker: max_r (a_r - e_r) */
+    int k;
+    double *lo; /* per worker, HEAD_PICK_MAX_K apart: its k largest a_r - e_r, ascending */
     atomic_llong next;
 };
+
+/* top[0..k) ascending, the k largest values offered (-inf until k came). */
+static void keep_largest(double *top, int k, double v)
+{
+    if (!(v > top[0]))
+        return;
+    int i = 0;
+    while (i + 1 < k && top[i + 1] < v) {
+        top[i] = top[i + 1];
+        i++;
+    }
+    top[i] = v;
+}
 
 static void screen_worker(void *ctx, int ith, int nth)
 {
     (void)nth;
     struct screen_task *t = ctx;
     struct head_screen *hs = t->hs;
-    double lo = -INFINITY;
+    double *top = t->lo + (size_t)ith * HEAD_PICK_MAX_K;
+    for (int i = 0; i < t->k; i++)
+        top[i] = -INFINITY;
     for (;;) {
         int64_t r0 = atomic_fetch_add_explicit(&t->next, HP_CHUNK, memory_order_relaxed);
         if (r0 >= hs->rows)
@@ -321,17 +337,17 @@ static void screen_worker(void *ctx, int ith, int nth)
             const double a = s * t->sx * (double)d;
             hs->approx[r] = (float)a;
             hs->bound[r] = head_bound_e(a, s, t->t1, t->tq, hs->qabs[r]);
-            const double l = (double)hs->approx[r] - (double)hs->bound[r];
-            lo = l > lo ? l : lo;
+            keep_largest(top, t->k, (double)hs->approx[r] - (double)hs->bound[r]);
         }
     }
-    t->lo_max[ith] = lo;
 }
 
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
-                     const struct tensor *head, struct err *e)
+                     const struct tensor *head, int k, struct err *e)
 {
     if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16)
+        return 1;
+    if (k < 1 || k > HEAD_PICK_MAX_K)
         return 1;
     if (head->cols > HP_MAX_COLS || head->rows < 2)
         return 1;
@@ -357,23 +373,27 @@ int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logit
     }
     /* e_r covers the f32 sums of the kept rows' logits (cpu_matmul's) */
     const int nth = mm->tp ? tp_size(mm->tp) : 1;
-    double *lo_max = hs->lo_max;
     struct screen_task t = {.hs = hs, .sx = dx, .t1 = head_bound_t1(x1, (int)cols, 1),
-                            .tq = head_bound_tq(dx), .lo_max = lo_max};
+                            .tq = head_bound_tq(dx), .k = k, .lo = hs->lo};
 #if defined(__x86_64__)
     t.avx2 = mm->isa >= CPU_ISA_AVX2;
     t.vnni = mm->vnni;
 #endif
     atomic_init(&t.next, 0);
-    for (int i = 0; i < nth; i++)
-        lo_max[i] = -INFINITY;
     if (nth > 1)
         tp_run(mm->tp, screen_worker, &t);
     else
         screen_worker(&t, 0, 1);
-    double L = -INFINITY;
-    for (int i = 0; i < nth; i++)
-        L = lo_max[i] > L ? lo_max[i] : L;
+    /* L: the k-th largest a_r - e_r. At least k rows have exact logits of
+     * L or more, so no row whose logit cannot reach L is among the k
+     * largest. */
+    double top[HEAD_PICK_MAX_K];
+    for (int i = 0; i < k; i++)
+        top[i] = -INFINITY;
+    for (int w = 0; w < nth; w++)
+        for (int i = 0; i < k; i++)
+            keep_largest(top, k, hs->lo[(size_t)w * HEAD_PICK_MAX_K + i]);
+    const double L = top[0];
     /* The candidates: rows whose logit may reach L. Past a cap the full
      * product is cheaper than rescoring them one by one. */
     const int64_t cap = head->rows / 64 > 64 ? head->rows / 64 : 64;

@@ -27,19 +27,21 @@ struct head_screen {
     float *approx;      /* per row: a_r (scratch) */
     float *bound;       /* per row: e_r (scratch) */
     int16_t *xq;        /* the input as int16 (scratch) */
-    double *lo_max;     /* per pool thread: its rows' largest a_r - e_r */
+    double *lo;         /* per pool thread: its rows' k largest a_r - e_r */
 };
 
-/* logits[head->rows] = x . headᵀ where it matters for the greedy pick:
- * exact (cpu_matmul's bits) at every row the copy cannot rule out, and
- * -INFINITY elsewhere, so argmax_f32 over logits picks the row it picks
- * over the full product. Returns 0; 1 when it does not take this head
+/* logits[head->rows] = x . headᵀ where it matters for a pick among the k
+ * largest (1..HEAD_PICK_MAX_K; 1: greedy): exact (cpu_matmul's bits) at
+ * every row the copy cannot rule out of the k largest, and -INFINITY
+ * elsewhere, so argmax_f32 over logits picks the row it picks over the
+ * full product, and the k largest are the full product's. Returns 0; 1
+ * when it does not take this head or k
  * (not f32, f16 or bf16; more columns than it holds exactly; a weight or
  * an input that is not finite; no memory for the copy) and the caller
  * computes the full product; -1 with a message when cpu_matmul fails.
  * Makes hs's copy when hs holds another head's. */
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
-                     const struct tensor *head, struct err *e);
+                     const struct tensor *head, int k, struct err *e);
 
 void head_screen_free(struct head_screen *hs);
 

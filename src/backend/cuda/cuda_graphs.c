@@ -180,7 +180,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     struct step_graph key = {.owner = st->owner, .kpool = st->pool->k,
                              .bucket = table_bucket(seq->n_blocks), .n_seg = 1,
                              .n_tok = st->n, .rows = st->rows,
-                             .pick = st->pick_only && c->head_mem};
+                             .pick = st->pick_k == 1 && c->head_mem}; /* the k it takes */
     if (few && !graph_find(c, &key) && !seen_before(c, &key))
         return 0;
     if (step_reserve(c, key.bucket))

@@ -92,10 +92,10 @@ int cu_head_load(struct cuda_backend *c, const struct model *m, struct err *e)
 }
 
 int cu_head_pick(struct backend *be, float *logits, const float *x, const struct tensor *head,
-                 struct err *e)
+                 int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    if (!c->head_mem || head->data != c->head_host)
+    if (!c->head_mem || head->data != c->head_host || k != 1) /* greedy picks only */
         return 1;
     const struct cuk_weight *w = dev_weight(c, head, "head_pick");
     if (!w || sticky(c, e))

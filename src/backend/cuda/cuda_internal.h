@@ -57,7 +57,7 @@ struct step_graph {
     int n_seg;                 /* 1: a single decode; > 1: a batched decode of n_seg sequences */
     int n_tok;                 /* n_seg 1: its tokens (> 1: a few tokens' step, see cu_step_begin) */
     bool rows;                 /* such a step ends with every row's logits, not the last's */
-    bool pick;                 /* its head is head_pick's (backend_step.pick_only) */
+    bool pick;                 /* its head is head_pick's (backend_step.pick_k 1) */
     int par;                   /* n_seg 1: which half of h_step its record is copied from */
     struct attn_args att;      /* batched: the attention geometry its metadata is built for */
     cudaGraphExec_t exec;
@@ -532,7 +532,7 @@ size_t cu_head_bytes(const struct cuda_backend *c, const struct model *m);
 int cu_head_load(struct cuda_backend *c, const struct model *m, struct err *e);
 void cu_head_free(struct cuda_backend *c);
 int cu_head_pick(struct backend *be, float *logits, const float *x, const struct tensor *head,
-                 struct err *e);
+                 int k, struct err *e);
 int cu_step_begin(struct backend *be, const struct backend_step *st, struct err *e);
 int cu_step_end(struct backend *be, int ops_rc, struct err *e);
 void cu_step_stats(struct backend *be, long recorded[2], long replayed[2]);
