@@ -17,7 +17,9 @@
 #include <time.h>
 
 #include "cli/cli.h"
+
 #include "backend/backend.h"
+#include "backend/head_bound.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
@@ -340,7 +342,7 @@ struct single_result {
     double bandwidth;          /* measured bytes/s, or <= 0 */
     char bw_err[256];
     char device[160];
-    bool head_pick; /* greedy steps may read the head's int8 copy (backend head_pick) */
+    bool head_pick; /* the steps may read the head's int8 copy (backend head_pick) */
 };
 
 /* One sequence on a backend of its own: measures the bandwidth (unless
@@ -382,7 +384,8 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
     } else {
         snprintf(r->device, sizeof r->device, "%s, all cores", be->ops->name);
     }
-    r->head_pick = be->ops->head_pick != NULL && o->sp.temperature <= 0;
+    r->head_pick = be->ops->head_pick != NULL &&
+                   (o->sp.temperature <= 0 || (o->sp.top_k > 0 && o->sp.top_k <= HEAD_PICK_MAX_K));
     if (o->bandwidth > 0) {
         r->bandwidth = o->bandwidth;
     } else if (be->ops->mem_bandwidth) {
@@ -760,8 +763,9 @@ int cmd_bench(int argc, char **argv)
         printf("bandwidth:  unknown (%s); no floor (give --bandwidth GBPS)\n", sr.bw_err);
     printf("floor:      S x bandwidth / (weight bytes + S x KV bytes at the mean context), S streams\n");
     if (sr.head_pick)
-        printf("head:       one stream's greedy steps read the LM head's int8 copy where the backend\n"
-               "            takes its dtype (head_pick, half a bf16 head); the floor counts the whole head\n");
+        printf("head:       one stream's steps (a greedy pick or a top-k draw) read the LM head's int8\n"
+               "            copy where the backend takes them (head_pick, half a bf16 head); the floor\n"
+               "            counts the whole head\n");
     printf("compute:    %.3f %s a prefill token (matrices %.1f%%, attention %.1f%%)",
            fl >= 1e9 ? fl / 1e9 : fl / 1e6, fl >= 1e9 ? "GFLOP" : "MFLOP", 100 * fl_mats / fl,
            100 * fl_attn / fl);
