@@ -179,13 +179,10 @@ static int add_message(json_t *out, const json_t *m, size_t i, struct api_error 
                 api_fail(ae, 400, NULL, bp, "'%s.name' must be a string", bp);
                 goto fail;
             }
-            json_t *call = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name",
-                                     name, "arguments",
-                                     input ? json_incref((json_t *)input) : json_object());
-            const json_t *id = json_object_get(b, "id");
-            if (call && json_is_string(id))
-                json_object_set(call, "id", (json_t *)id);
-            json_array_append_new(calls, call);
+            json_array_append_new(
+                calls, chat_tool_call(json_string_value(json_object_get(b, "id")),
+                                      json_string_value(name),
+                                      input ? json_incref((json_t *)input) : json_object()));
         } else if (!strcmp(type, "document") || !strcmp(type, "search_result")) {
             if (document_text(b, bp, &text, ae))
                 goto fail;

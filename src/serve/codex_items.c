@@ -141,18 +141,12 @@ json_t *codex_item_call(const json_t *item, const char *param, struct api_error 
     }
     char *text = args ? json_dumps(args, JSON_COMPACT) : NULL;
     json_decref(args);
-    json_t *call = text ? json_pack("{s:s, s:{s:s, s:s}}", "type", "function", "function", "name",
-                                    name, "arguments", text)
+    const char *id = json_string_value(json_object_get(item, "call_id"));
+    json_t *call = text ? chat_tool_call(id ? id : json_string_value(json_object_get(item, "id")),
+                                         name, json_string(text))
                         : NULL;
     free(text);
-    if (!call) {
+    if (!call)
         api_fail(ae, 500, "server_error", NULL, "out of memory");
-        return NULL;
-    }
-    const json_t *id = json_object_get(item, "call_id");
-    if (!json_is_string(id))
-        id = json_object_get(item, "id");
-    if (json_is_string(id))
-        json_object_set(call, "id", (json_t *)id);
     return call;
 }

@@ -283,6 +283,23 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
     return 0;
 }
 
+json_t *chat_tool_call(const char *id, const char *name, json_t *args)
+{
+    json_t *call = json_object();
+    if (call && id)
+        json_object_set_new(call, "id", json_string(id));
+    if (call)
+        json_object_set_new(call, "type", json_string("function"));
+    json_t *fn = json_pack("{s:s, s:o}", "name", name, "arguments", args);
+    if (!call || !fn) {
+        json_decref(call);
+        json_decref(fn);
+        return NULL;
+    }
+    json_object_set_new(call, "function", fn);
+    return call;
+}
+
 int content_text(const json_t *content, const char *param, const char *const *types,
                  struct buf *out, struct api_error *ae)
 {

@@ -155,6 +155,10 @@ int field_array(const json_t *obj, const char *key, json_t **out, struct api_err
 int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae);
 /* A stop string or list of stop strings (key names the field). */
 int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct api_error *ae);
+/* A tool call in the chat form the templates read (OpenAI's): {id (when
+ * not NULL), type: "function", function: {name, arguments}}, taking
+ * args (a JSON string, or an object); NULL when out of memory. */
+json_t *chat_tool_call(const char *id, const char *name, json_t *args);
 /* A message content: a string, null, or an array of text parts whose type
  * is one of `types` (NULL-terminated). Appends the text; non-text parts are
  * refused with a 400 naming param. */

@@ -150,13 +150,9 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
         const json_t *name = json_object_get(it, "name"), *args = json_object_get(it, "arguments");
         if (!json_is_string(name))
             return api_fail(ae, 400, NULL, param, "'%s.name' must be a string", param);
-        json_t *call = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function", "name",
-                                 name, "arguments",
-                                 args ? json_incref((json_t *)args) : json_string("{}"));
-        const json_t *id = json_object_get(it, "call_id");
-        if (call && json_is_string(id))
-            json_object_set(call, "id", (json_t *)id);
-        append_call(out, call);
+        append_call(out, chat_tool_call(json_string_value(json_object_get(it, "call_id")),
+                                        json_string_value(name),
+                                        args ? json_incref((json_t *)args) : json_string("{}")));
         return 0;
     }
     if (!strcmp(type, "custom_tool_call") || !strcmp(type, "local_shell_call")) {
@@ -438,9 +434,7 @@ static json_t *answer_call(struct resp_ctx *c, const char *name, const char *arg
     serve_make_id(call_id, sizeof call_id, "call_");
     if (!c->calls)
         c->calls = json_array();
-    json_array_append_new(c->calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", call_id, "type",
-                                              "function", "function", "name", name, "arguments",
-                                              args));
+    json_array_append_new(c->calls, chat_tool_call(call_id, name, json_string(args)));
     json_t *item = codex_call_item(kind, id, call_id, "completed", name, args);
     if (item)
         return item;

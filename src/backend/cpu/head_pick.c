@@ -125,6 +125,15 @@ __attribute__((target("avx2"))) static bool quantize_row_avx2(const float *w, in
 }
 #endif
 
+/* The next HP_CHUNK rows [*r0, *r1) of rows for a pool worker; false when
+ * none are left. */
+static bool take_rows(atomic_llong *next, int64_t rows, int64_t *r0, int64_t *r1)
+{
+    *r0 = atomic_fetch_add_explicit(next, HP_CHUNK, memory_order_relaxed);
+    *r1 = *r0 + HP_CHUNK < rows ? *r0 + HP_CHUNK : rows;
+    return *r0 < rows;
+}
+
 struct build_task {
     struct head_screen *hs;
     const struct tensor *head;
@@ -146,11 +155,7 @@ static void build_worker(void *ctx, int ith, int nth)
         atomic_store(&t->bad, 1);
         return;
     }
-    for (;;) {
-        int64_t r0 = atomic_fetch_add_explicit(&t->next, HP_CHUNK, memory_order_relaxed);
-        if (r0 >= hs->rows)
-            break;
-        int64_t r1 = r0 + HP_CHUNK < hs->rows ? r0 + HP_CHUNK : hs->rows;
+    for (int64_t r0, r1; take_rows(&t->next, hs->rows, &r0, &r1);) {
         for (int64_t r = r0; r < r1; r++) {
             widen_row(t->head->dtype, (const uint8_t *)t->head->data + (size_t)r * t->stride,
                       cols, w);
@@ -319,11 +324,7 @@ static void screen_worker(void *ctx, int ith, int nth)
     double *top = t->lo + (size_t)ith * HEAD_PICK_MAX_K;
     for (int i = 0; i < t->k; i++)
         top[i] = -INFINITY;
-    for (;;) {
-        int64_t r0 = atomic_fetch_add_explicit(&t->next, HP_CHUNK, memory_order_relaxed);
-        if (r0 >= hs->rows)
-            break;
-        int64_t r1 = r0 + HP_CHUNK < hs->rows ? r0 + HP_CHUNK : hs->rows;
+    for (int64_t r0, r1; take_rows(&t->next, hs->rows, &r0, &r1);) {
         for (int64_t r = r0; r < r1; r++) {
             const int8_t *q = hs->q + (size_t)r * (size_t)hs->cols;
 #if defined(__x86_64__)
@@ -394,20 +395,19 @@ int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logit
         for (int i = 0; i < k; i++)
             keep_largest(top, k, hs->lo[(size_t)w * HEAD_PICK_MAX_K + i]);
     const double L = top[0];
-    /* The candidates: rows whose logit may reach L. Past a cap the full
-     * product is cheaper than rescoring them one by one. */
+    /* The candidates: rows whose logit may reach L, computed exactly as
+     * they come. Past a cap the full product is cheaper than rescoring them
+     * one by one (what was rescored by then is at most 1/64 of it). */
     const int64_t cap = head->rows / 64 > 64 ? head->rows / 64 : 64;
-    int64_t n_cand = 0;
-    for (int64_t r = 0; r < head->rows && n_cand <= cap; r++)
-        n_cand += (double)hs->approx[r] + (double)hs->bound[r] >= L;
-    if (n_cand > cap)
-        return cpu_matmul(mm, logits, x, 1, head, e);
     const size_t stride = dtype_row_bytes(head->dtype, head->cols);
+    int64_t n_cand = 0;
     for (int64_t r = 0; r < head->rows; r++) {
         if ((double)hs->approx[r] + (double)hs->bound[r] < L) {
             logits[r] = -INFINITY;
             continue;
         }
+        if (++n_cand > cap)
+            return cpu_matmul(mm, logits, x, 1, head, e);
         /* the row through cpu_matmul alone: the same kernel, the same bits */
         struct tensor one = *head;
         one.data = (const uint8_t *)head->data + (size_t)r * stride;
