@@ -338,7 +338,7 @@ check '[ "$want" -gt 3 ] && [ "$got" = "$want" ]' "server tool blocks left out: 
 # ---- Responses ----
 call /v1/responses '{"input":"Zoo","instructions":"Stories.","max_output_tokens":8,"temperature":0}'
 rid=$(jq -r .id <<<"$body")
-check '[ "$code" = 200 ] && jq -e ".object == \"response\" and .status == \"incomplete\" and .incomplete_details.reason == \"max_output_tokens\" and .output[0].content[0].type == \"output_text\" and .usage.output_tokens == 8" <<<"$body" >/dev/null' "responses: $body"
+check '[ "$code" = 200 ] && jq -e ".object == \"response\" and .status == \"incomplete\" and .incomplete_details.reason == \"max_output_tokens\" and .output[0].content[0].type == \"output_text\" and .output[0].status == \"incomplete\" and .usage.output_tokens == 8" <<<"$body" >/dev/null' "responses: $body"
 in1=$(jq .usage.input_tokens <<<"$body")
 call /v1/responses "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"More\"}]}],\"previous_response_id\":\"$rid\",\"max_output_tokens\":4,\"temperature\":0}"
 check '[ "$code" = 200 ] && [ "$(jq .usage.input_tokens <<<"$body")" -gt "$in1" ]' "previous_response_id: $body"
@@ -347,6 +347,13 @@ stream /v1/responses '{"input":"Zoo","max_output_tokens":5,"temperature":0,"stre
 events=$(sed -n 's/^event: //p' <<<"$body" | uniq | tr '\n' ' ')
 check '[ "$events" = "response.created response.in_progress response.output_item.added response.content_part.added response.output_text.delta response.output_text.done response.content_part.done response.output_item.done response.incomplete " ]' "responses event grammar: $events"
 check 'sse_data | jq -se "[.[].sequence_number] == [range(length)] and all(.[]; .type != null)" >/dev/null' "responses sequence_number"
+check 'sse_data | jq -se "[.[] | select(.type == \"response.output_item.done\") | .item.status] == [\"incomplete\"] and (.[-1].response.output | map(.status)) == [\"incomplete\"]" >/dev/null' "responses: the cut item is incomplete"
+# the items of tools OpenAI's servers ran, and its encrypted compactions,
+# are left out, as earlier reasoning is
+rin() { curl -s "$B/v1/responses" -d "{\"input\":$1,\"max_output_tokens\":1,\"temperature\":0}" | jq .usage.input_tokens; }
+want=$(rin '[{"role":"user","content":"Zoo"},{"role":"assistant","content":"Lions."},{"role":"user","content":"More"}]')
+got=$(rin '[{"role":"user","content":"Zoo"},{"type":"web_search_call","id":"ws_1","status":"completed","action":{"type":"search","query":"zoo"}},{"type":"compaction","encrypted_content":"gAAA"},{"type":"mcp_call","id":"mcp_1","name":"n","server_label":"s","arguments":"{}","output":"x"},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"e"},{"role":"assistant","content":"Lions."},{"type":"image_generation_call","id":"ig_1","status":"completed","result":"AAAA"},{"role":"user","content":"More"}]')
+check '[ "$want" -gt 3 ] && [ "$got" = "$want" ]' "responses: items made elsewhere left out: $want, $got"
 check '[ "$(sse_data | jq -rj "select(.type == \"response.output_text.delta\") | .delta")" = "$(sse_data | jq -r "select(.type == \"response.output_text.done\") | .text")" ]' "responses deltas != done text"
 
 # ---- errors, in each API's shape ----
@@ -372,6 +379,7 @@ err_case /v1/messages '{"max_tokens":3,"messages":[{"role":"user","content":[{"t
 err_case /v1/responses '{"input":"x","previous_response_id":"resp_nope"}' 400 "$oai and .error.param == \"previous_response_id\"" "unknown previous_response_id"
 err_case /v1/responses '{"input":[{"role":"user","content":"x"},{"type":"custom_tool_call_output","call_id":"c"}]}' 400 "$oai and .error.param == \"input[1]\" and (.error.message | test(\"output\"))" "a tool output without output"
 err_case /v1/responses '{"input":[{"type":"local_shell_call","call_id":"c","action":{"type":"exec","command":"ls"}}]}' 400 "$oai and .error.param == \"input[0]\" and (.error.message | test(\"command\"))" "a local_shell_call without a command array"
+err_case /v1/responses '{"input":[{"role":"user","content":"x"},{"type":"computer_call","call_id":"c","action":{"type":"click"}}]}' 400 "$oai and .error.param == \"input[1]\" and (.error.message | test(\"computer_call\"))" "an item of a kind not taken"
 long=$(jq -cn '{messages:[{role:"user",content:("Zoo " * 300)}]}')
 err_case /v1/chat/completions "$long" 400 "$oai and (.error.message | test(\"context is 512 tokens\")) and .error.code == \"context_length_exceeded\"" "prompt longer than the context"
 err_case /v1/messages "$(jq -c '.max_tokens = 5' <<<"$long")" 400 "$ant and (.error.message | test(\"512\"))" "long prompt (anthropic)"

@@ -122,6 +122,23 @@ static void append_call(json_t *out, json_t *call)
                                          "tool_calls", call));
 }
 
+/* Items another server made: the calls of tools OpenAI's servers ran (web
+ * and file search, image generation, code interpreter, MCP) and their
+ * encrypted compactions, none of which a model here can read or rerun. A
+ * conversation begun there goes on here without them, as it does without
+ * its earlier reasoning. */
+static bool made_elsewhere(const char *type)
+{
+    static const char *const names[] = {
+        "web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call",
+        "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response",
+        "compaction", "compaction_summary", "context_compaction", NULL};
+    for (const char *const *n = names; *n; n++)
+        if (!strcmp(type, *n))
+            return true;
+    return false;
+}
+
 static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *ae)
 {
     char param[64];
@@ -181,7 +198,7 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
         json_array_append_new(out, m);
         return 0;
     }
-    if (!strcmp(type, "reasoning"))
+    if (!strcmp(type, "reasoning") || made_elsewhere(type))
         return 0; /* earlier reasoning is not replayed into the prompt */
     return api_fail(ae, 400, NULL, param, "'%s': items of type '%s' are not supported", param,
                     type);
@@ -518,8 +535,9 @@ static int out_index(const struct resp_ctx *c)
     return (int)json_array_size(c->output);
 }
 
-/* Ends the item being streamed, if any. */
-static void item_close(struct stream *s)
+/* Ends the item being streamed, if any: "incomplete" when the answer was
+ * cut there (max_output_tokens), as OpenAI marks the item it cut. */
+static void item_end(struct stream *s, bool cut)
 {
     struct resp_ctx *c = s->st;
     const char *t = c->text.p ? c->text.p : "";
@@ -533,13 +551,14 @@ static void item_close(struct stream *s)
         ev(s, "response.content_part.done",
            json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->msg_id, "output_index", out_index(c),
                      "content_index", 0, "part", part_json(t, n, c->lps)));
-        item = message_item(c, "completed", json_pack("[o]", part_json(t, n, c->lps)));
+        item = message_item(c, cut ? "incomplete" : "completed",
+                            json_pack("[o]", part_json(t, n, c->lps)));
         buf_putn(&c->answer, t, n);
     } else if (c->open == ITEM_REASONING) {
         ev(s, "response.reasoning_text.done",
            json_pack("{s:s, s:i, s:i, s:o}", "item_id", c->item_id, "output_index", out_index(c),
                      "content_index", 0, "text", json_text(t, n)));
-        item = reasoning_item(c->item_id, "completed", t, n);
+        item = reasoning_item(c->item_id, cut ? "incomplete" : "completed", t, n);
     } else {
         return;
     }
@@ -548,6 +567,11 @@ static void item_close(struct stream *s)
     json_array_append_new(c->output, item);
     c->text.n = 0;
     c->open = ITEM_NONE;
+}
+
+static void item_close(struct stream *s)
+{
+    item_end(s, false);
 }
 
 /* Starts a message or reasoning item unless one of that kind is open. */
@@ -642,7 +666,7 @@ static void rs_end(struct stream *s, const struct gen_result *res)
     }
     if (!out_index(c) && c->open == ITEM_NONE)
         item_open(s, ITEM_MESSAGE); /* an empty answer is one empty message */
-    item_close(s);
+    item_end(s, res->finish == GEN_FINISH_LENGTH);
     json_t *resp = response_json(c, final_status(res), json_deep_copy(c->output), res, NULL);
     remember(c, resp);
     ev(s, res->finish == GEN_FINISH_LENGTH ? "response.incomplete" : "response.completed",
@@ -652,18 +676,22 @@ static void rs_end(struct stream *s, const struct gen_result *res)
 static const struct stream_ops rs_ops = {rs_begin, rs_text, rs_tool_call, rs_end, ctx_free};
 
 /* A whole answer's items: reasoning, the message (also when it is all
- * there is, even empty), the calls. */
-static json_t *output_json(struct resp_ctx *c, const struct turn_parts *tp)
+ * there is, even empty), the calls. Cut (max_output_tokens): its text is
+ * "incomplete" (a call cut short stays text): the message, and the
+ * reasoning too when the cut came inside it. */
+static json_t *output_json(struct resp_ctx *c, const struct turn_parts *tp, bool cut)
 {
     json_t *out = json_array();
+    const bool message = tp->content.n || !json_array_size(tp->calls);
     if (tp->reasoning.n) {
         char id[64];
         serve_make_id(id, sizeof id, "rs_");
-        json_array_append_new(out,
-                              reasoning_item(id, "completed", tp->reasoning.p, tp->reasoning.n));
+        const bool last = !tp->content.n && !json_array_size(tp->calls);
+        json_array_append_new(out, reasoning_item(id, cut && last ? "incomplete" : "completed",
+                                                  tp->reasoning.p, tp->reasoning.n));
     }
-    if (tp->content.n || !json_array_size(tp->calls))
-        json_array_append_new(out, message_item(c, "completed",
+    if (message)
+        json_array_append_new(out, message_item(c, cut ? "incomplete" : "completed",
                                                 json_pack("[o]", part_json(tp->content.p ? tp->content.p : "",
                                                                            tp->content.n, c->lps))));
     buf_putn(&c->answer, tp->content.p, tp->content.n);
@@ -730,7 +758,7 @@ void responses_create(struct server *srv, const json_t *req, const struct client
             c->lps = logprobs_content(gen_tokenizer(g), e + skip, n - skip);
         }
         rp->status = 200;
-        rp->body = response_json(c, final_status(&res), output_json(c, &tp), &res, NULL);
+        rp->body = response_json(c, final_status(&res), output_json(c, &tp, res.finish == GEN_FINISH_LENGTH), &res, NULL);
         remember(c, rp->body);
     }
     buf_free(&text);
