@@ -2,10 +2,14 @@
  * a Qwen3-0.6B-shaped cache (16 query heads over 8 KV heads, head_dim 128,
  * 16-token blocks): a prompt of P tokens in one call (GFLOP/s, 2 per
  * multiply-add of q.k and p.v) and one decode step at context P (GB/s of
- * K/V read), best of R.
+ * K/V read), best of R. --layers L lays the cache out as a model of L
+ * layers would (each block holds every layer's rows; layer 0 is read), and
+ * --thp asks for transparent huge pages for it.
  *
- *   bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] [--decode-only] */
+ *   bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] [--decode-only]
+ *                   [--layers L] [--thp] */
 #include <math.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +35,7 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    int ctx = 2048, threads = 0, reps = 3, bf16 = 0, decode_only = 0;
+    int ctx = 2048, threads = 0, reps = 3, bf16 = 0, decode_only = 0, layers = 1, thp = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx") && i + 1 < argc)
             ctx = atoi(argv[++i]);
@@ -45,15 +49,19 @@ int main(int argc, char **argv)
             i++;
         else if (!strcmp(argv[i], "--decode-only"))
             decode_only = 1;
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--thp"))
+            thp = 1;
         else {
             fprintf(stderr,
                     "usage: bench_attention [--ctx P] [--threads T] [--kv f32|bf16] [--reps R] "
-                    "[--decode-only]\n");
+                    "[--decode-only] [--layers L] [--thp]\n");
             return 2;
         }
     }
-    if (ctx < 1 || reps < 1) {
-        fprintf(stderr, "bench_attention: --ctx and --reps must be at least 1\n");
+    if (ctx < 1 || reps < 1 || layers < 1) {
+        fprintf(stderr, "bench_attention: --ctx, --reps and --layers must be at least 1\n");
         return 2;
     }
     enum { HEADS = 16, KV = 8, HD = 128, BS = 16 };
@@ -64,11 +72,16 @@ int main(int argc, char **argv)
         return 1;
     }
     int nblk = (ctx + BS - 1) / BS;
-    struct kv_pool pool = {.n_layers = 1, .kv_dim = KV * HD, .block_size = BS, .n_blocks = nblk,
+    struct kv_pool pool = {.n_layers = layers, .n_kv_heads = KV, .head_dim = HD, .kv_dim = KV * HD,
+                           .block_size = BS, .n_blocks = nblk,
                            .dtype = bf16 ? DT_BF16 : DT_F32, .elt_bytes = bf16 ? 2 : 4};
-    size_t elts = (size_t)nblk * BS * KV * HD;
-    pool.k = malloc(elts * pool.elt_bytes);
-    pool.v = malloc(elts * pool.elt_bytes);
+    size_t elts = (size_t)nblk * layers * BS * KV * HD, bytes = elts * pool.elt_bytes;
+    pool.k = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
+    pool.v = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
+    if (thp && pool.k && pool.v) { /* as the CPU backend's pool (cpu_alloc) */
+        madvise(pool.k, bytes, MADV_HUGEPAGE);
+        madvise(pool.v, bytes, MADV_HUGEPAGE);
+    }
     int *blocks = malloc(sizeof(int) * nblk);
     float *q = malloc(sizeof(float) * (size_t)ctx * HEADS * HD);
     float *out = malloc(sizeof(float) * (size_t)ctx * HEADS * HD);

@@ -28,6 +28,7 @@ static float rnd(void)
 struct shape {
     int n_heads, n_kv, hd, window;
     bool bf16; /* the cache in bf16 (CLLM_KV_DTYPE=bf16) */
+    int ctx;   /* past 512, decode steps span key chunks (ATT_KC 256) */
 };
 
 /* Element i of a cache array, as a float. */
@@ -36,14 +37,14 @@ static float elt(const struct kv_pool *p, const void *base, size_t i)
     return p->dtype == DT_BF16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-enum { LAYERS = 2, LAYER = 1, BS = 16, CTX = 150 };
+enum { LAYERS = 2, LAYER = 1, BS = 16, CTX = 150, CTX_MAX = 1024 };
 
 /* out for rows [0, n) at positions pos0.., in double. */
 static void reference(double *out, const float *q, const struct kv_pool *p,
                       const struct kv_seq *s, const struct attn_args *a)
 {
     int g = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    double *sc = malloc(sizeof(double) * CTX);
+    double *sc = malloc(sizeof(double) * CTX_MAX);
     for (int i = 0; i < a->n; i++)
         for (int h = 0; h < a->n_heads; h++) {
             int pos = a->pos0 + i, start = 0;
@@ -52,7 +53,7 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
             const float *qr = q + ((size_t)i * a->n_heads + h) * hd;
             double mx = -INFINITY, sum = 0;
             for (int t = start; t <= pos; t++) {
-                size_t k = kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                size_t k = kv_offset(p, s, LAYER, t, h / g);
                 double d = 0;
                 for (int c = 0; c < hd; c++)
                     d += (double)qr[c] * elt(p, p->k, k + c);
@@ -65,7 +66,7 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
             for (int c = 0; c < hd; c++)
                 o[c] = 0;
             for (int t = start; t <= pos; t++) {
-                size_t v = kv_offset(p, s, LAYER, t) + (h / g) * hd;
+                size_t v = kv_offset(p, s, LAYER, t, h / g);
                 for (int c = 0; c < hd; c++)
                     o[c] += sc[t] / sum * elt(p, p->v, v + c);
             }
@@ -75,17 +76,21 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
 
 static void test_shape(const struct shape *sh, struct threadpool *const *pools)
 {
-    int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd;
-    int nblk = (CTX + BS - 1) / BS;
-    struct kv_pool p = {.n_layers = LAYERS, .kv_dim = kvd, .block_size = BS, .n_blocks = nblk,
+    int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd, ctx = sh->ctx;
+    int nblk = (ctx + BS - 1) / BS;
+    struct kv_pool p = {.n_layers = LAYERS, .n_kv_heads = sh->n_kv, .head_dim = sh->hd,
+                        .kv_dim = kvd, .block_size = BS, .n_blocks = nblk,
                         .dtype = sh->bf16 ? DT_BF16 : DT_F32, .elt_bytes = sh->bf16 ? 2 : 4};
     size_t elts = (size_t)nblk * LAYERS * BS * kvd;
     p.k = malloc(elts * p.elt_bytes);
     p.v = malloc(elts * p.elt_bytes);
-    int blocks[(CTX + BS - 1) / BS];
-    for (int b = 0; b < nblk; b++) /* a shuffled table: block b holds logical block (b*7) % nblk */
+    int blocks[(CTX_MAX + BS - 1) / BS];
+    /* a shuffled table: block b holds logical block (b*7) % nblk (a
+     * permutation: no context here has a multiple of 7 blocks) */
+    for (int b = 0; b < nblk; b++)
         blocks[(b * 7) % nblk] = b;
-    struct kv_seq s = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = CTX};
+    CHECK(nblk % 7 != 0, "context %d: %d blocks do not shuffle", ctx, nblk);
+    struct kv_seq s = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = ctx};
     for (size_t i = 0; i < elts; i++) {
         float k = rnd(), v = rnd();
         if (sh->bf16) {
@@ -96,8 +101,8 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
             ((float *)p.v)[i] = v;
         }
     }
-    /* Rows for positions [P, CTX): a cached prefix of P, then the rest. */
-    const int P = 21, n = CTX - P;
+    /* Rows for positions [P, ctx): a cached prefix of P, then the rest. */
+    const int P = 21, n = ctx - P;
     float *q = malloc(sizeof(float) * n * qd);
     for (int i = 0; i < n * qd; i++)
         q[i] = rnd() * 2.0f;
@@ -125,20 +130,23 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
         cpu_att_scratch_free(&sc);
     }
     /* The same rows in calls of 1, 5, 17, 40, ... rows (a chunked prompt,
-     * then single-token steps) on 2 threads: the same bits. */
+     * then steps of 1-3 tokens, which past 512 keys go by chunks) on 2
+     * threads: the same bits. */
     struct cpu_att_scratch sc = {0};
-    static const int sizes[] = {1, 5, 17, 40, 1, 1, 33};
+    static const int sizes[] = {1, 5, 17, 40, 1, 1, 33, 3, 2, 1};
+    const int ns = sizeof sizes / sizeof sizes[0];
     for (int r = 0, c = 0; r < n; c++) {
         struct attn_args b = a;
-        b.n = sizes[c % 7] < n - r ? sizes[c % 7] : n - r;
+        b.n = sizes[c % ns] < n - r ? sizes[c % ns] : n - r;
         b.pos0 = P + r;
         CHECK(cpu_paged_attention(pools[1], &sc, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
                                 LAYER, &b, &e) == 0, "%s", e.msg);
         r += b.n;
     }
     CHECK(memcmp(chunked, out[0], sizeof(float) * n * qd) == 0,
-          "heads %d/%d, head_dim %d, window %d: rows computed in chunks differ from one call",
-          sh->n_heads, sh->n_kv, sh->hd, sh->window);
+          "heads %d/%d, head_dim %d, window %d, context %d: rows computed in chunks differ "
+          "from one call",
+          sh->n_heads, sh->n_kv, sh->hd, sh->window, ctx);
     cpu_att_scratch_free(&sc);
     for (int t = 0; t < 3; t++)
         free(out[t]);
@@ -161,10 +169,14 @@ int main(void)
         }
     }
     static const struct shape shapes[] = {
-        {4, 4, 64, 0, false},  {8, 2, 128, 0, false}, {6, 2, 80, 0, false},
-        {3, 1, 16, 0, false},  {4, 2, 20, 0, false},  {8, 2, 128, 37, false},
-        {2, 2, 256, 5, false},
-        {8, 2, 128, 0, true}, {4, 2, 20, 9, true}, {6, 2, 80, 0, true},
+        {4, 4, 64, 0, false, CTX},  {8, 2, 128, 0, false, CTX}, {6, 2, 80, 0, false, CTX},
+        {3, 1, 16, 0, false, CTX},  {4, 2, 20, 0, false, CTX},  {8, 2, 128, 37, false, CTX},
+        {2, 2, 256, 5, false, CTX},
+        {8, 2, 128, 0, true, CTX}, {4, 2, 20, 9, true, CTX}, {6, 2, 80, 0, true, CTX},
+        /* decode steps by chunks of keys: f32 and bf16, a window across
+         * chunk bounds, one that fits in one chunk, a tail head_dim */
+        {8, 2, 128, 0, false, 700}, {4, 2, 20, 300, false, 990}, {6, 2, 80, 100, true, 600},
+        {4, 1, 64, 0, true, 1024},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_shape(&shapes[i], pools);

@@ -135,6 +135,9 @@ struct token_logprobs {
 
 struct backend_ops {
     const char *name;
+    /* The version of the backend's K/V block layout: the SSD tier's files
+     * of another version are not read. Bump it when the layout changes. */
+    int kv_layout;
     void (*destroy)(struct backend *be);
     void *(*alloc)(struct backend *be, size_t bytes);
     void (*free)(struct backend *be, void *p);

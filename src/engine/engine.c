@@ -1291,12 +1291,13 @@ static uint64_t weights_stamp(const char *path)
 }
 
 /* The SSD tier, named by everything the K/V depend on: the model
- * fingerprint (fp), the backend (its block layout), the weights' files. */
+ * fingerprint (fp), the backend and the version of its block layout, the
+ * weights' files. */
 static int open_disk(struct engine *eng, const char *fp, struct err *e)
 {
     char id[1700];
-    snprintf(id, sizeof id, "%s|backend=%s|weights=%016llx", fp, eng->be->ops->name,
-             (unsigned long long)weights_stamp(eng->m->path));
+    snprintf(id, sizeof id, "%s|backend=%s|layout=%d|weights=%016llx", fp, eng->be->ops->name,
+             eng->be->ops->kv_layout, (unsigned long long)weights_stamp(eng->m->path));
     struct kv_pool *p = &eng->pool;
     size_t bytes = kv_pool_bytes_per_block(p->n_layers, p->kv_dim, p->block_size, p->elt_bytes);
     eng->disk = kv_disk_open(eng->cfg.ssd_dir, prefix_hash_bytes(id, strlen(id)), eng->bs, bytes,

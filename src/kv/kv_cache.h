@@ -28,7 +28,7 @@ struct kv_pool {
                       * backend stores K/V in bf16 (backend_kv_dtype) */
     int elt_bytes;   /* bytes per element */
     /* The elements' layout is the backend's: the CPU's is kv_offset's,
-     * [n_blocks][n_layers][block_size][kv_dim]; CUDA's is cuk_kv_row's
+     * [n_blocks][n_layers][n_kv_heads][block_size][head_dim]; CUDA's is cuk_kv_row's
      * (src/backend/cuda/cuda_common.cuh). */
     void *k, *v;
     int *free_list;  /* stack of free block ids */
@@ -70,12 +70,17 @@ int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos);
  * backend's layout. -1 with a message when the backend cannot. */
 int kv_block_io(struct kv_pool *p, int block, void *buf, bool to_host, struct err *e);
 
-/* The CPU backend's element offset of (layer, pos) in k or v. */
-static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos)
+/* The CPU backend's element offset of (layer, pos, KV head kvh) in k or v:
+ * a block holds each layer's rows head by head, [n_layers][n_kv_heads]
+ * [block_size][head_dim], so a head's rows of a block lie together (8 KB
+ * in f32 at head_dim 128), read in order by the attention of one head. */
+static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos,
+                               int kvh)
 {
     int blk = s->blocks[pos / p->block_size];
-    return (((size_t)blk * (size_t)p->n_layers + (size_t)layer) * (size_t)p->block_size +
-            (size_t)(pos % p->block_size)) * (size_t)p->kv_dim;
+    return ((((size_t)blk * (size_t)p->n_layers + (size_t)layer) * (size_t)p->n_kv_heads +
+             (size_t)kvh) * (size_t)p->block_size + (size_t)(pos % p->block_size)) *
+           (size_t)p->head_dim;
 }
 
 #endif

@@ -1,10 +1,12 @@
 /* attention.c - the CPU's paged attention over the KV cache (f32 or bf16) as an
- * online softmax over tiles of keys: a job takes a KV head (or some of the
- * query heads sharing it) and a tile of query tokens, and reads each tile
- * of keys and values once for all of its rows, so a long prompt's K/V come
- * from cache rather than memory once per (token, head). The loops over
- * head_dim are built for AVX-512, AVX2 and the baseline and one is picked
- * at load (target_clones). */
+ * online softmax over tiles of keys, chunk by chunk. A prompt's job takes a
+ * KV head (or some of the query heads sharing it) and a tile of query
+ * tokens, and reads each tile of keys and values once for all of its rows,
+ * so a long prompt's K/V come from cache rather than memory once per
+ * (token, head). A decode step's job takes a chunk of keys for every head,
+ * reading its cache blocks whole, and the chunks are merged after. The
+ * loops over head_dim are built for AVX-512, AVX2 and the baseline and one
+ * is picked at load (target_clones). */
 #include "backend/cpu/attention.h"
 
 #include <math.h>
@@ -25,15 +27,28 @@
  * online softmax steps through the same tiles whatever call or job it is
  * in: prefilling a prompt in one call or in chunks gives the same bits. */
 #define ATT_KT 32
-/* A job of at most ATT_PF_ROWS query tokens (decode) asks for its K/V rows
- * ATT_PF_TILES tiles ahead, into L2. A KV head's keys are rows kv_dim apart
- * (4 KB in f32: one a page), and the hardware prefetchers stop at page
- * bounds, so without it each row was a miss of its own and decode at long
- * contexts waited on them one at a time (bench_attention, 16K context:
- * 11-12 GB/s of a 59 GB/s machine, f32 and bf16 alike). Prompt tiles do
- * enough arithmetic per row to cover the misses. */
+/* A job of at most ATT_PF_ROWS query tokens (decode, keys within one
+ * chunk) asks for its K/V rows ATT_PF_TILES tiles ahead, into L2: a decode
+ * row has little arithmetic per key to cover a miss with. (Measured when
+ * a head's keys were 4 KB apart, one a page, where the hardware
+ * prefetchers stop; now a block's rows of a head lie together.) Prompt
+ * tiles do enough arithmetic per row to cover the misses. */
 #define ATT_PF_ROWS 4
 #define ATT_PF_TILES 4
+/* Keys per chunk (a multiple of ATT_KT, chunks at multiples of it). A row
+ * attends chunk by chunk: an online softmax over the chunk's tiles from
+ * nothing, then folded into the chunks before it, in order (att_fold). A
+ * prompt's job folds each row's chunks as it passes them; a decode step of
+ * at most ATT_PF_ROWS tokens whose keys span chunks makes each chunk a job
+ * of its own (att_chunk_body), all heads at once, and folds them after.
+ * Either way the same operations in the same order: the same bits.
+ *
+ * Why decode goes by chunks: a job a KV head (the other path) gives a
+ * step only n_kv_heads jobs, and with more threads than that it splits a
+ * KV head's query heads, each part reading the same keys again; chunks
+ * give any thread count work without reading a key twice, and a job's
+ * reads are its chunk's blocks, whole (docs/benchmarks.md). */
+#define ATT_KC 256
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ATT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -208,6 +223,25 @@ ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
     return corr;
 }
 
+/* Folds a chunk's unnormalised output o (its running max m and sum l)
+ * into a row's total (to, *tm, *tl); the first chunk (first) is copied.
+ * One function, not inlined, so both paths fold with the same code. */
+ATT_CLONES static void att_fold(float *to, float *tm, float *tl, bool first, const float *o,
+                                float m, float l, int hd)
+{
+    if (first) {
+        memcpy(to, o, (size_t)hd * sizeof(float));
+        *tm = m;
+        *tl = l;
+        return;
+    }
+    float mn = m > *tm ? m : *tm, a = expf(*tm - mn), b = expf(m - mn);
+    for (int d = 0; d < hd; d++)
+        to[d] = to[d] * a + o[d] * b;
+    *tl = *tl * a + l * b;
+    *tm = mn;
+}
+
 struct att_job {
     float *out;
     const float *q;
@@ -221,6 +255,11 @@ struct att_job {
     int n_jobs;
     float *scratch;
     size_t per_slot;
+    /* decode by chunks (att_chunk_body): chunks c0.., each in kv_parts jobs
+     * of KV heads; chunk c's (token i, head h) partial at
+     * part + ((c - c0) * n + i) * n_heads + h, hd + 2 floats (o, m, l) */
+    int c0, n_chunks, kv_parts;
+    float *part;
     atomic_int next;
 };
 
@@ -232,7 +271,7 @@ ATT_INLINE void att_rows(const struct att_job *j, int kvh, int t0, int lo, int h
 {
     int t = t0 > lo ? t0 : lo, te = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
     for (; t < te; t++) {
-        size_t off = kv_offset(j->pool, j->seq, j->layer, t) + (size_t)kvh * hd;
+        size_t off = kv_offset(j->pool, j->seq, j->layer, t, kvh);
         row[t - t0] = off;
         if (!pf)
             continue;
@@ -262,11 +301,15 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     int h0 = kvh * j->group + part * j->group / j->head_parts;
     int h1 = kvh * j->group + (part + 1) * j->group / j->head_parts;
     int i0 = qt * ATT_QT, i1 = i0 + ATT_QT < a->n ? i0 + ATT_QT : a->n;
-    int nh = h1 - h0;
-    float *sc = scratch, *m = scratch + 2 * ATT_KT, *l = m + ATT_QT * j->group;
+    int nh = h1 - h0, nr = ATT_QT * j->group;
+    /* per row: the chunk's running max and sum (m, l), and the chunks
+     * before it folded (tm, tl, to; tl 0 while there are none) */
+    float *sc = scratch, *m = scratch + 2 * ATT_KT, *l = m + nr, *tm = l + nr, *tl = tm + nr;
+    float *to = tl + nr;
     for (int r = 0; r < (i1 - i0) * nh; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
+        tl[r] = 0.0f;
     }
     for (int i = i0; i < i1; i++)
         memset(j->out + ((size_t)i * a->n_heads + h0) * hd, 0, (size_t)nh * hd * sizeof(float));
@@ -285,6 +328,18 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     for (int t0 = tb; t0 <= hi; t0 += ATT_KT) {
         int t1 = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
         int first = t0 > lo ? t0 : lo, tile = (t0 - tb) / ATT_KT;
+        if (t0 % ATT_KC == 0 && t0 > tb) /* a new chunk: fold the last one */
+            for (int i = i0; i < i1; i++)
+                for (int h = h0; h < h1; h++) {
+                    int r = (i - i0) * nh + (h - h0);
+                    if (m[r] == -INFINITY)
+                        continue; /* no keys there */
+                    float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
+                    att_fold(to + (size_t)r * hd, &tm[r], &tl[r], tl[r] == 0.0f, o, m[r], l[r], hd);
+                    memset(o, 0, (size_t)hd * sizeof(float));
+                    m[r] = -INFINITY;
+                    l[r] = 0.0f;
+                }
         size_t *row = rows[pf ? tile % RING : 0];
         if (pf)
             att_rows(j, kvh, t0 + ATT_PF_TILES * ATT_KT, lo, hi, hd, eb, true,
@@ -326,11 +381,89 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     }
     for (int i = i0; i < i1; i++)
         for (int h = h0; h < h1; h++) {
-            float inv = 1.0f / l[(i - i0) * nh + (h - h0)];
-            float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
+            int r = (i - i0) * nh + (h - h0);
+            float *o = j->out + ((size_t)i * a->n_heads + h) * hd, sum = l[r];
+            if (tl[r] != 0.0f) { /* earlier chunks: fold the last in, the total is the row's */
+                if (m[r] != -INFINITY)
+                    att_fold(to + (size_t)r * hd, &tm[r], &tl[r], false, o, m[r], l[r], hd);
+                memcpy(o, to + (size_t)r * hd, (size_t)hd * sizeof(float));
+                sum = tl[r];
+            }
+            float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++)
                 o[d] *= inv;
         }
+}
+
+/* The cache offsets of the rows of the tile at t0 (from lo, up to ce). */
+ATT_INLINE void att_chunk_rows(const struct att_job *j, int t0, int lo, int ce, size_t *row)
+{
+    for (int t = t0 > lo ? t0 : lo; t < t0 + ATT_KT && t <= ce; t++)
+        row[t - t0] = kv_offset(j->pool, j->seq, j->layer, t, 0);
+}
+
+/* A decode step's job jb: chunk c0 + jb / kv_parts of the keys, for the
+ * KV heads of part jb % kv_parts, every query head over them and every
+ * token (at most ATT_PF_ROWS), each (token, head) into its partial (left
+ * at max -inf where the row has no keys in the chunk). */
+ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, bool bf16)
+{
+    const struct attn_args *a = j->a;
+    int hd = a->head_dim, c = j->c0 + jb / j->kv_parts, part = jb % j->kv_parts;
+    int kv0 = part * a->n_kv_heads / j->kv_parts, kv1 = (part + 1) * a->n_kv_heads / j->kv_parts;
+    int lo = att_start(a, a->pos0), hi = a->pos0 + a->n - 1;
+    int cs = c * ATT_KC > lo - lo % ATT_KT ? c * ATT_KC : lo - lo % ATT_KT;
+    int ce = (c + 1) * ATT_KC - 1 < hi ? (c + 1) * ATT_KC - 1 : hi;
+    float *sc = scratch;
+    size_t eb = bf16 ? 2 : 4, stride = (size_t)(jb / j->kv_parts) * a->n * a->n_heads;
+    for (int i = 0; i < a->n; i++)
+        for (int h = kv0 * j->group; h < kv1 * j->group; h++) {
+            float *pp = j->part + (stride + (size_t)i * a->n_heads + h) * (hd + 2);
+            memset(pp, 0, (size_t)hd * sizeof(float));
+            pp[hd] = -INFINITY;
+            pp[hd + 1] = 0.0f;
+        }
+    const void *kp[ATT_KT], *vp[ATT_KT];
+    size_t rows[2][ATT_KT];
+    const size_t hstride = (size_t)j->pool->block_size * hd; /* one KV head's rows to the next's */
+    const int ntiles = (ce - cs) / ATT_KT + 1;
+    att_chunk_rows(j, cs, lo, ce, rows[0]);
+    for (int tile = 0; tile < ntiles; tile++) {
+        int t0 = cs + tile * ATT_KT, t1 = t0 + ATT_KT <= ce + 1 ? t0 + ATT_KT : ce + 1;
+        size_t *row = rows[tile % 2];
+        if (tile + 1 < ntiles)
+            att_chunk_rows(j, t1, lo, ce, rows[(tile + 1) % 2]);
+        for (int kvh = kv0; kvh < kv1; kvh++) {
+            for (int t = t0 > lo ? t0 : lo; t < t1; t++) {
+                kp[t - t0] = (const char *)j->pool->k + (row[t - t0] + (size_t)kvh * hstride) * eb;
+                vp[t - t0] = (const char *)j->pool->v + (row[t - t0] + (size_t)kvh * hstride) * eb;
+            }
+            for (int i = 0; i < a->n; i++) {
+                int pos = a->pos0 + i, s0 = att_start(a, pos);
+                int k0 = (s0 > t0 ? s0 : t0) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
+                if (k0 >= k1)
+                    continue;
+                for (int h = kvh * j->group; h < (kvh + 1) * j->group; h += 2) {
+                    int R = h + 1 < (kvh + 1) * j->group ? 2 : 1;
+                    float *p0 = j->part + (stride + (size_t)i * a->n_heads + h) * (hd + 2);
+                    float *p1 = p0 + hd + 2;
+                    float *rs[2] = {sc, sc + ATT_KT}, *os[2] = {p0, p1}, corr[2];
+                    const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
+                    const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
+                    if (R == 2)
+                        att_scores(2, rs, qs, kp, k0, k1, hd, a->scale, bf16);
+                    else
+                        att_scores(1, rs, qs, kp, k0, k1, hd, a->scale, bf16);
+                    for (int u = 0; u < R; u++)
+                        corr[u] = att_softmax_step(rs[u], k0, k1, &os[u][hd], &os[u][hd + 1]);
+                    if (R == 2)
+                        att_pv(2, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
+                    else
+                        att_pv(1, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
+                }
+            }
+        }
+    }
 }
 
 ATT_CLONES static void att_run_job_f32(const struct att_job *j, int jb, float *scratch)
@@ -343,20 +476,112 @@ ATT_CLONES static void att_run_job_bf16(const struct att_job *j, int jb, float *
     att_job_body(j, jb, scratch, true);
 }
 
+ATT_CLONES static void att_run_chunk_f32(const struct att_job *j, int jb, float *scratch)
+{
+    att_chunk_body(j, jb, scratch, false);
+}
+
+ATT_CLONES static void att_run_chunk_bf16(const struct att_job *j, int jb, float *scratch)
+{
+    att_chunk_body(j, jb, scratch, true);
+}
+
 static void att_worker(void *ctx, int ith, int nth)
 {
     (void)nth;
     struct att_job *j = ctx;
     float *scratch = j->scratch + (size_t)ith * j->per_slot;
+    const bool bf16 = j->pool->dtype == DT_BF16;
     for (;;) {
         int jb = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (jb >= j->n_jobs)
             return;
-        if (j->pool->dtype == DT_BF16)
-            att_run_job_bf16(j, jb, scratch);
+        if (j->part)
+            (bf16 ? att_run_chunk_bf16 : att_run_chunk_f32)(j, jb, scratch);
         else
-            att_run_job_f32(j, jb, scratch);
+            (bf16 ? att_run_job_bf16 : att_run_job_f32)(j, jb, scratch);
     }
+}
+
+/* A decode step's rows from their chunks' partials, folded in order and
+ * normalised. */
+static void att_fold_chunks(const struct att_job *j)
+{
+    const struct attn_args *a = j->a;
+    int hd = a->head_dim;
+    for (int i = 0; i < a->n; i++)
+        for (int h = 0; h < a->n_heads; h++) {
+            float *o = j->out + ((size_t)i * a->n_heads + h) * hd, tm = 0.0f, tl = 0.0f;
+            bool first = true;
+            for (int c = 0; c < j->n_chunks; c++) {
+                const float *pp = j->part + (((size_t)c * a->n + i) * a->n_heads + h) * (hd + 2);
+                if (pp[hd] == -INFINITY)
+                    continue; /* no keys there */
+                att_fold(o, &tm, &tl, first, pp, pp[hd], pp[hd + 1], hd);
+                first = false;
+            }
+            float inv = 1.0f / tl;
+            for (int d = 0; d < hd; d++)
+                o[d] *= inv;
+        }
+}
+
+/* At least nth slots of per floats in s. */
+static int att_slots(struct cpu_att_scratch *s, int nth, size_t per, struct err *e)
+{
+    if (s->slots >= nth && s->floats_per_slot >= per)
+        return 0;
+    per = s->floats_per_slot > per ? s->floats_per_slot : per;
+    float *b = malloc(per * (size_t)nth * sizeof(float));
+    if (!b)
+        return err_set(e, "attention: out of memory for %d threads' scratch", nth);
+    free(s->buf);
+    s->buf = b;
+    s->floats_per_slot = per;
+    s->slots = nth;
+    return 0;
+}
+
+static void att_go(struct threadpool *tp, struct att_job *j)
+{
+    atomic_init(&j->next, 0);
+    if (tp_size(tp) > 1 && j->n_jobs > 1)
+        tp_run(tp, att_worker, j);
+    else
+        att_worker(j, 0, 1);
+}
+
+/* A decode step whose keys span chunks: a job a chunk (or a share of its
+ * KV heads, when there are too few chunks to keep the threads busy), then
+ * the chunks folded. */
+static int att_by_chunks(struct threadpool *tp, struct cpu_att_scratch *s, struct att_job *j,
+                         struct err *e)
+{
+    const struct attn_args *a = j->a;
+    int nth = tp_size(tp);
+    j->kv_parts = 1;
+    while (j->kv_parts < a->n_kv_heads && j->n_chunks * j->kv_parts < 2 * nth)
+        j->kv_parts *= 2;
+    if (j->kv_parts > a->n_kv_heads)
+        j->kv_parts = a->n_kv_heads;
+    j->n_jobs = j->n_chunks * j->kv_parts;
+    size_t need = (size_t)j->n_chunks * a->n * a->n_heads * (a->head_dim + 2);
+    if (s->part_floats < need) {
+        float *b = malloc(need * sizeof(float));
+        if (!b)
+            return err_set(e, "attention: out of memory for %d chunks' partial sums", j->n_chunks);
+        free(s->part);
+        s->part = b;
+        s->part_floats = need;
+    }
+    j->part = s->part;
+    if (att_slots(s, nth, 2 * ATT_KT, e))
+        return -1;
+    j->per_slot = s->floats_per_slot;
+    j->scratch = s->buf;
+    att_go(tp, j);
+    att_fold_chunks(j);
+    return 0;
 }
 
 int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
@@ -374,6 +599,11 @@ int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float 
     int nth = tp_size(tp);
     struct att_job j = {.out = out, .q = q, .pool = pool, .seq = seq, .layer = layer, .a = a};
     j.group = a->n_heads / a->n_kv_heads;
+    int lo = att_start(a, a->pos0), hi = a->pos0 + a->n - 1;
+    j.c0 = (lo - lo % ATT_KT) / ATT_KC;
+    j.n_chunks = hi / ATT_KC - j.c0 + 1;
+    if (a->n <= ATT_PF_ROWS && j.n_chunks > 1)
+        return att_by_chunks(tp, s, &j, e);
     j.n_qt = (a->n + ATT_QT - 1) / ATT_QT;
     /* Too few jobs to keep every thread busy (one token, few KV heads):
      * split the query heads of a KV head, each part reading its keys. */
@@ -383,30 +613,21 @@ int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float 
     if (j.head_parts > j.group)
         j.head_parts = j.group;
     j.n_jobs = j.n_qt * a->n_kv_heads * j.head_parts;
-    j.per_slot = 2 * ATT_KT + 2 * (size_t)ATT_QT * j.group;
-    if (s->slots < nth || s->floats_per_slot < j.per_slot) {
-        size_t per = s->floats_per_slot > j.per_slot ? s->floats_per_slot : j.per_slot;
-        float *b = malloc(per * (size_t)nth * sizeof(float));
-        if (!b)
-            return err_set(e, "attention: out of memory for %d threads' scratch", nth);
-        free(s->buf);
-        s->buf = b;
-        s->floats_per_slot = per;
-        s->slots = nth;
-    }
+    j.per_slot = 2 * ATT_KT + (size_t)ATT_QT * j.group * (4 + (size_t)a->head_dim);
+    if (att_slots(s, nth, j.per_slot, e))
+        return -1;
     j.per_slot = s->floats_per_slot;
     j.scratch = s->buf;
-    atomic_init(&j.next, 0);
-    if (nth > 1 && j.n_jobs > 1)
-        tp_run(tp, att_worker, &j);
-    else
-        att_worker(&j, 0, 1);
+    att_go(tp, &j);
     return 0;
 }
 
 void cpu_att_scratch_free(struct cpu_att_scratch *s)
 {
     free(s->buf);
+    free(s->part);
+    s->part = NULL;
+    s->part_floats = 0;
     s->buf = NULL;
     s->floats_per_slot = 0;
     s->slots = 0;

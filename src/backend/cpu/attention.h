@@ -15,14 +15,17 @@ struct cpu_att_scratch {
     float *buf;
     size_t floats_per_slot;
     int slots;
+    float *part; /* a decode step's chunk partials */
+    size_t part_floats;
 };
 
 /* out[i][h] = softmax(q[i][h] . K[0..pos] * scale) . V[0..pos] for the n
  * query rows at positions pos0.. (causal, within a->sliding_window), K and
  * V read from layer `layer` of seq's blocks (pool->dtype DT_F32 or
- * DT_BF16; anything else is refused). Threaded over (KV head, tile
- * of query tokens) on tp. A row's arithmetic depends only on its position
- * and its keys (key tiles sit at fixed multiples of positions), not on how
+ * DT_BF16; anything else is refused). Threaded on tp over (KV head, tile
+ * of query tokens), or for a decode step of a few tokens over chunks of
+ * its keys. A row's arithmetic depends only on its position and its keys
+ * (key tiles and chunks sit at fixed multiples of positions), not on how
  * the rows were split into calls or jobs, nor on the thread count. */
 int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
                       const float *q, const struct kv_pool *pool, const struct kv_seq *seq,

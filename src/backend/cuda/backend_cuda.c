@@ -366,6 +366,7 @@ out:
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .kv_layout = 1,
     .destroy = cu_destroy,
     .alloc = cu_alloc,
     .free = cu_free,
