@@ -203,6 +203,45 @@ ATT_INLINE void att_pv(int R, float *const *o, const float *c, const float *cons
         }
 }
 
+/* dst[i] = e^(src[i] - mn) for 16 values at most mn (scores less their
+ * maximum): x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7
+ * polynomial (the Cephes coefficients), 2^n put into the exponent; within
+ * 2 ulp of expf. Below -87 it gives e^-87 (1.6e-38), not less: a key that
+ * far below the row's best weighs nothing either way. Written in vector
+ * types so every clone runs it 16 lanes at a time; each lane the same
+ * operations, so a value does not depend on its lane or its neighbours. */
+ATT_INLINE void att_exp16(float *dst, const float *src, float mn)
+{
+    typedef int32_t i32x16 __attribute__((vector_size(64)));
+    att_v16 x, n, r, p, y;
+    memcpy(&x, src, 64);
+    x -= mn;
+    i32x16 low = x < -87.0f; /* all ones where below */
+    i32x16 xb, cb;
+    att_v16 clamp = x - x - 87.0f;
+    memcpy(&xb, &x, 64);
+    memcpy(&cb, &clamp, 64);
+    xb = (xb & ~low) | (cb & low);
+    memcpy(&x, &xb, 64);
+    /* n = round(x log2 e): adding 1.5 * 2^23 rounds to an integer */
+    n = x * 1.44269504088896341f + 12582912.0f;
+    n -= 12582912.0f;
+    r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    y = p * (r * r) + r + 1.0f;
+    i32x16 e = (__builtin_convertvector(n, i32x16) + 127) << 23, yb;
+    att_v16 s;
+    memcpy(&s, &e, 64);
+    y *= s;
+    memcpy(&yb, &y, 64);
+    memcpy(dst, &yb, 64);
+}
+
 /* One tile of a row's online softmax: sc[k0..k1) holds its scores and gets
  * e^(score - max); *m and *l, the row's running max and sum, move on.
  * Returns what the row's output so far must be scaled by. */
@@ -214,10 +253,20 @@ ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
     float mn = mt > *m ? mt : *m;
     /* the row's first keys: *m is -inf, exp gives 0 */
     float corr = mn == *m ? 1.0f : expf(*m - mn);
-    for (int k = k0; k < k1; k++) {
-        sc[k] = expf(sc[k] - mn);
-        sum += sc[k];
+    int k = k0;
+    for (; k + 16 <= k1; k += 16)
+        att_exp16(sc + k, sc + k, mn);
+    if (k < k1) { /* the last few through a padded copy: the same lanes' arithmetic */
+        float t[16];
+        int nt = k1 - k;
+        memcpy(t, sc + k, (size_t)nt * sizeof(float));
+        for (int i = nt; i < 16; i++)
+            t[i] = mn;
+        att_exp16(t, t, mn);
+        memcpy(sc + k, t, (size_t)nt * sizeof(float));
     }
+    for (k = k0; k < k1; k++)
+        sum += sc[k];
     *l = *l * corr + sum;
     *m = mn;
     return corr;
