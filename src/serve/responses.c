@@ -199,7 +199,7 @@ static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *a
         return 0;
     }
     if (!strcmp(type, "reasoning") || made_elsewhere(type))
-        return 0; /* earlier reasoning is not replayed into the prompt */
+        return 0; /* not replayed into the prompt */
     return api_fail(ae, 400, NULL, param, "'%s': items of type '%s' are not supported", param,
                     type);
 }

@@ -655,10 +655,9 @@ static struct backend *cuda_create(int device, struct err *e)
         c->ops.argmax_async = NULL;
         c->ops.argmax_take = NULL;
     }
-    /* a greedy step's head screened by an int8 copy: opt-in until measured
-     * on the GPU (docs/benchmarks.md, "An exact greedy pick from half the
-     * head's bytes") */
-    if (!env_flag("CLLM_CUDA_HEAD_SCREEN", false))
+    /* a greedy step's head screened by an int8 copy (docs/benchmarks.md,
+     * "An exact greedy pick from half the head's bytes"); =0 turns it off */
+    if (!env_flag("CLLM_CUDA_HEAD_SCREEN", true))
         c->ops.head_pick = NULL;
     c->be.ops = &c->ops;
     c->be.impl = c;

@@ -1,5 +1,5 @@
 /* cuda_head.c - the CUDA backend's head_pick: the LM head's int8 copy,
- * made at load when CLLM_CUDA_HEAD_SCREEN=1, and a greedy step's head
+ * made at load (unless CLLM_CUDA_HEAD_SCREEN=0), and a greedy step's head
  * screened by it (the kernels: head_pick.cu). */
 #include <stdio.h>
 
@@ -59,7 +59,8 @@ int cu_head_load(struct cuda_backend *c, const struct model *m, struct err *e)
     cudaError_t err = cudaMalloc(&c->head_mem, l.total);
     if (err != cudaSuccess) {
         c->head_mem = NULL;
-        return err_set(e, "%s: the LM head's int8 copy (%.1f MiB, CLLM_CUDA_HEAD_SCREEN=1): %s",
+        return err_set(e,
+                       "%s: the LM head's int8 copy (%.1f MiB; CLLM_CUDA_HEAD_SCREEN=0 skips it): %s",
                        c->name, l.total / 1048576.0, cudaGetErrorString(err));
     }
     char *b = c->head_mem;

@@ -174,7 +174,7 @@ struct cuda_backend {
     struct wentry *map; /* open addressing, capacity map_cap (power of 2) */
     size_t map_cap, map_n;
     size_t weight_bytes;
-    /* head_pick (CLLM_CUDA_HEAD_SCREEN=1): the LM head's int8 copy in one
+    /* head_pick (unless CLLM_CUDA_HEAD_SCREEN=0): the LM head's int8 copy in one
      * allocation, and the host pointer of the head it was made from */
     struct cuk_head_copy head;
     void *head_mem;
