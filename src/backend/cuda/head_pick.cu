@@ -23,6 +23,7 @@
 #define HP_THREADS 256
 #define HP_WARPS (HP_THREADS / 32)
 #define HP_CHUNK 512 /* columns a warp covers with one 16-byte load a lane */
+#define HP_ROWS 4    /* rows a warp screens at once */
 
 /* ---- the copy ---- */
 
@@ -115,8 +116,8 @@ static __device__ __forceinline__ void hp_input(const float *x, int cols, int16_
     *x1_out = a;
 }
 
-/* One warp a row: lane l takes 16 columns of every 512, one 16-byte load
- * of the copy; the products go through dp2a (int16 pairs times int8
+/* A warp HP_ROWS rows at a time: lane l takes 16 columns of every 512 of
+ * each, one 16-byte load of the copy; the products go through dp2a (int16 pairs times int8
  * pairs, exact in int32: a lane's sum is at most cols / 32 x 16 x 127 x
  * 16383 < 2^31 for cols <= CUK_HEAD_MAX_COLS). */
 __global__ void __launch_bounds__(HP_THREADS)
@@ -132,30 +133,48 @@ __global__ void __launch_bounds__(HP_THREADS)
     /* the kept rows are summed in double: no f32 sum to cover */
     const double t1 = head_bound_t1(x1, c.cols, 0), tq = head_bound_tq(dx);
     float lo_best = -INFINITY;
-    for (int r = blockIdx.x * HP_WARPS + warp; r < c.rows; r += gridDim.x * HP_WARPS) {
-        const int8_t *qr = c.q + (size_t)r * c.cols;
-        int acc = 0;
-        for (int j = 16 * lane; j < c.cols; j += HP_CHUNK) {
-            const int4 w = __ldcs((const int4 *)(qr + j)); /* read once: evict first */
-            const int4 xa = *(const int4 *)(hp_xq + j), xb = *(const int4 *)(hp_xq + j + 8);
-            acc = __dp2a_lo(xa.x, w.x, acc);
-            acc = __dp2a_hi(xa.y, w.x, acc);
-            acc = __dp2a_lo(xa.z, w.y, acc);
-            acc = __dp2a_hi(xa.w, w.y, acc);
-            acc = __dp2a_lo(xb.x, w.z, acc);
-            acc = __dp2a_hi(xb.y, w.z, acc);
-            acc = __dp2a_lo(xb.z, w.w, acc);
-            acc = __dp2a_hi(xb.w, w.w, acc);
+    /* HP_ROWS rows a warp at a time: their loads in flight together, and
+     * each 16-byte chunk of the input read from shared memory once for all */
+    for (int r0 = (blockIdx.x * HP_WARPS + warp) * HP_ROWS; r0 < c.rows;
+         r0 += gridDim.x * HP_WARPS * HP_ROWS) {
+        int acc[HP_ROWS];
+        const int8_t *qr[HP_ROWS];
+#pragma unroll
+        for (int u = 0; u < HP_ROWS; u++) {
+            acc[u] = 0;
+            qr[u] = c.q + (size_t)(r0 + u < c.rows ? r0 + u : r0) * c.cols;
         }
-        long long d = acc;
-        for (int o = 16; o > 0; o >>= 1)
-            d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (lane == 0) {
-            const double s = c.scale[r], a = s * (double)dx * (double)d;
-            const float af = (float)a, bf = head_bound_e(a, s, t1, tq, c.qabs[r]);
-            c.ab[2 * (size_t)r] = af;
-            c.ab[2 * (size_t)r + 1] = bf;
-            lo_best = fmaxf(lo_best, (float)((double)af - (double)bf));
+        for (int j = 16 * lane; j < c.cols; j += HP_CHUNK) {
+            int4 w[HP_ROWS];
+#pragma unroll
+            for (int u = 0; u < HP_ROWS; u++)
+                w[u] = __ldcs((const int4 *)(qr[u] + j)); /* read once: evict first */
+            const int4 xa = *(const int4 *)(hp_xq + j), xb = *(const int4 *)(hp_xq + j + 8);
+#pragma unroll
+            for (int u = 0; u < HP_ROWS; u++) {
+                acc[u] = __dp2a_lo(xa.x, w[u].x, acc[u]);
+                acc[u] = __dp2a_hi(xa.y, w[u].x, acc[u]);
+                acc[u] = __dp2a_lo(xa.z, w[u].y, acc[u]);
+                acc[u] = __dp2a_hi(xa.w, w[u].y, acc[u]);
+                acc[u] = __dp2a_lo(xb.x, w[u].z, acc[u]);
+                acc[u] = __dp2a_hi(xb.y, w[u].z, acc[u]);
+                acc[u] = __dp2a_lo(xb.z, w[u].w, acc[u]);
+                acc[u] = __dp2a_hi(xb.w, w[u].w, acc[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < HP_ROWS; u++) {
+            long long d = acc[u];
+            for (int o = 16; o > 0; o >>= 1)
+                d += __shfl_xor_sync(0xffffffffu, d, o);
+            const int r = r0 + u;
+            if (lane == 0 && r < c.rows) {
+                const double s = c.scale[r], a = s * (double)dx * (double)d;
+                const float af = (float)a, bf = head_bound_e(a, s, t1, tq, c.qabs[r]);
+                c.ab[2 * (size_t)r] = af;
+                c.ab[2 * (size_t)r + 1] = bf;
+                lo_best = fmaxf(lo_best, (float)((double)af - (double)bf));
+            }
         }
     }
     /* lo_best rounded down to a float can exceed the double it came from:
@@ -220,7 +239,7 @@ extern "C" cudaError_t cuk_head_pick(cudaStream_t s, const struct cuk_head_copy 
     if (w->rows != c->rows || w->cols != c->cols || c->cols % 16 != 0 ||
         c->cols > CUK_HEAD_MAX_COLS || n_sms < 1)
         return cudaErrorInvalidValue;
-    int blocks = (c->rows + HP_WARPS - 1) / HP_WARPS;
+    int blocks = (c->rows + HP_WARPS * HP_ROWS - 1) / (HP_WARPS * HP_ROWS);
     blocks = blocks > 8 * n_sms ? 8 * n_sms : blocks;
     cuk_launch(k_head_screen, blocks, HP_THREADS, cuk_head_smem(c->cols), s, *c, x);
     int rb = (c->rows + HP_THREADS - 1) / HP_THREADS;
