@@ -86,9 +86,8 @@ static bool ran_elsewhere(const char *type)
 {
     static const char *const names[] = {"server_tool_use", "mcp_tool_use", "mcp_tool_result",
                                         "container_upload", NULL};
-    for (const char *const *n = names; *n; n++)
-        if (!strcmp(type, *n))
-            return true;
+    if (name_among(type, names))
+        return true;
     const size_t n = strlen(type), k = strlen("_tool_result");
     return n > k && !strcmp(type + n - k, "_tool_result");
 }

@@ -283,6 +283,14 @@ int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct a
     return 0;
 }
 
+bool name_among(const char *s, const char *const *names)
+{
+    for (; *names; names++)
+        if (!strcmp(s, *names))
+            return true;
+    return false;
+}
+
 json_t *chat_tool_call(const char *id, const char *name, json_t *args)
 {
     json_t *call = json_object();
@@ -319,10 +327,7 @@ int content_text(const json_t *content, const char *param, const char *const *ty
         if (!json_is_object(part) || !type)
             return api_fail(ae, 400, NULL, param, "'%s[%zu]' must be an object with a 'type'",
                             param, i);
-        bool ok = false;
-        for (const char *const *t = types; *t; t++)
-            ok |= !strcmp(type, *t);
-        if (!ok)
+        if (!name_among(type, types))
             return api_fail(ae, 400, NULL, param,
                             "'%s[%zu]': content of type '%s' is not supported (this server "
                             "takes text only)", param, i, type);

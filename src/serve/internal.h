@@ -155,6 +155,8 @@ int field_array(const json_t *obj, const char *key, json_t **out, struct api_err
 int field_sampling(const json_t *obj, struct chat_req *r, struct api_error *ae);
 /* A stop string or list of stop strings (key names the field). */
 int field_stops(const json_t *obj, const char *key, struct chat_req *r, struct api_error *ae);
+/* Whether s is one of names (NULL-terminated). */
+bool name_among(const char *s, const char *const *names);
 /* A tool call in the chat form the templates read (OpenAI's): {id (when
  * not NULL), type: "function", function: {name, arguments}}, taking
  * args (a JSON string, or an object); NULL when out of memory. */

@@ -133,10 +133,7 @@ static bool made_elsewhere(const char *type)
         "web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call",
         "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response",
         "compaction", "compaction_summary", "context_compaction", NULL};
-    for (const char *const *n = names; *n; n++)
-        if (!strcmp(type, *n))
-            return true;
-    return false;
+    return name_among(type, names);
 }
 
 static int add_item(json_t *out, const json_t *it, size_t i, struct api_error *ae)

@@ -339,6 +339,42 @@ static int att_start(const struct attn_args *a, int pos)
                                                                      : 0;
 }
 
+/* Row i's keys within the tile [t0, t1), as offsets from t0: false when
+ * it has none there. */
+ATT_INLINE bool att_row_keys(const struct attn_args *a, int i, int t0, int t1, int *k0, int *k1)
+{
+    int pos = a->pos0 + i, s0 = att_start(a, pos);
+    *k0 = (s0 > t0 ? s0 : t0) - t0;
+    *k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
+    return *k0 < *k1;
+}
+
+/* One tile for query head h of a token, and h + 1 with it when R is 2
+ * (each K and V row loaded serves both): the scores against kp[k0..k1)
+ * into sc, each row's softmax step on its running (*m[u], *l[u]), then
+ * P.V into o[u]. The tile step of both paths, so a row gets the same bits
+ * from either. */
+ATT_INLINE void att_tile_heads(int R, float *sc, const float *qh, float *const *o,
+                               float *const *m, float *const *l, const void *const *kp,
+                               const void *const *vp, int k0, int k1, int hd, float scale,
+                               bool bf16)
+{
+    float *rs[2] = {sc, sc + ATT_KT}, corr[2];
+    const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
+    /* R spelled out as a constant at each call: the inlined loops over rows
+     * then unroll and keep the sums in registers */
+    if (R == 2)
+        att_scores(2, rs, qs, kp, k0, k1, hd, scale, bf16);
+    else
+        att_scores(1, rs, qs, kp, k0, k1, hd, scale, bf16);
+    for (int u = 0; u < R; u++)
+        corr[u] = att_softmax_step(rs[u], k0, k1, m[u], l[u]);
+    if (R == 2)
+        att_pv(2, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
+    else
+        att_pv(1, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
+}
+
 /* Job jb: query tiles from the last (the most keys) to the first, each over
  * every KV head and head part, so the longest jobs are handed out first. */
 ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bool bf16)
@@ -400,31 +436,16 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
             vp[t - t0] = (const char *)j->pool->v + row[t - t0] * eb;
         }
         for (int i = i0; i < i1; i++) {
-            int pos = a->pos0 + i, s0 = att_start(a, pos);
-            int k0 = (s0 > first ? s0 : first) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
-            if (k0 >= k1)
+            int k0, k1;
+            if (!att_row_keys(a, i, t0, t1, &k0, &k1))
                 continue;
             /* query heads in pairs: each K and V row loaded serves both */
             for (int h = h0; h < h1; h += 2) {
-                float *o = j->out + ((size_t)i * a->n_heads + h) * hd;
-                const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
-                float *rs[2] = {sc, sc + ATT_KT}, *os[2] = {o, o + hd}, corr[2];
-                const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
-                int R = h + 1 < h1 ? 2 : 1;
-                /* R spelled out as a constant at each call: the inlined
-                 * loops over rows then unroll and keep the sums in registers */
-                if (R == 2)
-                    att_scores(2, rs, qs, kp, k0, k1, hd, a->scale, bf16);
-                else
-                    att_scores(1, rs, qs, kp, k0, k1, hd, a->scale, bf16);
-                for (int u = 0; u < R; u++) {
-                    int r = (i - i0) * nh + (h + u - h0);
-                    corr[u] = att_softmax_step(rs[u], k0, k1, &m[r], &l[r]);
-                }
-                if (R == 2)
-                    att_pv(2, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
-                else
-                    att_pv(1, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
+                float *o = j->out + ((size_t)i * a->n_heads + h) * hd, *os[2] = {o, o + hd};
+                int r = (i - i0) * nh + (h - h0);
+                float *ms[2] = {&m[r], &m[r + 1]}, *ls[2] = {&l[r], &l[r + 1]};
+                att_tile_heads(h + 1 < h1 ? 2 : 1, sc, j->q + ((size_t)i * a->n_heads + h) * hd,
+                               os, ms, ls, kp, vp, k0, k1, hd, a->scale, bf16);
             }
         }
     }
@@ -442,13 +463,6 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
             for (int d = 0; d < hd; d++)
                 o[d] *= inv;
         }
-}
-
-/* The cache offsets of the rows of the tile at t0 (from lo, up to ce). */
-ATT_INLINE void att_chunk_rows(const struct att_job *j, int t0, int lo, int ce, size_t *row)
-{
-    for (int t = t0 > lo ? t0 : lo; t < t0 + ATT_KT && t <= ce; t++)
-        row[t - t0] = kv_offset(j->pool, j->seq, j->layer, t, 0);
 }
 
 /* A decode step's job jb: chunk c0 + jb / kv_parts of the keys, for the
@@ -476,39 +490,28 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
     size_t rows[2][ATT_KT];
     const size_t hstride = (size_t)j->pool->block_size * hd; /* one KV head's rows to the next's */
     const int ntiles = (ce - cs) / ATT_KT + 1;
-    att_chunk_rows(j, cs, lo, ce, rows[0]);
+    att_rows(j, 0, cs, lo, ce, hd, eb, false, rows[0]);
     for (int tile = 0; tile < ntiles; tile++) {
         int t0 = cs + tile * ATT_KT, t1 = t0 + ATT_KT <= ce + 1 ? t0 + ATT_KT : ce + 1;
         size_t *row = rows[tile % 2];
         if (tile + 1 < ntiles)
-            att_chunk_rows(j, t1, lo, ce, rows[(tile + 1) % 2]);
+            att_rows(j, 0, t1, lo, ce, hd, eb, false, rows[(tile + 1) % 2]);
         for (int kvh = kv0; kvh < kv1; kvh++) {
             for (int t = t0 > lo ? t0 : lo; t < t1; t++) {
                 kp[t - t0] = (const char *)j->pool->k + (row[t - t0] + (size_t)kvh * hstride) * eb;
                 vp[t - t0] = (const char *)j->pool->v + (row[t - t0] + (size_t)kvh * hstride) * eb;
             }
             for (int i = 0; i < a->n; i++) {
-                int pos = a->pos0 + i, s0 = att_start(a, pos);
-                int k0 = (s0 > t0 ? s0 : t0) - t0, k1 = (pos + 1 < t1 ? pos + 1 : t1) - t0;
-                if (k0 >= k1)
+                int k0, k1;
+                if (!att_row_keys(a, i, t0, t1, &k0, &k1))
                     continue;
                 for (int h = kvh * j->group; h < (kvh + 1) * j->group; h += 2) {
-                    int R = h + 1 < (kvh + 1) * j->group ? 2 : 1;
                     float *p0 = j->part + (stride + (size_t)i * a->n_heads + h) * (hd + 2);
-                    float *p1 = p0 + hd + 2;
-                    float *rs[2] = {sc, sc + ATT_KT}, *os[2] = {p0, p1}, corr[2];
-                    const float *qh = j->q + ((size_t)i * a->n_heads + h) * hd;
-                    const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
-                    if (R == 2)
-                        att_scores(2, rs, qs, kp, k0, k1, hd, a->scale, bf16);
-                    else
-                        att_scores(1, rs, qs, kp, k0, k1, hd, a->scale, bf16);
-                    for (int u = 0; u < R; u++)
-                        corr[u] = att_softmax_step(rs[u], k0, k1, &os[u][hd], &os[u][hd + 1]);
-                    if (R == 2)
-                        att_pv(2, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
-                    else
-                        att_pv(1, os, corr, ps, vp + k0, k1 - k0, hd, bf16);
+                    float *p1 = p0 + hd + 2, *os[2] = {p0, p1};
+                    float *ms[2] = {&p0[hd], &p1[hd]}, *ls[2] = {&p0[hd + 1], &p1[hd + 1]};
+                    att_tile_heads(h + 1 < (kvh + 1) * j->group ? 2 : 1, sc,
+                                   j->q + ((size_t)i * a->n_heads + h) * hd, os, ms, ls, kp, vp,
+                                   k0, k1, hd, a->scale, bf16);
                 }
             }
         }
