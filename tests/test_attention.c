@@ -29,6 +29,7 @@ struct shape {
     int n_heads, n_kv, hd, window;
     bool bf16; /* the cache in bf16 (CLLM_KV_DTYPE=bf16) */
     int ctx;   /* past 512, decode steps span key chunks (ATT_KC 256) */
+    int bs;    /* tokens per block (0: 16); 8 makes K panels of 8 (kv_panel) */
 };
 
 /* Element i of a cache array, as a float. */
@@ -37,7 +38,7 @@ static float elt(const struct kv_pool *p, const void *base, size_t i)
     return p->dtype == DT_BF16 ? bf16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-enum { LAYERS = 2, LAYER = 1, BS = 16, CTX = 150, CTX_MAX = 1024 };
+enum { LAYERS = 2, LAYER = 1, CTX = 150, CTX_MAX = 1024 };
 
 /* out for rows [0, n) at positions pos0.., in double. */
 static void reference(double *out, const float *q, const struct kv_pool *p,
@@ -53,10 +54,10 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
             const float *qr = q + ((size_t)i * a->n_heads + h) * hd;
             double mx = -INFINITY, sum = 0;
             for (int t = start; t <= pos; t++) {
-                size_t k = kv_offset(p, s, LAYER, t, h / g);
+                size_t k = kv_k_offset(p, s, LAYER, t, h / g), pw = (size_t)kv_panel(p);
                 double d = 0;
                 for (int c = 0; c < hd; c++)
-                    d += (double)qr[c] * elt(p, p->k, k + c);
+                    d += (double)qr[c] * elt(p, p->k, k + c * pw);
                 sc[t] = d * a->scale;
                 mx = sc[t] > mx ? sc[t] : mx;
             }
@@ -77,14 +78,14 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
 static void test_shape(const struct shape *sh, struct threadpool *const *pools)
 {
     int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd, ctx = sh->ctx;
-    int nblk = (ctx + BS - 1) / BS;
+    int bs = sh->bs ? sh->bs : 16, nblk = (ctx + bs - 1) / bs;
     struct kv_pool p = {.n_layers = LAYERS, .n_kv_heads = sh->n_kv, .head_dim = sh->hd,
-                        .kv_dim = kvd, .block_size = BS, .n_blocks = nblk,
+                        .kv_dim = kvd, .block_size = bs, .n_blocks = nblk,
                         .dtype = sh->bf16 ? DT_BF16 : DT_F32, .elt_bytes = sh->bf16 ? 2 : 4};
-    size_t elts = (size_t)nblk * LAYERS * BS * kvd;
+    size_t elts = (size_t)nblk * LAYERS * bs * kvd;
     p.k = malloc(elts * p.elt_bytes);
     p.v = malloc(elts * p.elt_bytes);
-    int blocks[(CTX_MAX + BS - 1) / BS];
+    int blocks[(CTX_MAX + 7) / 8];
     /* a shuffled table: block b holds logical block (b*7) % nblk (a
      * permutation: no context here has a multiple of 7 blocks) */
     for (int b = 0; b < nblk; b++)
@@ -133,7 +134,7 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
      * then steps of 1-3 tokens, which past 512 keys go by chunks) on 2
      * threads: the same bits. */
     struct cpu_att_scratch sc = {0};
-    static const int sizes[] = {1, 5, 17, 40, 1, 1, 33, 3, 2, 1};
+    static const int sizes[] = {1, 5, 17, 40, 1, 1, 33, 3, 2, 1, 70};
     const int ns = sizeof sizes / sizeof sizes[0];
     for (int r = 0, c = 0; r < n; c++) {
         struct attn_args b = a;
@@ -144,9 +145,9 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
         r += b.n;
     }
     CHECK(memcmp(chunked, out[0], sizeof(float) * n * qd) == 0,
-          "heads %d/%d, head_dim %d, window %d, context %d: rows computed in chunks differ "
+          "heads %d/%d, head_dim %d, window %d, context %d, block %d: rows computed in chunks differ "
           "from one call",
-          sh->n_heads, sh->n_kv, sh->hd, sh->window, ctx);
+          sh->n_heads, sh->n_kv, sh->hd, sh->window, ctx, bs);
     cpu_att_scratch_free(&sc);
     for (int t = 0; t < 3; t++)
         free(out[t]);
@@ -169,14 +170,18 @@ int main(void)
         }
     }
     static const struct shape shapes[] = {
-        {4, 4, 64, 0, false, CTX},  {8, 2, 128, 0, false, CTX}, {6, 2, 80, 0, false, CTX},
-        {3, 1, 16, 0, false, CTX},  {4, 2, 20, 0, false, CTX},  {8, 2, 128, 37, false, CTX},
-        {2, 2, 256, 5, false, CTX},
-        {8, 2, 128, 0, true, CTX}, {4, 2, 20, 9, true, CTX}, {6, 2, 80, 0, true, CTX},
+        {4, 4, 64, 0, false, CTX, 16},  {8, 2, 128, 0, false, CTX, 16}, {6, 2, 80, 0, false, CTX, 16},
+        {3, 1, 16, 0, false, CTX, 16},  {4, 2, 20, 0, false, CTX, 16},  {8, 2, 128, 37, false, CTX, 16},
+        {2, 2, 256, 5, false, CTX, 16},
+        {8, 2, 128, 0, true, CTX, 16}, {4, 2, 20, 9, true, CTX, 16}, {6, 2, 80, 0, true, CTX, 16},
         /* decode steps by chunks of keys: f32 and bf16, a window across
          * chunk bounds, one that fits in one chunk, a tail head_dim */
-        {8, 2, 128, 0, false, 700}, {4, 2, 20, 300, false, 990}, {6, 2, 80, 100, true, 600},
-        {4, 1, 64, 0, true, 1024},
+        {8, 2, 128, 0, false, 700, 16}, {4, 2, 20, 300, false, 990, 16}, {6, 2, 80, 100, true, 600, 16},
+        {4, 1, 64, 0, true, 1024, 16},
+        /* K panels of 8 positions (8-token blocks), and of 16 within
+         * larger blocks */
+        {8, 2, 128, 0, false, CTX, 8}, {4, 2, 20, 9, true, CTX, 8}, {6, 2, 80, 100, true, 600, 8},
+        {8, 2, 128, 37, false, 700, 64}, {4, 1, 64, 0, true, CTX, 256},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         test_shape(&shapes[i], pools);

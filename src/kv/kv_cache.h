@@ -27,8 +27,9 @@ struct kv_pool {
     int dtype;       /* enum dtype of the elements: DT_F32, or DT_BF16 where the
                       * backend stores K/V in bf16 (backend_kv_dtype) */
     int elt_bytes;   /* bytes per element */
-    /* The elements' layout is the backend's: the CPU's is kv_offset's,
-     * [n_blocks][n_layers][n_kv_heads][block_size][head_dim]; CUDA's is cuk_kv_row's
+    /* The elements' layout is the backend's: the CPU's V is kv_offset's,
+     * [n_blocks][n_layers][n_kv_heads][block_size][head_dim], its K the same
+     * with each panel of positions transposed (kv_k_offset); CUDA's is cuk_kv_row's
      * (src/backend/cuda/cuda_common.cuh). */
     void *k, *v;
     int *free_list;  /* stack of free block ids */
@@ -70,8 +71,8 @@ int kv_seq_writable(const struct kv_pool *p, const struct kv_seq *s, int pos);
  * backend's layout. -1 with a message when the backend cannot. */
 int kv_block_io(struct kv_pool *p, int block, void *buf, bool to_host, struct err *e);
 
-/* The CPU backend's element offset of (layer, pos, KV head kvh) in k or v:
- * a block holds each layer's rows head by head, [n_layers][n_kv_heads]
+/* The CPU backend's element offset of V's row (layer, pos, KV head kvh): a
+ * block holds each layer's rows head by head, [n_layers][n_kv_heads]
  * [block_size][head_dim], so a head's rows of a block lie together (8 KB
  * in f32 at head_dim 128), read in order by the attention of one head. */
 static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, int layer, int pos,
@@ -81,6 +82,25 @@ static inline size_t kv_offset(const struct kv_pool *p, const struct kv_seq *s, 
     return ((((size_t)blk * (size_t)p->n_layers + (size_t)layer) * (size_t)p->n_kv_heads +
              (size_t)kvh) * (size_t)p->block_size + (size_t)(pos % p->block_size)) *
            (size_t)p->head_dim;
+}
+
+/* Positions per K panel on the CPU: 16, or the block size below that. */
+static inline int kv_panel(const struct kv_pool *p)
+{
+    return p->block_size < 16 ? p->block_size : 16;
+}
+
+/* The CPU backend's element offset of K's (layer, pos, kvh, d = 0); element
+ * d lies kv_panel(p) * d further. K is kept transposed in panels of
+ * kv_panel positions, [head_dim][panel] each, where V has rows: the
+ * scores of a panel's keys are then vectors over keys, one multiply-add
+ * per dimension, with no sum across a vector's lanes (docs/design.md). A
+ * panel takes the place of its positions' rows in kv_offset's layout. */
+static inline size_t kv_k_offset(const struct kv_pool *p, const struct kv_seq *s, int layer,
+                                 int pos, int kvh)
+{
+    int pw = kv_panel(p);
+    return kv_offset(p, s, layer, pos - pos % pw, kvh) + (size_t)(pos % pw);
 }
 
 #endif

@@ -3,7 +3,8 @@
  * KV head (or some of the query heads sharing it) and a tile of query
  * tokens, and reads each tile of keys and values once for all of its rows,
  * so a long prompt's K/V come from cache rather than memory once per
- * (token, head). A decode step's job takes a chunk of keys for every head,
+ * (token, head); a tile's scores are a small matrix product over K's
+ * transposed panels (kv_k_offset). A decode step's job takes a chunk of keys for every head,
  * reading its cache blocks whole, and the chunks are merged after. The
  * loops over head_dim are built for AVX-512, AVX2 and the baseline and one
  * is picked at load (target_clones). */
@@ -20,9 +21,10 @@
 #include "base/threadpool.h"
 #include "model/tensor.h"
 
-/* Query tokens per job: with 2-8 query heads per KV head, 32-128 rows share
- * each key tile. */
-#define ATT_QT 16
+/* Query tokens per job: with 2-8 query heads per KV head, 128-512 rows
+ * share each key tile. A prompt's tiles come from L3 or memory, and 16
+ * tokens (reading them four times as often) ran at ~60 % of the speed. */
+#define ATT_QT 64
 /* Keys per tile. Tiles start at multiples of ATT_KT positions, so a row's
  * online softmax steps through the same tiles whatever call or job it is
  * in: prefilling a prompt in one call or in chunks gives the same bits. */
@@ -51,7 +53,7 @@
 #define ATT_KC 256
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define ATT_CLONES
 #else
 #define ATT_CLONES
 #endif
@@ -85,69 +87,106 @@ ATT_INLINE float att_elt(const void *row, int d, bool bf16)
     return bf16 ? bf16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
-/* The sum of v's 16 lanes, halving: 8 + 8, 4 + 4, then the last four. */
-ATT_INLINE float att_hsum(const att_v16 *v)
+/* The 16 keys of one 16-key group at dimension d, as floats: their K run
+ * pair h[0], h[1] (8 positions each) read pw elements per dimension apart.
+ * In 16-position panels the pair is one run of 16 (h[1] = h[0] + 8); with
+ * 8-position blocks the halves may lie in two blocks. */
+ATT_INLINE void att_load_keys(att_v16 *dst, const void *const *h, int d, int pw, bool bf16)
 {
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef float v4 __attribute__((vector_size(16)));
-    v8 a, b;
-    memcpy(&a, v, 32);
-    memcpy(&b, (const char *)v + 32, 32);
-    a += b;
-    v4 c, d;
-    memcpy(&c, &a, 16);
-    memcpy(&d, (const char *)&a + 16, 16);
-    c += d;
-    return (c[0] + c[2]) + (c[1] + c[3]);
+    if (pw == 16) {
+        att_load(dst, h[0], d * 16, bf16);
+        return;
+    }
+    if (bf16) {
+        typedef uint16_t u16x16 __attribute__((vector_size(32)));
+        typedef uint32_t u32x16 __attribute__((vector_size(64)));
+        u16x16 t;
+        memcpy(&t, (const uint16_t *)h[0] + d * 8, 16);
+        memcpy((char *)&t + 16, (const uint16_t *)h[1] + d * 8, 16);
+        u32x16 w = __builtin_convertvector(t, u32x16) << 16;
+        memcpy(dst, &w, 64);
+    } else {
+        memcpy(dst, (const float *)h[0] + d * 8, 32);
+        memcpy((char *)dst + 32, (const float *)h[1] + d * 8, 32);
+    }
 }
 
-/* sc[r][k] = q[r] . key[k] * scale for the R (1 or 2) query rows of a token
- * and k in [k0, k1): four keys at a time, so each chunk of a q row is
- * loaded once for four sums and each chunk of a key once for every row.
- * R is a constant at each call, and the loops over rows and keys unroll,
- * so the sums stay in registers. Each score is the same sum of products in
- * the same order whatever R and however many keys it is computed with
- * (lane d%16 of chunk d/16, then the halving). */
-ATT_INLINE void att_scores(int R, float *const *sc, const float *const *q,
-                           const void *const *key, int k0, int k1, int hd, float scale,
-                           bool bf16)
+/* sc[r][16 g..16 g + 16) = q[r] . key * scale for RB query rows and the NG
+ * 16-key groups g0.. of a tile: one vector of 16 keys' sums a row and
+ * group, a multiply-add per dimension, each key's sum in the order of d
+ * whatever RB, NG or the lanes beside it. Each key vector loaded serves
+ * every row. */
+ATT_INLINE void att_scores_block(int RB, int NG, float *const *sc, const float *const *q,
+                                 const void *const *kh, int g0, int hd, float scale, int pw,
+                                 bool bf16)
 {
-    int k = k0, tail = hd / 16 * 16;
-    for (; k + 4 <= k1; k += 4) {
-        att_v16 acc[2][4] = {{{0}}}, x[2], y;
-        for (int d = 0; d + 16 <= hd; d += 16) {
-            ATT_UNROLL for (int r = 0; r < R; r++)
-                memcpy(&x[r], q[r] + d, 64);
-            ATT_UNROLL for (int u = 0; u < 4; u++)
-            {
-                att_load(&y, key[k + u], d, bf16);
-                ATT_UNROLL for (int r = 0; r < R; r++)
-                    acc[r][u] += x[r] * y;
-            }
-        }
-        ATT_UNROLL for (int r = 0; r < R; r++)
-            ATT_UNROLL for (int u = 0; u < 4; u++)
-            {
-                float s = att_hsum(&acc[r][u]);
-                for (int d = tail; d < hd; d++)
-                    s += q[r][d] * att_elt(key[k + u], d, bf16);
-                sc[r][k + u] = s * scale;
-            }
-    }
-    for (; k < k1; k++)
-        ATT_UNROLL for (int r = 0; r < R; r++)
+    att_v16 acc[4][2] = {{{0}}}, y[2];
+    for (int d = 0; d < hd; d++) {
+        ATT_UNROLL for (int g = 0; g < NG; g++)
+            att_load_keys(&y[g], kh + 2 * (g0 + g), d, pw, bf16);
+        ATT_UNROLL for (int r = 0; r < RB; r++)
         {
-            att_v16 a0 = {0}, xr, y;
-            for (int d = 0; d + 16 <= hd; d += 16) {
-                memcpy(&xr, q[r] + d, 64);
-                att_load(&y, key[k], d, bf16);
-                a0 += xr * y;
-            }
-            float s = att_hsum(&a0);
-            for (int d = tail; d < hd; d++)
-                s += q[r][d] * att_elt(key[k], d, bf16);
-            sc[r][k] = s * scale;
+            float x = q[r][d];
+            ATT_UNROLL for (int g = 0; g < NG; g++)
+                acc[r][g] += x * y[g];
         }
+    }
+    ATT_UNROLL for (int r = 0; r < RB; r++)
+        ATT_UNROLL for (int g = 0; g < NG; g++)
+        {
+            acc[r][g] *= scale;
+            memcpy(sc[r] + 16 * (g0 + g), &acc[r][g], 64);
+        }
+}
+
+/* A tile's query rows: row r is token i0 + r / nh's query head h0 + r % nh,
+ * its scores at sc + r * ATT_KT. */
+struct att_qrows {
+    const float *q; /* the call's queries, [token][n_heads][head_dim] */
+    float *sc;
+    int i0, h0, nh, n_heads;
+};
+
+ATT_INLINE void att_scores_pw(const struct att_qrows *qr, int nr, const void *const *kh, int g0,
+                              int ng, int hd, float scale, int pw, bool bf16)
+{
+    for (int r = 0; r < nr;) {
+        int rb = nr - r >= 4 ? 4 : nr - r >= 2 ? 2 : 1;
+        const float *q[4];
+        float *sc[4];
+        for (int u = 0; u < rb; u++) {
+            int i = qr->i0 + (r + u) / qr->nh, h = qr->h0 + (r + u) % qr->nh;
+            q[u] = qr->q + ((size_t)i * qr->n_heads + h) * hd;
+            sc[u] = qr->sc + (size_t)(r + u) * ATT_KT;
+        }
+        /* RB and NG spelled out as constants at each call: the inlined
+         * loops then unroll and keep the sums in registers */
+        if (ng == 2)
+            switch (rb) {
+            case 4: att_scores_block(4, 2, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            case 2: att_scores_block(2, 2, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            default: att_scores_block(1, 2, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            }
+        else
+            switch (rb) {
+            case 4: att_scores_block(4, 1, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            case 2: att_scores_block(2, 1, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            default: att_scores_block(1, 1, sc, q, kh, g0, hd, scale, pw, bf16); break;
+            }
+        r += rb;
+    }
+}
+
+/* The scores of rows [0, nr) of qr against a tile's keys in its 16-key
+ * groups [g0, g0 + ng) (ng 1 or 2), from the tile's K runs kh (two a
+ * group). pw becomes a constant in each branch. */
+ATT_INLINE void att_scores(const struct att_qrows *qr, int nr, const void *const *kh, int g0,
+                           int ng, int hd, float scale, int pw, bool bf16)
+{
+    if (pw == 16)
+        att_scores_pw(qr, nr, kh, g0, ng, hd, scale, 16, bf16);
+    else
+        att_scores_pw(qr, nr, kh, g0, ng, hd, scale, 8, bf16);
 }
 
 /* o[r][d..d+16W) = o * c[r] + sum over k of p[r][k] * v[k] for the R rows:
@@ -242,20 +281,63 @@ ATT_INLINE void att_exp16(float *dst, const float *src, float mn)
     memcpy(dst, &yb, 64);
 }
 
+/* The sum of v's 16 lanes by halving (8 + 8, 4 + 4, then the last four):
+ * a fixed order, so a sum depends on nothing but its values. */
+ATT_INLINE float att_hsum(const att_v16 *v)
+{
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 a, b;
+    memcpy(&a, v, 32);
+    memcpy(&b, (const char *)v + 32, 32);
+    a += b;
+    v4 c, d;
+    memcpy(&c, &a, 16);
+    memcpy(&d, (const char *)&a + 16, 16);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* *acc = the lane-wise larger of *acc and x (a blend on the comparison's
+ * mask: C has no ?: on vectors). */
+ATT_INLINE void att_vmax(att_v16 *acc, const att_v16 *x)
+{
+    typedef int32_t i32x16 __attribute__((vector_size(64)));
+    i32x16 gt = *x > *acc, xa, aa;
+    memcpy(&xa, x, 64);
+    memcpy(&aa, acc, 64);
+    aa = (xa & gt) | (aa & ~gt);
+    memcpy(acc, &aa, 64);
+}
+
 /* One tile of a row's online softmax: sc[k0..k1) holds its scores and gets
  * e^(score - max); *m and *l, the row's running max and sum, move on.
- * Returns what the row's output so far must be scaled by. */
+ * Returns what the row's output so far must be scaled by. The max and the
+ * sum go 16 lanes at a time (a scalar chain of 32 dependent adds cost as
+ * much as a tile's multiply-adds), the sum folded by halving. */
 ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
 {
-    float mt = -INFINITY, sum = 0.0f;
-    for (int k = k0; k < k1; k++)
+    att_v16 vm, vs = {0}, x;
+    int k = k0;
+    for (int u = 0; u < 16; u++)
+        vm[u] = -INFINITY;
+    for (; k + 16 <= k1; k += 16) {
+        memcpy(&x, sc + k, 64);
+        att_vmax(&vm, &x);
+    }
+    float mt = -INFINITY; /* a max is exact: any order */
+    for (int u = 0; u < 16; u++)
+        mt = vm[u] > mt ? vm[u] : mt;
+    for (; k < k1; k++)
         mt = sc[k] > mt ? sc[k] : mt;
     float mn = mt > *m ? mt : *m;
     /* the row's first keys: *m is -inf, exp gives 0 */
     float corr = mn == *m ? 1.0f : expf(*m - mn);
-    int k = k0;
-    for (; k + 16 <= k1; k += 16)
+    for (k = k0; k + 16 <= k1; k += 16) {
         att_exp16(sc + k, sc + k, mn);
+        memcpy(&x, sc + k, 64);
+        vs += x;
+    }
     if (k < k1) { /* the last few through a padded copy: the same lanes' arithmetic */
         float t[16];
         int nt = k1 - k;
@@ -264,10 +346,12 @@ ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
             t[i] = mn;
         att_exp16(t, t, mn);
         memcpy(sc + k, t, (size_t)nt * sizeof(float));
+        for (int i = nt; i < 16; i++)
+            t[i] = 0.0f;
+        memcpy(&x, t, 64);
+        vs += x;
     }
-    for (k = k0; k < k1; k++)
-        sum += sc[k];
-    *l = *l * corr + sum;
+    *l = *l * corr + att_hsum(&vs);
     *m = mn;
     return corr;
 }
@@ -312,24 +396,41 @@ struct att_job {
     atomic_int next;
 };
 
-/* The cache offsets of KV head kvh's rows for the keys of the tile at t0
- * within [lo, hi], into row[t - t0]; with pf, every cache line of those K
- * and V rows asked into L2 as well (a hint: nothing waits on it). */
+/* The cache offsets of KV head kvh's keys of the tile at t0 within [lo,
+ * hi]: V's rows into row[t - t0], and K's runs of 8 positions into kh[h]
+ * (positions t0 + 8 h.., d = 0: kv_k_offset's panels, two runs a 16-key
+ * group). A run none of whose keys are there points at one of the tile's
+ * runs that has some, so a group can always be read; those lanes go
+ * unused. With pf, every cache line of those V rows and K runs asked into
+ * L2 as well (a hint: nothing waits on it). */
 ATT_INLINE void att_rows(const struct att_job *j, int kvh, int t0, int lo, int hi, int hd,
-                         size_t eb, bool pf, size_t *row)
+                         size_t eb, bool pf, size_t *row, size_t *kh)
 {
     int t = t0 > lo ? t0 : lo, te = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
+    if (t >= te)
+        return; /* a tile ahead of the last (the prefetch ring) */
+    const int first = t, pw = kv_panel(j->pool);
     for (; t < te; t++) {
         size_t off = kv_offset(j->pool, j->seq, j->layer, t, kvh);
         row[t - t0] = off;
         if (!pf)
             continue;
-        const char *kr = (const char *)j->pool->k + off * eb;
         const char *vr = (const char *)j->pool->v + off * eb;
-        for (size_t b = 0; b < (size_t)hd * eb; b += 64) {
-            __builtin_prefetch(kr + b, 0, 2);
+        for (size_t b = 0; b < (size_t)hd * eb; b += 64)
             __builtin_prefetch(vr + b, 0, 2);
-        }
+    }
+    for (int h = 0; h < ATT_KT / 8; h++) {
+        int run = pw == 16 ? t0 + 16 * (h / 2) : t0 + 8 * h;
+        int ph = run < first ? first : run >= te ? te - 1 : run;
+        kh[h] = kv_k_offset(j->pool, j->seq, j->layer, ph, kvh) - (size_t)(ph % pw) +
+                (pw == 16 ? (size_t)(8 * (h % 2)) : 0);
+        /* a panel (pw 16: asked once, at its first run) or a run of 8 lies
+         * in one piece: hd * pw elements */
+        if (!pf || (pw == 16 && h % 2) || run + pw <= first || run >= te)
+            continue;
+        const char *kr = (const char *)j->pool->k + kh[h] * eb;
+        for (size_t b = 0; b < (size_t)hd * (size_t)pw * eb; b += 64)
+            __builtin_prefetch(kr + b, 0, 2);
     }
 }
 
@@ -349,30 +450,33 @@ ATT_INLINE bool att_row_keys(const struct attn_args *a, int i, int t0, int t1, i
     return *k0 < *k1;
 }
 
-/* One tile for query head h of a token, and h + 1 with it when R is 2
- * (each K and V row loaded serves both): the scores against kp[k0..k1)
- * into sc, each row's softmax step on its running (*m[u], *l[u]), then
- * P.V into o[u]. The tile step of both paths, so a row gets the same bits
- * from either. */
-ATT_INLINE void att_tile_heads(int R, float *sc, const float *qh, float *const *o,
-                               float *const *m, float *const *l, const void *const *kp,
-                               const void *const *vp, int k0, int k1, int hd, float scale,
+/* The rest of a tile for query head h of a token, and h + 1 with it when R
+ * is 2, whose scores are in rs[0], rs[1] (a tile's lanes): each row's
+ * softmax step over keys [k0, k1) on its running (*m[u], *l[u]), then P.V
+ * into o[u] (each V row loaded serves both). The tile step of both paths,
+ * so a row gets the same bits from either. */
+ATT_INLINE void att_tile_heads(int R, float *const *rs, float *const *o, float *const *m,
+                               float *const *l, const void *const *vp, int k0, int k1, int hd,
                                bool bf16)
 {
-    float *rs[2] = {sc, sc + ATT_KT}, corr[2];
-    const float *qs[2] = {qh, qh + hd}, *ps[2] = {sc + k0, sc + ATT_KT + k0};
-    /* R spelled out as a constant at each call: the inlined loops over rows
-     * then unroll and keep the sums in registers */
-    if (R == 2)
-        att_scores(2, rs, qs, kp, k0, k1, hd, scale, bf16);
-    else
-        att_scores(1, rs, qs, kp, k0, k1, hd, scale, bf16);
+    float corr[2];
+    const float *ps[2] = {rs[0] + k0, rs[R - 1] + k0};
     for (int u = 0; u < R; u++)
         corr[u] = att_softmax_step(rs[u], k0, k1, m[u], l[u]);
+    /* R spelled out as a constant at each call: the inlined loops over rows
+     * then unroll and keep the sums in registers */
     if (R == 2)
         att_pv(2, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
     else
         att_pv(1, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
+}
+
+/* The 16-key groups [*g0, *g0 + *ng) of the tile at t0 that hold keys
+ * [first, t1). */
+ATT_INLINE void att_groups(int t0, int first, int t1, int *g0, int *ng)
+{
+    *g0 = (first - t0) / 16;
+    *ng = (t1 - 1 - t0) / 16 + 1 - *g0;
 }
 
 /* Job jb: query tiles from the last (the most keys) to the first, each over
@@ -387,9 +491,10 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     int h1 = kvh * j->group + (part + 1) * j->group / j->head_parts;
     int i0 = qt * ATT_QT, i1 = i0 + ATT_QT < a->n ? i0 + ATT_QT : a->n;
     int nh = h1 - h0, nr = ATT_QT * j->group;
-    /* per row: the chunk's running max and sum (m, l), and the chunks
-     * before it folded (tm, tl, to; tl 0 while there are none) */
-    float *sc = scratch, *m = scratch + 2 * ATT_KT, *l = m + nr, *tm = l + nr, *tl = tm + nr;
+    /* per row: its tile's scores (sc), the chunk's running max and sum (m,
+     * l), and the chunks before it folded (tm, tl, to; tl 0 while there
+     * are none) */
+    float *sc = scratch, *m = sc + (size_t)nr * ATT_KT, *l = m + nr, *tm = l + nr, *tl = tm + nr;
     float *to = tl + nr;
     for (int r = 0; r < (i1 - i0) * nh; r++) {
         m[r] = -INFINITY;
@@ -399,7 +504,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     for (int i = i0; i < i1; i++)
         memset(j->out + ((size_t)i * a->n_heads + h0) * hd, 0, (size_t)nh * hd * sizeof(float));
 
-    const void *kp[ATT_KT], *vp[ATT_KT];
+    const void *kp[ATT_KT / 8], *vp[ATT_KT];
     size_t eb = bf16 ? 2 : 4;
     int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1, tb = lo - lo % ATT_KT;
     /* Decode works out each tile's rows ATT_PF_TILES tiles ahead, prefetching
@@ -407,9 +512,9 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
      * out each tile's when it comes. */
     const bool pf = i1 - i0 <= ATT_PF_ROWS;
     enum { RING = ATT_PF_TILES + 1 };
-    size_t rows[RING][ATT_KT];
+    size_t rows[RING][ATT_KT], kruns[RING][ATT_KT / 8];
     for (int k = 0; pf && k < ATT_PF_TILES; k++)
-        att_rows(j, kvh, tb + k * ATT_KT, lo, hi, hd, eb, true, rows[k]);
+        att_rows(j, kvh, tb + k * ATT_KT, lo, hi, hd, eb, true, rows[k], kruns[k]);
     for (int t0 = tb; t0 <= hi; t0 += ATT_KT) {
         int t1 = t0 + ATT_KT <= hi + 1 ? t0 + ATT_KT : hi + 1;
         int first = t0 > lo ? t0 : lo, tile = (t0 - tb) / ATT_KT;
@@ -425,27 +530,40 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
                     m[r] = -INFINITY;
                     l[r] = 0.0f;
                 }
-        size_t *row = rows[pf ? tile % RING : 0];
+        int slot = pf ? tile % RING : 0;
         if (pf)
             att_rows(j, kvh, t0 + ATT_PF_TILES * ATT_KT, lo, hi, hd, eb, true,
-                     rows[(tile + ATT_PF_TILES) % RING]);
+                     rows[(tile + ATT_PF_TILES) % RING], kruns[(tile + ATT_PF_TILES) % RING]);
         else
-            att_rows(j, kvh, t0, lo, hi, hd, eb, false, row);
-        for (int t = first; t < t1; t++) {
-            kp[t - t0] = (const char *)j->pool->k + row[t - t0] * eb;
-            vp[t - t0] = (const char *)j->pool->v + row[t - t0] * eb;
-        }
-        for (int i = i0; i < i1; i++) {
-            int k0, k1;
-            if (!att_row_keys(a, i, t0, t1, &k0, &k1))
-                continue;
-            /* query heads in pairs: each K and V row loaded serves both */
+            att_rows(j, kvh, t0, lo, hi, hd, eb, false, rows[0], kruns[0]);
+        for (int t = first; t < t1; t++)
+            vp[t - t0] = (const char *)j->pool->v + rows[slot][t - t0] * eb;
+        for (int h = 0; h < ATT_KT / 8; h++)
+            kp[h] = (const char *)j->pool->k + kruns[slot][h] * eb;
+        /* the tokens with keys in the tile are a run [ia, ib): one's first
+         * key is at most its position, and both rise with the token */
+        int ia = i0, ib = i1, k0, k1;
+        while (ia < i1 && !att_row_keys(a, ia, t0, t1, &k0, &k1))
+            ia++;
+        ib = ia;
+        while (ib < i1 && att_row_keys(a, ib, t0, t1, &k0, &k1))
+            ib++;
+        if (ia == ib)
+            continue;
+        int g0, ng;
+        att_groups(t0, first, t1, &g0, &ng);
+        struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = ia, .h0 = h0, .nh = nh,
+                               .n_heads = a->n_heads};
+        att_scores(&qr, (ib - ia) * nh, kp, g0, ng, hd, a->scale, kv_panel(j->pool), bf16);
+        for (int i = ia; i < ib; i++) {
+            att_row_keys(a, i, t0, t1, &k0, &k1);
+            /* query heads in pairs: each V row loaded serves both */
             for (int h = h0; h < h1; h += 2) {
                 float *o = j->out + ((size_t)i * a->n_heads + h) * hd, *os[2] = {o, o + hd};
-                int r = (i - i0) * nh + (h - h0);
+                int r = (i - i0) * nh + (h - h0), s = (i - ia) * nh + (h - h0);
                 float *ms[2] = {&m[r], &m[r + 1]}, *ls[2] = {&l[r], &l[r + 1]};
-                att_tile_heads(h + 1 < h1 ? 2 : 1, sc, j->q + ((size_t)i * a->n_heads + h) * hd,
-                               os, ms, ls, kp, vp, k0, k1, hd, a->scale, bf16);
+                float *rs[2] = {sc + (size_t)s * ATT_KT, sc + (size_t)(s + 1) * ATT_KT};
+                att_tile_heads(h + 1 < h1 ? 2 : 1, rs, os, ms, ls, vp, k0, k1, hd, bf16);
             }
         }
     }
@@ -486,21 +604,30 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
             pp[hd] = -INFINITY;
             pp[hd + 1] = 0.0f;
         }
-    const void *kp[ATT_KT], *vp[ATT_KT];
-    size_t rows[2][ATT_KT];
+    const void *kp[ATT_KT / 8], *vp[ATT_KT];
+    size_t rows[2][ATT_KT], kruns[2][ATT_KT / 8];
     const size_t hstride = (size_t)j->pool->block_size * hd; /* one KV head's rows to the next's */
-    const int ntiles = (ce - cs) / ATT_KT + 1;
-    att_rows(j, 0, cs, lo, ce, hd, eb, false, rows[0]);
+    const int ntiles = (ce - cs) / ATT_KT + 1, pw = kv_panel(j->pool);
+    att_rows(j, 0, cs, lo, ce, hd, eb, false, rows[0], kruns[0]);
     for (int tile = 0; tile < ntiles; tile++) {
         int t0 = cs + tile * ATT_KT, t1 = t0 + ATT_KT <= ce + 1 ? t0 + ATT_KT : ce + 1;
-        size_t *row = rows[tile % 2];
+        int first = t0 > lo ? t0 : lo, g0, ng;
+        size_t *row = rows[tile % 2], *kr = kruns[tile % 2];
         if (tile + 1 < ntiles)
-            att_rows(j, 0, t1, lo, ce, hd, eb, false, rows[(tile + 1) % 2]);
+            att_rows(j, 0, t1, lo, ce, hd, eb, false, rows[(tile + 1) % 2],
+                     kruns[(tile + 1) % 2]);
+        att_groups(t0, first, t1, &g0, &ng);
         for (int kvh = kv0; kvh < kv1; kvh++) {
-            for (int t = t0 > lo ? t0 : lo; t < t1; t++) {
-                kp[t - t0] = (const char *)j->pool->k + (row[t - t0] + (size_t)kvh * hstride) * eb;
+            for (int t = first; t < t1; t++)
                 vp[t - t0] = (const char *)j->pool->v + (row[t - t0] + (size_t)kvh * hstride) * eb;
-            }
+            for (int h = 0; h < ATT_KT / 8; h++)
+                kp[h] = (const char *)j->pool->k + (kr[h] + (size_t)kvh * hstride) * eb;
+            /* every token's rows of this KV head: a step's tokens all reach
+             * the chunk's keys, though a sliding window may start past a
+             * tile for the earlier ones (their lanes then go unused) */
+            struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = 0, .h0 = kvh * j->group,
+                                   .nh = j->group, .n_heads = a->n_heads};
+            att_scores(&qr, a->n * j->group, kp, g0, ng, hd, a->scale, pw, bf16);
             for (int i = 0; i < a->n; i++) {
                 int k0, k1;
                 if (!att_row_keys(a, i, t0, t1, &k0, &k1))
@@ -509,9 +636,10 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
                     float *p0 = j->part + (stride + (size_t)i * a->n_heads + h) * (hd + 2);
                     float *p1 = p0 + hd + 2, *os[2] = {p0, p1};
                     float *ms[2] = {&p0[hd], &p1[hd]}, *ls[2] = {&p0[hd + 1], &p1[hd + 1]};
-                    att_tile_heads(h + 1 < (kvh + 1) * j->group ? 2 : 1, sc,
-                                   j->q + ((size_t)i * a->n_heads + h) * hd, os, ms, ls, kp, vp,
-                                   k0, k1, hd, a->scale, bf16);
+                    int s = i * j->group + (h - kvh * j->group);
+                    float *rs[2] = {sc + (size_t)s * ATT_KT, sc + (size_t)(s + 1) * ATT_KT};
+                    att_tile_heads(h + 1 < (kvh + 1) * j->group ? 2 : 1, rs, os, ms, ls, vp, k0,
+                                   k1, hd, bf16);
                 }
             }
         }
@@ -627,7 +755,7 @@ static int att_by_chunks(struct threadpool *tp, struct cpu_att_scratch *s, struc
         s->part_floats = need;
     }
     j->part = s->part;
-    if (att_slots(s, nth, 2 * ATT_KT, e))
+    if (att_slots(s, nth, (size_t)ATT_KT * a->n * j->group, e))
         return -1;
     j->per_slot = s->floats_per_slot;
     j->scratch = s->buf;
@@ -665,7 +793,7 @@ int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float 
     if (j.head_parts > j.group)
         j.head_parts = j.group;
     j.n_jobs = j.n_qt * a->n_kv_heads * j.head_parts;
-    j.per_slot = 2 * ATT_KT + (size_t)ATT_QT * j.group * (4 + (size_t)a->head_dim);
+    j.per_slot = (size_t)ATT_QT * j.group * (ATT_KT + 4 + (size_t)a->head_dim);
     if (att_slots(s, nth, j.per_slot, e))
         return -1;
     j.per_slot = s->floats_per_slot;

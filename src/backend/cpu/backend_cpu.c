@@ -154,19 +154,22 @@ static void cpu_kv_store(struct backend *be, struct kv_pool *pool, const struct 
                          int layer, const float *k, const float *v, int n, int pos0)
 {
     (void)be;
-    size_t d = (size_t)pool->kv_dim, hd = (size_t)pool->head_dim;
+    size_t d = (size_t)pool->kv_dim, hd = (size_t)pool->head_dim, pw = (size_t)kv_panel(pool);
     for (int i = 0; i < n; i++)
         for (int h = 0; h < pool->n_kv_heads; h++) {
             size_t off = kv_offset(pool, seq, layer, pos0 + i, h);
+            size_t koff = kv_k_offset(pool, seq, layer, pos0 + i, h);
             const float *ks = k + i * d + h * hd, *vs = v + i * d + h * hd;
             if (pool->dtype == DT_BF16) {
-                uint16_t *kd = (uint16_t *)pool->k + off, *vd = (uint16_t *)pool->v + off;
+                uint16_t *kd = (uint16_t *)pool->k + koff, *vd = (uint16_t *)pool->v + off;
                 for (size_t c = 0; c < hd; c++) {
-                    kd[c] = f32_to_bf16(ks[c]);
+                    kd[c * pw] = f32_to_bf16(ks[c]);
                     vd[c] = f32_to_bf16(vs[c]);
                 }
             } else {
-                memcpy((float *)pool->k + off, ks, hd * sizeof(float));
+                float *kd = (float *)pool->k + koff;
+                for (size_t c = 0; c < hd; c++)
+                    kd[c * pw] = ks[c];
                 memcpy((float *)pool->v + off, vs, hd * sizeof(float));
             }
         }
@@ -270,7 +273,8 @@ static int cpu_kv_dtype(struct backend *be) { return cpu(be)->kv_dtype; }
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
-    .kv_layout = 2, /* 2: a block's rows head by head (kv_offset); 1: token by token */
+    .kv_layout = 3, /* 3: V's rows head by head (kv_offset), K's in transposed panels
+                    * (kv_k_offset); 2: K as V; 1: token by token */
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
