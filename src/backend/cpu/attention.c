@@ -53,7 +53,7 @@
 #define ATT_KC 256
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATT_CLONES
+#define ATT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define ATT_CLONES
 #endif
