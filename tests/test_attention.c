@@ -75,8 +75,12 @@ static void reference(double *out, const float *q, const struct kv_pool *p,
     free(sc);
 }
 
-static void test_shape(const struct shape *sh, struct threadpool *const *pools)
+/* Checks one shape with isa's kernels; returns its rows from one call (the
+ * caller frees them), or NULL. */
+static float *test_shape(const struct shape *sh, struct threadpool *const *pools, enum cpu_isa isa)
 {
+    /* the same data for every isa */
+    rng = 0x2545f4914f6cdd1dull ^ (uint64_t)(sh->n_heads * 131 + sh->hd * 7 + sh->ctx);
     int kvd = sh->n_kv * sh->hd, qd = sh->n_heads * sh->hd, ctx = sh->ctx;
     int bs = sh->bs ? sh->bs : 16, nblk = (ctx + bs - 1) / bs;
     struct kv_pool p = {.n_layers = LAYERS, .n_kv_heads = sh->n_kv, .head_dim = sh->hd,
@@ -117,14 +121,15 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
     for (int t = 0; t < 3; t++) {
         struct cpu_att_scratch sc = {0};
         out[t] = malloc(sizeof(float) * n * qd);
-        CHECK(cpu_paged_attention(pools[t], &sc, out[t], q, &p, &s, LAYER, &a, &e) == 0, "%s", e.msg);
+        CHECK(cpu_paged_attention(pools[t], &sc, isa, out[t], q, &p, &s, LAYER, &a, &e) == 0, "%s", e.msg);
         double err = 0, mx = 0;
         for (int i = 0; i < n * qd; i++) {
             err = fmax(err, fabs(out[t][i] - ref[i]));
             mx = fmax(mx, fabs(ref[i]));
         }
-        CHECK(err <= 2e-6 * mx, "heads %d/%d, head_dim %d, window %d, %s, %d threads: max error %g of %g",
-              sh->n_heads, sh->n_kv, sh->hd, sh->window, sh->bf16 ? "bf16" : "f32", t + 1, err, mx);
+        CHECK(err <= 2e-6 * mx, "%s: heads %d/%d, head_dim %d, window %d, %s, %d threads: max error %g of %g",
+              cpu_isa_name(isa), sh->n_heads, sh->n_kv, sh->hd, sh->window,
+              sh->bf16 ? "bf16" : "f32", t + 1, err, mx);
         CHECK(memcmp(out[t], out[0], sizeof(float) * n * qd) == 0,
               "heads %d/%d, head_dim %d: %d threads differ from 1 thread", sh->n_heads, sh->n_kv,
               sh->hd, t + 1);
@@ -140,22 +145,23 @@ static void test_shape(const struct shape *sh, struct threadpool *const *pools)
         struct attn_args b = a;
         b.n = sizes[c % ns] < n - r ? sizes[c % ns] : n - r;
         b.pos0 = P + r;
-        CHECK(cpu_paged_attention(pools[1], &sc, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
+        CHECK(cpu_paged_attention(pools[1], &sc, isa, chunked + (size_t)r * qd, q + (size_t)r * qd, &p, &s,
                                 LAYER, &b, &e) == 0, "%s", e.msg);
         r += b.n;
     }
     CHECK(memcmp(chunked, out[0], sizeof(float) * n * qd) == 0,
-          "heads %d/%d, head_dim %d, window %d, context %d, block %d: rows computed in chunks differ "
-          "from one call",
-          sh->n_heads, sh->n_kv, sh->hd, sh->window, ctx, bs);
+          "%s: heads %d/%d, head_dim %d, window %d, context %d, block %d: rows computed in chunks "
+          "differ from one call",
+          cpu_isa_name(isa), sh->n_heads, sh->n_kv, sh->hd, sh->window, ctx, bs);
     cpu_att_scratch_free(&sc);
-    for (int t = 0; t < 3; t++)
+    for (int t = 1; t < 3; t++)
         free(out[t]);
     free(chunked);
     free(ref);
     free(q);
     free(p.k);
     free(p.v);
+    return out[0];
 }
 
 int main(void)
@@ -183,19 +189,33 @@ int main(void)
         {8, 2, 128, 0, false, CTX, 8}, {4, 2, 20, 9, true, CTX, 8}, {6, 2, 80, 100, true, 600, 8},
         {8, 2, 128, 37, false, 700, 64}, {4, 1, 64, 0, true, CTX, 256},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        test_shape(&shapes[i], pools);
+    /* Every kernel family the machine runs; AVX2's and AVX-512's (both fuse
+     * their multiply-adds, each lane the same operations whatever the
+     * vector width) give the same bits. */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const struct shape *sh = &shapes[i];
+        float *rows[3] = {NULL, NULL, NULL};
+        for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_hw(); isa++)
+            rows[isa] = test_shape(sh, pools, (enum cpu_isa)isa);
+        if (rows[CPU_ISA_AVX2] && rows[CPU_ISA_AVX512])
+            CHECK(memcmp(rows[CPU_ISA_AVX2], rows[CPU_ISA_AVX512],
+                         sizeof(float) * (size_t)(sh->ctx - 21) * sh->n_heads * sh->hd) == 0,
+                  "heads %d/%d, head_dim %d, window %d, context %d: AVX2 and AVX-512 differ",
+                  sh->n_heads, sh->n_kv, sh->hd, sh->window, sh->ctx);
+        for (int t = 0; t < 3; t++)
+            free(rows[t]);
+    }
 
     /* A KV-head count that does not divide the query heads, and a cache
      * element type the CPU does not read, are refused. */
     struct attn_args bad = {.n = 1, .n_heads = 6, .n_kv_heads = 4, .head_dim = 16};
     struct cpu_att_scratch sc = {0};
     float x[96] = {0};
-    CHECK(cpu_paged_attention(pools[0], &sc, x, x, NULL, NULL, 0, &bad, &e) != 0 &&
+    CHECK(cpu_paged_attention(pools[0], &sc, cpu_isa_hw(), x, x, NULL, NULL, 0, &bad, &e) != 0 &&
               strstr(e.msg, "6 query heads"), "6 heads over 4 KV heads accepted");
     struct kv_pool f16 = {.dtype = DT_F16};
     struct attn_args one = {.n = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16};
-    CHECK(cpu_paged_attention(pools[0], &sc, x, x, &f16, NULL, 0, &one, &e) != 0 &&
+    CHECK(cpu_paged_attention(pools[0], &sc, cpu_isa_hw(), x, x, &f16, NULL, 0, &one, &e) != 0 &&
               strstr(e.msg, "f32 or bf16"), "an f16 cache accepted: %s", e.msg);
     for (int t = 0; t < 3; t++)
         tp_destroy(pools[t]);

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_features.h"
 #include "base/err.h"
 #include "kv/kv_cache.h"
 
@@ -26,10 +27,13 @@ struct cpu_att_scratch {
  * of query tokens), or for a decode step of a few tokens over chunks of
  * its keys. A row's arithmetic depends only on its position and its keys
  * (key tiles and chunks sit at fixed multiples of positions), not on how
- * the rows were split into calls or jobs, nor on the thread count. */
-int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, float *out,
-                      const float *q, const struct kv_pool *pool, const struct kv_seq *seq,
-                      int layer, const struct attn_args *a, struct err *e);
+ * the rows were split into calls or jobs, nor on the thread count. The
+ * kernels are those built for isa (cpu_isa_detect's), or the best below
+ * it that was built; AVX2 and AVX-512 give the same bits. */
+int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, enum cpu_isa isa,
+                        float *out, const float *q, const struct kv_pool *pool,
+                        const struct kv_seq *seq, int layer, const struct attn_args *a,
+                        struct err *e);
 
 void cpu_att_scratch_free(struct cpu_att_scratch *s);
 

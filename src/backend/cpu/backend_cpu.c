@@ -21,6 +21,7 @@ struct cpu_backend {
     struct threadpool *tp;
     struct cpu_matmul mm;
     struct cpu_att_scratch att;
+    enum cpu_isa isa; /* the kernels' instruction set (cpu_isa_detect) */
     int kv_dtype; /* DT_F32, or DT_BF16 with CLLM_KV_DTYPE=bf16 */
     bool screen;  /* head_pick on (CLLM_HEAD_SCREEN, default 1) */
     struct head_screen hs;
@@ -180,7 +181,7 @@ static int cpu_attention(struct backend *be, float *out, const float *q,
                          const struct attn_args *a, struct err *e)
 {
     struct cpu_backend *c = cpu(be);
-    return cpu_paged_attention(c->tp, &c->att, out, q, pool, seq, layer, a, e);
+    return cpu_paged_attention(c->tp, &c->att, c->isa, out, q, pool, seq, layer, a, e);
 }
 
 static void cpu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
@@ -315,6 +316,7 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
         free(c);
         return NULL;
     }
+    c->isa = (enum cpu_isa)isa;
     c->screen = env_flag("CLLM_HEAD_SCREEN", true);
     c->be.ops = &cpu_ops;
     c->be.impl = c;

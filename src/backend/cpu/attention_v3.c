@@ -1,0 +1,9 @@
+/* attention_v3.c - the attention kernels built for AVX2 + FMA + F16C (CPU_ISA_AVX2);
+ * CMake compiles this file for that instruction set on x86-64, and
+ * attention.c calls them only where the CPU has it. */
+#if defined(__x86_64__)
+#define ATT_KERNELS att_kernels_v3
+#include "backend/cpu/attention_kern.h"
+#else
+typedef int attention_v3_unused; /* ISO C wants something in a file */
+#endif
