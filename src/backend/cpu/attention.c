@@ -128,16 +128,20 @@ int cpu_paged_attention(struct threadpool *tp, struct cpu_att_scratch *s, enum c
     j.n_chunks = hi / ATT_KC - j.c0 + 1;
     if (a->n <= ATT_PF_ROWS && j.n_chunks > 1)
         return att_by_chunks(tp, s, &j, e);
-    j.n_qt = (a->n + ATT_QT - 1) / ATT_QT;
-    /* Too few jobs to keep every thread busy (one token, few KV heads):
-     * split the query heads of a KV head, each part reading its keys. */
+    /* Too few jobs to keep every thread busy: smaller query tiles, then
+     * (one token, few KV heads) the query heads of a KV head split, each
+     * part reading its keys. */
+    j.qt = ATT_QT;
+    while (j.qt > ATT_QT_MIN && a->n_kv_heads * ((a->n + j.qt - 1) / j.qt) < 4 * nth)
+        j.qt /= 2;
+    j.n_qt = (a->n + j.qt - 1) / j.qt;
     j.head_parts = 1;
     while (j.head_parts < j.group && a->n_kv_heads * j.n_qt * j.head_parts < 2 * nth)
         j.head_parts *= 2;
     if (j.head_parts > j.group)
         j.head_parts = j.group;
     j.n_jobs = j.n_qt * a->n_kv_heads * j.head_parts;
-    j.per_slot = (size_t)ATT_QT * j.group * (ATT_KT + 4 + (size_t)a->head_dim);
+    j.per_slot = (size_t)j.qt * j.group * (ATT_KT + 4 + (size_t)a->head_dim);
     if (att_slots(s, nth, j.per_slot, e))
         return -1;
     j.per_slot = s->floats_per_slot;

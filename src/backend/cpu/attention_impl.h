@@ -12,10 +12,14 @@
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
 
-/* Query tokens per job: with 2-8 query heads per KV head, 128-512 rows
- * share each key tile. A prompt's tiles come from L3 or memory, and 16
- * tokens (reading them four times as often) ran at ~60 % of the speed. */
+/* Query tokens per prompt job, at most: with 2-8 query heads per KV head,
+ * 128-512 rows share each key tile. A prompt's tiles come from L3 or
+ * memory, and 16 tokens (reading them four times as often) ran at ~60 % of
+ * the speed. A prompt with too few jobs for the threads takes smaller
+ * tiles, down to ATT_QT_MIN: a row's arithmetic does not depend on the
+ * rows beside it. */
 #define ATT_QT 64
+#define ATT_QT_MIN 16
 /* Keys per tile. Tiles start at multiples of ATT_KT positions, so a row's
  * online softmax steps through the same tiles whatever call or job it is
  * in: prefilling a prompt in one call or in chunks gives the same bits. */
@@ -54,6 +58,7 @@ struct att_job {
     const struct attn_args *a;
     int group;      /* query heads per KV head */
     int head_parts; /* jobs a KV head's query heads are split into */
+    int qt;         /* query tokens per tile */
     int n_qt;       /* query token tiles */
     int n_jobs;
     float *scratch;

@@ -138,6 +138,21 @@ struct att_qrows {
     int i0, h0, nh, n_heads;
 };
 
+/* att_scores_block for rb rows (ATT_RB4, 2 or 1), RB and NG spelled out as
+ * constants at each call: the inlined loops then unroll and keep the sums
+ * in registers. */
+ATT_INLINE void att_scores_rb(int rb, int NG, float *const *sc, const float *const *q,
+                              const void *const *kh, int g0, int hd, float scale, int pw,
+                              bool bf16)
+{
+    if (rb == ATT_RB4)
+        att_scores_block(ATT_RB4, NG, sc, q, kh, g0, hd, scale, pw, bf16);
+    else if (rb == 2)
+        att_scores_block(2, NG, sc, q, kh, g0, hd, scale, pw, bf16);
+    else
+        att_scores_block(1, NG, sc, q, kh, g0, hd, scale, pw, bf16);
+}
+
 ATT_INLINE void att_scores_pw(const struct att_qrows *qr, int nr, const void *const *kh, int g0,
                               int ng, int hd, float scale, int pw, bool bf16)
 {
@@ -150,23 +165,10 @@ ATT_INLINE void att_scores_pw(const struct att_qrows *qr, int nr, const void *co
             q[u] = qr->q + ((size_t)i * qr->n_heads + h) * hd;
             sc[u] = qr->sc + (size_t)(r + u) * ATT_KT;
         }
-        /* RB and NG spelled out as constants at each call: the inlined
-         * loops then unroll and keep the sums in registers */
-        if (ng == 2) {
-            if (rb == ATT_RB4)
-                att_scores_block(ATT_RB4, 2, sc, q, kh, g0, hd, scale, pw, bf16);
-            else if (rb == 2)
-                att_scores_block(2, 2, sc, q, kh, g0, hd, scale, pw, bf16);
-            else
-                att_scores_block(1, 2, sc, q, kh, g0, hd, scale, pw, bf16);
-        } else {
-            if (rb == ATT_RB4)
-                att_scores_block(ATT_RB4, 1, sc, q, kh, g0, hd, scale, pw, bf16);
-            else if (rb == 2)
-                att_scores_block(2, 1, sc, q, kh, g0, hd, scale, pw, bf16);
-            else
-                att_scores_block(1, 1, sc, q, kh, g0, hd, scale, pw, bf16);
-        }
+        if (ng == 2)
+            att_scores_rb(rb, 2, sc, q, kh, g0, hd, scale, pw, bf16);
+        else
+            att_scores_rb(rb, 1, sc, q, kh, g0, hd, scale, pw, bf16);
         r += rb;
     }
 }
@@ -461,8 +463,8 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     int kvh = rest / j->head_parts, part = rest % j->head_parts;
     int h0 = kvh * j->group + part * j->group / j->head_parts;
     int h1 = kvh * j->group + (part + 1) * j->group / j->head_parts;
-    int i0 = qt * ATT_QT, i1 = i0 + ATT_QT < a->n ? i0 + ATT_QT : a->n;
-    int nh = h1 - h0, nr = ATT_QT * j->group;
+    int i0 = qt * j->qt, i1 = i0 + j->qt < a->n ? i0 + j->qt : a->n;
+    int nh = h1 - h0, nr = j->qt * j->group;
     /* per row: its tile's scores (sc), the chunk's running max and sum (m,
      * l), and the chunks before it folded (tm, tl, to; tl 0 while there
      * are none) */
