@@ -22,8 +22,10 @@
 #define ATT_QT_MIN 16
 /* Keys per tile. Tiles start at multiples of ATT_KT positions, so a row's
  * online softmax steps through the same tiles whatever call or job it is
- * in: prefilling a prompt in one call or in chunks gives the same bits. */
-#define ATT_KT 32
+ * in: prefilling a prompt in one call or in chunks gives the same bits.
+ * 64 rather than 32: each tile costs a pass over the rows' outputs and
+ * softmax bookkeeping besides its multiply-adds (prompt +12 %, measured). */
+#define ATT_KT 64
 /* A job of at most ATT_PF_ROWS query tokens (decode, keys within one
  * chunk) asks for its K/V rows ATT_PF_TILES tiles ahead, into L2: a decode
  * row has little arithmetic per key to cover a miss with. (Measured when

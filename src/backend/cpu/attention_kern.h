@@ -165,16 +165,17 @@ ATT_INLINE void att_scores_pw(const struct att_qrows *qr, int nr, const void *co
             q[u] = qr->q + ((size_t)i * qr->n_heads + h) * hd;
             sc[u] = qr->sc + (size_t)(r + u) * ATT_KT;
         }
-        if (ng == 2)
-            att_scores_rb(rb, 2, sc, q, kh, g0, hd, scale, pw, bf16);
-        else
-            att_scores_rb(rb, 1, sc, q, kh, g0, hd, scale, pw, bf16);
+        for (int g = g0; g < g0 + ng; g += 2) /* two groups a pass */
+            if (g + 2 <= g0 + ng)
+                att_scores_rb(rb, 2, sc, q, kh, g, hd, scale, pw, bf16);
+            else
+                att_scores_rb(rb, 1, sc, q, kh, g, hd, scale, pw, bf16);
         r += rb;
     }
 }
 
 /* The scores of rows [0, nr) of qr against a tile's keys in its 16-key
- * groups [g0, g0 + ng) (ng 1 or 2), from the tile's K runs kh (two a
+ * groups [g0, g0 + ng), two a pass, from the tile's K runs kh (two a
  * group). pw becomes a constant in each branch. */
 ATT_INLINE void att_scores(const struct att_qrows *qr, int nr, const void *const *kh, int g0,
                            int ng, int hd, float scale, int pw, bool bf16)
@@ -302,7 +303,7 @@ ATT_INLINE void att_vmax(att_nv *acc, const att_nv *x)
 /* One tile of a row's online softmax: sc[k0..k1) holds its scores and gets
  * e^(score - max); *m and *l, the row's running max and sum, move on.
  * Returns what the row's output so far must be scaled by. The max and the
- * sum go 16 lanes at a time (a scalar chain of 32 dependent adds cost as
+ * sum go 16 lanes at a time (a scalar chain of a tile's dependent adds cost as
  * much as a tile's multiply-adds), the sum folded by halving. */
 ATT_INLINE float att_softmax_step(float *sc, int k0, int k1, float *m, float *l)
 {
