@@ -24,22 +24,22 @@
 #define ATT_W 4 /* SSE2, NEON and the like: 16-byte registers */
 #endif
 #define ATT_NP (16 / ATT_W) /* native vectors in a group of 16 lanes */
-/* Query rows a pass of the scores takes (with two 16-key groups: RB4 x 2 x
+/* Query rows a pass of the scores takes (with two 16-key groups: RB x 2 x
  * ATT_NP sums), and vectors of columns a pass of P.V holds (two rows: 2 x
  * ATT_PVC sums), as the registers allow: 32 of 64 bytes (AVX-512); 16 of
  * 32 (AVX2); 16 of 16 (SSE2; NEON has 32) */
 #if ATT_W == 16
-#define ATT_RB4 4
+#define ATT_RB 4
 #define ATT_PVC 8
 #elif ATT_W == 8
-#define ATT_RB4 2
+#define ATT_RB 2
 #define ATT_PVC 4
 #else
-#define ATT_RB4 1
+#define ATT_RB 1
 #define ATT_PVC 4
 #endif
 
-#define ATT_RBMAX (ATT_RB4 > 2 ? ATT_RB4 : 2)
+#define ATT_RBMAX (ATT_RB > 2 ? ATT_RB : 2)
 
 #define ATT_INLINE static inline __attribute__((always_inline))
 #define ATT_UNROLL _Pragma("GCC unroll 16")
@@ -138,15 +138,15 @@ struct att_qrows {
     int i0, h0, nh, n_heads;
 };
 
-/* att_scores_block for rb rows (ATT_RB4, 2 or 1), RB and NG spelled out as
+/* att_scores_block for rb rows (ATT_RB, 2 or 1), RB and NG spelled out as
  * constants at each call: the inlined loops then unroll and keep the sums
  * in registers. */
 ATT_INLINE void att_scores_rb(int rb, int NG, float *const *sc, const float *const *q,
                               const void *const *kh, int g0, int hd, float scale, int pw,
                               bool bf16)
 {
-    if (rb == ATT_RB4)
-        att_scores_block(ATT_RB4, NG, sc, q, kh, g0, hd, scale, pw, bf16);
+    if (rb == ATT_RB)
+        att_scores_block(ATT_RB, NG, sc, q, kh, g0, hd, scale, pw, bf16);
     else if (rb == 2)
         att_scores_block(2, NG, sc, q, kh, g0, hd, scale, pw, bf16);
     else
@@ -157,7 +157,7 @@ ATT_INLINE void att_scores_pw(const struct att_qrows *qr, int nr, const void *co
                               int ng, int hd, float scale, int pw, bool bf16)
 {
     for (int r = 0; r < nr;) {
-        int rb = nr - r >= ATT_RB4 ? ATT_RB4 : nr - r >= 2 ? 2 : 1;
+        int rb = nr - r >= ATT_RB ? ATT_RB : nr - r >= 2 ? 2 : 1;
         const float *q[ATT_RBMAX];
         float *sc[ATT_RBMAX];
         for (int u = 0; u < rb; u++) {
