@@ -195,7 +195,7 @@ ATT_INLINE void att_pv_cols(int R, int C, float *const *o, const float *c,
                             const float *const *p, const void *const *v, int nk, int d,
                             bool bf16)
 {
-    att_nv acc[2][ATT_PVC], y;
+    att_nv acc[4][ATT_PVC], y;
     ATT_UNROLL for (int r = 0; r < R; r++)
         ATT_UNROLL for (int u = 0; u < C; u++)
         {
@@ -215,15 +215,17 @@ ATT_INLINE void att_pv_cols(int R, int C, float *const *o, const float *c,
             memcpy(o[r] + d + ATT_W * u, &acc[r][u], ATT_W * 4);
 }
 
-/* P.V of a tile for R (1 or 2) rows over the same keys: o[r] = o[r] * c[r]
+/* P.V of a tile for R (1, 2 or 4) rows over the same keys: o[r] = o[r] * c[r]
  * + sum over k of p[r][k] * v[k], ATT_PVC vectors of columns at a time,
  * then two, then one, and the last ones one by one. */
 ATT_INLINE void att_pv(int R, float *const *o, const float *c, const float *const *p,
                        const void *const *v, int nk, int hd, bool bf16)
 {
+    /* four rows hold half the columns two do: the same registers */
+    const int C = R > 2 ? ATT_PVC / 2 : ATT_PVC;
     int d = 0;
-    for (; d + ATT_PVC * ATT_W <= hd; d += ATT_PVC * ATT_W)
-        att_pv_cols(R, ATT_PVC, o, c, p, v, nk, d, bf16);
+    for (; d + C * ATT_W <= hd; d += C * ATT_W)
+        att_pv_cols(R, C, o, c, p, v, nk, d, bf16);
     for (; d + 2 * ATT_W <= hd; d += 2 * ATT_W)
         att_pv_cols(R, 2, o, c, p, v, nk, d, bf16);
     for (; d + ATT_W <= hd; d += ATT_W)
@@ -434,13 +436,17 @@ ATT_INLINE void att_tile_heads(int R, float *const *rs, float *const *o, float *
                                float *const *l, const void *const *vp, int k0, int k1, int hd,
                                bool bf16)
 {
-    float corr[2];
-    const float *ps[2] = {rs[0] + k0, rs[R - 1] + k0};
-    for (int u = 0; u < R; u++)
+    float corr[4];
+    const float *ps[4];
+    for (int u = 0; u < R; u++) {
         corr[u] = att_softmax_step(rs[u], k0, k1, m[u], l[u]);
+        ps[u] = rs[u] + k0;
+    }
     /* R spelled out as a constant at each call: the inlined loops over rows
      * then unroll and keep the sums in registers */
-    if (R == 2)
+    if (R == 4)
+        att_pv(4, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
+    else if (R == 2)
         att_pv(2, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
     else
         att_pv(1, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
@@ -530,16 +536,29 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
         struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = ia, .h0 = h0, .nh = nh,
                                .n_heads = a->n_heads};
         att_scores(&qr, (ib - ia) * nh, kp, g0, ng, hd, a->scale, kv_panel(j->pool), bf16);
-        for (int i = ia; i < ib; i++) {
+        for (int i = ia; i < ib;) {
             att_row_keys(a, i, t0, t1, &k0, &k1);
-            /* query heads in pairs: each V row loaded serves both */
+            /* query heads in pairs, and two tokens together where they
+             * have the same keys (every tile but a diagonal one or a
+             * window's edge): each V row loaded serves four rows */
+            int kb0, kb1, nt = 1;
+            if (nh % 2 == 0 && i + 1 < ib && att_row_keys(a, i + 1, t0, t1, &kb0, &kb1) &&
+                kb0 == k0 && kb1 == k1)
+                nt = 2;
             for (int h = h0; h < h1; h += 2) {
-                float *o = j->out + ((size_t)i * a->n_heads + h) * hd, *os[2] = {o, o + hd};
-                int r = (i - i0) * nh + (h - h0), s = (i - ia) * nh + (h - h0);
-                float *ms[2] = {&m[r], &m[r + 1]}, *ls[2] = {&l[r], &l[r + 1]};
-                float *rs[2] = {sc + (size_t)s * ATT_KT, sc + (size_t)(s + 1) * ATT_KT};
-                att_tile_heads(h + 1 < h1 ? 2 : 1, rs, os, ms, ls, vp, k0, k1, hd, bf16);
+                float *os[4], *ms[4], *ls[4], *rs[4];
+                int R = 0;
+                for (int ti = i; ti < i + nt; ti++)
+                    for (int hh = h; hh < h + 2 && hh < h1; hh++, R++) {
+                        int r = (ti - i0) * nh + (hh - h0), s = (ti - ia) * nh + (hh - h0);
+                        os[R] = j->out + ((size_t)ti * a->n_heads + hh) * hd;
+                        ms[R] = &m[r];
+                        ls[R] = &l[r];
+                        rs[R] = sc + (size_t)s * ATT_KT;
+                    }
+                att_tile_heads(R, rs, os, ms, ls, vp, k0, k1, hd, bf16);
             }
+            i += nt;
         }
     }
     for (int i = i0; i < i1; i++)
