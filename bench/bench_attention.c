@@ -76,8 +76,9 @@ int main(int argc, char **argv)
                            .block_size = BS, .n_blocks = nblk,
                            .dtype = bf16 ? DT_BF16 : DT_F32, .elt_bytes = bf16 ? 2 : 4};
     size_t elts = (size_t)nblk * layers * BS * KV * HD, bytes = elts * pool.elt_bytes;
-    pool.k = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
-    pool.v = aligned_alloc(1 << 21, (bytes + (1 << 21) - 1) & ~(size_t)((1 << 21) - 1));
+    size_t huge = (size_t)1 << 21, rounded = (bytes + huge - 1) & ~(huge - 1);
+    pool.k = aligned_alloc(huge, rounded);
+    pool.v = aligned_alloc(huge, rounded);
     if (thp && pool.k && pool.v) { /* as the CPU backend's pool (cpu_alloc) */
         madvise(pool.k, bytes, MADV_HUGEPAGE);
         madvise(pool.v, bytes, MADV_HUGEPAGE);
@@ -106,11 +107,12 @@ int main(int argc, char **argv)
         q[i] = urand(&r);
     struct kv_seq seq = {.blocks = blocks, .n_blocks = nblk, .cap_blocks = nblk, .n_tokens = ctx};
     struct cpu_att_scratch sc = {0};
-    int isa = cpu_isa_detect(&e); /* CLLM_ISA=avx2|scalar measures the others */
-    if (isa < 0) {
+    int found = cpu_isa_detect(&e); /* CLLM_ISA=avx2|scalar measures the others */
+    if (found < 0) {
         fprintf(stderr, "bench_attention: %s\n", e.msg);
         return 1;
     }
+    const enum cpu_isa isa = (enum cpu_isa)found;
     struct attn_args pre = {.n = ctx, .pos0 = 0, .n_heads = HEADS, .n_kv_heads = KV,
                             .head_dim = HD, .scale = 1.0f / sqrtf((float)HD)};
     struct attn_args dec = pre;
@@ -119,13 +121,13 @@ int main(int argc, char **argv)
     double best_p = INFINITY, best_d = INFINITY;
     for (int i = 0; i < reps; i++) {
         double t0 = now_s();
-        if (!decode_only && cpu_paged_attention(tp, &sc, (enum cpu_isa)isa, out, q, &pool, &seq, 0, &pre, &e)) {
+        if (!decode_only && cpu_paged_attention(tp, &sc, isa, out, q, &pool, &seq, 0, &pre, &e)) {
             fprintf(stderr, "bench_attention: %s\n", e.msg);
             return 1;
         }
         double t1 = now_s();
         for (int s = 0; s < 20; s++)
-            cpu_paged_attention(tp, &sc, (enum cpu_isa)isa, out, q, &pool, &seq, 0, &dec, &e);
+            cpu_paged_attention(tp, &sc, isa, out, q, &pool, &seq, 0, &dec, &e);
         double t2 = now_s();
         best_p = fmin(best_p, t1 - t0);
         best_d = fmin(best_d, (t2 - t1) / 20);
@@ -133,7 +135,7 @@ int main(int argc, char **argv)
     double macs = (double)ctx * (ctx + 1) / 2 * HEADS * HD * 2; /* q.k and p.v */
     double kv_bytes = (double)ctx * KV * HD * 2 * pool.elt_bytes;
     printf("attention  ctx %d  %s K/V  %d threads  %s\n", ctx, bf16 ? "bf16" : "f32", tp_size(tp),
-           cpu_isa_name((enum cpu_isa)isa));
+           cpu_isa_name(isa));
     if (!decode_only)
         printf("prefill    %8.2f ms  %7.1f GFLOP/s\n", best_p * 1e3, 2 * macs / best_p / 1e9);
     printf("decode     %8.3f ms  %7.1f GB/s of K/V\n", best_d * 1e3, kv_bytes / best_d / 1e9);

@@ -89,7 +89,7 @@ static float *test_shape(const struct shape *sh, struct threadpool *const *pools
     size_t elts = (size_t)nblk * LAYERS * bs * kvd;
     p.k = malloc(elts * p.elt_bytes);
     p.v = malloc(elts * p.elt_bytes);
-    int blocks[(CTX_MAX + 7) / 8];
+    int blocks[(CTX_MAX + 7) / 8]; /* 8: the smallest block size here */
     /* a shuffled table: block b holds logical block (b*7) % nblk (a
      * permutation: no context here has a multiple of 7 blocks) */
     for (int b = 0; b < nblk; b++)

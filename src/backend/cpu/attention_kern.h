@@ -417,6 +417,19 @@ ATT_INLINE void att_rows(const struct att_job *j, int kvh, int t0, int lo, int h
     }
 }
 
+/* A tile's K runs and V rows as pointers, from att_rows' offsets (KV head
+ * 0's, or any head's) moved on by add elements: keys [first, t1) of the
+ * tile at t0. */
+ATT_INLINE void att_tile_ptrs(const struct att_job *j, const size_t *row, const size_t *kr,
+                              size_t add, int t0, int first, int t1, size_t eb, const void **kp,
+                              const void **vp)
+{
+    for (int t = first; t < t1; t++)
+        vp[t - t0] = (const char *)j->pool->v + (row[t - t0] + add) * eb;
+    for (int h = 0; h < ATT_KT / 8; h++)
+        kp[h] = (const char *)j->pool->k + (kr[h] + add) * eb;
+}
+
 /* Row i's keys within the tile [t0, t1), as offsets from t0: false when
  * it has none there. */
 ATT_INLINE bool att_row_keys(const struct attn_args *a, int i, int t0, int t1, int *k0, int *k1)
@@ -517,10 +530,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
                      rows[(tile + ATT_PF_TILES) % RING], kruns[(tile + ATT_PF_TILES) % RING]);
         else
             att_rows(j, kvh, t0, lo, hi, hd, eb, false, rows[0], kruns[0]);
-        for (int t = first; t < t1; t++)
-            vp[t - t0] = (const char *)j->pool->v + rows[slot][t - t0] * eb;
-        for (int h = 0; h < ATT_KT / 8; h++)
-            kp[h] = (const char *)j->pool->k + kruns[slot][h] * eb;
+        att_tile_ptrs(j, rows[slot], kruns[slot], 0, t0, first, t1, eb, kp, vp);
         /* the tokens with keys in the tile are a run [ia, ib): one's first
          * key is at most its position, and both rise with the token */
         int ia = i0, ib = i1, k0, k1;
@@ -612,10 +622,7 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
                      kruns[(tile + 1) % 2]);
         att_groups(t0, first, t1, &g0, &ng);
         for (int kvh = kv0; kvh < kv1; kvh++) {
-            for (int t = first; t < t1; t++)
-                vp[t - t0] = (const char *)j->pool->v + (row[t - t0] + (size_t)kvh * hstride) * eb;
-            for (int h = 0; h < ATT_KT / 8; h++)
-                kp[h] = (const char *)j->pool->k + (kr[h] + (size_t)kvh * hstride) * eb;
+            att_tile_ptrs(j, row, kr, (size_t)kvh * hstride, t0, first, t1, eb, kp, vp);
             /* every token's rows of this KV head: a step's tokens all reach
              * the chunk's keys, though a sliding window may start past a
              * tile for the earlier ones (their lanes then go unused) */
