@@ -465,6 +465,64 @@ ATT_INLINE void att_tile_heads(int R, float *const *rs, float *const *o, float *
         att_pv(1, o, corr, ps, vp + k0, k1 - k0, hd, bf16);
 }
 
+/* The tokens of [i0, i1) with keys in the tile [t0, t1): a run [*ia, *ib),
+ * since a token's first key is at most its position and both rise with
+ * the token. */
+ATT_INLINE void att_token_run(const struct attn_args *a, int i0, int i1, int t0, int t1, int *ia,
+                              int *ib)
+{
+    int k0, k1, i = i0;
+    while (i < i1 && !att_row_keys(a, i, t0, t1, &k0, &k1))
+        i++;
+    *ia = i;
+    while (i < i1 && att_row_keys(a, i, t0, t1, &k0, &k1))
+        i++;
+    *ib = i;
+}
+
+/* Where a tile's rows keep their output and running max and sum: (token
+ * i, query head h)'s at o, m and l + (i - i0) * tok + (h - h0) * head, in
+ * floats (o has its own strides). */
+struct att_sink {
+    float *o, *m, *l;
+    size_t o_tok, o_head, tok, head;
+    int i0, h0;
+};
+
+/* The rest of a tile for tokens [ia, ib), every one with keys in it, and
+ * qr's heads, whose scores att_scores put at qr's rows: query heads in
+ * pairs, and two tokens together where they have the same keys (every
+ * tile but a diagonal one or a window's edge), so each V row loaded
+ * serves four rows. The row loop of both paths. */
+ATT_INLINE void att_tile_rows(const struct attn_args *a, const struct att_sink *sk,
+                              const struct att_qrows *qr, int ia, int ib, const void *const *vp,
+                              int t0, int t1, int hd, bool bf16)
+{
+    const int h0 = qr->h0, h1 = qr->h0 + qr->nh;
+    for (int i = ia; i < ib;) {
+        int k0, k1, kb0, kb1, nt = 1;
+        att_row_keys(a, i, t0, t1, &k0, &k1);
+        if (qr->nh % 2 == 0 && i + 1 < ib && att_row_keys(a, i + 1, t0, t1, &kb0, &kb1) &&
+            kb0 == k0 && kb1 == k1)
+            nt = 2;
+        for (int h = h0; h < h1; h += 2) {
+            float *os[4], *ms[4], *ls[4], *rs[4];
+            int R = 0;
+            for (int ti = i; ti < i + nt; ti++)
+                for (int hh = h; hh < h + 2 && hh < h1; hh++, R++) {
+                    size_t at = (size_t)(ti - sk->i0) * sk->tok + (size_t)(hh - sk->h0) * sk->head;
+                    os[R] = sk->o + (size_t)(ti - sk->i0) * sk->o_tok +
+                            (size_t)(hh - sk->h0) * sk->o_head;
+                    ms[R] = sk->m + at;
+                    ls[R] = sk->l + at;
+                    rs[R] = qr->sc + (size_t)((ti - qr->i0) * qr->nh + (hh - h0)) * ATT_KT;
+                }
+            att_tile_heads(R, rs, os, ms, ls, vp, k0, k1, hd, bf16);
+        }
+        i += nt;
+    }
+}
+
 /* The 16-key groups [*g0, *g0 + *ng) of the tile at t0 that hold keys
  * [first, t1). */
 ATT_INLINE void att_groups(int t0, int first, int t1, int *g0, int *ng)
@@ -498,6 +556,9 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
     for (int i = i0; i < i1; i++)
         memset(j->out + ((size_t)i * a->n_heads + h0) * hd, 0, (size_t)nh * hd * sizeof(float));
 
+    const struct att_sink sink = {.o = j->out + ((size_t)i0 * a->n_heads + h0) * hd, .m = m, .l = l,
+                                  .o_tok = (size_t)a->n_heads * hd, .o_head = (size_t)hd,
+                                  .tok = (size_t)nh, .head = 1, .i0 = i0, .h0 = h0};
     const void *kp[ATT_KT / 8], *vp[ATT_KT];
     size_t eb = bf16 ? 2 : 4;
     int lo = att_start(a, a->pos0 + i0), hi = a->pos0 + i1 - 1, tb = lo - lo % ATT_KT;
@@ -531,14 +592,8 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
         else
             att_rows(j, kvh, t0, lo, hi, hd, eb, false, rows[0], kruns[0]);
         att_tile_ptrs(j, rows[slot], kruns[slot], 0, t0, first, t1, eb, kp, vp);
-        /* the tokens with keys in the tile are a run [ia, ib): one's first
-         * key is at most its position, and both rise with the token */
-        int ia = i0, ib = i1, k0, k1;
-        while (ia < i1 && !att_row_keys(a, ia, t0, t1, &k0, &k1))
-            ia++;
-        ib = ia;
-        while (ib < i1 && att_row_keys(a, ib, t0, t1, &k0, &k1))
-            ib++;
+        int ia, ib;
+        att_token_run(a, i0, i1, t0, t1, &ia, &ib);
         if (ia == ib)
             continue;
         int g0, ng;
@@ -546,30 +601,7 @@ ATT_INLINE void att_job_body(const struct att_job *j, int jb, float *scratch, bo
         struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = ia, .h0 = h0, .nh = nh,
                                .n_heads = a->n_heads};
         att_scores(&qr, (ib - ia) * nh, kp, g0, ng, hd, a->scale, kv_panel(j->pool), bf16);
-        for (int i = ia; i < ib;) {
-            att_row_keys(a, i, t0, t1, &k0, &k1);
-            /* query heads in pairs, and two tokens together where they
-             * have the same keys (every tile but a diagonal one or a
-             * window's edge): each V row loaded serves four rows */
-            int kb0, kb1, nt = 1;
-            if (nh % 2 == 0 && i + 1 < ib && att_row_keys(a, i + 1, t0, t1, &kb0, &kb1) &&
-                kb0 == k0 && kb1 == k1)
-                nt = 2;
-            for (int h = h0; h < h1; h += 2) {
-                float *os[4], *ms[4], *ls[4], *rs[4];
-                int R = 0;
-                for (int ti = i; ti < i + nt; ti++)
-                    for (int hh = h; hh < h + 2 && hh < h1; hh++, R++) {
-                        int r = (ti - i0) * nh + (hh - h0), s = (ti - ia) * nh + (hh - h0);
-                        os[R] = j->out + ((size_t)ti * a->n_heads + hh) * hd;
-                        ms[R] = &m[r];
-                        ls[R] = &l[r];
-                        rs[R] = sc + (size_t)s * ATT_KT;
-                    }
-                att_tile_heads(R, rs, os, ms, ls, vp, k0, k1, hd, bf16);
-            }
-            i += nt;
-        }
+        att_tile_rows(a, &sink, &qr, ia, ib, vp, t0, t1, hd, bf16);
     }
     for (int i = i0; i < i1; i++)
         for (int h = h0; h < h1; h++) {
@@ -611,6 +643,11 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
     const void *kp[ATT_KT / 8], *vp[ATT_KT];
     size_t rows[2][ATT_KT], kruns[2][ATT_KT / 8];
     const size_t hstride = (size_t)j->pool->block_size * hd; /* one KV head's rows to the next's */
+    /* row (i, h)'s partial: output, then max and sum */
+    float *p0 = j->part + stride * (hd + 2);
+    const size_t pstep = (size_t)a->n_heads * (hd + 2);
+    const struct att_sink sink = {.o = p0, .m = p0 + hd, .l = p0 + hd + 1, .o_tok = pstep,
+                                  .o_head = (size_t)hd + 2, .tok = pstep, .head = (size_t)hd + 2};
     const int ntiles = (ce - cs) / ATT_KT + 1, pw = kv_panel(j->pool);
     att_rows(j, 0, cs, lo, ce, hd, eb, false, rows[0], kruns[0]);
     for (int tile = 0; tile < ntiles; tile++) {
@@ -623,26 +660,14 @@ ATT_INLINE void att_chunk_body(const struct att_job *j, int jb, float *scratch, 
         att_groups(t0, first, t1, &g0, &ng);
         for (int kvh = kv0; kvh < kv1; kvh++) {
             att_tile_ptrs(j, row, kr, (size_t)kvh * hstride, t0, first, t1, eb, kp, vp);
-            /* every token's rows of this KV head: a step's tokens all reach
-             * the chunk's keys, though a sliding window may start past a
-             * tile for the earlier ones (their lanes then go unused) */
-            struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = 0, .h0 = kvh * j->group,
+            /* the rows of this KV head of the tokens with keys in the tile
+             * (a sliding window may start past it for the earlier ones) */
+            int ia, ib;
+            att_token_run(a, 0, a->n, t0, t1, &ia, &ib);
+            struct att_qrows qr = {.q = j->q, .sc = sc, .i0 = ia, .h0 = kvh * j->group,
                                    .nh = j->group, .n_heads = a->n_heads};
-            att_scores(&qr, a->n * j->group, kp, g0, ng, hd, a->scale, pw, bf16);
-            for (int i = 0; i < a->n; i++) {
-                int k0, k1;
-                if (!att_row_keys(a, i, t0, t1, &k0, &k1))
-                    continue;
-                for (int h = kvh * j->group; h < (kvh + 1) * j->group; h += 2) {
-                    float *p0 = j->part + (stride + (size_t)i * a->n_heads + h) * (hd + 2);
-                    float *p1 = p0 + hd + 2, *os[2] = {p0, p1};
-                    float *ms[2] = {&p0[hd], &p1[hd]}, *ls[2] = {&p0[hd + 1], &p1[hd + 1]};
-                    int s = i * j->group + (h - kvh * j->group);
-                    float *rs[2] = {sc + (size_t)s * ATT_KT, sc + (size_t)(s + 1) * ATT_KT};
-                    att_tile_heads(h + 1 < (kvh + 1) * j->group ? 2 : 1, rs, os, ms, ls, vp, k0,
-                                   k1, hd, bf16);
-                }
-            }
+            att_scores(&qr, (ib - ia) * j->group, kp, g0, ng, hd, a->scale, pw, bf16);
+            att_tile_rows(a, &sink, &qr, ia, ib, vp, t0, t1, hd, bf16);
         }
     }
 }
