@@ -122,6 +122,7 @@ expect_err "--batch" "$CLLM" bench "$MODEL" --batch " 4"
 expect_err "-p" "$CLLM" bench "$MODEL" -p 0
 expect_err "-n" "$CLLM" bench "$MODEL" -n abc
 expect_err "--prefill-chunk" "$CLLM" bench "$MODEL" --prefill-chunk 0
+expect_err "--compiled-decode needs on or off" "$CLLM" bench "$MODEL" --compiled-decode
 expect_err "--bandwidth" "$CLLM" bench "$MODEL" --bandwidth -3
 expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops 0
 expect_err "--peak-tflops" "$CLLM" bench "$MODEL" --peak-tflops x

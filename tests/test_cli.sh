@@ -60,6 +60,8 @@ b=$("$CLLM" run "$SHARED/models/stories260K" -p "Zoo" -n 40 --seed 7 --temp 1 --
 c=$("$CLLM" run "$SHARED/models/stories260K" -p "Zoo" -n 40 --seed 8 --temp 1 --print-ids 2>/dev/null)
 check '[ -n "$a" ] && [ "$a" = "$b" ]' "same seed differs: '$a' vs '$b'"
 check '[ "$a" != "$c" ]' "different seeds gave identical output"
+d=$("$CLLM" run "$SHARED/models/stories260K" -p "Zoo" -n 40 --seed 7 --temp 1 --print-ids --compiled-decode off 2>/dev/null)
+check '[ "$a" = "$d" ]' "--compiled-decode off changed the output: '$a' vs '$d'"
 
 # 6. Bad input: one clear line, non-zero exit, no crash.
 expect_err() { # args: pattern, command...
@@ -73,6 +75,7 @@ expect_err "unknown option" "$CLLM" run "$SHARED/models/stories260K" --bogus
 expect_err "outside the vocabulary" "$CLLM" run "$SHARED/models/stories260K" --prompt-ids 1,99999 -n 1
 expect_err "needs an integer" "$CLLM" run "$SHARED/models/stories260K" -n abc
 expect_err "--temp needs a number" "$CLLM" run "$SHARED/models/stories260K" --temp nan
+expect_err "--compiled-decode needs on or off" "$CLLM" run "$SHARED/models/stories260K" --compiled-decode yes
 expect_err "top_p" "$CLLM" run "$SHARED/models/stories260K" -p hi --top-p 2
 expect_err "not a model" "$CLLM" run "$SHARED/models/SOURCES.md"
 expect_err "unknown command" "$CLLM" frobnicate

@@ -248,8 +248,14 @@ check '[ $rc -eq 2 ] && grep -q "CLLM_KV_BLOCK_SIZE" "$tmp/e"' "bad CLLM_KV_BLOC
 "$CLLM" serve "$STORIES" --port "$P5" --prefill-chunk 0 >"$tmp/o" 2>"$tmp/e"
 rc=$?
 check '[ $rc -eq 2 ] && grep -q -- "--prefill-chunk needs an integer in \[1, 1048576\]" "$tmp/e"' "bad --prefill-chunk: $rc $(cat "$tmp/e")"
-if start S5 "$P5" "$STORIES" -- --kv-block-size 32 --prefill-chunk 8; then
+# --compiled-decode: on|off (the spec's flag), anything else exit 2; off is
+# said at start (a CPU has no graphs: the same answers either way)
+"$CLLM" serve "$STORIES" --port "$P5" --compiled-decode maybe >"$tmp/o" 2>"$tmp/e"
+rc=$?
+check '[ $rc -eq 2 ] && grep -q -- "--compiled-decode needs true|false|on|off|1|0 (got \"maybe\")" "$tmp/e"' "bad --compiled-decode: $rc $(cat "$tmp/e")"
+if start S5 "$P5" "$STORIES" -- --kv-block-size 32 --prefill-chunk 8 --compiled-decode off; then
     check 'curl -s http://127.0.0.1:$P5/stats | jq -e ".batch.prefill_chunk == 8 and .batch.prefill_chunk_shared == 8" >/dev/null && grep -q "prefill chunk 8 (8 beside decodes)," "$tmp/log.$P5"' "--prefill-chunk 8: $(curl -s http://127.0.0.1:$P5/stats | jq -c .batch)"
+    check 'grep -q "compiled decode off" "$tmp/log.$P5" && ! grep -q "unknown flag" "$tmp/log.$P5"' "--compiled-decode off at start: $(cat "$tmp/log.$P5")"
     kb_req='{"messages":[{"role":"user","content":"Once upon a time there was a little girl who liked to play in the park with her friends every day"}],"max_tokens":4,"temperature":0}'
     call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"
     call /v1/chat/completions "$kb_req" "http://127.0.0.1:$P5"

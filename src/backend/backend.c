@@ -204,6 +204,12 @@ int backend_kv_dtype(struct backend *be)
     return be->ops->kv_dtype ? be->ops->kv_dtype(be) : DT_F32;
 }
 
+void backend_set_compiled_decode(struct backend *be, int on)
+{
+    if (on && be->ops->set_compiled_decode)
+        be->ops->set_compiled_decode(be, on > 0);
+}
+
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e)
 {
     return be->ops->load_weights ? be->ops->load_weights(be, m, e) : 0;

@@ -339,6 +339,11 @@ struct backend_ops {
      * before it is queued again. */
     int (*argmax_async)(struct backend *be, const float *x, int n, int slot, struct err *e);
     int (*argmax_take)(struct backend *be, int slot, int *out, struct err *e);
+    /* Optional: whether decode steps are recorded as graphs once and
+     * replayed (the spec's --compiled-decode; the backend's default is on,
+     * or CLLM_COMPILED_DECODE). Called before the first step; outputs are
+     * the same bits either way. A backend without graphs has none. */
+    void (*set_compiled_decode)(struct backend *be, bool on);
 };
 
 /* A token id meaning "the id of the last argmax or argmax_async", still on
@@ -399,6 +404,9 @@ static inline int backend_kv_dtype_env(int dflt, struct err *e)
     err_set(e, "CLLM_KV_DTYPE=%s: the K/V cache element type is f32 or bf16", v);
     return -1;
 }
+/* ops->set_compiled_decode for on > 0 (on) or on < 0 (off); 0 keeps the
+ * backend's default, as does a backend without graphs. */
+void backend_set_compiled_decode(struct backend *be, int on);
 /* ops->load_weights when the backend has one (no-op otherwise). */
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e);
 /* Prints the device allocation plan (weights, activations, KV, free) to f

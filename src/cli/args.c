@@ -1,8 +1,9 @@
-/* args.c - the integer and number flag values of the verbs' own parsers
+/* args.c - the integer, number and on/off flag values of the verbs' own parsers
  * (`run`, `bench`): the strict rule (the whole string, in range), the
  * message on stderr. */
 #include <float.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "base/parse.h"
 #include "cli/cli.h"
@@ -27,5 +28,18 @@ int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out
         return -1;
     }
     *out = (float)x;
+    return 0;
+}
+
+int cli_parse_onoff(const char *cmd, const char *flag, const char *v, int *out)
+{
+    if (v && (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1")))
+        *out = 1;
+    else if (v && (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "0")))
+        *out = -1;
+    else {
+        fprintf(stderr, "%s: %s needs on or off (got \"%s\")\n", cmd, flag, v ? v : "");
+        return -1;
+    }
     return 0;
 }

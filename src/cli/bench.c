@@ -40,6 +40,7 @@ struct bench_opts {
     const char *draft;  /* --draft-model: also decode one stream speculatively */
     int n_draft;        /* --num-draft-tokens (default 3) */
     float draft_p_min;  /* --draft-p-min (default 0: off) */
+    int compiled_decode; /* --compiled-decode: 1 on, -1 off, 0 the backend's default */
     double bandwidth; /* bytes/s from --bandwidth; 0: measure it */
     double peak_flops; /* FLOP/s from --peak-tflops; 0: no prefill floor */
     struct sampler_params sp; /* --temp etc.; temperature 0: greedy */
@@ -104,6 +105,8 @@ static void bench_usage(FILE *f)
             "  --num-draft-tokens K     drafts a step with --draft-model (1..32; default 3)\n"
             "  --draft-p-min P          drafts stop before one the draft model gives less\n"
             "                           than P (0..1; default 0: never)\n"
+            "  --compiled-decode on|off decode steps recorded once as CUDA graphs and\n"
+            "                           replayed (default on; the same output either way)\n"
             "  -t, --threads N          CPU threads (default: all cores)\n"
             "  --device D               cpu, cuda, cuda:N or auto (default cpu)\n");
 }
@@ -164,6 +167,8 @@ static int parse_bench_args(int argc, char **argv, struct bench_opts *o)
             }
         }
         else if (!strcmp(a, "--batch")) rc = parse_batch_list(v, o);
+        else if (!strcmp(a, "--compiled-decode"))
+            rc = cli_parse_onoff("cllm bench", a, v, &o->compiled_decode);
         else if (!strcmp(a, "--draft-model")) o->draft = v;
         else if (!strcmp(a, "--num-draft-tokens")) rc = parse_int(a, v, 1, 32, &o->n_draft);
         else if (!strcmp(a, "--draft-p-min")) {
@@ -370,6 +375,8 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
      * splits the prompt into passes of that many tokens; the pool holds one
      * sequence of P + N at a time. */
     be = backend_create(o->device, o->threads, e);
+    if (be)
+        backend_set_compiled_decode(be, o->compiled_decode);
     if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, o->prefill_chunk, e) ||
         kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e))
@@ -518,7 +525,8 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                                 .prompt_cache_bytes = -1, .device = o->device,
                                 .kv_block_size = o->kv_block,
                                 .spec_draft = draft ? o->n_draft : 0, .draft_model = draft,
-                                .draft_p_min = o->draft_p_min};
+                                .draft_p_min = o->draft_p_min,
+                                .compiled_decode = o->compiled_decode};
     struct engine *eng = engine_create(m, &cfg, e);
     if (!eng)
         return -1;
@@ -623,7 +631,8 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
                                 .prefill_chunk = o->prefill_chunk, .max_queue = 4,
                                 .max_running = 1,
                                 .device = o->device, .spec_draft = dm ? o->n_draft : 0,
-                                .draft_model = dm, .draft_p_min = o->draft_p_min};
+                                .draft_model = dm, .draft_p_min = o->draft_p_min,
+                                .compiled_decode = o->compiled_decode};
     struct engine *eng = engine_create(m, &cfg, e);
     int *prompt = malloc(sizeof(int) * (size_t)P), *ids = malloc(sizeof(int) * 2 * (size_t)N);
     double *times = malloc(sizeof(double) * (size_t)N);

@@ -25,6 +25,9 @@ int cli_parse_int(const char *cmd, const char *flag, const char *v, int lo, int 
 /* A number flag's value, base/parse.h's rule (a finite float): 0, or -1
  * with the message "CMD: FLAG needs a number (got ...)" on stderr. */
 int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out);
+/* An on/off flag's value (on, off, true, false, 1, 0) as 1 (on) or -1
+ * (off) into *out: 0, or -1 with "CMD: FLAG needs on or off" on stderr. */
+int cli_parse_onoff(const char *cmd, const char *flag, const char *v, int *out);
 
 struct forward_state;
 struct kv_pool;

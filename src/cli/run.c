@@ -65,6 +65,8 @@ void cli_usage(FILE *f)
             "  --batch N                prompt tokens per forward pass (default 2048 on a\n"
             "                           GPU, 128 on the CPU, as cllm serve --prefill-chunk)\n"
             "  --ignore-eos             keep generating after end-of-sequence\n"
+            "  --compiled-decode on|off decode steps recorded once as CUDA graphs and\n"
+            "                           replayed (default on; the same output either way)\n"
             "  --warmup                 run the prompt and two decode steps once, untimed,\n"
             "                           before the timed run (for benchmarks)\n"
             "  --grammar-file FILE      hold the output to a GBNF grammar (docs/grammar.md)\n"
@@ -78,7 +80,7 @@ void cli_usage(FILE *f)
 struct run_opts {
     const char *model, *prompt, *prompt_ids, *logits_out, *device, *tokenizer;
     const char *grammar_file, *json_schema, *json_schema_file;
-    int n_predict, threads, ctx, batch;
+    int n_predict, threads, ctx, batch, compiled_decode;
     bool print_ids, ignore_eos, seed_set, warmup;
     struct sampler_params sp;
 };
@@ -114,6 +116,7 @@ static int parse_run_args(int argc, char **argv, struct run_opts *o)
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) rc = parse_int(a, v, 1, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--batch")) rc = parse_int(a, v, 1, 1 << 16, &o->batch);
+        else if (!strcmp(a, "--compiled-decode")) rc = cli_parse_onoff("cllm", a, v, &o->compiled_decode);
         else if (!strcmp(a, "--temp")) rc = parse_float(a, v, &o->sp.temperature);
         else if (!strcmp(a, "--top-p")) rc = parse_float(a, v, &o->sp.top_p);
         else if (!strcmp(a, "--min-p")) rc = parse_float(a, v, &o->sp.min_p);
@@ -310,6 +313,8 @@ int cmd_run(int argc, char **argv)
         goto fail;
     }
     be = backend_create(o.device, o.threads, &e);
+    if (be)
+        backend_set_compiled_decode(be, o.compiled_decode);
     /* prompt passes as the engine's (engine.c): 2,048 tokens on a GPU, 128
      * on the CPU; logits rows only for --logits-out, in passes of at most
      * 256 rows (a row is vocab_size floats) */

@@ -48,7 +48,7 @@ void drafter_free(struct drafter *d)
 }
 
 struct drafter *drafter_create(const struct model *m, const char *device, int n_threads,
-                               int ctx_len, struct err *e)
+                               int ctx_len, int compiled_decode, struct err *e)
 {
     struct drafter *d = calloc(1, sizeof *d);
     if (!d) {
@@ -71,8 +71,10 @@ struct drafter *drafter_create(const struct model *m, const char *device, int n_
      * device, 128 on the CPU, as the engine's prefill does when it has the
      * step to itself (the draft's catch-up never shares one), and makes
      * the logits of one row: a step picks after the last token only. */
-    if (!(d->be = backend_create(device, n_threads, e)) ||
-        backend_load_weights(d->be, m, e) ||
+    if (!(d->be = backend_create(device, n_threads, e)))
+        goto fail;
+    backend_set_compiled_decode(d->be, compiled_decode);
+    if (backend_load_weights(d->be, m, e) ||
         forward_init_rows(&d->fs, m, d->be, backend_on_device(d->be) ? 2048 : 128, 1, e))
         goto fail;
     /* The index's blocks are this pool's only: the seed need not tell

@@ -23,9 +23,9 @@ struct drafter;
 /* The drafter for m (borrowed: it must outlive the drafter) on device
  * ("cpu", "cuda[:N]", "auto"), holding K/V for up to ctx_len tokens (capped
  * by the model's own context) and half as much again of earlier contexts'
- * full blocks in its prefix index. */
+ * full blocks in its prefix index. compiled_decode: as engine_config's. */
 struct drafter *drafter_create(const struct model *m, const char *device, int n_threads,
-                               int ctx_len, struct err *e);
+                               int ctx_len, int compiled_decode, struct err *e);
 void drafter_free(struct drafter *d);
 
 /* Up to max proposed tokens after toks[0..n) into out; stops early at an id

@@ -1342,6 +1342,8 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     bool oom = false;
     eng->be = backend_create(cfg->device, cfg->n_threads, e);
+    if (eng->be)
+        backend_set_compiled_decode(eng->be, cfg->compiled_decode);
     /* Prefill chunk of a step where no sequence decodes: on a GPU 2,048
      * tokens, where a long prompt's later chunks take the attention kernel
      * of long key ranges: a 32K prompt 1.19x (8B) to 1.84x (0.6B) faster
@@ -1425,7 +1427,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
      * both models' weights left free. */
     if (eng->cfg.spec_draft > 0 && cfg->draft_model) {
         if (!(eng->drafter = drafter_create(cfg->draft_model, cfg->device, cfg->n_threads,
-                                            eng->cfg.ctx_len, e)))
+                                            eng->cfg.ctx_len, cfg->compiled_decode, e)))
             goto fail;
         eng->st.draft_bytes = (long long)drafter_bytes(eng->drafter);
         weights += eng->st.draft_bytes;

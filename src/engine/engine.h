@@ -100,6 +100,11 @@ struct engine_config {
      * on another backend each step then runs at once, a step ahead of the
      * events), -1 never. */
     int decode_ahead;
+    /* Decode steps recorded as graphs and replayed (--compiled-decode), on
+     * backends that have them (CUDA), the draft model's too: 1 on, -1 off,
+     * 0 the backend's default (on, or CLLM_COMPILED_DECODE). The same
+     * outputs either way. */
+    int compiled_decode;
 };
 
 #define ENGINE_SPEC_MAX 32

@@ -63,12 +63,14 @@ void serve_usage(FILE *f)
             "                           leave (default: 75%% of RAM on the CPU, the free GPU\n"
             "                           memory on CUDA, capped at --batch x --ctx tokens plus\n"
             "                           the prompt cache)\n"
+            "  --compiled-decode on|off decode steps recorded once as CUDA graphs and\n"
+            "                           replayed (default on; the same output either way)\n"
             "  --no-open                accepted for compatibility (cllm opens no browser)\n"
             "\n"
             "environment: CLLM_SHUTDOWN_TIMEOUT_MS, CLLM_MAX_QUEUE, CLLM_MAX_BODY_BYTES,\n"
             "CLLM_CONNECTION_TIMEOUT_S, CLLM_MAX_CONNECTIONS, CLLM_RESPONSES_STORE,\n"
             "CLLM_LOG_REQUESTS, CLLM_PROMPT_CACHE_GB, CLLM_KV_BUDGET_GB, CLLM_MEMORY_BUDGET_GB,\n"
-            "CLLM_DEVICE, CLLM_TOKENIZER\n"
+            "CLLM_DEVICE, CLLM_TOKENIZER, CLLM_COMPILED_DECODE\n"
             "(see docs/config.md)\n");
 }
 
@@ -145,6 +147,7 @@ int serve_config_from_env(struct serve_config *c, struct err *e)
         return -1;
     c->responses_store = (int)v;
     c->log_requests = env_flag("CLLM_LOG_REQUESTS", c->log_requests);
+    c->compiled_decode = env_flag("CLLM_COMPILED_DECODE", true) ? 0 : -1;
     const char *dv = getenv("CLLM_DEVICE");
     if (dv && *dv && set_device(c, true, dv, e))
         return -1;
@@ -209,7 +212,8 @@ static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 enum { F_MODEL, F_HOST, F_PORT, F_MAXTOK, F_TEMPERATURE, F_TEMP, F_TOPP, F_TOPK, F_MINP,
        F_THINKING, F_CTX, F_THREADS, F_PROMPT_CACHE, F_BATCH, F_DECODE_CONC,
        F_KV_BUDGET, F_MEMORY_BUDGET, F_DEVICE, F_TOKENIZER, F_KV_BLOCK, F_SSD, F_SSD_MAX,
-       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN, F_DRAFT_P_MIN, F_PREFILL_CHUNK };
+       F_DRAFT_KIND, F_DRAFT_MODEL, F_NUM_DRAFT, F_NGRAM_MAX, F_NGRAM_MIN, F_DRAFT_P_MIN, F_PREFILL_CHUNK,
+       F_COMPILED_DECODE };
 
 static const struct {
     const char *name, *alias;
@@ -231,6 +235,7 @@ static const struct {
     {"--num-draft-tokens", NULL, F_NUM_DRAFT}, {"--ngram-max", NULL, F_NGRAM_MAX},
     {"--ngram-min", NULL, F_NGRAM_MIN}, {"--draft-p-min", NULL, F_DRAFT_P_MIN},
     {"--prefill-chunk", NULL, F_PREFILL_CHUNK},
+    {"--compiled-decode", NULL, F_COMPILED_DECODE},
 };
 
 int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE *warn,
@@ -303,6 +308,12 @@ int serve_config_parse_args(struct serve_config *c, int argc, char **argv, FILE 
             c->min_p.set = true;
             break;
         case F_THINKING: rc = parse_bool(a, v, &c->thinking, e); break;
+        case F_COMPILED_DECODE: {
+            int on = 0;
+            rc = parse_bool(a, v, &on, e);
+            c->compiled_decode = on ? 1 : -1;
+            break;
+        }
         case F_CTX: rc = parse_i(a, v, 1, 1 << 24, &c->ctx, e); break;
         case F_THREADS: rc = parse_i(a, v, 1, 1024, &c->threads, e); break;
         case F_BATCH:

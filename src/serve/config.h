@@ -70,6 +70,8 @@ struct serve_config {
     bool ngram_flags;        /* either --ngram-* flag was given (warned without ngram) */
     const char *ssd_cache;   /* --ssd-cache DIR: the prompt cache's SSD tier, or NULL */
     struct opt_f ssd_cache_max_gb; /* --ssd-cache-max GB (binary GiB; 0 = unlimited) */
+    int compiled_decode;     /* --compiled-decode on|off / CLLM_COMPILED_DECODE: decode steps
+                              * replayed as CUDA graphs; 1 on, -1 off, 0 unset (on) */
     struct opt_f memory_budget_gb; /* --memory-budget GB / CLLM_MEMORY_BUDGET_GB (decimal):
                                     * weights + KV pool; unset = the engine's default
                                     * (75% of RAM / free GPU memory, capped) */

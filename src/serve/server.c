@@ -323,6 +323,7 @@ int serve_main(const struct serve_config *cfg, struct err *e)
                                .kv_block_size = cfg->kv_block_size,
                                .max_running = cfg->batch.set ? cfg->batch.v : 8,
                                .prefill_chunk = cfg->prefill_chunk,
+                               .compiled_decode = cfg->compiled_decode,
                                .memory_budget_bytes = ENGINE_MEMORY_DEFAULT};
     if (cfg->kv_budget_gb.set)
         ec.kv_budget_bytes = llround((double)cfg->kv_budget_gb.v * 1e9);
@@ -390,6 +391,9 @@ int serve_main(const struct serve_config *cfg, struct err *e)
                 cfg->draft_model ? cfg->draft_model : "", cfg->num_draft_tokens,
                 cfg->draft_model && cfg->draft_p_min.set && cfg->draft_p_min.v > 0
                     ? ", stopping below the draft's p-min" : "");
+    if (cfg->compiled_decode < 0)
+        fprintf(stderr, "cllm serve: compiled decode off: decode steps are launched op by op, "
+                        "not replayed as graphs\n");
     fprintf(stderr, "cllm serve: serving %s on http://%s:%d (device %s, context %d tokens, queue "
             "%d, batch %d, prefill chunk %d (%d beside decodes), KV %d blocks = %.1f MiB, %s%s)\n",
             srv->sm.id, cfg->host, cfg->port, es.device, srv->sm.ctx_len, cfg->max_queue,

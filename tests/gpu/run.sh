@@ -148,6 +148,16 @@ for m in stories260K tinystories-656k; do
         else cat "$WORK/run_$m.err"; note "cli cuda sampled on host vs device $m ($sp): DIFFER"; echo "host:   $a"; echo "device: $b"; fails=$((fails+1)); fi
     done
 done
+# --compiled-decode off: no decode graph recorded or replayed (the
+# backend's count), the same greedy ids as with graphs (on, the default)
+for cd in on off; do
+    CLLM_CUDA_TIMING=1 timeout 60 "$BIN/cllm" run "$SHARED/models/tinystories-656k" --device cuda --compiled-decode $cd -p "Once upon a time" -n 100 --temp 0 --ignore-eos --print-ids >"$WORK/cd_$cd.ids" 2>"$WORK/cd_$cd.err"
+done
+g_on=$(grep -o "recorded / replayed: [0-9]* / [0-9]* single" "$WORK/cd_on.err")
+g_off=$(grep -o "recorded / replayed: [0-9]* / [0-9]* single" "$WORK/cd_off.err")
+if [ -s "$WORK/cd_on.ids" ] && cmp -s "$WORK/cd_on.ids" "$WORK/cd_off.ids" && [ "$g_off" = "recorded / replayed: 0 / 0 single" ] && [ -n "$g_on" ] && [ "$g_on" != "$g_off" ]
+then note "cli --compiled-decode on / off: same 100 ids, graphs ($g_on) / none ($g_off): PASS"
+else cat "$WORK"/cd_*.err; note "cli --compiled-decode on / off: FAIL ($g_on / $g_off)"; fails=$((fails+1)); fi
 # Structured output on the GPU: the logits row of a constrained sequence
 # comes to the host for its mask; greedy text identical to the CPU's.
 S='{"type":"object","properties":{"mood":{"enum":["happy","sad"]},"n":{"type":"integer"}},"required":["mood","n"],"additionalProperties":false}'
@@ -317,8 +327,8 @@ for shape in $SHAPES; do
     f=$(GEN_TIMEOUT=240 gpu_model "$shape") || { note "bench $shape: gen_model failed"; continue; }
     for mode in graphs eager; do
         [ "$mode" = eager ] && [ "${EAGER:-1}" = 0 ] && continue
-        cd_env=$([ "$mode" = eager ] && echo 0 || echo 1)
-        line=$(CLLM_COMPILED_DECODE=$cd_env timeout 180 "$BIN/cllm" run "$f" --device cuda --warmup --prompt-ids "$ids512" -n 128 --temp 0 --ignore-eos --print-ids --batch 512 2>&1 >/dev/null | tee "$WORK/bench.log" | grep -E "^prompt:")
+        cd=$([ "$mode" = eager ] && echo off || echo on)
+        line=$(timeout 180 "$BIN/cllm" run "$f" --device cuda --compiled-decode $cd --warmup --prompt-ids "$ids512" -n 128 --temp 0 --ignore-eos --print-ids --batch 512 2>&1 >/dev/null | tee "$WORK/bench.log" | grep -E "^prompt:")
         cat "$WORK/bench.log"
         note "bench $shape bf16 cuda $mode (--warmup, pp512 + tg128): $line"
     done

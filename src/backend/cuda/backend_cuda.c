@@ -364,6 +364,9 @@ out:
     return best;
 }
 
+/* Before the first step (backend.h): no graph recorded yet to drop. */
+static void cu_set_compiled_decode(struct backend *be, bool on) { cb(be)->graphs = on; }
+
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .kv_layout = 1,
@@ -405,6 +408,7 @@ static const struct backend_ops cuda_ops = {
     .argmax_async = cu_argmax_async,
     .argmax_take = cu_argmax_take,
     .head_pick = cu_head_pick,
+    .set_compiled_decode = cu_set_compiled_decode,
 };
 
 /* Creates n events without timing; false (none left) when one fails. */
