@@ -23,6 +23,7 @@
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
 #include "base/threadpool.h"
+#include "model/quant.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 /* Enough distinct weight bytes per measurement to defeat a 32 MB L3. */
@@ -70,6 +71,8 @@ static void fill_weights(void *data, enum dtype dt, int64_t rows, int64_t cols)
         }
         if (dt == DT_Q8_0)
             quantize_row_q8_0(tmp, (struct block_q8_0 *)row, cols);
+        if (quant_is_widened(dt))
+            quant_quantize_row(dt, tmp, row, cols);
     }
     free(tmp);
 }

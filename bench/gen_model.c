@@ -48,8 +48,10 @@ static const struct shape shapes[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: gen_model --shape NAME --dtype f32|f16|bf16|q8_0 -o FILE.gguf [--seed N]\n"
-               "       gen_model --from-hf DIR --dtype f32|f16|bf16|q8_0 -o FILE.gguf\n"
+    fprintf(f, "usage: gen_model --shape NAME --dtype DT -o FILE.gguf [--seed N]\n"
+               "       gen_model --from-hf DIR --dtype DT -o FILE.gguf\n"
+               "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k; rows a\n"
+               "       256-block format does not divide fall back as llama.cpp does)\n"
                "       (either: --layers N keeps the first N layers, e.g. for a draft model)\n"
                "shapes:");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

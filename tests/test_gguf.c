@@ -13,6 +13,7 @@
 #include "base/half.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "testutil.h"
 
 static char tmpdir[64];
@@ -1195,11 +1196,11 @@ static void test_model_errors(void)
 {
     struct err e = {{0}};
     struct model m;
-    const char *p = tmp_path("q4k.gguf");
-    CHECK(write_min_model(p, "llama", "blk.0.attn_q.weight", GGUF_TENSOR_Q4_K, false, true, &e) == 0, "write: %s", e.msg);
+    const char *p = tmp_path("q2k.gguf");
+    CHECK(write_min_model(p, "llama", "blk.0.attn_q.weight", GGUF_TENSOR_Q2_K, false, true, &e) == 0, "write: %s", e.msg);
     CHECK(model_load(&m, p, &e) != 0 && strstr(e.msg, "blk.0.attn_q.weight") &&
-              strstr(e.msg, "Q4_K (12)") && strstr(e.msg, "q4k.gguf"),
-          "Q4_K refused: %s", e.msg);
+              strstr(e.msg, "Q2_K (10)") && strstr(e.msg, "q2k.gguf") && strstr(e.msg, "Q6_K"),
+          "Q2_K refused, naming what is supported: %s", e.msg);
     p = tmp_path("gemma.gguf");
     CHECK(write_min_model(p, "gemma2", "blk.0.attn_q.weight", GGUF_TENSOR_F32, false, true, &e) == 0, "write: %s", e.msg);
     CHECK(model_load(&m, p, &e) != 0 && strstr(e.msg, "architecture 'gemma2' is not supported"),
@@ -1256,6 +1257,149 @@ static void test_model_errors(void)
               "vocab-only file: %s", e.msg);
 }
 
+/* ---- the 4-6-bit block formats ----
+ *
+ * One block of each, its bytes laid out here from the format's description
+ * (ggml's block_* structs and dequantize_row_*), not by quant.c's
+ * quantizer, and every value checked against the formula written out
+ * below. The scales are powers of two and the codes small, so every
+ * expected value is exact in f32 and compared with ==. */
+static int check_block(enum dtype dt, const uint8_t *blk, const float *want, int n)
+{
+    float got[256];
+    quant_dequantize_row(dt, blk, got, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++)
+        if (got[i] != want[i] && bad++ < 3)
+            fprintf(stderr, "%s value %d: %g, want %g\n", dtype_name(dt), i, got[i], want[i]);
+    return bad;
+}
+
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+static void test_block_formats(void)
+{
+    uint8_t b[256];
+    float want[256];
+    /* Q4_0: d, 16 bytes: value j in the low nibble of byte j, value j + 16
+     * in its high nibble; value = (code - 8) d */
+    memset(b, 0, sizeof b);
+    put_f16(b, 0.5f);
+    for (int j = 0; j < 16; j++) {
+        b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = (float)(j - 8) * 0.5f;
+        want[j + 16] = (float)(15 - j - 8) * 0.5f;
+    }
+    CHECK(check_block(DT_Q4_0, b, want, 32) == 0, "Q4_0 block");
+    /* Q4_1: d, m, 16 bytes as Q4_0; value = code d + m */
+    put_f16(b, 0.25f);
+    put_f16(b + 2, -1.0f);
+    for (int j = 0; j < 16; j++) {
+        b[4 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = (float)j * 0.25f - 1.0f;
+        want[j + 16] = (float)(15 - j) * 0.25f - 1.0f;
+    }
+    CHECK(check_block(DT_Q4_1, b, want, 32) == 0, "Q4_1 block");
+    /* Q5_0: d, a 32-bit little-endian word whose bit i is the fifth bit of
+     * value i, 16 bytes of low nibbles as Q4_0; value = (code - 16) d.
+     * Word 0xAAAA5555: values 0, 2, .., 14 and 17, 19, .., 31 have it. */
+    const uint32_t qh = 0xAAAA5555u;
+    put_f16(b, 1.0f);
+    memcpy(b + 2, &qh, 4);
+    for (int j = 0; j < 16; j++) {
+        b[6 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = (float)((j | (j % 2 == 0) << 4) - 16);
+        want[j + 16] = (float)(((15 - j) | (j % 2 == 1) << 4) - 16);
+    }
+    CHECK(check_block(DT_Q5_0, b, want, 32) == 0, "Q5_0 block");
+    /* Q5_1: d, m, the word, the nibbles; value = code d + m */
+    put_f16(b, 0.5f);
+    put_f16(b + 2, 2.0f);
+    memcpy(b + 4, &qh, 4);
+    for (int j = 0; j < 16; j++) {
+        b[8 + j] = (uint8_t)(j | ((15 - j) << 4));
+        want[j] = (float)(j | (j % 2 == 0) << 4) * 0.5f + 2.0f;
+        want[j + 16] = (float)((15 - j) | (j % 2 == 1) << 4) * 0.5f + 2.0f;
+    }
+    CHECK(check_block(DT_Q5_1, b, want, 32) == 0, "Q5_1 block");
+    /* Q4_K / Q5_K: d, dmin, 12 bytes of 6-bit group scales sc and mins mn
+     * for the 8 groups of 32: bytes 0-3 hold sc 0-3 in their low 6 bits and
+     * sc 4-7's top 2 bits above; bytes 4-7 the same for mn; bytes 8-11 hold
+     * sc 4-7's low nibble and mn 4-7's low nibble above it. Then (Q5_K) 32
+     * bytes whose byte l, bit g is the fifth bit of value l of group g,
+     * then 128 bytes: groups 2c and 2c+1 share bytes 32c..32c+31, the
+     * first in the low nibbles. value = d sc code - dmin mn. */
+    int sc[8], mn[8];
+    for (int g = 0; g < 8; g++) {
+        sc[g] = 10 + 7 * g; /* 38..59 from group 4 on: the top bits count */
+        mn[g] = 63 - 5 * g;
+    }
+    for (int k5 = 0; k5 < 2; k5++) {
+        const enum dtype dt = k5 ? DT_Q5_K : DT_Q4_K;
+        memset(b, 0, sizeof b);
+        put_f16(b, 0.5f);
+        put_f16(b + 2, 0.25f);
+        uint8_t *scales = b + 4, *qhk = b + 16, *qs = b + (k5 ? 48 : 16);
+        for (int g = 0; g < 4; g++) {
+            scales[g] = (uint8_t)(sc[g] | (sc[g + 4] >> 4) << 6);
+            scales[g + 4] = (uint8_t)(mn[g] | (mn[g + 4] >> 4) << 6);
+            scales[g + 8] = (uint8_t)((sc[g + 4] & 15) | (mn[g + 4] & 15) << 4);
+        }
+        for (int e = 0; e < 256; e++) {
+            const int g = e / 32, l = e % 32, code4 = (e * 7 + 3) % 16;
+            const int hi = k5 && e % 3 == 0;
+            qs[32 * (g / 2) + l] |= (uint8_t)(code4 << (4 * (g % 2)));
+            if (hi)
+                qhk[l] |= (uint8_t)(1 << g);
+            want[e] = 0.5f * (float)sc[g] * (float)(code4 + 16 * hi) - 0.25f * (float)mn[g];
+        }
+        CHECK(check_block(dt, b, want, 256) == 0, "%s block", dtype_name(dt));
+    }
+    /* Q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16
+     * int8 group scales (groups of 16), d last. Value e of half n = e / 128
+     * (r = e % 128, quarter k = r / 32, l = r % 32): low nibble in byte
+     * 64 n + l (k = 0, 2) or 64 n + 32 + l (k = 1, 3), the low nibble for
+     * k < 2; high pair at bit 2 k of byte 128 + 32 n + l; scale e / 16;
+     * value = d scale (code - 32). */
+    memset(b, 0, sizeof b);
+    int8_t s6[16];
+    for (int i = 0; i < 16; i++) {
+        s6[i] = (int8_t)((i * 13) % 64 - 32);
+        b[192 + i] = (uint8_t)s6[i];
+    }
+    put_f16(b + 208, 0.125f);
+    for (int e = 0; e < 256; e++) {
+        const int n = e / 128, r = e % 128, k = r / 32, l = r % 32, code = (e * 5 + 1) % 64;
+        b[64 * n + l + 32 * (k % 2)] |= (uint8_t)((code & 15) << (4 * (k / 2)));
+        b[128 + 32 * n + l] |= (uint8_t)((code >> 4) << (2 * k));
+        want[e] = 0.125f * (float)s6[e / 16] * (float)(code - 32);
+    }
+    CHECK(check_block(DT_Q6_K, b, want, 256) == 0, "Q6_K block");
+    /* the quantizer's blocks widen back to within a step of the values */
+    const enum dtype all[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+    const float step[] = {2.0f / 8, 2.0f / 15, 2.0f / 16, 2.0f / 31, 2.0f / 15, 2.0f / 31, 2.0f / 32};
+    float x[512], y[512];
+    uint8_t q[512];
+    for (int i = 0; i < 512; i++)
+        x[i] = sinf((float)i * 0.7f) * (i % 64 < 32 ? 1.0f : 0.25f);
+    for (size_t f = 0; f < sizeof all / sizeof all[0]; f++) {
+        gguf_encode_row(all[f], x, q, 512);
+        gguf_decode_row(all[f], q, y, 512);
+        double worst = 0;
+        for (int i = 0; i < 512; i++) {
+            double amax = 0; /* of the value's 32 (where x has one magnitude) */
+            for (int k = i / 32 * 32; k < (i / 32 + 1) * 32; k++)
+                amax = fmax(amax, fabs(x[k]));
+            worst = fmax(worst, fabs(y[i] - x[i]) / (amax * step[f] + 1e-9));
+        }
+        CHECK(worst <= 1.5, "%s: encode then decode off by %.2f steps of its group", dtype_name(all[f]), worst);
+    }
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/test_gguf.XXXXXX");
@@ -1274,6 +1418,7 @@ int main(void)
     test_vocab_files();
     test_vocab_fuzz();
     test_model_errors();
+    test_block_formats();
     test_fake_models();
     test_hf_model();
 

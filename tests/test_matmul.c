@@ -12,7 +12,9 @@
 #include <time.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/widen.h"
 #include "base/half.h"
+#include "model/quant.h"
 #include "base/threadpool.h"
 #include "testutil.h"
 
@@ -195,6 +197,13 @@ static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
             else if (dt == DT_BF16)
                 ((uint16_t *)row)[k] = f32_to_bf16(v);
         }
+        if (quant_is_widened(dt)) { /* valid blocks of values of several magnitudes */
+            float *v = malloc(sizeof(float) * (size_t)cols);
+            for (int64_t k = 0; k < cols; k++)
+                v[k] = rng_f() * (float)(1 + (k / 32) % 3) / 8.0f;
+            quant_quantize_row(dt, v, row, cols);
+            free(v);
+        }
         if (dt == DT_Q8_0) {
             struct block_q8_0 *b = (struct block_q8_0 *)row;
             for (int64_t i = 0; i < cols / 32; i++) {
@@ -245,6 +254,8 @@ static float *widen_weights(const struct tensor *w)
         }
         if (w->dtype == DT_Q8_0)
             dequantize_row_q8_0((const struct block_q8_0 *)row, o, w->cols);
+        if (quant_is_widened(w->dtype))
+            quant_dequantize_row(w->dtype, row, o, w->cols);
     }
     return all;
 }
@@ -355,11 +366,17 @@ static void test_matmul_all(void)
                                     {19, 1024}, {6, 4096}, {9, 12288}};
     /* 1-4 take the streaming kernels, the rest the tiles; 130 spans
      * several token groups for the widest shapes. */
+    /* the widened formats: rows of their blocks, tiles and slabs (16 rows)
+     * straddled; the 32-blocks take every block shape of Q8_0 */
+    const struct shape kshapes[] = {{1, 256}, {5, 512}, {37, 256}, {67, 768}, {19, 1024},
+                                    {6, 4096}};
     const int ns[] = {1, 3, 4, 7, 33, 130};
     for (int dt = 0; dt < DT_COUNT; dt++) {
-        const struct shape *sh = dt == DT_Q8_0 ? qshapes : fshapes;
-        size_t count = dt == DT_Q8_0 ? sizeof qshapes / sizeof *qshapes
-                                     : sizeof fshapes / sizeof *fshapes;
+        const bool k256 = dtype_block_elems((enum dtype)dt) == 256;
+        const struct shape *sh = k256 ? kshapes : dt == DT_Q8_0 || quant_is_widened((enum dtype)dt) ? qshapes : fshapes;
+        size_t count = k256 ? sizeof kshapes / sizeof *kshapes
+                       : sh == qshapes ? sizeof qshapes / sizeof *qshapes
+                                       : sizeof fshapes / sizeof *fshapes;
         for (size_t i = 0; i < count; i++)
             test_shape((enum dtype)dt, sh[i], ns, 6, pools, 3);
     }
@@ -385,6 +402,45 @@ static void test_matmul_errors(void)
               "asking for an ISA the CPU lacks fails");
 }
 
+/* Every build of the widening (cpu_widen_for) gives the reference's bits
+ * (quant_dequantize_row) on blocks of arbitrary bits: only the f16 scale
+ * fields are held to finite values (their offsets in each format), since
+ * inf * 0 is NaN in any build. */
+static void test_widen_builds(void)
+{
+    static const struct {
+        enum dtype dt;
+        int f16_at[2], n_f16;
+    } fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1}, {DT_Q5_1, {0, 2}, 2},
+              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1}};
+    for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
+        const enum dtype dt = fm[f].dt;
+        const int64_t n = 4096, be = dtype_block_elems(dt);
+        const size_t bb = dtype_row_bytes(dt, be), rb = dtype_row_bytes(dt, n);
+        uint8_t *blk = malloc(rb);
+        float *ref = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+        for (size_t i = 0; i < rb; i++)
+            blk[i] = (uint8_t)rng_u32();
+        for (int64_t b = 0; b < n / be; b++)
+            for (int k = 0; k < fm[f].n_f16; k++) {
+                uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
+                memcpy(blk + (size_t)b * bb + fm[f].f16_at[k], &h, 2);
+            }
+        quant_dequantize_row(dt, blk, ref, n);
+        for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_hw(); isa++) {
+            for (int64_t i = 0; i < n; i++)
+                got[i] = NAN;
+            cpu_widen_for((enum cpu_isa)isa)(dt, blk, got, n);
+            CHECK(memcmp(ref, got, sizeof(float) * (size_t)n) == 0,
+                  "%s widened by the %s build differs from the reference", dtype_name(dt),
+                  cpu_isa_name((enum cpu_isa)isa));
+        }
+        free(blk);
+        free(ref);
+        free(got);
+    }
+}
+
 int main(void)
 {
     printf("test_matmul: hardware ISA %s, avx512 vnni %s\n", cpu_isa_name(cpu_isa_hw()),
@@ -392,6 +448,7 @@ int main(void)
     test_threadpool();
     test_q8_0_roundtrip();
     test_matmul_errors();
+    test_widen_builds();
     test_matmul_all();
     return test_summary("test_matmul");
 }

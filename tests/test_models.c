@@ -135,6 +135,76 @@ static void check_gguf_oracle(const char *dir, const char *name)
     model_free(&m);
 }
 
+/* GGUF's 4-6-bit formats through the whole model: dir's model written in
+ * each (rows their blocks do not divide fall back to Q8_0 or f32, as the
+ * writer does), then the same weights widened to f32 (the quantized model
+ * written back as an f32 GGUF): the two must give the same logits up to
+ * the f32 sums' order, 2e-5 relative, so every tensor's blocks were read
+ * as the f32 file holds them (embedding, layers, head). */
+static void check_gguf_widened(const char *dir, const char *name)
+{
+    struct model m;
+    struct err e = {{0}};
+    if (model_load(&m, dir, &e)) {
+        CHECK(0, "%s: %s", dir, e.msg);
+        return;
+    }
+    if (m.cfg.rope_scaling == ROPE_SCALING_LLAMA3) { /* not written to GGUF: see above */
+        model_free(&m);
+        return;
+    }
+    const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+    const int prompt[] = {1, 5, 9, 200, 31, 7, 77, 13, 400, 2, 99, 64};
+    const int np = (int)(sizeof prompt / sizeof prompt[0]);
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        char q[1100], f[1100];
+        snprintf(q, sizeof q, "/tmp/cllm_test_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
+        snprintf(f, sizeof f, "/tmp/cllm_test_%s_%d_%s_f32.gguf", name, (int)getpid(), dtype_name(dts[k]));
+        struct model mq;
+        int rc = gguf_write_model(&m, dts[k], q, &e);
+        CHECK(rc == 0, "%s -> gguf %s: %s", name, dtype_name(dts[k]), e.msg);
+        bool q8 = false; /* a Q8_0 matrix (Q6_K's fallback) quantizes activations too */
+        if (rc == 0 && (rc = model_load(&mq, q, &e)) == 0) {
+            int wide = 0; /* matrices the format itself holds */
+            for (int l = 0; l < mq.cfg.n_layers; l++) {
+                const struct layer_weights *lw = &mq.layers[l];
+                wide += (lw->wq.dtype == dts[k]) + (lw->w_down.dtype == dts[k]);
+                q8 = q8 || lw->wq.dtype == DT_Q8_0 || lw->wk.dtype == DT_Q8_0 ||
+                     lw->wv.dtype == DT_Q8_0 || lw->wo.dtype == DT_Q8_0 ||
+                     lw->w_gate.dtype == DT_Q8_0 || lw->w_up.dtype == DT_Q8_0 ||
+                     lw->w_down.dtype == DT_Q8_0;
+            }
+            q8 = q8 || mq.lm_head.dtype == DT_Q8_0;
+            CHECK(wide > 0 || dtype_block_elems(dts[k]) > m.cfg.hidden_dim,
+                  "%s %s: no matrix in the format", name, dtype_name(dts[k]));
+            rc = gguf_write_model(&mq, DT_F32, f, &e);
+            CHECK(rc == 0, "%s %s -> f32: %s", name, dtype_name(dts[k]), e.msg);
+            model_free(&mq);
+        }
+        struct runner rq, rf;
+        if (rc == 0 && cpu_runner(&rq, q, 2, 16) == 0) {
+            if (cpu_runner(&rf, f, 2, 16) == 0) {
+                float *lq = runner_logits(&rq, prompt, np), *lf = runner_logits(&rf, prompt, np);
+                double num = 0, den = 0;
+                for (size_t i = 0; lq && lf && i < (size_t)np * (size_t)m.cfg.vocab_size; i++) {
+                    num = fmax(num, fabs((double)lq[i] - lf[i]));
+                    den = fmax(den, fabs((double)lf[i]));
+                }
+                const double tol = q8 ? 8e-2 : 2e-5; /* check_gguf_oracle's Q8_0 bound */
+                CHECK(lq && lf && num <= tol * den, "%s %s: logits %.3g (relative) from its f32 widening",
+                      name, dtype_name(dts[k]), den > 0 ? num / den : INFINITY);
+                free(lq);
+                free(lf);
+                runner_close(&rf);
+            }
+            runner_close(&rq);
+        }
+        unlink(q);
+        unlink(f);
+    }
+    model_free(&m);
+}
+
 /* tinystories-656k against transformers itself (tinystories_hf.json): the
  * shared expected_greedy.json was made by an independent implementation. */
 static void check_tinystories_hf(void)
@@ -234,6 +304,7 @@ static void check_fixture(const char *dir, const char *name)
     check_oracle(dir, 2, 5, 1e-4, "f32");
     check_oracle(dir, 2, 5, 2e-2, "bf16");
     check_gguf_oracle(dir, name);
+    check_gguf_widened(dir, name);
 }
 
 /* forward_init_rows: a state with logits for fewer rows than tokens gives

@@ -44,8 +44,15 @@ enum gguf_vtype {
 enum gguf_ttype {
     GGUF_TENSOR_F32 = 0,
     GGUF_TENSOR_F16 = 1,
+    GGUF_TENSOR_Q4_0 = 2,
+    GGUF_TENSOR_Q4_1 = 3,
+    GGUF_TENSOR_Q5_0 = 6,
+    GGUF_TENSOR_Q5_1 = 7,
     GGUF_TENSOR_Q8_0 = 8,
+    GGUF_TENSOR_Q2_K = 10,
     GGUF_TENSOR_Q4_K = 12,
+    GGUF_TENSOR_Q5_K = 13,
+    GGUF_TENSOR_Q6_K = 14,
     GGUF_TENSOR_BF16 = 30,
 };
 

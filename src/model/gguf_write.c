@@ -12,6 +12,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "base/half.h"
+#include "model/quant.h"
 
 struct wtensor {
     char *name;
@@ -353,6 +354,8 @@ void gguf_encode_row(enum dtype dt, const float *x, void *dst, int64_t cols)
         quantize_row_q8_0(x, dst, cols);
         break;
     default:
+        if (quant_is_widened(dt))
+            quant_quantize_row(dt, x, dst, cols);
         break;
     }
 }
@@ -379,6 +382,8 @@ void gguf_decode_row(enum dtype dt, const void *src, float *y, int64_t cols)
         dequantize_row_q8_0(src, y, cols);
         break;
     default:
+        if (quant_is_widened(dt))
+            quant_dequantize_row(dt, src, y, cols);
         break;
     }
 }
@@ -414,7 +419,14 @@ static uint32_t file_type(enum dtype dt)
 {
     switch (dt) { /* llama.cpp's general.file_type values */
     case DT_F16: return 1;
+    case DT_Q4_0: return 2;
+    case DT_Q4_1: return 3;
     case DT_Q8_0: return 7;
+    case DT_Q5_0: return 8;
+    case DT_Q5_1: return 9;
+    case DT_Q4_K: return 14; /* every matrix Q4_K: llama.cpp's Q4_K_S */
+    case DT_Q5_K: return 16; /* Q5_K_S */
+    case DT_Q6_K: return 18;
     case DT_BF16: return 32;
     default: return 0;
     }
@@ -432,7 +444,8 @@ static int write_kvs(struct gguf_writer *w, const struct model *m, const char *a
         gguf_writer_kv_str(w, "general.architecture", arch, e) ||
         gguf_writer_kv_str(w, "general.name", base, e) ||
         gguf_writer_kv_u32(w, "general.file_type", file_type(dt), e) ||
-        (dt == DT_Q8_0 && gguf_writer_kv_u32(w, "general.quantization_version", 2, e)) ||
+        (dtype_block_elems(dt) > 1 &&
+         gguf_writer_kv_u32(w, "general.quantization_version", 2, e)) ||
         gguf_writer_kv_u32(w, KEY("vocab_size"), (uint32_t)c->vocab_size, e) ||
         gguf_writer_kv_u32(w, KEY("context_length"), (uint32_t)c->max_seq, e) ||
         gguf_writer_kv_u32(w, KEY("embedding_length"), (uint32_t)c->dim, e) ||
@@ -486,7 +499,12 @@ static int add_plan(struct plan *p, int *n, const char *name, const struct tenso
     x->src = src;
     x->vec = vec;
     x->out = vec ? DT_F32 : dt;
-    if (x->out == DT_Q8_0 && src->cols % Q8_0_BLOCK)
+    /* rows that a format's 256-blocks do not divide take a 32-block format
+     * of about as many bits, as llama.cpp does (Q4_K: Q5_0, Q5_K: Q5_1,
+     * Q6_K: Q8_0); rows 32 does not divide either stay f32 */
+    if (src->cols % dtype_block_elems(x->out))
+        x->out = x->out == DT_Q4_K ? DT_Q5_0 : x->out == DT_Q5_K ? DT_Q5_1 : DT_Q8_0;
+    if (src->cols % dtype_block_elems(x->out))
         x->out = DT_F32;
     x->perm = perm;
     x->head_dim = hd;

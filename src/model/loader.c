@@ -166,9 +166,10 @@ static int check_shape(const struct model *m, const struct tensor *t, const char
         return err_set(e, "%s: tensor %s (layer %d) has shape [%lld, %lld], expected [%lld, %lld]",
                        m->path, name, layer, (long long)t->rows, (long long)t->cols,
                        (long long)rows, (long long)cols);
-    if (t->dtype == DT_Q8_0 && cols % Q8_0_BLOCK)
-        return err_set(e, "%s: Q8_0 tensor %s has %lld columns, not a multiple of 32", m->path,
-                       name, (long long)cols);
+    if (cols % dtype_block_elems(t->dtype))
+        return err_set(e, "%s: %s tensor %s has %lld columns, not a multiple of its %lld-value "
+                          "blocks", m->path, dtype_name(t->dtype), name, (long long)cols,
+                       (long long)dtype_block_elems(t->dtype));
     return 0;
 }
 

@@ -11,6 +11,15 @@ enum dtype {
     DT_F16,
     DT_BF16,
     DT_Q8_0, /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes) */
+    /* GGUF's other block formats (model/quant.h): read as llama.cpp reads
+     * them, computed on the CPU by widening rows to f32 */
+    DT_Q4_0, /* 32 4-bit values, one f16 scale (18 bytes) */
+    DT_Q4_1, /* 32 4-bit values, f16 scale and minimum (20 bytes) */
+    DT_Q5_0, /* 32 5-bit values, one f16 scale (22 bytes) */
+    DT_Q5_1, /* 32 5-bit values, f16 scale and minimum (24 bytes) */
+    DT_Q4_K, /* 256 4-bit values in 8 groups, 6-bit group scales and mins (144 bytes) */
+    DT_Q5_K, /* 256 5-bit values in 8 groups, 6-bit group scales and mins (176 bytes) */
+    DT_Q6_K, /* 256 6-bit values in 16 groups, 8-bit group scales (210 bytes) */
     DT_COUNT
 };
 
@@ -32,7 +41,10 @@ struct tensor {
 };
 
 const char *dtype_name(enum dtype t);
-/* Bytes of one row of `cols` elements; cols must be a multiple of 32 for Q8_0. */
+/* Elements of one block: 1 for f32/f16/bf16, 32 or 256 for the block
+ * formats; a row's cols must be a multiple of it. */
+int64_t dtype_block_elems(enum dtype t);
+/* Bytes of one row of `cols` elements (a multiple of dtype_block_elems). */
 size_t dtype_row_bytes(enum dtype t, int64_t cols);
 
 static inline int tensor_present(const struct tensor *t) { return t->data != NULL; }

@@ -15,6 +15,7 @@
 #include "base/env.h"
 #include "base/half.h"
 #include "base/threadpool.h"
+#include "model/quant.h"
 
 struct cpu_backend {
     struct backend be;
@@ -83,7 +84,12 @@ static void cpu_embed(struct backend *be, float *out, const struct tensor *t, co
         case DT_F16: for (int64_t j = 0; j < d; j++) o[j] = f16_to_f32(((const uint16_t *)row)[j]); break;
         case DT_BF16: for (int64_t j = 0; j < d; j++) o[j] = bf16_to_f32(((const uint16_t *)row)[j]); break;
         case DT_Q8_0: dequantize_row_q8_0((const struct block_q8_0 *)row, o, d); break;
-        default: memset(o, 0, (size_t)d * 4); break;
+        default:
+            if (quant_is_widened(t->dtype))
+                quant_dequantize_row(t->dtype, row, o, d);
+            else
+                memset(o, 0, (size_t)d * 4);
+            break;
         }
     }
 }

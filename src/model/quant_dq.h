@@ -1,0 +1,211 @@
+/* quant_dq.h - the arithmetic of widening GGUF's 4-6-bit block formats to
+ * f32 (llama.cpp's dequantize_row_*: the same operations in the same
+ * order, so the same f32 bits), and their block layouts, byte for byte.
+ * Included by model/quant.c (the reference build) and by the CPU's
+ * per-instruction-set builds (backend/cpu/widen_v3.c, widen_v4.c), whose
+ * compilers vectorize these loops; every build must leave multiply-adds
+ * unfused (ISO C's default), or the bits would differ. */
+#ifndef CLLM_MODEL_QUANT_DQ_H
+#define CLLM_MODEL_QUANT_DQ_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "model/tensor.h"
+
+#define Q_K_BLOCK 256
+
+/* f16 scales to f32: exact either way; a build with F16C defines it as the
+ * instruction, which the loops then keep in registers */
+#ifndef QUANT_F16
+#define QUANT_F16(h) f16_to_f32(h)
+#endif
+
+struct blk_q4_0 {
+    uint16_t d;
+    uint8_t qs[16];
+};
+struct blk_q4_1 {
+    uint16_t d, m;
+    uint8_t qs[16];
+};
+struct blk_q5_0 {
+    uint16_t d;
+    uint8_t qh[4]; /* bit j: the fifth bit of value j */
+    uint8_t qs[16];
+};
+struct blk_q5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+/* Eight groups of 32: group g's 6-bit scale and min packed in scales[12]
+ * (k_scale_min) */
+struct blk_q4_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[Q_K_BLOCK / 2]; /* 64 values a 32 bytes: low nibbles first 32, high next 32 */
+};
+struct blk_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[Q_K_BLOCK / 8]; /* byte l, bit 2c / 2c+1: fifth bit of value l of group 2c / 2c+1 */
+    uint8_t qs[Q_K_BLOCK / 2];
+};
+/* Sixteen groups of 16 with int8 scales; values 6-bit, stored + 32 */
+struct blk_q6_k {
+    uint8_t ql[Q_K_BLOCK / 2];
+    uint8_t qh[Q_K_BLOCK / 4];
+    int8_t scales[Q_K_BLOCK / 16];
+    uint16_t d;
+};
+_Static_assert(sizeof(struct blk_q4_0) == 18 && sizeof(struct blk_q4_1) == 20 &&
+                   sizeof(struct blk_q5_0) == 22 && sizeof(struct blk_q5_1) == 24 &&
+                   sizeof(struct blk_q4_k) == 144 && sizeof(struct blk_q5_k) == 176 &&
+                   sizeof(struct blk_q6_k) == 210,
+               "GGUF block sizes");
+
+
+/* Group j's scale and min (6 bits each) from a K block's 12 scale bytes:
+ * groups 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins),
+ * groups 4-7 in bytes 8-11 (low nibble scale, high nibble min) plus the
+ * top 2 bits of bytes 0-7. */
+static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+
+static inline void dq_q4_0(const struct blk_q4_0 *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)((b->qs[j] & 0x0F) - 8) * d;
+        y[j + 16] = (float)((b->qs[j] >> 4) - 8) * d;
+    }
+}
+
+static inline void dq_q4_1(const struct blk_q4_1 *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d), m = QUANT_F16(b->m);
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)(b->qs[j] & 0x0F) * d + m;
+        y[j + 16] = (float)(b->qs[j] >> 4) * d + m;
+    }
+}
+
+static inline void dq_q5_0(const struct blk_q5_0 *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        const int h0 = (int)(((qh >> j) << 4) & 0x10), h1 = (int)((qh >> (j + 12)) & 0x10);
+        y[j] = (float)(((b->qs[j] & 0x0F) | h0) - 16) * d;
+        y[j + 16] = (float)(((b->qs[j] >> 4) | h1) - 16) * d;
+    }
+}
+
+static inline void dq_q5_1(const struct blk_q5_1 *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d), m = QUANT_F16(b->m);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        const int h0 = (int)(((qh >> j) << 4) & 0x10), h1 = (int)((qh >> (j + 12)) & 0x10);
+        y[j] = (float)((b->qs[j] & 0x0F) | h0) * d + m;
+        y[j + 16] = (float)((b->qs[j] >> 4) | h1) * d + m;
+    }
+}
+
+static inline void dq_q4_k(const struct blk_q4_k *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d), dmin = QUANT_F16(b->dmin);
+    const uint8_t *q = b->qs;
+    for (int g = 0; g < 8; g += 2, q += 32, y += 64) {
+        uint8_t sc, mn;
+        k_scale_min(g, b->scales, &sc, &mn);
+        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        k_scale_min(g + 1, b->scales, &sc, &mn);
+        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int l = 0; l < 32; l++)
+            y[l] = d1 * (float)(q[l] & 0xF) - m1;
+        for (int l = 0; l < 32; l++)
+            y[l + 32] = d2 * (float)(q[l] >> 4) - m2;
+    }
+}
+
+static inline void dq_q5_k(const struct blk_q5_k *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d), dmin = QUANT_F16(b->dmin);
+    const uint8_t *q = b->qs;
+    uint8_t u1 = 1, u2 = 2;
+    for (int g = 0; g < 8; g += 2, q += 32, y += 64, u1 <<= 2, u2 <<= 2) {
+        uint8_t sc, mn;
+        k_scale_min(g, b->scales, &sc, &mn);
+        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        k_scale_min(g + 1, b->scales, &sc, &mn);
+        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        for (int l = 0; l < 32; l++)
+            y[l] = d1 * (float)((q[l] & 0xF) + (b->qh[l] & u1 ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; l++)
+            y[l + 32] = d2 * (float)((q[l] >> 4) + (b->qh[l] & u2 ? 16 : 0)) - m2;
+    }
+}
+
+static inline void dq_q6_k(const struct blk_q6_k *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d);
+    const uint8_t *ql = b->ql, *qh = b->qh;
+    const int8_t *sc = b->scales;
+    /* (d sc) q, ggml's order; each 16 values of a quarter share a scale,
+     * so the inner loop has none to pick and vectorizes */
+    for (int n = 0; n < Q_K_BLOCK; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int h = 0; h < 2; h++) {
+            const float s1 = d * (float)sc[h], s2 = d * (float)sc[h + 2];
+            const float s3 = d * (float)sc[h + 4], s4 = d * (float)sc[h + 6];
+            for (int l = 16 * h; l < 16 * h + 16; l++) {
+                const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l] = s1 * (float)q1;
+                y[l + 32] = s2 * (float)q2;
+                y[l + 64] = s3 * (float)q3;
+                y[l + 96] = s4 * (float)q4;
+            }
+        }
+}
+
+/* One switch a row, the blocks' loop inside each case: the per-block
+ * functions inline into loops the compiler can vectorize. */
+#define QUANT_DQ_BLOCKS(fn, blk)                                                \
+    for (int64_t i = 0; i < n / be; i++)                                        \
+        fn((const struct blk *)(p + (size_t)i * bb), y + i * be)
+
+static inline void quant_dq_row(enum dtype dt, const void *src, float *y, int64_t n)
+{
+    const uint8_t *p = src;
+    const int64_t be = dtype_block_elems(dt);
+    const size_t bb = dtype_row_bytes(dt, be);
+    switch (dt) {
+    case DT_Q4_0: QUANT_DQ_BLOCKS(dq_q4_0, blk_q4_0); break;
+    case DT_Q4_1: QUANT_DQ_BLOCKS(dq_q4_1, blk_q4_1); break;
+    case DT_Q5_0: QUANT_DQ_BLOCKS(dq_q5_0, blk_q5_0); break;
+    case DT_Q5_1: QUANT_DQ_BLOCKS(dq_q5_1, blk_q5_1); break;
+    case DT_Q4_K: QUANT_DQ_BLOCKS(dq_q4_k, blk_q4_k); break;
+    case DT_Q5_K: QUANT_DQ_BLOCKS(dq_q5_k, blk_q5_k); break;
+    case DT_Q6_K: QUANT_DQ_BLOCKS(dq_q6_k, blk_q6_k); break;
+    default: memset(y, 0, sizeof(float) * (size_t)n); break;
+    }
+}
+#undef QUANT_DQ_BLOCKS
+
+#endif
