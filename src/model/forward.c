@@ -20,6 +20,8 @@ void rope_inv_freq(const struct model_config *c, float *inv_freq)
         float f = 1.0f / powf(c->rope_theta, expo);
         if (c->rope_scaling == ROPE_SCALING_LINEAR) {
             f /= c->rope_factor;
+        } else if (c->rope_scaling == ROPE_SCALING_FREQS) {
+            f /= c->rope_freqs[i];
         } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
             float lo_wl = (float)c->rope_orig_max_seq / c->rope_low_freq_factor;
             float hi_wl = (float)c->rope_orig_max_seq / c->rope_high_freq_factor;

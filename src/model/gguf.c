@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -898,10 +899,6 @@ static int ld_config(struct ld *l, struct model_config *c, int *rope_dims_out)
             c->rope_factor = lin;
         }
     }
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
-        return err_set(l->e, "%s: rope_freqs tensor (Llama 3.1-style rope scaling) not supported "
-                             "yet",
-                       g->name);
     /* Generation stops at eos and, when given, at the end-of-turn and
      * end-of-message tokens (Llama 3 instruct's <|eot_id|>, <|eom_id|>). */
     int eot, eom;
@@ -982,12 +979,46 @@ static struct tensor *ld_slot(struct model *m, const char *name, int *is_vec, in
     return NULL;
 }
 
+/* Llama 3.1's rope scaling as llama.cpp stores it: rope_freqs.weight, one
+ * f32 divisor for each of the head's head_dim / 2 frequencies. Copied into
+ * the model (the file's data section need not be 4-byte aligned). */
+static int ld_rope_freqs(struct model *m, const struct gguf_file *g, struct err *e)
+{
+    const struct gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t)
+        return 0;
+    struct model_config *c = &m->cfg;
+    const uint64_t half = (uint64_t)c->head_dim / 2;
+    if (t->type != GGUF_TENSOR_F32 || t->ne[0] != half || t->ne[1] != 1 || t->ne[2] != 1 ||
+        t->ne[3] != 1)
+        return err_set(e, "%s: rope_freqs.weight is %s [%llu x %llu], expected F32 [%llu] (head_dim "
+                          "%d / 2)",
+                       g->name, gguf_ttype_name(t->type), (unsigned long long)t->ne[0],
+                       (unsigned long long)t->ne[1], (unsigned long long)half, c->head_dim);
+    if (c->rope_scaling != ROPE_SCALING_NONE)
+        return err_set(e, "%s: rope_freqs.weight beside rope.scaling.type: one rope scaling at a "
+                          "time", g->name);
+    float *f = model_own_alloc(m, sizeof(float) * half, e);
+    if (!f)
+        return -1;
+    memcpy(f, t->data, sizeof(float) * half);
+    for (uint64_t i = 0; i < half; i++)
+        if (!(f[i] > 0) || !isfinite(f[i]))
+            return err_set(e, "%s: rope_freqs.weight[%llu] = %g: a frequency's divisor must be a "
+                              "positive number", g->name, (unsigned long long)i, f[i]);
+    c->rope_scaling = ROPE_SCALING_FREQS;
+    c->rope_freqs = f;
+    return 0;
+}
+
 static int ld_tensor(struct model *m, const struct gguf_file *g, const struct gguf_tensor *gt,
                      struct err *e)
 {
     char name[256];
     snprintf(name, sizeof name, "%.*s", (int)gt->name.len, gt->name.ptr);
     int is_vec, layer;
+    if (!strcmp(name, "rope_freqs.weight")) /* read by ld_rope_freqs */
+        return 0;
     struct tensor *slot = ld_slot(m, name, &is_vec, &layer);
     if (!slot) {
         if (layer >= m->cfg.n_layers)
@@ -1066,6 +1097,8 @@ int model_load_gguf(struct model *m, const char *file, struct err *e)
     for (uint64_t i = 0; i < g.n_tensors; i++)
         if (ld_tensor(m, &g, &g.tensors[i], e))
             goto out;
+    if (ld_rope_freqs(m, &g, e))
+        goto out;
     if (!tensor_present(&m->lm_head)) {
         m->lm_head = m->tok_embd;
         c->tied_embeddings = true;

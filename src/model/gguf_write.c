@@ -4,6 +4,7 @@
 #include "model/gguf.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -402,6 +403,7 @@ struct plan {
     bool vec;
     enum perm perm;
     int head_dim;
+    bool own; /* the writer's own tensor (rope_freqs): from src->data even with a row_fn */
 };
 
 /* Source index of destination index r under the permutation. */
@@ -520,6 +522,8 @@ static int write_tensor(struct gguf_writer *w, const struct plan *p, gguf_row_fn
     size_t src_rb = dtype_row_bytes(t->dtype, t->cols), out_rb = dtype_row_bytes(p->out, t->cols);
     for (int64_t r = 0; r < t->rows; r++) {
         int64_t sr = p->vec ? r : perm_src(p->perm, p->head_dim, r);
+        if (p->own)
+            row_fn = NULL;
         const void *raw = row_fn ? NULL : (const uint8_t *)t->data + (size_t)sr * src_rb;
         if (raw && t->dtype == p->out && (p->vec ? p->perm == PERM_NONE : true)) {
             if (gguf_writer_data(w, raw, out_rb, e))
@@ -566,17 +570,37 @@ int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path
     if (stat(m->path, &so) == 0 && S_ISREG(so.st_mode) && stat(path, &sd) == 0 &&
         so.st_dev == sd.st_dev && so.st_ino == sd.st_ino)
         return err_set(e, "%s: is the model being converted; choose another output file", path);
-    if (c->rope_scaling == ROPE_SCALING_LLAMA3)
-        return err_set(e, "%s: llama3 rope scaling can't be written to GGUF yet (llama.cpp "
-                          "stores it as a rope_freqs tensor, which cllm does not read)",
-                       path);
+    /* Llama 3.1's scaling as llama.cpp's converter stores it: a divisor
+     * for each frequency (rope_freqs.weight), worked out in double as its
+     * Python does */
+    const int half = c->head_dim / 2;
+    float freqs[512];
+    struct tensor freqs_t = {DT_F32, 1, half, freqs};
+    if ((c->rope_scaling == ROPE_SCALING_LLAMA3 || c->rope_scaling == ROPE_SCALING_FREQS) &&
+        half > (int)(sizeof freqs / sizeof freqs[0]))
+        return err_set(e, "%s: head_dim %d is too large for rope_freqs", path, c->head_dim);
+    for (int i = 0; i < half && c->rope_scaling == ROPE_SCALING_FREQS; i++)
+        freqs[i] = c->rope_freqs[i];
+    for (int i = 0; i < half && c->rope_scaling == ROPE_SCALING_LLAMA3; i++) {
+        const double f = 1.0 / pow((double)c->rope_theta, (double)(2 * i) / c->head_dim);
+        const double wl = 2.0 * M_PI / f, old = c->rope_orig_max_seq;
+        const double lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+        double k = 1.0;
+        if (wl > old / lo)
+            k = c->rope_factor;
+        else if (wl >= old / hi) {
+            const double sm = (old / wl - lo) / (hi - lo);
+            k = 1.0 / ((1.0 - sm) / c->rope_factor + sm);
+        }
+        freqs[i] = (float)k;
+    }
     enum perm perm = PERM_NONE;
     if (interleaved && !c->rope_interleaved)
         perm = PERM_TO_INTERLEAVED;
     else if (!interleaved && c->rope_interleaved)
         perm = PERM_FROM_INTERLEAVED;
 
-    int cap = 3 + 14 * c->n_layers, n = 0;
+    int cap = 4 + 14 * c->n_layers, n = 0;
     struct plan *p = calloc((size_t)cap, sizeof *p);
     if (!p)
         return err_set(e, "out of memory");
@@ -614,6 +638,10 @@ int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path
         }
     }
     add_plan(p, &n, "output_norm.weight", &m->out_norm, dt, true, PERM_NONE, hd);
+    if (c->rope_scaling == ROPE_SCALING_LLAMA3 || c->rope_scaling == ROPE_SCALING_FREQS) {
+        add_plan(p, &n, "rope_freqs.weight", &freqs_t, DT_F32, true, PERM_NONE, hd);
+        p[n - 1].own = true;
+    }
     if (!tied)
         add_plan(p, &n, "output.weight", &m->lm_head, dt, false, PERM_NONE, hd);
 

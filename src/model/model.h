@@ -13,6 +13,8 @@ enum rope_scaling {
     ROPE_SCALING_NONE = 0,
     ROPE_SCALING_LINEAR, /* positions divided by factor */
     ROPE_SCALING_LLAMA3, /* Llama 3.1 frequency-band scaling */
+    ROPE_SCALING_FREQS,  /* each frequency divided by rope_freqs[i] (GGUF's rope_freqs.weight:
+                          * how llama.cpp stores Llama 3.1's scaling) */
 };
 
 struct model_config {
@@ -35,6 +37,7 @@ struct model_config {
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int rope_orig_max_seq;
+    const float *rope_freqs; /* ROPE_SCALING_FREQS: head_dim / 2 divisors, owned by the model */
     bool qkv_bias;   /* qwen2 */
     bool qk_norm;    /* qwen3: RMSNorm over each q/k head before RoPE */
     bool tied_embeddings;
