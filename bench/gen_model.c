@@ -36,6 +36,9 @@ static const struct shape shapes[] = {
     {"tiny-llama3", "llama", 64, 128, 2, 4, 2, 16, 128256, 8192, 5e5f, 1e-5f, false, false, false},
     /* the qwen3 vocabulary (151936) for serving with --tokenizer qwen3: ~20 MB in bf16 */
     {"tiny-qwen3", "qwen3", 64, 128, 2, 4, 2, 16, 151936, 8192, 1e6f, 1e-6f, true, true, false},
+    /* rows of 256 and more: the K formats' blocks divide every matrix */
+    {"tiny-k", "qwen3", 256, 512, 2, 4, 2, 64, 1024, 512, 1e6f, 1e-6f, true, true, false},
+    {"tiny-k-llama", "llama", 256, 768, 2, 4, 2, 64, 1024, 512, 1e4f, 1e-5f, false, false, false},
     /* published model shapes */
     {"qwen3-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e6f, 1e-6f, true, true, false},
     {"qwen3-1.7b", "qwen3", 2048, 6144, 28, 16, 8, 128, 151936, 40960, 1e6f, 1e-6f, true, true, false},
@@ -52,7 +55,9 @@ static void usage(FILE *f)
                "       gen_model --from-hf DIR --dtype DT -o FILE.gguf\n"
                "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k; rows a\n"
                "       256-block format does not divide fall back as llama.cpp does)\n"
-               "       (either: --layers N keeps the first N layers, e.g. for a draft model)\n"
+               "       (either: --layers N keeps the first N layers, e.g. for a draft model;\n"
+               "       --placeholder-vocab writes placeholder pieces as a vocabulary, so that\n"
+               "       llama.cpp loads the file: tests/test_llamacpp.sh)\n"
                "shapes:");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         fprintf(f, " %s", shapes[i].name);
@@ -192,11 +197,16 @@ int main(int argc, char **argv)
     const char *shape = NULL, *from = NULL, *out = NULL, *dts = "bf16";
     uint64_t seed = 1;
     int layers = 0;
+    unsigned flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--placeholder-vocab")) {
+            flags |= GGUF_WRITE_PLACEHOLDER_VOCAB;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "gen_model: %s needs a value\n", a);
@@ -244,7 +254,7 @@ int main(int argc, char **argv)
         }
         if (layers > 0 && layers < m.cfg.n_layers)
             m.cfg.n_layers = layers; /* the first ones: a model's early-exit draft */
-        rc = gguf_write_model(&m, dt, out, &e);
+        rc = gguf_write_model_flags(&m, dt, out, NULL, NULL, flags, &e);
     } else {
         const struct shape *s = NULL;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -269,7 +279,7 @@ int main(int argc, char **argv)
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         struct gen g = {&m, (z ^ (z >> 31)) | 1};
-        rc = gguf_write_model_rows(&m, dt, out, gen_row, &g, &e);
+        rc = gguf_write_model_flags(&m, dt, out, gen_row, &g, flags, &e);
     }
     if (rc) {
         fprintf(stderr, "gen_model: %s\n", e.msg);

@@ -236,4 +236,14 @@ typedef int (*gguf_row_fn)(void *ctx, const struct tensor *t, int64_t row, float
 int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path,
                           gguf_row_fn row_fn, void *ctx, struct err *e);
 
+/* gguf_write_model_rows with flags: GGUF_WRITE_PLACEHOLDER_VOCAB adds a
+ * SentencePiece-style vocabulary of placeholder pieces (<unk>, <s>, </s>,
+ * the 256 byte pieces <0x00>..<0xFF>, then "t<id>"; needs vocab_size >=
+ * 259) to a model that has none, so that llama.cpp, which loads no file
+ * without one, runs it: tests/test_llamacpp.sh uses llama.cpp as the
+ * oracle of the formats written here. */
+#define GGUF_WRITE_PLACEHOLDER_VOCAB 1u
+int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *path,
+                           gguf_row_fn row_fn, void *ctx, unsigned flags, struct err *e);
+
 #endif

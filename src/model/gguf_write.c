@@ -434,8 +434,50 @@ static uint32_t file_type(enum dtype dt)
     }
 }
 
+/* GGUF_WRITE_PLACEHOLDER_VOCAB's vocabulary (gguf.h): piece types 2
+ * unknown, 3 control, 6 byte, 1 normal; every score 0. */
+static int write_placeholder_vocab(struct gguf_writer *w, int nv, struct err *e)
+{
+    if (nv < 259)
+        return err_set(e, "a placeholder vocabulary needs at least 259 ids (the model has %d)", nv);
+    char *pieces = malloc((size_t)nv * 16);
+    const char **ptr = malloc(sizeof(char *) * (size_t)nv);
+    float *scores = calloc((size_t)nv, sizeof(float));
+    int32_t *types = malloc(sizeof(int32_t) * (size_t)nv);
+    int rc = -1;
+    if (!pieces || !ptr || !scores || !types) {
+        err_set(e, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < nv; i++) {
+        char *p = pieces + (size_t)i * 16;
+        if (i < 3)
+            snprintf(p, 16, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+        else if (i < 259)
+            snprintf(p, 16, "<0x%02X>", i - 3);
+        else
+            snprintf(p, 16, "t%d", i);
+        ptr[i] = p;
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+    }
+    rc = gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama", e) ||
+                 gguf_writer_kv_arr_str(w, "tokenizer.ggml.tokens", ptr, (uint64_t)nv, e) ||
+                 gguf_writer_kv_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, scores,
+                                    (uint64_t)nv, e) ||
+                 gguf_writer_kv_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, types,
+                                    (uint64_t)nv, e)
+             ? -1
+             : 0;
+out:
+    free(pieces);
+    free(ptr);
+    free(scores);
+    free(types);
+    return rc;
+}
+
 static int write_kvs(struct gguf_writer *w, const struct model *m, const char *arch,
-                     enum dtype dt, struct err *e)
+                     enum dtype dt, unsigned flags, struct err *e)
 {
     const struct model_config *c = &m->cfg;
     char k[128];
@@ -471,6 +513,8 @@ static int write_kvs(struct gguf_writer *w, const struct model *m, const char *a
         gguf_writer_kv_u32(w, KEY("attention.sliding_window"), (uint32_t)c->sliding_window, e))
         return -1;
 #undef KEY
+    if ((flags & GGUF_WRITE_PLACEHOLDER_VOCAB) && write_placeholder_vocab(w, c->vocab_size, e))
+        return -1;
     if (c->bos_id >= 0 &&
         gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id, e))
         return -1;
@@ -551,6 +595,12 @@ static int write_tensor(struct gguf_writer *w, const struct plan *p, gguf_row_fn
 
 int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path,
                           gguf_row_fn row_fn, void *ctx, struct err *e)
+{
+    return gguf_write_model_flags(m, dt, path, row_fn, ctx, 0, e);
+}
+
+int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *path,
+                           gguf_row_fn row_fn, void *ctx, unsigned flags, struct err *e)
 {
     const struct model_config *c = &m->cfg;
     const char *arch;
@@ -650,7 +700,7 @@ int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path
     float *buf = NULL, *tmp = NULL;
     void *enc = NULL;
     struct gguf_writer *w = gguf_writer_new(e);
-    if (!w || write_kvs(w, m, arch, dt, e))
+    if (!w || write_kvs(w, m, arch, dt, flags, e))
         goto out;
     for (int i = 0; i < n; i++) {
         const struct tensor *t = p[i].src;
