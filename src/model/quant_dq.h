@@ -125,16 +125,27 @@ static inline void dq_q5_1(const struct blk_q5_1 *restrict b, float *restrict y)
     }
 }
 
+/* The scales d * sc and mins dmin * mn of a K block's groups g and g + 1,
+ * ggml's f32 products. */
+static inline void k_pair_scales(const uint8_t *scales, int g, float d, float dmin, float *d1,
+                                 float *m1, float *d2, float *m2)
+{
+    uint8_t sc, mn;
+    k_scale_min(g, scales, &sc, &mn);
+    *d1 = d * (float)sc;
+    *m1 = dmin * (float)mn;
+    k_scale_min(g + 1, scales, &sc, &mn);
+    *d2 = d * (float)sc;
+    *m2 = dmin * (float)mn;
+}
+
 static inline void dq_q4_k(const struct blk_q4_k *restrict b, float *restrict y)
 {
     const float d = QUANT_F16(b->d), dmin = QUANT_F16(b->dmin);
     const uint8_t *q = b->qs;
     for (int g = 0; g < 8; g += 2, q += 32, y += 64) {
-        uint8_t sc, mn;
-        k_scale_min(g, b->scales, &sc, &mn);
-        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        k_scale_min(g + 1, b->scales, &sc, &mn);
-        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        float d1, m1, d2, m2;
+        k_pair_scales(b->scales, g, d, dmin, &d1, &m1, &d2, &m2);
         for (int l = 0; l < 32; l++)
             y[l] = d1 * (float)(q[l] & 0xF) - m1;
         for (int l = 0; l < 32; l++)
@@ -148,11 +159,8 @@ static inline void dq_q5_k(const struct blk_q5_k *restrict b, float *restrict y)
     const uint8_t *q = b->qs;
     uint8_t u1 = 1, u2 = 2;
     for (int g = 0; g < 8; g += 2, q += 32, y += 64, u1 <<= 2, u2 <<= 2) {
-        uint8_t sc, mn;
-        k_scale_min(g, b->scales, &sc, &mn);
-        const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        k_scale_min(g + 1, b->scales, &sc, &mn);
-        const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+        float d1, m1, d2, m2;
+        k_pair_scales(b->scales, g, d, dmin, &d1, &m1, &d2, &m2);
         for (int l = 0; l < 32; l++)
             y[l] = d1 * (float)((q[l] & 0xF) + (b->qh[l] & u1 ? 16 : 0)) - m1;
         for (int l = 0; l < 32; l++)
