@@ -12,7 +12,7 @@
 # misread (a scale's bits, a nibble's order) leaves about 1 in 1,024 the
 # same.
 # Without node/npm the test is skipped (exit 77). Usage: test_llamacpp.sh
-# <cllm binary> (gen_model beside it).
+# <cllm binary> (gen_model beside it) [shared dir] [fixtures dir].
 set -u
 CLLM=$1
 GEN=$(dirname "$CLLM")/gen_model
@@ -58,4 +58,27 @@ for shape in tiny-k tiny-k-llama; do
         rm -f "$f"
     done
 done
+# Llama 3.1's rope scaling as llama.cpp stores it (rope_freqs.weight, which
+# gen_model writes from the llama3 fixture's rope_scaling): f32, all 24;
+# prompts past 200 tokens, where the scaled frequencies have turned far
+FIX=${3:-$HERE/fixtures}
+if [ -d "$FIX/oracle/llama3" ]; then
+    f=$tmp/llama3.gguf
+    if "$GEN" --from-hf "$FIX/oracle/llama3" --dtype f32 --placeholder-vocab -o "$f" >"$tmp/gen.log" 2>&1; then
+        for p in $(seq 1 24); do
+            awk -v p="$p" 'BEGIN { for (k = 0; k < 200 + 4 * p; k++) printf "%s%d", k ? "," : "", (p * 37 + k * 5) % 1024; print "" }'
+        done >"$tmp/long"
+        want=$(node "$HERE/llamacpp/greedy_first.mjs" "$f" <"$tmp/long" 2>"$tmp/node.err")
+        got=$(while read -r ids; do
+            echo "$("$CLLM" run "$f" --prompt-ids "$ids" -n 1 --temp 0 --print-ids 2>/dev/null)"
+        done <"$tmp/long")
+        same=$(paste -d' ' <(echo "$want") <(echo "$got") | awk '$1 == $2 && $1 != "" {n++} END {print n + 0}')
+        echo "llama3 (rope_freqs) f32: $same of 24 greedy tokens as llama.cpp's"
+        check '[ "$same" = 24 ]' "llama3 rope_freqs: $same of 24 (llama.cpp: $(tr '\n' ' ' <<<"$want"); cllm: $(tr '\n' ' ' <<<"$got"); $(tail -2 "$tmp/node.err"))"
+    else
+        bad "gen_model --from-hf llama3: $(cat "$tmp/gen.log")"
+    fi
+else
+    bad "no llama3 fixture under $FIX"
+fi
 check_summary test_llamacpp

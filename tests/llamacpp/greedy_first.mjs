@@ -6,7 +6,7 @@ import {readFileSync} from "node:fs";
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath: process.argv[2]});
-const context = await model.createContext({contextSize: 256, threads: 2});
+const context = await model.createContext({contextSize: 1024, threads: 2});
 const seq = context.getSequence();
 const out = [];
 for (const line of readFileSync(0, "utf8").split("\n").filter((l) => l.trim())) {
