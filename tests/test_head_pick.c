@@ -18,6 +18,7 @@
 #include "base/argmax.h"
 #include "base/half.h"
 #include "base/threadpool.h"
+#include "model/quant.h"
 #include "testutil.h"
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
@@ -36,6 +37,13 @@ static float gauss(void)
 static void *make_head(enum dtype dt, const float *w, int64_t rows, int64_t cols)
 {
     size_t n = (size_t)rows * (size_t)cols;
+    if (quant_is_widened(dt)) {
+        const size_t rb = dtype_row_bytes(dt, cols);
+        uint8_t *h = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++)
+            quant_quantize_row(dt, w + r * cols, h + (size_t)r * rb, cols);
+        return h;
+    }
     if (dt == DT_F32) {
         float *h = malloc(n * 4);
         memcpy(h, w, n * 4);
@@ -122,11 +130,16 @@ static void check_pick(struct cpu_matmul *mm, struct head_screen *hs, const stru
 static void shapes(struct cpu_matmul *mm, const char *pool)
 {
     static const int64_t dims[][2] = {{4099, 64}, {3001, 1000}, {2, 8}, {20000, 256}, {700, 37}};
-    static const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
+    /* and GGUF's 4-6-bit formats, for the shapes their blocks divide */
+    static const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16, DT_Q4_0, DT_Q5_1, DT_Q4_K, DT_Q6_K};
     struct stats st = {0};
+    int want_cases = 0;
     for (size_t d = 0; d < sizeof dims / sizeof *dims; d++)
         for (size_t t = 0; t < sizeof dts / sizeof *dts; t++) {
             const int64_t rows = dims[d][0], cols = dims[d][1];
+            if (cols % dtype_block_elems(dts[t]))
+                continue;
+            want_cases += 4;
             float *w = malloc(sizeof *w * (size_t)(rows * cols)), *x = malloc(sizeof *x * (size_t)cols);
             for (int64_t i = 0; i < rows * cols; i++)
                 w[i] = 0.02f * gauss();
@@ -150,7 +163,8 @@ static void shapes(struct cpu_matmul *mm, const char *pool)
             free(w);
             free(x);
         }
-    CHECK(st.cases == 60, "%s: %d cases checked", pool, st.cases);
+    CHECK(st.cases == want_cases && want_cases == 60 + 4 * 6, "%s: %d cases checked", pool,
+          st.cases);
     printf("test_head_pick: %s, %d cases, at most %d rows kept\n", pool, st.cases, st.kept_max);
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cpu/head_pick.h"
 #include "backend/head_bound.h"
 #include "base/half.h"
+#include "model/quant.h"
 
 #define HP_CHUNK 256     /* rows a worker takes at a time */
 #define HP_FLUSH 512     /* columns summed in int32 before a flush to int64 */
@@ -29,9 +30,14 @@ static inline float round_even(float v)
     return (v + big) - big;
 }
 
-/* Row r of head as floats (exact for f32, f16 and bf16). */
+/* Row r of head as floats: exact for f32, f16 and bf16, and the values the
+ * matmul multiplies for GGUF's 4-6-bit formats (model/quant.h). */
 static void widen_row(enum dtype dt, const uint8_t *row, int64_t cols, float *out)
 {
+    if (quant_is_widened(dt)) {
+        quant_dequantize_row(dt, row, out, cols);
+        return;
+    }
     if (dt == DT_F32) {
         memcpy(out, row, (size_t)cols * 4);
         return;
@@ -346,7 +352,11 @@ static void screen_worker(void *ctx, int ith, int nth)
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
                      const struct tensor *head, int k, struct err *e)
 {
-    if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16)
+    /* Q8_0 no: its matmul rounds the input to 8 bits, which the bound
+     * does not cover; the 4-6-bit formats' matmul multiplies the widened
+     * values in f32, as for f32 weights */
+    if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16 &&
+        !quant_is_widened(head->dtype))
         return 1;
     if (k < 1 || k > HEAD_PICK_MAX_K)
         return 1;
