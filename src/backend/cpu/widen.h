@@ -12,7 +12,8 @@
 
 typedef void (*cpu_widen_fn)(enum dtype dt, const void *src, float *y, int64_t n);
 
-/* The widening for isa (what the CPU runs; the best build at or below it). */
+/* The widening for isa (what the CPU runs; the best build at or below it).
+ * In widen.c, built for the baseline ISA: every CPU calls it. */
 cpu_widen_fn cpu_widen_for(enum cpu_isa isa);
 
 #endif

@@ -1,13 +1,9 @@
 /* widen_v3.c - widen_kern.h built for AVX2 (CMake compiles this file for it
  * on x86-64; cpu_widen_for calls it only where the CPU has it): eight
- * values a vector, the fifth bits by a byte shuffle and compare; and
- * cpu_widen_for, which picks a build. */
-#include "backend/cpu/widen.h"
-
-#include "model/quant.h"
-
+ * values a vector, the fifth bits by a byte shuffle and compare. */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdint.h>
 
 #define W_VEC __m256
 #define W_SET1(x) _mm256_set1_ps(x)
@@ -33,19 +29,6 @@ static inline __m128i bits16(uint32_t b)
 }
 
 #include "backend/cpu/widen_kern.h"
-
-void cpu_widen_avx512(enum dtype dt, const void *src, float *y, int64_t n);
-#endif
-
-cpu_widen_fn cpu_widen_for(enum cpu_isa isa)
-{
-#if defined(__x86_64__)
-    if (isa >= CPU_ISA_AVX512)
-        return cpu_widen_avx512;
-    if (isa >= CPU_ISA_AVX2)
-        return cpu_widen_avx2;
 #else
-    (void)isa;
+typedef int widen_v3_unused; /* ISO C wants something in a file */
 #endif
-    return quant_dequantize_row;
-}

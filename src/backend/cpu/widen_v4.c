@@ -6,6 +6,7 @@
  * (docs/benchmarks.md). */
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdint.h>
 
 #define W_VEC __m512
 #define W_SET1(x) _mm512_set1_ps(x)
