@@ -363,30 +363,7 @@ void gguf_encode_row(enum dtype dt, const float *x, void *dst, int64_t cols)
 
 void gguf_decode_row(enum dtype dt, const void *src, float *y, int64_t cols)
 {
-    switch (dt) {
-    case DT_F32:
-        memcpy(y, src, (size_t)cols * sizeof(float));
-        break;
-    case DT_F16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < cols; i++)
-            y[i] = f16_to_f32(h[i]);
-        break;
-    }
-    case DT_BF16: {
-        const uint16_t *h = src;
-        for (int64_t i = 0; i < cols; i++)
-            y[i] = bf16_to_f32(h[i]);
-        break;
-    }
-    case DT_Q8_0:
-        dequantize_row_q8_0(src, y, cols);
-        break;
-    default:
-        if (quant_is_widened(dt))
-            quant_dequantize_row(dt, src, y, cols);
-        break;
-    }
+    quant_dequantize_row(dt, src, y, cols);
 }
 
 /* ---- the model converter ---- */

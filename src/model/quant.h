@@ -15,8 +15,10 @@
  * its own, backend/cpu/matmul.h). */
 bool quant_is_widened(enum dtype dt);
 
-/* The n values (a multiple of dtype_block_elems(dt)) of the blocks at src
- * as f32 into y. */
+/* The n values (a multiple of dtype_block_elems(dt)) of a row of any
+ * dtype at src as f32 into y: the one widening every reader of rows uses
+ * (the embedding, the matmul's reference, the head's screen, the GGUF
+ * writer). */
 void quant_dequantize_row(enum dtype dt, const void *src, float *y, int64_t n);
 
 /* The n values of x (a multiple of dtype_block_elems(dt)) as blocks of dt

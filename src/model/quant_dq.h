@@ -1,5 +1,5 @@
-/* quant_dq.h - the arithmetic of widening GGUF's 4-6-bit block formats to
- * f32 (llama.cpp's dequantize_row_*: the same operations in the same
+/* quant_dq.h - the arithmetic of widening a row of any dtype to f32, GGUF's
+ * block formats (llama.cpp's dequantize_row_*: the same operations in the same
  * order, so the same f32 bits), and their block layouts, byte for byte.
  * Included by model/quant.c (the reference build) and by the CPU's
  * per-instruction-set builds (backend/cpu/widen_v3.c, widen_v4.c), whose
@@ -198,12 +198,31 @@ static inline void dq_q6_k(const struct blk_q6_k *restrict b, float *restrict y)
     for (int64_t i = 0; i < n / be; i++)                                        \
         fn((const struct blk *)(p + (size_t)i * bb), y + i * be)
 
+/* ggml's Q8_0: d * code */
+static inline void dq_q8_0(const struct block_q8_0 *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d);
+    for (int i = 0; i < Q8_0_BLOCK; i++)
+        y[i] = d * (float)b->qs[i];
+}
+
+/* Any dtype's row: the exact values of f32, f16 and bf16 too. */
 static inline void quant_dq_row(enum dtype dt, const void *src, float *y, int64_t n)
 {
     const uint8_t *p = src;
     const int64_t be = dtype_block_elems(dt);
     const size_t bb = dtype_row_bytes(dt, be);
     switch (dt) {
+    case DT_F32: memcpy(y, src, sizeof(float) * (size_t)n); break;
+    case DT_F16:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = QUANT_F16(((const uint16_t *)src)[i]);
+        break;
+    case DT_BF16:
+        for (int64_t i = 0; i < n; i++)
+            y[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case DT_Q8_0: QUANT_DQ_BLOCKS(dq_q8_0, block_q8_0); break;
     case DT_Q4_0: QUANT_DQ_BLOCKS(dq_q4_0, blk_q4_0); break;
     case DT_Q4_1: QUANT_DQ_BLOCKS(dq_q4_1, blk_q4_1); break;
     case DT_Q5_0: QUANT_DQ_BLOCKS(dq_q5_0, blk_q5_0); break;

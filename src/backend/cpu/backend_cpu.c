@@ -79,18 +79,7 @@ static void cpu_embed(struct backend *be, float *out, const struct tensor *t, co
     for (int i = 0; i < n; i++) {
         const char *row = (const char *)t->data + (size_t)ids[i] * rb;
         float *o = out + (size_t)i * d;
-        switch (t->dtype) {
-        case DT_F32: memcpy(o, row, (size_t)d * 4); break;
-        case DT_F16: for (int64_t j = 0; j < d; j++) o[j] = f16_to_f32(((const uint16_t *)row)[j]); break;
-        case DT_BF16: for (int64_t j = 0; j < d; j++) o[j] = bf16_to_f32(((const uint16_t *)row)[j]); break;
-        case DT_Q8_0: dequantize_row_q8_0((const struct block_q8_0 *)row, o, d); break;
-        default:
-            if (quant_is_widened(t->dtype))
-                quant_dequantize_row(t->dtype, row, o, d);
-            else
-                memset(o, 0, (size_t)d * 4);
-            break;
-        }
+        quant_dequantize_row(t->dtype, row, o, d);
     }
 }
 

@@ -30,26 +30,6 @@ static inline float round_even(float v)
     return (v + big) - big;
 }
 
-/* Row r of head as floats: exact for f32, f16 and bf16, and the values the
- * matmul multiplies for GGUF's 4-6-bit formats (model/quant.h). */
-static void widen_row(enum dtype dt, const uint8_t *row, int64_t cols, float *out)
-{
-    if (quant_is_widened(dt)) {
-        quant_dequantize_row(dt, row, out, cols);
-        return;
-    }
-    if (dt == DT_F32) {
-        memcpy(out, row, (size_t)cols * 4);
-        return;
-    }
-    const uint16_t *h = (const uint16_t *)row;
-    if (dt == DT_F16)
-        for (int64_t i = 0; i < cols; i++)
-            out[i] = f16_to_f32(h[i]);
-    else
-        for (int64_t i = 0; i < cols; i++)
-            out[i] = bf16_to_f32(h[i]);
-}
 
 /* q = round(w / s), s = max|w| / 127, *qa = sum |q|; false when a weight
  * is not finite. w x (1 / s) is within a few ulps of w / s, so |w - s q|
@@ -163,8 +143,8 @@ static void build_worker(void *ctx, int ith, int nth)
     }
     for (int64_t r0, r1; take_rows(&t->next, hs->rows, &r0, &r1);) {
         for (int64_t r = r0; r < r1; r++) {
-            widen_row(t->head->dtype, (const uint8_t *)t->head->data + (size_t)r * t->stride,
-                      cols, w);
+            quant_dequantize_row(t->head->dtype,
+                                 (const uint8_t *)t->head->data + (size_t)r * t->stride, w, cols);
             int8_t *q = hs->q + (size_t)r * (size_t)cols;
 #if defined(__x86_64__)
             const bool ok = t->avx2 ? quantize_row_avx2(w, cols, q, &hs->scale[r], &hs->qabs[r])

@@ -54,11 +54,7 @@ void quantize_row_q8_0(const float *x, struct block_q8_0 *y, int64_t n)
 
 void dequantize_row_q8_0(const struct block_q8_0 *x, float *y, int64_t n)
 {
-    for (int64_t b = 0; b < n / Q8_0_BLOCK; b++) {
-        float d = f16_to_f32(x[b].d);
-        for (int i = 0; i < Q8_0_BLOCK; i++)
-            y[b * Q8_0_BLOCK + i] = d * (float)x[b].qs[i];
-    }
+    quant_dequantize_row(DT_Q8_0, x, y, n);
 }
 
 /* ---- reference ---- */
@@ -67,24 +63,7 @@ void dequantize_row_q8_0(const struct block_q8_0 *x, float *y, int64_t n)
 static void ref_widen_row(const struct tensor *w, int64_t r, float *out)
 {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * dtype_row_bytes(w->dtype, w->cols);
-    switch (w->dtype) {
-    case DT_F32: memcpy(out, row, (size_t)w->cols * sizeof(float)); break;
-    case DT_F16:
-        for (int64_t k = 0; k < w->cols; k++)
-            out[k] = f16_to_f32(((const uint16_t *)row)[k]);
-        break;
-    case DT_BF16:
-        for (int64_t k = 0; k < w->cols; k++)
-            out[k] = bf16_to_f32(((const uint16_t *)row)[k]);
-        break;
-    case DT_Q8_0: dequantize_row_q8_0((const struct block_q8_0 *)row, out, w->cols); break;
-    default:
-        if (quant_is_widened(w->dtype))
-            quant_dequantize_row(w->dtype, row, out, w->cols);
-        else
-            memset(out, 0, (size_t)w->cols * sizeof(float));
-        break;
-    }
+    quant_dequantize_row(w->dtype, row, out, w->cols);
 }
 
 void cpu_matmul_ref(float *out, const float *x, int n, const struct tensor *w)
