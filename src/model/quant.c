@@ -45,21 +45,30 @@ static float signed_absmax(const float *x, int n)
     return v;
 }
 
+/* A 32-block's codes into its bytes: code j's low nibble in byte j, code
+ * j + 16's in its high nibble, and (qhb, Q5_*) the fifth bits as bit j of
+ * a 32-bit word. */
+static void pack32(const int *q, uint8_t *qs, uint8_t *qhb)
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+        qh |= (uint32_t)((q[j] >> 4) & 1) << j | (uint32_t)((q[j + 16] >> 4) & 1) << (j + 16);
+    }
+    if (qhb)
+        memcpy(qhb, &qh, 4);
+}
+
 /* Symmetric 32-blocks (Q4_0, Q5_0): value = (q - half) * d. */
 static void q_sym32(const float *x, uint16_t *dh, uint8_t *qs, uint8_t *qhb, int half)
 {
     const float d = signed_absmax(x, 32) / (float)-half;
     *dh = f32_to_f16(d);
     const float df = f16_to_f32(*dh), id = df != 0.0f ? 1.0f / df : 0.0f;
-    uint32_t qh = 0;
-    for (int j = 0; j < 16; j++) {
-        const int a = clampi((int)lrintf(x[j] * id) + half, 0, 2 * half - 1);
-        const int b = clampi((int)lrintf(x[j + 16] * id) + half, 0, 2 * half - 1);
-        qs[j] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
-        qh |= (uint32_t)((a >> 4) & 1) << j | (uint32_t)((b >> 4) & 1) << (j + 16);
-    }
-    if (qhb)
-        memcpy(qhb, &qh, 4);
+    int q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = clampi((int)lrintf(x[j] * id) + half, 0, 2 * half - 1);
+    pack32(q, qs, qhb);
 }
 
 /* Affine 32-blocks (Q4_1, Q5_1): value = q * d + m. */
@@ -74,15 +83,10 @@ static void q_aff32(const float *x, uint16_t *dh, uint16_t *mh, uint8_t *qs, uin
     *dh = f32_to_f16((hi - lo) / (float)(levels - 1));
     *mh = f32_to_f16(lo);
     const float df = f16_to_f32(*dh), mf = f16_to_f32(*mh), id = df != 0.0f ? 1.0f / df : 0.0f;
-    uint32_t qh = 0;
-    for (int j = 0; j < 16; j++) {
-        const int a = clampi((int)lrintf((x[j] - mf) * id), 0, levels - 1);
-        const int b = clampi((int)lrintf((x[j + 16] - mf) * id), 0, levels - 1);
-        qs[j] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
-        qh |= (uint32_t)((a >> 4) & 1) << j | (uint32_t)((b >> 4) & 1) << (j + 16);
-    }
-    if (qhb)
-        memcpy(qhb, &qh, 4);
+    int q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = clampi((int)lrintf((x[j] - mf) * id), 0, levels - 1);
+    pack32(q, qs, qhb);
 }
 
 /* A K block's eight 32-groups (Q4_K, Q5_K): value = d sc q - dmin mn, q in
