@@ -31,6 +31,19 @@ static int parse(const char *val, long lo, long hi, long *out, struct err *e)
 
 int main(void)
 {
+    /* a switch's words, and nothing else */
+    static const char *const on_words[] = {"true", "on", "1"}, *const off_words[] = {"false", "off", "0"};
+    for (int i = 0; i < 3; i++) {
+        bool b = false, c = true;
+        CHECK(parse_switch(on_words[i], &b) && b, "parse_switch %s", on_words[i]);
+        CHECK(parse_switch(off_words[i], &c) && !c, "parse_switch %s", off_words[i]);
+    }
+    static const char *const not_switches[] = {NULL, "", "yes", "ON", "2", " on", "on "};
+    for (size_t i = 0; i < sizeof not_switches / sizeof *not_switches; i++) {
+        bool b = true;
+        CHECK(!parse_switch(not_switches[i], &b) && b, "parse_switch \"%s\" taken",
+              not_switches[i] ? not_switches[i] : "(null)");
+    }
     long x = 7;
     CHECK(parse_long("-12", -12, 0, &x) && x == -12, "parse_long -12: %ld", x);
     CHECK(parse_long("0", 0, 0, &x) && x == 0, "parse_long 0: %ld", x);

@@ -1,10 +1,11 @@
-/* parse.c - the strict integer and number rules (see parse.h). */
+/* parse.c - the strict integer, number and switch rules (see parse.h). */
 #include "base/parse.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool parse_long(const char *s, long lo, long hi, long *out)
 {
@@ -30,5 +31,16 @@ bool parse_double(const char *s, double lo, double hi, double *out)
     if (errno || end == s || *end || isnan(x) || x < lo || x > hi)
         return false;
     *out = x;
+    return true;
+}
+
+bool parse_switch(const char *s, bool *out)
+{
+    if (s && (!strcmp(s, "true") || !strcmp(s, "on") || !strcmp(s, "1")))
+        *out = true;
+    else if (s && (!strcmp(s, "false") || !strcmp(s, "off") || !strcmp(s, "0")))
+        *out = false;
+    else
+        return false;
     return true;
 }

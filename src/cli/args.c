@@ -3,7 +3,6 @@
  * message on stderr. */
 #include <float.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "base/parse.h"
 #include "cli/cli.h"
@@ -33,13 +32,11 @@ int cli_parse_float(const char *cmd, const char *flag, const char *v, float *out
 
 int cli_parse_onoff(const char *cmd, const char *flag, const char *v, int *out)
 {
-    if (v && (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "1")))
-        *out = 1;
-    else if (v && (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "0")))
-        *out = -1;
-    else {
+    bool on;
+    if (!parse_switch(v, &on)) {
         fprintf(stderr, "%s: %s needs on or off (got \"%s\")\n", cmd, flag, v ? v : "");
         return -1;
     }
+    *out = on ? 1 : -1;
     return 0;
 }

@@ -200,12 +200,10 @@ static int parse_f(const char *flag, const char *v, double lo, double hi, float 
 
 static int parse_bool(const char *flag, const char *v, int *out, struct err *e)
 {
-    if (!strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "1"))
-        *out = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "0"))
-        *out = 0;
-    else
+    bool b;
+    if (!parse_switch(v, &b))
         return err_set(e, "%s needs true|false|on|off|1|0 (got \"%s\")", flag, v);
+    *out = b;
     return 0;
 }
 
