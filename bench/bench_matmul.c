@@ -71,7 +71,7 @@ static void fill_weights(void *data, enum dtype dt, int64_t rows, int64_t cols)
         }
         if (dt == DT_Q8_0)
             quantize_row_q8_0(tmp, (struct block_q8_0 *)row, cols);
-        if (quant_is_widened(dt))
+        if (quant_is_low_bit(dt))
             quant_quantize_row(dt, tmp, row, cols);
     }
     free(tmp);

@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/widen.h"
+#include "backend/cpu/unpack.h"
 #include "base/half.h"
 #include "model/quant.h"
 #include "base/threadpool.h"
@@ -197,7 +197,7 @@ static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
             else if (dt == DT_BF16)
                 ((uint16_t *)row)[k] = f32_to_bf16(v);
         }
-        if (quant_is_widened(dt)) { /* valid blocks of values of several magnitudes */
+        if (quant_is_low_bit(dt)) { /* valid blocks of values of several magnitudes */
             float *v = malloc(sizeof(float) * (size_t)cols);
             for (int64_t k = 0; k < cols; k++)
                 v[k] = rng_f() * (float)(1 + (k / 32) % 3) / 8.0f;
@@ -217,13 +217,15 @@ static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
 }
 
 /* Per output, the bound the kernel must meet (see check_against_ref);
- * wrow is the weight row widened to f32. */
-static double tolerance(enum dtype dt, const float *wrow, const float *x, int64_t cols)
+ * wrow is the weight row widened to f32, split (the integer-code formats,
+ * else NULL) each value's |s u| + |m| (unpack.h). */
+static double tolerance(enum dtype dt, const float *wrow, const float *split, const float *x,
+                        int64_t cols)
 {
     double abssum = 0, qerr = 0;
     for (int64_t k = 0; k < cols; k++)
-        abssum += fabs((double)x[k] * wrow[k]);
-    if (dt == DT_Q8_0) {
+        abssum += fabs((double)x[k]) * (split ? split[k] : fabs(wrow[k]));
+    if (dt == DT_Q8_0 || split) {
         for (int64_t b = 0; b < cols / 32; b++) {
             double amax = 0, wabs = 0;
             for (int k = 0; k < 32; k++) {
@@ -234,6 +236,31 @@ static double tolerance(enum dtype dt, const float *wrow, const float *x, int64_
         }
     }
     return qerr + (double)(cols + 32) * U32 * (abssum + qerr) + 1e-30;
+}
+
+/* For an integer-code format, each value's |s u| + |m| (the magnitudes
+ * the kernels' sums meet, not just |s u - m|), from the reference
+ * unpacking; NULL for the others. */
+static float *split_weights(const struct tensor *w)
+{
+    if (!quant_is_low_bit(w->dtype))
+        return NULL;
+    float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+    uint8_t *grp = malloc(unpack_row_bytes(w->cols));
+    const size_t rb = dtype_row_bytes(w->dtype, w->cols);
+    for (int64_t r = 0; r < w->rows; r++) {
+        cpu_unpack_ref(w->dtype, (const uint8_t *)w->data + (size_t)r * rb, grp, w->cols);
+        for (int64_t k = 0; k < w->cols; k++) {
+            const uint8_t *g = grp + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
+            const int v = (int)(k % UNPACK_GROUP);
+            float sv, mv;
+            memcpy(&sv, g + 64 + 4 * (v / 4), 4);
+            memcpy(&mv, g + 128 + 4 * (v / 4), 4);
+            all[r * w->cols + k] = fabsf(sv) * (float)g[v] + fabsf(mv);
+        }
+    }
+    free(grp);
+    return all;
 }
 
 /* The weights widened to f32 (exact for every dtype), for the bounds. */
@@ -254,7 +281,7 @@ static float *widen_weights(const struct tensor *w)
         }
         if (w->dtype == DT_Q8_0)
             dequantize_row_q8_0((const struct block_q8_0 *)row, o, w->cols);
-        if (quant_is_widened(w->dtype))
+        if (quant_is_low_bit(w->dtype))
             quant_dequantize_row(w->dtype, row, o, w->cols);
     }
     return all;
@@ -305,7 +332,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
         nmax = ns[i] > nmax ? ns[i] : nmax;
     void *wdata = make_weights(dt, s.rows, s.cols);
     struct tensor w = {dt, s.rows, s.cols, wdata};
-    float *wide = widen_weights(&w);
+    float *wide = widen_weights(&w), *split = split_weights(&w);
     float *x = malloc(sizeof(float) * (size_t)(nmax * s.cols));
     float *ref = malloc(sizeof(float) * (size_t)(nmax * s.rows));
     double *tol = malloc(sizeof(double) * (size_t)(nmax * s.rows));
@@ -317,7 +344,9 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
         cpu_matmul_ref(ref, x, n, &w);
         for (int t = 0; t < n; t++)
             for (int64_t r = 0; r < s.rows; r++)
-                tol[t * s.rows + r] = tolerance(dt, wide + r * s.cols, x + t * s.cols, s.cols);
+                tol[t * s.rows + r] = tolerance(dt, wide + r * s.cols,
+                                                split ? split + r * s.cols : NULL,
+                                                x + t * s.cols, s.cols);
         /* isa = hw + 1 stands for AVX-512 without VNNI, whose Q8_0 falls
          * back to the AVX2 kernel (the CI machine may be one). */
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
@@ -346,6 +375,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
     }
     free(out);
     free(wide);
+    free(split);
     free(tol);
     free(ref);
     free(x);
@@ -373,7 +403,7 @@ static void test_matmul_all(void)
     const int ns[] = {1, 3, 4, 7, 33, 130};
     for (int dt = 0; dt < DT_COUNT; dt++) {
         const bool k256 = dtype_block_elems((enum dtype)dt) == 256;
-        const struct shape *sh = k256 ? kshapes : dt == DT_Q8_0 || quant_is_widened((enum dtype)dt) ? qshapes : fshapes;
+        const struct shape *sh = k256 ? kshapes : dt == DT_Q8_0 || quant_is_low_bit((enum dtype)dt) ? qshapes : fshapes;
         size_t count = k256 ? sizeof kshapes / sizeof *kshapes
                        : sh == qshapes ? sizeof qshapes / sizeof *qshapes
                                        : sizeof fshapes / sizeof *fshapes;
@@ -402,11 +432,13 @@ static void test_matmul_errors(void)
               "asking for an ISA the CPU lacks fails");
 }
 
-/* Every build of the widening (cpu_widen_for) gives the reference's bits
- * (quant_dequantize_row) on blocks of arbitrary bits: only the f16 scale
- * fields are held to finite values (their offsets in each format), since
- * inf * 0 is NaN in any build. */
-static void test_widen_builds(void)
+/* Every build of the unpacking (cpu_unpack_for) writes the reference's
+ * bytes on blocks of arbitrary bits, and the reference's s u - m is the
+ * widened value (quant_dequantize_row) up to the f32 rounding of ggml's
+ * own sum: only the f16 scale fields are held to finite values (their
+ * offsets in each format). Rows of 4096 and of 4064 (an odd count of
+ * 32-blocks, a half group). */
+static void test_unpack_builds(void)
 {
     static const struct {
         enum dtype dt;
@@ -415,10 +447,11 @@ static void test_widen_builds(void)
               {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1}};
     for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
         const enum dtype dt = fm[f].dt;
-        const int64_t n = 4096, be = dtype_block_elems(dt);
+        const int64_t be = dtype_block_elems(dt), n = be == 32 ? 4064 : 4096;
         const size_t bb = dtype_row_bytes(dt, be), rb = dtype_row_bytes(dt, n);
-        uint8_t *blk = malloc(rb);
-        float *ref = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+        const size_t ub = unpack_row_bytes(n);
+        uint8_t *blk = malloc(rb), *ref = malloc(ub), *got = malloc(ub);
+        float *wide = malloc(sizeof(float) * (size_t)n);
         for (size_t i = 0; i < rb; i++)
             blk[i] = (uint8_t)rng_u32();
         for (int64_t b = 0; b < n / be; b++)
@@ -426,18 +459,43 @@ static void test_widen_builds(void)
                 uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
                 memcpy(blk + (size_t)b * bb + fm[f].f16_at[k], &h, 2);
             }
-        quant_dequantize_row(dt, blk, ref, n);
+        memset(ref, 0xAB, ub);
+        cpu_unpack_ref(dt, blk, ref, n);
+        quant_dequantize_row(dt, blk, wide, n);
+        int off = 0, big = 0;
+        for (int64_t k = 0; k < n; k++) {
+            const uint8_t *g = ref + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
+            const int v = (int)(k % UNPACK_GROUP);
+            float sv, mv;
+            memcpy(&sv, g + 64 + 4 * (v / 4), 4);
+            memcpy(&mv, g + 128 + 4 * (v / 4), 4);
+            const double val = (double)sv * g[v] - mv, mag = fabs((double)sv * g[v]) + fabs(mv);
+            big += g[v] > 63;
+            off += !(fabs(val - wide[k]) <= 2.0 * U32 * mag);
+        }
+        CHECK(big == 0 && off == 0, "%s unpacked: %d codes above 63, %d values not the widened ones",
+              dtype_name(dt), big, off);
+        /* the half group past an odd count of 32-blocks is zeros */
+        const uint8_t *last = ref + ub - UNPACK_GROUP_BYTES;
+        if (n % UNPACK_GROUP) {
+            int nz = 0;
+            for (int i = 32; i < 64; i++)
+                nz += last[i] != 0;
+            for (int l = 8; l < 16; l++)
+                for (int b = 0; b < 4; b++)
+                    nz += (last[64 + 4 * l + b] != 0) + (last[128 + 4 * l + b] != 0);
+            CHECK(nz == 0, "%s: %d bytes of the missing half group are not zero", dtype_name(dt), nz);
+        }
         for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_hw(); isa++) {
-            for (int64_t i = 0; i < n; i++)
-                got[i] = NAN;
-            cpu_widen_for((enum cpu_isa)isa)(dt, blk, got, n);
-            CHECK(memcmp(ref, got, sizeof(float) * (size_t)n) == 0,
-                  "%s widened by the %s build differs from the reference", dtype_name(dt),
-                  cpu_isa_name((enum cpu_isa)isa));
+            memset(got, 0xCD, ub);
+            cpu_unpack_for((enum cpu_isa)isa)(dt, blk, got, n);
+            CHECK(memcmp(ref, got, ub) == 0, "%s unpacked by the %s build differs from the reference",
+                  dtype_name(dt), cpu_isa_name((enum cpu_isa)isa));
         }
         free(blk);
         free(ref);
         free(got);
+        free(wide);
     }
 }
 
@@ -448,7 +506,7 @@ int main(void)
     test_threadpool();
     test_q8_0_roundtrip();
     test_matmul_errors();
-    test_widen_builds();
+    test_unpack_builds();
     test_matmul_all();
     return test_summary("test_matmul");
 }

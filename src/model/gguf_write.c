@@ -355,7 +355,7 @@ void gguf_encode_row(enum dtype dt, const float *x, void *dst, int64_t cols)
         quantize_row_q8_0(x, dst, cols);
         break;
     default:
-        if (quant_is_widened(dt))
+        if (quant_is_low_bit(dt))
             quant_quantize_row(dt, x, dst, cols);
         break;
     }

@@ -9,7 +9,7 @@
 #include "base/half.h"
 #include "model/quant_dq.h"
 
-bool quant_is_widened(enum dtype dt)
+bool quant_is_low_bit(enum dtype dt)
 {
     return dt >= DT_Q4_0 && dt <= DT_Q6_K;
 }

@@ -13,7 +13,7 @@
 
 /* Whether dt is one of the formats below (Q8_0 is not: it has kernels of
  * its own, backend/cpu/matmul.h). */
-bool quant_is_widened(enum dtype dt);
+bool quant_is_low_bit(enum dtype dt);
 
 /* The n values (a multiple of dtype_block_elems(dt)) of a row of any
  * dtype at src as f32 into y: the one widening every reader of rows uses

@@ -1,10 +1,11 @@
 /* quant_dq.h - the arithmetic of widening a row of any dtype to f32, GGUF's
  * block formats (llama.cpp's dequantize_row_*: the same operations in the same
  * order, so the same f32 bits), and their block layouts, byte for byte.
- * Included by model/quant.c (the reference build) and by the CPU's
- * per-instruction-set builds (backend/cpu/widen_v3.c, widen_v4.c), whose
- * compilers vectorize these loops; every build must leave multiply-adds
- * unfused (ISO C's default), or the bits would differ. */
+ * Included by model/quant.c, whose compiler vectorizes these loops and must
+ * leave multiply-adds unfused (ISO C's default), or the bits would differ;
+ * the CPU matmul's unpacking of these formats into integer codes
+ * (backend/cpu/unpack.c, unpack_kern.h) takes the block layouts and the
+ * scale bits from here. */
 #ifndef CLLM_MODEL_QUANT_DQ_H
 #define CLLM_MODEL_QUANT_DQ_H
 

@@ -13,7 +13,7 @@ enum dtype {
     DT_Q8_0, /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes) */
     /* GGUF's other block formats (model/quant.h): read as llama.cpp reads
      * them, computed on the CPU by widening rows to f32; kept together,
-     * Q4_0 first and Q6_K last (quant_is_widened) */
+     * Q4_0 first and Q6_K last (quant_is_low_bit) */
     DT_Q4_0, /* 32 4-bit values, one f16 scale (18 bytes) */
     DT_Q4_1, /* 32 4-bit values, f16 scale and minimum (20 bytes) */
     DT_Q5_0, /* 32 5-bit values, one f16 scale (22 bytes) */

@@ -332,11 +332,10 @@ static void screen_worker(void *ctx, int ith, int nth)
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
                      const struct tensor *head, int k, struct err *e)
 {
-    /* Q8_0 no: its matmul rounds the input to 8 bits, which the bound
-     * does not cover; the 4-6-bit formats' matmul multiplies the widened
-     * values in f32, as for f32 weights */
-    if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16 &&
-        !quant_is_widened(head->dtype))
+    /* Q8_0 and GGUF's 4-6-bit formats no: their matmul rounds the input
+     * to 8 bits, which the bound does not cover (and their own bytes are
+     * no more than the copy's) */
+    if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16)
         return 1;
     if (k < 1 || k > HEAD_PICK_MAX_K)
         return 1;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul_impl.h"
-#include "backend/cpu/widen.h"
+#include "backend/cpu/unpack.h"
 #include "base/half.h"
 #include "model/quant.h"
 
@@ -29,11 +29,14 @@
 /* Below this many activation values quantizing on one thread is cheaper
  * than waking the pool for it. */
 #define MM_PAR_QUANT_MIN 32768
-/* Rows of a widened format (model/quant.h) go to f32 this many at a time,
- * into the thread's slab of scratch, and through the f32 kernels from
- * there: a multiple of every kernel's nr, and 16 rows of 14,336 columns
- * (an 8B model's down projection) stay within a 1 MiB L2. */
-#define MM_WIDE_ROWS 16
+/* Rows of an integer-code format (unpack.h) are unpacked a slab at a
+ * time into the thread's scratch and multiplied from there, while the
+ * slab is still in L1 (at 3 bytes a value, a slab of 16 rows of 1,024
+ * columns in L2 ran at half the speed, decode and prefill): as many rows
+ * as fit MM_SLAB_BYTES, at least one, and for prompts a multiple of the
+ * tiles' 4 rows, at most MM_SLAB_ROWS. */
+#define MM_SLAB_BYTES (12 * 1024)
+#define MM_SLAB_ROWS 16
 
 /* ---- Q8_0 conversions (public; ggml-compatible) ---- */
 
@@ -160,6 +163,56 @@ static void scalar_tile_q8_0(const struct mm_job *j, int64_t t, int64_t r)
     j->out[t * j->rows + r] = acc;
 }
 
+/* ---- the integer-code formats (matmul_impl.h, unpack.h) ---- */
+
+size_t mm_codes_xq_row_bytes(int64_t cols) { return unpack_row_bytes(cols); }
+
+/* Written for every family: quantizing is one pass over the activations,
+ * next to a matmul's pass over the weights for each of them. Rounds to
+ * nearest, ties to even, as the SIMD quantizers of Q8_0 do. */
+void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+{
+    const int64_t nb = cols / 32;
+    if (nb % 2) /* the last group's missing half */
+        memset(dst + (size_t)(nb / 2) * UNPACK_GROUP_BYTES, 0, UNPACK_GROUP_BYTES);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * 32;
+        uint8_t *grp = dst + (size_t)(b / 2) * UNPACK_GROUP_BYTES;
+        const int h = (int)(b % 2);
+        int8_t *qs = (int8_t *)grp + 32 * h;
+        float *d = (float *)(grp + 64) + 8 * h, *xs = (float *)(grp + 128) + 8 * h;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+        for (int i = 0; i < 32; i++)
+            qs[i] = (int8_t)nearbyintf(xb[i] * id);
+        for (int l = 0; l < 8; l++) {
+            d[l] = db;
+            xs[l] = db * (float)(qs[4 * l] + qs[4 * l + 1] + qs[4 * l + 2] + qs[4 * l + 3]);
+        }
+    }
+}
+
+static void scalar_tile_codes(const struct mm_job *j, int64_t t, int64_t r)
+{
+    const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    const uint8_t *x = j->xq + t * j->xq_stride, *w = j->w + r * j->w_stride;
+    float acc = 0.0f;
+    for (int64_t g = 0; g < ng; g++, x += UNPACK_GROUP_BYTES, w += UNPACK_GROUP_BYTES) {
+        const int8_t *q = (const int8_t *)x;
+        const float *xd = (const float *)(x + 64), *xs = (const float *)(x + 128);
+        const float *ws = (const float *)(w + 64), *wm = (const float *)(w + 128);
+        for (int l = 0; l < 16; l++) {
+            int32_t dot = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++)
+                dot += (int32_t)w[i] * q[i];
+            acc += (float)dot * (ws[l] * xd[l]) - wm[l] * xs[l];
+        }
+    }
+    j->out[t * j->rows + r] = acc;
+}
+
 #define SCALAR_KERNEL(fn) {1, 1, 0, NULL, fn, fn, fn, fn, NULL, NULL}
 static const struct mm_kernel scalar_kernels[DT_COUNT] = {
     [DT_F32] = SCALAR_KERNEL(scalar_tile_f32),
@@ -168,6 +221,9 @@ static const struct mm_kernel scalar_kernels[DT_COUNT] = {
     [DT_Q8_0] = {1, 1, 0, NULL, scalar_tile_q8_0, scalar_tile_q8_0, scalar_tile_q8_0,
                  scalar_tile_q8_0, scalar_xq_row_bytes, scalar_xq_quantize},
 };
+static const struct mm_kernel scalar_codes = {
+    1, 1, 0, NULL, scalar_tile_codes, scalar_tile_codes, scalar_tile_codes, scalar_tile_codes,
+    mm_codes_xq_row_bytes, mm_codes_xq_quantize};
 
 /* ---- driver ---- */
 
@@ -175,6 +231,13 @@ static const struct mm_kernel *mm_pick_kernel(const struct cpu_matmul *mm, enum 
 {
     const struct mm_kernel *k = NULL;
     enum cpu_isa isa = mm->isa;
+    if (quant_is_low_bit(dt)) {
+        if (isa >= CPU_ISA_AVX512)
+            k = mm_codes_kernel_avx512(mm->vnni);
+        if (!k && isa >= CPU_ISA_AVX2)
+            k = mm_codes_kernel_avx2();
+        return k ? k : &scalar_codes;
+    }
     if (isa >= CPU_ISA_AVX512)
         k = mm_kernel_avx512(dt, mm->vnni);
     if (!k && isa >= CPU_ISA_AVX2)
@@ -229,29 +292,30 @@ struct mm_task {
     const struct mm_kernel *kern;
     int64_t chunk, n_chunks;
     atomic_llong next; /* next chunk to hand out */
-    /* a widened format: job->w holds its blocks, and each thread widens
-     * MM_WIDE_ROWS rows at a time into its slab (wide_slab floats apart
-     * from slabs) for the f32 kernel kern */
-    enum dtype wide;
-    cpu_widen_fn widen;
-    float *slabs;
-    size_t wide_slab;
+    /* an integer-code format: job->w holds its blocks, and each thread
+     * unpacks slab_rows rows at a time into its slab (slab_bytes apart
+     * from slabs) for kern */
+    enum dtype packed;
+    int64_t slab_rows;
+    cpu_unpack_fn unpack;
+    uint8_t *slabs;
+    size_t slab_bytes;
 };
 
-/* Rows [r0, r1) of a widened format: a slab of rows at a time made f32,
- * then the f32 kernel over the slab as a job of its own whose outputs
- * start at the slab's first row. */
-static void mm_run_wide(const struct mm_task *task, float *slab, int64_t r0, int64_t r1)
+/* Rows [r0, r1) of an integer-code format: a slab of rows at a time
+ * unpacked, then the kernel over the slab as a job of its own whose
+ * outputs start at the slab's first row. */
+static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, int64_t r1)
 {
     const struct mm_job *j = task->job;
     struct mm_job f = *j;
-    f.w = (const uint8_t *)slab;
-    f.w_stride = (size_t)j->cols * sizeof(float);
-    for (int64_t s = r0; s < r1; s += MM_WIDE_ROWS) {
-        const int64_t ns = r1 - s < MM_WIDE_ROWS ? r1 - s : MM_WIDE_ROWS;
+    f.w = slab;
+    f.w_stride = unpack_row_bytes(j->cols);
+    for (int64_t s = r0; s < r1; s += task->slab_rows) {
+        const int64_t ns = r1 - s < task->slab_rows ? r1 - s : task->slab_rows;
         for (int64_t r = 0; r < ns; r++)
-            task->widen(task->wide, j->w + (size_t)(s + r) * j->w_stride,
-                        slab + (size_t)r * (size_t)j->cols, j->cols);
+            task->unpack(task->packed, j->w + (size_t)(s + r) * j->w_stride,
+                         slab + (size_t)r * f.w_stride, j->cols);
         f.out = j->out + s;
         mm_run_chunk(&f, task->kern, 0, ns);
     }
@@ -269,7 +333,7 @@ static void mm_task_worker(void *ctx, int ith, int nth)
         int64_t r0 = c * task->chunk;
         int64_t r1 = r0 + task->chunk < j->rows ? r0 + task->chunk : j->rows;
         if (task->slabs)
-            mm_run_wide(task, task->slabs + (size_t)ith * task->wide_slab, r0, r1);
+            mm_run_slabs(task, task->slabs + (size_t)ith * task->slab_bytes, r0, r1);
         else
             mm_run_chunk(j, task->kern, r0, r1);
     }
@@ -336,34 +400,44 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         return -1;
     if (n == 0)
         return 0;
-    const bool wide = quant_is_widened(w->dtype);
-    const struct mm_kernel *k = mm_pick_kernel(mm, wide ? DT_F32 : w->dtype);
+    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype);
     struct mm_job j = {
         .out = out, .x = x, .w = w->data,
         .w_stride = dtype_row_bytes(w->dtype, w->cols),
         .n = n, .rows = w->rows, .cols = w->cols,
     };
     int nth = mm->tp ? tp_size(mm->tp) : 1;
+    struct mm_task task = {.job = &j, .kern = k, .chunk = mm_chunk_rows(w->rows, nth)};
+    task.n_chunks = (w->rows + task.chunk - 1) / task.chunk;
+    /* one reservation for the quantized activations and the slabs, which
+     * follow them */
+    size_t xq_bytes = 0;
     if (k->xq_quantize) {
         j.xq_stride = k->xq_row_bytes(w->cols);
-        if (mm_reserve_scratch(mm, j.xq_stride * (size_t)n, e))
-            return -1;
+        xq_bytes = mm_round_up(j.xq_stride * (size_t)n, 64);
+    }
+    if (quant_is_low_bit(w->dtype)) {
+        task.packed = w->dtype;
+        task.unpack = cpu_unpack_for(mm->isa);
+        const size_t rb = unpack_row_bytes(w->cols);
+        int64_t rows = (int64_t)(MM_SLAB_BYTES / rb);
+        if (n > k->stream_max_n)
+            rows -= rows % 4;
+        rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1) : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
+        task.slab_rows = rows;
+        task.slab_bytes = mm_round_up((size_t)rows * rb, 64);
+    }
+    if (mm_reserve_scratch(mm, xq_bytes + task.slab_bytes * (size_t)nth, e))
+        return -1;
+    if (task.unpack)
+        task.slabs = (uint8_t *)mm->scratch + xq_bytes;
+    if (k->xq_quantize) {
         j.xq = mm->scratch;
         struct mm_quant_task q = {&j, k, mm->scratch};
         if (nth > 1 && (int64_t)n * w->cols >= MM_PAR_QUANT_MIN)
             tp_run(mm->tp, mm_quant_worker, &q);
         else
             mm_quant_worker(&q, 0, 1);
-    }
-    struct mm_task task = {.job = &j, .kern = k, .chunk = mm_chunk_rows(w->rows, nth)};
-    task.n_chunks = (w->rows + task.chunk - 1) / task.chunk;
-    if (wide) {
-        task.wide = w->dtype;
-        task.widen = cpu_widen_for(mm->isa);
-        task.wide_slab = mm_round_up((size_t)MM_WIDE_ROWS * (size_t)w->cols, 16);
-        if (mm_reserve_scratch(mm, task.wide_slab * sizeof(float) * (size_t)nth, e))
-            return -1;
-        task.slabs = mm->scratch;
     }
     atomic_init(&task.next, 0);
     if (nth > 1 && task.n_chunks > 1)

@@ -1,5 +1,6 @@
 /* matmul_avx2.c - AVX2+FMA+F16C kernels: f32/f16/bf16 weights with f32 FMA,
- * and Q8_0 weights with 8-bit integer dot products (maddubs).
+ * and Q8_0 and the integer-code formats (GGUF's 4-6-bit ones) with 8-bit
+ * integer dot products (maddubs).
  *
  * Each function carries its own target attribute so the binary still runs
  * on CPUs without AVX2; matmul.c only calls in here after cpu_isa_hw() said
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul_impl.h"
+#include "backend/cpu/unpack.h"
 
 #define T256 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -323,6 +325,88 @@ static T256 void q8_1x1(const struct mm_job *j, int64_t t, int64_t r) { q8_tile(
 static const struct mm_kernel k256_q8_0 = {
     MR, NR, STREAM_MAX_N, q8_stream, q8_main, q8_t1, q8_r1, q8_1x1,
     avx2_xq_row_bytes, avx2_xq_quantize};
+
+/* ---- the integer-code formats (matmul_impl.h, unpack.h) ----
+ *
+ * A group of 64 values is two ymm halves; maddubs then madd with ones
+ * gives vpdpbusd's four-value lanes, which are the lanes of the group's s,
+ * m, d and xs (see matmul_avx512.c). Codes are at most 63, so a pair of
+ * products is at most 2 * 63 * 127 and maddubs never saturates. */
+
+INLINE T256 void codes_step(int mr, int nr, const uint8_t *const *x, const uint8_t *const *w,
+                            int64_t g, int h, __m256 acc[MMAX][NR])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i xv[MMAX];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+        xv[i] = _mm256_loadu_si256((const __m256i *)(x[i] + g * UNPACK_GROUP_BYTES + 32 * h));
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++) {
+        const uint8_t *p = w[c] + g * UNPACK_GROUP_BYTES;
+        const __m256i wu = _mm256_loadu_si256((const __m256i *)(p + 32 * h));
+        const __m256 ws = _mm256_loadu_ps((const float *)(p + 64) + 8 * h);
+        const __m256 wm = _mm256_loadu_ps((const float *)(p + 128) + 8 * h);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            const float *q = (const float *)(x[i] + g * UNPACK_GROUP_BYTES);
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv[i]), ones);
+            __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                       _mm256_mul_ps(ws, _mm256_loadu_ps(q + 16 + 8 * h)), acc[i][c]);
+            acc[i][c] = _mm256_fnmadd_ps(wm, _mm256_loadu_ps(q + 32 + 8 * h), a);
+        }
+    }
+}
+
+INLINE T256 void codes_tile(int mr, int nr, const struct mm_job *j, int64_t t, int64_t r)
+{
+    const int u = UNROLL(mr, nr);
+    const int64_t nh = j->cols / 32; /* halves of groups */
+    const uint8_t *x[MMAX], *w[NR];
+    __m256 acc[UMAX][MMAX][NR];
+    zero_acc(mr, nr, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+        x[i] = j->xq + (t + i) * j->xq_stride;
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        w[c] = j->w + (r + c) * j->w_stride;
+    int64_t k = 0;
+    for (; k + u <= nh; k += u)
+#pragma GCC unroll 4
+        for (int q = 0; q < u; q++)
+            codes_step(mr, nr, x, w, (k + q) / 2, (int)((k + q) % 2), acc[q]);
+    for (; k < nh; k++)
+        codes_step(mr, nr, x, w, k / 2, (int)(k % 2), acc[0]);
+    store_tile(j, t, r, mr, nr, u, acc);
+}
+
+INLINE T256 void codes_rows_nt(int nt, const struct mm_job *j, int64_t t, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        codes_tile(nt, 1, j, t, r);
+}
+
+static T256 void codes_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, int64_t r1)
+{
+    switch (nt) {
+    case 1: codes_rows_nt(1, j, t, r0, r1); break;
+    case 2: codes_rows_nt(2, j, t, r0, r1); break;
+    case 3: codes_rows_nt(3, j, t, r0, r1); break;
+    default: codes_rows_nt(4, j, t, r0, r1); break;
+    }
+}
+
+static T256 void codes_main(const struct mm_job *j, int64_t t, int64_t r) { codes_tile(MR, NR, j, t, r); }
+static T256 void codes_t1(const struct mm_job *j, int64_t t, int64_t r) { codes_tile(1, NR, j, t, r); }
+static T256 void codes_r1(const struct mm_job *j, int64_t t, int64_t r) { codes_tile(MR, 1, j, t, r); }
+static T256 void codes_1x1(const struct mm_job *j, int64_t t, int64_t r) { codes_tile(1, 1, j, t, r); }
+
+static const struct mm_kernel k256_codes = {
+    MR, NR, STREAM_MAX_N, codes_stream, codes_main, codes_t1, codes_r1, codes_1x1,
+    mm_codes_xq_row_bytes, mm_codes_xq_quantize};
+
+const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt)
 {

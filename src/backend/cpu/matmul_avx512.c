@@ -1,5 +1,6 @@
 /* matmul_avx512.c - AVX-512 kernels: f32/f16/bf16 weights with f32 FMA, and
- * Q8_0 weights with VNNI integer dot products.
+ * Q8_0 and the integer-code formats (GGUF's 4-6-bit ones) with VNNI
+ * integer dot products.
  *
  * Every function carries its own target attribute so the rest of the binary
  * stays runnable on CPUs without AVX-512; matmul.c only calls in here after
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul_impl.h"
+#include "backend/cpu/unpack.h"
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define T512VNNI                                                               \
@@ -350,6 +352,95 @@ VNNI_TILE(1, 1)
 static const struct mm_kernel k512_q8_0 = {
     MR, NR, STREAM_MAX_N, vnni_stream, vnni_4x4, vnni_1x4, vnni_4x1, vnni_1x1,
     vnni_xq_row_bytes, vnni_xq_quantize};
+
+/* ---- the integer-code formats with VNNI (matmul_impl.h, unpack.h) ----
+ *
+ * A group of 64 values is one vector of codes and one of activations;
+ * vpdpbusd's lanes (four values each) are the lanes of the group's s, m,
+ * d and xs, so a lane's sum is scaled and its min taken straight from
+ * memory: dot, convert, (s d) dot + acc, acc - m xs. The codes are at most
+ * 63, so vpdpbusd's unsigned operand needs no flip as Q8_0's does. */
+
+INLINE T512VNNI void codes_step(int mr, int nr, const uint8_t *const *x, const uint8_t *const *w,
+                                int64_t g, __m512 acc[MR][NR])
+{
+    __m512i wu[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        wu[c] = _mm512_loadu_si512(w[c] + g * UNPACK_GROUP_BYTES);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        const uint8_t *q = x[i] + g * UNPACK_GROUP_BYTES;
+        const __m512i xv = _mm512_loadu_si512(q);
+        const __m512 xd = _mm512_loadu_ps(q + 64), xs = _mm512_loadu_ps(q + 128);
+#pragma GCC unroll 4
+        for (int c = 0; c < nr; c++) {
+            const float *sm = (const float *)(w[c] + g * UNPACK_GROUP_BYTES + 64);
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu[c], xv);
+            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                       _mm512_mul_ps(_mm512_loadu_ps(sm), xd), acc[i][c]);
+            acc[i][c] = _mm512_fnmadd_ps(_mm512_loadu_ps(sm + 16), xs, a);
+        }
+    }
+}
+
+INLINE T512VNNI void codes_tile(int mr, int nr, const struct mm_job *j, int64_t t, int64_t r)
+{
+    const int u = UNROLL(mr, nr);
+    const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    const uint8_t *x[MR], *w[NR];
+    __m512 acc[UMAX][MR][NR];
+    zero_acc(mr, nr, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+        x[i] = j->xq + (t + i) * j->xq_stride;
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        w[c] = j->w + (r + c) * j->w_stride;
+    int64_t g = 0;
+    for (; g + u <= ng; g += u)
+#pragma GCC unroll 4
+        for (int q = 0; q < u; q++)
+            codes_step(mr, nr, x, w, g + q, acc[q]);
+    for (; g < ng; g++)
+        codes_step(mr, nr, x, w, g, acc[0]);
+    store_tile(j, t, r, mr, nr, u, acc);
+}
+
+INLINE T512VNNI void codes_rows_nt(int nt, const struct mm_job *j, int64_t t, int64_t r0,
+                                   int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        codes_tile(nt, 1, j, t, r);
+}
+
+static T512VNNI void codes_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0,
+                                  int64_t r1)
+{
+    switch (nt) {
+    case 1: codes_rows_nt(1, j, t, r0, r1); break;
+    case 2: codes_rows_nt(2, j, t, r0, r1); break;
+    case 3: codes_rows_nt(3, j, t, r0, r1); break;
+    default: codes_rows_nt(4, j, t, r0, r1); break;
+    }
+}
+
+#define CODES_TILE(mr, nr)                                                     \
+    static T512VNNI void codes_##mr##x##nr(const struct mm_job *j, int64_t t, int64_t r) \
+    { codes_tile(mr, nr, j, t, r); }
+CODES_TILE(4, 4)
+CODES_TILE(1, 4)
+CODES_TILE(4, 1)
+CODES_TILE(1, 1)
+
+static const struct mm_kernel k512_codes = {
+    MR, NR, STREAM_MAX_N, codes_stream, codes_4x4, codes_1x4, codes_4x1, codes_1x1,
+    mm_codes_xq_row_bytes, mm_codes_xq_quantize};
+
+const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
+{
+    return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
+}
 
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
 {

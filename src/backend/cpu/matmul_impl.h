@@ -47,7 +47,8 @@ struct mm_kernel {
     mm_tile_fn tile_t1;  /* 1 x nr */
     mm_tile_fn tile_r1;  /* mr x 1 */
     mm_tile_fn tile_1x1; /* 1 x 1 */
-    /* Q8_0 only: size of one quantized activation row and the quantizer. */
+    /* Q8_0 and the code formats: size of one quantized activation row and
+     * the quantizer. */
     size_t (*xq_row_bytes)(int64_t cols);
     void (*xq_quantize)(const float *x, uint8_t *dst, int64_t cols);
 };
@@ -55,6 +56,22 @@ struct mm_kernel {
 /* NULL when the family has no kernel for dt. */
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt);
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni);
+
+/* The integer-code formats (GGUF's 4-6-bit ones, unpack.h): the driver
+ * unpacks a slab of weight rows at a time into unpack.h's layout and runs
+ * one of these over it (NULL: none in the family). Their activation rows
+ * are groups of UNPACK_GROUP_BYTES matching the weights' groups, written
+ * by mm_codes_xq_quantize for every family:
+ *   qs [64] int8   values 64g .. rounded to 8 bits a 32-block, at
+ *                  scale absmax / 127 (a missing half: zeros)
+ *   d  [16] f32    lane l's block scale
+ *   xs [16] f32    d * (the sum of lane l's four qs)
+ * so that value by value sum (s u - m) x = sum over lanes of
+ * (s d) dot(u, qs) - m xs, the dot products exact in int32. */
+const struct mm_kernel *mm_codes_kernel_avx2(void);
+const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
+size_t mm_codes_xq_row_bytes(int64_t cols);
+void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
 
 static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 

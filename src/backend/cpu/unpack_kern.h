@@ -1,0 +1,185 @@
+/* unpack_kern.h - the unpacking of GGUF's 4-6-bit formats into the
+ * matmul's code layout (unpack.h) with intrinsics, written once and built
+ * per instruction set (unpack_v3.c: AVX2, unpack_v4.c: AVX-512). The codes
+ * are split out with 128- and 256-bit integer operations both sets have;
+ * the including file supplies
+ *   U_BITS16(b): byte j 16 where bit j of the 16 bits b is set, else 0;
+ *   U_UNPACK: the name of the exported function.
+ * The scales are the reference's f32 products (unpack.c), so every build
+ * writes its bytes. */
+#include <stdbool.h>
+
+#define QUANT_F16(h) _cvtsh_ss(h)
+#include "backend/cpu/unpack.h"
+#include "model/quant_dq.h"
+
+/* s and m of the 16 values of unit k (0..3) of a group: four lanes each */
+static inline void scales16(uint8_t *grp, int k, float s, float m)
+{
+    _mm_storeu_ps((float *)(grp + 64) + 4 * k, _mm_set1_ps(s));
+    _mm_storeu_ps((float *)(grp + 128) + 4 * k, _mm_set1_ps(m));
+}
+
+/* ... of the 32 values of half h (0, 1) of a group: eight lanes each */
+static inline void scales32(uint8_t *grp, int h, float s, float m)
+{
+    _mm256_storeu_ps((float *)(grp + 64) + 8 * h, _mm256_set1_ps(s));
+    _mm256_storeu_ps((float *)(grp + 128) + 8 * h, _mm256_set1_ps(m));
+}
+
+/* The 32-blocks: value j in the low nibble of byte j, j + 16 in its high
+ * one, a fifth bit (Q5_*) from bit j of a 32-bit word. Block b is half
+ * b % 2 of group b / 2. */
+static void q32_rows(enum dtype dt, const uint8_t *p, uint8_t *dst, int64_t nb)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const bool five = dt == DT_Q5_0 || dt == DT_Q5_1, affine = dt == DT_Q4_1 || dt == DT_Q5_1;
+    const float half = five ? 16.0f : 8.0f;
+    const size_t bb = dtype_row_bytes(dt, 32);
+    if (nb % 2) /* the last group's missing half */
+        memset(dst + (size_t)(nb / 2) * UNPACK_GROUP_BYTES, 0, UNPACK_GROUP_BYTES);
+    for (int64_t i = 0; i < nb; i++, p += bb) {
+        uint8_t *grp = dst + (size_t)(i / 2) * UNPACK_GROUP_BYTES;
+        const int h = (int)(i % 2);
+        uint16_t dh, mh = 0;
+        memcpy(&dh, p, 2);
+        if (affine)
+            memcpy(&mh, p + 2, 2);
+        const uint8_t *q = p + (affine ? 4 : 2);
+        uint32_t qh = 0;
+        if (five) {
+            memcpy(&qh, q, 4);
+            q += 4;
+        }
+        const __m128i v = _mm_loadu_si128((const __m128i *)q);
+        __m128i a = _mm_and_si128(v, lo4), b = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+        if (five) {
+            a = _mm_or_si128(a, U_BITS16(qh & 0xFFFF));
+            b = _mm_or_si128(b, U_BITS16(qh >> 16));
+        }
+        _mm_storeu_si128((__m128i *)(grp + 32 * h), a);
+        _mm_storeu_si128((__m128i *)(grp + 32 * h + 16), b);
+        const float d = _cvtsh_ss(dh);
+        scales32(grp, h, d, affine ? -_cvtsh_ss(mh) : half * d);
+    }
+}
+
+/* A K block's eight group scales d sc and mins dmin mn (k_scale_min's
+ * bits, all eight at once), as f32 vectors: the same products as
+ * k_pair_scales' */
+static inline void k_scales8(const uint8_t *q, float d, float dmin, __m256 *s8, __m256 *m8)
+{
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    /* groups 0-3: the low six bits of bytes 0-3 and 4-7; groups 4-7: a
+     * nibble of bytes 8-11 below the top two bits of bytes 0-3 / 4-7 */
+    const uint64_t sc = (uint64_t)(a & lo6) | (uint64_t)((c & lo4) | ((a >> 6) & lo2) << 4) << 32;
+    const uint64_t mn = (uint64_t)(b & lo6) | (uint64_t)(((c >> 4) & lo4) | ((b >> 6) & lo2) << 4) << 32;
+    *s8 = _mm256_mul_ps(_mm256_set1_ps(d),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
+    *m8 = _mm256_mul_ps(_mm256_set1_ps(dmin),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
+}
+
+/* One group of a K block: groups 2c and 2c + 1's codes (lo, hi) and their
+ * scales and mins, lanes of s8 and m8 */
+static inline void k_group(uint8_t *grp, __m256 s8, __m256 m8, int c, __m256i lo, __m256i hi)
+{
+    const __m256i g1 = _mm256_set1_epi32(2 * c), g2 = _mm256_set1_epi32(2 * c + 1);
+    _mm256_storeu_si256((__m256i *)grp, lo);
+    _mm256_storeu_si256((__m256i *)(grp + 32), hi);
+    _mm256_storeu_ps((float *)(grp + 64), _mm256_permutevar8x32_ps(s8, g1));
+    _mm256_storeu_ps((float *)(grp + 64) + 8, _mm256_permutevar8x32_ps(s8, g2));
+    _mm256_storeu_ps((float *)(grp + 128), _mm256_permutevar8x32_ps(m8, g1));
+    _mm256_storeu_ps((float *)(grp + 128) + 8, _mm256_permutevar8x32_ps(m8, g2));
+}
+
+static void q4_k_rows(const struct blk_q4_k *b, uint8_t *dst, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; i++, b++) {
+        __m256 s8, m8;
+        k_scales8(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), &s8, &m8);
+        for (int c = 0; c < 4; c++, dst += UNPACK_GROUP_BYTES) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+            k_group(dst, s8, m8, c, _mm256_and_si256(q, lo4),
+                    _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4));
+        }
+    }
+}
+
+static void q5_k_rows(const struct blk_q5_k *b, uint8_t *dst, int64_t nb)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; i++, b++) {
+        __m256 s8, m8;
+        k_scales8(b->scales, _cvtsh_ss(b->d), _cvtsh_ss(b->dmin), &s8, &m8);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+        for (int c = 0; c < 4; c++, dst += UNPACK_GROUP_BYTES) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+            /* fifth bits: bit 2c of qh[l] for the low group, 2c + 1 for the high */
+            const __m128i s1 = _mm_cvtsi32_si128(2 * c), s2 = _mm_cvtsi32_si128(2 * c + 1);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s1), one), 4);
+            const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s2), one), 4);
+            k_group(dst, s8, m8, c, _mm256_or_si256(_mm256_and_si256(q, lo4), h1),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), h2));
+        }
+    }
+}
+
+/* Q6_K: half n of a block is groups 2n and 2n + 1: the first holds runs q1
+ * and q2 of unpack.c's codes_q6_k, the second q3 and q4; unit h of a run
+ * (its 16 values 16h ..) has scale 8n + h + 2 * (run - 1). */
+static void q6_k_rows(const struct blk_q6_k *b, uint8_t *dst, int64_t nb)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0F), three = _mm_set1_epi8(3);
+    for (int64_t i = 0; i < nb; i++, b++) {
+        const float d = _cvtsh_ss(b->d);
+        for (int n = 0; n < 2; n++, dst += 2 * UNPACK_GROUP_BYTES) {
+            const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+            const int8_t *sc = b->scales + 8 * n;
+            uint8_t *g0 = dst, *g1 = dst + UNPACK_GROUP_BYTES;
+            for (int h = 0; h < 2; h++) {
+                const __m128i a = _mm_loadu_si128((const __m128i *)(ql + 16 * h));
+                const __m128i c = _mm_loadu_si128((const __m128i *)(ql + 32 + 16 * h));
+                const __m128i e = _mm_loadu_si128((const __m128i *)(qh + 16 * h));
+                /* byte shifts through 16-bit lanes, masked after */
+                const __m128i h0 = _mm_slli_epi16(_mm_and_si128(e, three), 4);
+                const __m128i h1 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(e, 2), three), 4);
+                const __m128i h2 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(e, 4), three), 4);
+                const __m128i h3 = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(e, 6), three), 4);
+                _mm_storeu_si128((__m128i *)(g0 + 16 * h), _mm_or_si128(_mm_and_si128(a, lo4), h0));
+                _mm_storeu_si128((__m128i *)(g0 + 32 + 16 * h),
+                                 _mm_or_si128(_mm_and_si128(c, lo4), h1));
+                _mm_storeu_si128((__m128i *)(g1 + 16 * h),
+                                 _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), lo4), h2));
+                _mm_storeu_si128((__m128i *)(g1 + 32 + 16 * h),
+                                 _mm_or_si128(_mm_and_si128(_mm_srli_epi16(c, 4), lo4), h3));
+                const float s1 = d * (float)sc[h], s2 = d * (float)sc[h + 2];
+                const float s3 = d * (float)sc[h + 4], s4 = d * (float)sc[h + 6];
+                scales16(g0, h, s1, 32.0f * s1);
+                scales16(g0, 2 + h, s2, 32.0f * s2);
+                scales16(g1, h, s3, 32.0f * s3);
+                scales16(g1, 2 + h, s4, 32.0f * s4);
+            }
+        }
+    }
+}
+
+void U_UNPACK(enum dtype dt, const void *src, uint8_t *dst, int64_t cols);
+void U_UNPACK(enum dtype dt, const void *src, uint8_t *dst, int64_t cols)
+{
+    switch (dt) {
+    case DT_Q4_0:
+    case DT_Q4_1:
+    case DT_Q5_0:
+    case DT_Q5_1: q32_rows(dt, src, dst, cols / 32); break;
+    case DT_Q4_K: q4_k_rows(src, dst, cols / Q_K_BLOCK); break;
+    case DT_Q5_K: q5_k_rows(src, dst, cols / Q_K_BLOCK); break;
+    case DT_Q6_K: q6_k_rows(src, dst, cols / Q_K_BLOCK); break;
+    default: cpu_unpack_ref(dt, src, dst, cols); break;
+    }
+}
