@@ -13,13 +13,6 @@
 #include "backend/cpu/unpack.h"
 #include "model/quant_dq.h"
 
-/* s and m of the 16 values of unit k (0..3) of a group: four lanes each */
-static inline void scales16(uint8_t *grp, int k, float s, float m)
-{
-    _mm_storeu_ps((float *)(grp + 64) + 4 * k, _mm_set1_ps(s));
-    _mm_storeu_ps((float *)(grp + 128) + 4 * k, _mm_set1_ps(m));
-}
-
 /* ... of the 32 values of half h (0, 1) of a group: eight lanes each */
 static inline void scales32(uint8_t *grp, int h, float s, float m)
 {
@@ -29,8 +22,10 @@ static inline void scales32(uint8_t *grp, int h, float s, float m)
 
 /* The 32-blocks: value j in the low nibble of byte j, j + 16 in its high
  * one, a fifth bit (Q5_*) from bit j of a 32-bit word. Block b is half
- * b % 2 of group b / 2. */
-static void q32_rows(enum dtype dt, const uint8_t *p, uint8_t *dst, int64_t nb)
+ * b % 2 of group b / 2. Inlined once per format, so that the format's
+ * tests leave the loop. */
+static inline __attribute__((always_inline)) void q32_rows(enum dtype dt, const uint8_t *p,
+                                                           uint8_t *dst, int64_t nb)
 {
     const __m128i lo4 = _mm_set1_epi8(0x0F);
     const bool five = dt == DT_Q5_0 || dt == DT_Q5_1, affine = dt == DT_Q4_1 || dt == DT_Q5_1;
@@ -130,17 +125,35 @@ static void q5_k_rows(const struct blk_q5_k *b, uint8_t *dst, int64_t nb)
     }
 }
 
+/* s and m of a group's 16 lanes from eight scales v (m = 32 s): lanes
+ * 4k .. 4k + 3 take scale b + k */
+static inline void q6_scales(uint8_t *grp, __m256 v, int b)
+{
+    const __m256i i1 = _mm256_setr_epi32(b, b, b, b, b + 1, b + 1, b + 1, b + 1);
+    const __m256i i2 = _mm256_add_epi32(i1, _mm256_set1_epi32(2));
+    const __m256 s1 = _mm256_permutevar8x32_ps(v, i1), s2 = _mm256_permutevar8x32_ps(v, i2);
+    const __m256 k32 = _mm256_set1_ps(32.0f);
+    _mm256_storeu_ps((float *)(grp + 64), s1);
+    _mm256_storeu_ps((float *)(grp + 64) + 8, s2);
+    _mm256_storeu_ps((float *)(grp + 128), _mm256_mul_ps(k32, s1));
+    _mm256_storeu_ps((float *)(grp + 128) + 8, _mm256_mul_ps(k32, s2));
+}
+
 /* Q6_K: half n of a block is groups 2n and 2n + 1: the first holds runs q1
- * and q2 of unpack.c's codes_q6_k, the second q3 and q4; unit h of a run
- * (its 16 values 16h ..) has scale 8n + h + 2 * (run - 1). */
+ * and q2 of unpack.c's codes_q6_k, the second q3 and q4; group G of the
+ * block (its 16-value units u) takes scales 4G + u. */
 static void q6_k_rows(const struct blk_q6_k *b, uint8_t *dst, int64_t nb)
 {
     const __m128i lo4 = _mm_set1_epi8(0x0F), three = _mm_set1_epi8(3);
     for (int64_t i = 0; i < nb; i++, b++) {
-        const float d = _cvtsh_ss(b->d);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        /* d sc, the reference's products: scales 0-7, 8-15 */
+        const __m256 v0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        const __m256 v1 =
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
         for (int n = 0; n < 2; n++, dst += 2 * UNPACK_GROUP_BYTES) {
             const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
-            const int8_t *sc = b->scales + 8 * n;
             uint8_t *g0 = dst, *g1 = dst + UNPACK_GROUP_BYTES;
             for (int h = 0; h < 2; h++) {
                 const __m128i a = _mm_loadu_si128((const __m128i *)(ql + 16 * h));
@@ -158,13 +171,10 @@ static void q6_k_rows(const struct blk_q6_k *b, uint8_t *dst, int64_t nb)
                                  _mm_or_si128(_mm_and_si128(_mm_srli_epi16(a, 4), lo4), h2));
                 _mm_storeu_si128((__m128i *)(g1 + 32 + 16 * h),
                                  _mm_or_si128(_mm_and_si128(_mm_srli_epi16(c, 4), lo4), h3));
-                const float s1 = d * (float)sc[h], s2 = d * (float)sc[h + 2];
-                const float s3 = d * (float)sc[h + 4], s4 = d * (float)sc[h + 6];
-                scales16(g0, h, s1, 32.0f * s1);
-                scales16(g0, 2 + h, s2, 32.0f * s2);
-                scales16(g1, h, s3, 32.0f * s3);
-                scales16(g1, 2 + h, s4, 32.0f * s4);
             }
+            const __m256 v = n ? v1 : v0;
+            q6_scales(g0, v, 0);
+            q6_scales(g1, v, 4);
         }
     }
 }
@@ -173,10 +183,10 @@ void U_UNPACK(enum dtype dt, const void *src, uint8_t *dst, int64_t cols);
 void U_UNPACK(enum dtype dt, const void *src, uint8_t *dst, int64_t cols)
 {
     switch (dt) {
-    case DT_Q4_0:
-    case DT_Q4_1:
-    case DT_Q5_0:
-    case DT_Q5_1: q32_rows(dt, src, dst, cols / 32); break;
+    case DT_Q4_0: q32_rows(DT_Q4_0, src, dst, cols / 32); break;
+    case DT_Q4_1: q32_rows(DT_Q4_1, src, dst, cols / 32); break;
+    case DT_Q5_0: q32_rows(DT_Q5_0, src, dst, cols / 32); break;
+    case DT_Q5_1: q32_rows(DT_Q5_1, src, dst, cols / 32); break;
     case DT_Q4_K: q4_k_rows(src, dst, cols / Q_K_BLOCK); break;
     case DT_Q5_K: q5_k_rows(src, dst, cols / Q_K_BLOCK); break;
     case DT_Q6_K: q6_k_rows(src, dst, cols / Q_K_BLOCK); break;
