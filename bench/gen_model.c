@@ -53,7 +53,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: gen_model --shape NAME --dtype DT -o FILE.gguf [--seed N]\n"
                "       gen_model --from-hf DIR --dtype DT -o FILE.gguf\n"
-               "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k; rows a\n"
+               "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k; rows a\n"
                "       256-block format does not divide fall back as llama.cpp does)\n"
                "       (either: --layers N keeps the first N layers, e.g. for a draft model;\n"
                "       --placeholder-vocab writes placeholder pieces as a vocabulary, so that\n"

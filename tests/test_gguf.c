@@ -1207,11 +1207,12 @@ static void test_model_errors(void)
 {
     struct err e = {{0}};
     struct model m;
-    const char *p = tmp_path("q2k.gguf");
-    CHECK(write_min_model(p, "llama", "blk.0.attn_q.weight", GGUF_TENSOR_Q2_K, false, true, &e) == 0, "write: %s", e.msg);
+    const char *p = tmp_path("iq4xs.gguf");
+    CHECK(write_min_model(p, "llama", "blk.0.attn_q.weight", 23 /* IQ4_XS */, false, true, &e) == 0, "write: %s", e.msg);
     CHECK(model_load(&m, p, &e) != 0 && strstr(e.msg, "blk.0.attn_q.weight") &&
-              strstr(e.msg, "Q2_K (10)") && strstr(e.msg, "q2k.gguf") && strstr(e.msg, "Q6_K"),
-          "Q2_K refused, naming what is supported: %s", e.msg);
+              strstr(e.msg, "IQ4_XS (23)") && strstr(e.msg, "iq4xs.gguf") && strstr(e.msg, "Q6_K") &&
+              strstr(e.msg, "Q2_K"),
+          "IQ4_XS refused, naming what is supported: %s", e.msg);
     p = tmp_path("gemma.gguf");
     CHECK(write_min_model(p, "gemma2", "blk.0.attn_q.weight", GGUF_TENSOR_F32, false, true, &e) == 0, "write: %s", e.msg);
     CHECK(model_load(&m, p, &e) != 0 && strstr(e.msg, "architecture 'gemma2' is not supported"),
@@ -1391,9 +1392,48 @@ static void test_block_formats(void)
         want[e] = 0.125f * (float)s6[e / 16] * (float)(code - 32);
     }
     CHECK(check_block(DT_Q6_K, b, want, 256) == 0, "Q6_K block");
+    /* Q2_K: 16 bytes of group scales (low nibble sc, high nibble mn, groups
+     * of 16), 64 bytes of 2-bit codes, d, dmin. Value e of half n = e / 128
+     * (r = e % 128, run j = r / 32): its code in bits 2j of byte 16 + 32n +
+     * r % 32; value = d sc code - dmin mn. */
+    memset(b, 0, sizeof b);
+    for (int g = 0; g < 16; g++)
+        b[g] = (uint8_t)((3 * g + 1) % 16 | ((5 * g + 2) % 16) << 4);
+    put_f16(b + 80, 0.5f);
+    put_f16(b + 82, 0.25f);
+    for (int e = 0; e < 256; e++) {
+        const int n = e / 128, r = e % 128, code = (e * 7 + 3) % 4, g = e / 16;
+        b[16 + 32 * n + r % 32] |= (uint8_t)(code << (2 * (r / 32)));
+        want[e] = 0.5f * (float)((3 * g + 1) % 16) * (float)code - 0.25f * (float)((5 * g + 2) % 16);
+    }
+    CHECK(check_block(DT_Q2_K, b, want, 256) == 0, "Q2_K block");
+    /* Q3_K: 32 bytes of high bits, 64 bytes of low 2-bit codes (as Q2_K's),
+     * 12 bytes of 6-bit scales, d. Value e's high bit is bit 4n + j of
+     * byte e % 32: set, the code is the low bits; clear, they minus 4.
+     * Scale g's low nibble is byte g's low one (g < 8) or byte g - 8's high
+     * one, its top two bits bits 2 (g / 4) of byte 104 + g % 4 (8 + g % 4
+     * of the 12); value = d (scale - 32) code. */
+    memset(b, 0, sizeof b);
+    int s3[16];
+    for (int g = 0; g < 16; g++) {
+        s3[g] = (g * 11 + 5) % 64;
+        b[96 + g % 8] |= (uint8_t)((s3[g] & 15) << (g < 8 ? 0 : 4));
+        b[104 + g % 4] |= (uint8_t)((s3[g] >> 4) << (2 * (g / 4)));
+    }
+    put_f16(b + 108, 0.125f);
+    for (int e = 0; e < 256; e++) {
+        const int n = e / 128, r = e % 128, j = r / 32, lo = (e * 5 + 1) % 4, hi = e % 3 != 0;
+        b[32 + 32 * n + r % 32] |= (uint8_t)(lo << (2 * j));
+        if (hi)
+            b[e % 32] |= (uint8_t)(1 << (4 * n + j));
+        want[e] = 0.125f * (float)(s3[e / 16] - 32) * (float)(hi ? lo : lo - 4);
+    }
+    CHECK(check_block(DT_Q3_K, b, want, 256) == 0, "Q3_K block");
     /* the quantizer's blocks widen back to within a step of the values */
-    const enum dtype all[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
-    const float step[] = {2.0f / 8, 2.0f / 15, 2.0f / 16, 2.0f / 31, 2.0f / 15, 2.0f / 31, 2.0f / 32};
+    const enum dtype all[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
+                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+    const float step[] = {2.0f / 8,  2.0f / 15, 2.0f / 16, 2.0f / 31, 2.0f / 15,
+                          2.0f / 31, 2.0f / 32, 2.0f / 3,  2.0f / 8};
     float x[512], y[512];
     uint8_t q[512];
     for (int i = 0; i < 512; i++)

@@ -40,7 +40,7 @@ for p in $(seq 1 24); do
     echo "$line"
 done >"$tmp/prompts"
 for shape in tiny-k tiny-k-llama; do
-    for dt in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k; do
+    for dt in f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k; do
         f=$tmp/$shape-$dt.gguf
         if ! "$GEN" --shape "$shape" --dtype "$dt" --placeholder-vocab -o "$f" >"$tmp/gen.log" 2>&1; then
             bad "gen_model $shape $dt: $(cat "$tmp/gen.log")"

@@ -444,7 +444,8 @@ static void test_unpack_builds(void)
         enum dtype dt;
         int f16_at[2], n_f16;
     } fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1}, {DT_Q5_1, {0, 2}, 2},
-              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1}};
+              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1},
+              {DT_Q2_K, {80, 82}, 2}, {DT_Q3_K, {108}, 1}};
     for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
         const enum dtype dt = fm[f].dt;
         const int64_t be = dtype_block_elems(dt), n = be == 32 ? 4064 : 4096;

@@ -150,7 +150,8 @@ static void check_gguf_widened(const char *dir, const char *name)
         CHECK(0, "%s: %s", dir, e.msg);
         return;
     }
-    const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+    const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
+                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
     const int prompt[] = {1, 5, 9, 200, 31, 7, 77, 13, 400, 2, 99, 64};
     const int np = (int)(sizeof prompt / sizeof prompt[0]);
     for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {

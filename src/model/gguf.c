@@ -92,6 +92,8 @@ uint32_t gguf_ttype_from_dtype(enum dtype d)
     case DT_Q4_K: return GGUF_TENSOR_Q4_K;
     case DT_Q5_K: return GGUF_TENSOR_Q5_K;
     case DT_Q6_K: return GGUF_TENSOR_Q6_K;
+    case DT_Q2_K: return GGUF_TENSOR_Q2_K;
+    case DT_Q3_K: return GGUF_TENSOR_Q3_K;
     default: return (uint32_t)-1;
     }
 }
@@ -110,6 +112,8 @@ int gguf_ttype_to_dtype(uint32_t t, enum dtype *out)
     case GGUF_TENSOR_Q4_K: *out = DT_Q4_K; return 0;
     case GGUF_TENSOR_Q5_K: *out = DT_Q5_K; return 0;
     case GGUF_TENSOR_Q6_K: *out = DT_Q6_K; return 0;
+    case GGUF_TENSOR_Q2_K: *out = DT_Q2_K; return 0;
+    case GGUF_TENSOR_Q3_K: *out = DT_Q3_K; return 0;
     default: return -1;
     }
 }
@@ -1032,7 +1036,8 @@ static int ld_tensor(struct model *m, const struct gguf_file *g, const struct gg
     struct tensor t = {0};
     if (gguf_ttype_to_dtype(gt->type, &t.dtype))
         return err_set(e, "%s: tensor '%s' has type %s (%u), which is not supported (supported: "
-                          "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
+                          "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
+                          "Q6_K)",
                        g->name, name, gguf_ttype_name(gt->type), gt->type);
     if (gt->ne[2] != 1 || gt->ne[3] != 1)
         return err_set(e, "%s: tensor '%s' has %u dimensions, expected 1 or 2", g->name, name,

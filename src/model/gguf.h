@@ -50,6 +50,7 @@ enum gguf_ttype {
     GGUF_TENSOR_Q5_1 = 7,
     GGUF_TENSOR_Q8_0 = 8,
     GGUF_TENSOR_Q2_K = 10,
+    GGUF_TENSOR_Q3_K = 11,
     GGUF_TENSOR_Q4_K = 12,
     GGUF_TENSOR_Q5_K = 13,
     GGUF_TENSOR_Q6_K = 14,

@@ -406,6 +406,8 @@ static uint32_t file_type(enum dtype dt)
     case DT_Q4_K: return 14; /* every matrix Q4_K: llama.cpp's Q4_K_S */
     case DT_Q5_K: return 16; /* Q5_K_S */
     case DT_Q6_K: return 18;
+    case DT_Q2_K: return 10;
+    case DT_Q3_K: return 11; /* every matrix Q3_K: Q3_K_S */
     case DT_BF16: return 32;
     default: return 0;
     }
@@ -524,9 +526,14 @@ static int add_plan(struct plan *p, int *n, const char *name, const struct tenso
     x->out = vec ? DT_F32 : dt;
     /* rows that a format's 256-blocks do not divide take a 32-block format
      * of about as many bits, as llama.cpp does (Q4_K: Q5_0, Q5_K: Q5_1,
-     * Q6_K: Q8_0); rows 32 does not divide either stay f32 */
+     * Q6_K: Q8_0; Q2_K and Q3_K: Q4_0, where llama.cpp now takes IQ4_NL,
+     * which cllm does not compute); rows 32 does not divide either stay
+     * f32 */
     if (src->cols % dtype_block_elems(x->out))
-        x->out = x->out == DT_Q4_K ? DT_Q5_0 : x->out == DT_Q5_K ? DT_Q5_1 : DT_Q8_0;
+        x->out = x->out == DT_Q4_K                        ? DT_Q5_0
+                 : x->out == DT_Q5_K                      ? DT_Q5_1
+                 : x->out == DT_Q2_K || x->out == DT_Q3_K ? DT_Q4_0
+                                                          : DT_Q8_0;
     if (src->cols % dtype_block_elems(x->out))
         x->out = DT_F32;
     x->perm = perm;

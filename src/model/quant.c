@@ -11,7 +11,7 @@
 
 bool quant_is_low_bit(enum dtype dt)
 {
-    return dt >= DT_Q4_0 && dt <= DT_Q6_K;
+    return dt >= DT_Q4_0 && dt <= DT_Q3_K;
 }
 
 void quant_dequantize_row(enum dtype dt, const void *src, float *y, int64_t n)
@@ -121,6 +121,71 @@ static void q_kgroups(const float *x, uint16_t *dh, uint16_t *dminh, uint8_t *sc
     }
 }
 
+/* Q2_K: sixteen 16-groups, value = d sc q - dmin mn, q in 0..3, sc and mn
+ * 4 bits of d and dmin; value e's code in bits 2 (e % 128 / 32) of byte
+ * 32 (e / 128) + e % 32 */
+static void q_q2_k(const float *x, struct blk_q2_k *b)
+{
+    float scale[16], mins[16], smax = 0.0f, mmax = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        float lo = 0.0f, hi = 0.0f; /* the group's range, holding 0: mins >= 0 */
+        for (int l = 0; l < 16; l++) {
+            lo = fminf(lo, x[16 * g + l]);
+            hi = fmaxf(hi, x[16 * g + l]);
+        }
+        scale[g] = (hi - lo) / 3.0f;
+        mins[g] = -lo;
+        smax = fmaxf(smax, scale[g]);
+        mmax = fmaxf(mmax, mins[g]);
+    }
+    b->d = f32_to_f16(smax / 15.0f);
+    b->dmin = f32_to_f16(mmax / 15.0f);
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    memset(b->qs, 0, sizeof b->qs);
+    for (int g = 0; g < 16; g++) {
+        const int sc = clampi(d > 0 ? (int)lrintf(scale[g] / d) : 0, 0, 15);
+        const int mn = clampi(dmin > 0 ? (int)lrintf(mins[g] / dmin) : 0, 0, 15);
+        b->scales[g] = (uint8_t)(sc | mn << 4);
+        const float dd = d * (float)sc, dm = dmin * (float)mn;
+        for (int l = 0; l < 16; l++) {
+            const int e = 16 * g + l;
+            const int q = dd > 0 ? clampi((int)lrintf((x[e] + dm) / dd), 0, 3) : 0;
+            b->qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * (e % 128 / 32)));
+        }
+    }
+}
+
+/* Q3_K: sixteen 16-groups, value = d (sc - 32) (u - 4), u in 0..7 (its
+ * low two bits placed as Q2_K's, the third in bit 4 (e / 128) + e % 128 /
+ * 32 of hmask byte e % 32), sc 6 bits packed as q3_k_scales reads them */
+static void q_q3_k(const float *x, struct blk_q3_k *b)
+{
+    float scale[16], smax = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        scale[g] = signed_absmax(x + 16 * g, 16) / -4.0f;
+        smax = fmaxf(smax, fabsf(scale[g]));
+    }
+    b->d = f32_to_f16(smax / 31.0f);
+    const float d = f16_to_f32(b->d);
+    memset(b->qs, 0, sizeof b->qs);
+    memset(b->hmask, 0, sizeof b->hmask);
+    memset(b->scales, 0, sizeof b->scales);
+    for (int g = 0; g < 16; g++) {
+        const int sc = clampi(d > 0 ? (int)lrintf(scale[g] / d) : 0, -32, 31);
+        const int s6 = sc + 32;
+        b->scales[g % 8] |= (uint8_t)((s6 & 0xF) << (g < 8 ? 0 : 4));
+        b->scales[8 + g % 4] |= (uint8_t)((s6 >> 4) << (2 * (g / 4)));
+        const float dd = d * (float)sc;
+        for (int l = 0; l < 16; l++) {
+            const int e = 16 * g + l, run = e % 128 / 32;
+            const int u = (dd != 0.0f ? clampi((int)lrintf(x[e] / dd), -4, 3) : 0) + 4;
+            b->qs[32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * run));
+            if (u & 4)
+                b->hmask[e % 32] |= (uint8_t)(1 << (4 * (e / 128) + run));
+        }
+    }
+}
+
 static void q_q4_k(const float *x, struct blk_q4_k *b)
 {
     int q[Q_K_BLOCK];
@@ -200,6 +265,8 @@ void quant_quantize_row(enum dtype dt, const float *x, void *dst, int64_t n)
         case DT_Q4_K: q_q4_k(x, (struct blk_q4_k *)p); break;
         case DT_Q5_K: q_q5_k(x, (struct blk_q5_k *)p); break;
         case DT_Q6_K: q_q6_k(x, (struct blk_q6_k *)p); break;
+        case DT_Q2_K: q_q2_k(x, (struct blk_q2_k *)p); break;
+        case DT_Q3_K: q_q3_k(x, (struct blk_q3_k *)p); break;
         default: memset(p, 0, bb); break;
         }
 }

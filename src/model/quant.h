@@ -1,5 +1,5 @@
 /* quant.h - GGUF's block formats besides Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q4_K, Q5_K, Q6_K): their rows widened to f32 with llama.cpp's arithmetic,
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): their rows widened to f32 with llama.cpp's arithmetic,
  * so a file's weights mean here what they mean there, and a plain
  * quantizer for each, for test and benchmark models (not llama.cpp's
  * error-minimizing search: valid blocks, not the best ones). */

@@ -61,6 +61,25 @@ struct blk_q6_k {
     int8_t scales[Q_K_BLOCK / 16];
     uint16_t d;
 };
+/* Sixteen groups of 16: each group's 4-bit scale (low nibble) and min
+ * (high nibble) in a byte; value l of half n, run j (0..3) of 32 in bits
+ * 2j of byte 32n + l % 32 (unpack.c's codes_q2_k) */
+struct blk_q2_k {
+    uint8_t scales[Q_K_BLOCK / 16];
+    uint8_t qs[Q_K_BLOCK / 4];
+    uint16_t d, dmin;
+};
+/* Sixteen groups of 16 with 6-bit scales stored + 32 (q3_k_scales); the
+ * low two bits of each value as Q2_K's, the third in hmask (set: the code
+ * as it is; clear: minus 4) */
+struct blk_q3_k {
+    uint8_t hmask[Q_K_BLOCK / 8];
+    uint8_t qs[Q_K_BLOCK / 4];
+    uint8_t scales[12];
+    uint16_t d;
+};
+_Static_assert(sizeof(struct blk_q2_k) == 84 && sizeof(struct blk_q3_k) == 110,
+               "GGUF K block sizes");
 _Static_assert(sizeof(struct blk_q4_0) == 18 && sizeof(struct blk_q4_1) == 20 &&
                    sizeof(struct blk_q5_0) == 22 && sizeof(struct blk_q5_1) == 24 &&
                    sizeof(struct blk_q4_k) == 144 && sizeof(struct blk_q5_k) == 176 &&
@@ -193,6 +212,52 @@ static inline void dq_q6_k(const struct blk_q6_k *restrict b, float *restrict y)
         }
 }
 
+/* Q3_K's sixteen 6-bit scales (still + 32) from its 12 bytes: scale j's
+ * low nibble is the low one of byte j for j < 8, else the high one of
+ * byte j - 8; its top two bits are bits 2 (j / 4) of byte 8 + j % 4 */
+static inline void q3_k_scales(const uint8_t *q, int8_t *sc)
+{
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? q[j] & 0xF : q[j - 8] >> 4;
+        const int hi = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int8_t)(lo | hi << 4);
+    }
+}
+
+/* d (sc & 15) code - dmin (sc >> 4), ggml's order; run j of half n takes
+ * bits 2j of bytes 32n + l, groups 8n + 2j (l < 16) and 8n + 2j + 1 */
+static inline void dq_q2_k(const struct blk_q2_k *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d), dmin = QUANT_F16(b->dmin);
+    for (int n = 0; n < 2; n++)
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++, y += 16) {
+                const uint8_t sc = b->scales[8 * n + 2 * j + h];
+                const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+                const uint8_t *q = b->qs + 32 * n + 16 * h;
+                for (int l = 0; l < 16; l++)
+                    y[l] = dl * (float)((q[l] >> (2 * j)) & 3) - ml;
+            }
+}
+
+/* d (sc - 32) (code - (hmask bit ? 0 : 4)); the hmask bit of run j of
+ * half n is bit 4n + j of byte l */
+static inline void dq_q3_k(const struct blk_q3_k *restrict b, float *restrict y)
+{
+    const float d = QUANT_F16(b->d);
+    int8_t sc[16];
+    q3_k_scales(b->scales, sc);
+    for (int n = 0; n < 2; n++)
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++, y += 16) {
+                const float dl = d * (float)(sc[8 * n + 2 * j + h] - 32);
+                const uint8_t *q = b->qs + 32 * n + 16 * h, *hm = b->hmask + 16 * h;
+                for (int l = 0; l < 16; l++)
+                    y[l] = dl * (float)((int)((q[l] >> (2 * j)) & 3) -
+                                        (hm[l] >> (4 * n + j) & 1 ? 0 : 4));
+            }
+}
+
 /* One switch a row, the blocks' loop inside each case: the per-block
  * functions inline into loops the compiler can vectorize. */
 #define QUANT_DQ_BLOCKS(fn, blk)                                                \
@@ -231,6 +296,8 @@ static inline void quant_dq_row(enum dtype dt, const void *src, float *y, int64_
     case DT_Q4_K: QUANT_DQ_BLOCKS(dq_q4_k, blk_q4_k); break;
     case DT_Q5_K: QUANT_DQ_BLOCKS(dq_q5_k, blk_q5_k); break;
     case DT_Q6_K: QUANT_DQ_BLOCKS(dq_q6_k, blk_q6_k); break;
+    case DT_Q2_K: QUANT_DQ_BLOCKS(dq_q2_k, blk_q2_k); break;
+    case DT_Q3_K: QUANT_DQ_BLOCKS(dq_q3_k, blk_q3_k); break;
     default: memset(y, 0, sizeof(float) * (size_t)n); break;
     }
 }

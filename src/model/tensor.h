@@ -12,8 +12,8 @@ enum dtype {
     DT_BF16,
     DT_Q8_0, /* GGUF Q8_0: blocks of 32 int8 with one f16 scale (34 bytes) */
     /* GGUF's other block formats (model/quant.h): read as llama.cpp reads
-     * them, computed on the CPU by widening rows to f32; kept together,
-     * Q4_0 first and Q6_K last (quant_is_low_bit) */
+     * them, computed on the CPU as integer codes (backend/cpu/unpack.h);
+     * kept together, Q4_0 first and Q3_K last (quant_is_low_bit) */
     DT_Q4_0, /* 32 4-bit values, one f16 scale (18 bytes) */
     DT_Q4_1, /* 32 4-bit values, f16 scale and minimum (20 bytes) */
     DT_Q5_0, /* 32 5-bit values, one f16 scale (22 bytes) */
@@ -21,6 +21,8 @@ enum dtype {
     DT_Q4_K, /* 256 4-bit values in 8 groups, 6-bit group scales and mins (144 bytes) */
     DT_Q5_K, /* 256 5-bit values in 8 groups, 6-bit group scales and mins (176 bytes) */
     DT_Q6_K, /* 256 6-bit values in 16 groups, 8-bit group scales (210 bytes) */
+    DT_Q2_K, /* 256 2-bit values in 16 groups, 4-bit group scales and mins (84 bytes) */
+    DT_Q3_K, /* 256 3-bit values in 16 groups, 6-bit group scales (110 bytes) */
     DT_COUNT
 };
 

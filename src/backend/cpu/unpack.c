@@ -15,13 +15,15 @@
 static void place(uint8_t *dst, int64_t k0, const uint8_t *u, const float *s, const float *m,
                   int n)
 {
-    for (int i = 0; i < n; i += 4) {
+    for (int i = 0; i < n; i += 16) {
         const int64_t k = k0 + i;
         uint8_t *grp = dst + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
-        const int v = (int)(k % UNPACK_GROUP), lane = v / 4;
-        memcpy(grp + v, u + i, 4);
-        memcpy(grp + 64 + 4 * lane, &s[i / 16], 4);
-        memcpy(grp + 128 + 4 * lane, &m[i / 16], 4);
+        const int v = (int)(k % UNPACK_GROUP);
+        memcpy(grp + v, u + i, 16);
+        for (int l = v / 4; l < v / 4 + 4; l++) {
+            memcpy(grp + 64 + 4 * l, &s[i / 16], 4);
+            memcpy(grp + 128 + 4 * l, &m[i / 16], 4);
+        }
     }
 }
 
@@ -98,12 +100,46 @@ static void codes_q6_k(const uint8_t *p, uint8_t *u, float *s, float *m)
     }
 }
 
+/* Q2_K / Q3_K: value e's two low bits are bits 2 (e % 128 / 32) of byte
+ * 32 (e / 128) + e % 32 of qs; Q3_K's third is bit 4 (e / 128) + e % 128 /
+ * 32 of hmask byte e % 32, and a clear one means minus 4: the code is
+ * the three bits, the min 4 s */
+static void codes_q2_k(const uint8_t *p, uint8_t *u, float *s, float *m)
+{
+    const struct blk_q2_k *b = (const void *)p;
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    for (int e = 0; e < Q_K_BLOCK; e++)
+        u[e] = (uint8_t)((b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3);
+    for (int g = 0; g < 16; g++) {
+        s[g] = d * (float)(b->scales[g] & 0xF);
+        m[g] = dmin * (float)(b->scales[g] >> 4);
+    }
+}
+
+static void codes_q3_k(const uint8_t *p, uint8_t *u, float *s, float *m)
+{
+    const struct blk_q3_k *b = (const void *)p;
+    const float d = f16_to_f32(b->d);
+    for (int e = 0; e < Q_K_BLOCK; e++) {
+        const int run = e % 128 / 32;
+        const int hi = (b->hmask[e % 32] >> (4 * (e / 128) + run)) & 1;
+        u[e] = (uint8_t)(((b->qs[32 * (e / 128) + e % 32] >> (2 * run)) & 3) | hi << 2);
+    }
+    int8_t sc[16];
+    q3_k_scales(b->scales, sc);
+    for (int g = 0; g < 16; g++) {
+        s[g] = d * (float)(sc[g] - 32);
+        m[g] = 4.0f * s[g];
+    }
+}
+
 void cpu_unpack_ref(enum dtype dt, const void *src, uint8_t *dst, int64_t cols)
 {
     const int64_t be = dtype_block_elems(dt);
     const size_t bb = dtype_row_bytes(dt, be);
     const uint8_t *p = src;
-    memset(dst, 0, unpack_row_bytes(cols));
+    if (cols % UNPACK_GROUP) /* the last group's missing half */
+        memset(dst + unpack_row_bytes(cols) - UNPACK_GROUP_BYTES, 0, UNPACK_GROUP_BYTES);
     uint8_t u[Q_K_BLOCK];
     float s[Q_K_BLOCK / 16], m[Q_K_BLOCK / 16];
     for (int64_t k = 0; k < cols; k += be, p += bb) {
@@ -111,6 +147,8 @@ void cpu_unpack_ref(enum dtype dt, const void *src, uint8_t *dst, int64_t cols)
         case DT_Q4_K:
         case DT_Q5_K: codes_k45(dt, p, u, s, m); break;
         case DT_Q6_K: codes_q6_k(p, u, s, m); break;
+        case DT_Q2_K: codes_q2_k(p, u, s, m); break;
+        case DT_Q3_K: codes_q3_k(p, u, s, m); break;
         default: codes_q32(dt, p, u, s, m); break;
         }
         place(dst, k, u, s, m, (int)be);

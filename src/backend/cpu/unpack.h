@@ -1,12 +1,13 @@
-/* unpack.h - GGUF's 4-6-bit block formats (model/quant.h: Q4_0, Q4_1,
- * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) as one layout of unsigned integer codes
+/* unpack.h - GGUF's 2-6-bit block formats (model/quant.h: Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) as one layout of unsigned integer codes
  * and per-16 scales, which the matmul's integer kernels multiply by
  * activations rounded to 8 bits (matmul_impl.h), as they do Q8_0's.
  *
  * Every format's value is s * u - m for a code u in 0..63 and a scale s
  * and min m shared by 16 values (Q4_0: s = d, m = 8 d; Q4_1: s = d,
  * m = -min; Q4_K: s = d sc, m = dmin mn, ggml's f32 products; Q6_K:
- * s = d sc, m = 32 s; the 5-bit ones likewise), so one kernel serves all.
+ * s = d sc, m = 32 s; Q2_K: s = d sc, m = dmin mn; Q3_K: s = d (sc - 32),
+ * m = 4 s; the 5-bit ones likewise), so one kernel serves all.
  *
  * A row of cols values (a multiple of 32) is ceil(cols / 64) groups of
  * UNPACK_GROUP_BYTES bytes:

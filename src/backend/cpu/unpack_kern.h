@@ -125,18 +125,88 @@ static void q5_k_rows(const struct blk_q5_k *b, uint8_t *dst, int64_t nb)
     }
 }
 
-/* s and m of a group's 16 lanes from eight scales v (m = 32 s): lanes
- * 4k .. 4k + 3 take scale b + k */
-static inline void q6_scales(uint8_t *grp, __m256 v, int b)
+/* s and m of a group's 16 lanes from eight units' scales sv and mins mv:
+ * lanes 4k .. 4k + 3 take unit b + k (b 0 or 4) */
+static inline void unit_scales(uint8_t *grp, __m256 sv, __m256 mv, int b)
 {
     const __m256i i1 = _mm256_setr_epi32(b, b, b, b, b + 1, b + 1, b + 1, b + 1);
     const __m256i i2 = _mm256_add_epi32(i1, _mm256_set1_epi32(2));
-    const __m256 s1 = _mm256_permutevar8x32_ps(v, i1), s2 = _mm256_permutevar8x32_ps(v, i2);
-    const __m256 k32 = _mm256_set1_ps(32.0f);
-    _mm256_storeu_ps((float *)(grp + 64), s1);
-    _mm256_storeu_ps((float *)(grp + 64) + 8, s2);
-    _mm256_storeu_ps((float *)(grp + 128), _mm256_mul_ps(k32, s1));
-    _mm256_storeu_ps((float *)(grp + 128) + 8, _mm256_mul_ps(k32, s2));
+    _mm256_storeu_ps((float *)(grp + 64), _mm256_permutevar8x32_ps(sv, i1));
+    _mm256_storeu_ps((float *)(grp + 64) + 8, _mm256_permutevar8x32_ps(sv, i2));
+    _mm256_storeu_ps((float *)(grp + 128), _mm256_permutevar8x32_ps(mv, i1));
+    _mm256_storeu_ps((float *)(grp + 128) + 8, _mm256_permutevar8x32_ps(mv, i2));
+}
+
+/* Eight bytes at b (unsigned) as f32 times d */
+static inline __m256 scaled8(__m128i b, float d)
+{
+    return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+}
+
+/* Q2_K / Q3_K: half n's 32 bytes of qs hold runs j = 0..3 of 32 values in
+ * bits 2j, run j going to half j % 2 of group 2n + j / 2; Q3_K's third bit
+ * of run j is bit 4n + j of hmask's 32 bytes. The block's 16 units' s and
+ * m come in sv[2] and mv[2] (units 0-7, 8-15). */
+static inline __attribute__((always_inline)) void k23_codes(const uint8_t *qs, const uint8_t *hmask,
+                                                           const __m256 sv[2], const __m256 mv[2],
+                                                           uint8_t *dst)
+{
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i hm = hmask ? _mm256_loadu_si256((const __m256i *)hmask) : _mm256_setzero_si256();
+    for (int n = 0; n < 2; n++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+        for (int j = 0; j < 4; j++) {
+            const __m128i sh = _mm_cvtsi32_si128(2 * j), sb = _mm_cvtsi32_si128(4 * n + j);
+            __m256i c = _mm256_and_si256(_mm256_srl_epi16(q, sh), three);
+            if (hmask)
+                c = _mm256_or_si256(
+                    c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hm, sb), one), 2));
+            _mm256_storeu_si256(
+                (__m256i *)(dst + (size_t)(2 * n + j / 2) * UNPACK_GROUP_BYTES + 32 * (j % 2)), c);
+        }
+    }
+    for (int g = 0; g < 4; g++)
+        unit_scales(dst + (size_t)g * UNPACK_GROUP_BYTES, sv[g / 2], mv[g / 2], 4 * (g % 2));
+}
+
+static void q2_k_rows(const struct blk_q2_k *b, uint8_t *dst, int64_t nb)
+{
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; i++, b++, dst += 4 * UNPACK_GROUP_BYTES) {
+        const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i lo = _mm_and_si128(sc, lo4), hi = _mm_and_si128(_mm_srli_epi16(sc, 4), lo4);
+        const __m256 sv[2] = {scaled8(lo, d), scaled8(_mm_srli_si128(lo, 8), d)};
+        const __m256 mv[2] = {scaled8(hi, dmin), scaled8(_mm_srli_si128(hi, 8), dmin)};
+        k23_codes(b->qs, NULL, sv, mv, dst);
+    }
+}
+
+static void q3_k_rows(const struct blk_q3_k *b, uint8_t *dst, int64_t nb)
+{
+    const __m256 k4 = _mm256_set1_ps(4.0f);
+    const __m256i k32 = _mm256_set1_epi32(32);
+    for (int64_t i = 0; i < nb; i++, b++, dst += 4 * UNPACK_GROUP_BYTES) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        /* q3_k_scales' bits four scales a word: low nibbles from bytes 0-7,
+         * top bits from bytes 8-11 at 2 (j / 4) */
+        uint32_t a0, a1, c;
+        memcpy(&a0, b->scales, 4);
+        memcpy(&a1, b->scales + 4, 4);
+        memcpy(&c, b->scales + 8, 4);
+        const uint32_t n4 = 0x0f0f0f0f, t2 = 0x03030303;
+        const uint32_t w0 = (a0 & n4) | (c & t2) << 4, w1 = (a1 & n4) | ((c >> 2) & t2) << 4;
+        const uint32_t w2 = ((a0 >> 4) & n4) | ((c >> 4) & t2) << 4;
+        const uint32_t w3 = ((a1 >> 4) & n4) | ((c >> 6) & t2) << 4;
+        const __m128i s16 = _mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3);
+        __m256 sv[2], mv[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i s = _mm256_sub_epi32(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s16, 8) : s16), k32);
+            sv[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+            mv[h] = _mm256_mul_ps(k4, sv[h]);
+        }
+        k23_codes(b->qs, b->hmask, sv, mv, dst);
+    }
 }
 
 /* Q6_K: half n of a block is groups 2n and 2n + 1: the first holds runs q1
@@ -172,9 +242,9 @@ static void q6_k_rows(const struct blk_q6_k *b, uint8_t *dst, int64_t nb)
                 _mm_storeu_si128((__m128i *)(g1 + 32 + 16 * h),
                                  _mm_or_si128(_mm_and_si128(_mm_srli_epi16(c, 4), lo4), h3));
             }
-            const __m256 v = n ? v1 : v0;
-            q6_scales(g0, v, 0);
-            q6_scales(g1, v, 4);
+            const __m256 v = n ? v1 : v0, m = _mm256_mul_ps(_mm256_set1_ps(32.0f), v);
+            unit_scales(g0, v, m, 0);
+            unit_scales(g1, v, m, 4);
         }
     }
 }
@@ -190,6 +260,8 @@ void U_UNPACK(enum dtype dt, const void *src, uint8_t *dst, int64_t cols)
     case DT_Q4_K: q4_k_rows(src, dst, cols / Q_K_BLOCK); break;
     case DT_Q5_K: q5_k_rows(src, dst, cols / Q_K_BLOCK); break;
     case DT_Q6_K: q6_k_rows(src, dst, cols / Q_K_BLOCK); break;
+    case DT_Q2_K: q2_k_rows(src, dst, cols / Q_K_BLOCK); break;
+    case DT_Q3_K: q3_k_rows(src, dst, cols / Q_K_BLOCK); break;
     default: cpu_unpack_ref(dt, src, dst, cols); break;
     }
 }

@@ -213,7 +213,7 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     int n = collect_tensors(m, &ts, &pair, e);
     if (n < 0)
         return -1;
-    /* GGUF's 4-6-bit block formats (model/quant.h) have CPU kernels only:
+    /* GGUF's 2-6-bit block formats (model/quant.h) have CPU kernels only:
      * said before anything is allocated, not computed wrong */
     for (int i = 0; i < n; i++)
         if (ts[i]->data && ts[i]->dtype != DT_Q8_0 && dtype_block_elems(ts[i]->dtype) > 1) {
