@@ -1270,7 +1270,7 @@ static void test_model_errors(void)
               "vocab-only file: %s", e.msg);
 }
 
-/* ---- the 4-6-bit block formats ----
+/* ---- the 2-6-bit block formats ----
  *
  * One block of each, its bytes laid out here from the format's description
  * (ggml's block_* structs and dequantize_row_*), not by quant.c's

@@ -206,7 +206,7 @@ static void ties_and_refusals(struct cpu_matmul *mm)
     CHECK(head_screen_pick(&hs, mm, got, x, &hsame, 1, &e) == 0 && argmax_f32(got, (int)rows) == 0 &&
               got[rows - 1] == got[0],
           "identical rows: the full product, row 0");
-    /* refusals: a Q8_0 head and GGUF's 4-6-bit ones (their matmul rounds
+    /* refusals: a Q8_0 head and GGUF's 2-6-bit ones (their matmul rounds
      * the input to 8 bits), an input that is not finite or all zero, a
      * head with a NaN */
     struct tensor q8 = {DT_Q8_0, rows, cols, data};

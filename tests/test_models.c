@@ -135,7 +135,7 @@ static void check_gguf_oracle(const char *dir, const char *name)
     model_free(&m);
 }
 
-/* GGUF's 4-6-bit formats through the whole model: dir's model written in
+/* GGUF's 2-6-bit formats through the whole model: dir's model written in
  * each (rows their blocks do not divide fall back to Q8_0 or f32, as the
  * writer does), then the same weights widened to f32 (the quantized model
  * written back as an f32 GGUF): the two must give the same logits up to

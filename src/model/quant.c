@@ -89,6 +89,17 @@ static void q_aff32(const float *x, uint16_t *dh, uint16_t *mh, uint8_t *qs, uin
     pack32(q, qs, qhb);
 }
 
+/* The range of x[0..n) widened to hold 0, so a min below it is >= 0 */
+static void range0(const float *x, int n, float *lo, float *hi)
+{
+    *lo = 0.0f;
+    *hi = 0.0f;
+    for (int l = 0; l < n; l++) {
+        *lo = fminf(*lo, x[l]);
+        *hi = fmaxf(*hi, x[l]);
+    }
+}
+
 /* A K block's eight 32-groups (Q4_K, Q5_K): value = d sc q - dmin mn, q in
  * [0, levels). The group scales and mins go to 6 bits of d and dmin. */
 static void q_kgroups(const float *x, uint16_t *dh, uint16_t *dminh, uint8_t *scales, int *q,
@@ -96,11 +107,8 @@ static void q_kgroups(const float *x, uint16_t *dh, uint16_t *dminh, uint8_t *sc
 {
     float scale[8], mins[8], smax = 0.0f, mmax = 0.0f;
     for (int g = 0; g < 8; g++) {
-        float lo = 0.0f, hi = 0.0f; /* the group's range, holding 0: mins >= 0 */
-        for (int l = 0; l < 32; l++) {
-            lo = fminf(lo, x[32 * g + l]);
-            hi = fmaxf(hi, x[32 * g + l]);
-        }
+        float lo, hi;
+        range0(x + 32 * g, 32, &lo, &hi);
         scale[g] = (hi - lo) / (float)(levels - 1);
         mins[g] = -lo;
         smax = fmaxf(smax, scale[g]);
@@ -128,11 +136,8 @@ static void q_q2_k(const float *x, struct blk_q2_k *b)
 {
     float scale[16], mins[16], smax = 0.0f, mmax = 0.0f;
     for (int g = 0; g < 16; g++) {
-        float lo = 0.0f, hi = 0.0f; /* the group's range, holding 0: mins >= 0 */
-        for (int l = 0; l < 16; l++) {
-            lo = fminf(lo, x[16 * g + l]);
-            hi = fmaxf(hi, x[16 * g + l]);
-        }
+        float lo, hi;
+        range0(x + 16 * g, 16, &lo, &hi);
         scale[g] = (hi - lo) / 3.0f;
         mins[g] = -lo;
         smax = fmaxf(smax, scale[g]);

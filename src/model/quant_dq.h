@@ -87,6 +87,27 @@ _Static_assert(sizeof(struct blk_q4_0) == 18 && sizeof(struct blk_q4_1) == 20 &&
                "GGUF block sizes");
 
 
+/* A 32-block of Q4_0, Q4_1, Q5_0 or Q5_1 at p as its fields, the layouts
+ * of the structs above: the f16 scale dh, the f16 min mh (Q4_1 and Q5_1;
+ * else 0), the fifth bits qh (Q5_*; else 0); returns its 16 bytes of
+ * nibbles. For code that takes the four formats in one loop. */
+static inline const uint8_t *q32_fields(enum dtype dt, const uint8_t *p, uint16_t *dh,
+                                        uint16_t *mh, uint32_t *qh)
+{
+    const int affine = dt == DT_Q4_1 || dt == DT_Q5_1, five = dt == DT_Q5_0 || dt == DT_Q5_1;
+    memcpy(dh, p, 2);
+    *mh = 0;
+    if (affine)
+        memcpy(mh, p + 2, 2);
+    p += affine ? 4 : 2;
+    *qh = 0;
+    if (five) {
+        memcpy(qh, p, 4);
+        p += 4;
+    }
+    return p;
+}
+
 /* Group j's scale and min (6 bits each) from a K block's 12 scale bytes:
  * groups 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins),
  * groups 4-7 in bytes 8-11 (low nibble scale, high nibble min) plus the

@@ -332,7 +332,7 @@ static void screen_worker(void *ctx, int ith, int nth)
 int head_screen_pick(struct head_screen *hs, struct cpu_matmul *mm, float *logits, const float *x,
                      const struct tensor *head, int k, struct err *e)
 {
-    /* Q8_0 and GGUF's 4-6-bit formats no: their matmul rounds the input
+    /* Q8_0 and GGUF's 2-6-bit formats no: their matmul rounds the input
      * to 8 bits, which the bound does not cover (and their own bytes are
      * no more than the copy's) */
     if (head->dtype != DT_F32 && head->dtype != DT_F16 && head->dtype != DT_BF16)

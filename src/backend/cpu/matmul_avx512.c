@@ -1,5 +1,5 @@
 /* matmul_avx512.c - AVX-512 kernels: f32/f16/bf16 weights with f32 FMA, and
- * Q8_0 and the integer-code formats (GGUF's 4-6-bit ones) with VNNI
+ * Q8_0 and the integer-code formats (GGUF's 2-6-bit ones) with VNNI
  * integer dot products.
  *
  * Every function carries its own target attribute so the rest of the binary
@@ -190,6 +190,31 @@ FKERNEL(k512_f32, DT_F32)
 FKERNEL(k512_f16, DT_F16)
 FKERNEL(k512_bf16, DT_BF16)
 
+/* An integer kernel family from its tile template tile(mr, nr, j, t, r):
+ * the streaming kernel (nt tokens against one row at a time) and the four
+ * tile shapes, with the activations' row size and quantizer. */
+#define INT_KERNEL(name, tile, xq_bytes, xq_quant)                             \
+    static T512VNNI void name##_stream(const struct mm_job *j, int64_t t, int nt, \
+                                       int64_t r0, int64_t r1)                 \
+    {                                                                          \
+        switch (nt) {                                                          \
+        case 1: for (int64_t r = r0; r < r1; r++) tile(1, 1, j, t, r); break;  \
+        case 2: for (int64_t r = r0; r < r1; r++) tile(2, 1, j, t, r); break;  \
+        case 3: for (int64_t r = r0; r < r1; r++) tile(3, 1, j, t, r); break;  \
+        default: for (int64_t r = r0; r < r1; r++) tile(4, 1, j, t, r); break; \
+        }                                                                      \
+    }                                                                          \
+    static T512VNNI void name##_4x4(const struct mm_job *j, int64_t t, int64_t r) \
+    { tile(4, 4, j, t, r); }                                                   \
+    static T512VNNI void name##_1x4(const struct mm_job *j, int64_t t, int64_t r) \
+    { tile(1, 4, j, t, r); }                                                   \
+    static T512VNNI void name##_4x1(const struct mm_job *j, int64_t t, int64_t r) \
+    { tile(4, 1, j, t, r); }                                                   \
+    static T512VNNI void name##_1x1(const struct mm_job *j, int64_t t, int64_t r) \
+    { tile(1, 1, j, t, r); }                                                   \
+    static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, name##_4x4, \
+                                          name##_1x4, name##_4x1, name##_1x1, xq_bytes, xq_quant};
+
 /* ---- Q8_0 with VNNI ----
  *
  * vpdpbusd multiplies unsigned by signed bytes. The weights are made
@@ -324,34 +349,7 @@ INLINE T512VNNI void vnni_tile(int mr, int nr, const struct mm_job *j, int64_t t
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INLINE T512VNNI void vnni_rows_nt(int nt, const struct mm_job *j, int64_t t, int64_t r0,
-                                  int64_t r1)
-{
-    for (int64_t r = r0; r < r1; r++)
-        vnni_tile(nt, 1, j, t, r);
-}
-
-static T512VNNI void vnni_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, int64_t r1)
-{
-    switch (nt) {
-    case 1: vnni_rows_nt(1, j, t, r0, r1); break;
-    case 2: vnni_rows_nt(2, j, t, r0, r1); break;
-    case 3: vnni_rows_nt(3, j, t, r0, r1); break;
-    default: vnni_rows_nt(4, j, t, r0, r1); break;
-    }
-}
-
-#define VNNI_TILE(mr, nr)                                                      \
-    static T512VNNI void vnni_##mr##x##nr(const struct mm_job *j, int64_t t, int64_t r) \
-    { vnni_tile(mr, nr, j, t, r); }
-VNNI_TILE(4, 4)
-VNNI_TILE(1, 4)
-VNNI_TILE(4, 1)
-VNNI_TILE(1, 1)
-
-static const struct mm_kernel k512_q8_0 = {
-    MR, NR, STREAM_MAX_N, vnni_stream, vnni_4x4, vnni_1x4, vnni_4x1, vnni_1x1,
-    vnni_xq_row_bytes, vnni_xq_quantize};
+INT_KERNEL(k512_q8_0, vnni_tile, vnni_xq_row_bytes, vnni_xq_quantize)
 
 /* ---- the integer-code formats with VNNI (matmul_impl.h, unpack.h) ----
  *
@@ -407,35 +405,7 @@ INLINE T512VNNI void codes_tile(int mr, int nr, const struct mm_job *j, int64_t 
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INLINE T512VNNI void codes_rows_nt(int nt, const struct mm_job *j, int64_t t, int64_t r0,
-                                   int64_t r1)
-{
-    for (int64_t r = r0; r < r1; r++)
-        codes_tile(nt, 1, j, t, r);
-}
-
-static T512VNNI void codes_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0,
-                                  int64_t r1)
-{
-    switch (nt) {
-    case 1: codes_rows_nt(1, j, t, r0, r1); break;
-    case 2: codes_rows_nt(2, j, t, r0, r1); break;
-    case 3: codes_rows_nt(3, j, t, r0, r1); break;
-    default: codes_rows_nt(4, j, t, r0, r1); break;
-    }
-}
-
-#define CODES_TILE(mr, nr)                                                     \
-    static T512VNNI void codes_##mr##x##nr(const struct mm_job *j, int64_t t, int64_t r) \
-    { codes_tile(mr, nr, j, t, r); }
-CODES_TILE(4, 4)
-CODES_TILE(1, 4)
-CODES_TILE(4, 1)
-CODES_TILE(1, 1)
-
-static const struct mm_kernel k512_codes = {
-    MR, NR, STREAM_MAX_N, codes_stream, codes_4x4, codes_1x4, codes_4x1, codes_1x1,
-    mm_codes_xq_row_bytes, mm_codes_xq_quantize};
+INT_KERNEL(k512_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
 
 const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
 {

@@ -57,7 +57,7 @@ struct mm_kernel {
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt);
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni);
 
-/* The integer-code formats (GGUF's 4-6-bit ones, unpack.h): the driver
+/* The integer-code formats (GGUF's 2-6-bit ones, unpack.h): the driver
  * unpacks a slab of weight rows at a time into unpack.h's layout and runs
  * one of these over it (NULL: none in the family). Their activation rows
  * are groups of UNPACK_GROUP_BYTES matching the weights' groups, written

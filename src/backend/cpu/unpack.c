@@ -1,4 +1,4 @@
-/* unpack.c - the portable unpacking of GGUF's 4-6-bit formats into the
+/* unpack.c - the portable unpacking of GGUF's 2-6-bit formats into the
  * matmul's code layout (unpack.h), the reference of the per-ISA builds,
  * and cpu_unpack_for. Built for the baseline instruction set: every CPU
  * calls cpu_unpack_for before any check of what it has could keep AVX2
@@ -32,19 +32,12 @@ static void place(uint8_t *dst, int64_t k0, const uint8_t *u, const float *s, co
 static void codes_q32(enum dtype dt, const uint8_t *p, uint8_t *u, float *s, float *m)
 {
     const bool five = dt == DT_Q5_0 || dt == DT_Q5_1, affine = dt == DT_Q4_1 || dt == DT_Q5_1;
-    uint16_t dh, mh = 0;
-    memcpy(&dh, p, 2);
-    if (affine)
-        memcpy(&mh, p + 2, 2);
-    const uint8_t *q = p + (affine ? 4 : 2);
-    uint32_t qh = 0;
-    if (five) {
-        memcpy(&qh, q, 4);
-        q += 4;
-    }
+    uint16_t dh, mh;
+    uint32_t qh;
+    const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
     for (int j = 0; j < 16; j++) {
-        u[j] = (uint8_t)((q[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0));
-        u[j + 16] = (uint8_t)((q[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0));
+        u[j] = (uint8_t)((q[j] & 0xF) | ((qh >> j) & 1) << 4); /* qh: 0 unless Q5_* */
+        u[j + 16] = (uint8_t)((q[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
     }
     const float d = f16_to_f32(dh);
     s[0] = s[1] = d;

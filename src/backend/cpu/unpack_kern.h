@@ -1,4 +1,4 @@
-/* unpack_kern.h - the unpacking of GGUF's 4-6-bit formats into the
+/* unpack_kern.h - the unpacking of GGUF's 2-6-bit formats into the
  * matmul's code layout (unpack.h) with intrinsics, written once and built
  * per instruction set (unpack_v3.c: AVX2, unpack_v4.c: AVX-512). The codes
  * are split out with 128- and 256-bit integer operations both sets have;
@@ -36,16 +36,9 @@ static inline __attribute__((always_inline)) void q32_rows(enum dtype dt, const 
     for (int64_t i = 0; i < nb; i++, p += bb) {
         uint8_t *grp = dst + (size_t)(i / 2) * UNPACK_GROUP_BYTES;
         const int h = (int)(i % 2);
-        uint16_t dh, mh = 0;
-        memcpy(&dh, p, 2);
-        if (affine)
-            memcpy(&mh, p + 2, 2);
-        const uint8_t *q = p + (affine ? 4 : 2);
-        uint32_t qh = 0;
-        if (five) {
-            memcpy(&qh, q, 4);
-            q += 4;
-        }
+        uint16_t dh, mh;
+        uint32_t qh;
+        const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
         const __m128i v = _mm_loadu_si128((const __m128i *)q);
         __m128i a = _mm_and_si128(v, lo4), b = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
         if (five) {
