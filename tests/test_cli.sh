@@ -154,6 +154,9 @@ printf '<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</
 check 'cmp -s "$tmp/out" "$tmp/want"' "template --thinking off: got '$(cat "$tmp/out")'"
 "$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --kwargs '{"enable_thinking": false}' >"$tmp/out2" 2>&1
 check 'cmp -s "$tmp/out2" "$tmp/want"' "template --kwargs: got '$(cat "$tmp/out2")'"
+# the switch's other words, as serve's --thinking takes them
+"$CLLM" template "$TOK/qwen3" --messages "$tmp/chat.json" --thinking false >"$tmp/out3" 2>&1
+check 'cmp -s "$tmp/out3" "$tmp/want"' "template --thinking false: got '$(cat "$tmp/out3")'"
 "$CLLM" template "$TOK/llama3_1" --messages "$tmp/chat.json" --no-generation-prompt >"$tmp/out" 2>&1
 printf '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|>' >"$tmp/want"
 check 'cmp -s "$tmp/out" "$tmp/want"' "template --no-generation-prompt: got '$(cat "$tmp/out")'"

@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "base/file.h"
+#include "base/parse.h"
 #include "tokenizer/chat_template.h"
 
 struct template_opts {
@@ -37,7 +38,7 @@ static void usage(FILE *f)
         "  --messages FILE          the conversation (required)\n"
         "  --tools FILE             a JSON array of tool definitions\n"
         "  --no-generation-prompt   do not open an assistant turn at the end\n"
-        "  --thinking on|off        sets enable_thinking (Qwen3-style templates)\n"
+        "  --thinking on|off        sets enable_thinking (Qwen3-style templates; also true|false, 1|0)\n"
         "  --kwargs JSON            extra template variables, e.g. '{\"enable_thinking\": false}'\n"
         "  --template-name NAME     use a named template (\"tool_use\", ...)\n"
         "  --template FILE          render this Jinja file instead of the model's template\n");
@@ -93,8 +94,10 @@ static int parse_args(int argc, char **argv, struct template_opts *o)
         fprintf(stderr, "cllm template: --messages is required\n");
         return -1;
     }
-    if (o->thinking && strcmp(o->thinking, "on") && strcmp(o->thinking, "off")) {
-        fprintf(stderr, "cllm template: --thinking takes on or off (got \"%s\")\n", o->thinking);
+    bool on;
+    if (o->thinking && !parse_switch(o->thinking, &on)) {
+        fprintf(stderr, "cllm template: --thinking takes on or off (or true/false, 1/0; got \"%s\")\n",
+                o->thinking);
         return -1;
     }
     return 0;
@@ -187,8 +190,9 @@ int cmd_template(int argc, char **argv)
         json_object_update(kwargs, k);
         json_decref(k);
     }
-    if (o.thinking)
-        json_object_set_new(kwargs, "enable_thinking", json_boolean(!strcmp(o.thinking, "on")));
+    bool thinking;
+    if (o.thinking && parse_switch(o.thinking, &thinking))
+        json_object_set_new(kwargs, "enable_thinking", json_boolean(thinking));
 
     struct chat_template_input in = {
         .messages = messages,
