@@ -129,6 +129,20 @@ static void q_kgroups(const float *x, uint16_t *dh, uint16_t *dminh, uint8_t *sc
     }
 }
 
+/* The signed scales of a K block's sixteen 16-groups (Q3_K, Q6_K), each
+ * taking its largest magnitude to code -half, and the block's f16 scale
+ * d (dh) over them with top steps; returns d as read back */
+static float sym16_scales(const float *x, float half, float top, float *scale, uint16_t *dh)
+{
+    float smax = 0.0f;
+    for (int g = 0; g < 16; g++) {
+        scale[g] = signed_absmax(x + 16 * g, 16) / -half;
+        smax = fmaxf(smax, fabsf(scale[g]));
+    }
+    *dh = f32_to_f16(smax / top);
+    return f16_to_f32(*dh);
+}
+
 /* Q2_K: sixteen 16-groups, value = d sc q - dmin mn, q in 0..3, sc and mn
  * 4 bits of d and dmin; value e's code in bits 2 (e % 128 / 32) of byte
  * 32 (e / 128) + e % 32 */
@@ -165,13 +179,8 @@ static void q_q2_k(const float *x, struct blk_q2_k *b)
  * 32 of hmask byte e % 32), sc 6 bits packed as q3_k_scales reads them */
 static void q_q3_k(const float *x, struct blk_q3_k *b)
 {
-    float scale[16], smax = 0.0f;
-    for (int g = 0; g < 16; g++) {
-        scale[g] = signed_absmax(x + 16 * g, 16) / -4.0f;
-        smax = fmaxf(smax, fabsf(scale[g]));
-    }
-    b->d = f32_to_f16(smax / 31.0f);
-    const float d = f16_to_f32(b->d);
+    float scale[16];
+    const float d = sym16_scales(x, 4.0f, 31.0f, scale, &b->d);
     memset(b->qs, 0, sizeof b->qs);
     memset(b->hmask, 0, sizeof b->hmask);
     memset(b->scales, 0, sizeof b->scales);
@@ -215,13 +224,8 @@ static void q_q5_k(const float *x, struct blk_q5_k *b)
 
 static void q_q6_k(const float *x, struct blk_q6_k *b)
 {
-    float scale[16], smax = 0.0f;
-    for (int g = 0; g < 16; g++) {
-        scale[g] = signed_absmax(x + 16 * g, 16) / -32.0f;
-        smax = fmaxf(smax, fabsf(scale[g]));
-    }
-    b->d = f32_to_f16(smax / 127.0f);
-    const float d = f16_to_f32(b->d);
+    float scale[16];
+    const float d = sym16_scales(x, 32.0f, 127.0f, scale, &b->d);
     int q[Q_K_BLOCK];
     for (int g = 0; g < 16; g++) {
         b->scales[g] = (int8_t)clampi(d > 0 ? (int)lrintf(scale[g] / d) : 0, -128, 127);
