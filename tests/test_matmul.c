@@ -238,6 +238,17 @@ static double tolerance(enum dtype dt, const float *wrow, const float *split, co
     return qerr + (double)(cols + 32) * U32 * (abssum + qerr) + 1e-30;
 }
 
+/* Value k of an unpacked row (unpack.h): its code, returned, and its
+ * group's s and m */
+static int unpacked_value(const uint8_t *row, int64_t k, float *s, float *m)
+{
+    const uint8_t *g = row + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
+    const int v = (int)(k % UNPACK_GROUP);
+    memcpy(s, g + 64 + 4 * (v / 4), 4);
+    memcpy(m, g + 128 + 4 * (v / 4), 4);
+    return g[v];
+}
+
 /* For an integer-code format, each value's |s u| + |m| (the magnitudes
  * the kernels' sums meet, not just |s u - m|), from the reference
  * unpacking; NULL for the others. */
@@ -251,39 +262,24 @@ static float *split_weights(const struct tensor *w)
     for (int64_t r = 0; r < w->rows; r++) {
         cpu_unpack_ref(w->dtype, (const uint8_t *)w->data + (size_t)r * rb, grp, w->cols);
         for (int64_t k = 0; k < w->cols; k++) {
-            const uint8_t *g = grp + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
-            const int v = (int)(k % UNPACK_GROUP);
             float sv, mv;
-            memcpy(&sv, g + 64 + 4 * (v / 4), 4);
-            memcpy(&mv, g + 128 + 4 * (v / 4), 4);
-            all[r * w->cols + k] = fabsf(sv) * (float)g[v] + fabsf(mv);
+            const int u = unpacked_value(grp, k, &sv, &mv);
+            all[r * w->cols + k] = fabsf(sv) * (float)u + fabsf(mv);
         }
     }
     free(grp);
     return all;
 }
 
-/* The weights widened to f32 (exact for every dtype), for the bounds. */
+/* The weights widened to f32 (exact for every dtype), for the bounds:
+ * quant_dequantize_row, the one widening of a row of any dtype. */
 static float *widen_weights(const struct tensor *w)
 {
     float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
     size_t rb = dtype_row_bytes(w->dtype, w->cols);
-    for (int64_t r = 0; r < w->rows; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
-        float *o = all + r * w->cols;
-        for (int64_t k = 0; k < w->cols; k++) {
-            switch (w->dtype) {
-            case DT_F32: o[k] = ((const float *)row)[k]; break;
-            case DT_F16: o[k] = f16_to_f32(((const uint16_t *)row)[k]); break;
-            case DT_BF16: o[k] = bf16_to_f32(((const uint16_t *)row)[k]); break;
-            default: break;
-            }
-        }
-        if (w->dtype == DT_Q8_0)
-            dequantize_row_q8_0((const struct block_q8_0 *)row, o, w->cols);
-        if (quant_is_low_bit(w->dtype))
-            quant_dequantize_row(w->dtype, row, o, w->cols);
-    }
+    for (int64_t r = 0; r < w->rows; r++)
+        quant_dequantize_row(w->dtype, (const uint8_t *)w->data + (size_t)r * rb,
+                             all + r * w->cols, w->cols);
     return all;
 }
 
@@ -465,13 +461,10 @@ static void test_unpack_builds(void)
         quant_dequantize_row(dt, blk, wide, n);
         int off = 0, big = 0;
         for (int64_t k = 0; k < n; k++) {
-            const uint8_t *g = ref + (size_t)(k / UNPACK_GROUP) * UNPACK_GROUP_BYTES;
-            const int v = (int)(k % UNPACK_GROUP);
             float sv, mv;
-            memcpy(&sv, g + 64 + 4 * (v / 4), 4);
-            memcpy(&mv, g + 128 + 4 * (v / 4), 4);
-            const double val = (double)sv * g[v] - mv, mag = fabs((double)sv * g[v]) + fabs(mv);
-            big += g[v] > 63;
+            const int u = unpacked_value(ref, k, &sv, &mv);
+            const double val = (double)sv * u - mv, mag = fabs((double)sv * u) + fabs(mv);
+            big += u > 63;
             off += !(fabs(val - wide[k]) <= 2.0 * U32 * mag);
         }
         CHECK(big == 0 && off == 0, "%s unpacked: %d codes above 63, %d values not the widened ones",
