@@ -37,6 +37,7 @@
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "oracle.h"
 #include "sample_ref.h"
 #include "testutil.h"
@@ -140,6 +141,13 @@ static void mat_make(struct test_mat *m, enum dtype dt, int rows, int cols)
         for (size_t i = 0; i < nel; i++) {
             h[i] = dt == DT_F16 ? f32_to_f16(m->wide[i]) : f32_to_bf16(m->wide[i]);
             m->wide[i] = dt == DT_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+        }
+    } else if (quant_is_low_bit(dt)) { /* the host's quantizer, then its widening */
+        for (int r = 0; r < rows; r++) {
+            float *w = m->wide + (size_t)r * cols;
+            void *q = (char *)m->mem + (size_t)r * dtype_row_bytes(dt, cols);
+            quant_quantize_row(dt, w, q, cols);
+            quant_dequantize_row(dt, q, w, cols);
         }
     } else {
         struct block_q8_0 *b = m->mem;
@@ -258,6 +266,69 @@ static void check_matmul_all(void)
         backend_destroy(be);
     }
     for (int k = 0; k < NM; k++)
+        mat_free(&m[k]);
+}
+
+/* GGUF's low-bit formats on the device, one matrix each, its blocks from
+ * the host's quantizer and its exact values from the host's widening
+ * (quant_dequantize_row): the embedding gathers those values to the bit;
+ * decode-sized products (the low-bit GEMV, f32 activations) and precise
+ * GEMMs (f32 widening) match a double product of them; the fast GEMM
+ * (weights and activations rounded to bf16) within 1e-2. Column counts
+ * leave a warp's last 256-column step partial (96, 800, 1280) or not. */
+static void check_matmul_low_bit(void)
+{
+    enum { NQ = 9 };
+    static const enum dtype dts[NQ] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
+                                       DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+    static const int rows[NQ] = {71, 64, 33, 300, 71, 40, 300, 65, 72};
+    static const int cols[NQ] = {96, 800, 512, 288, 1280, 512, 768, 256, 1024};
+    struct test_mat m[NQ];
+    struct model md;
+    memset(&md, 0, sizeof md);
+    struct layer_weights lw[2];
+    memset(lw, 0, sizeof lw);
+    md.cfg.n_layers = 2;
+    md.layers = lw;
+    struct tensor *slots[NQ] = {&md.tok_embd, &md.lm_head, &lw[0].wq, &lw[0].wk, &lw[0].wv,
+                                &lw[0].wo, &lw[1].wq, &lw[1].wk, &lw[1].wv};
+    for (int k = 0; k < NQ; k++) {
+        mat_make(&m[k], dts[k], rows[k], cols[k]);
+        *slots[k] = m[k].t;
+    }
+    for (int precise = 0; precise < 2; precise++) {
+        struct backend *be = gpu_create(precise);
+        struct err e = {{0}};
+        if (!be || backend_load_weights(be, &md, &e)) {
+            CHECK(0, "load low-bit matrices: %s", e.msg);
+            backend_destroy(be);
+            continue;
+        }
+        /* up to 64 tokens (QUANT_GEMV_MAX_N) the GEMV, 8 a launch; past
+         * that the widened weights' GEMM */
+        static const int ns[] = {1, 2, 3, 5, 8, 9, 40, 64, 65, 100};
+        for (int k = 0; k < NQ; k++) {
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                check_matmul(be, &m[k], ns[j], !precise && ns[j] > 64 ? 1e-2 : 1e-5,
+                             precise ? "precise" : "fast");
+            int ids[] = {0, 5, rows[k] - 1, 17, 5};
+            int c = cols[k];
+            float *d = dev_alloc_copy(be, NULL, 5 * (size_t)c);
+            be->ops->embed(be, d, &m[k].t, ids, 5);
+            float *h = dev_fetch(be, d, 5 * (size_t)c);
+            int bad = 0;
+            for (int i = 0; i < 5; i++)
+                bad += memcmp(h + (size_t)i * c, m[k].wide + (size_t)ids[i] * c,
+                              sizeof(float) * (size_t)c) != 0;
+            CHECK(bad == 0, "embed %s [%d x %d]: %d rows differ from the host's widening",
+                  dtype_name(dts[k]), rows[k], c, bad);
+            be->ops->free(be, d);
+            free(h);
+        }
+        CHECK(be->ops->finish(be, &e) == 0, "low-bit matmul tests: %s", e.msg);
+        backend_destroy(be);
+    }
+    for (int k = 0; k < NQ; k++)
         mat_free(&m[k]);
 }
 
@@ -1102,8 +1173,10 @@ struct mmf_case {
 
 static void check_matmul_fused_cols(int cols)
 {
-    enum { NDT = 4, NMAX = 600 };
-    static const enum dtype dts[NDT] = {DT_BF16, DT_F16, DT_Q8_0, DT_F32};
+    enum { NDT = 13, NMAX = 600 };
+    static const enum dtype dts[NDT] = {DT_BF16, DT_F16, DT_Q8_0, DT_F32, DT_Q4_0, DT_Q4_1,
+                                        DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q2_K,
+                                        DT_Q3_K};
     /* 71: an odd row count, so a paired (SwiGLU) warp's last rows run past
      * the end */
     static const int rows[3] = {300, 71, 71};
@@ -1125,7 +1198,7 @@ static void check_matmul_fused_cols(int cols)
     memset(lw, 0, sizeof lw);
     int ndt = 0;
     for (int d = 0; d < NDT; d++) {
-        if (dts[d] == DT_Q8_0 && cols % 32)
+        if (cols % dtype_block_elems(dts[d]))
             continue;
         for (int i = 0; i < 3; i++)
             mat_make(&m[ndt][i], dts[d], rows[i], cols);
@@ -1490,6 +1563,96 @@ static void check_gguf_oracle(const char *dir, const char *name)
         }
         unlink(out);
     }
+    model_free(&m);
+}
+
+/* GGUF's low-bit formats through the whole model on the GPU: dir's model
+ * written in each (rows the blocks do not divide fall back, as the writer
+ * does), and its weights widened back into an f32 GGUF on the host. The
+ * two files hold the same values, so in precise mode (f32 widening for
+ * the prompt's GEMMs, the low-bit GEMV for decode steps) the logits of a
+ * 72-token prompt and of 8 greedy decode steps agree within 1e-4 and the
+ * ids are the same; by default (the prompt's weights and activations
+ * rounded to bf16) the prompt's logits within BF16_FAST_TOL. */
+static void check_gguf_low_bit(const char *dir, const char *name)
+{
+    struct model m;
+    struct err e = {{0}};
+    if (model_load(&m, dir, &e)) {
+        CHECK(0, "%s: %s", dir, e.msg);
+        return;
+    }
+    if (m.cfg.rope_scaling == ROPE_SCALING_LLAMA3) { /* not writable to GGUF */
+        model_free(&m);
+        return;
+    }
+    const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
+                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+    /* 72 tokens: past QUANT_GEMV_MAX_N, so the prompt takes the GEMM */
+    enum { NP = 72 };
+    int prompt[NP];
+    for (int i = 0; i < NP; i++)
+        prompt[i] = (1 + 37 * i) % (m.cfg.vocab_size < 500 ? m.cfg.vocab_size : 500);
+    const int np = NP, ngen = 8;
+    double worst[2] = {0, 0}, worst_dec = 0;
+    int held = 0;
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        char q[1100], f[1100];
+        snprintf(q, sizeof q, "/tmp/cllm_cuda_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
+        snprintf(f, sizeof f, "/tmp/cllm_cuda_%s_%d_%s_f32.gguf", name, (int)getpid(), dtype_name(dts[k]));
+        struct model mq;
+        int rc = gguf_write_model(&m, dts[k], q, &e);
+        CHECK(rc == 0, "%s -> gguf %s: %s", name, dtype_name(dts[k]), e.msg);
+        if (rc == 0 && (rc = model_load(&mq, q, &e)) == 0) {
+            for (int l = 0; l < mq.cfg.n_layers; l++)
+                held += (mq.layers[l].wq.dtype == dts[k]) + (mq.layers[l].w_down.dtype == dts[k]);
+            rc = gguf_write_model(&mq, DT_F32, f, &e);
+            CHECK(rc == 0, "%s %s -> f32: %s", name, dtype_name(dts[k]), e.msg);
+            model_free(&mq);
+        }
+        for (int precise = 1; rc == 0 && precise >= 0; precise--) {
+            struct runner rq, rf;
+            if (gpu_runner(&rq, q, NP, precise, NULL, 16))
+                break;
+            if (gpu_runner(&rf, f, NP, precise, NULL, 16)) {
+                runner_close(&rq);
+                break;
+            }
+            const size_t nl = (size_t)np * (size_t)m.cfg.vocab_size;
+            float *lq = runner_logits(&rq, prompt, np), *lf = runner_logits(&rf, prompt, np);
+            double re = lq && lf ? test_rel_err(lq, lf, nl) : INFINITY;
+            double tol = precise ? 1e-4 : BF16_FAST_TOL;
+            CHECK(re <= tol, "%s %s on cuda%s: prompt logits rel err %.3g from its f32 widening "
+                             "(tolerance %g)", name, dtype_name(dts[k]), precise ? " precise" : "",
+                  re, tol);
+            worst[precise] = fmax(worst[precise], re);
+            if (precise) {
+                int iq[8], jf[8];
+                float *gq = malloc(sizeof(float) * m.cfg.vocab_size),
+                      *gf = malloc(sizeof(float) * m.cfg.vocab_size);
+                int a = runner_greedy(&rq, prompt, np, ngen, iq, true, gq);
+                int b = runner_greedy(&rf, prompt, np, ngen, jf, true, gf);
+                CHECK(a == ngen && b == ngen && !memcmp(iq, jf, sizeof iq),
+                      "%s %s on cuda: greedy ids differ from its f32 widening's", name,
+                      dtype_name(dts[k]));
+                double rd = test_rel_err(gq, gf, (size_t)m.cfg.vocab_size);
+                CHECK(rd <= 1e-4, "%s %s on cuda: last decode logits rel err %.3g from its f32 "
+                                  "widening", name, dtype_name(dts[k]), rd);
+                worst_dec = fmax(worst_dec, rd);
+                free(gq);
+                free(gf);
+            }
+            free(lq);
+            free(lf);
+            runner_close(&rq);
+            runner_close(&rf);
+        }
+        unlink(q);
+        unlink(f);
+    }
+    printf("oracle %-12s cuda gguf Q4_0..Q3_K (%d layer matrices in the formats) vs their f32 "
+           "widening: prompt logits rel err %.2e precise, %.2e fast; decode %.2e\n", name, held,
+           worst[1], worst[0], worst_dec);
     model_free(&m);
 }
 
@@ -2815,6 +2978,7 @@ static void check_fixture(const char *dir, const char *name)
     kv_bf16_next = true;
     check_oracle(dir, 64, false, KV_BF16_TOL, 4);
     check_gguf_oracle(dir, name);
+    check_gguf_low_bit(dir, name);
 }
 
 int main(void)
@@ -2843,6 +3007,7 @@ int main(void)
     check_sample_distribution();
     check_sample_speed();
     check_matmul_all();
+    check_matmul_low_bit();
     check_norm_rope(cpu);
     check_attention(cpu);
     check_attention_batch(cpu, false, false, false);

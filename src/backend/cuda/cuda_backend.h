@@ -6,7 +6,9 @@
  *
  * Weight layouts on the device: f32/f16/bf16 as in the file (row-major
  * [rows][cols]); Q8_0 repacked at upload into int8 quants [rows][cols] plus
- * f16 scales [rows][cols/32] (qs, scales), so rows are 16-byte aligned. */
+ * f16 scales [rows][cols/32] (qs, scales), so rows are 16-byte aligned;
+ * GGUF's low-bit formats (Q4_0 ... Q3_K) as in the file, row after row of
+ * blocks (quant_dq.cuh reads them). */
 #ifndef CLLM_BACKEND_CUDA_CUDA_BACKEND_H
 #define CLLM_BACKEND_CUDA_CUDA_BACKEND_H
 
@@ -374,6 +376,14 @@ enum {
  * the vector path does not take; the caller then issues the plain kernels. */
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out);
+/* cuk_gemv_fused's contract for k <= 3 matrices of one of GGUF's low-bit
+ * dtypes (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K: their own blocks, as
+ * uploaded) and one cols: each weight widened to f32 with the host's bits
+ * (quant_dequantize_row's), times the staged f32 input, f32 accumulation.
+ * The SwiGLU output only after a norm. cudaErrorNotSupported (nothing
+ * launched) for other dtypes and unaligned inputs. */
+cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
+                           int n, const struct cuk_weight *const *ws, int k, int out);
 /* Launch shape of cuk_gemv_staged; zeros take the defaults. */
 struct cuk_stage_cfg {
     int blocks;     /* blocks (one per SM) */
@@ -460,6 +470,11 @@ cudaError_t cuk_gemm_tc(cudaStream_t s, float *out, int ldc, const void *w, int 
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);
+/* The same rows of a low-bit w (GGUF Q4_0 ... Q3_K) rounded from those f32
+ * values to nearest-even bf16 (bf16 != 0) or f16, for a tensor-core GEMM;
+ * dst 16-byte aligned. cudaErrorNotSupported for other dtypes. */
+cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w, int row0,
+                             int nrows, int bf16);
 /* dst[i] = x[i] rounded to nearest-even bf16 (bf16 != 0) or f16. */
 cudaError_t cuk_f32_to_half(cudaStream_t s, uint16_t *dst, const float *x, size_t n, int bf16);
 /* Q8_0 repack on the device: src holds nrows*cols/32 GGUF blocks (34 bytes). */

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quant_dq.cuh"
 #include "model/tensor.h"
 
 static __device__ __forceinline__ float cuk_bf16(uint16_t v)
@@ -32,7 +33,8 @@ static __device__ __forceinline__ uint16_t cuk_to_half(float v, int bf16)
     return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
 }
 
-/* Element (r, j) of a weight matrix widened to f32 (exact for every dtype). */
+/* Element (r, j) of a weight matrix widened to f32 (exact for every dtype;
+ * the low-bit formats' other dtypes read as zeros: the backend refuses them). */
 static __device__ __forceinline__ float cuk_load_weight(const struct cuk_weight *w, size_t r, int j)
 {
     size_t i = r * (size_t)w->cols + j;
@@ -41,7 +43,12 @@ static __device__ __forceinline__ float cuk_load_weight(const struct cuk_weight 
     case DT_F16: return cuk_f16(((const uint16_t *)w->data)[i]);
     case DT_BF16: return cuk_bf16(((const uint16_t *)w->data)[i]);
     case DT_Q8_0: return cuk_f16(w->scales[i / Q8_0_BLOCK]) * (float)((const int8_t *)w->data)[i];
-    default: return 0.0f;
+    default: { /* GGUF's low-bit blocks: the value's eight (slow; the embedding's rows) */
+        float v[8];
+        cuk_dq8_any(w->dtype, (const uint8_t *)w->data + r * cuk_q_row_bytes(w->dtype, w->cols),
+                    j & ~7, v);
+        return v[j & 7];
+    }
     }
 }
 

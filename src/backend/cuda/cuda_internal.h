@@ -25,6 +25,12 @@
 
 /* Bytes of f32 weights one chunk of the widening path may take. */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
+/* Most tokens a matmul over GGUF's low-bit weights runs as GEMVs (8 a
+ * launch) rather than widening the weights for a GEMM: a 4-bit 8B model's
+ * 4.9 GB read once per 8 tokens against 4.9 GB read, 16 GB of bf16
+ * written and read back by the widening (estimated from bytes; the
+ * GEMM's time besides). */
+#define QUANT_GEMV_MAX_N 64
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 /* Most tokens a step record carries (a few tokens' step, cu_step_begin;

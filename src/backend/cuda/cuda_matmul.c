@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/quant.h"
+
 const struct cuk_weight *dev_weight(struct cuda_backend *c, const struct tensor *t,
                                     const char *op)
 {
@@ -363,6 +365,11 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor 
                               int n)
 {
     const size_t cols = (size_t)ts[0]->cols;
+    /* GGUF's low-bit formats: their GEMV (cuk_gemv_quant, 8 tokens a
+     * launch: gemv_quant) up to QUANT_GEMV_MAX_N tokens; past that, the
+     * weights widened chunk by chunk for a GEMM */
+    if (quant_is_low_bit(ts[0]->dtype))
+        return n <= (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N) ? MM_GEMV : MM_GEMM;
     if (gemv_rows(c, cols, n))
         return MM_GEMV;
     const size_t bytes = half_bytes(ts, k);
@@ -394,6 +401,30 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
+/* cuk_gemv_quant over n tokens, CUK_GEMV_MAX at a time (each launch reads
+ * the weights once: up to QUANT_GEMV_MAX_N tokens that is still fewer
+ * bytes than widening them for a GEMM). */
+static cudaError_t gemv_quant(struct cuda_backend *c, float *const *outs,
+                              const struct cuk_gemv_in *in, int n,
+                              const struct cuk_weight *const *ws, int k, int out)
+{
+    const size_t cols = (size_t)ws[0]->cols;
+    for (int j0 = 0; j0 < n; j0 += CUK_GEMV_MAX) {
+        const int nj = n - j0 < CUK_GEMV_MAX ? n - j0 : CUK_GEMV_MAX;
+        struct cuk_gemv_in part = *in;
+        part.x = in->x + (size_t)j0 * cols;
+        if (in->kind == CUK_IN_SWIGLU)
+            part.x2 = in->x2 + (size_t)j0 * cols;
+        float *po[3];
+        for (int i = 0; i < k; i++)
+            po[i] = outs[i] + (size_t)j0 * (size_t)ws[i]->rows;
+        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out);
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
 /* A GEMV launch of cuk_gemv_fused's contract on the kernel `route` (not
  * MM_GEMM) chose: the tensor-core GEMV; the staged GEMV; else (MM_GEMV) the
  * staged kernel for up to CUK_STAGE_MAX_N rows where it is on and takes
@@ -403,6 +434,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
+    if (quant_is_low_bit(ws[0]->dtype))
+        return gemv_quant(c, outs, in, n, ws, k, out);
     if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (route == MM_STAGED_BIG)
@@ -418,6 +451,36 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
     if (in->kind == CUK_IN_RMSNORM && rows > NORM_FUSE_MAX_ROWS)
         return cudaErrorNotSupported;
     return cuk_gemv_fused(c->stream, outs, in, n, ws, k, out);
+}
+
+/* A GEMM over a low-bit w (GGUF Q4_0 ... Q3_K), not precise: its rows
+ * widened chunk by chunk and rounded to bf16, x rounded to bf16 as a bf16
+ * model's GEMM reads it, a tensor-core GEMM with f32 accumulation (bf16,
+ * not f16: activations past f16's range stay finite). The rounding of the
+ * weights, 2^-9 of each, is far inside a 2-6-bit format's own error. */
+static int matmul_low_bit_half(struct cuda_backend *c, float *out, const float *x, int n,
+                               const struct cuk_weight *w, bool acc, struct err *e)
+{
+    const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
+    const uint16_t *xh = half_x(c, x, n, &as_bf16);
+    if (!xh)
+        return sticky(c, e);
+    int chunk = (int)(WIDEN_CHUNK_BYTES / 2 / (size_t)w->cols);
+    if (chunk < 1)
+        chunk = 1;
+    if (chunk > w->rows)
+        chunk = w->rows;
+    uint16_t *wh = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 2, "widened weights");
+    if (!wh)
+        return sticky(c, e);
+    for (int r0 = 0; r0 < w->rows; r0 += chunk) {
+        int nr = w->rows - r0 < chunk ? w->rows - r0 : chunk;
+        if (fail_cuda(c, "widen weights", cuk_dequant_half(c->stream, wh, w, r0, nr, 1)))
+            return sticky(c, e);
+        if (gemm(c, out + r0, w->rows, wh, xh, CUDA_R_16BF, nr, n, w->cols, acc, e))
+            return -1;
+    }
+    return 0;
 }
 
 /* out = x . W^T; out += x . W^T when acc (only where matmul_is_gemm). */
@@ -455,6 +518,8 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
+    if (!c->precise && quant_is_low_bit(w->dtype))
+        return matmul_low_bit_half(c, out, x, n, w, acc, e);
     /* Widen row chunks of W to f32 and multiply in f32. */
     int chunk = (int)(WIDEN_CHUNK_BYTES / 4 / (size_t)w->cols);
     if (chunk < 1)

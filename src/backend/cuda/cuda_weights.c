@@ -213,17 +213,6 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     int n = collect_tensors(m, &ts, &pair, e);
     if (n < 0)
         return -1;
-    /* GGUF's 2-6-bit block formats (model/quant.h) have CPU kernels only:
-     * said before anything is allocated, not computed wrong */
-    for (int i = 0; i < n; i++)
-        if (ts[i]->data && ts[i]->dtype != DT_Q8_0 && dtype_block_elems(ts[i]->dtype) > 1) {
-            enum dtype dt = ts[i]->dtype;
-            free(ts);
-            free(pair);
-            return err_set(e, "%s: the model has %s weights, which run on the CPU only for now "
-                              "(--device cpu); on a GPU use a bf16, f16 or Q8_0 model",
-                           c->name, dtype_name(dt));
-        }
     size_t need = 0, cap = 16;
     int uniq = 0;
     for (int i = 0; i < n; i++)

@@ -559,11 +559,52 @@ __global__ void k_dequant(float *dst, struct cuk_weight w, int row0, size_t tota
         dst[i] = cuk_load_weight(&w, (size_t)row0 + i / w.cols, (int)(i % w.cols));
 }
 
+/* GGUF's low-bit blocks: eight values a thread (cuk_dq8), as f32 or
+ * rounded to bf16 / f16 (half: 1 bf16, 2 f16, 0 f32). */
+__global__ void k_dequant_q(void *dst, struct cuk_weight w, int row0, size_t total8, int half)
+{
+    cuk_pdl_start();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total8)
+        return;
+    const int per = w.cols / 8;
+    const size_t r = i / per;
+    float v[8];
+    cuk_dq8_any(w.dtype, (const uint8_t *)w.data + ((size_t)row0 + r) * cuk_q_row_bytes(w.dtype, w.cols),
+                (int)(i % per) * 8, v);
+    if (!half) {
+        float4 *o = (float4 *)((float *)dst + i * 8);
+        o[0] = make_float4(v[0], v[1], v[2], v[3]);
+        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t h[4];
+    for (int k = 0; k < 4; k++)
+        h[k] = (uint32_t)cuk_to_half(v[2 * k], half == 1) |
+               (uint32_t)cuk_to_half(v[2 * k + 1], half == 1) << 16;
+    *(uint4 *)((uint16_t *)dst + i * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
 extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w,
                                        int row0, int nrows)
 {
     size_t total = (size_t)nrows * w->cols;
-    cuk_launch(k_dequant, blocks_for(total, 256), 256, 0, s, dst, *w, row0, total);
+    if (cuk_q_low_bit(w->dtype))
+        cuk_launch(k_dequant_q, blocks_for(total / 8, 256), 256, 0, s, (void *)dst, *w, row0,
+                   total / 8, 0);
+    else
+        cuk_launch(k_dequant, blocks_for(total, 256), 256, 0, s, dst, *w, row0, total);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w,
+                                        int row0, int nrows, int bf16)
+{
+    if (!cuk_q_low_bit(w->dtype) || w->cols % 8 || ((uintptr_t)dst & 15))
+        return cudaErrorNotSupported;
+    size_t total8 = (size_t)nrows * w->cols / 8;
+    cuk_launch(k_dequant_q, blocks_for(total8, 256), 256, 0, s, (void *)dst, *w, row0, total8,
+               bf16 ? 1 : 2);
     return cudaGetLastError();
 }
 
