@@ -12,7 +12,11 @@ extern "C" {
 #include "model/tensor.h" /* before quant_dq.cuh, with C linkage */
 }
 
-/* what quant_dq.cuh takes from cuda_fp16.h and the load intrinsics */
+/* what quant_dq.cuh takes from the vector types, cuda_fp16.h and the
+ * load intrinsics */
+struct uint2 {
+    unsigned x, y;
+};
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline uint16_t __ushort_as_half(unsigned short u) { return u; }
 static inline float __half2float(uint16_t h) { return f16_to_f32(h); }

@@ -174,7 +174,7 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     p.row_bytes = cuk_q_row_bytes(dt, cols);
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
-            ((uintptr_t)ws[i]->data & 1))
+            ((uintptr_t)ws[i]->data & 7))
             return cudaErrorNotSupported;
         p.outp[i] = outs[i];
         p.w[i] = (const uint8_t *)ws[i]->data;

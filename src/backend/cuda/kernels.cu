@@ -600,7 +600,7 @@ extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct 
 extern "C" cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w,
                                         int row0, int nrows, int bf16)
 {
-    if (!cuk_q_low_bit(w->dtype) || w->cols % 8 || ((uintptr_t)dst & 15))
+    if (!cuk_q_low_bit(w->dtype) || w->cols % 8 || ((uintptr_t)dst & 15) || ((uintptr_t)w->data & 7))
         return cudaErrorNotSupported;
     size_t total8 = (size_t)nrows * w->cols / 8;
     cuk_launch(k_dequant_q, blocks_for(total8, 256), 256, 0, s, (void *)dst, *w, row0, total8,

@@ -48,13 +48,40 @@ static __device__ __forceinline__ float qd_f16(const uint8_t *p)
 {
     return __half2float(__ushort_as_half((unsigned short)qd_u16(p)));
 }
-/* Eight bytes at an even address as two 32-bit words (b0 = bytes 0-3). */
+/* Eight bytes at an address A-aligned (2, 4 or 8) as two 32-bit words
+ * (b0 = bytes 0-3), in as few loads as that allows. */
+template <int A>
 static __device__ __forceinline__ void qd_bytes8(const uint8_t *p, uint32_t &b0, uint32_t &b1)
 {
-    const uint16_t *h = (const uint16_t *)p;
-    b0 = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
-    b1 = (uint32_t)__ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16;
+    if constexpr (A == 8) {
+        const uint2 u = __ldg((const uint2 *)p);
+        b0 = u.x;
+        b1 = u.y;
+    } else if constexpr (A == 4) {
+        b0 = __ldg((const uint32_t *)p);
+        b1 = __ldg((const uint32_t *)p + 1);
+    } else {
+        const uint16_t *h = (const uint16_t *)p;
+        b0 = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+        b1 = (uint32_t)__ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16;
+    }
 }
+
+/* The alignment every 8-byte run cuk_dq8_block reads has, in a row of
+ * blocks starting 8-aligned: the block size's (its fields' offsets are
+ * multiples of 8 within the block where the size is). */
+template <int DT> struct qd_align {
+    static constexpr int BB = DT == DT_Q4_0   ? 18
+                              : DT == DT_Q4_1 ? 20
+                              : DT == DT_Q5_0 ? 22
+                              : DT == DT_Q5_1 ? 24
+                              : DT == DT_Q4_K ? 144
+                              : DT == DT_Q5_K ? 176
+                              : DT == DT_Q6_K ? 210
+                              : DT == DT_Q2_K ? 84
+                                              : 110;
+    static constexpr int A = BB % 8 == 0 ? 8 : BB % 4 == 0 ? 4 : 2;
+};
 static __device__ __forceinline__ uint32_t qd_byte(uint32_t b0, uint32_t b1, int i)
 {
     return ((i < 4 ? b0 : b1) >> (8 * (i & 3))) & 0xFF;
@@ -63,6 +90,14 @@ static __device__ __forceinline__ uint32_t qd_byte(uint32_t b0, uint32_t b1, int
 static __device__ __forceinline__ uint32_t qd_u32(const uint8_t *p)
 {
     return qd_u16(p) | qd_u16(p + 2) << 16;
+}
+
+/* The small integer q - bias (0 <= q < 2^23) as f32, exactly: q's bits
+ * under 2^23's exponent, less 2^23 + bias. Full-rate logic and an add,
+ * where a conversion instruction runs at a quarter of the rate. */
+static __device__ __forceinline__ float qd_float(uint32_t q, float bias)
+{
+    return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f + bias);
 }
 
 /* K blocks' group j scale and min (model/quant_dq.h's k_scale_min). */
@@ -93,17 +128,17 @@ static __device__ __forceinline__ void cuk_dq8_block(const uint8_t *b, int o, fl
             p += 4;
         }
         uint32_t b0, b1; /* value i of 32: low nibble of byte i (< 16), else high of i - 16 */
-        qd_bytes8(p + (o & 15), b0, b1);
+        qd_bytes8<qd_align<DT>::A>(p + (o & 15), b0, b1);
         const int shift = o < 16 ? 0 : 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int q = (int)((qd_byte(b0, b1, i) >> shift) & 0xF);
+            uint32_t q = (qd_byte(b0, b1, i) >> shift) & 0xF;
             if (five)
-                q |= (int)((qh >> (o + i)) & 1) << 4;
+                q |= ((qh >> (o + i)) & 1) << 4;
             if (affine)
-                v[i] = __fadd_rn(__fmul_rn((float)q, d), m);
+                v[i] = __fadd_rn(__fmul_rn(qd_float(q, 0.0f), d), m);
             else
-                v[i] = __fmul_rn((float)(q - (five ? 16 : 8)), d);
+                v[i] = __fmul_rn(qd_float(q, five ? 16.0f : 8.0f), d);
         }
     } else if constexpr (DT == DT_Q4_K || DT == DT_Q5_K) {
         /* 64-value chunks: group 2c in the low nibbles of 32 bytes, 2c + 1
@@ -115,16 +150,16 @@ static __device__ __forceinline__ void cuk_dq8_block(const uint8_t *b, int o, fl
         const float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)mn);
         const uint8_t *qs = b + (DT == DT_Q5_K ? 48 : 16) + 32 * c + l;
         uint32_t b0, b1, h0 = 0, h1 = 0;
-        qd_bytes8(qs, b0, b1);
+        qd_bytes8<qd_align<DT>::A>(qs, b0, b1);
         if (DT == DT_Q5_K)
-            qd_bytes8(b + 16 + l, h0, h1);
+            qd_bytes8<qd_align<DT>::A>(b + 16 + l, h0, h1);
         const int shift = g & 1 ? 4 : 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int q = (int)((qd_byte(b0, b1, i) >> shift) & 0xF);
+            uint32_t q = (qd_byte(b0, b1, i) >> shift) & 0xF;
             if (DT == DT_Q5_K)
-                q += (int)((qd_byte(h0, h1, i) >> g) & 1) << 4;
-            v[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+                q |= ((qd_byte(h0, h1, i) >> g) & 1) << 4;
+            v[i] = __fsub_rn(__fmul_rn(d1, qd_float(q, 0.0f)), m1);
         }
     } else if constexpr (DT == DT_Q6_K) {
         /* half n (128 values), quarter qq (32), value l: low bits in
@@ -133,14 +168,14 @@ static __device__ __forceinline__ void cuk_dq8_block(const uint8_t *b, int o, fl
         const int n = o / 128, qq = (o % 128) / 32, l = o % 32;
         const float s = __fmul_rn(qd_f16(b + 208), (float)(int8_t)__ldg(b + 192 + 8 * n + l / 16 + 2 * qq));
         uint32_t b0, b1, h0, h1;
-        qd_bytes8(b + 64 * n + l + 32 * (qq & 1), b0, b1);
-        qd_bytes8(b + 128 + 32 * n + l, h0, h1);
+        qd_bytes8<qd_align<DT>::A>(b + 64 * n + l + 32 * (qq & 1), b0, b1);
+        qd_bytes8<qd_align<DT>::A>(b + 128 + 32 * n + l, h0, h1);
         const int shift = qq < 2 ? 0 : 4;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int q = (int)(((qd_byte(b0, b1, i) >> shift) & 0xF) |
-                                ((qd_byte(h0, h1, i) >> (2 * qq)) & 3) << 4) - 32;
-            v[i] = __fmul_rn(s, (float)q);
+            const uint32_t q = ((qd_byte(b0, b1, i) >> shift) & 0xF) |
+                               ((qd_byte(h0, h1, i) >> (2 * qq)) & 3) << 4;
+            v[i] = __fmul_rn(s, qd_float(q, 32.0f));
         }
     } else { /* Q2_K, Q3_K */
         /* half n, run j (32 values), half-run h (16): bits 2j of byte
@@ -149,14 +184,14 @@ static __device__ __forceinline__ void cuk_dq8_block(const uint8_t *b, int o, fl
         const int grp = 8 * n + 2 * j + h;
         const uint8_t *qs = b + (DT == DT_Q2_K ? 16 : 32) + 32 * n + 16 * h + l;
         uint32_t b0, b1;
-        qd_bytes8(qs, b0, b1);
+        qd_bytes8<qd_align<DT>::A>(qs, b0, b1);
         if constexpr (DT == DT_Q2_K) {
             const int sc = __ldg(b + grp);
             const float d = qd_f16(b + 80), dmin = qd_f16(b + 82);
             const float dl = __fmul_rn(d, (float)(sc & 0xF)), ml = __fmul_rn(dmin, (float)(sc >> 4));
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                v[i] = __fsub_rn(__fmul_rn(dl, (float)((qd_byte(b0, b1, i) >> (2 * j)) & 3)), ml);
+                v[i] = __fsub_rn(__fmul_rn(dl, qd_float((qd_byte(b0, b1, i) >> (2 * j)) & 3, 0.0f)), ml);
         } else {
             /* scale grp: low nibble of byte grp (< 8) or high of grp - 8,
              * top two bits 2 (grp / 4) of byte 8 + grp % 4 (q3_k_scales) */
@@ -165,12 +200,13 @@ static __device__ __forceinline__ void cuk_dq8_block(const uint8_t *b, int o, fl
             const int hi = (__ldg(sb + 8 + grp % 4) >> (2 * (grp / 4))) & 3;
             const float dl = __fmul_rn(qd_f16(b + 108), (float)((lo | hi << 4) - 32));
             uint32_t m0, m1;
-            qd_bytes8(b + 16 * h + l, m0, m1);
+            qd_bytes8<qd_align<DT>::A>(b + 16 * h + l, m0, m1);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const int q = (int)((qd_byte(b0, b1, i) >> (2 * j)) & 3) -
-                              ((qd_byte(m0, m1, i) >> (4 * n + j)) & 1 ? 0 : 4);
-                v[i] = __fmul_rn(dl, (float)q);
+                /* the code less 4 unless its hmask bit is set */
+                const uint32_t q = ((qd_byte(b0, b1, i) >> (2 * j)) & 3) |
+                                   ((qd_byte(m0, m1, i) >> (4 * n + j)) & 1) << 2;
+                v[i] = __fmul_rn(dl, qd_float(q, 4.0f));
             }
         }
     }
@@ -181,16 +217,7 @@ template <int DT>
 static __device__ __forceinline__ void cuk_dq8(const uint8_t *row, int c, float *v)
 {
     constexpr int BE = DT >= DT_Q4_0 && DT <= DT_Q5_1 ? 32 : 256;
-    constexpr int BB = DT == DT_Q4_0   ? 18
-                       : DT == DT_Q4_1 ? 20
-                       : DT == DT_Q5_0 ? 22
-                       : DT == DT_Q5_1 ? 24
-                       : DT == DT_Q4_K ? 144
-                       : DT == DT_Q5_K ? 176
-                       : DT == DT_Q6_K ? 210
-                       : DT == DT_Q2_K ? 84
-                                       : 110;
-    cuk_dq8_block<DT>(row + (size_t)(c / BE) * BB, c % BE, v);
+    cuk_dq8_block<DT>(row + (size_t)(c / BE) * qd_align<DT>::BB, c % BE, v);
 }
 
 /* cuk_dq8 with the dtype known at run time (zeros for any other). */
