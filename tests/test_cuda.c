@@ -46,6 +46,13 @@
  * for the tensor-core GEMM): measured on the H200, see docs/testing.md. */
 #define BF16_FAST_TOL 2e-2
 
+/* GGUF's low-bit formats through the default GEMM of a prompt (weights
+ * widened and rounded to bf16, activations rounded to bf16) against the
+ * same values in f32: both operands rounded, where a bf16 model rounds
+ * only its activations; measured 1.5e-2 to 2.0e-2 on the fixtures (H100,
+ * x339), see docs/testing.md. */
+#define LOW_BIT_FAST_TOL 3e-2
+
 /* bf16 K/V cache (the CUDA default) against the transformers oracles:
  * measured on the H200, see docs/testing.md. */
 #define KV_BF16_TOL 2e-2
@@ -1573,7 +1580,7 @@ static void check_gguf_oracle(const char *dir, const char *name)
  * the prompt's GEMMs, the low-bit GEMV for decode steps) the logits of a
  * 72-token prompt and of 8 greedy decode steps agree within 1e-4 and the
  * ids are the same; by default (the prompt's weights and activations
- * rounded to bf16) the prompt's logits within BF16_FAST_TOL. */
+ * rounded to bf16) the prompt's logits within LOW_BIT_FAST_TOL. */
 static void check_gguf_low_bit(const char *dir, const char *name)
 {
     struct model m;
@@ -1621,7 +1628,7 @@ static void check_gguf_low_bit(const char *dir, const char *name)
             const size_t nl = (size_t)np * (size_t)m.cfg.vocab_size;
             float *lq = runner_logits(&rq, prompt, np), *lf = runner_logits(&rf, prompt, np);
             double re = lq && lf ? test_rel_err(lq, lf, nl) : INFINITY;
-            double tol = precise ? 1e-4 : BF16_FAST_TOL;
+            double tol = precise ? 1e-4 : LOW_BIT_FAST_TOL;
             CHECK(re <= tol, "%s %s on cuda%s: prompt logits rel err %.3g from its f32 widening "
                              "(tolerance %g)", name, dtype_name(dts[k]), precise ? " precise" : "",
                   re, tol);

@@ -359,15 +359,10 @@ extern "C" cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
                                       const struct cuk_weight *const *ws, int k, int out)
 {
-    if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3 || !in || in->kind < CUK_IN_X ||
-        in->kind > CUK_IN_SWIGLU || out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
-        (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
+    if (!gemv_fused_args(in, n, ws, k, out))
         return cudaErrorInvalidValue;
-    /* the prologue's second operand (norm weights, up) is read as float4 too */
-    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
-                      : in->kind == CUK_IN_SWIGLU ? in->x2
-                                                  : NULL;
-    if (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15)))
+    /* x (vec_ok) and the prologue's second operand (norm weights, up) are read as float4 */
+    if (!gemv_in_aligned(in))
         return cudaErrorNotSupported;
     int dt = ws[0]->dtype, cols = ws[0]->cols;
     struct gemvp p = {};

@@ -285,4 +285,27 @@ static __device__ __forceinline__ void gemv_stage(float4 *xs, const struct cuk_g
     __syncthreads();
 }
 
+/* cuk_gemv_fused's arguments (and cuk_gemv_quant's, the same contract)
+ * as the contract allows them: n rows of x, k matrices, an input kind up
+ * to CUK_IN_SWIGLU, an output kind, SwiGLU's output only for two
+ * matrices of equal rows. */
+static inline bool gemv_fused_args(const struct cuk_gemv_in *in, int n,
+                                   const struct cuk_weight *const *ws, int k, int out)
+{
+    return n >= 1 && n <= CUK_GEMV_MAX && k >= 1 && k <= 3 && in && in->kind >= CUK_IN_X &&
+           in->kind <= CUK_IN_SWIGLU && out >= CUK_OUT_STORE && out <= CUK_OUT_SWIGLU &&
+           (out != CUK_OUT_SWIGLU || (k == 2 && ws[0]->rows == ws[1]->rows));
+}
+
+/* Whether the staging can read the rows `in` describes as float4: x and
+ * the input op's second operand (the norm's weights, SwiGLU's up) 16-byte
+ * aligned. */
+static inline bool gemv_in_aligned(const struct cuk_gemv_in *in)
+{
+    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
+                      : in->kind == CUK_IN_SWIGLU ? in->x2
+                                                  : NULL;
+    return ((uintptr_t)in->x & 15) == 0 && (in->kind == CUK_IN_X || (x2 && ((uintptr_t)x2 & 15) == 0));
+}
+
 #endif

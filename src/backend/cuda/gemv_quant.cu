@@ -4,10 +4,11 @@
  * bf16 model's bytes.
  *
  * Blocks of 8 warps. A warp owns two rows (two of one matrix, or row r of
- * gate and of up where SwiGLU's output is paired); a step covers 256
- * columns, each lane eight consecutive values of each row, widened to f32
- * with the host's bits (cuk_dq8) and multiplied into f32 accumulators with
- * fmaf, then a xor butterfly sums the lanes. x (n rows, as it is, or
+ * gate and of up where SwiGLU's output is paired), or a column slice of
+ * them; a step covers 256 columns, each lane eight consecutive values of
+ * each row, widened to f32 with the host's bits (cuk_dq8) and multiplied
+ * into f32 accumulators with fmaf, then a xor butterfly sums the lanes
+ * and the slices' sums are added in order. x (n rows, as it is, or
  * rmsnorm(x), or silu(x) * x2) is staged in shared memory tile by tile by
  * gemv_common.cuh's gemv_stage, in its layout for 8-element vectors, so the
  * input ops have the plain kernels' bits, as in gemv.cu. No atomics: the
@@ -18,6 +19,10 @@
 #include "backend/cuda/quant_dq.cuh"
 
 #define GQ_STEP 256 /* columns a warp covers per step: 32 lanes x 8 */
+/* Warps a launch should have for its loads to cover the memory latency
+ * (32 an SM on 132 SMs); fewer row pairs than that are split into
+ * column slices. */
+#define GQ_WARPS_WANT 4096
 
 struct gqp {
     float *outp[3];
@@ -28,29 +33,38 @@ struct gqp {
     int out;       /* CUK_OUT_* */
 };
 
-/* NT: tokens (rows of x). */
+/* NT: tokens (rows of x). Each row pair is split over `slices` warps of
+ * one block (1, 2, 4 or 8: gq_launch's choice), warp k of a pair taking
+ * steps k, k + slices, ...; their partial sums meet in shared memory and
+ * are added in slice order, so a launch shape always gives the same bits.
+ * Slices put more warps, and so more bytes, in flight where a matrix has
+ * few rows for its columns (a 0.6B model's o and down projections: 512
+ * row pairs, 8-12 steps each). */
 template <int DT, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS)
-    k_gemv_quant(const struct gqp p, const struct cuk_gemv_in in, int cols, int tile_cols)
+    k_gemv_quant(const struct gqp p, const struct cuk_gemv_in in, int cols, int tile_cols,
+                 int slices)
 {
     extern __shared__ float4 gq_xs[];
+    __shared__ float red[GEMV_WARPS][2][NT];
     cuk_pdl_start();
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % slices;
     const bool pair = p.out == CUK_OUT_SWIGLU;
-    int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    /* warps past the last group still stage x (block barriers), nothing else */
+    int g = (blockIdx.x * GEMV_WARPS + warp) / slices;
+    /* warps past the last group still stage x and meet (block barriers), nothing else */
     const bool active = g < p.groups[0] + p.groups[1] + p.groups[2];
     int m = gemv_matrix_of(g, p.groups);
     if (!active)
         m = g = 0;
-    const int rows = p.rows[m];
+    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    const uint8_t *w0 = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2];
     int rr[2];
     const uint8_t *wr[2];
+#pragma unroll
     for (int r = 0; r < 2; r++) {
         rr[r] = pair ? g : 2 * g + r;
-        const int mr = pair ? r : m;
         /* a row past the end (an odd last group) re-reads the last row; not written */
-        wr[r] = p.w[mr] + (size_t)min(rr[r], rows - 1) * p.row_bytes;
+        wr[r] = (pair && r ? p.w[1] : w0) + (size_t)min(rr[r], rows - 1) * p.row_bytes;
     }
     float acc[2][NT];
 #pragma unroll
@@ -73,16 +87,19 @@ __global__ void __launch_bounds__(GEMV_THREADS)
         if (!active)
             continue;
         const int s1 = min(nsteps, (t + 1) * tile_steps);
-#pragma unroll 2
-        for (int s = t * tile_steps; s < s1; s++) {
+        /* No branch in the body: a lane past the last column reads the
+         * row's last 8 values and multiplies zeros, so the unrolled
+         * steps' loads can all be issued before any product. */
+#pragma unroll 4
+        for (int s = t * tile_steps + slice; s < s1; s += slices) {
             const int c = s * GQ_STEP + 8 * lane;
-            if (c >= cols)
-                continue;
+            const bool ok = c < cols;
+            const int cc = ok ? c : cols - 8;
             float v[2][8];
-            cuk_dq8<DT>(wr[0], c, v[0]);
-            cuk_dq8<DT>(wr[1], c, v[1]);
+            cuk_dq8<DT>(wr[0], cc, v[0]);
+            cuk_dq8<DT>(wr[1], cc, v[1]);
             /* this lane's vector in the tile: gemv_xs_slot's layout for 8 elements */
-            const int cl = (c - t * tile_cols) / 8, slot = (cl >> 5) * 64 + (cl & 31);
+            const int cl = (cc - t * tile_cols) / 8, slot = (cl >> 5) * 64 + (cl & 31);
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const float4 a = gq_xs[j * tile_f4 + slot], b = gq_xs[j * tile_f4 + slot + 32];
@@ -91,30 +108,45 @@ __global__ void __launch_bounds__(GEMV_THREADS)
                 for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int i = 0; i < 8; i++)
-                        acc[r][j] = fmaf(v[r][i], x[i], acc[r][j]);
+                        acc[r][j] = fmaf(ok ? v[r][i] : 0.0f, x[i], acc[r][j]);
             }
         }
     }
-    if (!active)
-        return;
-    float *out = p.outp[m];
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const float a0 = cuk_warp_sum(acc[0][j]), a1 = cuk_warp_sum(acc[1][j]);
-        if (lane != 0)
-            continue;
-        if (pair) {
-            if (rr[0] < rows)
-                out[(size_t)j * rows + rr[0]] = cuk_silu_mul1(a0, a1);
-            continue;
+        if (lane == 0) {
+            red[warp][0][j] = a0;
+            red[warp][1][j] = a1;
         }
-        const float a[2] = {a0, a1};
-        for (int r = 0; r < 2; r++) {
-            if (rr[r] >= rows)
-                continue;
-            float *o = out + (size_t)j * rows + rr[r];
-            *o = p.out == CUK_OUT_ADD ? *o + a[r] : a[r];
-        }
+    }
+    if (slices > 1)
+        __syncthreads();
+    else
+        __syncwarp();
+    if (!active || slice != 0 || lane >= NT)
+        return;
+    /* lane j: token j of the pair, its slices' sums in slice order */
+    const int j = lane;
+    float a[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        a[r] = red[warp][r][j];
+        for (int k = 1; k < slices; k++)
+            a[r] += red[warp + k][r][j];
+    }
+    float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+    if (pair) {
+        if (rr[0] < rows)
+            out[(size_t)j * rows + rr[0]] = cuk_silu_mul1(a[0], a[1]);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rr[r] >= rows)
+            continue;
+        float *o = out + (size_t)j * rows + rr[r];
+        *o = p.out == CUK_OUT_ADD ? *o + a[r] : a[r];
     }
 }
 
@@ -130,8 +162,14 @@ static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct c
     const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES) / (NT * 4 * GQ_STEP);
     const int tile_cols = (steps < fit ? steps : fit) * GQ_STEP;
     const size_t smem = (size_t)NT * tile_cols * 4 + GEMV_INV_BYTES;
-    const unsigned grid = (unsigned)((total + GEMV_WARPS - 1) / GEMV_WARPS);
-    return cuk_launch(k_gemv_quant<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols, tile_cols);
+    /* slices: enough warps for GQ_WARPS_WANT, each left two steps or more */
+    int slices = 1;
+    while (slices < GEMV_WARPS && total * slices < GQ_WARPS_WANT && steps >= 4 * slices)
+        slices *= 2;
+    const long long per_block = GEMV_WARPS / slices;
+    const unsigned grid = (unsigned)((total + per_block - 1) / per_block);
+    return cuk_launch(k_gemv_quant<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols, tile_cols,
+                      slices);
 }
 
 template <int DT>
@@ -154,9 +192,7 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
                                       const struct cuk_weight *const *ws, int k, int out)
 {
-    if (n < 1 || n > CUK_GEMV_MAX || k < 1 || k > 3 || !in || in->kind < CUK_IN_X ||
-        in->kind > CUK_IN_SWIGLU || out < CUK_OUT_STORE || out > CUK_OUT_SWIGLU ||
-        (out == CUK_OUT_SWIGLU && (k != 2 || ws[0]->rows != ws[1]->rows)))
+    if (!gemv_fused_args(in, n, ws, k, out))
         return cudaErrorInvalidValue;
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
     /* SwiGLU's output only after a norm, as a layer has it (gate/up) and
@@ -164,10 +200,7 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     if (!cuk_q_low_bit(dt) || cols <= 0 || cols % cuk_q_block_elems(dt) ||
         (out == CUK_OUT_SWIGLU && in->kind != CUK_IN_RMSNORM))
         return cudaErrorNotSupported;
-    const float *x2 = in->kind == CUK_IN_RMSNORM ? in->nw
-                      : in->kind == CUK_IN_SWIGLU ? in->x2
-                                                  : NULL;
-    if (((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
+    if (!gemv_in_aligned(in))
         return cudaErrorNotSupported;
     struct gqp p = {};
     p.out = out;
