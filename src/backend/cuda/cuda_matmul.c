@@ -499,11 +499,15 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
             return err_set(e, "%s: internal: accumulating GEMV", c->name);
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
         cudaError_t err = gemv_fused(c, route, &out, &gi, n, &w, 1, CUK_OUT_STORE);
-        if (err == cudaErrorNotSupported) /* the scalar kernel takes any shape */
+        if (err == cudaErrorNotSupported && n <= CUK_GEMV_MAX) /* the scalar kernel takes any shape */
             err = cuk_gemv(c->stream, out, x, n, w);
-        if (fail_cuda(c, "gemv", err))
-            return sticky(c, e);
-        return 0;
+        if (err != cudaErrorNotSupported) {
+            if (fail_cuda(c, "gemv", err))
+                return sticky(c, e);
+            return 0;
+        }
+        /* more tokens than the scalar kernel takes (a low-bit matrix's
+         * GEMV route) declined: the GEMM below */
     }
     if (!acc && route == MM_MMA) {
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
