@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/sampler.h"
+#include "model/gguf.h"
 #include "testutil.h"
 
 int runner_open(struct runner *r, const char *path, struct backend *be, bool own_be, int batch,
@@ -237,6 +238,28 @@ void oracle_tinystories(struct runner *r, const char *fixtures_dir, const char *
     free(prompt);
     free(want);
     json_decref(root);
+}
+
+int oracle_gguf_pair(const struct model *m, enum dtype dt, const char *q, const char *f,
+                     const char *label)
+{
+    struct err e = {{0}};
+    struct model mq;
+    int rc = gguf_write_model(m, dt, q, &e);
+    CHECK(rc == 0, "%s -> gguf %s: %s", label, dtype_name(dt), e.msg);
+    if (rc)
+        return -1;
+    if (model_load(&mq, q, &e)) {
+        CHECK(0, "%s %s: loading %s: %s", label, dtype_name(dt), q, e.msg);
+        return -1;
+    }
+    int held = 0;
+    for (int l = 0; l < mq.cfg.n_layers; l++)
+        held += (mq.layers[l].wq.dtype == dt) + (mq.layers[l].w_down.dtype == dt);
+    rc = gguf_write_model(&mq, DT_F32, f, &e);
+    CHECK(rc == 0, "%s %s -> f32: %s", label, dtype_name(dt), e.msg);
+    model_free(&mq);
+    return rc ? -1 : held;
 }
 
 int oracle_each(const char *fixtures_dir, void (*fn)(const char *dir, const char *name))

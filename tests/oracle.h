@@ -50,6 +50,14 @@ double oracle_case_err(struct runner *r, const char *dir, int index);
  * and greedy ids (fixtures_dir/oracle/tinystories_*): logits within 1e-4. */
 void oracle_tinystories(struct runner *r, const char *fixtures_dir, const char *label);
 
+/* m written as a GGUF of dtype dt at q (rows the format's blocks do not
+ * divide fall back, as the writer does), and that file's weights widened
+ * back into an f32 GGUF at f: the same values in both files. Returns the
+ * layers' q and down matrices the format holds (>= 0), or -1 (CHECKed).
+ * label names the model in messages. */
+int oracle_gguf_pair(const struct model *m, enum dtype dt, const char *q, const char *f,
+                     const char *label);
+
 /* Calls fn(dir, name) for every fixture under fixtures_dir/oracle (a
  * folder holding a ref.json); returns how many (CHECKs the folder exists). */
 int oracle_each(const char *fixtures_dir, void (*fn)(const char *dir, const char *name));

@@ -1607,16 +1607,9 @@ static void check_gguf_low_bit(const char *dir, const char *name)
         char q[1100], f[1100];
         snprintf(q, sizeof q, "/tmp/cllm_cuda_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
         snprintf(f, sizeof f, "/tmp/cllm_cuda_%s_%d_%s_f32.gguf", name, (int)getpid(), dtype_name(dts[k]));
-        struct model mq;
-        int rc = gguf_write_model(&m, dts[k], q, &e);
-        CHECK(rc == 0, "%s -> gguf %s: %s", name, dtype_name(dts[k]), e.msg);
-        if (rc == 0 && (rc = model_load(&mq, q, &e)) == 0) {
-            for (int l = 0; l < mq.cfg.n_layers; l++)
-                held += (mq.layers[l].wq.dtype == dts[k]) + (mq.layers[l].w_down.dtype == dts[k]);
-            rc = gguf_write_model(&mq, DT_F32, f, &e);
-            CHECK(rc == 0, "%s %s -> f32: %s", name, dtype_name(dts[k]), e.msg);
-            model_free(&mq);
-        }
+        const int hk = oracle_gguf_pair(&m, dts[k], q, f, name);
+        const int rc = hk < 0 ? -1 : 0;
+        held += hk > 0 ? hk : 0;
         for (int precise = 1; rc == 0 && precise >= 0; precise--) {
             struct runner rq, rf;
             if (gpu_runner(&rq, q, NP, precise, NULL, 16))

@@ -158,21 +158,10 @@ static void check_gguf_widened(const char *dir, const char *name)
         char q[1100], f[1100];
         snprintf(q, sizeof q, "/tmp/cllm_test_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
         snprintf(f, sizeof f, "/tmp/cllm_test_%s_%d_%s_f32.gguf", name, (int)getpid(), dtype_name(dts[k]));
-        struct model mq;
-        int rc = gguf_write_model(&m, dts[k], q, &e);
-        CHECK(rc == 0, "%s -> gguf %s: %s", name, dtype_name(dts[k]), e.msg);
-        if (rc == 0 && (rc = model_load(&mq, q, &e)) == 0) {
-            int wide = 0; /* matrices the format itself holds */
-            for (int l = 0; l < mq.cfg.n_layers; l++) {
-                const struct layer_weights *lw = &mq.layers[l];
-                wide += (lw->wq.dtype == dts[k]) + (lw->w_down.dtype == dts[k]);
-            }
-            CHECK(wide > 0 || dtype_block_elems(dts[k]) > m.cfg.hidden_dim,
-                  "%s %s: no matrix in the format", name, dtype_name(dts[k]));
-            rc = gguf_write_model(&mq, DT_F32, f, &e);
-            CHECK(rc == 0, "%s %s -> f32: %s", name, dtype_name(dts[k]), e.msg);
-            model_free(&mq);
-        }
+        const int wide = oracle_gguf_pair(&m, dts[k], q, f, name); /* matrices in the format */
+        const int rc = wide < 0 ? -1 : 0;
+        CHECK(wide != 0 || dtype_block_elems(dts[k]) > m.cfg.hidden_dim,
+              "%s %s: no matrix in the format", name, dtype_name(dts[k]));
         struct runner rq, rf;
         if (rc == 0 && cpu_runner(&rq, q, 2, 16) == 0) {
             if (cpu_runner(&rf, f, 2, 16) == 0) {

@@ -453,6 +453,14 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
     return cuk_gemv_fused(c->stream, outs, in, n, ws, k, out);
 }
 
+/* Rows of w a WIDEN_CHUNK_BYTES buffer holds widened to `bytes` bytes a
+ * value: at least 1, at most all. */
+static int widen_rows(const struct cuk_weight *w, size_t bytes)
+{
+    const size_t r = WIDEN_CHUNK_BYTES / bytes / (size_t)w->cols;
+    return r < 1 ? 1 : r > (size_t)w->rows ? w->rows : (int)r;
+}
+
 /* A GEMM over a low-bit w (GGUF Q4_0 ... Q3_K), not precise: its rows
  * widened chunk by chunk and rounded to bf16, x rounded to bf16 as a bf16
  * model's GEMM reads it, a tensor-core GEMM with f32 accumulation (bf16,
@@ -465,11 +473,7 @@ static int matmul_low_bit_half(struct cuda_backend *c, float *out, const float *
     const uint16_t *xh = half_x(c, x, n, &as_bf16);
     if (!xh)
         return sticky(c, e);
-    int chunk = (int)(WIDEN_CHUNK_BYTES / 2 / (size_t)w->cols);
-    if (chunk < 1)
-        chunk = 1;
-    if (chunk > w->rows)
-        chunk = w->rows;
+    const int chunk = widen_rows(w, 2);
     uint16_t *wh = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 2, "widened weights");
     if (!wh)
         return sticky(c, e);
@@ -525,11 +529,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
     if (!c->precise && quant_is_low_bit(w->dtype))
         return matmul_low_bit_half(c, out, x, n, w, acc, e);
     /* Widen row chunks of W to f32 and multiply in f32. */
-    int chunk = (int)(WIDEN_CHUNK_BYTES / 4 / (size_t)w->cols);
-    if (chunk < 1)
-        chunk = 1;
-    if (chunk > w->rows)
-        chunk = w->rows;
+    const int chunk = widen_rows(w, 4);
     float *wf = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 4, "widened weights");
     if (!wf)
         return sticky(c, e);
