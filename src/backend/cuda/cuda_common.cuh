@@ -33,8 +33,9 @@ static __device__ __forceinline__ uint16_t cuk_to_half(float v, int bf16)
     return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : __half_as_ushort(__float2half_rn(v));
 }
 
-/* Element (r, j) of a weight matrix widened to f32 (exact for every dtype;
- * the low-bit formats' other dtypes read as zeros: the backend refuses them). */
+/* Element (r, j) of a weight matrix widened to f32 (exact for every dtype
+ * the backend uploads; any other reads as zero, and load_weights refuses
+ * those). */
 static __device__ __forceinline__ float cuk_load_weight(const struct cuk_weight *w, size_t r, int j)
 {
     size_t i = r * (size_t)w->cols + j;

@@ -1,7 +1,8 @@
 /* cuda_weights.c - the CUDA backend's weights: the map from a tensor's host
  * data to its device copy (what the ops look weights up in), and
  * load_weights, which copies every tensor to the device once (Q8_0
- * repacked; k/v and gate/up pairs in one allocation each). */
+ * repacked, GGUF's low-bit blocks as they are; k/v and gate/up pairs in
+ * one allocation each). */
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdint.h>
@@ -9,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "model/quant.h"
 
 /* ---- weight map ---- */
 
@@ -213,6 +216,17 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     int n = collect_tensors(m, &ts, &pair, e);
     if (n < 0)
         return -1;
+    /* a block format with no kernels here (none today: the loaders refuse
+     * what model/quant.h does not read) is said, not computed as zeros */
+    for (int i = 0; i < n; i++)
+        if (ts[i]->data && dtype_block_elems(ts[i]->dtype) > 1 && ts[i]->dtype != DT_Q8_0 &&
+            !quant_is_low_bit(ts[i]->dtype)) {
+            enum dtype dt = ts[i]->dtype;
+            free(ts);
+            free(pair);
+            return err_set(e, "%s: the model has %s weights, which the CUDA backend does not "
+                              "compute (--device cpu)", c->name, dtype_name(dt));
+        }
     size_t need = 0, cap = 16;
     int uniq = 0;
     for (int i = 0; i < n; i++)
