@@ -196,27 +196,6 @@ FKERNEL(k256_f32, DT_F32)
 FKERNEL(k256_f16, DT_F16)
 FKERNEL(k256_bf16, DT_BF16)
 
-/* An integer kernel family from its tile template tile(mr, nr, j, t, r):
- * the streaming kernel (nt tokens against one row at a time), the main
- * tile and its edges, with the activations' row size and quantizer. */
-#define INT_KERNEL(name, tile, xq_bytes, xq_quant)                             \
-    static T256 void name##_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, \
-                                   int64_t r1)                                 \
-    {                                                                          \
-        switch (nt) {                                                          \
-        case 1: for (int64_t r = r0; r < r1; r++) tile(1, 1, j, t, r); break;  \
-        case 2: for (int64_t r = r0; r < r1; r++) tile(2, 1, j, t, r); break;  \
-        case 3: for (int64_t r = r0; r < r1; r++) tile(3, 1, j, t, r); break;  \
-        default: for (int64_t r = r0; r < r1; r++) tile(4, 1, j, t, r); break; \
-        }                                                                      \
-    }                                                                          \
-    static T256 void name##_main(const struct mm_job *j, int64_t t, int64_t r) \
-    { tile(MR, NR, j, t, r); }                                                 \
-    static T256 void name##_t1(const struct mm_job *j, int64_t t, int64_t r) { tile(1, NR, j, t, r); } \
-    static T256 void name##_r1(const struct mm_job *j, int64_t t, int64_t r) { tile(MR, 1, j, t, r); } \
-    static T256 void name##_1x1(const struct mm_job *j, int64_t t, int64_t r) { tile(1, 1, j, t, r); } \
-    static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, name##_main, \
-                                          name##_t1, name##_r1, name##_1x1, xq_bytes, xq_quant};
 
 /* ---- Q8_0 ----
  *
@@ -323,7 +302,7 @@ INLINE T256 void q8_tile(int mr, int nr, const struct mm_job *j, int64_t t, int6
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INT_KERNEL(k256_q8_0, q8_tile, avx2_xq_row_bytes, avx2_xq_quantize)
+MM_INT_KERNEL(T256, k256_q8_0, q8_tile, avx2_xq_row_bytes, avx2_xq_quantize)
 
 /* ---- the integer-code formats (matmul_impl.h, unpack.h) ----
  *
@@ -380,7 +359,7 @@ INLINE T256 void codes_tile(int mr, int nr, const struct mm_job *j, int64_t t, i
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INT_KERNEL(k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
+MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 

@@ -190,30 +190,6 @@ FKERNEL(k512_f32, DT_F32)
 FKERNEL(k512_f16, DT_F16)
 FKERNEL(k512_bf16, DT_BF16)
 
-/* An integer kernel family from its tile template tile(mr, nr, j, t, r):
- * the streaming kernel (nt tokens against one row at a time) and the four
- * tile shapes, with the activations' row size and quantizer. */
-#define INT_KERNEL(name, tile, xq_bytes, xq_quant)                             \
-    static T512VNNI void name##_stream(const struct mm_job *j, int64_t t, int nt, \
-                                       int64_t r0, int64_t r1)                 \
-    {                                                                          \
-        switch (nt) {                                                          \
-        case 1: for (int64_t r = r0; r < r1; r++) tile(1, 1, j, t, r); break;  \
-        case 2: for (int64_t r = r0; r < r1; r++) tile(2, 1, j, t, r); break;  \
-        case 3: for (int64_t r = r0; r < r1; r++) tile(3, 1, j, t, r); break;  \
-        default: for (int64_t r = r0; r < r1; r++) tile(4, 1, j, t, r); break; \
-        }                                                                      \
-    }                                                                          \
-    static T512VNNI void name##_4x4(const struct mm_job *j, int64_t t, int64_t r) \
-    { tile(4, 4, j, t, r); }                                                   \
-    static T512VNNI void name##_1x4(const struct mm_job *j, int64_t t, int64_t r) \
-    { tile(1, 4, j, t, r); }                                                   \
-    static T512VNNI void name##_4x1(const struct mm_job *j, int64_t t, int64_t r) \
-    { tile(4, 1, j, t, r); }                                                   \
-    static T512VNNI void name##_1x1(const struct mm_job *j, int64_t t, int64_t r) \
-    { tile(1, 1, j, t, r); }                                                   \
-    static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, name##_4x4, \
-                                          name##_1x4, name##_4x1, name##_1x1, xq_bytes, xq_quant};
 
 /* ---- Q8_0 with VNNI ----
  *
@@ -349,7 +325,7 @@ INLINE T512VNNI void vnni_tile(int mr, int nr, const struct mm_job *j, int64_t t
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INT_KERNEL(k512_q8_0, vnni_tile, vnni_xq_row_bytes, vnni_xq_quantize)
+MM_INT_KERNEL(T512VNNI, k512_q8_0, vnni_tile, vnni_xq_row_bytes, vnni_xq_quantize)
 
 /* ---- the integer-code formats with VNNI (matmul_impl.h, unpack.h) ----
  *
@@ -405,7 +381,7 @@ INLINE T512VNNI void codes_tile(int mr, int nr, const struct mm_job *j, int64_t 
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-INT_KERNEL(k512_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
+MM_INT_KERNEL(T512VNNI, k512_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
 
 const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
 {

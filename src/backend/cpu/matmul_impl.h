@@ -75,4 +75,32 @@ void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
 
 static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+/* An integer kernel family (Q8_0, or the unpacked codes of GGUF's
+ * low-bit formats) from its tile template tile(mr, nr, j, t, r), built
+ * with the target attribute ATTR: the streaming kernel (nt tokens against
+ * one row at a time), the main tile and its three edges, with the
+ * activations' row size and quantizer. The including file defines MR, NR
+ * and STREAM_MAX_N. */
+#define MM_INT_KERNEL(ATTR, name, tile, xq_bytes, xq_quant)                    \
+    static ATTR void name##_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, \
+                                   int64_t r1)                                 \
+    {                                                                          \
+        switch (nt) {                                                          \
+        case 1: for (int64_t r = r0; r < r1; r++) tile(1, 1, j, t, r); break;  \
+        case 2: for (int64_t r = r0; r < r1; r++) tile(2, 1, j, t, r); break;  \
+        case 3: for (int64_t r = r0; r < r1; r++) tile(3, 1, j, t, r); break;  \
+        default: for (int64_t r = r0; r < r1; r++) tile(4, 1, j, t, r); break; \
+        }                                                                      \
+    }                                                                          \
+    static ATTR void name##_main(const struct mm_job *j, int64_t t, int64_t r) \
+    { tile(MR, NR, j, t, r); }                                                 \
+    static ATTR void name##_t1(const struct mm_job *j, int64_t t, int64_t r)   \
+    { tile(1, NR, j, t, r); }                                                  \
+    static ATTR void name##_r1(const struct mm_job *j, int64_t t, int64_t r)   \
+    { tile(MR, 1, j, t, r); }                                                  \
+    static ATTR void name##_1x1(const struct mm_job *j, int64_t t, int64_t r)  \
+    { tile(1, 1, j, t, r); }                                                   \
+    static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, name##_main, \
+                                          name##_t1, name##_r1, name##_1x1, xq_bytes, xq_quant};
+
 #endif
