@@ -1537,19 +1537,31 @@ static void check_oracle(const char *dir, int batch, bool precise, double tol, i
     runner_close(&r);
 }
 
+/* dir's fixture loaded into m for a GGUF round trip on the GPU; false
+ * (nothing to free) when it cannot load (CHECKed) or is llama3-scaled:
+ * that scaling's GGUF form (a rope_freqs tensor) is checked on the CPU by
+ * test_models, not yet here. */
+static bool gguf_fixture_load(struct model *m, const char *dir)
+{
+    struct err e = {{0}};
+    if (model_load(m, dir, &e)) {
+        CHECK(0, "%s: %s", dir, e.msg);
+        return false;
+    }
+    if (m->cfg.rope_scaling == ROPE_SCALING_LLAMA3) {
+        model_free(m);
+        return false;
+    }
+    return true;
+}
+
 /* GGUF round trips: f32 (interleaved rope for llama/mistral) and Q8_0. */
 static void check_gguf_oracle(const char *dir, const char *name)
 {
     struct model m;
     struct err e = {{0}};
-    if (model_load(&m, dir, &e)) {
-        CHECK(0, "%s: %s", dir, e.msg);
+    if (!gguf_fixture_load(&m, dir))
         return;
-    }
-    if (m.cfg.rope_scaling == ROPE_SCALING_LLAMA3) { /* not writable to GGUF */
-        model_free(&m);
-        return;
-    }
     enum dtype dts[] = {DT_F32, DT_Q8_0};
     double tols[] = {1e-4, 8e-2};
     for (int k = 0; k < 2; k++) {
@@ -1584,15 +1596,8 @@ static void check_gguf_oracle(const char *dir, const char *name)
 static void check_gguf_low_bit(const char *dir, const char *name)
 {
     struct model m;
-    struct err e = {{0}};
-    if (model_load(&m, dir, &e)) {
-        CHECK(0, "%s: %s", dir, e.msg);
+    if (!gguf_fixture_load(&m, dir))
         return;
-    }
-    if (m.cfg.rope_scaling == ROPE_SCALING_LLAMA3) { /* not writable to GGUF */
-        model_free(&m);
-        return;
-    }
     const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
                               DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
     /* 72 tokens: past QUANT_GEMV_MAX_N, so the prompt takes the GEMM */
