@@ -453,35 +453,36 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
     return cuk_gemv_fused(c->stream, outs, in, n, ws, k, out);
 }
 
-/* Rows of w a WIDEN_CHUNK_BYTES buffer holds widened to `bytes` bytes a
- * value: at least 1, at most all. */
-static int widen_rows(const struct cuk_weight *w, size_t bytes)
+/* out (+)= x . W^T by GEMMs over row chunks of w widened into a
+ * WIDEN_CHUNK_BYTES buffer: to f32 for SGEMM with x as it is (Q8_0, and
+ * any weights in precise mode), or, for a low-bit w (GGUF Q4_0 ... Q3_K)
+ * not in precise mode (bf16), rounded to bf16 with x rounded to bf16 as a
+ * bf16 model's GEMM reads it, for a tensor-core GEMM with f32
+ * accumulation (bf16, not f16: activations past f16's range stay finite;
+ * the rounding of the weights, 2^-9 of each, is far inside a 2-6-bit
+ * format's own error). */
+static int matmul_widened(struct cuda_backend *c, float *out, const float *x, int n,
+                          const struct cuk_weight *w, bool acc, bool bf16, struct err *e)
 {
-    const size_t r = WIDEN_CHUNK_BYTES / bytes / (size_t)w->cols;
-    return r < 1 ? 1 : r > (size_t)w->rows ? w->rows : (int)r;
-}
-
-/* A GEMM over a low-bit w (GGUF Q4_0 ... Q3_K), not precise: its rows
- * widened chunk by chunk and rounded to bf16, x rounded to bf16 as a bf16
- * model's GEMM reads it, a tensor-core GEMM with f32 accumulation (bf16,
- * not f16: activations past f16's range stay finite). The rounding of the
- * weights, 2^-9 of each, is far inside a 2-6-bit format's own error. */
-static int matmul_low_bit_half(struct cuda_backend *c, float *out, const float *x, int n,
-                               const struct cuk_weight *w, bool acc, struct err *e)
-{
-    const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
-    const uint16_t *xh = half_x(c, x, n, &as_bf16);
-    if (!xh)
-        return sticky(c, e);
-    const int chunk = widen_rows(w, 2);
-    uint16_t *wh = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 2, "widened weights");
-    if (!wh)
+    const void *xg = x;
+    if (bf16) {
+        const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
+        if (!(xg = half_x(c, x, n, &as_bf16)))
+            return sticky(c, e);
+    }
+    const size_t vb = bf16 ? 2 : 4, fit = WIDEN_CHUNK_BYTES / vb / (size_t)w->cols;
+    const int chunk = fit < 1 ? 1 : fit > (size_t)w->rows ? w->rows : (int)fit;
+    void *wc = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * vb, "widened weights");
+    if (!wc)
         return sticky(c, e);
     for (int r0 = 0; r0 < w->rows; r0 += chunk) {
         int nr = w->rows - r0 < chunk ? w->rows - r0 : chunk;
-        if (fail_cuda(c, "widen weights", cuk_dequant_half(c->stream, wh, w, r0, nr, 1)))
+        cudaError_t err = bf16 ? cuk_dequant_half(c->stream, wc, w, r0, nr, 1)
+                               : cuk_dequant_f32(c->stream, wc, w, r0, nr);
+        if (fail_cuda(c, "widen weights", err))
             return sticky(c, e);
-        if (gemm(c, out + r0, w->rows, wh, xh, CUDA_R_16BF, nr, n, w->cols, acc, e))
+        if (gemm(c, out + r0, w->rows, wc, xg, bf16 ? CUDA_R_16BF : CUDA_R_32F, nr, n, w->cols,
+                 acc, e))
             return -1;
     }
     return 0;
@@ -526,21 +527,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
-    if (!c->precise && quant_is_low_bit(w->dtype))
-        return matmul_low_bit_half(c, out, x, n, w, acc, e);
-    /* Widen row chunks of W to f32 and multiply in f32. */
-    const int chunk = widen_rows(w, 4);
-    float *wf = dbuf_get(c, &c->wf, (size_t)chunk * w->cols * 4, "widened weights");
-    if (!wf)
-        return sticky(c, e);
-    for (int r0 = 0; r0 < w->rows; r0 += chunk) {
-        int nr = w->rows - r0 < chunk ? w->rows - r0 : chunk;
-        if (fail_cuda(c, "widen weights", cuk_dequant_f32(c->stream, wf, w, r0, nr)))
-            return sticky(c, e);
-        if (gemm(c, out + r0, w->rows, wf, x, CUDA_R_32F, nr, n, w->cols, acc, e))
-            return -1;
-    }
-    return 0;
+    return matmul_widened(c, out, x, n, w, acc, !c->precise && quant_is_low_bit(w->dtype), e);
 }
 
 int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
