@@ -1,10 +1,15 @@
-/* test_quant_dq_emu.cpp - the device's widening of GGUF's low-bit blocks
- * (src/backend/cuda/quant_dq.cuh, cuk_dq8) run on the host through
- * tests/emu/cuda_emu.h: for every format, on blocks of random bytes (any
- * scale, code and bit pattern; f16 fields kept finite), every 8-value
- * piece of a row must have the bits of the host's quant_dequantize_row,
- * which test_gguf and test_llamacpp hold to llama.cpp's. So the kernels'
- * dequantization is checked where there is no GPU. */
+/* test_quant_dq_emu.cpp - the device's reading of GGUF's low-bit blocks
+ * run on the host through tests/emu/cuda_emu.h, for every format, on
+ * blocks of random bytes (any scale, code and bit pattern; f16 fields kept
+ * finite), against the host's quant_dequantize_row, which test_gguf and
+ * test_llamacpp hold to llama.cpp's:
+ *   - quant_dq.cuh's widening (cuk_dq8): every 8-value piece of a row has
+ *     the host's bits;
+ *   - quant_dot.cuh's integer units (gd_load): every value's code, scale
+ *     and min give the host's value to the bit (s * code - m), at the
+ *     column gd_perm and gd_block say, and a unit's byte dot product
+ *     (gd_dot) against 8-bit activations matches a double product.
+ * So the kernels' reading of the blocks is checked where there is no GPU. */
 #include "emu/cuda_emu.h"
 
 #include "base/half.h"
@@ -17,11 +22,31 @@ extern "C" {
 struct uint2 {
     unsigned x, y;
 };
+struct uint4 {
+    unsigned x, y, z, w;
+};
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline uint16_t __ushort_as_half(unsigned short u) { return u; }
 static inline float __half2float(uint16_t h) { return f16_to_f32(h); }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
+/* per byte: a - b modulo 256; the sum of the signed bytes' products, plus c */
+static inline unsigned __vsub4(unsigned a, unsigned b)
+{
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= ((((a >> (8 * i)) & 0xFF) - ((b >> (8 * i)) & 0xFF)) & 0xFF) << (8 * i);
+    return r;
+}
+static inline int __dp4a(int a, int b, int c)
+{
+    for (int i = 0; i < 4; i++)
+        c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
 
+#include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_dq.cuh"
 
 extern "C" {
@@ -49,7 +74,7 @@ static void f16_fields(enum dtype dt, int *a, int *b)
 {
     *a = *b = -1;
     switch (dt) {
-    case DT_Q4_0: case DT_Q5_0: *a = 0; break;
+    case DT_Q4_0: case DT_Q5_0: case DT_Q8_0: *a = 0; break;
     case DT_Q4_1: case DT_Q5_1: case DT_Q4_K: case DT_Q5_K: *a = 0; *b = 2; break;
     case DT_Q6_K: *a = 208; break;
     case DT_Q2_K: *a = 80; *b = 82; break;
@@ -60,17 +85,126 @@ static void f16_fields(enum dtype dt, int *a, int *b)
 
 template <int DT> static void piece(const uint8_t *row, int c, float *v) { cuk_dq8<DT>(row, c, v); }
 
+/* Every column of a step goes to one word of one lane (gd_perm is one to
+ * one), and the lane reads its group's activation scale from that
+ * column's 32-block (gd_block). */
+template <int SHAPE> static void check_perm(const char *name)
+{
+    constexpr int G = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : SHAPE == GD_NIB32 ? 2 : 4;
+    int seen[GD_STEP / 4] = {0}, bad = 0;
+    for (int r = 0; r < GD_STEP; r += 4) {
+        const int w = gd_perm<SHAPE>(r);
+        if (w < 0 || w >= GD_STEP / 4) {
+            bad++;
+            continue;
+        }
+        seen[w]++;
+        bad += gd_block<SHAPE>(w / 4, (w % 4) / (4 / G)) != r / 32;
+    }
+    for (int w = 0; w < GD_STEP / 4; w++)
+        bad += seen[w] != 1;
+    CHECK(bad == 0, "gd_perm %s: %d columns misplaced", name, bad);
+}
+
+/* A row's units against the host's widening ref (cols values): each
+ * value's s * code - m has ref's bits; and each unit's gd_dot against x
+ * (8-bit codes xq in gd_perm's order, scales xd a 32-block) is the double
+ * product of ref and the codes' values within 1e-5 of its magnitude.
+ * Returns the values that differ; *dot_bad counts units off. */
+template <int DT>
+static int check_units(const uint8_t *row, const uint16_t *srow, const float *ref, int cols,
+                       const uint32_t *xq, const float *xd, int *dot_bad)
+{
+    using F = gd_fmt<DT>;
+    int bad = 0;
+    for (int u = 0; u < cols / 16; u++) {
+        gd_unit w;
+        gd_load<DT>(row, srow, u, w);
+        const int step = u / 32, lane = u % 32;
+        double want = 0, mag = 0;
+        for (int r = 0; r < GD_STEP; r += 4) {
+            const int wd = gd_perm<F::SHAPE>(r);
+            if (wd / 4 != lane)
+                continue;
+            const int i = wd % 4, g = i / (4 / F::G), c = step * GD_STEP + r;
+            for (int e = 0; e < 4; e++) {
+                const int code = F::MIN ? (int)((w.q[i] >> (8 * e)) & 0xFF) : (int)(int8_t)(w.q[i] >> (8 * e));
+                const float v = F::MIN ? w.s[g] * (float)code - w.m[g] : w.s[g] * (float)code;
+                bad += memcmp(&v, &ref[c + e], 4) != 0;
+                const double xv = (double)xd[(c + e) / 32] * (int8_t)(xq[(step * GD_STEP + wd * 4) / 4] >> (8 * e));
+                want += (double)ref[c + e] * xv;
+                mag += fabs((double)ref[c + e] * xv);
+            }
+        }
+        int x[4], sums[4] = {0, 0, 0, 0};
+        float dx[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4; i++)
+            x[i] = (int)xq[(step * GD_STEP) / 4 + 4 * lane + i];
+        for (int g = 0; g < F::G; g++)
+            dx[g] = xd[step * 16 + gd_block<F::SHAPE>(lane, g)];
+        if (F::MIN)
+            gd_sums<DT>(x, sums);
+        const double got = gd_dot<DT>(w, x, dx, sums);
+        *dot_bad += !(fabs(got - want) <= 1e-5 * mag + 1e-30);
+    }
+    return bad;
+}
+
+/* x rounded to 8 bits a 32-block as k_gemv_qdot stages it (gd_quant4 at
+ * absmax / 127), into words in gd_perm's order and a scale a block. */
+template <int SHAPE>
+static void stage_x(const float *x, int cols, uint32_t *xq, float *xd)
+{
+    const int padded = (cols + GD_STEP - 1) / GD_STEP * GD_STEP;
+    memset(xq, 0, (size_t)padded);
+    memset(xd, 0, sizeof(float) * (size_t)(padded / 32));
+    for (int b = 0; b < cols / 32; b++) {
+        float a = 0.0f;
+        for (int i = 0; i < 32; i++)
+            a = fmaxf(a, fabsf(x[32 * b + i]));
+        const float d = a / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        for (int c = 32 * b; c < 32 * b + 32; c += 4)
+            xq[(c / GD_STEP) * (GD_STEP / 4) + gd_perm<SHAPE>(c % GD_STEP)] =
+                gd_quant4(x[c], x[c + 1], x[c + 2], x[c + 3], id);
+    }
+}
+
+/* row: the file's blocks; Q8_0 is read as the device keeps it (values,
+ * then a table of scales: cuk_q8_repack's layout), rebuilt here. */
+template <int DT>
+static int units_row(const uint8_t *row, const float *ref, int cols, const float *x, int *dot_bad)
+{
+    const int padded = (cols + GD_STEP - 1) / GD_STEP * GD_STEP;
+    std::vector<uint32_t> xq((size_t)padded / 4);
+    std::vector<float> xd((size_t)padded / 32);
+    stage_x<gd_fmt<DT>::SHAPE>(x, cols, xq.data(), xd.data());
+    std::vector<uint8_t> vals;
+    std::vector<uint16_t> scales;
+    if (DT == DT_Q8_0) {
+        const struct block_q8_0 *b = (const struct block_q8_0 *)row;
+        for (int k = 0; k < cols / 32; k++) {
+            scales.push_back(b[k].d);
+            vals.insert(vals.end(), (const uint8_t *)b[k].qs, (const uint8_t *)b[k].qs + 32);
+        }
+        row = vals.data();
+    }
+    return check_units<DT>(row, scales.data(), ref, cols, xq.data(), xd.data(), dot_bad);
+}
+
 int main()
 {
+    /* Q8_0: its integer units only (quant_dq.cuh does not widen it) */
     const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
-                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K, DT_Q8_0};
     for (enum dtype dt : dts) {
-        const int be = cuk_q_block_elems(dt), bb = cuk_q_block_bytes(dt);
+        const bool q8 = dt == DT_Q8_0;
+        const int be = q8 ? 32 : cuk_q_block_elems(dt), bb = q8 ? 34 : cuk_q_block_bytes(dt);
         CHECK(be == (int)dtype_block_elems(dt) && (size_t)bb == dtype_row_bytes(dt, be),
               "%s: block of %d values, %d bytes", dtype_name(dt), be, bb);
         const int cols = be * 12, rows = 40;
         const size_t rb = dtype_row_bytes(dt, cols);
-        CHECK(cuk_q_row_bytes(dt, cols) == rb, "%s: row bytes", dtype_name(dt));
+        CHECK(q8 || cuk_q_row_bytes(dt, cols) == rb, "%s: row bytes", dtype_name(dt));
         std::vector<uint8_t> w(rb * rows);
         for (auto &x : w)
             x = (uint8_t)rnd();
@@ -82,13 +216,15 @@ int main()
                     uint16_t h = rand_f16();
                     memcpy(&w[blk * bb + off], &h, 2);
                 }
-        std::vector<float> ref(cols), got(cols);
-        int bad = 0, any = 0;
+        std::vector<float> ref(cols), got(cols), x(cols);
+        int bad = 0, any = 0, ubad = 0, dbad = 0;
         for (int r = 0; r < rows; r++) {
             const uint8_t *row = w.data() + (size_t)r * rb;
             quant_dequantize_row(dt, row, ref.data(), cols);
             for (int c = 0; c < cols; c += 8) {
-                if (r % 2)
+                if (q8)
+                    memcpy(&got[c], &ref[c], 32);
+                else if (r % 2)
                     cuk_dq8_any(dt, row, c, &got[c]);
                 else
                     switch (dt) { /* the kernels' compile-time form */
@@ -106,12 +242,34 @@ int main()
             for (int c = 0; c < cols; c++) {
                 bad += memcmp(&got[c], &ref[c], 4) != 0;
                 any += ref[c] != 0.0f;
+                x[c] = (float)((int)(rnd() % 20001) - 10000) * (r % 3 ? 1e-3f : 1e-7f);
+            }
+            switch (dt) {
+            case DT_Q4_0: ubad += units_row<DT_Q4_0>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q4_1: ubad += units_row<DT_Q4_1>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q5_0: ubad += units_row<DT_Q5_0>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q5_1: ubad += units_row<DT_Q5_1>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q4_K: ubad += units_row<DT_Q4_K>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q5_K: ubad += units_row<DT_Q5_K>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q6_K: ubad += units_row<DT_Q6_K>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q2_K: ubad += units_row<DT_Q2_K>(row, ref.data(), cols, x.data(), &dbad); break;
+            case DT_Q3_K: ubad += units_row<DT_Q3_K>(row, ref.data(), cols, x.data(), &dbad); break;
+            default: ubad += units_row<DT_Q8_0>(row, ref.data(), cols, x.data(), &dbad); break;
             }
         }
+        CHECK(ubad == 0, "%s: %d of %d values' integer units (s * code - m) differ from "
+              "quant_dequantize_row's bits", dtype_name(dt), ubad, rows * cols);
+        CHECK(dbad == 0, "%s: %d of %d units' byte dot products off a double product",
+              dtype_name(dt), dbad, rows * cols / 16);
         CHECK(bad == 0 && any > rows * cols / 2, "%s: %d of %d values differ from "
               "quant_dequantize_row's bits (%d non-zero)", dtype_name(dt), bad, rows * cols, any);
-        printf("%s: %d values, device widening == host widening: %s\n", dtype_name(dt),
-               rows * cols, bad ? "no" : "yes");
+        printf("%s: %d values, device widening == host widening: %s; integer units: %s, "
+               "dot products: %s\n", dtype_name(dt), rows * cols, q8 ? "n/a" : bad ? "no" : "yes",
+               ubad ? "no" : "yes", dbad ? "no" : "yes");
     }
+    check_perm<GD_BYTES>("BYTES");
+    check_perm<GD_NIB16>("NIB16");
+    check_perm<GD_NIB32>("NIB32");
+    check_perm<GD_QUARTER>("QUARTER");
     return test_summary("test_quant_dq_emu");
 }

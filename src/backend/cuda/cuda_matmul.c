@@ -361,14 +361,23 @@ static bool staged_big(const struct cuda_backend *c, size_t cols, size_t bytes, 
            cols * 2 >= 4096 && bytes > c->mma_max_bytes; /* rows of a slot's 4 KB or more */
 }
 
+/* Whether decode-sized steps of dt weights take cuk_gemv_quant: GGUF's
+ * low-bit formats always (in precise mode its exact kernel), Q8_0 by
+ * default (activations rounded to 8 bits as the CPU and llama.cpp round
+ * them; in precise mode gemv.cu's f32 kernels). */
+static bool quant_gemv(const struct cuda_backend *c, enum dtype dt)
+{
+    return quant_is_low_bit(dt) || (dt == DT_Q8_0 && !c->precise);
+}
+
 static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor *const *ts, int k,
                               int n)
 {
     const size_t cols = (size_t)ts[0]->cols;
-    /* GGUF's low-bit formats: their GEMV (cuk_gemv_quant, 8 tokens a
-     * launch: gemv_quant) up to QUANT_GEMV_MAX_N tokens; past that, the
-     * weights widened chunk by chunk for a GEMM */
-    if (quant_is_low_bit(ts[0]->dtype))
+    /* cuk_gemv_quant (8 tokens a launch: gemv_quant) up to
+     * QUANT_GEMV_MAX_N tokens; past that, the weights widened chunk by
+     * chunk for a GEMM */
+    if (quant_gemv(c, ts[0]->dtype))
         return n <= (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N) ? MM_GEMV : MM_GEMM;
     if (gemv_rows(c, cols, n))
         return MM_GEMV;
@@ -418,7 +427,7 @@ static cudaError_t gemv_quant(struct cuda_backend *c, float *const *outs,
         float *po[3];
         for (int i = 0; i < k; i++)
             po[i] = outs[i] + (size_t)j0 * (size_t)ws[i]->rows;
-        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out);
+        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out, c->precise);
         if (err != cudaSuccess)
             return err;
     }
@@ -434,7 +443,7 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
-    if (quant_is_low_bit(ws[0]->dtype))
+    if (quant_gemv(c, (enum dtype)ws[0]->dtype))
         return gemv_quant(c, outs, in, n, ws, k, out);
     if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);

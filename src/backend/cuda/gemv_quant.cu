@@ -1,21 +1,24 @@
-/* gemv_quant.cu - cuk_gemv_fused's contract for GGUF's 2-6-bit block
- * formats (quant_dq.cuh), read from the file's own blocks: decode steps of
- * a Q4_K_M, Q5_K_M, Q6_K, Q4_0 ... model stream a quarter to a third of a
- * bf16 model's bytes.
- *
+/* gemv_quant.cu - cuk_gemv_fused's contract for GGUF's quantized formats,
+ * read from the file's own blocks (Q8_0: as repacked at load): decode
+ * steps of a Q4_K_M, Q5_K_M, Q6_K, Q8_0 ... model stream a quarter to a
+ * half of a bf16 model's bytes. Two kernels over one launch shape:
+ *   k_gemv_qdot (default): x rounded to 8 bits a 32-block as the CPU
+ *     rounds it, the weights read as integer codes (quant_dot.cuh) and
+ *     multiplied by dp4a, 16 values of each row a lane and step;
+ *   k_gemv_quant (precise mode, no Q8_0): each weight widened to f32 with
+ *     the host's bits (quant_dq.cuh, cuk_dq8) times the f32 x, 8 values a
+ *     lane and step.
  * Blocks of 8 warps. A warp owns two rows (two of one matrix, or row r of
  * gate and of up where SwiGLU's output is paired), or a column slice of
- * them; a step covers 256 columns, each lane eight consecutive values of
- * each row, widened to f32 with the host's bits (cuk_dq8) and multiplied
- * into f32 accumulators with fmaf, then a xor butterfly sums the lanes
- * and the slices' sums are added in order. x (n rows, as it is, or
- * rmsnorm(x), or silu(x) * x2) is staged in shared memory tile by tile by
- * gemv_common.cuh's gemv_stage, in its layout for 8-element vectors, so the
- * input ops have the plain kernels' bits, as in gemv.cu. No atomics: the
- * same bits run to run. */
+ * them; a xor butterfly sums the lanes and the slices' sums are added in
+ * order. x (n rows, as it is, or rmsnorm(x), or silu(x) * x2) is staged
+ * in shared memory tile by tile with the plain kernels' input ops
+ * (gemv_common.cuh), so the input ops have their bits, as in gemv.cu. No
+ * atomics: the same bits run to run. */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_dq.cuh"
 
 #define GQ_STEP 256 /* columns a warp covers per step: 32 lanes x 8 */
@@ -27,19 +30,105 @@
 struct gqp {
     float *outp[3];
     const uint8_t *w[3];
+    const uint16_t *sc[3]; /* Q8_0: the device's scale tables (cuk_weight.scales) */
     size_t row_bytes;
     int rows[3];
     int groups[3]; /* two rows a group; paired: one row of each of w[0], w[1] */
     int out;       /* CUK_OUT_* */
 };
 
-/* NT: tokens (rows of x). Each row pair is split over `slices` warps of
- * one block (1, 2, 4 or 8: gq_launch's choice), warp k of a pair taking
- * steps k, k + slices, ...; their partial sums meet in shared memory and
- * are added in slice order, so a launch shape always gives the same bits.
- * Slices put more warps, and so more bytes, in flight where a matrix has
- * few rows for its columns (a 0.6B model's o and down projections: 512
- * row pairs, 8-12 steps each). */
+/* A warp's share of a launch: row pair (group) g of matrix m, or column
+ * slice `slice` of it (one of `slices` warps of a block taking steps
+ * slice, slice + slices, ...). Warps past the last group (inactive)
+ * still stage x and meet at the block's barriers, nothing else. */
+struct gq_warp {
+    int lane, warp, slice, m, rows;
+    int rr[2];              /* the two output rows */
+    const uint8_t *wr[2];   /* their weights */
+    const uint16_t *sr[2];  /* Q8_0: their scales */
+    bool active, pair;
+};
+
+static __device__ __forceinline__ gq_warp gq_warp_of(const gqp &p, int slices)
+{
+    gq_warp w;
+    w.lane = threadIdx.x & 31;
+    w.warp = threadIdx.x >> 5;
+    w.slice = w.warp % slices;
+    w.pair = p.out == CUK_OUT_SWIGLU;
+    int g = (blockIdx.x * GEMV_WARPS + w.warp) / slices;
+    w.active = g < p.groups[0] + p.groups[1] + p.groups[2];
+    w.m = gemv_matrix_of(g, p.groups);
+    if (!w.active)
+        w.m = g = 0;
+    w.rows = w.m == 0 ? p.rows[0] : w.m == 1 ? p.rows[1] : p.rows[2];
+    const int m0 = w.m;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        w.rr[r] = w.pair ? g : 2 * g + r;
+        /* a row past the end (an odd last group) re-reads the last row; not written */
+        const size_t row = (size_t)min(w.rr[r], w.rows - 1);
+        const int mr = w.pair && r ? 1 : m0;
+        w.wr[r] = (mr == 0 ? p.w[0] : mr == 1 ? p.w[1] : p.w[2]) + row * p.row_bytes;
+        const uint16_t *sc = mr == 0 ? p.sc[0] : mr == 1 ? p.sc[1] : p.sc[2];
+        w.sr[r] = sc ? sc + row * (p.row_bytes / 32) : nullptr;
+    }
+    return w;
+}
+
+/* The warp's sums (acc: its lanes' partial sums of rows rr[0], rr[1] for
+ * NT tokens) to the outputs: a xor butterfly over the lanes, the slices'
+ * sums added in slice order through red, then STORE, ADD or SwiGLU's
+ * pairing. Every thread of the block calls it. */
+template <int NT>
+static __device__ __forceinline__ void gq_finish(const gqp &p, const gq_warp &w,
+                                                 float (&acc)[2][NT], float (*red)[2][NT],
+                                                 int slices)
+{
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float a0 = cuk_warp_sum(acc[0][j]), a1 = cuk_warp_sum(acc[1][j]);
+        if (w.lane == 0) {
+            red[w.warp][0][j] = a0;
+            red[w.warp][1][j] = a1;
+        }
+    }
+    if (slices > 1)
+        __syncthreads();
+    else
+        __syncwarp();
+    if (!w.active || w.slice != 0 || w.lane >= NT)
+        return;
+    /* lane j: token j of the pair, its slices' sums in slice order */
+    const int j = w.lane;
+    float a[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        a[r] = red[w.warp][r][j];
+        for (int k = 1; k < slices; k++)
+            a[r] += red[w.warp + k][r][j];
+    }
+    float *out = w.m == 0 ? p.outp[0] : w.m == 1 ? p.outp[1] : p.outp[2];
+    if (w.pair) {
+        if (w.rr[0] < w.rows)
+            out[(size_t)j * w.rows + w.rr[0]] = cuk_silu_mul1(a[0], a[1]);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (w.rr[r] >= w.rows)
+            continue;
+        float *o = out + (size_t)j * w.rows + w.rr[r];
+        *o = p.out == CUK_OUT_ADD ? *o + a[r] : a[r];
+    }
+}
+
+/* The exact kernel (precise mode). NT: tokens (rows of x). Each row pair
+ * is split over `slices` warps of one block (1, 2, 4 or 8: gq_shape's
+ * choice), their partial sums added in slice order, so a launch shape
+ * always gives the same bits. Slices put more warps, and so more bytes,
+ * in flight where a matrix has few rows for its columns (a 0.6B model's o
+ * and down projections: 512 row pairs, 8-12 steps each). */
 template <int DT, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS)
     k_gemv_quant(const struct gqp p, const struct cuk_gemv_in in, int cols, int tile_cols,
@@ -48,24 +137,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     extern __shared__ float4 gq_xs[];
     __shared__ float red[GEMV_WARPS][2][NT];
     cuk_pdl_start();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % slices;
-    const bool pair = p.out == CUK_OUT_SWIGLU;
-    int g = (blockIdx.x * GEMV_WARPS + warp) / slices;
-    /* warps past the last group still stage x and meet (block barriers), nothing else */
-    const bool active = g < p.groups[0] + p.groups[1] + p.groups[2];
-    int m = gemv_matrix_of(g, p.groups);
-    if (!active)
-        m = g = 0;
-    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-    const uint8_t *w0 = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2];
-    int rr[2];
-    const uint8_t *wr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        rr[r] = pair ? g : 2 * g + r;
-        /* a row past the end (an odd last group) re-reads the last row; not written */
-        wr[r] = (pair && r ? p.w[1] : w0) + (size_t)min(rr[r], rows - 1) * p.row_bytes;
-    }
+    const gq_warp w = gq_warp_of(p, slices);
     float acc[2][NT];
 #pragma unroll
     for (int r = 0; r < 2; r++)
@@ -84,20 +156,20 @@ __global__ void __launch_bounds__(GEMV_THREADS)
             gemv_stage<WT_BF16, NT, CUK_IN_SWIGLU>(gq_xs, in, sinv, cols, t, tile_cols);
         else
             gemv_stage<WT_BF16, NT, CUK_IN_X>(gq_xs, in, sinv, cols, t, tile_cols);
-        if (!active)
+        if (!w.active)
             continue;
         const int s1 = min(nsteps, (t + 1) * tile_steps);
         /* No branch in the body: a lane past the last column reads the
          * row's last 8 values and multiplies zeros, so the unrolled
          * steps' loads can all be issued before any product. */
 #pragma unroll 4
-        for (int s = t * tile_steps + slice; s < s1; s += slices) {
-            const int c = s * GQ_STEP + 8 * lane;
+        for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
+            const int c = s * GQ_STEP + 8 * w.lane;
             const bool ok = c < cols;
             const int cc = ok ? c : cols - 8;
             float v[2][8];
-            cuk_dq8<DT>(wr[0], cc, v[0]);
-            cuk_dq8<DT>(wr[1], cc, v[1]);
+            cuk_dq8<DT>(w.wr[0], cc, v[0]);
+            cuk_dq8<DT>(w.wr[1], cc, v[1]);
             /* this lane's vector in the tile: gemv_xs_slot's layout for 8 elements */
             const int cl = (cc - t * tile_cols) / 8, slot = (cl >> 5) * 64 + (cl & 31);
 #pragma unroll
@@ -112,119 +184,224 @@ __global__ void __launch_bounds__(GEMV_THREADS)
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const float a0 = cuk_warp_sum(acc[0][j]), a1 = cuk_warp_sum(acc[1][j]);
-        if (lane == 0) {
-            red[warp][0][j] = a0;
-            red[warp][1][j] = a1;
-        }
-    }
-    if (slices > 1)
-        __syncthreads();
-    else
-        __syncwarp();
-    if (!active || slice != 0 || lane >= NT)
-        return;
-    /* lane j: token j of the pair, its slices' sums in slice order */
-    const int j = lane;
-    float a[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        a[r] = red[warp][r][j];
-        for (int k = 1; k < slices; k++)
-            a[r] += red[warp + k][r][j];
-    }
-    float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
-    if (pair) {
-        if (rr[0] < rows)
-            out[(size_t)j * rows + rr[0]] = cuk_silu_mul1(a[0], a[1]);
-        return;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rr[r] >= rows)
-            continue;
-        float *o = out + (size_t)j * rows + rr[r];
-        *o = p.out == CUK_OUT_ADD ? *o + a[r] : a[r];
-    }
+    gq_finish<NT>(p, w, acc, red, slices);
 }
 
+/* Stages columns [t*tile_cols, +tile_cols) of the NT input rows (x,
+ * rmsnorm(x) or silu(x) * x2, with gemv_in_op4's bits) rounded to 8 bits
+ * a 32-block, as the CPU rounds them (mm_codes_xq_quantize): word
+ * gd_perm(c % GD_STEP) of step c / GD_STEP of row j's words, and the
+ * block's scale (absmax / 127) in dx; zeros past the last column. A
+ * thread takes one float4, eight lanes a block (their absmax by xor
+ * shuffles; the loop's trip count is a multiple of 32 for every warp). */
+template <int SHAPE, int NT, int IN>
+static __device__ __forceinline__ void gd_stage(uint32_t *qx, float *dx,
+                                                const struct cuk_gemv_in &in, const float *sinv,
+                                                int cols, int t, int tile_cols)
+{
+    const int c0 = t * tile_cols, tw = min(cols - c0, tile_cols), nf = tile_cols / 4;
+    __syncthreads(); /* every warp is done with the previous tile */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float4 *src = gemv_src(in, j, cols, c0), *src2 = gemv_src2<IN>(in, j, cols, c0);
+        const float inv = IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f;
+        for (int f = threadIdx.x; f < nf; f += GEMV_THREADS) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (4 * f < tw) {
+                v = __ldg(src + f);
+                if (IN != CUK_IN_X)
+                    v = gemv_in_op4<IN>(v, __ldg(src2 + f), inv);
+            }
+            float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 4));
+            const float d = a / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            qx[j * nf + (4 * f / GD_STEP) * (GD_STEP / 4) + gd_perm<SHAPE>(4 * f % GD_STEP)] =
+                gd_quant4(v.x, v.y, v.z, v.w, id);
+            if ((f & 7) == 0)
+                dx[j * (tile_cols / 32) + f / 8] = d;
+        }
+    }
+    __syncthreads();
+}
+
+/* The default kernel: gd_load's integer units (quant_dot.cuh) times the
+ * staged 8-bit activations by dp4a, per lane and step 16 values of each
+ * of two rows; the launch and the slices as k_gemv_quant's. */
 template <int DT, int NT>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    k_gemv_qdot(const struct gqp p, const struct cuk_gemv_in in, int cols, int tile_cols,
+                int slices)
+{
+    using F = gd_fmt<DT>;
+    extern __shared__ uint4 gd_xs[];
+    __shared__ float red[GEMV_WARPS][2][NT];
+    cuk_pdl_start();
+    const gq_warp w = gq_warp_of(p, slices);
+    float acc[2][NT];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            acc[r][j] = 0.0f;
+    const int tile_steps = tile_cols / GD_STEP, nsteps = (cols + GD_STEP - 1) / GD_STEP;
+    const int last_unit = cols / 16 - 1;
+    uint32_t *qx = (uint32_t *)gd_xs;
+    float *dx = (float *)(qx + NT * (tile_cols / 4)), *sinv = dx + NT * (tile_cols / 32);
+    if (in.kind == CUK_IN_RMSNORM)
+        gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gd_xs);
+    for (int t = 0; t * tile_steps < nsteps; t++) {
+        if (in.kind == CUK_IN_RMSNORM)
+            gd_stage<F::SHAPE, NT, CUK_IN_RMSNORM>(qx, dx, in, sinv, cols, t, tile_cols);
+        else if (in.kind == CUK_IN_SWIGLU)
+            gd_stage<F::SHAPE, NT, CUK_IN_SWIGLU>(qx, dx, in, sinv, cols, t, tile_cols);
+        else
+            gd_stage<F::SHAPE, NT, CUK_IN_X>(qx, dx, in, sinv, cols, t, tile_cols);
+        if (!w.active)
+            continue;
+        const int s1 = min(nsteps, (t + 1) * tile_steps);
+        /* No branch in the body: a unit past the last column reads the
+         * row's last unit against staged zeros. */
+#pragma unroll 2
+        for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
+            const int u = min(s * 32 + w.lane, last_unit);
+            gd_unit wu[2];
+            gd_load<DT>(w.wr[0], w.sr[0], u, wu[0]);
+            gd_load<DT>(w.wr[1], w.sr[1], u, wu[1]);
+            const int sl = s - t * tile_steps;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint4 xv = gd_xs[j * (tile_cols / 16) + sl * 32 + w.lane];
+                const int x[4] = {(int)xv.x, (int)xv.y, (int)xv.z, (int)xv.w};
+                const float *db = dx + j * (tile_cols / 32) + sl * 16 + gd_block<F::SHAPE>(w.lane, 0);
+                float d[4];
+                if (F::G == 4) {
+                    const float4 d4 = *(const float4 *)db;
+                    d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
+                } else if (F::G == 2) {
+                    const float2 d2 = *(const float2 *)db;
+                    d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
+                } else {
+                    d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
+                }
+                int sums[4] = {0, 0, 0, 0};
+                if (F::MIN)
+                    gd_sums<DT>(x, sums);
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
+            }
+        }
+    }
+    gq_finish<NT>(p, w, acc, red, slices);
+}
+
+/* The launch shape: slices (1, 2, 4 or 8 warps a row pair: enough warps
+ * for GQ_WARPS_WANT, each left four steps or more) and blocks. */
+static void gq_shape(long long total, int steps, int *slices, unsigned *grid)
+{
+    int sl = 1;
+    while (sl < GEMV_WARPS && total * sl < GQ_WARPS_WANT && steps >= 4 * sl)
+        sl *= 2;
+    const long long per_block = GEMV_WARPS / sl;
+    *slices = sl;
+    *grid = (unsigned)((total + per_block - 1) / per_block);
+}
+
+/* QDOT: the integer kernel (k_gemv_qdot), else the exact one. x is
+ * staged in tiles of whole steps, as many as fit GEMV_SMEM_MAX beside the
+ * norm's 1/rms: f32 (4 bytes a column) or 8-bit codes and a scale a 32
+ * (1 + 1/8). */
+template <int DT, int NT, bool QDOT>
 static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
                              int cols)
 {
     const long long total = (long long)p.groups[0] + p.groups[1] + p.groups[2];
     if (total == 0)
         return cudaSuccess;
-    /* whole steps, as many as fit GEMV_SMEM_MAX beside the norm's 1/rms */
-    const int steps = (cols + GQ_STEP - 1) / GQ_STEP;
-    const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES) / (NT * 4 * GQ_STEP);
-    const int tile_cols = (steps < fit ? steps : fit) * GQ_STEP;
-    const size_t smem = (size_t)NT * tile_cols * 4 + GEMV_INV_BYTES;
-    /* slices: enough warps for GQ_WARPS_WANT, each left two steps or more */
-    int slices = 1;
-    while (slices < GEMV_WARPS && total * slices < GQ_WARPS_WANT && steps >= 4 * slices)
-        slices *= 2;
-    const long long per_block = GEMV_WARPS / slices;
-    const unsigned grid = (unsigned)((total + per_block - 1) / per_block);
+    constexpr int step = QDOT ? GD_STEP : GQ_STEP, step_bytes = QDOT ? GD_STEP + GD_STEP / 8 : 4 * GQ_STEP;
+    const int steps = (cols + step - 1) / step;
+    /* the limit counts the static red[][][] too */
+    const int red_bytes = GEMV_WARPS * 2 * NT * 4;
+    const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES - red_bytes) / (NT * step_bytes);
+    const int tile_cols = (steps < fit ? steps : fit) * step;
+    const size_t smem = (size_t)NT * (tile_cols / step) * step_bytes + GEMV_INV_BYTES;
+    int slices;
+    unsigned grid;
+    gq_shape(total, steps, &slices, &grid);
+    if (QDOT)
+        return cuk_launch(k_gemv_qdot<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols,
+                          tile_cols, slices);
     return cuk_launch(k_gemv_quant<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols, tile_cols,
                       slices);
 }
 
-template <int DT>
+template <int DT, bool QDOT>
 static cudaError_t gq_launch_n(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
                                int n, int cols)
 {
     switch (n) {
-    case 1: return gq_launch<DT, 1>(s, p, in, cols);
-    case 2: return gq_launch<DT, 2>(s, p, in, cols);
-    case 3: return gq_launch<DT, 3>(s, p, in, cols);
-    case 4: return gq_launch<DT, 4>(s, p, in, cols);
-    case 5: return gq_launch<DT, 5>(s, p, in, cols);
-    case 6: return gq_launch<DT, 6>(s, p, in, cols);
-    case 7: return gq_launch<DT, 7>(s, p, in, cols);
-    default: return gq_launch<DT, 8>(s, p, in, cols);
+    case 1: return gq_launch<DT, 1, QDOT>(s, p, in, cols);
+    case 2: return gq_launch<DT, 2, QDOT>(s, p, in, cols);
+    case 3: return gq_launch<DT, 3, QDOT>(s, p, in, cols);
+    case 4: return gq_launch<DT, 4, QDOT>(s, p, in, cols);
+    case 5: return gq_launch<DT, 5, QDOT>(s, p, in, cols);
+    case 6: return gq_launch<DT, 6, QDOT>(s, p, in, cols);
+    case 7: return gq_launch<DT, 7, QDOT>(s, p, in, cols);
+    default: return gq_launch<DT, 8, QDOT>(s, p, in, cols);
     }
+}
+
+template <int DT>
+static cudaError_t gq_launch_dt(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
+                                int n, int cols, bool exact)
+{
+    return exact ? gq_launch_n<DT, false>(s, p, in, n, cols) : gq_launch_n<DT, true>(s, p, in, n, cols);
 }
 
 extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
-                                      const struct cuk_weight *const *ws, int k, int out)
+                                      const struct cuk_weight *const *ws, int k, int out,
+                                      int exact)
 {
     if (!gemv_fused_args(in, n, ws, k, out))
         return cudaErrorInvalidValue;
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
+    const bool q8 = dt == DT_Q8_0 && !exact; /* Q8_0 has no exact kernel here (gemv.cu's) */
     /* SwiGLU's output only after a norm, as a layer has it (gate/up) and
      * as cuk_gemv_fused takes it */
-    if (!cuk_q_low_bit(dt) || cols <= 0 || cols % cuk_q_block_elems(dt) ||
+    if (!(cuk_q_low_bit(dt) || q8) || cols <= 0 || cols % (q8 ? 32 : cuk_q_block_elems(dt)) ||
         (out == CUK_OUT_SWIGLU && in->kind != CUK_IN_RMSNORM))
         return cudaErrorNotSupported;
     if (!gemv_in_aligned(in))
         return cudaErrorNotSupported;
     struct gqp p = {};
     p.out = out;
-    p.row_bytes = cuk_q_row_bytes(dt, cols);
+    p.row_bytes = q8 ? (size_t)cols : cuk_q_row_bytes(dt, cols); /* Q8_0: the repacked int8 */
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
-            ((uintptr_t)ws[i]->data & 7))
+            ((uintptr_t)ws[i]->data & (q8 ? 15 : 7)) || (q8 && !ws[i]->scales))
             return cudaErrorNotSupported;
         p.outp[i] = outs[i];
         p.w[i] = (const uint8_t *)ws[i]->data;
+        p.sc[i] = q8 ? ws[i]->scales : nullptr;
         p.rows[i] = ws[i]->rows;
         p.groups[i] = out == CUK_OUT_SWIGLU ? (i == 0 ? ws[0]->rows : 0) : (ws[i]->rows + 1) / 2;
     }
+    const bool ex = exact != 0;
     cudaError_t err;
     switch (dt) {
-    case DT_Q4_0: err = gq_launch_n<DT_Q4_0>(s, p, in, n, cols); break;
-    case DT_Q4_1: err = gq_launch_n<DT_Q4_1>(s, p, in, n, cols); break;
-    case DT_Q5_0: err = gq_launch_n<DT_Q5_0>(s, p, in, n, cols); break;
-    case DT_Q5_1: err = gq_launch_n<DT_Q5_1>(s, p, in, n, cols); break;
-    case DT_Q4_K: err = gq_launch_n<DT_Q4_K>(s, p, in, n, cols); break;
-    case DT_Q5_K: err = gq_launch_n<DT_Q5_K>(s, p, in, n, cols); break;
-    case DT_Q6_K: err = gq_launch_n<DT_Q6_K>(s, p, in, n, cols); break;
-    case DT_Q2_K: err = gq_launch_n<DT_Q2_K>(s, p, in, n, cols); break;
-    default: err = gq_launch_n<DT_Q3_K>(s, p, in, n, cols); break;
+    case DT_Q8_0: err = gq_launch_n<DT_Q8_0, true>(s, p, in, n, cols); break;
+    case DT_Q4_0: err = gq_launch_dt<DT_Q4_0>(s, p, in, n, cols, ex); break;
+    case DT_Q4_1: err = gq_launch_dt<DT_Q4_1>(s, p, in, n, cols, ex); break;
+    case DT_Q5_0: err = gq_launch_dt<DT_Q5_0>(s, p, in, n, cols, ex); break;
+    case DT_Q5_1: err = gq_launch_dt<DT_Q5_1>(s, p, in, n, cols, ex); break;
+    case DT_Q4_K: err = gq_launch_dt<DT_Q4_K>(s, p, in, n, cols, ex); break;
+    case DT_Q5_K: err = gq_launch_dt<DT_Q5_K>(s, p, in, n, cols, ex); break;
+    case DT_Q6_K: err = gq_launch_dt<DT_Q6_K>(s, p, in, n, cols, ex); break;
+    case DT_Q2_K: err = gq_launch_dt<DT_Q2_K>(s, p, in, n, cols, ex); break;
+    default: err = gq_launch_dt<DT_Q3_K>(s, p, in, n, cols, ex); break;
     }
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
