@@ -30,7 +30,15 @@ static inline uint16_t __ushort_as_half(unsigned short u) { return u; }
 static inline float __half2float(uint16_t h) { return f16_to_f32(h); }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
-static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
+/* result byte i = byte (s >> 4i) & 7 of the eight bytes of a (0-3) and b (4-7) */
+static inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s)
+{
+    const uint64_t x = (uint64_t)b << 32 | a;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned)((x >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
 /* per byte: a - b modulo 256; the sum of the signed bytes' products, plus c */
 static inline unsigned __vsub4(unsigned a, unsigned b)
 {
@@ -267,6 +275,22 @@ int main()
                "dot products: %s\n", dtype_name(dt), rows * cols, q8 ? "n/a" : bad ? "no" : "yes",
                ubad ? "no" : "yes", dbad ? "no" : "yes");
     }
+    /* gd_quant4's rounding is the CPU's (nearbyintf of v * id): random
+     * values and scales, and every tie k + 0.5 (to even) */
+    int qbad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float v[4], id = i < 1000 ? 1.0f : 127.0f / (float)(1 + rnd() % 1000000) * 1e3f;
+        for (int k = 0; k < 4; k++) {
+            v[k] = i < 1000 ? (float)((int)(rnd() % 254) - 127) + 0.5f
+                            : ((float)(rnd() % 2000001) / 1000000.0f - 1.0f) * (127.0f / id);
+            if (i >= 1000 && v[k] * id > 127.0f)
+                v[k] = 127.0f / id;
+        }
+        const uint32_t q = gd_quant4(v[0], v[1], v[2], v[3], id);
+        for (int k = 0; k < 4; k++)
+            qbad += (int8_t)(q >> (8 * k)) != (int8_t)nearbyintf(v[k] * id);
+    }
+    CHECK(qbad == 0, "gd_quant4: %d of 800000 activations rounded unlike nearbyintf", qbad);
     check_perm<GD_BYTES>("BYTES");
     check_perm<GD_NIB16>("NIB16");
     check_perm<GD_NIB32>("NIB32");

@@ -37,6 +37,12 @@ struct gqp {
     int out;       /* CUK_OUT_* */
 };
 
+/* Steps of k_gemv_qdot's loop unrolled (their loads issued together). */
+#ifndef GD_UNROLL
+#define GD_UNROLL 2
+#endif
+static constexpr int gd_unroll = GD_UNROLL;
+
 /* A warp's share of a launch: row pair (group) g of matrix m, or column
  * slice `slice` of it (one of `slices` warps of a block taking steps
  * slice, slice + slices, ...). Warps past the last group (inactive)
@@ -263,7 +269,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
         const int s1 = min(nsteps, (t + 1) * tile_steps);
         /* No branch in the body: a unit past the last column reads the
          * row's last unit against staged zeros. */
-#pragma unroll 2
+#pragma unroll gd_unroll
         for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
             const int u = min(s * 32 + w.lane, last_unit);
             gd_unit wu[2];
