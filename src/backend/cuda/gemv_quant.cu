@@ -37,9 +37,11 @@ struct gqp {
     int out;       /* CUK_OUT_* */
 };
 
-/* Steps of k_gemv_qdot's loop unrolled (their loads issued together). */
+/* Steps of k_gemv_qdot's loop unrolled (their loads issued together):
+ * 4 against 2, H100, 8B Q4_K decode 217.9 -> 230.1-232.0 tok/s, the
+ * 0.6B flat (docs/benchmarks.md, session 50). */
 #ifndef GD_UNROLL
-#define GD_UNROLL 2
+#define GD_UNROLL 4
 #endif
 static constexpr int gd_unroll = GD_UNROLL;
 
