@@ -146,12 +146,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     __shared__ float red[GEMV_WARPS][2][NT];
     cuk_pdl_start();
     const gq_warp w = gq_warp_of(p, slices);
-    float acc[2][NT];
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            acc[r][j] = 0.0f;
+    float acc[2][NT] = {};
     const int tile_f4 = tile_cols / 4, tile_steps = tile_cols / GQ_STEP;
     const int nsteps = (cols + GQ_STEP - 1) / GQ_STEP;
     float *sinv = (float *)(gq_xs + NT * tile_f4);
@@ -247,12 +242,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     __shared__ float red[GEMV_WARPS][2][NT];
     cuk_pdl_start();
     const gq_warp w = gq_warp_of(p, slices);
-    float acc[2][NT];
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            acc[r][j] = 0.0f;
+    float acc[2][NT] = {};
     const int tile_steps = tile_cols / GD_STEP, nsteps = (cols + GD_STEP - 1) / GD_STEP;
     const int last_unit = cols / 16 - 1;
     uint32_t *qx = (uint32_t *)gd_xs;
