@@ -56,13 +56,27 @@
 /* GGUF's quantized formats through the GPU's default GEMV (activations
  * rounded to 8 bits a 32-block, as the CPU rounds them) against the CPU
  * on the same file: the same rounding of the same values, so what is left
- * is the order of f32 sums and a code that an ulp moves across a rounding
- * boundary. Measured on the H100 (x344): worst 1.1e-2, rms 2.3e-3 (3e-7
- * on three fixtures of six); the GPU's exact kernels (not rounding) are
- * 1.8e-2 to 2.7e-2 rms away, 8x or more farther. See docs/testing.md. */
-#define LOW_BIT_CPU_TOL 2e-2
+ * is the order of f32 sums and the codes an ulp moves across a rounding
+ * boundary. In these small models one such code moves the logits almost
+ * as much as not rounding at all: the CPU's own AVX-512 and AVX2 kernels
+ * (sums in other orders) are up to 1.4e-2 rms apart on one file, and in 2
+ * of the 6 fixtures or fewer per format (session 51), while the GPU's
+ * exact kernels (not rounding) are 1.8e-2 to 2.7e-2 rms away from the CPU
+ * on every file. So a case may be off by such a code (LOW_BIT_CPU_FLIP),
+ * but each format must be within LOW_BIT_CPU_RMS of the CPU on most
+ * fixtures (low_bit_tally): a format whose route does not round is off on
+ * all of them. See docs/testing.md. */
 #define LOW_BIT_CPU_RMS 5e-3
-#define LOW_BIT_CPU_GAIN 4.0
+#define LOW_BIT_CPU_FLIP 3e-2 /* a case's rms and worst error: a few codes moved */
+#define LOW_BIT_FORMATS 9
+
+/* Per low-bit format (check_gguf_low_bit's order): the fixtures run
+ * against the CPU, and those farther than LOW_BIT_CPU_RMS. */
+static const enum dtype low_bit_dts[LOW_BIT_FORMATS] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
+                                                        DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+static struct {
+    int cases, off, ctl_off; /* ctl_off: the exact kernels' (the control) */
+} low_bit_tally[LOW_BIT_FORMATS];
 
 /* bf16 K/V cache (the CUDA default) against the transformers oracles:
  * measured on the H200, see docs/testing.md. */
@@ -1689,14 +1703,14 @@ static void low_bit_vs_cpu(const char *q, int vocab, const int *prompt, int np, 
  * ids are the same; by default (the prompt's weights and activations
  * rounded to bf16) the prompt's logits within LOW_BIT_FAST_TOL. And by
  * default a short prompt and decode steps (the GEMV, activations rounded
- * to 8 bits) within LOW_BIT_CPU_TOL of the CPU's (low_bit_vs_cpu). */
+ * to 8 bits) close to the CPU's (low_bit_vs_cpu; LOW_BIT_CPU_RMS on most
+ * fixtures, low_bit_tally). */
 static void check_gguf_low_bit(const char *dir, const char *name)
 {
     struct model m;
     if (!gguf_fixture_load(&m, dir))
         return;
-    const enum dtype dts[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
-                              DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+    const enum dtype *dts = low_bit_dts;
     /* 72 tokens: past QUANT_GEMV_MAX_N, so the prompt takes the GEMM */
     enum { NP = 72 };
     int prompt[NP];
@@ -1707,7 +1721,7 @@ static void check_gguf_low_bit(const char *dir, const char *name)
     int held = 0, same_min = ngen;
     /* against the CPU: a prompt the GEMV takes whole */
     enum { NP_CPU = 12 };
-    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+    for (int k = 0; k < LOW_BIT_FORMATS; k++) {
         char q[1100], f[1100];
         snprintf(q, sizeof q, "/tmp/cllm_cuda_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));
         snprintf(f, sizeof f, "/tmp/cllm_cuda_%s_%d_%s_f32.gguf", name, (int)getpid(), dtype_name(dts[k]));
@@ -1758,15 +1772,17 @@ static void check_gguf_low_bit(const char *dir, const char *name)
             int same_ctl;
             low_bit_vs_cpu(q, m.cfg.vocab_size, prompt, NP_CPU, ngen, false, ce, &same);
             low_bit_vs_cpu(q, m.cfg.vocab_size, prompt, NP_CPU, ngen, true, ctl, &same_ctl);
-            CHECK(ce[0] <= LOW_BIT_CPU_TOL && ce[1] <= LOW_BIT_CPU_RMS && ce[2] <= LOW_BIT_CPU_TOL,
-                  "%s %s on cuda: logits from the CPU's: prompt rel err %.3g (tolerance %g), rms "
-                  "%.3g (tolerance %g), last step %.3g", name, dtype_name(dts[k]), ce[0],
-                  LOW_BIT_CPU_TOL, ce[1], LOW_BIT_CPU_RMS, ce[2]);
-            /* rounding as the CPU does brings the GPU closer to it than
-             * not rounding (the exact kernels) */
-            CHECK(ce[1] * LOW_BIT_CPU_GAIN <= ctl[1], "%s %s on cuda: rms rel err from the CPU's "
-                  "%.3g by default, %.3g unrounded (precise): not %gx closer", name,
-                  dtype_name(dts[k]), ce[1], ctl[1], LOW_BIT_CPU_GAIN);
+            CHECK(ce[0] <= LOW_BIT_CPU_FLIP && ce[1] <= LOW_BIT_CPU_FLIP && ce[2] <= LOW_BIT_CPU_FLIP,
+                  "%s %s on cuda: logits from the CPU's: prompt rel err %.3g, rms %.3g, last "
+                  "step %.3g (tolerance %g)", name, dtype_name(dts[k]), ce[0], ce[1], ce[2],
+                  LOW_BIT_CPU_FLIP);
+            low_bit_tally[k].cases++;
+            low_bit_tally[k].off += !(ce[1] <= LOW_BIT_CPU_RMS);
+            low_bit_tally[k].ctl_off += !(ctl[1] <= LOW_BIT_CPU_RMS);
+            if (!(ce[1] <= LOW_BIT_CPU_RMS))
+                printf("%s %s on cuda: rms rel err from the CPU's %.3g, unrounded %.3g (a "
+                       "rounding boundary crossed; counted in low_bit_tally)\n", name,
+                       dtype_name(dts[k]), ce[1], ctl[1]);
             worst_ctl = fmin(worst_ctl, ctl[1]);
             for (int i = 0; i < 3; i++)
                 worst_cpu[i] = fmax(worst_cpu[i], ce[i]);
@@ -3152,6 +3168,25 @@ int main(void)
     check_head_pick();
 
     int n_models = oracle_each(fixtures_dir, check_fixture);
+    /* a format whose GPU route rounds as the CPU's does is off (a code
+     * across a rounding boundary) on a minority of the fixtures */
+    for (int k = 0; k < LOW_BIT_FORMATS; k++) {
+        CHECK(low_bit_tally[k].cases > 0 && 2 * low_bit_tally[k].off <= low_bit_tally[k].cases,
+              "%s on cuda: %d of %d fixtures' logits farther than %g rms from the CPU's: does "
+              "its route round the activations as the CPU does?", dtype_name(low_bit_dts[k]),
+              low_bit_tally[k].off, low_bit_tally[k].cases, LOW_BIT_CPU_RMS);
+        /* the check has power: not rounding is off on most fixtures */
+        CHECK(2 * low_bit_tally[k].ctl_off > low_bit_tally[k].cases,
+              "%s on cuda: the exact kernels (not rounding) are within %g rms of the CPU on %d "
+              "of %d fixtures: the tally cannot tell a route that does not round",
+              dtype_name(low_bit_dts[k]), LOW_BIT_CPU_RMS,
+              low_bit_tally[k].cases - low_bit_tally[k].ctl_off, low_bit_tally[k].cases);
+        printf("%s on cuda vs the CPU: %d of %d fixtures within %g rms (not rounding: %d)\n",
+               dtype_name(low_bit_dts[k]), low_bit_tally[k].cases - low_bit_tally[k].off,
+               low_bit_tally[k].cases, LOW_BIT_CPU_RMS,
+               low_bit_tally[k].cases - low_bit_tally[k].ctl_off);
+    }
+
     CHECK(n_models >= 6, "expected 6 oracle fixtures (found %d)", n_models);
     check_tinystories_hf();
 

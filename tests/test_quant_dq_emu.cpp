@@ -93,9 +93,13 @@ static void f16_fields(enum dtype dt, int *a, int *b)
 
 template <int DT> static void piece(const uint8_t *row, int c, float *v) { cuk_dq8<DT>(row, c, v); }
 
+/* The lane and word (0..7) of a step's staged slot (gd_slot's inverse). */
+static int slot_lane(int slot) { return slot % 128 / 4; }
+static int slot_word(int slot) { return 4 * (slot / 128) + slot % 4; }
+
 /* Every column of a step goes to one word of one lane (gd_perm is one to
- * one), and the lane reads its group's activation scale from that
- * column's 32-block (gd_block). */
+ * one, and gd_slot too), and the lane reads its group's activation scale
+ * from that column's 32-block (gd_block). */
 template <int SHAPE> static void check_perm(const char *name)
 {
     constexpr int G = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : SHAPE == GD_NIB32 ? 2 : 4;
@@ -107,7 +111,8 @@ template <int SHAPE> static void check_perm(const char *name)
             continue;
         }
         seen[w]++;
-        bad += gd_block<SHAPE>(w / 4, (w % 4) / (4 / G)) != r / 32;
+        bad += gd_slot(slot_lane(w), slot_word(w)) != w;
+        bad += gd_block<SHAPE>(slot_lane(w), slot_word(w) / (8 / G)) != r / 32;
     }
     for (int w = 0; w < GD_STEP / 4; w++)
         bad += seen[w] != 1;
@@ -125,31 +130,31 @@ static int check_units(const uint8_t *row, const uint16_t *srow, const float *re
 {
     using F = gd_fmt<DT>;
     int bad = 0;
-    for (int u = 0; u < cols / 16; u++) {
+    for (int u = 0; u < cols / 32; u++) {
         gd_unit w;
         gd_load<DT>(row, srow, u, w);
         const int step = u / 32, lane = u % 32;
         double want = 0, mag = 0;
         for (int r = 0; r < GD_STEP; r += 4) {
             const int wd = gd_perm<F::SHAPE>(r);
-            if (wd / 4 != lane)
+            if (slot_lane(wd) != lane)
                 continue;
-            const int i = wd % 4, g = i / (4 / F::G), c = step * GD_STEP + r;
+            const int i = slot_word(wd), g = i / F::PER, c = step * GD_STEP + r;
             for (int e = 0; e < 4; e++) {
                 const int code = F::MIN ? (int)((w.q[i] >> (8 * e)) & 0xFF) : (int)(int8_t)(w.q[i] >> (8 * e));
                 const float v = F::MIN ? w.s[g] * (float)code - w.m[g] : w.s[g] * (float)code;
                 bad += memcmp(&v, &ref[c + e], 4) != 0;
-                const double xv = (double)xd[(c + e) / 32] * (int8_t)(xq[(step * GD_STEP + wd * 4) / 4] >> (8 * e));
+                const double xv = (double)xd[(c + e) / 32] * (int8_t)(xq[step * (GD_STEP / 4) + wd] >> (8 * e));
                 want += (double)ref[c + e] * xv;
                 mag += fabs((double)ref[c + e] * xv);
             }
         }
-        int x[4], sums[4] = {0, 0, 0, 0};
+        int x[8], sums[4] = {0, 0, 0, 0};
         float dx[4] = {0, 0, 0, 0};
-        for (int i = 0; i < 4; i++)
-            x[i] = (int)xq[(step * GD_STEP) / 4 + 4 * lane + i];
+        for (int i = 0; i < 8; i++)
+            x[i] = (int)xq[step * (GD_STEP / 4) + gd_slot(lane, i)];
         for (int g = 0; g < F::G; g++)
-            dx[g] = xd[step * 16 + gd_block<F::SHAPE>(lane, g)];
+            dx[g] = xd[step * (GD_STEP / 32) + gd_block<F::SHAPE>(lane, g)];
         if (F::MIN)
             gd_sums<DT>(x, sums);
         const double got = gd_dot<DT>(w, x, dx, sums);
@@ -268,7 +273,7 @@ int main()
         CHECK(ubad == 0, "%s: %d of %d values' integer units (s * code - m) differ from "
               "quant_dequantize_row's bits", dtype_name(dt), ubad, rows * cols);
         CHECK(dbad == 0, "%s: %d of %d units' byte dot products off a double product",
-              dtype_name(dt), dbad, rows * cols / 16);
+              dtype_name(dt), dbad, rows * cols / 32);
         CHECK(bad == 0 && any > rows * cols / 2, "%s: %d of %d values differ from "
               "quant_dequantize_row's bits (%d non-zero)", dtype_name(dt), bad, rows * cols, any);
         printf("%s: %d values, device widening == host widening: %s; integer units: %s, "

@@ -4,7 +4,7 @@
  * half of a bf16 model's bytes. Two kernels over one launch shape:
  *   k_gemv_qdot (default): x rounded to 8 bits a 32-block as the CPU
  *     rounds it, the weights read as integer codes (quant_dot.cuh) and
- *     multiplied by dp4a, 16 values of each row a lane and step;
+ *     multiplied by dp4a, 32 values of each row a lane and step;
  *   k_gemv_quant (precise mode, no Q8_0): each weight widened to f32 with
  *     the host's bits (quant_dq.cuh, cuk_dq8) times the f32 x, 8 values a
  *     lane and step.
@@ -230,7 +230,7 @@ static __device__ __forceinline__ void gd_stage(uint32_t *qx, float *dx,
 }
 
 /* The default kernel: gd_load's integer units (quant_dot.cuh) times the
- * staged 8-bit activations by dp4a, per lane and step 16 values of each
+ * staged 8-bit activations by dp4a, per lane and step 32 values of each
  * of two rows; the launch and the slices as k_gemv_quant's. */
 template <int DT, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS)
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     const gq_warp w = gq_warp_of(p, slices);
     float acc[2][NT] = {};
     const int tile_steps = tile_cols / GD_STEP, nsteps = (cols + GD_STEP - 1) / GD_STEP;
-    const int last_unit = cols / 16 - 1;
+    const int last_unit = cols / 32 - 1;
     uint32_t *qx = (uint32_t *)gd_xs;
     float *dx = (float *)(qx + NT * (tile_cols / 4)), *sinv = dx + NT * (tile_cols / 32);
     if (in.kind == CUK_IN_RMSNORM)
@@ -270,9 +270,13 @@ __global__ void __launch_bounds__(GEMV_THREADS)
             const int sl = s - t * tile_steps;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                const uint4 xv = gd_xs[j * (tile_cols / 16) + sl * 32 + w.lane];
-                const int x[4] = {(int)xv.x, (int)xv.y, (int)xv.z, (int)xv.w};
-                const float *db = dx + j * (tile_cols / 32) + sl * 16 + gd_block<F::SHAPE>(w.lane, 0);
+                /* the lane's two planes (gd_slot) */
+                const uint4 *xs = gd_xs + j * (tile_cols / 16) + sl * (GD_STEP / 16) + w.lane;
+                const uint4 xa = xs[0], xb = xs[32];
+                const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                                  (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+                const float *db = dx + j * (tile_cols / 32) + sl * (GD_STEP / 32) +
+                                  gd_block<F::SHAPE>(w.lane, 0);
                 float d[4];
                 if (F::G == 4) {
                     const float4 d4 = *(const float4 *)db;
@@ -295,12 +299,19 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     gq_finish<NT>(p, w, acc, red, slices);
 }
 
+/* Steps a slice keeps at least: 2 against 4 (1,024-column steps), H100,
+ * 0.6B Q4_K decode 1,176 -> 1,220 tok/s, Q8_0 1,051 -> 1,099, the 8B flat
+ * (docs/benchmarks.md, session 51). */
+#ifndef GQ_SLICE_STEPS
+#define GQ_SLICE_STEPS 2
+#endif
+
 /* The launch shape: slices (1, 2, 4 or 8 warps a row pair: enough warps
- * for GQ_WARPS_WANT, each left four steps or more) and blocks. */
+ * for GQ_WARPS_WANT, each left GQ_SLICE_STEPS steps or more) and blocks. */
 static void gq_shape(long long total, int steps, int *slices, unsigned *grid)
 {
     int sl = 1;
-    while (sl < GEMV_WARPS && total * sl < GQ_WARPS_WANT && steps >= 4 * sl)
+    while (sl < GEMV_WARPS && total * sl < GQ_WARPS_WANT && steps >= GQ_SLICE_STEPS * sl)
         sl *= 2;
     const long long per_block = GEMV_WARPS / sl;
     *slices = sl;
@@ -374,12 +385,14 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
         return cudaErrorNotSupported;
     if (!gemv_in_aligned(in))
         return cudaErrorNotSupported;
+    /* the integer kernel's 16-byte loads (gd_bytes16) */
+    const bool load16 = !exact && (dt == DT_Q8_0 || dt == DT_Q4_K || dt == DT_Q5_K);
     struct gqp p = {};
     p.out = out;
     p.row_bytes = q8 ? (size_t)cols : cuk_q_row_bytes(dt, cols); /* Q8_0: the repacked int8 */
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
-            ((uintptr_t)ws[i]->data & (q8 ? 15 : 7)) || (q8 && !ws[i]->scales))
+            ((uintptr_t)ws[i]->data & (load16 ? 15 : 7)) || (q8 && !ws[i]->scales))
             return cudaErrorNotSupported;
         p.outp[i] = outs[i];
         p.w[i] = (const uint8_t *)ws[i]->data;

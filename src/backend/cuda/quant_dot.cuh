@@ -4,38 +4,40 @@
  * llama.cpp's kernels multiply them. A widened value costs ~18
  * instructions (quant_dq.cuh); four codes times four activations cost one.
  *
- * A lane's unit is 16 values of a row: four 32-bit words of four byte
- * codes, and per group of 16 / G values a scale s and a min m, so that
- * value = s * code - m (codes signed, m = 0, where the format has no min).
- * s and m are the host's products (quant_dequantize_row's, llama.cpp's),
- * so s * code - m is the host's value to the bit. Three shapes, from where
- * the formats keep their bits:
+ * A lane's unit is 32 values of a row that share their groups: eight
+ * 32-bit words of four byte codes, and per group of 32 / G values a scale
+ * s and a min m, so that value = s * code - m (codes signed, m = 0, where
+ * the format has no min). s and m are the host's products
+ * (quant_dequantize_row's, llama.cpp's), so s * code - m is the host's
+ * value to the bit. Four shapes, from where the formats keep their bits:
  *   BYTES (Q8_0, as the device keeps it: int8 values in row order, an f16
- *     scale a 32 in a table of their own, cuda_weights.c): unit = values
- *     16u .. 16u + 15. One group, one activation block.
+ *     scale a 32 in a table of their own, cuda_weights.c): unit = the
+ *     32-block u, words in order. One group.
  *   NIB16 (Q4_0, Q4_1, Q5_0, Q5_1: 32-blocks, value i in the low nibble of
- *     byte i < 16, else the high nibble of byte i - 16): unit = bytes
- *     8p .. 8p + 7 of block b: values 8p .. 8p + 7 and 16 + 8p .. 23 + 8p.
- *     One group, one activation block.
+ *     byte i < 16, else the high nibble of byte i - 16): unit = block u;
+ *     words 0-3 the low nibbles, 4-7 the high ones: in order. One group.
  *   NIB32 (Q4_K, Q5_K: 64-value chunks j, group 2j in the low nibbles of
- *     32 bytes, 2j + 1 in the high): unit = bytes 8p .. 8p + 7 of chunk j:
- *     values 64j + 8p .. +7 (group 2j) and 64j + 32 + 8p .. +7 (2j + 1).
- *     Two groups, two activation blocks.
+ *     32 bytes, 2j + 1 in the high): unit = bytes 16p .. 16p + 15 of chunk
+ *     j: values 64j + 16p .. +15 (group 2j, words 0-3) and 64j + 32 + 16p
+ *     .. +15 (2j + 1, words 4-7). Two groups.
  *   QUARTER (Q2_K, Q3_K, Q6_K: 128-value halves n of four 32-value
- *     quarters k in bit fields of the same 32 bytes): unit = positions
- *     4g .. 4g + 3 of every quarter of half n. Four groups (the formats'
- *     16-value scales), four activation blocks.
- * Every shape takes 16 units a 256 values, so a warp's 32 lanes cover 512
- * columns (a step), unit u of a row being lane u % 32 of step u / 32; word
- * i of a unit is the run of four columns gd_perm maps to 4 lane + i. The
- * activations are staged in that order, so a lane reads its 16 as one
- * 16-byte word. */
+ *     quarters k in bit fields of the same 32 bytes): unit = positions 8g
+ *     .. 8g + 7 of every quarter of half n, words 2k and 2k + 1 quarter
+ *     k's. Four groups (the formats' 16-value scales).
+ * One scale decode and one address a 32 values: with 16-value units the
+ * decode, not the dot products, was most of a step (docs/benchmarks.md,
+ * session 50). Every shape takes 8 units a 256 values, so a warp's 32
+ * lanes cover 1,024 columns (a step), unit u of a row being lane u % 32 of
+ * step u / 32. The activations are staged in the units' order: word i of
+ * lane l at gd_slot(l, i), two planes of 128 words, so a lane reads its
+ * 32 codes as two 16-byte words and a warp's reads of a plane do not
+ * share banks. */
 #ifndef CLLM_BACKEND_CUDA_QUANT_DOT_CUH
 #define CLLM_BACKEND_CUDA_QUANT_DOT_CUH
 
 #include "backend/cuda/quant_dq.cuh"
 
-#define GD_STEP 512 /* columns of a warp's step: 32 units of 16 */
+#define GD_STEP 1024 /* columns of a warp's step: 32 units of 32 */
 
 enum { GD_BYTES, GD_NIB16, GD_NIB32, GD_QUARTER };
 
@@ -46,37 +48,49 @@ template <int DT> struct gd_fmt {
                                  : DT == DT_Q4_K || DT == DT_Q5_K ? GD_NIB32
                                                                   : GD_QUARTER;
     static constexpr int G = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : SHAPE == GD_NIB32 ? 2 : 4;
+    static constexpr int PER = 8 / G; /* words a group */
     /* a min per group (unsigned codes) rather than signed codes */
     static constexpr bool MIN = DT == DT_Q4_1 || DT == DT_Q5_1 || DT == DT_Q4_K ||
                                 DT == DT_Q5_K || DT == DT_Q2_K;
-    static constexpr int UB = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 2 : 16; /* units a block */
+    static constexpr int UB = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : 8; /* units a block */
 };
 
-/* One lane's 16 values of a row. */
+/* One lane's 32 values of a row. */
 struct gd_unit {
-    int q[4];
-    float s[4], m[4]; /* groups 0 .. G-1: words i * G / 4 */
+    int q[8];
+    float s[4], m[4]; /* groups 0 .. G-1: words g * 8 / G .. */
 };
 
-/* The word (0..127) of a step that the four columns r .. r+3 (r a
- * multiple of 4 below GD_STEP) go to. */
+/* Where word i (0..7) of lane's unit is staged within a step's 256 words. */
+static __host__ __device__ __forceinline__ int gd_slot(int lane, int i)
+{
+    return 128 * (i / 4) + 4 * lane + i % 4;
+}
+
+/* The slot (gd_slot) the four columns r .. r+3 of a step (r a multiple of
+ * 4 below GD_STEP) go to. */
 template <int SHAPE>
 static __host__ __device__ __forceinline__ int gd_perm(int r)
 {
-    if (SHAPE == GD_BYTES) /* in order */
-        return r / 4;
-    if (SHAPE == GD_QUARTER) /* half r / 128, quarter k, positions 4g .. */
-        return 4 * (8 * (r / 128) + (r % 32) / 4) + (r % 128) / 32;
-    constexpr int S = SHAPE == GD_NIB16 ? 16 : 32; /* the low nibbles' span */
-    const int lane = (r / (2 * S)) * (S / 8) + (r % S) / 8;
-    return 4 * lane + 2 * ((r % (2 * S)) / S) + (r % 8) / 4;
+    int lane, word;
+    if (SHAPE == GD_BYTES || SHAPE == GD_NIB16) { /* a 32-block a lane, in order */
+        lane = r / 32;
+        word = r % 32 / 4;
+    } else if (SHAPE == GD_NIB32) { /* super-block, chunk j, half p; nibble h */
+        lane = 8 * (r / 256) + 2 * (r % 256 / 64) + r % 32 / 16;
+        word = 4 * (r % 64 / 32) + r % 16 / 4;
+    } else { /* super-block, half n, positions 8g ..; quarter k */
+        lane = 8 * (r / 256) + 4 * (r % 256 / 128) + r % 32 / 8;
+        word = 2 * (r % 128 / 32) + r % 8 / 4;
+    }
+    return gd_slot(lane, word);
 }
 
-/* The activation block (0..15 in the step) of lane's group g. */
+/* The activation block (0..31 in the step) of lane's group g. */
 template <int SHAPE>
 static __host__ __device__ __forceinline__ int gd_block(int lane, int g)
 {
-    return SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? lane / 2 : SHAPE == GD_NIB32 ? 2 * (lane / 4) + g : 4 * (lane / 8) + g;
+    return SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? lane : SHAPE == GD_NIB32 ? 2 * (lane / 2) + g : 4 * (lane / 4) + g;
 }
 
 /* The four bits b0..b3 of x as bit 0 of bytes 0..3: the shifted copies
@@ -97,6 +111,15 @@ static __device__ __forceinline__ float gd_f16(uint32_t w, int h)
     return __half2float(__ushort_as_half((unsigned short)(w >> (16 * h))));
 }
 
+/* Sixteen bytes at p, 16-aligned, as four words (Q8_0's repacked values
+ * and Q4_K / Q5_K's blocks, 144 and 176 bytes: cuk_gemv_quant checks the
+ * data's alignment). */
+static __device__ __forceinline__ void gd_bytes16(const uint8_t *p, uint32_t (&b)[4])
+{
+    const uint4 v = __ldg((const uint4 *)p);
+    b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+}
+
 /* Unit u of a row at row of dtype DT (Q8_0: its values, and its scales
  * at srow; the other formats' blocks hold their scales). */
 template <int DT>
@@ -110,38 +133,48 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
     const int v = u % F::UB;
     if constexpr (F::SHAPE == GD_BYTES) {
         (void)b, (void)v;
-        const uint4 q = __ldg((const uint4 *)(row + 16 * (size_t)u));
-        w.q[0] = (int)q.x, w.q[1] = (int)q.y, w.q[2] = (int)q.z, w.q[3] = (int)q.w;
-        w.s[0] = __half2float(__ushort_as_half(__ldg(srow + u / 2)));
+        uint32_t lo[4], hi[4];
+        gd_bytes16(row + 32 * (size_t)u, lo);
+        gd_bytes16(row + 32 * (size_t)u + 16, hi);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i] = (int)lo[i], w.q[4 + i] = (int)hi[i];
+        w.s[0] = __half2float(__ushort_as_half(__ldg(srow + u)));
         w.m[0] = 0.0f;
     } else if constexpr (F::SHAPE == GD_NIB16) {
         constexpr bool affine = DT == DT_Q4_1 || DT == DT_Q5_1, five = DT == DT_Q5_0 || DT == DT_Q5_1;
-        const int p = v;
+        (void)v;
         const float d = qd_f16(b), mn = affine ? qd_f16(b + 2) : 0.0f;
         const uint8_t *qs = b + (affine ? 4 : 2) + (five ? 4 : 0);
-        uint32_t lo, hi;
-        qd_bytes8<A>(qs + 8 * p, lo, hi);
-        uint32_t q[4] = {lo & 0x0F0F0F0Fu, hi & 0x0F0F0F0Fu, (lo >> 4) & 0x0F0F0F0Fu,
-                         (hi >> 4) & 0x0F0F0F0Fu};
+        uint32_t l[4];
+        qd_bytes8<A>(qs, l[0], l[1]);
+        qd_bytes8<A>(qs + 8, l[2], l[3]);
+        uint32_t q[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            q[i] = l[i] & 0x0F0F0F0Fu;
+            q[4 + i] = (l[i] >> 4) & 0x0F0F0F0Fu;
+        }
         if (five) { /* value i's fifth bit: bit i of qh */
             const uint32_t qh = qd_u32(b + (affine ? 4 : 2));
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                q[i] |= gd_spread4(qh >> (8 * p + 16 * (i / 2) + 4 * (i % 2))) << 4;
+            for (int i = 0; i < 8; i++)
+                q[i] |= gd_spread4(qh >> (4 * i)) << 4;
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 8; i++)
             w.q[i] = (int)(affine ? q[i] : __vsub4(q[i], five ? 0x10101010u : 0x08080808u));
         w.s[0] = d;
         w.m[0] = -mn; /* value = d q + min */
     } else if constexpr (F::SHAPE == GD_NIB32) {
-        const int j = v / 4, p = v % 4;
-        const uint32_t dd = __ldg((const uint32_t *)b);
+        const int j = v / 2, p = v % 2;
+        /* d, dmin, then the 12 scale bytes: one 16-byte load */
+        uint32_t hd[4];
+        gd_bytes16(b, hd);
+        const uint32_t dd = hd[0], w0 = hd[1], w1 = hd[2], w2 = hd[3];
         /* scales: 6-bit sc and m of groups 2j, 2j + 1 (model/quant_dq.h's
          * k_scale_min), two at a time as 16-bit pairs: pair k of the 12
          * bytes is half k % 2 of word k / 2 */
-        const uint32_t *sw = (const uint32_t *)(b + 4);
-        const uint32_t w0 = __ldg(sw), w1 = __ldg(sw + 1), w2 = __ldg(sw + 2);
         const int sh = 16 * (j & 1);
         const uint32_t pj = ((j < 2 ? w0 : w1) >> sh) & 0xFFFF, /* pair j */
             pj2 = ((j < 2 ? w1 : w2) >> sh) & 0xFFFF,           /* pair j + 2 */
@@ -154,47 +187,60 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
             w.s[g] = __fmul_rn(d, qd_float(gd_byte(sc, g), 0.0f));
             w.m[g] = __fmul_rn(dmin, qd_float(gd_byte(mn, g), 0.0f));
         }
-        uint32_t lo, hi;
-        qd_bytes8<A>(b + (DT == DT_Q5_K ? 48 : 16) + 32 * j + 8 * p, lo, hi);
-        uint32_t q[4] = {lo & 0x0F0F0F0Fu, hi & 0x0F0F0F0Fu, (lo >> 4) & 0x0F0F0F0Fu,
-                         (hi >> 4) & 0x0F0F0F0Fu};
-        if (DT == DT_Q5_K) { /* fifth bits: bit 2j (2j + 1) of qh[l] */
-            uint32_t h0, h1;
-            qd_bytes8<A>(b + 16 + 8 * p, h0, h1);
+        uint32_t l[4];
+        gd_bytes16(b + (DT == DT_Q5_K ? 48 : 16) + 32 * j + 16 * p, l);
+        uint32_t q[8];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                q[i] |= (((i % 2 ? h1 : h0) >> (2 * j + i / 2)) & 0x01010101u) << 4;
+        for (int i = 0; i < 4; i++) {
+            q[i] = l[i] & 0x0F0F0F0Fu;
+            q[4 + i] = (l[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        if (DT == DT_Q5_K) { /* fifth bits: bit 2j (2j + 1) of qh[l] */
+            uint32_t h[4];
+            gd_bytes16(b + 16 + 16 * p, h);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                q[i] |= ((h[i % 4] >> (2 * j + i / 4)) & 0x01010101u) << 4;
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 8; i++)
             w.q[i] = (int)q[i];
-    } else { /* QUARTER: word k = quarter k, positions 4g .. 4g + 3 of half n */
-        const int n = v / 8, g = v % 8;
+    } else { /* QUARTER: words 2k, 2k + 1 = quarter k, positions 8g .. 8g + 7 of half n */
+        const int n = v / 4, g = v % 4;
         if constexpr (DT == DT_Q6_K) {
             /* low bits in ql[64n + 32 (k & 1) + l] (high nibble for k >= 2),
              * high bits 2k of qh[32n + l], scale sc[8n + l / 16 + 2k] */
-            const uint32_t l0 = qd_u32(b + 64 * n + 4 * g), l1 = qd_u32(b + 64 * n + 32 + 4 * g),
-                           qh = qd_u32(b + 128 + 32 * n + 4 * g);
+            uint32_t l0[2], l1[2], qh[2];
+            qd_bytes8<A>(b + 64 * n + 8 * g, l0[0], l0[1]);
+            qd_bytes8<A>(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
+            qd_bytes8<A>(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
             const float d = qd_f16(b + 208);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const uint32_t lq = ((k & 1 ? l1 : l0) >> (k < 2 ? 0 : 4)) & 0x0F0F0F0Fu;
-                w.q[k] = (int)__vsub4(lq | ((qh >> (2 * k)) & 0x03030303u) << 4, 0x20202020u);
-                const int sc = (int8_t)__ldg(b + 192 + 8 * n + g / 4 + 2 * k);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const uint32_t lq = ((k & 1 ? l1[e] : l0[e]) >> (k < 2 ? 0 : 4)) & 0x0F0F0F0Fu;
+                    w.q[2 * k + e] =
+                        (int)__vsub4(lq | ((qh[e] >> (2 * k)) & 0x03030303u) << 4, 0x20202020u);
+                }
+                const int sc = (int8_t)__ldg(b + 192 + 8 * n + g / 2 + 2 * k);
                 w.s[k] = __fmul_rn(d, qd_float((uint32_t)(sc + 128), 128.0f));
             }
         } else if constexpr (DT == DT_Q2_K) {
             /* bits 2k of qs[32n + l]; group 8n + 2k + l / 16: its scale
              * byte's low nibble (sc), high nibble (m) */
-            const uint32_t qs = __ldg((const uint32_t *)(b + 16 + 32 * n + 4 * g));
+            uint32_t qs[2];
+            qd_bytes8<A>(b + 16 + 32 * n + 8 * g, qs[0], qs[1]);
             const uint32_t s0 = __ldg((const uint32_t *)(b + 8 * n)),
                            s1 = __ldg((const uint32_t *)(b + 8 * n + 4)),
                            dd = __ldg((const uint32_t *)(b + 80));
             const float d = gd_f16(dd, 0), dmin = gd_f16(dd, 1);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                w.q[k] = (int)((qs >> (2 * k)) & 0x03030303u);
-                const uint32_t sb = gd_byte(k < 2 ? s0 : s1, 2 * (k & 1) + g / 4);
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    w.q[2 * k + e] = (int)((qs[e] >> (2 * k)) & 0x03030303u);
+                const uint32_t sb = gd_byte(k < 2 ? s0 : s1, 2 * (k & 1) + g / 2);
                 w.s[k] = __fmul_rn(d, qd_float(sb & 0xF, 0.0f));
                 w.m[k] = __fmul_rn(dmin, qd_float(sb >> 4, 0.0f));
             }
@@ -204,7 +250,9 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
              * 8n + 2k + l / 16, bytes 4h .. 4h + 3 of half n's eight
              * being low nibbles (n = 0) or high ones (n = 1) of bytes
              * 4h .. 4h + 3 and their top bits 2 (2n + h) of bytes 8 .. 11 */
-            const uint32_t hm = qd_u32(b + 4 * g), qs = qd_u32(b + 32 + 32 * n + 4 * g);
+            uint32_t hm[2], qs[2];
+            qd_bytes8<A>(b + 8 * g, hm[0], hm[1]);
+            qd_bytes8<A>(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
             const uint32_t w0 = qd_u32(b + 96), w1 = qd_u32(b + 100), w2 = qd_u32(b + 104);
             const uint32_t sa = ((w0 >> (4 * n)) & 0x0F0F0F0Fu) | ((w2 >> (4 * n)) & 0x03030303u) << 4,
                            sb = ((w1 >> (4 * n)) & 0x0F0F0F0Fu) |
@@ -212,10 +260,13 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
             const float d = qd_f16(b + 108);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const uint32_t q = ((qs >> (2 * k)) & 0x03030303u) |
-                                   ((hm >> (4 * n + k)) & 0x01010101u) << 2;
-                w.q[k] = (int)__vsub4(q, 0x04040404u);
-                const uint32_t sc = gd_byte(k < 2 ? sa : sb, 2 * (k & 1) + g / 4);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const uint32_t q = ((qs[e] >> (2 * k)) & 0x03030303u) |
+                                       ((hm[e] >> (4 * n + k)) & 0x01010101u) << 2;
+                    w.q[2 * k + e] = (int)__vsub4(q, 0x04040404u);
+                }
+                const uint32_t sc = gd_byte(k < 2 ? sa : sb, 2 * (k & 1) + g / 2);
                 w.s[k] = __fmul_rn(d, qd_float(sc, 32.0f));
             }
         }
@@ -249,9 +300,9 @@ static __device__ __forceinline__ uint32_t gd_quant4(float a, float b, float c, 
 /* The sums of each group's activation codes (formats with a min only):
  * shared by every row a warp's lane multiplies them with. */
 template <int DT>
-static __device__ __forceinline__ void gd_sums(const int (&x)[4], int (&sums)[4])
+static __device__ __forceinline__ void gd_sums(const int (&x)[8], int (&sums)[4])
 {
-    constexpr int G = gd_fmt<DT>::G, PER = 4 / G;
+    constexpr int G = gd_fmt<DT>::G, PER = gd_fmt<DT>::PER;
 #pragma unroll
     for (int g = 0; g < G; g++) {
         int s = 0;
@@ -262,13 +313,13 @@ static __device__ __forceinline__ void gd_sums(const int (&x)[4], int (&sums)[4]
     }
 }
 
-/* sum over the unit's 16 values of value * (dx[g] * code) for activation
+/* sum over the unit's 32 values of value * (dx[g] * code) for activation
  * codes x (gd_perm's order), their groups' block scales dx and code sums. */
 template <int DT>
-static __device__ __forceinline__ float gd_dot(const gd_unit &w, const int (&x)[4],
+static __device__ __forceinline__ float gd_dot(const gd_unit &w, const int (&x)[8],
                                                const float (&dx)[4], const int (&sums)[4])
 {
-    constexpr int G = gd_fmt<DT>::G, PER = 4 / G;
+    constexpr int G = gd_fmt<DT>::G, PER = gd_fmt<DT>::PER;
     float a = 0.0f;
 #pragma unroll
     for (int g = 0; g < G; g++) {
