@@ -26,6 +26,7 @@ struct uint4 {
     unsigned x, y, z, w;
 };
 template <typename T> static inline T __ldg(const T *p) { return *p; }
+static inline int min(int a, int b) { return a < b ? a : b; }
 static inline uint16_t __ushort_as_half(unsigned short u) { return u; }
 static inline float __half2float(uint16_t h) { return f16_to_f32(h); }
 static inline float __fadd_rn(float a, float b) { return a + b; }
@@ -102,7 +103,7 @@ static int slot_word(int slot) { return 4 * (slot / 128) + slot % 4; }
  * from that column's 32-block (gd_block). */
 template <int SHAPE> static void check_perm(const char *name)
 {
-    constexpr int G = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : SHAPE == GD_NIB32 ? 2 : 4;
+    constexpr int G = SHAPE == GD_NIB16 ? 1 : SHAPE == GD_QUARTER ? 4 : 2;
     int seen[GD_STEP / 4] = {0}, bad = 0;
     for (int r = 0; r < GD_STEP; r += 4) {
         const int w = gd_perm<SHAPE>(r);
@@ -130,16 +131,21 @@ static int check_units(const uint8_t *row, const uint16_t *srow, const float *re
 {
     using F = gd_fmt<DT>;
     int bad = 0;
-    for (int u = 0; u < cols / 32; u++) {
+    const int units = (cols + GD_STEP - 1) / GD_STEP * 32;
+    for (int u = 0; u < units; u++) {
+        /* as k_gemv_qdot loads them: past the row's last unit, the last
+         * unit again (Q8_0: each half clamped in the row by gd_load) */
+        const int ul = F::SHAPE == GD_BYTES ? u : min(u, cols / 32 - 1);
         gd_unit w;
-        gd_load<DT>(row, srow, u, w);
+        gd_load<DT>(row, srow, ul, cols, w);
         const int step = u / 32, lane = u % 32;
         double want = 0, mag = 0;
         for (int r = 0; r < GD_STEP; r += 4) {
             const int wd = gd_perm<F::SHAPE>(r);
-            if (slot_lane(wd) != lane)
+            const int c = step * GD_STEP + r;
+            if (slot_lane(wd) != lane || c >= cols)
                 continue;
-            const int i = slot_word(wd), g = i / F::PER, c = step * GD_STEP + r;
+            const int i = slot_word(wd), g = i / F::PER;
             for (int e = 0; e < 4; e++) {
                 const int code = F::MIN ? (int)((w.q[i] >> (8 * e)) & 0xFF) : (int)(int8_t)(w.q[i] >> (8 * e));
                 const float v = F::MIN ? w.s[g] * (float)code - w.m[g] : w.s[g] * (float)code;

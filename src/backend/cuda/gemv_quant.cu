@@ -263,10 +263,11 @@ __global__ void __launch_bounds__(GEMV_THREADS)
          * row's last unit against staged zeros. */
 #pragma unroll gd_unroll
         for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
-            const int u = min(s * 32 + w.lane, last_unit);
+            /* Q8_0's units clamp their halves in the row (gd_load) */
+            const int u = F::SHAPE == GD_BYTES ? s * 32 + w.lane : min(s * 32 + w.lane, last_unit);
             gd_unit wu[2];
-            gd_load<DT>(w.wr[0], w.sr[0], u, wu[0]);
-            gd_load<DT>(w.wr[1], w.sr[1], u, wu[1]);
+            gd_load<DT>(w.wr[0], w.sr[0], u, cols, wu[0]);
+            gd_load<DT>(w.wr[1], w.sr[1], u, cols, wu[1]);
             const int sl = s - t * tile_steps;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
@@ -281,9 +282,11 @@ __global__ void __launch_bounds__(GEMV_THREADS)
                 if (F::G == 4) {
                     const float4 d4 = *(const float4 *)db;
                     d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
-                } else if (F::G == 2) {
+                } else if (F::G == 2 && F::GSTEP == 1) {
                     const float2 d2 = *(const float2 *)db;
                     d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
+                } else if (F::G == 2) {
+                    d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
                 } else {
                     d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
                 }

@@ -11,8 +11,11 @@
  * (quant_dequantize_row's, llama.cpp's), so s * code - m is the host's
  * value to the bit. Four shapes, from where the formats keep their bits:
  *   BYTES (Q8_0, as the device keeps it: int8 values in row order, an f16
- *     scale a 32 in a table of their own, cuda_weights.c): unit = the
- *     32-block u, words in order. One group.
+ *     scale a 32 in a table of their own, cuda_weights.c): unit u (lane l
+ *     of step s) = values 1024s + 16l .. +15 (words 0-3) and 1024s + 512
+ *     + 16l .. +15 (4-7), so that each of a warp's two 16-byte loads
+ *     reads 512 bytes in a run (one 32-value run a lane read every sector
+ *     in two halves, 5 % slower). Two groups: half blocks of two blocks.
  *   NIB16 (Q4_0, Q4_1, Q5_0, Q5_1: 32-blocks, value i in the low nibble of
  *     byte i < 16, else the high nibble of byte i - 16): unit = block u;
  *     words 0-3 the low nibbles, 4-7 the high ones: in order. One group.
@@ -47,8 +50,10 @@ template <int DT> struct gd_fmt {
                                      ? GD_NIB16
                                  : DT == DT_Q4_K || DT == DT_Q5_K ? GD_NIB32
                                                                   : GD_QUARTER;
-    static constexpr int G = SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? 1 : SHAPE == GD_NIB32 ? 2 : 4;
+    static constexpr int G = SHAPE == GD_NIB16 ? 1 : SHAPE == GD_QUARTER ? 4 : 2;
     static constexpr int PER = 8 / G; /* words a group */
+    /* the activation blocks of groups g and g + 1 are GSTEP apart */
+    static constexpr int GSTEP = SHAPE == GD_BYTES ? 16 : 1;
     /* a min per group (unsigned codes) rather than signed codes */
     static constexpr bool MIN = DT == DT_Q4_1 || DT == DT_Q5_1 || DT == DT_Q4_K ||
                                 DT == DT_Q5_K || DT == DT_Q2_K;
@@ -73,7 +78,10 @@ template <int SHAPE>
 static __host__ __device__ __forceinline__ int gd_perm(int r)
 {
     int lane, word;
-    if (SHAPE == GD_BYTES || SHAPE == GD_NIB16) { /* a 32-block a lane, in order */
+    if (SHAPE == GD_BYTES) { /* 16 values a lane in each half step */
+        lane = r % 512 / 16;
+        word = 4 * (r / 512) + r % 16 / 4;
+    } else if (SHAPE == GD_NIB16) { /* a 32-block a lane, in order */
         lane = r / 32;
         word = r % 32 / 4;
     } else if (SHAPE == GD_NIB32) { /* super-block, chunk j, half p; nibble h */
@@ -90,7 +98,10 @@ static __host__ __device__ __forceinline__ int gd_perm(int r)
 template <int SHAPE>
 static __host__ __device__ __forceinline__ int gd_block(int lane, int g)
 {
-    return SHAPE == GD_BYTES || SHAPE == GD_NIB16 ? lane : SHAPE == GD_NIB32 ? 2 * (lane / 2) + g : 4 * (lane / 4) + g;
+    return SHAPE == GD_BYTES   ? lane / 2 + 16 * g
+           : SHAPE == GD_NIB16 ? lane
+           : SHAPE == GD_NIB32 ? 2 * (lane / 2) + g
+                               : 4 * (lane / 4) + g;
 }
 
 /* The four bits b0..b3 of x as bit 0 of bytes 0..3: the shifted copies
@@ -120,27 +131,33 @@ static __device__ __forceinline__ void gd_bytes16(const uint8_t *p, uint32_t (&b
     b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
 }
 
-/* Unit u of a row at row of dtype DT (Q8_0: its values, and its scales
- * at srow; the other formats' blocks hold their scales). */
+/* Unit u of a row of cols values at row, of dtype DT (Q8_0: its values,
+ * and its scales at srow; the other formats' blocks hold their scales).
+ * Q8_0's halves past the row's end read its last 16 values (the staged
+ * activations there are zeros); the other shapes' units lie in the row. */
 template <int DT>
 static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_t *srow, int u,
-                                               gd_unit &w)
+                                               int cols, gd_unit &w)
 {
     using F = gd_fmt<DT>;
+    (void)cols;
     /* the block of unit u (BYTES: no blocks), and the unit within it */
     constexpr int A = qd_align<DT>::A, BB = F::SHAPE == GD_BYTES ? 0 : qd_align<DT>::BB;
     const uint8_t *b = row + (size_t)(u / F::UB) * BB;
     const int v = u % F::UB;
     if constexpr (F::SHAPE == GD_BYTES) {
         (void)b, (void)v;
-        uint32_t lo[4], hi[4];
-        gd_bytes16(row + 32 * (size_t)u, lo);
-        gd_bytes16(row + 32 * (size_t)u + 16, hi);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            w.q[i] = (int)lo[i], w.q[4 + i] = (int)hi[i];
-        w.s[0] = __half2float(__ushort_as_half(__ldg(srow + u)));
-        w.m[0] = 0.0f;
+        for (int h = 0; h < 2; h++) {
+            const int c = min(1024 * (u / 32) + 512 * h + 16 * (u % 32), cols - 16);
+            uint32_t q[4];
+            gd_bytes16(row + c, q);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                w.q[4 * h + i] = (int)q[i];
+            w.s[h] = __half2float(__ushort_as_half(__ldg(srow + c / 32)));
+            w.m[h] = 0.0f;
+        }
     } else if constexpr (F::SHAPE == GD_NIB16) {
         constexpr bool affine = DT == DT_Q4_1 || DT == DT_Q5_1, five = DT == DT_Q5_0 || DT == DT_Q5_1;
         (void)v;
