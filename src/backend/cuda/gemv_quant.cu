@@ -38,8 +38,9 @@ struct gqp {
 };
 
 /* Steps of k_gemv_qdot's loop unrolled (their loads issued together):
- * 4 against 2, H100, 8B Q4_K decode 217.9 -> 230.1-232.0 tok/s, the
- * 0.6B flat (docs/benchmarks.md, session 50). */
+ * 4 against 2, H100, 8B Q4_K decode 217.9 -> 230.1-232.0 tok/s with
+ * 16-value units (session 50); with 32-value units 8B Q8_0 211.2 ->
+ * 218.4, Q4_K flat (docs/benchmarks.md, session 51). */
 #ifndef GD_UNROLL
 #define GD_UNROLL 4
 #endif
