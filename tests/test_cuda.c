@@ -70,8 +70,8 @@
 #define LOW_BIT_CPU_FLIP 3e-2 /* a case's rms and worst error: a few codes moved */
 #define LOW_BIT_FORMATS 9
 
-/* Per low-bit format (check_gguf_low_bit's order): the fixtures run
- * against the CPU, and those farther than LOW_BIT_CPU_RMS. */
+/* GGUF's low-bit formats the GPU tests take one by one; per format, the
+ * fixtures run against the CPU and those farther than LOW_BIT_CPU_RMS. */
 static const enum dtype low_bit_dts[LOW_BIT_FORMATS] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
                                                         DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
 static struct {
@@ -331,13 +331,12 @@ static void check_matmul_all(void)
  * a 32-block, in precise mode f32) and precise GEMMs (f32 widening) match
  * a double product of them with x rounded the same way; the fast GEMM
  * (weights and activations rounded to bf16) within 1e-2. Column counts
- * leave a warp's last step (256 columns in precise mode, 512 by default)
- * partial (96, 288, 800, 1280) or not. */
+ * leave a warp's last step (256 columns in precise mode, 1,024 by
+ * default) partial (96 ... 800, 1280) or not. */
 static void check_matmul_low_bit(void)
 {
-    enum { NQ = 9 };
-    static const enum dtype dts[NQ] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K,
-                                       DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K};
+    enum { NQ = LOW_BIT_FORMATS };
+    const enum dtype *dts = low_bit_dts;
     static const int rows[NQ] = {71, 64, 33, 300, 71, 40, 300, 65, 72};
     static const int cols[NQ] = {96, 800, 512, 288, 1280, 512, 768, 256, 1024};
     struct test_mat m[NQ];
@@ -1636,8 +1635,8 @@ static void check_gguf_oracle(const char *dir, const char *name)
 }
 
 /* Root-mean-square difference of a and ref over n values, relative to
- * ref's: a rounding that flips a few codes moves it little, a different
- * rounding everywhere moves it as much as the worst value. */
+ * ref's (in the small fixtures one code flipped across a rounding
+ * boundary can move it almost as far as not rounding: low_bit_tally). */
 static double rms_rel_err(const float *a, const float *ref, size_t n)
 {
     double dd = 0, rr = 0;

@@ -379,14 +379,14 @@ cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_
 /* cuk_gemv_fused's contract for k <= 3 matrices of one of GGUF's low-bit
  * dtypes (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K: their own blocks, as
  * uploaded), or of Q8_0 (as repacked; not exact), and one cols, f32
- * accumulation. By default the staged input
- * is rounded to 8 bits a 32-block (absmax / 127, nearest, ties to even:
- * the CPU's rounding) and multiplied with the weights' integer codes by
- * byte dot products (quant_dot.cuh); exact: each weight widened to f32
- * with the host's bits (quant_dequantize_row's) times the f32 input
- * (precise mode). The SwiGLU output only after a norm.
- * cudaErrorNotSupported (nothing launched) for other dtypes and unaligned
- * inputs. */
+ * accumulation. By default the staged input is rounded to 8 bits a
+ * 32-block (absmax / 127, nearest, ties to even: the CPU's rounding) and
+ * multiplied with the weights' integer codes by byte dot products
+ * (quant_dot.cuh); exact: each weight widened to f32 with the host's bits
+ * (quant_dequantize_row's) times the f32 input (precise mode). The SwiGLU
+ * output only after a norm. cudaErrorNotSupported (nothing launched) for
+ * other dtypes, unaligned inputs, and weights not 8-aligned (by default
+ * Q8_0, Q4_K and Q5_K: not 16-aligned, for 16-byte loads). */
 cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out, int exact);
 /* Launch shape of cuk_gemv_staged; zeros take the defaults. */
