@@ -288,18 +288,21 @@ static void check_matmul_all(void)
             backend_destroy(be);
             continue;
         }
-        int ns[] = {1, 2, 3, 8, 9, 40};
+        int ns[] = {1, 2, 3, 8, 9, 40, 100};
         for (int k = 0; k < NM; k++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+                const enum dtype dt = m[k].t.dtype;
+                /* Q8_0 by default: the integer GEMV, x rounded to 8 bits,
+                 * up to 64 rows; past them weights and x rounded to bf16
+                 * for a tensor-core GEMM */
+                bool x8 = !precise && dt == DT_Q8_0 && ns[j] <= 64;
+                bool q8_bf16 = !precise && dt == DT_Q8_0 && ns[j] > 64;
                 /* more than 1 row (the backend's GEMV cutoff in a 2-byte
                  * model with the tensor-core GEMV on, as here: wq is
                  * bf16): tensor-core GEMV or GEMM */
-                bool rounded = !precise && ns[j] > 1 &&
-                               (m[k].t.dtype == DT_F16 || m[k].t.dtype == DT_BF16);
+                bool rounded = !precise && ns[j] > 1 && (dt == DT_F16 || dt == DT_BF16);
                 /* f16/bf16 activations: ~2^-9 relative per product, far less summed */
-                double tol = rounded ? (m[k].t.dtype == DT_BF16 ? 1e-2 : 2e-3) : 1e-5;
-                /* Q8_0 by default: the integer GEMV, x rounded to 8 bits */
-                bool x8 = !precise && m[k].t.dtype == DT_Q8_0 && ns[j] <= 64;
+                double tol = rounded ? (dt == DT_BF16 ? 1e-2 : 2e-3) : q8_bf16 ? 1e-2 : 1e-5;
                 check_matmul(be, &m[k], ns[j], tol, precise ? "precise" : "fast", x8);
             }
         /* embed: exact widening of any dtype */
@@ -321,6 +324,44 @@ static void check_matmul_all(void)
         backend_destroy(be);
     }
     for (int k = 0; k < NM; k++)
+        mat_free(&m[k]);
+}
+
+/* The widening path in several chunks (CLLM_CUDA_WIDEN_MB=1): 100 rows
+ * of x (past the quantized GEMVs' 64) times 1,100 x 1,024 matrices, whose
+ * bf16 copy is three chunks (the last partial) and f32 copy five, in the
+ * default mode (bf16) and the precise one (f32, exact values). */
+static void check_matmul_widen_chunks(void)
+{
+    static const enum dtype dts[] = {DT_Q8_0, DT_Q4_K};
+    enum { ND = sizeof dts / sizeof dts[0] };
+    struct test_mat m[ND];
+    for (int k = 0; k < ND; k++)
+        mat_make(&m[k], dts[k], 1100, 1024);
+    struct model md;
+    memset(&md, 0, sizeof md);
+    struct layer_weights lw;
+    memset(&lw, 0, sizeof lw);
+    md.cfg.n_layers = 1;
+    md.layers = &lw;
+    lw.wq = m[0].t;
+    lw.wk = m[1].t;
+    setenv("CLLM_CUDA_WIDEN_MB", "1", 1);
+    for (int precise = 0; precise < 2; precise++) {
+        struct backend *be = gpu_create(precise);
+        struct err e = {{0}};
+        if (!be || backend_load_weights(be, &md, &e)) {
+            CHECK(0, "load test matrices: %s", e.msg);
+            backend_destroy(be);
+            continue;
+        }
+        for (int k = 0; k < ND; k++)
+            check_matmul(be, &m[k], 100, precise ? 1e-5 : 1e-2,
+                         precise ? "precise, widened in chunks" : "fast, widened in chunks", false);
+        backend_destroy(be);
+    }
+    unsetenv("CLLM_CUDA_WIDEN_MB");
+    for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
 }
 
@@ -3149,6 +3190,7 @@ int main(void)
     check_sample_distribution();
     check_sample_speed();
     check_matmul_all();
+    check_matmul_widen_chunks();
     check_matmul_low_bit();
     check_norm_rope(cpu);
     check_attention(cpu);

@@ -448,7 +448,7 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles;
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -469,7 +469,8 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0 ||
         env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0 ||
-        env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0)
+        env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0 ||
+        env_long("CLLM_CUDA_WIDEN_MB", 1, 4096, &l->widen_mb, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -582,6 +583,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->gemv_max = c->gemv_max_env ? (int)lv.gemv_max : CUK_GEMV_DEFAULT; /* see cu_load_weights */
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
+    c->widen_bytes = lv.widen_mb ? (size_t)lv.widen_mb << 20 : WIDEN_CHUNK_BYTES;
     c->half_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);

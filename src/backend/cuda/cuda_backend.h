@@ -475,9 +475,10 @@ cudaError_t cuk_gemm_tc(cudaStream_t s, float *out, int ldc, const void *w, int 
 /* dst[r - row0][cols] = rows [row0, row0+nrows) of w widened to f32. */
 cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w, int row0,
                             int nrows);
-/* The same rows of a low-bit w (GGUF Q4_0 ... Q3_K) rounded from those f32
- * values to nearest-even bf16 (bf16 != 0) or f16, for a tensor-core GEMM;
- * dst 16-byte aligned. cudaErrorNotSupported for other dtypes. */
+/* The same rows of a Q8_0 or low-bit w (GGUF Q4_0 ... Q3_K) rounded from
+ * those f32 values to nearest-even bf16 (bf16 != 0) or f16, for a
+ * tensor-core GEMM; dst 16-byte aligned, cols a multiple of 8.
+ * cudaErrorNotSupported for other dtypes. */
 cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w, int row0,
                              int nrows, int bf16);
 /* dst[i] = x[i] rounded to nearest-even bf16 (bf16 != 0) or f16. */

@@ -23,7 +23,8 @@
 #define CLLM_CUDA_ARCH_MAX 90 /* and the highest (0: "native" or "all", no number) */
 #endif
 
-/* Bytes of f32 weights one chunk of the widening path may take. */
+/* Most bytes of widened weights (f32 or bf16) one chunk of the widening
+ * path may take (CLLM_CUDA_WIDEN_MB). */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
 /* Most tokens a matmul over GGUF's low-bit weights runs as GEMVs (8 a
  * launch) rather than widening the weights for a GEMM: a 4-bit 8B model's
@@ -205,6 +206,7 @@ struct cuda_backend {
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
     size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
+    size_t widen_bytes; /* most bytes of one chunk of widened weights (WIDEN_CHUNK_BYTES) */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
