@@ -327,6 +327,8 @@ static void check_matmul_all(void)
         mat_free(&m[k]);
 }
 
+static void check_matmul_fused_cols(int cols);
+
 /* The widening path in several chunks (CLLM_CUDA_WIDEN_MB=1): 100 rows
  * of x (past the quantized GEMVs' 64) times 1,100 x 1,024 matrices, whose
  * bf16 copy is three chunks (the last partial) and f32 copy five, in the
@@ -361,6 +363,51 @@ static void check_matmul_widen_chunks(void)
         backend_destroy(be);
     }
     unsetenv("CLLM_CUDA_WIDEN_MB");
+    for (int k = 0; k < ND; k++)
+        mat_free(&m[k]);
+}
+
+/* The quantized GEMV with its launches cut to 3 blocks
+ * (CLLM_CUDA_GQ_BLOCKS=3; by default no more than the SMs hold at once),
+ * so that every block takes row pairs in several rounds, staging x once:
+ * one warp a row pair (800 and 1,280 columns, odd row counts: a last
+ * pair with one row) and two (4,096 columns: column slices), against a
+ * double product as check_matmul_low_bit's; then the fused ops (the norm,
+ * SwiGLU, the add, gate/up paired) against the plain ones at 1,024 and
+ * 4,096 columns. */
+static void check_matmul_quant_rounds(void)
+{
+    static const enum dtype dts[] = {DT_Q4_K, DT_Q8_0, DT_Q6_K, DT_Q5_1};
+    static const int rows[] = {300, 300, 301, 257}, cols[] = {4096, 4096, 1280, 800};
+    enum { ND = sizeof dts / sizeof dts[0] };
+    struct test_mat m[ND];
+    struct model md;
+    memset(&md, 0, sizeof md);
+    struct layer_weights lw;
+    memset(&lw, 0, sizeof lw);
+    md.cfg.n_layers = 1;
+    md.layers = &lw;
+    struct tensor *slots[ND] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo};
+    for (int k = 0; k < ND; k++) {
+        mat_make(&m[k], dts[k], rows[k], cols[k]);
+        *slots[k] = m[k].t;
+    }
+    setenv("CLLM_CUDA_GQ_BLOCKS", "3", 1);
+    struct backend *be = gpu_create(false);
+    struct err e = {{0}};
+    if (!be || backend_load_weights(be, &md, &e)) {
+        CHECK(0, "load quantized matrices: %s", e.msg);
+    } else {
+        static const int ns[] = {1, 3, 8, 9};
+        for (int k = 0; k < ND; k++)
+            for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                check_matmul(be, &m[k], ns[j], 1e-5, "fast, 3 blocks", true);
+        CHECK(be->ops->finish(be, &e) == 0, "quantized matmul in rounds: %s", e.msg);
+    }
+    backend_destroy(be);
+    check_matmul_fused_cols(1024);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_GQ_BLOCKS");
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
 }
@@ -3192,6 +3239,7 @@ int main(void)
     check_matmul_all();
     check_matmul_widen_chunks();
     check_matmul_low_bit();
+    check_matmul_quant_rounds();
     check_norm_rope(cpu);
     check_attention(cpu);
     check_attention_batch(cpu, false, false, false);

@@ -448,7 +448,7 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb;
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb, gq_blocks;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -470,7 +470,8 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0 ||
         env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0 ||
         env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0 ||
-        env_long("CLLM_CUDA_WIDEN_MB", 1, 4096, &l->widen_mb, e) < 0)
+        env_long("CLLM_CUDA_WIDEN_MB", 1, 4096, &l->widen_mb, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_BLOCKS", 1, 1L << 20, &l->gq_blocks, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -617,6 +618,8 @@ static struct backend *cuda_create(int device, struct err *e)
      * built for it (its body is compiled out below sm_80, like hopper's) */
     c->gemv_mma = prop.major >= 8 && (CLLM_CUDA_ARCH_MAX == 0 || CLLM_CUDA_ARCH_MAX >= 80) &&
                   env_flag("CLLM_CUDA_GEMV_MMA", true);
+    cuk_gemv_quant_init(&c->gq, c->n_sms, env_flag("CLLM_CUDA_GQ_PERSIST", true),
+                        (int)lv.gq_blocks);
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
     c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;

@@ -376,6 +376,23 @@ enum {
  * the vector path does not take; the caller then issues the plain kernels. */
 cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                            int n, const struct cuk_weight *const *ws, int k, int out);
+/* Dtype values below this have a row in cuk_gq_cfg (tensor.h's DT_*). */
+#define CUK_GQ_DTS 16
+/* The device as cuk_gemv_quant's integer kernel shapes its launches for
+ * it (cuk_gemv_quant_init fills it once): where x fits its shared memory
+ * in one tile, a launch has at most bps[dtype][n - 1] blocks an SM (the
+ * most the SM holds at once; 0: no limit, as for Q2_K, Q3_K and Q6_K), so
+ * that a block stages x once for several row pairs rather than once for
+ * each (H100, 8B Q4_K decode 300.4 -> 331.2 tok/s; docs/benchmarks.md,
+ * session 52). */
+struct cuk_gq_cfg {
+    int n_sms;
+    unsigned char bps[CUK_GQ_DTS][CUK_GEMV_MAX];
+    int max_blocks; /* tests: this many blocks at most instead (0: unset) */
+};
+/* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
+ * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */
+void cuk_gemv_quant_init(struct cuk_gq_cfg *cfg, int n_sms, int persist, int max_blocks);
 /* cuk_gemv_fused's contract for k <= 3 matrices of one of GGUF's low-bit
  * dtypes (Q4_0, Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K: their own blocks, as
  * uploaded), or of Q8_0 (as repacked; not exact), and one cols, f32
@@ -388,7 +405,8 @@ cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_
  * other dtypes, unaligned inputs, and weights not 8-aligned (by default
  * Q8_0, Q4_K and Q5_K: not 16-aligned, for 16-byte loads). */
 cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
-                           int n, const struct cuk_weight *const *ws, int k, int out, int exact);
+                           int n, const struct cuk_weight *const *ws, int k, int out, int exact,
+                           const struct cuk_gq_cfg *cfg);
 /* Launch shape of cuk_gemv_staged; zeros take the defaults. */
 struct cuk_stage_cfg {
     int blocks;     /* blocks (one per SM) */

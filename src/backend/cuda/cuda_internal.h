@@ -137,6 +137,7 @@ struct cuda_backend {
                         * tensor-core GEMV (cuk_gemv_mma) where it takes the
                         * shape, not cuBLAS (CLLM_CUDA_GEMV_MMA != 0) */
     struct cuk_mma_cfg mma; /* the device as cuk_gemv_mma needs it */
+    struct cuk_gq_cfg gq;   /* the device as cuk_gemv_quant needs it */
     size_t mma_max_bytes; /* weights of its largest launch (CLLM_CUDA_MMA_MAX_MB) */
     size_t mma_max_x;  /* most n x cols of x it takes (CLLM_CUDA_MMA_MAX_X) */
     int defer_merge;   /* a decode step's key-split merge is left to the o

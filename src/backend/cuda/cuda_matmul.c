@@ -427,7 +427,7 @@ static cudaError_t gemv_quant(struct cuda_backend *c, float *const *outs,
         float *po[3];
         for (int i = 0; i < k; i++)
             po[i] = outs[i] + (size_t)j0 * (size_t)ws[i]->rows;
-        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out, c->precise);
+        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out, c->precise, &c->gq);
         if (err != cudaSuccess)
             return err;
     }

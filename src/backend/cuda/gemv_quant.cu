@@ -21,6 +21,8 @@
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_dq.cuh"
 
+#include <string.h>
+
 #define GQ_STEP 256 /* columns a warp covers per step: 32 lanes x 8 */
 /* Warps a launch should have for its loads to cover the memory latency
  * (32 an SM on 132 SMs); fewer row pairs than that are split into
@@ -58,14 +60,13 @@ struct gq_warp {
     bool active, pair;
 };
 
-static __device__ __forceinline__ gq_warp gq_warp_of(const gqp &p, int slices)
+static __device__ __forceinline__ gq_warp gq_warp_at(const gqp &p, int slices, int g)
 {
     gq_warp w;
     w.lane = threadIdx.x & 31;
     w.warp = threadIdx.x >> 5;
     w.slice = w.warp % slices;
     w.pair = p.out == CUK_OUT_SWIGLU;
-    int g = (blockIdx.x * GEMV_WARPS + w.warp) / slices;
     w.active = g < p.groups[0] + p.groups[1] + p.groups[2];
     w.m = gemv_matrix_of(g, p.groups);
     if (!w.active)
@@ -83,6 +84,12 @@ static __device__ __forceinline__ gq_warp gq_warp_of(const gqp &p, int slices)
         w.sr[r] = sc ? sc + row * (p.row_bytes / 32) : nullptr;
     }
     return w;
+}
+
+/* The warp's share where each warp of the launch takes one. */
+static __device__ __forceinline__ gq_warp gq_warp_of(const gqp &p, int slices)
+{
+    return gq_warp_at(p, slices, (int)((blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) / slices));
 }
 
 /* The warp's sums (acc: its lanes' partial sums of rows rr[0], rr[1] for
@@ -230,9 +237,78 @@ static __device__ __forceinline__ void gd_stage(uint32_t *qx, float *dx,
     __syncthreads();
 }
 
-/* The default kernel: gd_load's integer units (quant_dot.cuh) times the
- * staged 8-bit activations by dp4a, per lane and step 32 values of each
- * of two rows; the launch and the slices as k_gemv_quant's. */
+/* gd_stage for the input kind in.kind names. */
+template <int SHAPE, int NT>
+static __device__ __forceinline__ void gd_stage_any(uint32_t *qx, float *dx,
+                                                    const struct cuk_gemv_in &in,
+                                                    const float *sinv, int cols, int t,
+                                                    int tile_cols)
+{
+    if (in.kind == CUK_IN_RMSNORM)
+        gd_stage<SHAPE, NT, CUK_IN_RMSNORM>(qx, dx, in, sinv, cols, t, tile_cols);
+    else if (in.kind == CUK_IN_SWIGLU)
+        gd_stage<SHAPE, NT, CUK_IN_SWIGLU>(qx, dx, in, sinv, cols, t, tile_cols);
+    else
+        gd_stage<SHAPE, NT, CUK_IN_X>(qx, dx, in, sinv, cols, t, tile_cols);
+}
+
+/* A warp's share of tile t of x (steps t * tile_steps + slice ... below
+ * s1, every slices-th) for its two rows, added into acc: gd_load's
+ * integer units (quant_dot.cuh) times the staged 8-bit activations by
+ * dp4a, 32 values of each row a lane and step. */
+template <int DT, int NT>
+static __device__ __forceinline__ void gd_tile(const gq_warp &w, const uint4 *gd_xs,
+                                               const float *dx, int cols, int tile_cols, int t,
+                                               int s1, int slices, float (&acc)[2][NT])
+{
+    using F = gd_fmt<DT>;
+    const int tile_steps = tile_cols / GD_STEP, last_unit = cols / 32 - 1;
+    /* No branch in the body: a unit past the last column reads the row's
+     * last unit against staged zeros. */
+#pragma unroll gd_unroll
+    for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
+        /* Q8_0's units clamp their halves in the row (gd_load) */
+        const int u = F::SHAPE == GD_BYTES ? s * 32 + w.lane : min(s * 32 + w.lane, last_unit);
+        gd_unit wu[2];
+        gd_load<DT>(w.wr[0], w.sr[0], u, cols, wu[0]);
+        gd_load<DT>(w.wr[1], w.sr[1], u, cols, wu[1]);
+        const int sl = s - t * tile_steps;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            /* the lane's two planes (gd_slot) */
+            const uint4 *xs = gd_xs + j * (tile_cols / 16) + sl * (GD_STEP / 16) + w.lane;
+            const uint4 xa = xs[0], xb = xs[32];
+            const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                              (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+            const float *db = dx + j * (tile_cols / 32) + sl * (GD_STEP / 32) +
+                              gd_block<F::SHAPE>(w.lane, 0);
+            float d[4];
+            if (F::G == 4) {
+                const float4 d4 = *(const float4 *)db;
+                d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
+            } else if (F::G == 2 && F::GSTEP == 1) {
+                const float2 d2 = *(const float2 *)db;
+                d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
+            } else if (F::G == 2) {
+                d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
+            } else {
+                d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
+            }
+            int sums[4] = {0, 0, 0, 0};
+            if (F::MIN)
+                gd_sums<DT>(x, sums);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
+        }
+    }
+}
+
+/* The default kernel: gd_tile's products, the launch and the slices as
+ * k_gemv_quant's, except that where x fits in one tile it is staged once
+ * and each group of a block's warps then takes row pairs a launch's
+ * width apart (gq_launch gives such launches no more blocks than the SMs
+ * hold at once, cuk_gq_cfg); else one pass, x staged tile by tile. */
 template <int DT, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS)
     k_gemv_qdot(const struct gqp p, const struct cuk_gemv_in in, int cols, int tile_cols,
@@ -242,65 +318,36 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     extern __shared__ uint4 gd_xs[];
     __shared__ float red[GEMV_WARPS][2][NT];
     cuk_pdl_start();
-    const gq_warp w = gq_warp_of(p, slices);
-    float acc[2][NT] = {};
     const int tile_steps = tile_cols / GD_STEP, nsteps = (cols + GD_STEP - 1) / GD_STEP;
-    const int last_unit = cols / 32 - 1;
     uint32_t *qx = (uint32_t *)gd_xs;
     float *dx = (float *)(qx + NT * (tile_cols / 4)), *sinv = dx + NT * (tile_cols / 32);
     if (in.kind == CUK_IN_RMSNORM)
         gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gd_xs);
-    for (int t = 0; t * tile_steps < nsteps; t++) {
-        if (in.kind == CUK_IN_RMSNORM)
-            gd_stage<F::SHAPE, NT, CUK_IN_RMSNORM>(qx, dx, in, sinv, cols, t, tile_cols);
-        else if (in.kind == CUK_IN_SWIGLU)
-            gd_stage<F::SHAPE, NT, CUK_IN_SWIGLU>(qx, dx, in, sinv, cols, t, tile_cols);
-        else
-            gd_stage<F::SHAPE, NT, CUK_IN_X>(qx, dx, in, sinv, cols, t, tile_cols);
-        if (!w.active)
-            continue;
-        const int s1 = min(nsteps, (t + 1) * tile_steps);
-        /* No branch in the body: a unit past the last column reads the
-         * row's last unit against staged zeros. */
-#pragma unroll gd_unroll
-        for (int s = t * tile_steps + w.slice; s < s1; s += slices) {
-            /* Q8_0's units clamp their halves in the row (gd_load) */
-            const int u = F::SHAPE == GD_BYTES ? s * 32 + w.lane : min(s * 32 + w.lane, last_unit);
-            gd_unit wu[2];
-            gd_load<DT>(w.wr[0], w.sr[0], u, cols, wu[0]);
-            gd_load<DT>(w.wr[1], w.sr[1], u, cols, wu[1]);
-            const int sl = s - t * tile_steps;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                /* the lane's two planes (gd_slot) */
-                const uint4 *xs = gd_xs + j * (tile_cols / 16) + sl * (GD_STEP / 16) + w.lane;
-                const uint4 xa = xs[0], xb = xs[32];
-                const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                                  (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-                const float *db = dx + j * (tile_cols / 32) + sl * (GD_STEP / 32) +
-                                  gd_block<F::SHAPE>(w.lane, 0);
-                float d[4];
-                if (F::G == 4) {
-                    const float4 d4 = *(const float4 *)db;
-                    d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
-                } else if (F::G == 2 && F::GSTEP == 1) {
-                    const float2 d2 = *(const float2 *)db;
-                    d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
-                } else if (F::G == 2) {
-                    d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
-                } else {
-                    d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
-                }
-                int sums[4] = {0, 0, 0, 0};
-                if (F::MIN)
-                    gd_sums<DT>(x, sums);
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
-            }
+    const bool one_tile = tile_steps >= nsteps;
+    const int per_block = GEMV_WARPS / slices; /* row pairs */
+    const int total = p.groups[0] + p.groups[1] + p.groups[2];
+    if (one_tile)
+        gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, 0, tile_cols);
+    /* the same trip count for every warp of a block: they meet at barriers */
+    for (int g0 = blockIdx.x * per_block; g0 < total; g0 += gridDim.x * per_block) {
+        const gq_warp w = gq_warp_at(p, slices, g0 + (int)(threadIdx.x >> 5) / slices);
+        float acc[2][NT] = {};
+        for (int t = 0; t * tile_steps < nsteps; t++) {
+            if (!one_tile)
+                gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, t, tile_cols);
+            if (w.active)
+                gd_tile<DT, NT>(w, gd_xs, dx, cols, tile_cols, t,
+                                min(nsteps, (t + 1) * tile_steps), slices, acc);
         }
+        gq_finish<NT>(p, w, acc, red, slices);
+        if (!one_tile)
+            break;
+        /* red is written again for the next row pairs */
+        if (slices > 1)
+            __syncthreads();
+        else
+            __syncwarp();
     }
-    gq_finish<NT>(p, w, acc, red, slices);
 }
 
 /* Steps a slice keeps at least: 2 against 4 (1,024-column steps), H100,
@@ -328,7 +375,7 @@ static void gq_shape(long long total, int steps, int *slices, unsigned *grid)
  * (1 + 1/8). */
 template <int DT, int NT, bool QDOT>
 static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
-                             int cols)
+                             int cols, const struct cuk_gq_cfg *cfg)
 {
     const long long total = (long long)p.groups[0] + p.groups[1] + p.groups[2];
     if (total == 0)
@@ -343,40 +390,104 @@ static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct c
     int slices;
     unsigned grid;
     gq_shape(total, steps, &slices, &grid);
-    if (QDOT)
+    if (QDOT) {
+        /* x in one tile: no more blocks than the SMs hold at once, so
+         * that a block's warps stage x once for several row pairs */
+        const unsigned cap = cfg->max_blocks > 0 ? (unsigned)cfg->max_blocks
+                                                  : (unsigned)(cfg->n_sms * cfg->bps[DT][NT - 1]);
+        if (tile_cols >= cols && cap > 0 && grid > cap)
+            grid = cap;
         return cuk_launch(k_gemv_qdot<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols,
                           tile_cols, slices);
+    }
     return cuk_launch(k_gemv_quant<DT, NT>, grid, GEMV_THREADS, smem, s, p, *in, cols, tile_cols,
                       slices);
 }
 
 template <int DT, bool QDOT>
 static cudaError_t gq_launch_n(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
-                               int n, int cols)
+                               int n, int cols, const struct cuk_gq_cfg *cfg)
 {
     switch (n) {
-    case 1: return gq_launch<DT, 1, QDOT>(s, p, in, cols);
-    case 2: return gq_launch<DT, 2, QDOT>(s, p, in, cols);
-    case 3: return gq_launch<DT, 3, QDOT>(s, p, in, cols);
-    case 4: return gq_launch<DT, 4, QDOT>(s, p, in, cols);
-    case 5: return gq_launch<DT, 5, QDOT>(s, p, in, cols);
-    case 6: return gq_launch<DT, 6, QDOT>(s, p, in, cols);
-    case 7: return gq_launch<DT, 7, QDOT>(s, p, in, cols);
-    default: return gq_launch<DT, 8, QDOT>(s, p, in, cols);
+    case 1: return gq_launch<DT, 1, QDOT>(s, p, in, cols, cfg);
+    case 2: return gq_launch<DT, 2, QDOT>(s, p, in, cols, cfg);
+    case 3: return gq_launch<DT, 3, QDOT>(s, p, in, cols, cfg);
+    case 4: return gq_launch<DT, 4, QDOT>(s, p, in, cols, cfg);
+    case 5: return gq_launch<DT, 5, QDOT>(s, p, in, cols, cfg);
+    case 6: return gq_launch<DT, 6, QDOT>(s, p, in, cols, cfg);
+    case 7: return gq_launch<DT, 7, QDOT>(s, p, in, cols, cfg);
+    default: return gq_launch<DT, 8, QDOT>(s, p, in, cols, cfg);
     }
 }
 
 template <int DT>
 static cudaError_t gq_launch_dt(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
-                                int n, int cols, bool exact)
+                                int n, int cols, bool exact, const struct cuk_gq_cfg *cfg)
 {
-    return exact ? gq_launch_n<DT, false>(s, p, in, n, cols) : gq_launch_n<DT, true>(s, p, in, n, cols);
+    return exact ? gq_launch_n<DT, false>(s, p, in, n, cols, cfg)
+                 : gq_launch_n<DT, true>(s, p, in, n, cols, cfg);
+}
+
+static_assert(DT_COUNT <= CUK_GQ_DTS, "cuk_gq_cfg has a row per dtype");
+
+/* Blocks of k_gemv_qdot<DT, NT> an SM holds at once with x in the
+ * largest one tile (its shared memory is then the most a one-tile launch
+ * takes; registers are the limit here anyway); 0 (no limit) for the
+ * 2/3/6-bit K formats (QUARTER), whose launches gained little or lost so
+ * (H100, 8B decode: Q6_K 205.0 -> 194.7 tok/s, Q3_K 226.3 -> 230.7,
+ * where Q4_K went 300.4 -> 331.2, Q4_0 312.4 -> 331.8, Q5_K 274.5 ->
+ * 287.5, Q8_0 232.6 -> 239.7; docs/benchmarks.md, session 52). */
+template <int DT, int NT>
+static unsigned char gq_blocks_per_sm(void)
+{
+    if (gd_fmt<DT>::SHAPE == GD_QUARTER)
+        return 0;
+    const int red_bytes = GEMV_WARPS * 2 * NT * 4, step_bytes = GD_STEP + GD_STEP / 8;
+    const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES - red_bytes) / (NT * step_bytes);
+    const size_t smem = (size_t)NT * fit * step_bytes + GEMV_INV_BYTES;
+    int bps = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_qdot<DT, NT>, GEMV_THREADS,
+                                                      smem) != cudaSuccess) {
+        cudaGetLastError();
+        bps = 0; /* no limit */
+    }
+    return (unsigned char)(bps > 255 ? 255 : bps);
+}
+
+template <int DT>
+static void gq_fill(struct cuk_gq_cfg *cfg)
+{
+    unsigned char *b = cfg->bps[DT];
+    b[0] = gq_blocks_per_sm<DT, 1>(), b[1] = gq_blocks_per_sm<DT, 2>();
+    b[2] = gq_blocks_per_sm<DT, 3>(), b[3] = gq_blocks_per_sm<DT, 4>();
+    b[4] = gq_blocks_per_sm<DT, 5>(), b[5] = gq_blocks_per_sm<DT, 6>();
+    b[6] = gq_blocks_per_sm<DT, 7>(), b[7] = gq_blocks_per_sm<DT, 8>();
+}
+
+extern "C" void cuk_gemv_quant_init(struct cuk_gq_cfg *cfg, int n_sms, int persist,
+                                    int max_blocks)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->n_sms = n_sms;
+    cfg->max_blocks = max_blocks;
+    if (!persist)
+        return;
+    gq_fill<DT_Q8_0>(cfg);
+    gq_fill<DT_Q4_0>(cfg);
+    gq_fill<DT_Q4_1>(cfg);
+    gq_fill<DT_Q5_0>(cfg);
+    gq_fill<DT_Q5_1>(cfg);
+    gq_fill<DT_Q4_K>(cfg);
+    gq_fill<DT_Q5_K>(cfg);
+    gq_fill<DT_Q6_K>(cfg);
+    gq_fill<DT_Q2_K>(cfg);
+    gq_fill<DT_Q3_K>(cfg);
 }
 
 extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
                                       const struct cuk_weight *const *ws, int k, int out,
-                                      int exact)
+                                      int exact, const struct cuk_gq_cfg *cfg)
 {
     if (!gemv_fused_args(in, n, ws, k, out))
         return cudaErrorInvalidValue;
@@ -407,16 +518,16 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     const bool ex = exact != 0;
     cudaError_t err;
     switch (dt) {
-    case DT_Q8_0: err = gq_launch_n<DT_Q8_0, true>(s, p, in, n, cols); break;
-    case DT_Q4_0: err = gq_launch_dt<DT_Q4_0>(s, p, in, n, cols, ex); break;
-    case DT_Q4_1: err = gq_launch_dt<DT_Q4_1>(s, p, in, n, cols, ex); break;
-    case DT_Q5_0: err = gq_launch_dt<DT_Q5_0>(s, p, in, n, cols, ex); break;
-    case DT_Q5_1: err = gq_launch_dt<DT_Q5_1>(s, p, in, n, cols, ex); break;
-    case DT_Q4_K: err = gq_launch_dt<DT_Q4_K>(s, p, in, n, cols, ex); break;
-    case DT_Q5_K: err = gq_launch_dt<DT_Q5_K>(s, p, in, n, cols, ex); break;
-    case DT_Q6_K: err = gq_launch_dt<DT_Q6_K>(s, p, in, n, cols, ex); break;
-    case DT_Q2_K: err = gq_launch_dt<DT_Q2_K>(s, p, in, n, cols, ex); break;
-    default: err = gq_launch_dt<DT_Q3_K>(s, p, in, n, cols, ex); break;
+    case DT_Q8_0: err = gq_launch_n<DT_Q8_0, true>(s, p, in, n, cols, cfg); break;
+    case DT_Q4_0: err = gq_launch_dt<DT_Q4_0>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q4_1: err = gq_launch_dt<DT_Q4_1>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q5_0: err = gq_launch_dt<DT_Q5_0>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q5_1: err = gq_launch_dt<DT_Q5_1>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q4_K: err = gq_launch_dt<DT_Q4_K>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q5_K: err = gq_launch_dt<DT_Q5_K>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q6_K: err = gq_launch_dt<DT_Q6_K>(s, p, in, n, cols, ex, cfg); break;
+    case DT_Q2_K: err = gq_launch_dt<DT_Q2_K>(s, p, in, n, cols, ex, cfg); break;
+    default: err = gq_launch_dt<DT_Q3_K>(s, p, in, n, cols, ex, cfg); break;
     }
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
