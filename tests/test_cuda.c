@@ -113,6 +113,20 @@ static struct backend *gpu_create(bool precise)
     return be;
 }
 
+/* gpu_create's backend with md's weights loaded; NULL (a failed check)
+ * where either fails. */
+static struct backend *gpu_loaded(bool precise, const struct model *md)
+{
+    struct backend *be = gpu_create(precise);
+    struct err e = {{0}};
+    if (be && backend_load_weights(be, md, &e)) {
+        CHECK(0, "load test matrices: %s", e.msg);
+        backend_destroy(be);
+        return NULL;
+    }
+    return be;
+}
+
 /* Whether the environment sets lever name to 0 (off). */
 static bool env_is0(const char *name)
 {
@@ -281,13 +295,10 @@ static void check_matmul_all(void)
     lw.wv = m[4].t;
     lw.wo = m[5].t;
     for (int precise = 0; precise < 2; precise++) {
-        struct backend *be = gpu_create(precise);
-        struct err e = {{0}};
-        if (!be || backend_load_weights(be, &md, &e)) {
-            CHECK(0, "load test matrices: %s", e.msg);
-            backend_destroy(be);
+        struct backend *be = gpu_loaded(precise, &md);
+        if (!be)
             continue;
-        }
+        struct err e = {{0}};
         int ns[] = {1, 2, 3, 8, 9, 40, 100};
         for (int k = 0; k < NM; k++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
@@ -329,6 +340,19 @@ static void check_matmul_all(void)
 
 static void check_matmul_fused_cols(int cols);
 
+/* A one-layer model holding k <= 4 test matrices as wq, wk, wv and wo,
+ * so that load_weights uploads them. */
+static void mats_model(struct model *md, struct layer_weights *lw, const struct test_mat *m, int k)
+{
+    memset(md, 0, sizeof *md);
+    memset(lw, 0, sizeof *lw);
+    md->cfg.n_layers = 1;
+    md->layers = lw;
+    struct tensor *slots[4] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo};
+    for (int i = 0; i < k && i < 4; i++)
+        *slots[i] = m[i].t;
+}
+
 /* The widening path in several chunks (CLLM_CUDA_WIDEN_MB=1): 100 rows
  * of x (past the quantized GEMVs' 64) times 1,100 x 1,024 matrices, whose
  * bf16 copy is three chunks (the last partial) and f32 copy five, in the
@@ -341,25 +365,18 @@ static void check_matmul_widen_chunks(void)
     for (int k = 0; k < ND; k++)
         mat_make(&m[k], dts[k], 1100, 1024);
     struct model md;
-    memset(&md, 0, sizeof md);
     struct layer_weights lw;
-    memset(&lw, 0, sizeof lw);
-    md.cfg.n_layers = 1;
-    md.layers = &lw;
-    lw.wq = m[0].t;
-    lw.wk = m[1].t;
+    mats_model(&md, &lw, m, ND);
     setenv("CLLM_CUDA_WIDEN_MB", "1", 1);
     for (int precise = 0; precise < 2; precise++) {
-        struct backend *be = gpu_create(precise);
-        struct err e = {{0}};
-        if (!be || backend_load_weights(be, &md, &e)) {
-            CHECK(0, "load test matrices: %s", e.msg);
-            backend_destroy(be);
+        struct backend *be = gpu_loaded(precise, &md);
+        if (!be)
             continue;
-        }
+        struct err e = {{0}};
         for (int k = 0; k < ND; k++)
             check_matmul(be, &m[k], 100, precise ? 1e-5 : 1e-2,
                          precise ? "precise, widened in chunks" : "fast, widened in chunks", false);
+        CHECK(be->ops->finish(be, &e) == 0, "widened in chunks: %s", e.msg);
         backend_destroy(be);
     }
     unsetenv("CLLM_CUDA_WIDEN_MB");
@@ -381,23 +398,15 @@ static void check_matmul_quant_rounds(void)
     static const int rows[] = {300, 300, 301, 257}, cols[] = {4096, 4096, 1280, 800};
     enum { ND = sizeof dts / sizeof dts[0] };
     struct test_mat m[ND];
-    struct model md;
-    memset(&md, 0, sizeof md);
-    struct layer_weights lw;
-    memset(&lw, 0, sizeof lw);
-    md.cfg.n_layers = 1;
-    md.layers = &lw;
-    struct tensor *slots[ND] = {&lw.wq, &lw.wk, &lw.wv, &lw.wo};
-    for (int k = 0; k < ND; k++) {
+    for (int k = 0; k < ND; k++)
         mat_make(&m[k], dts[k], rows[k], cols[k]);
-        *slots[k] = m[k].t;
-    }
+    struct model md;
+    struct layer_weights lw;
+    mats_model(&md, &lw, m, ND);
     setenv("CLLM_CUDA_GQ_BLOCKS", "3", 1);
-    struct backend *be = gpu_create(false);
+    struct backend *be = gpu_loaded(false, &md);
     struct err e = {{0}};
-    if (!be || backend_load_weights(be, &md, &e)) {
-        CHECK(0, "load quantized matrices: %s", e.msg);
-    } else {
+    if (be) {
         static const int ns[] = {1, 3, 8, 9};
         for (int k = 0; k < ND; k++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
@@ -441,13 +450,10 @@ static void check_matmul_low_bit(void)
         *slots[k] = m[k].t;
     }
     for (int precise = 0; precise < 2; precise++) {
-        struct backend *be = gpu_create(precise);
-        struct err e = {{0}};
-        if (!be || backend_load_weights(be, &md, &e)) {
-            CHECK(0, "load low-bit matrices: %s", e.msg);
-            backend_destroy(be);
+        struct backend *be = gpu_loaded(precise, &md);
+        if (!be)
             continue;
-        }
+        struct err e = {{0}};
         /* up to 64 tokens (QUANT_GEMV_MAX_N) the GEMV, 8 a launch; past
          * that the widened weights' GEMM */
         static const int ns[] = {1, 2, 3, 5, 8, 9, 40, 64, 65, 100};

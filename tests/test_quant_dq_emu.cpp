@@ -48,6 +48,15 @@ static inline unsigned __vsub4(unsigned a, unsigned b)
         r |= ((((a >> (8 * i)) & 0xFF) - ((b >> (8 * i)) & 0xFF)) & 0xFF) << (8 * i);
     return r;
 }
+/* the low word of (hi:lo) >> sh, sh taken mod 32 (_r) or at most 32 (_rc) */
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh)
+{
+    return (unsigned)((((uint64_t)hi << 32) | lo) >> (sh & 31));
+}
+static inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned sh)
+{
+    return (unsigned)((((uint64_t)hi << 32) | lo) >> (sh < 32 ? sh : 32));
+}
 static inline int __dp4a(int a, int b, int c)
 {
     for (int i = 0; i < 4; i++)

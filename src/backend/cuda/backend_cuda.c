@@ -448,7 +448,8 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb, gq_blocks;
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
+        gq_blocks;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)

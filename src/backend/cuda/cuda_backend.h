@@ -381,10 +381,9 @@ cudaError_t cuk_gemv_fused(cudaStream_t s, float *const *outs, const struct cuk_
 /* The device as cuk_gemv_quant's integer kernel shapes its launches for
  * it (cuk_gemv_quant_init fills it once): where x fits its shared memory
  * in one tile, a launch has at most bps[dtype][n - 1] blocks an SM (the
- * most the SM holds at once; 0: no limit, as for Q2_K, Q3_K and Q6_K), so
- * that a block stages x once for several row pairs rather than once for
- * each (H100, 8B Q4_K decode 300.4 -> 331.2 tok/s; docs/benchmarks.md,
- * session 52). */
+ * most the SM holds at once; 0: no limit), so that a block stages x once
+ * for several row pairs rather than once for each (H100, 8B Q4_K decode
+ * 300.4 -> 331.2 tok/s; docs/benchmarks.md, session 52). */
 struct cuk_gq_cfg {
     int n_sms;
     unsigned char bps[CUK_GQ_DTS][CUK_GEMV_MAX];

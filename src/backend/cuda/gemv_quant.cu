@@ -432,16 +432,12 @@ static_assert(DT_COUNT <= CUK_GQ_DTS, "cuk_gq_cfg has a row per dtype");
 
 /* Blocks of k_gemv_qdot<DT, NT> an SM holds at once with x in the
  * largest one tile (its shared memory is then the most a one-tile launch
- * takes; registers are the limit here anyway); 0 (no limit) for the
- * 2/3/6-bit K formats (QUARTER), whose launches gained little or lost so
- * (H100, 8B decode: Q6_K 205.0 -> 194.7 tok/s, Q3_K 226.3 -> 230.7,
- * where Q4_K went 300.4 -> 331.2, Q4_0 312.4 -> 331.8, Q5_K 274.5 ->
- * 287.5, Q8_0 232.6 -> 239.7; docs/benchmarks.md, session 52). */
+ * takes; registers are the limit here anyway). Fewer blocks than that
+ * leave latency uncovered: H100, 8B Q4_K decode at 1, 2, 3 and 4 blocks
+ * an SM 201, 266, 297, 329 tok/s (docs/benchmarks.md, session 52). */
 template <int DT, int NT>
 static unsigned char gq_blocks_per_sm(void)
 {
-    if (gd_fmt<DT>::SHAPE == GD_QUARTER)
-        return 0;
     const int red_bytes = GEMV_WARPS * 2 * NT * 4, step_bytes = GD_STEP + GD_STEP / 8;
     const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES - red_bytes) / (NT * step_bytes);
     const size_t smem = (size_t)NT * fit * step_bytes + GEMV_INV_BYTES;

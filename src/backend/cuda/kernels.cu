@@ -599,7 +599,7 @@ extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct 
 
 /* The device's Q8_0 (int8 values, an f16 scale a 32) rounded to bf16 /
  * f16: eight values a thread, one 8-byte load and one 16-byte store.
- * d * q is exact in f32 (an 11-bit scale times a 7-bit code), so it is
+ * d * q is exact in f32 (an 11-bit scale times an 8-bit code), so it is
  * rounded once. */
 __global__ void k_dequant_q8_half(uint16_t *dst, struct cuk_weight w, int row0, size_t total8,
                                   int bf16)

@@ -27,6 +27,10 @@
  *     quarters k in bit fields of the same 32 bytes): unit = positions 8g
  *     .. 8g + 7 of every quarter of half n, words 2k and 2k + 1 quarter
  *     k's. Four groups (the formats' 16-value scales).
+ * Q6_K's and Q3_K's blocks (210 and 110 bytes) are only 2-aligned: their
+ * 8-byte runs are read as three aligned words and funnel shifts, not four
+ * 2-byte loads (gd_bytes8_fwd, gd_words_back; H100, 8B decode Q6_K 206 ->
+ * 234 tok/s, Q3_K 226 -> 257, docs/benchmarks.md, session 52).
  * One scale decode and one address a 32 values: with 16-value units the
  * decode, not the dot products, was most of a step (docs/benchmarks.md,
  * session 50). Every shape takes 8 units a 256 values, so a warp's 32
@@ -131,6 +135,48 @@ static __device__ __forceinline__ void gd_bytes16(const uint8_t *p, uint32_t (&b
     b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
 }
 
+/* Eight bytes at p, 2-aligned, from the three aligned words at p & ~3
+ * and funnel shifts: three 4-byte loads where 2-byte ones take four
+ * (Q6_K's 210-byte and Q3_K's 110-byte blocks are 2-aligned). Reads
+ * [p & ~3, (p & ~3) + 12), up to 4 bytes past p + 8: callers keep that
+ * inside the block. */
+static __device__ __forceinline__ void gd_bytes8_fwd(const uint8_t *p, uint32_t &b0, uint32_t &b1)
+{
+    const uint32_t *w = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const unsigned sh = 8u * (unsigned)((uintptr_t)p & 3);
+    const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2);
+    b0 = __funnelshift_r(w0, w1, sh);
+    b1 = __funnelshift_r(w1, w2, sh);
+}
+
+/* The n (2 or 3) words of the 4n bytes at p, 2-aligned, from the n + 1
+ * aligned words at (p - 2) & ~3: reads [p - 4, p + 4n) at most, for
+ * bytes near a block's end (gd_bytes8_fwd's reads could pass it). */
+template <int N>
+static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t (&b)[N])
+{
+    const uintptr_t a = ((uintptr_t)p - 2) & ~(uintptr_t)3;
+    const uint32_t *w = (const uint32_t *)a;
+    const unsigned sh = 8u * (unsigned)((uintptr_t)p - a); /* 16 or 32 */
+    uint32_t v[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++)
+        v[i] = __ldg(w + i);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        b[i] = __funnelshift_rc(v[i], v[i + 1], sh);
+}
+
+/* qd_bytes8, by gd_bytes8_fwd where the block is only 2-aligned. */
+template <int A>
+static __device__ __forceinline__ void gd_bytes8(const uint8_t *p, uint32_t &b0, uint32_t &b1)
+{
+    if constexpr (A == 2)
+        gd_bytes8_fwd(p, b0, b1);
+    else
+        qd_bytes8<A>(p, b0, b1);
+}
+
 /* Unit u of a row of cols values at row, of dtype DT (Q8_0: its values,
  * and its scales at srow; the other formats' blocks hold their scales).
  * Q8_0's halves past the row's end read its last 16 values (the staged
@@ -227,10 +273,15 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
         if constexpr (DT == DT_Q6_K) {
             /* low bits in ql[64n + 32 (k & 1) + l] (high nibble for k >= 2),
              * high bits 2k of qh[32n + l], scale sc[8n + l / 16 + 2k] */
-            uint32_t l0[2], l1[2], qh[2];
-            qd_bytes8<A>(b + 64 * n + 8 * g, l0[0], l0[1]);
-            qd_bytes8<A>(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
-            qd_bytes8<A>(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
+            uint32_t l0[2], l1[2], qh[2], sw[2];
+            gd_bytes8<A>(b + 64 * n + 8 * g, l0[0], l0[1]); /* bytes up to 196 read */
+            gd_bytes8<A>(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
+            gd_bytes8<A>(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
+            /* half n's eight scales, bytes 192 + 8n ..: the block's end is near */
+            if constexpr (A == 2)
+                gd_words_back<2>(b + 192 + 8 * n, sw);
+            else
+                qd_bytes8<A>(b + 192 + 8 * n, sw[0], sw[1]);
             const float d = qd_f16(b + 208);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -240,7 +291,7 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
                     w.q[2 * k + e] =
                         (int)__vsub4(lq | ((qh[e] >> (2 * k)) & 0x03030303u) << 4, 0x20202020u);
                 }
-                const int sc = (int8_t)__ldg(b + 192 + 8 * n + g / 2 + 2 * k);
+                const int sc = (int8_t)gd_byte(sw[k / 2], g / 2 + 2 * (k & 1));
                 w.s[k] = __fmul_rn(d, qd_float((uint32_t)(sc + 128), 128.0f));
             }
         } else if constexpr (DT == DT_Q2_K) {
@@ -267,10 +318,16 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
              * 8n + 2k + l / 16, bytes 4h .. 4h + 3 of half n's eight
              * being low nibbles (n = 0) or high ones (n = 1) of bytes
              * 4h .. 4h + 3 and their top bits 2 (2n + h) of bytes 8 .. 11 */
-            uint32_t hm[2], qs[2];
-            qd_bytes8<A>(b + 8 * g, hm[0], hm[1]);
-            qd_bytes8<A>(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
-            const uint32_t w0 = qd_u32(b + 96), w1 = qd_u32(b + 100), w2 = qd_u32(b + 104);
+            uint32_t hm[2], qs[2], sw[3];
+            gd_bytes8<A>(b + 8 * g, hm[0], hm[1]); /* bytes up to 100 read */
+            gd_bytes8<A>(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
+            /* the 12 scale bytes, 96 ..: the block's end is near */
+            if constexpr (A == 2) {
+                gd_words_back<3>(b + 96, sw);
+            } else {
+                sw[0] = qd_u32(b + 96), sw[1] = qd_u32(b + 100), sw[2] = qd_u32(b + 104);
+            }
+            const uint32_t w0 = sw[0], w1 = sw[1], w2 = sw[2];
             const uint32_t sa = ((w0 >> (4 * n)) & 0x0F0F0F0Fu) | ((w2 >> (4 * n)) & 0x03030303u) << 4,
                            sb = ((w1 >> (4 * n)) & 0x0F0F0F0Fu) |
                                 ((w2 >> (4 * n + 2)) & 0x03030303u) << 4;
