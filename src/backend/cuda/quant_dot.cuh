@@ -150,8 +150,9 @@ static __device__ __forceinline__ void gd_bytes8_fwd(const uint8_t *p, uint32_t 
 }
 
 /* The n (2 or 3) words of the 4n bytes at p, 2-aligned, from the n + 1
- * aligned words at (p - 2) & ~3: reads [p - 4, p + 4n) at most, for
- * bytes near a block's end (gd_bytes8_fwd's reads could pass it). */
+ * aligned words at (p - 2) & ~3: reads [p - 4, p + 4n + 2) at most, for
+ * bytes near a block's end (Q6_K's and Q3_K's scales, which 2 bytes of d
+ * follow; gd_bytes8_fwd's reads could pass the end). */
 template <int N>
 static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t (&b)[N])
 {
@@ -165,16 +166,6 @@ static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t 
 #pragma unroll
     for (int i = 0; i < N; i++)
         b[i] = __funnelshift_rc(v[i], v[i + 1], sh);
-}
-
-/* qd_bytes8, by gd_bytes8_fwd where the block is only 2-aligned. */
-template <int A>
-static __device__ __forceinline__ void gd_bytes8(const uint8_t *p, uint32_t &b0, uint32_t &b1)
-{
-    if constexpr (A == 2)
-        gd_bytes8_fwd(p, b0, b1);
-    else
-        qd_bytes8<A>(p, b0, b1);
 }
 
 /* Unit u of a row of cols values at row, of dtype DT (Q8_0: its values,
@@ -273,15 +264,12 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
         if constexpr (DT == DT_Q6_K) {
             /* low bits in ql[64n + 32 (k & 1) + l] (high nibble for k >= 2),
              * high bits 2k of qh[32n + l], scale sc[8n + l / 16 + 2k] */
+            static_assert(A == 2, "Q6_K's 210-byte blocks are 2-aligned");
             uint32_t l0[2], l1[2], qh[2], sw[2];
-            gd_bytes8<A>(b + 64 * n + 8 * g, l0[0], l0[1]); /* bytes up to 196 read */
-            gd_bytes8<A>(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
-            gd_bytes8<A>(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
-            /* half n's eight scales, bytes 192 + 8n ..: the block's end is near */
-            if constexpr (A == 2)
-                gd_words_back<2>(b + 192 + 8 * n, sw);
-            else
-                qd_bytes8<A>(b + 192 + 8 * n, sw[0], sw[1]);
+            gd_bytes8_fwd(b + 64 * n + 8 * g, l0[0], l0[1]); /* bytes up to 196 read */
+            gd_bytes8_fwd(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
+            gd_bytes8_fwd(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
+            gd_words_back<2>(b + 192 + 8 * n, sw); /* half n's eight scales */
             const float d = qd_f16(b + 208);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -318,15 +306,11 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
              * 8n + 2k + l / 16, bytes 4h .. 4h + 3 of half n's eight
              * being low nibbles (n = 0) or high ones (n = 1) of bytes
              * 4h .. 4h + 3 and their top bits 2 (2n + h) of bytes 8 .. 11 */
+            static_assert(A == 2, "Q3_K's 110-byte blocks are 2-aligned");
             uint32_t hm[2], qs[2], sw[3];
-            gd_bytes8<A>(b + 8 * g, hm[0], hm[1]); /* bytes up to 100 read */
-            gd_bytes8<A>(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
-            /* the 12 scale bytes, 96 ..: the block's end is near */
-            if constexpr (A == 2) {
-                gd_words_back<3>(b + 96, sw);
-            } else {
-                sw[0] = qd_u32(b + 96), sw[1] = qd_u32(b + 100), sw[2] = qd_u32(b + 104);
-            }
+            gd_bytes8_fwd(b + 8 * g, hm[0], hm[1]); /* bytes up to 100 read */
+            gd_bytes8_fwd(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
+            gd_words_back<3>(b + 96, sw); /* the 12 scale bytes */
             const uint32_t w0 = sw[0], w1 = sw[1], w2 = sw[2];
             const uint32_t sa = ((w0 >> (4 * n)) & 0x0F0F0F0Fu) | ((w2 >> (4 * n)) & 0x03030303u) << 4,
                            sb = ((w1 >> (4 * n)) & 0x0F0F0F0Fu) |
