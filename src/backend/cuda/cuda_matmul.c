@@ -463,8 +463,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
 }
 
 /* out (+)= x . W^T by GEMMs over row chunks of w widened into a buffer of
- * c->widen_bytes: to f32 for SGEMM with x as it is (precise mode), or, not
- * in precise mode (bf16), rounded to bf16 with x rounded to bf16 as a
+ * c->widen_bytes: to f32 for SGEMM with x as it is (precise mode), or
+ * else rounded to bf16 with x rounded to bf16 as a
  * bf16 model's GEMM reads it, for a tensor-core GEMM with f32
  * accumulation (bf16, not f16: activations past f16's range stay finite).
  * The weights' rounding, 2^-9 of each value, is inside their format's own
@@ -473,8 +473,9 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
  * quantized GEMVs (and the CPU) apply to it. Q8_0 through SGEMM ran an 8B
  * prompt at 2,617 tok/s, through this 23,500 (H200, session 52). */
 static int matmul_widened(struct cuda_backend *c, float *out, const float *x, int n,
-                          const struct cuk_weight *w, bool acc, bool bf16, struct err *e)
+                          const struct cuk_weight *w, bool acc, struct err *e)
 {
+    const bool bf16 = !c->precise;
     const void *xg = x;
     if (bf16) {
         const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
@@ -538,7 +539,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
-    return matmul_widened(c, out, x, n, w, acc, !c->precise, e);
+    return matmul_widened(c, out, x, n, w, acc, e);
 }
 
 int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,

@@ -369,10 +369,23 @@ static void gq_shape(long long total, int steps, int *slices, unsigned *grid)
     *grid = (unsigned)((total + per_block - 1) / per_block);
 }
 
-/* QDOT: the integer kernel (k_gemv_qdot), else the exact one. x is
- * staged in tiles of whole steps, as many as fit GEMV_SMEM_MAX beside the
- * norm's 1/rms: f32 (4 bytes a column) or 8-bit codes and a scale a 32
- * (1 + 1/8). */
+/* x of NT tokens staged in tiles of whole steps (QDOT: the integer
+ * kernel's, else the exact one's), as many as fit GEMV_SMEM_MAX beside
+ * the norm's 1/rms and the static red[][][]: f32 (4 bytes a column) or
+ * 8-bit codes and a scale a 32 (1 + 1/8). */
+template <int NT, bool QDOT> struct gq_tiles {
+    static constexpr int STEP = QDOT ? GD_STEP : GQ_STEP;
+    static constexpr int STEP_BYTES = QDOT ? GD_STEP + GD_STEP / 8 : 4 * GQ_STEP;
+    static constexpr int FIT = /* steps a tile holds */
+        (GEMV_SMEM_MAX - GEMV_INV_BYTES - GEMV_WARPS * 2 * NT * 4) / (NT * STEP_BYTES);
+    /* dynamic shared memory of a tile of tile_steps steps */
+    static constexpr size_t smem(int tile_steps)
+    {
+        return (size_t)NT * tile_steps * STEP_BYTES + GEMV_INV_BYTES;
+    }
+};
+
+/* QDOT: the integer kernel (k_gemv_qdot), else the exact one. */
 template <int DT, int NT, bool QDOT>
 static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
                              int cols, const struct cuk_gq_cfg *cfg)
@@ -380,13 +393,10 @@ static cudaError_t gq_launch(cudaStream_t s, const struct gqp &p, const struct c
     const long long total = (long long)p.groups[0] + p.groups[1] + p.groups[2];
     if (total == 0)
         return cudaSuccess;
-    constexpr int step = QDOT ? GD_STEP : GQ_STEP, step_bytes = QDOT ? GD_STEP + GD_STEP / 8 : 4 * GQ_STEP;
-    const int steps = (cols + step - 1) / step;
-    /* the limit counts the static red[][][] too */
-    const int red_bytes = GEMV_WARPS * 2 * NT * 4;
-    const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES - red_bytes) / (NT * step_bytes);
-    const int tile_cols = (steps < fit ? steps : fit) * step;
-    const size_t smem = (size_t)NT * (tile_cols / step) * step_bytes + GEMV_INV_BYTES;
+    using T = gq_tiles<NT, QDOT>;
+    const int steps = (cols + T::STEP - 1) / T::STEP;
+    const int tile_steps = steps < T::FIT ? steps : T::FIT, tile_cols = tile_steps * T::STEP;
+    const size_t smem = T::smem(tile_steps);
     int slices;
     unsigned grid;
     gq_shape(total, steps, &slices, &grid);
@@ -438,9 +448,8 @@ static_assert(DT_COUNT <= CUK_GQ_DTS, "cuk_gq_cfg has a row per dtype");
 template <int DT, int NT>
 static unsigned char gq_blocks_per_sm(void)
 {
-    const int red_bytes = GEMV_WARPS * 2 * NT * 4, step_bytes = GD_STEP + GD_STEP / 8;
-    const int fit = (GEMV_SMEM_MAX - GEMV_INV_BYTES - red_bytes) / (NT * step_bytes);
-    const size_t smem = (size_t)NT * fit * step_bytes + GEMV_INV_BYTES;
+    using T = gq_tiles<NT, true>;
+    const size_t smem = T::smem(T::FIT);
     int bps = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_qdot<DT, NT>, GEMV_THREADS,
                                                       smem) != cudaSuccess) {
