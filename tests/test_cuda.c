@@ -421,6 +421,65 @@ static void check_matmul_quant_rounds(void)
         mat_free(&m[k]);
 }
 
+/* The staged quantized GEMV (CLLM_CUDA_GQ_STAGED=2; strict, so a shape
+ * it declines is an error rather than k_gemv_qdot's): 1 and 2 rows of x
+ * against the double product, as check_matmul_low_bit's, for shapes with
+ * a partial last step (2,816 and 1,280 columns), odd row counts and every
+ * shape of block; with 4 KB chunks (a row in one to four), one step a
+ * chunk (Q6_K and Q3_K two: their chunks' copies must stay 16-aligned),
+ * and a small ring in 3 blocks (72 KB each: a warp's slots refilled many
+ * times, in chunks of 1-3 steps). Then the fused ops against the plain ones at 4,096 columns,
+ * every format staged (strict), and at 1,024 where Q6_K's 840-byte rows
+ * are declined and run unstaged. */
+static void check_matmul_qstaged(void)
+{
+    static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q8_0, DT_Q6_K,
+                                     DT_Q5_K, DT_Q4_0, DT_Q3_K, DT_Q2_K};
+    static const int rows[] = {300, 301, 300, 301, 257, 300, 65, 72};
+    static const int cols[] = {4096, 2816, 4096, 2048, 1280, 2048, 2048, 1024};
+    /* CLLM_CUDA_GQ_STAGED, _STEPS, _KB, CLLM_CUDA_GQ_BLOCKS */
+    static const char *const levers[][4] = {
+        {"2", NULL, NULL, NULL}, {"2", "1", NULL, NULL}, {"1", NULL, "72", "3"}};
+    enum { ND = sizeof dts / sizeof dts[0] };
+    struct test_mat m[ND];
+    for (int k = 0; k < ND; k++)
+        mat_make(&m[k], dts[k], rows[k], cols[k]);
+    setenv("CLLM_CUDA_GQ_STAGED_STRICT", "1", 1);
+    for (size_t v = 0; v < sizeof levers / sizeof levers[0]; v++) {
+        setenv("CLLM_CUDA_GQ_STAGED", levers[v][0], 1);
+        if (levers[v][1])
+            setenv("CLLM_CUDA_GQ_STAGED_STEPS", levers[v][1], 1);
+        if (levers[v][2])
+            setenv("CLLM_CUDA_GQ_STAGED_KB", levers[v][2], 1);
+        if (levers[v][3])
+            setenv("CLLM_CUDA_GQ_BLOCKS", levers[v][3], 1);
+        for (int k0 = 0; k0 < ND; k0 += 4) {
+            struct model md;
+            struct layer_weights lw;
+            mats_model(&md, &lw, m + k0, ND - k0 < 4 ? ND - k0 : 4);
+            struct backend *be = gpu_loaded(false, &md);
+            struct err e = {{0}};
+            if (!be)
+                continue;
+            for (int k = k0; k < k0 + 4 && k < ND; k++)
+                for (int n = 1; n <= 2; n++)
+                    check_matmul(be, &m[k], n, 1e-5, "fast, staged", true);
+            CHECK(be->ops->finish(be, &e) == 0, "staged quantized matmul: %s", e.msg);
+            backend_destroy(be);
+        }
+        unsetenv("CLLM_CUDA_GQ_STAGED_STEPS");
+        unsetenv("CLLM_CUDA_GQ_STAGED_KB");
+        unsetenv("CLLM_CUDA_GQ_BLOCKS");
+    }
+    setenv("CLLM_CUDA_GQ_STAGED", "2", 1);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
+    check_matmul_fused_cols(1024);
+    unsetenv("CLLM_CUDA_GQ_STAGED");
+    for (int k = 0; k < ND; k++)
+        mat_free(&m[k]);
+}
+
 /* GGUF's low-bit formats on the device, one matrix each, its blocks from
  * the host's quantizer and its exact values from the host's widening
  * (quant_dequantize_row): the embedding gathers those values to the bit;
@@ -3246,6 +3305,7 @@ int main(void)
     check_matmul_widen_chunks();
     check_matmul_low_bit();
     check_matmul_quant_rounds();
+    check_matmul_qstaged();
     check_norm_rope(cpu);
     check_attention(cpu);
     check_attention_batch(cpu, false, false, false);

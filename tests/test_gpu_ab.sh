@@ -4,7 +4,8 @@
 # runs with its own module or environment, runs alternate per round, the
 # means are per variant and shape, a failed run shows as FAILED, SHOW
 # passes further lines through, a dir: variant runs its own cllm and
-# module, and bad variants are refused with exit 2.
+# module, DTYPE picks the weights' format, and bad variants are refused
+# with exit 2.
 # Usage: test_gpu_ab.sh [ignored: ctest passes the cllm binary and dirs]
 set -u
 . "$(dirname "$0")/check_lib.sh"
@@ -60,6 +61,13 @@ check 'grep -q "^s1: new 100.5 bump 107.5 old 150.5 bad FAILED other 1200.5$" "$
 check 'grep -q "^s2: new 100.5 bump 107.5 old 150.5 bad FAILED other 1200.5$" "$tmp/out"' "s2 means wrong"
 check '[ -f "$tmp/w/s1-bf16.gguf" ] && grep -q -- "--shape s1 --dtype bf16" "$tmp/w/s1-bf16.gguf"' \
     "the model file was not made with gen_model --shape"
+
+# DTYPE: the weights' format, a file of its own
+WORK=$tmp/w SHAPES="s1" ROUNDS=1 DTYPE=q4_k bash "$AB" "$tmp/bin" new=env:BUMP=0 >"$tmp/out" 2>&1
+rc=$?
+check '[ $rc -eq 0 ] && grep -q "^s1: new 100.5$" "$tmp/out"' "DTYPE run failed: $(cat "$tmp/out")"
+check '[ -f "$tmp/w/s1-q4_k.gguf" ] && grep -q -- "--shape s1 --dtype q4_k" "$tmp/w/s1-q4_k.gguf"' \
+    "DTYPE=q4_k did not make the model with gen_model --dtype q4_k"
 
 bash "$AB" "$tmp/bin" noequals >"$tmp/out" 2>&1
 rc=$?

@@ -220,6 +220,76 @@ static int units_row(const uint8_t *row, const float *ref, int cols, const float
     return check_units<DT>(row, scales.data(), ref, cols, xq.data(), xd.data(), dot_bad);
 }
 
+/* The staged GEMV's chunks (gd_chunk_of, gd_chunk_unit): a row of
+ * random blocks whose last step is partial, copied chunk by chunk as
+ * k_gemv_qstaged's bulk copies copy it (Q8_0 as the device keeps it:
+ * values, then its table of scales), for chunks of 1, 2 and 3 steps:
+ * every lane's unit read from the copy (gd_load<DT, true>) has the bits
+ * of the row's unit as k_gemv_qdot reads it; and the chunks cover the
+ * row's bytes and columns exactly once. Returns the units that differ. */
+template <int DT> static int check_chunks(const char *name)
+{
+    using F = gd_fmt<DT>;
+    const bool q8 = DT == DT_Q8_0;
+    const int be = q8 ? 32 : cuk_q_block_elems(DT), bb = q8 ? 34 : cuk_q_block_bytes(DT);
+    const int cols = be == 256 ? 256 * 11 : 32 * 75; /* 2.75 and ~2.3 steps */
+    const size_t rb = q8 ? (size_t)cols : cuk_q_row_bytes(DT, cols);
+    std::vector<uint8_t> row(rb + 64), file((size_t)(cols / be) * bb);
+    std::vector<uint16_t> sc(cols / 32 + 8);
+    for (auto &x : file)
+        x = (uint8_t)rnd();
+    int fa, fb;
+    f16_fields((enum dtype)DT, &fa, &fb);
+    for (size_t blk = 0; blk < file.size() / bb; blk++)
+        for (int off : {fa, fb})
+            if (off >= 0) {
+                uint16_t h = rand_f16();
+                memcpy(&file[blk * bb + off], &h, 2);
+            }
+    if (q8) /* cuk_q8_repack's layout: values in row order, a scale table */
+        for (int k = 0; k < cols / 32; k++) {
+            memcpy(&sc[k], &file[(size_t)k * 34], 2);
+            memcpy(&row[(size_t)k * 32], &file[(size_t)k * 34 + 2], 32);
+        }
+    else
+        memcpy(row.data(), file.data(), rb);
+    int bad = 0;
+    for (int cs = 1; cs <= 3; cs++) {
+        const int nsteps = (cols + GD_STEP - 1) / GD_STEP, nch = (nsteps + cs - 1) / cs;
+        size_t bytes = 0, sbytes = 0;
+        int ccols = 0;
+        for (int ch = 0; ch < nch; ch++) {
+            const gd_chunk c = gd_chunk_of(DT, rb, cols, cs, ch);
+            bad += c.off != bytes || (q8 && c.soff != sbytes);
+            bytes += c.bytes, sbytes += c.sbytes, ccols += c.cols;
+            /* the slot: 16-aligned, filled past the copy with bytes that
+             * a read past it would take in */
+            alignas(16) static uint8_t slot[3 * GD_STEP + 64], sslot[3 * GD_STEP / 16 + 64];
+            memset(slot, 0xFF, sizeof slot);
+            memset(sslot, 0xFF, sizeof sslot);
+            memcpy(slot, row.data() + c.off, c.bytes);
+            if (q8)
+                memcpy(sslot, (const uint8_t *)sc.data() + c.soff, c.sbytes);
+            for (int lu = 0; lu < (c.cols + GD_STEP - 1) / GD_STEP * 32; lu++) {
+                const int ug = ch * cs * 32 + lu;
+                gd_unit a, b;
+                memset(&a, 0, sizeof a);
+                memset(&b, 0, sizeof b);
+                gd_load<DT, true>(slot, (const uint16_t *)sslot, gd_chunk_unit<DT>(lu, c.cols),
+                                  c.cols, a);
+                gd_load<DT>(row.data(), sc.data(), F::SHAPE == GD_BYTES ? ug : min(ug, cols / 32 - 1),
+                            cols, b);
+                bad += memcmp(a.q, b.q, sizeof a.q) != 0 ||
+                       memcmp(a.s, b.s, sizeof(float) * F::G) != 0 ||
+                       memcmp(a.m, b.m, sizeof(float) * F::G) != 0;
+            }
+        }
+        bad += bytes != rb || ccols != cols || (q8 && sbytes != (size_t)cols / 16);
+    }
+    CHECK(bad == 0, "%s: %d staged units or chunk bounds differ from the row's", name, bad);
+    return bad;
+}
+
 int main()
 {
     /* Q8_0: its integer units only (quant_dq.cuh does not widen it) */
@@ -315,5 +385,12 @@ int main()
     check_perm<GD_NIB16>("NIB16");
     check_perm<GD_NIB32>("NIB32");
     check_perm<GD_QUARTER>("QUARTER");
+    int cbad = check_chunks<DT_Q4_0>("Q4_0") + check_chunks<DT_Q4_1>("Q4_1") +
+               check_chunks<DT_Q5_0>("Q5_0") + check_chunks<DT_Q5_1>("Q5_1") +
+               check_chunks<DT_Q4_K>("Q4_K") + check_chunks<DT_Q5_K>("Q5_K") +
+               check_chunks<DT_Q6_K>("Q6_K") + check_chunks<DT_Q2_K>("Q2_K") +
+               check_chunks<DT_Q3_K>("Q3_K") + check_chunks<DT_Q8_0>("Q8_0");
+    printf("staged chunks of 1-3 steps, every format: units as the row's: %s\n",
+           cbad ? "no" : "yes");
     return test_summary("test_quant_dq_emu");
 }

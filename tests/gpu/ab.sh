@@ -12,7 +12,8 @@
 #   (another build's binaries, for changes outside the module: pack.sh's
 #   ABDIR); a module or dir: spec may end in +env:VAR=VALUE[,...] to run
 #   it with those variables (e.g. new=.carry/ab/new.so.gz+env:CLLM_CUDA_STAGE_KB=176).
-#   SHAPES: gen_model shapes (default "llama3-8b qwen3-0.6b"); ROUNDS (2);
+#   SHAPES: gen_model shapes (default "llama3-8b qwen3-0.6b"); DTYPE: their
+#   weights' gen_model --dtype (bf16; e.g. q4_k for GGUF's formats); ROUNDS (2);
 #   ARGS: the bench arguments (default "-p 512 -n 64"); WORK: model files;
 #   SHOW: an extended regex of further output lines to print (a probe
 #   build's report: SHOW='probe|^  ').

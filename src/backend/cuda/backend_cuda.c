@@ -449,7 +449,7 @@ static int cuda_device_count(struct err *e)
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
-        gq_blocks;
+        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -472,7 +472,10 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0 ||
         env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0 ||
         env_long("CLLM_CUDA_WIDEN_MB", 1, 4096, &l->widen_mb, e) < 0 ||
-        env_long("CLLM_CUDA_GQ_BLOCKS", 1, 1L << 20, &l->gq_blocks, e) < 0)
+        env_long("CLLM_CUDA_GQ_BLOCKS", 1, 1L << 20, &l->gq_blocks, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_STAGED", 0, 4, &l->gq_staged, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_STAGED_KB", 16, 227, &l->gq_staged_kb, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_STAGED_STEPS", 1, 64, &l->gq_staged_steps, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -621,6 +624,19 @@ static struct backend *cuda_create(int device, struct err *e)
                   env_flag("CLLM_CUDA_GEMV_MMA", true);
     cuk_gemv_quant_init(&c->gq, c->n_sms, env_flag("CLLM_CUDA_GQ_PERSIST", true),
                         (int)lv.gq_blocks);
+    /* opt-in until measured: the quantized GEMV's weights staged in shared
+     * memory, gq_staged blocks an SM sharing its memory (less 1 KB a
+     * block, which the runtime keeps) */
+    if (hopper && lv.gq_staged > 0) {
+        c->gq.staged_bps = (int)lv.gq_staged;
+        c->gq.staged_smem = lv.gq_staged_kb
+                                ? (int)lv.gq_staged_kb * 1024
+                                : (int)prop.sharedMemPerMultiprocessor / (int)lv.gq_staged - 1024;
+        if (c->gq.staged_smem > (int)prop.sharedMemPerBlockOptin)
+            c->gq.staged_smem = (int)prop.sharedMemPerBlockOptin;
+        c->gq.staged_steps = (int)lv.gq_staged_steps;
+        c->gq.staged_strict = env_flag("CLLM_CUDA_GQ_STAGED_STRICT", false);
+    }
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
     c->mma.smem_sm = (int)prop.sharedMemPerMultiprocessor;

@@ -350,6 +350,267 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     }
 }
 
+/* ---- The staged kernel (opt-in, CLLM_CUDA_GQ_STAGED): k_gemv_qdot's
+ * products with the weights copied into a ring in shared memory by bulk
+ * asynchronous copies, as gemv_staged.cu does for bf16, instead of loaded
+ * into registers. Why: the integer kernel reads its units a step at a
+ * time, each step's loads issued after the previous step's products
+ * (~4 16-byte loads in flight a warp: 8B Q4_K decode at ~half its floor,
+ * docs/benchmarks.md, session 52), where a ring keeps a warp's next
+ * chunks in flight whatever its registers. Each warp owns `slots` slots;
+ * a slot holds one chunk (whole steps: gd_chunk) of the warp's row pair,
+ * lane 0 refilling it once the warp has read it. Row pairs are dealt
+ * over all the grid's warps (pair u to warp u mod blocks x warps), x is
+ * staged once per block (gd_stage, one tile: the launcher declines
+ * wider x). One warp a row pair, steps in order, the same butterfly: the
+ * bits of k_gemv_qdot where that runs one slice a pair. sm_90 only. */
+struct gqs {
+    int chunk_steps, nch, slots, slot_bytes, tile_cols, bar_off, ring_off;
+    int half; /* where a slot's second row starts: a chunk's bytes, 16-aligned */
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Lane 0: the copies of chunk ch of row pair g into slot dst (rows at
+ * dst and dst + q.half; Q8_0's scales after both, each q.half / 16
+ * bytes), completing on bar. */
+template <int DT>
+static __device__ __forceinline__ void gqs_issue(const struct gqp &p, const struct gqs &q, int cols,
+                                                 int g, int ch, unsigned char *dst, uint64_t *bar)
+{
+    const bool pair = p.out == CUK_OUT_SWIGLU;
+    const int m = gemv_matrix_of(g, p.groups);
+    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    const int r0 = pair ? g : 2 * g, r1 = pair ? g : min(2 * g + 1, rows - 1);
+    const uint8_t *w0 = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2], *w1 = pair ? p.w[1] : w0;
+    const gd_chunk c = gd_chunk_of(DT, p.row_bytes, cols, q.chunk_steps, ch);
+    const size_t half = q.half;
+    const uint64_t pol = cuk_l2_evict_first();
+    cuk_mbar_expect(bar, 2 * (c.bytes + c.sbytes));
+    cuk_bulk_copy(dst, w0 + (size_t)r0 * p.row_bytes + c.off, c.bytes, bar, pol);
+    cuk_bulk_copy(dst + half, w1 + (size_t)r1 * p.row_bytes + c.off, c.bytes, bar, pol);
+    if (DT == DT_Q8_0) {
+        const size_t srow = p.row_bytes / 16; /* bytes of a row's scales */
+        const uint8_t *s0 = (const uint8_t *)(m == 0 ? p.sc[0] : m == 1 ? p.sc[1] : p.sc[2]),
+                      *s1 = pair ? (const uint8_t *)p.sc[1] : s0;
+        cuk_bulk_copy(dst + 2 * half, s0 + r0 * srow + c.soff, c.sbytes, bar, pol);
+        cuk_bulk_copy(dst + 2 * half + half / 16, s1 + r1 * srow + c.soff, c.sbytes, bar, pol);
+    }
+}
+
+/* gd_tile over one staged chunk (steps st0 .. st0 + its steps) of the
+ * warp's rows ra, rb (Q8_0: scales sa, sb), x staged in one tile. */
+template <int DT, int NT>
+static __device__ __forceinline__ void gqs_chunk(const uint8_t *ra, const uint8_t *rb,
+                                                 const uint16_t *sa, const uint16_t *sb,
+                                                 const uint4 *gd_xs, const float *dx, int lane,
+                                                 int st0, int ccols, int tile_cols,
+                                                 float (&acc)[2][NT])
+{
+    using F = gd_fmt<DT>;
+    const int steps = (ccols + GD_STEP - 1) / GD_STEP;
+#pragma unroll gd_unroll
+    for (int k = 0; k < steps; k++) {
+        const int u = gd_chunk_unit<DT>(k * 32 + lane, ccols), st = st0 + k;
+        gd_unit wu[2];
+        gd_load<DT, true>(ra, sa, u, ccols, wu[0]);
+        gd_load<DT, true>(rb, sb, u, ccols, wu[1]);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint4 *xs = gd_xs + j * (tile_cols / 16) + st * (GD_STEP / 16) + lane;
+            const uint4 xa = xs[0], xb = xs[32];
+            const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                              (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+            const float *db = dx + j * (tile_cols / 32) + st * (GD_STEP / 32) +
+                              gd_block<F::SHAPE>(lane, 0);
+            float d[4];
+            if (F::G == 4) {
+                const float4 d4 = *(const float4 *)db;
+                d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
+            } else if (F::G == 2 && F::GSTEP == 1) {
+                const float2 d2 = *(const float2 *)db;
+                d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
+            } else if (F::G == 2) {
+                d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
+            } else {
+                d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
+            }
+            int sums[4] = {0, 0, 0, 0};
+            if (F::MIN)
+                gd_sums<DT>(x, sums);
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
+        }
+    }
+}
+#endif
+
+/* (The 2 caps registers at 128: two blocks an SM by default.) */
+template <int DT, int NT>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    k_gemv_qstaged(const struct gqp p, const struct cuk_gemv_in in, int cols, const struct gqs q)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using F = gd_fmt<DT>;
+    extern __shared__ __align__(128) unsigned char gqs_smem[];
+    uint32_t *qx = (uint32_t *)gqs_smem;
+    float *dx = (float *)(qx + NT * (q.tile_cols / 4)), *sinv = dx + NT * (q.tile_cols / 32);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int total = p.groups[0] + p.groups[1] + p.groups[2];
+    /* the warp's row pairs: ubase, ubase + ustride, ... (nu of them) */
+    const int ustride = (int)gridDim.x * GEMV_WARPS, ubase = (int)blockIdx.x * GEMV_WARPS + warp;
+    const int nu = ubase < total ? (total - ubase + ustride - 1) / ustride : 0;
+    const int items = nu * q.nch;
+    uint64_t *bar = (uint64_t *)(gqs_smem + q.bar_off) + warp * q.slots;
+    unsigned char *slot0 = gqs_smem + q.ring_off + (size_t)warp * q.slots * q.slot_bytes;
+    const size_t half = q.half;
+    if (lane == 0) {
+        for (int i = 0; i < q.slots; i++)
+            cuk_mbar_init(bar + i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        /* the weights never change: their first copies go before the wait */
+        for (int i = 0; i < items && i < q.slots; i++)
+            gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
+                          slot0 + (size_t)i * q.slot_bytes, bar + i);
+    }
+    cuk_pdl_start();
+    if (in.kind == CUK_IN_RMSNORM)
+        gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gqs_smem);
+    /* ends in a barrier, after which every lane sees the slots' barriers */
+    gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, 0, q.tile_cols);
+    const bool pair = p.out == CUK_OUT_SWIGLU;
+    int s = 0;
+    unsigned parity = 0;
+    for (int j = 0, i = 0; j < nu; j++) {
+        float acc[2][NT] = {};
+        for (int ch = 0; ch < q.nch; ch++, i++) {
+            cuk_mbar_wait(bar + s, parity);
+            const uint8_t *ra = slot0 + (size_t)s * q.slot_bytes;
+            const uint16_t *sa = (const uint16_t *)(ra + 2 * half);
+            const int st0 = ch * q.chunk_steps;
+            gqs_chunk<DT, NT>(ra, ra + half, sa, sa + half / 32, (const uint4 *)qx, dx, lane, st0,
+                              min(cols - st0 * GD_STEP, q.chunk_steps * GD_STEP), q.tile_cols,
+                              acc);
+            /* every lane has its units of the slot in registers */
+            __syncwarp();
+            if (lane == 0 && i + q.slots < items) {
+                const int n = i + q.slots;
+                gqs_issue<DT>(p, q, cols, ubase + n / q.nch * ustride, n % q.nch,
+                              slot0 + (size_t)s * q.slot_bytes, bar + s);
+            }
+            if (++s == q.slots) {
+                s = 0;
+                parity ^= 1u;
+            }
+        }
+        int g = ubase + j * ustride;
+        const int m = gemv_matrix_of(g, p.groups);
+        const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+        float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float a0 = cuk_warp_sum(acc[0][t]), a1 = cuk_warp_sum(acc[1][t]);
+            if (lane != 0)
+                continue;
+            if (pair) {
+                out[(size_t)t * rows + g] = cuk_silu_mul1(a0, a1);
+                continue;
+            }
+            for (int r = 0; r < 2 && 2 * g + r < rows; r++) {
+                float *o = out + (size_t)t * rows + 2 * g + r;
+                const float a = r ? a1 : a0;
+                *o = p.out == CUK_OUT_ADD ? *o + a : a;
+            }
+        }
+    }
+#else
+    (void)p;
+    (void)in;
+    (void)cols;
+    (void)q;
+#endif
+}
+
+/* Most slots a warp keeps (more than a warp's chunks are never needed). */
+#define GQS_MAX_SLOTS 16
+/* Bytes of a row a chunk covers at most (its steps rounded down; at least
+ * one step): 4 KB as gemv_staged.cu's bf16 chunks, whose slots below 4 KB
+ * cost more in waits than their depth gained. */
+#define GQS_CHUNK_BYTES 4096
+
+/* k_gemv_qstaged's launch for x of NT rows: cudaErrorNotSupported, with
+ * nothing launched, where x does not fit one tile beside two slots a warp
+ * or a chunk's copies would not be 16-byte multiples (the caller then
+ * runs k_gemv_qdot). */
+template <int DT, int NT>
+static cudaError_t gqs_launch(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
+                              int cols, const struct cuk_gq_cfg *cfg)
+{
+    const long long total = (long long)p.groups[0] + p.groups[1] + p.groups[2];
+    if (total == 0)
+        return cudaSuccess;
+    const int nsteps = (cols + GD_STEP - 1) / GD_STEP, sb = gd_step_bytes(DT);
+    struct gqs q = {};
+    q.tile_cols = nsteps * GD_STEP;
+    /* x's codes, scales and the norm's 1/rms; then the barriers, the ring */
+    const size_t xbytes = (size_t)NT * q.tile_cols + (size_t)NT * (q.tile_cols / 32) * 4 +
+                          GEMV_INV_BYTES;
+    long long blocks =
+        cfg->max_blocks > 0 ? cfg->max_blocks : (long long)cfg->n_sms * cfg->staged_bps;
+    const long long need = (total + GEMV_WARPS - 1) / GEMV_WARPS;
+    if (blocks > need)
+        blocks = need;
+    const long long per_warp = (total + blocks * GEMV_WARPS - 1) / (blocks * GEMV_WARPS);
+    const int budget = cfg->staged_smem;
+    int most = cfg->staged_steps > 0 ? cfg->staged_steps : GQS_CHUNK_BYTES / sb;
+    if (most < 1)
+        most = 1;
+    /* (Q6_K's and Q3_K's steps, 840 and 440 bytes, take two a chunk,
+     * unless one chunk is the whole row) */
+    const int align = (sb & -sb) >= 16 ? 1 : 16 / (sb & -sb);
+    if (most < align)
+        most = align;
+    if (most > nsteps)
+        most = nsteps;
+    for (int cs = most; cs >= 1; cs--) {
+        if (cs % align && cs < nsteps)
+            continue; /* the row's later chunks would not start 16-aligned */
+        const int nch = (nsteps + cs - 1) / cs;
+        const long long items = per_warp * nch;
+        const int half = (cs * sb + 15) / 16 * 16;
+        const int slot_bytes = 2 * half + (DT == DT_Q8_0 ? 2 * half / 16 : 0);
+        for (int sl = (int)(items < GQS_MAX_SLOTS ? items : GQS_MAX_SLOTS); sl >= 1; sl--) {
+            const int bar_off = (int)((xbytes + 7) / 8 * 8);
+            const int ring_off = (bar_off + GEMV_WARPS * sl * 8 + 127) / 128 * 128;
+            const size_t smem = (size_t)ring_off + (size_t)GEMV_WARPS * sl * slot_bytes;
+            if (smem > (size_t)budget)
+                continue;
+            if (sl < 2 && items > 1)
+                break; /* a narrower chunk, for two slots */
+            q.chunk_steps = cs, q.nch = nch, q.slots = sl, q.slot_bytes = slot_bytes, q.half = half;
+            q.bar_off = bar_off, q.ring_off = ring_off;
+            auto k = k_gemv_qstaged<DT, NT>;
+            static struct cuk_opted opted;
+            cudaError_t err = cuk_smem_opt_in(k, smem, &opted, true);
+            if (err != cudaSuccess)
+                return err;
+            return cuk_launch(k, (unsigned)blocks, GEMV_THREADS, smem, s, p, *in, cols, q);
+        }
+    }
+    return cudaErrorNotSupported;
+}
+
+template <int DT>
+static cudaError_t gqs_launch_n(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
+                                int n, int cols, const struct cuk_gq_cfg *cfg)
+{
+    switch (n) {
+    case 1: return gqs_launch<DT, 1>(s, p, in, cols, cfg);
+    case 2: return gqs_launch<DT, 2>(s, p, in, cols, cfg);
+    default: return cudaErrorNotSupported;
+    }
+}
+
 /* Steps a slice keeps at least: 2 against 4 (1,024-column steps), H100,
  * 0.6B Q4_K decode 1,176 -> 1,220 tok/s, Q8_0 1,051 -> 1,099, the 8B flat
  * (docs/benchmarks.md, session 51). */
@@ -489,6 +750,19 @@ extern "C" void cuk_gemv_quant_init(struct cuk_gq_cfg *cfg, int n_sms, int persi
     gq_fill<DT_Q3_K>(cfg);
 }
 
+/* Whether k_gemv_qstaged's bulk copies can read the matrices' rows (and
+ * Q8_0's scale rows): 16-aligned starts and 16-byte multiples. */
+static bool gqs_takes(const struct gqp *p, const struct cuk_weight *const *ws, int k, int dt,
+                      int cols)
+{
+    if (p->row_bytes % 16 || (dt == DT_Q8_0 && cols % 256))
+        return false;
+    for (int i = 0; i < k; i++)
+        if (((uintptr_t)ws[i]->data & 15) || (dt == DT_Q8_0 && ((uintptr_t)ws[i]->scales & 15)))
+            return false;
+    return true;
+}
+
 extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
                                       const struct cuk_gemv_in *in, int n,
                                       const struct cuk_weight *const *ws, int k, int out,
@@ -522,6 +796,28 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     }
     const bool ex = exact != 0;
     cudaError_t err;
+    if (!exact && cfg->staged_bps > 0 && n <= 2) {
+        err = cudaErrorNotSupported;
+        if (gqs_takes(&p, ws, k, dt, cols))
+            switch (dt) {
+            case DT_Q8_0: err = gqs_launch_n<DT_Q8_0>(s, p, in, n, cols, cfg); break;
+            case DT_Q4_0: err = gqs_launch_n<DT_Q4_0>(s, p, in, n, cols, cfg); break;
+            case DT_Q4_1: err = gqs_launch_n<DT_Q4_1>(s, p, in, n, cols, cfg); break;
+            case DT_Q5_0: err = gqs_launch_n<DT_Q5_0>(s, p, in, n, cols, cfg); break;
+            case DT_Q5_1: err = gqs_launch_n<DT_Q5_1>(s, p, in, n, cols, cfg); break;
+            case DT_Q4_K: err = gqs_launch_n<DT_Q4_K>(s, p, in, n, cols, cfg); break;
+            case DT_Q5_K: err = gqs_launch_n<DT_Q5_K>(s, p, in, n, cols, cfg); break;
+            case DT_Q6_K: err = gqs_launch_n<DT_Q6_K>(s, p, in, n, cols, cfg); break;
+            case DT_Q2_K: err = gqs_launch_n<DT_Q2_K>(s, p, in, n, cols, cfg); break;
+            default: err = gqs_launch_n<DT_Q3_K>(s, p, in, n, cols, cfg); break;
+            }
+        if (err == cudaErrorNotSupported && cfg->staged_strict)
+            return cudaErrorNotPermitted;
+        if (err != cudaErrorNotSupported) {
+            cudaError_t last = cudaGetLastError();
+            return err != cudaSuccess ? err : last;
+        }
+    }
     switch (dt) {
     case DT_Q8_0: err = gq_launch_n<DT_Q8_0, true>(s, p, in, n, cols, cfg); break;
     case DT_Q4_0: err = gq_launch_dt<DT_Q4_0>(s, p, in, n, cols, ex, cfg); break;

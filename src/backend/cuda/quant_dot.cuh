@@ -129,9 +129,10 @@ static __device__ __forceinline__ float gd_f16(uint32_t w, int h)
 /* Sixteen bytes at p, 16-aligned, as four words (Q8_0's repacked values
  * and Q4_K / Q5_K's blocks, 144 and 176 bytes: cuk_gemv_quant checks the
  * data's alignment). */
+template <bool SH = false>
 static __device__ __forceinline__ void gd_bytes16(const uint8_t *p, uint32_t (&b)[4])
 {
-    const uint4 v = __ldg((const uint4 *)p);
+    const uint4 v = qd_ld<SH>((const uint4 *)p);
     b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
 }
 
@@ -140,11 +141,12 @@ static __device__ __forceinline__ void gd_bytes16(const uint8_t *p, uint32_t (&b
  * (Q6_K's 210-byte and Q3_K's 110-byte blocks are 2-aligned). Reads
  * [p & ~3, (p & ~3) + 12), up to 4 bytes past p + 8: callers keep that
  * inside the block. */
+template <bool SH = false>
 static __device__ __forceinline__ void gd_bytes8_fwd(const uint8_t *p, uint32_t &b0, uint32_t &b1)
 {
     const uint32_t *w = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
     const unsigned sh = 8u * (unsigned)((uintptr_t)p & 3);
-    const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2);
+    const uint32_t w0 = qd_ld<SH>(w), w1 = qd_ld<SH>(w + 1), w2 = qd_ld<SH>(w + 2);
     b0 = __funnelshift_r(w0, w1, sh);
     b1 = __funnelshift_r(w1, w2, sh);
 }
@@ -153,7 +155,7 @@ static __device__ __forceinline__ void gd_bytes8_fwd(const uint8_t *p, uint32_t 
  * aligned words at (p - 2) & ~3: reads [p - 4, p + 4n + 2) at most, for
  * bytes near a block's end (Q6_K's and Q3_K's scales, which 2 bytes of d
  * follow; gd_bytes8_fwd's reads could pass the end). */
-template <int N>
+template <int N, bool SH = false>
 static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t (&b)[N])
 {
     const uintptr_t a = ((uintptr_t)p - 2) & ~(uintptr_t)3;
@@ -162,7 +164,7 @@ static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t 
     uint32_t v[N + 1];
 #pragma unroll
     for (int i = 0; i <= N; i++)
-        v[i] = __ldg(w + i);
+        v[i] = qd_ld<SH>(w + i);
 #pragma unroll
     for (int i = 0; i < N; i++)
         b[i] = __funnelshift_rc(v[i], v[i + 1], sh);
@@ -171,8 +173,10 @@ static __device__ __forceinline__ void gd_words_back(const uint8_t *p, uint32_t 
 /* Unit u of a row of cols values at row, of dtype DT (Q8_0: its values,
  * and its scales at srow; the other formats' blocks hold their scales).
  * Q8_0's halves past the row's end read its last 16 values (the staged
- * activations there are zeros); the other shapes' units lie in the row. */
-template <int DT>
+ * activations there are zeros); the other shapes' units lie in the row.
+ * SH: row and srow are in shared memory (a staged copy of whole steps of
+ * the row, u and cols counted from the copy's first column). */
+template <int DT, bool SH = false>
 static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_t *srow, int u,
                                                int cols, gd_unit &w)
 {
@@ -188,21 +192,21 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
         for (int h = 0; h < 2; h++) {
             const int c = min(1024 * (u / 32) + 512 * h + 16 * (u % 32), cols - 16);
             uint32_t q[4];
-            gd_bytes16(row + c, q);
+            gd_bytes16<SH>(row + c, q);
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 w.q[4 * h + i] = (int)q[i];
-            w.s[h] = __half2float(__ushort_as_half(__ldg(srow + c / 32)));
+            w.s[h] = __half2float(__ushort_as_half(qd_ld<SH>(srow + c / 32)));
             w.m[h] = 0.0f;
         }
     } else if constexpr (F::SHAPE == GD_NIB16) {
         constexpr bool affine = DT == DT_Q4_1 || DT == DT_Q5_1, five = DT == DT_Q5_0 || DT == DT_Q5_1;
         (void)v;
-        const float d = qd_f16(b), mn = affine ? qd_f16(b + 2) : 0.0f;
+        const float d = qd_f16<SH>(b), mn = affine ? qd_f16<SH>(b + 2) : 0.0f;
         const uint8_t *qs = b + (affine ? 4 : 2) + (five ? 4 : 0);
         uint32_t l[4];
-        qd_bytes8<A>(qs, l[0], l[1]);
-        qd_bytes8<A>(qs + 8, l[2], l[3]);
+        qd_bytes8<A, SH>(qs, l[0], l[1]);
+        qd_bytes8<A, SH>(qs + 8, l[2], l[3]);
         uint32_t q[8];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -210,7 +214,7 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
             q[4 + i] = (l[i] >> 4) & 0x0F0F0F0Fu;
         }
         if (five) { /* value i's fifth bit: bit i of qh */
-            const uint32_t qh = qd_u32(b + (affine ? 4 : 2));
+            const uint32_t qh = qd_u32<SH>(b + (affine ? 4 : 2));
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 q[i] |= gd_spread4(qh >> (4 * i)) << 4;
@@ -224,7 +228,7 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
         const int j = v / 2, p = v % 2;
         /* d, dmin, then the 12 scale bytes: one 16-byte load */
         uint32_t hd[4];
-        gd_bytes16(b, hd);
+        gd_bytes16<SH>(b, hd);
         const uint32_t dd = hd[0], w0 = hd[1], w1 = hd[2], w2 = hd[3];
         /* scales: 6-bit sc and m of groups 2j, 2j + 1 (model/quant_dq.h's
          * k_scale_min), two at a time as 16-bit pairs: pair k of the 12
@@ -242,7 +246,7 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
             w.m[g] = __fmul_rn(dmin, qd_float(gd_byte(mn, g), 0.0f));
         }
         uint32_t l[4];
-        gd_bytes16(b + (DT == DT_Q5_K ? 48 : 16) + 32 * j + 16 * p, l);
+        gd_bytes16<SH>(b + (DT == DT_Q5_K ? 48 : 16) + 32 * j + 16 * p, l);
         uint32_t q[8];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -251,7 +255,7 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
         }
         if (DT == DT_Q5_K) { /* fifth bits: bit 2j (2j + 1) of qh[l] */
             uint32_t h[4];
-            gd_bytes16(b + 16 + 16 * p, h);
+            gd_bytes16<SH>(b + 16 + 16 * p, h);
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 q[i] |= ((h[i % 4] >> (2 * j + i / 4)) & 0x01010101u) << 4;
@@ -266,11 +270,11 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
              * high bits 2k of qh[32n + l], scale sc[8n + l / 16 + 2k] */
             static_assert(A == 2, "Q6_K's 210-byte blocks are 2-aligned");
             uint32_t l0[2], l1[2], qh[2], sw[2];
-            gd_bytes8_fwd(b + 64 * n + 8 * g, l0[0], l0[1]); /* bytes up to 196 read */
-            gd_bytes8_fwd(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
-            gd_bytes8_fwd(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
-            gd_words_back<2>(b + 192 + 8 * n, sw); /* half n's eight scales */
-            const float d = qd_f16(b + 208);
+            gd_bytes8_fwd<SH>(b + 64 * n + 8 * g, l0[0], l0[1]); /* bytes up to 196 read */
+            gd_bytes8_fwd<SH>(b + 64 * n + 32 + 8 * g, l1[0], l1[1]);
+            gd_bytes8_fwd<SH>(b + 128 + 32 * n + 8 * g, qh[0], qh[1]);
+            gd_words_back<2, SH>(b + 192 + 8 * n, sw); /* half n's eight scales */
+            const float d = qd_f16<SH>(b + 208);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
 #pragma unroll
@@ -286,10 +290,10 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
             /* bits 2k of qs[32n + l]; group 8n + 2k + l / 16: its scale
              * byte's low nibble (sc), high nibble (m) */
             uint32_t qs[2];
-            qd_bytes8<A>(b + 16 + 32 * n + 8 * g, qs[0], qs[1]);
-            const uint32_t s0 = __ldg((const uint32_t *)(b + 8 * n)),
-                           s1 = __ldg((const uint32_t *)(b + 8 * n + 4)),
-                           dd = __ldg((const uint32_t *)(b + 80));
+            qd_bytes8<A, SH>(b + 16 + 32 * n + 8 * g, qs[0], qs[1]);
+            const uint32_t s0 = qd_ld<SH>((const uint32_t *)(b + 8 * n)),
+                           s1 = qd_ld<SH>((const uint32_t *)(b + 8 * n + 4)),
+                           dd = qd_ld<SH>((const uint32_t *)(b + 80));
             const float d = gd_f16(dd, 0), dmin = gd_f16(dd, 1);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -308,14 +312,14 @@ static __device__ __forceinline__ void gd_load(const uint8_t *row, const uint16_
              * 4h .. 4h + 3 and their top bits 2 (2n + h) of bytes 8 .. 11 */
             static_assert(A == 2, "Q3_K's 110-byte blocks are 2-aligned");
             uint32_t hm[2], qs[2], sw[3];
-            gd_bytes8_fwd(b + 8 * g, hm[0], hm[1]); /* bytes up to 100 read */
-            gd_bytes8_fwd(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
-            gd_words_back<3>(b + 96, sw); /* the 12 scale bytes */
+            gd_bytes8_fwd<SH>(b + 8 * g, hm[0], hm[1]); /* bytes up to 100 read */
+            gd_bytes8_fwd<SH>(b + 32 + 32 * n + 8 * g, qs[0], qs[1]);
+            gd_words_back<3, SH>(b + 96, sw); /* the 12 scale bytes */
             const uint32_t w0 = sw[0], w1 = sw[1], w2 = sw[2];
             const uint32_t sa = ((w0 >> (4 * n)) & 0x0F0F0F0Fu) | ((w2 >> (4 * n)) & 0x03030303u) << 4,
                            sb = ((w1 >> (4 * n)) & 0x0F0F0F0Fu) |
                                 ((w2 >> (4 * n + 2)) & 0x03030303u) << 4;
-            const float d = qd_f16(b + 108);
+            const float d = qd_f16<SH>(b + 108);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
 #pragma unroll
@@ -391,6 +395,52 @@ static __device__ __forceinline__ float gd_dot(const gd_unit &w, const int (&x)[
         a = fmaf(dx[g], t, a);
     }
     return a;
+}
+
+/* A copy of whole steps of a row, as the staged quantized GEMV
+ * (k_gemv_qstaged) keeps them in shared memory: chunk ch of steps
+ * [ch * chunk_steps, +chunk_steps) is the row's bytes [off, off + bytes)
+ * (Q8_0: its values; and its scales' bytes [soff, soff + sbytes) of the
+ * row's table), holding the row's columns from ch * chunk_steps * GD_STEP,
+ * cols of them (fewer in a row's last chunk). A lane's unit lu of the
+ * chunk is gd_load<DT, true>'s unit gd_chunk_unit(lu) of the copy, with
+ * the chunk's cols: the row's unit ch * chunk_steps * 32 + lu as the
+ * unstaged kernel reads it, to the bit. */
+struct gd_chunk {
+    size_t off, soff;
+    unsigned bytes, sbytes;
+    int cols;
+};
+
+/* Bytes of one step of a row of dt (Q8_0 as the device keeps it: its
+ * values; its scales are 2 bytes a 32 beside them). */
+static __host__ __device__ __forceinline__ int gd_step_bytes(int dt)
+{
+    return dt == DT_Q8_0 ? GD_STEP : GD_STEP / cuk_q_block_elems(dt) * cuk_q_block_bytes(dt);
+}
+
+static __host__ __device__ __forceinline__ gd_chunk gd_chunk_of(int dt, size_t row_bytes,
+                                                                int cols, int chunk_steps, int ch)
+{
+    const int sb = gd_step_bytes(dt), first = ch * chunk_steps;
+    gd_chunk c;
+    c.off = (size_t)first * sb;
+    c.bytes = (unsigned)(row_bytes - c.off < (size_t)chunk_steps * sb ? row_bytes - c.off
+                                                                      : (size_t)chunk_steps * sb);
+    c.cols = cols - first * GD_STEP < chunk_steps * GD_STEP ? cols - first * GD_STEP
+                                                             : chunk_steps * GD_STEP;
+    c.soff = dt == DT_Q8_0 ? (size_t)first * (GD_STEP / 16) : 0;
+    c.sbytes = dt == DT_Q8_0 ? (unsigned)(c.cols / 16) : 0;
+    return c;
+}
+
+/* The unit of the copy that lane unit lu (0 .. 32 * chunk_steps - 1) of
+ * a chunk of cols columns reads: past the row's last unit, that unit
+ * again, as k_gemv_qdot's lanes do (Q8_0: gd_load clamps its halves). */
+template <int DT>
+static __host__ __device__ __forceinline__ int gd_chunk_unit(int lu, int cols)
+{
+    return gd_fmt<DT>::SHAPE == GD_BYTES || lu < cols / 32 ? lu : cols / 32 - 1;
 }
 
 #endif

@@ -38,32 +38,43 @@ static __host__ __device__ __forceinline__ bool cuk_q_low_bit(int dt)
     return cuk_q_block_elems(dt) > 0;
 }
 
+/* A read-only load from global memory (__ldg), or with SH from shared
+ * memory, where the staged quantized GEMV (gemv_quant.cu) keeps its
+ * copies of the blocks. */
+template <bool SH, typename T> static __device__ __forceinline__ T qd_ld(const T *p)
+{
+    if constexpr (SH)
+        return *p;
+    else
+        return __ldg(p);
+}
+
 /* Loads that the formats' alignments allow: every block starts at an even
  * offset (all block sizes are even), so 16-bit loads are always safe. */
-static __device__ __forceinline__ uint32_t qd_u16(const uint8_t *p)
+template <bool SH = false> static __device__ __forceinline__ uint32_t qd_u16(const uint8_t *p)
 {
-    return __ldg((const uint16_t *)p);
+    return qd_ld<SH>((const uint16_t *)p);
 }
-static __device__ __forceinline__ float qd_f16(const uint8_t *p)
+template <bool SH = false> static __device__ __forceinline__ float qd_f16(const uint8_t *p)
 {
-    return __half2float(__ushort_as_half((unsigned short)qd_u16(p)));
+    return __half2float(__ushort_as_half((unsigned short)qd_u16<SH>(p)));
 }
 /* Eight bytes at an address A-aligned (2, 4 or 8) as two 32-bit words
  * (b0 = bytes 0-3), in as few loads as that allows. */
-template <int A>
+template <int A, bool SH = false>
 static __device__ __forceinline__ void qd_bytes8(const uint8_t *p, uint32_t &b0, uint32_t &b1)
 {
     if constexpr (A == 8) {
-        const uint2 u = __ldg((const uint2 *)p);
+        const uint2 u = qd_ld<SH>((const uint2 *)p);
         b0 = u.x;
         b1 = u.y;
     } else if constexpr (A == 4) {
-        b0 = __ldg((const uint32_t *)p);
-        b1 = __ldg((const uint32_t *)p + 1);
+        b0 = qd_ld<SH>((const uint32_t *)p);
+        b1 = qd_ld<SH>((const uint32_t *)p + 1);
     } else {
         const uint16_t *h = (const uint16_t *)p;
-        b0 = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
-        b1 = (uint32_t)__ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16;
+        b0 = (uint32_t)qd_ld<SH>(h) | (uint32_t)qd_ld<SH>(h + 1) << 16;
+        b1 = (uint32_t)qd_ld<SH>(h + 2) | (uint32_t)qd_ld<SH>(h + 3) << 16;
     }
 }
 
@@ -87,9 +98,9 @@ static __device__ __forceinline__ uint32_t qd_byte(uint32_t b0, uint32_t b1, int
     return ((i < 4 ? b0 : b1) >> (8 * (i & 3))) & 0xFF;
 }
 /* The fifth bits of a 32-block (qh: 4 bytes at an even address). */
-static __device__ __forceinline__ uint32_t qd_u32(const uint8_t *p)
+template <bool SH = false> static __device__ __forceinline__ uint32_t qd_u32(const uint8_t *p)
 {
-    return qd_u16(p) | qd_u16(p + 2) << 16;
+    return qd_u16<SH>(p) | qd_u16<SH>(p + 2) << 16;
 }
 
 /* The small integer q - bias (0 <= q < 2^23) as f32, exactly: q's bits
