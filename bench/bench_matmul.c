@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/matmul.h"
+#include "base/env.h"
 #include "base/half.h"
 #include "base/threadpool.h"
 #include "model/quant.h"
@@ -419,6 +420,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_matmul: %s\n", e.msg);
             return 1;
         }
+        /* as the backend: CLLM_CPU_QDIRECT=0 unpacks Q4_K for decode too */
+        mm.direct = env_flag("CLLM_CPU_QDIRECT", true);
         struct load_probe probe = load_now();
         double t_section = now_s();
         bench_forkjoin(tp);

@@ -123,6 +123,19 @@ static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn
     }
 }
 
+/* All eight groups' k_scale_min at once: byte j of *sc and *mn is group
+ * j's (word-wide bit operations, for the SIMD unpacking and kernels). */
+static inline void k_scale_bytes(const uint8_t *q, uint64_t *sc, uint64_t *mn)
+{
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    *sc = (uint64_t)(a & lo6) | (uint64_t)((c & lo4) | ((a >> 6) & lo2) << 4) << 32;
+    *mn = (uint64_t)(b & lo6) | (uint64_t)(((c >> 4) & lo4) | ((b >> 6) & lo2) << 4) << 32;
+}
+
 
 static inline void dq_q4_0(const struct blk_q4_0 *restrict b, float *restrict y)
 {

@@ -400,7 +400,16 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         return -1;
     if (n == 0)
         return 0;
-    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype);
+    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype), *dk = NULL;
+    /* the slab path's ISA choice (mm_pick_kernel): AVX-512 needs VNNI */
+    if (mm->direct && quant_is_low_bit(w->dtype) && mm->isa >= CPU_ISA_AVX512)
+        dk = mm_direct_kernel_avx512(w->dtype, mm->vnni);
+    if (mm->direct && quant_is_low_bit(w->dtype) && !dk && mm->isa >= CPU_ISA_AVX2)
+        dk = mm_direct_kernel_avx2(w->dtype);
+    if (dk && n <= dk->stream_max_n)
+        k = dk;
+    else
+        dk = NULL;
     struct mm_job j = {
         .out = out, .x = x, .w = w->data,
         .w_stride = dtype_row_bytes(w->dtype, w->cols),
@@ -416,7 +425,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         j.xq_stride = k->xq_row_bytes(w->cols);
         xq_bytes = mm_round_up(j.xq_stride * (size_t)n, 64);
     }
-    if (quant_is_low_bit(w->dtype)) {
+    if (quant_is_low_bit(w->dtype) && !dk) {
         task.packed = w->dtype;
         task.unpack = cpu_unpack_for(mm->isa);
         const size_t rb = unpack_row_bytes(w->cols);
@@ -458,6 +467,7 @@ int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa i
     mm->tp = tp;
     mm->isa = isa;
     mm->vnni = isa >= CPU_ISA_AVX512 && cpu_has_avx512_vnni();
+    mm->direct = 1;
     return 0;
 }
 

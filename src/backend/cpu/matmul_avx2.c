@@ -12,6 +12,7 @@
 
 #include "backend/cpu/matmul_impl.h"
 #include "backend/cpu/unpack.h"
+#include "model/quant_dq.h"
 
 #define T256 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -362,6 +363,129 @@ INLINE T256 void codes_tile(int mr, int nr, const struct mm_job *j, int64_t t, i
 MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
+
+/* ---- Q4_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+ * tokens (matmul_impl.h's direct kernels; matmul_avx512.c says why), in
+ * halves of 32 values: codes_step's arithmetic on the vectors the
+ * unpacking would have written, with codes_tile's accumulators, so the
+ * slab path's bits. ---- */
+
+/* The products of half hh of one group g of a direct kernel's row (its
+ * codes wu, its lanes' s and m) with each of nt tokens' activations, into
+ * ac: codes_step's arithmetic for one row. */
+INLINE T256 void direct_half(int nt, const uint8_t *const *x, int64_t g, int hh, __m256i wu,
+                             __m256 ws, __m256 wm, __m256 ac[MMAX][NR])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int i = 0; i < nt; i++) {
+        const uint8_t *qx = x[i] + g * UNPACK_GROUP_BYTES;
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(qx + 32 * hh));
+        const float *qf = (const float *)qx;
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), ones);
+        __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                   _mm256_mul_ps(ws, _mm256_loadu_ps(qf + 16 + 8 * hh)), ac[i][0]);
+        ac[i][0] = _mm256_fnmadd_ps(wm, _mm256_loadu_ps(qf + 32 + 8 * hh), t);
+    }
+}
+
+/* A Q4_K block ib into acc: half hh of group c is its 32 bytes 32c .. in
+ * the low (hh = 0) or high nibbles, with group 2c + hh's s and m. */
+INLINE T256 void q4k_block(int nt, const uint8_t *const *x, int64_t ib, const struct blk_q4_k *b,
+                           int u, __m256 acc[UMAX][MMAX][NR])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    uint64_t sc, mn;
+    k_scale_bytes(b->scales, &sc, &mn);
+    const __m256 s8 =
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)),
+                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
+    const __m256 m8 =
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)),
+                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+#pragma GCC unroll 2
+        for (int hh = 0; hh < 2; hh++) {
+            const __m256i wu = hh ? _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4)
+                                  : _mm256_and_si256(q, lo4);
+            const __m256i gi = _mm256_set1_epi32(2 * c + hh);
+            /* codes_tile's accumulators: half k = 2g + hh in set k % u */
+            direct_half(nt, x, 4 * ib + c, hh, wu, _mm256_permutevar8x32_ps(s8, gi),
+                        _mm256_permutevar8x32_ps(m8, gi), acc[(2 * c + hh) % u]);
+        }
+    }
+}
+
+/* A Q6_K block ib into acc (matmul_avx512.c's q6k_block in halves): half
+ * hh of group 2n + k is run hh of ql's low (k = 0) or high nibbles with
+ * qh's bits 4k + 2hh, 4k + 2hh + 1; its lanes take units 4k + 2hh and
+ * 4k + 2hh + 1 of half n, four lanes each. */
+INLINE T256 void q6k_block(int nt, const uint8_t *const *x, int64_t ib, const struct blk_q6_k *b,
+                           int u, __m256 acc[UMAX][MMAX][NR])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m256 k32 = _mm256_set1_ps(32.0f);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        const __m256 v = _mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n ? _mm_srli_si128(sc, 8) : sc)));
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n + 32));
+        const __m256i e = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * n));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const int64_t g = 4 * ib + 2 * n + k;
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256i q = hh ? c : a;
+                const __m256i ql = k ? _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4)
+                                     : _mm256_and_si256(q, lo4);
+                const __m256i qh = _mm256_slli_epi16(
+                    _mm256_and_si256(_mm256_srli_epi16(e, 4 * k + 2 * hh), three), 4);
+                const int un = 4 * k + 2 * hh;
+                const __m256 ws = _mm256_permutevar8x32_ps(
+                    v, _mm256_setr_epi32(un, un, un, un, un + 1, un + 1, un + 1, un + 1));
+                direct_half(nt, x, g, hh, _mm256_or_si256(ql, qh), ws, _mm256_mul_ps(k32, ws),
+                            acc[(2 * (2 * n + k) + hh) % u]);
+            }
+        }
+    }
+}
+
+/* Row r of a Q4_K or Q6_K matrix against nt tokens. */
+INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
+{
+    const int u = UNROLL(nt, 1);
+    const uint8_t *x[MMAX];
+    __m256 acc[UMAX][MMAX][NR];
+    zero_acc(nt, 1, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < nt; i++)
+        x[i] = j->xq + i * j->xq_stride;
+    const uint8_t *row = j->w + r * j->w_stride;
+    for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
+        if (dt == DT_Q4_K)
+            q4k_block(nt, x, ib, (const struct blk_q4_k *)row + ib, u, acc);
+        else
+            q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+    }
+    store_tile(j, 0, r, nt, 1, u, acc);
+}
+
+INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r) { direct_row(DT_Q4_K, nt, j, r); }
+INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r) { direct_row(DT_Q6_K, nt, j, r); }
+
+MM_DIRECT_KERNEL(T256, k256_q4k_direct, q4k_row)
+MM_DIRECT_KERNEL(T256, k256_q6k_direct, q6k_row)
+
+const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
+{
+    return dt == DT_Q4_K ? &k256_q4k_direct : dt == DT_Q6_K ? &k256_q6k_direct : NULL;
+}
 
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt)
 {

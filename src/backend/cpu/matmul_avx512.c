@@ -13,6 +13,7 @@
 
 #include "backend/cpu/matmul_impl.h"
 #include "backend/cpu/unpack.h"
+#include "model/quant_dq.h"
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define T512VNNI                                                               \
@@ -386,6 +387,140 @@ MM_INT_KERNEL(T512VNNI, k512_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_
 const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
 {
     return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
+}
+
+/* ---- Q4_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+ * tokens (matmul_impl.h's direct kernels) ----
+ *
+ * For a few tokens, the slab path's unpacking (192 bytes written and read
+ * back for every 64 values) is most of a row's work. These kernels build
+ * the two vectors a group takes (its 64 codes, its lanes' s and m: the
+ * unpacking's products, in its lanes) in registers from the row's blocks,
+ * and run codes_step's arithmetic on them with codes_tile's accumulators,
+ * so their outputs have the slab path's bits. */
+
+/* The products of one group g of a direct kernel's row (its codes wu, its
+ * lanes' s and m) with each of nt tokens' activations, into ac:
+ * codes_step's arithmetic for one row. */
+INLINE T512VNNI void direct_group(int nt, const uint8_t *const *x, int64_t g, __m512i wu,
+                                  __m512 sl, __m512 ml, __m512 ac[MR][NR])
+{
+#pragma GCC unroll 4
+    for (int i = 0; i < nt; i++) {
+        const uint8_t *qx = x[i] + g * UNPACK_GROUP_BYTES;
+        const __m512i xv = _mm512_loadu_si512(qx);
+        const __m512 xd = _mm512_loadu_ps(qx + 64), xs = _mm512_loadu_ps(qx + 128);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wu, xv);
+        __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sl, xd), ac[i][0]);
+        ac[i][0] = _mm512_fnmadd_ps(ml, xs, t);
+    }
+}
+
+/* A Q4_K block ib into acc: group c is its 32 bytes 32c .. in both
+ * nibbles (low: values 64c .., high: 64c + 32 ..), with k_scales8's s and
+ * m of groups 2c and 2c + 1, permuted as k_group places them. */
+INLINE T512VNNI void q4k_block(int nt, const uint8_t *const *x, int64_t ib,
+                               const struct blk_q4_k *b, int u, __m512 acc[UMAX][MR][NR])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    uint64_t sc, mn;
+    k_scale_bytes(b->scales, &sc, &mn);
+    const __m512 s16 = _mm512_castps256_ps512(_mm256_mul_ps(
+        _mm256_set1_ps(_cvtsh_ss(b->d)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)))));
+    const __m512 m16 = _mm512_castps256_ps512(_mm256_mul_ps(
+        _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)))));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        const __m512i wu =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, lo4)),
+                               _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), 1);
+        /* lanes 0-7: group 2c's s and m, 8-15: group 2c + 1's */
+        const __m512i gi =
+            _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+        const __m512 sl = _mm512_permutexvar_ps(gi, s16), ml = _mm512_permutexvar_ps(gi, m16);
+        /* codes_tile's accumulators: group g in set g % u */
+        direct_group(nt, x, 4 * ib + c, wu, sl, ml, acc[c % u]);
+    }
+}
+
+/* A Q6_K block ib into acc (q6_k_rows in registers): half n is groups 2n
+ * (runs of ql[0..32) and ql[32..64), low nibbles, with qh's bits 0-1 and
+ * 2-3) and 2n + 1 (their high nibbles, qh's bits 4-5 and 6-7); lane l of
+ * group 2n + k takes unit 8n + 4k + l / 4's scale, d times the int8
+ * scale, and m = 32 s. */
+INLINE T512VNNI void q6k_block(int nt, const uint8_t *const *x, int64_t ib,
+                               const struct blk_q6_k *b, int u, __m512 acc[UMAX][MR][NR])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m512 k32 = _mm512_set1_ps(32.0f);
+    const __m512i ui[2] = {
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        /* d sc of half n's eight units, the reference's products */
+        const __m512 v = _mm512_castps256_ps512(_mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n ? _mm_srli_si128(sc, 8) : sc))));
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * n + 32));
+        const __m256i e = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * n));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            /* byte shifts through 16-bit lanes, masked after */
+            const __m256i al = k ? _mm256_and_si256(_mm256_srli_epi16(a, 4), lo4)
+                                 : _mm256_and_si256(a, lo4);
+            const __m256i cl = k ? _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4)
+                                 : _mm256_and_si256(c, lo4);
+            const __m256i h0 =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(e, 4 * k), three), 4);
+            const __m256i h1 =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(e, 4 * k + 2), three), 4);
+            const __m512i wu = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_or_si256(al, h0)), _mm256_or_si256(cl, h1), 1);
+            const __m512 sl = _mm512_permutexvar_ps(ui[k], v), ml = _mm512_mul_ps(k32, sl);
+            direct_group(nt, x, 4 * ib + 2 * n + k, wu, sl, ml, acc[(2 * n + k) % u]);
+        }
+    }
+}
+
+/* Row r of a Q4_K or Q6_K matrix against nt tokens. */
+INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
+{
+    const int u = UNROLL(nt, 1);
+    const uint8_t *x[MR];
+    __m512 acc[UMAX][MR][NR];
+    zero_acc(nt, 1, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < nt; i++)
+        x[i] = j->xq + i * j->xq_stride;
+    const uint8_t *row = j->w + r * j->w_stride;
+    for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
+        if (dt == DT_Q4_K)
+            q4k_block(nt, x, ib, (const struct blk_q4_k *)row + ib, u, acc);
+        else
+            q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+    }
+    store_tile(j, 0, r, nt, 1, u, acc);
+}
+
+INLINE T512VNNI void q4k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_K, nt, j, r); }
+INLINE T512VNNI void q6k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q6_K, nt, j, r); }
+
+MM_DIRECT_KERNEL(T512VNNI, k512_q4k_direct, q4k_row)
+MM_DIRECT_KERNEL(T512VNNI, k512_q6k_direct, q6k_row)
+
+const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
+{
+    if (!vnni)
+        return NULL; /* the AVX2 kernels, as for the slab path */
+    return dt == DT_Q4_K ? &k512_q4k_direct : dt == DT_Q6_K ? &k512_q6k_direct : NULL;
 }
 
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)

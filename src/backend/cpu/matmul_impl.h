@@ -70,6 +70,12 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni);
  * (s d) dot(u, qs) - m xs, the dot products exact in int32. */
 const struct mm_kernel *mm_codes_kernel_avx2(void);
 const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
+/* A kernel family reading an integer-code format's own blocks for up to
+ * its stream_max_n tokens (stream only; the same activation rows), with
+ * the bits of the slab path on the same ISA (the codes kernel above):
+ * no unpacking. NULL where none (Q4_K has one in both). */
+const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
+const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 size_t mm_codes_xq_row_bytes(int64_t cols);
 void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
 
@@ -102,5 +108,25 @@ static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * 
     { tile(1, 1, j, t, r); }                                                   \
     static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, name##_main, \
                                           name##_t1, name##_r1, name##_1x1, xq_bytes, xq_quant};
+
+/* A direct kernel family (mm_direct_kernel_*) from its row template
+ * row(nt, j, r): out[0 .. nt)[r] for the job's nt <= STREAM_MAX_N tokens,
+ * streamed row after row; no tiles (the driver takes it for up to
+ * STREAM_MAX_N tokens only). */
+#define MM_DIRECT_KERNEL(ATTR, name, row)                                      \
+    static ATTR void name##_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, \
+                                   int64_t r1)                                 \
+    {                                                                          \
+        (void)t; /* the driver streams all of a job's tokens (t = 0) */        \
+        switch (nt) {                                                          \
+        case 1: for (int64_t r = r0; r < r1; r++) row(1, j, r); break;         \
+        case 2: for (int64_t r = r0; r < r1; r++) row(2, j, r); break;         \
+        case 3: for (int64_t r = r0; r < r1; r++) row(3, j, r); break;         \
+        default: for (int64_t r = r0; r < r1; r++) row(4, j, r); break;       \
+        }                                                                      \
+    }                                                                          \
+    static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, NULL, NULL, \
+                                          NULL, NULL, mm_codes_xq_row_bytes,   \
+                                          mm_codes_xq_quantize};
 
 #endif

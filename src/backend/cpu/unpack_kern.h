@@ -57,15 +57,8 @@ static inline __attribute__((always_inline)) void q32_rows(enum dtype dt, const 
  * k_pair_scales' */
 static inline void k_scales8(const uint8_t *q, float d, float dmin, __m256 *s8, __m256 *m8)
 {
-    uint32_t a, b, c;
-    memcpy(&a, q, 4);
-    memcpy(&b, q + 4, 4);
-    memcpy(&c, q + 8, 4);
-    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    /* groups 0-3: the low six bits of bytes 0-3 and 4-7; groups 4-7: a
-     * nibble of bytes 8-11 below the top two bits of bytes 0-3 / 4-7 */
-    const uint64_t sc = (uint64_t)(a & lo6) | (uint64_t)((c & lo4) | ((a >> 6) & lo2) << 4) << 32;
-    const uint64_t mn = (uint64_t)(b & lo6) | (uint64_t)(((c >> 4) & lo4) | ((b >> 6) & lo2) << 4) << 32;
+    uint64_t sc, mn;
+    k_scale_bytes(q, &sc, &mn);
     *s8 = _mm256_mul_ps(_mm256_set1_ps(d),
                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
     *m8 = _mm256_mul_ps(_mm256_set1_ps(dmin),
