@@ -252,6 +252,45 @@ static __device__ __forceinline__ void gd_stage_any(uint32_t *qx, float *dx,
         gd_stage<SHAPE, NT, CUK_IN_X>(qx, dx, in, sinv, cols, t, tile_cols);
 }
 
+/* A lane's two units wu (of its warp's two rows) times step sl of the
+ * staged tile of tile_cols columns (8-bit codes gd_xs, block scales dx),
+ * for each of the NT tokens, added into acc. */
+template <int DT, int NT>
+static __device__ __forceinline__ void gd_products(const gd_unit (&wu)[2], const uint4 *gd_xs,
+                                                   const float *dx, int lane, int sl,
+                                                   int tile_cols, float (&acc)[2][NT])
+{
+    using F = gd_fmt<DT>;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        /* the lane's two planes (gd_slot) */
+        const uint4 *xs = gd_xs + j * (tile_cols / 16) + sl * (GD_STEP / 16) + lane;
+        const uint4 xa = xs[0], xb = xs[32];
+        const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
+                          (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
+        const float *db =
+            dx + j * (tile_cols / 32) + sl * (GD_STEP / 32) + gd_block<F::SHAPE>(lane, 0);
+        float d[4];
+        if (F::G == 4) {
+            const float4 d4 = *(const float4 *)db;
+            d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
+        } else if (F::G == 2 && F::GSTEP == 1) {
+            const float2 d2 = *(const float2 *)db;
+            d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
+        } else if (F::G == 2) {
+            d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
+        } else {
+            d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
+        }
+        int sums[4] = {0, 0, 0, 0};
+        if (F::MIN)
+            gd_sums<DT>(x, sums);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
+    }
+}
+
 /* A warp's share of tile t of x (steps t * tile_steps + slice ... below
  * s1, every slices-th) for its two rows, added into acc: gd_load's
  * integer units (quant_dot.cuh) times the staged 8-bit activations by
@@ -272,35 +311,7 @@ static __device__ __forceinline__ void gd_tile(const gq_warp &w, const uint4 *gd
         gd_unit wu[2];
         gd_load<DT>(w.wr[0], w.sr[0], u, cols, wu[0]);
         gd_load<DT>(w.wr[1], w.sr[1], u, cols, wu[1]);
-        const int sl = s - t * tile_steps;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            /* the lane's two planes (gd_slot) */
-            const uint4 *xs = gd_xs + j * (tile_cols / 16) + sl * (GD_STEP / 16) + w.lane;
-            const uint4 xa = xs[0], xb = xs[32];
-            const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                              (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-            const float *db = dx + j * (tile_cols / 32) + sl * (GD_STEP / 32) +
-                              gd_block<F::SHAPE>(w.lane, 0);
-            float d[4];
-            if (F::G == 4) {
-                const float4 d4 = *(const float4 *)db;
-                d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
-            } else if (F::G == 2 && F::GSTEP == 1) {
-                const float2 d2 = *(const float2 *)db;
-                d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
-            } else if (F::G == 2) {
-                d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
-            } else {
-                d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
-            }
-            int sums[4] = {0, 0, 0, 0};
-            if (F::MIN)
-                gd_sums<DT>(x, sums);
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
-        }
+        gd_products<DT, NT>(wu, gd_xs, dx, w.lane, s - t * tile_steps, tile_cols, acc);
     }
 }
 
@@ -406,7 +417,6 @@ static __device__ __forceinline__ void gqs_chunk(const uint8_t *ra, const uint8_
                                                  int st0, int ccols, int tile_cols,
                                                  float (&acc)[2][NT])
 {
-    using F = gd_fmt<DT>;
     const int steps = (ccols + GD_STEP - 1) / GD_STEP;
 #pragma unroll gd_unroll
     for (int k = 0; k < steps; k++) {
@@ -414,33 +424,7 @@ static __device__ __forceinline__ void gqs_chunk(const uint8_t *ra, const uint8_
         gd_unit wu[2];
         gd_load<DT, true>(ra, sa, u, ccols, wu[0]);
         gd_load<DT, true>(rb, sb, u, ccols, wu[1]);
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const uint4 *xs = gd_xs + j * (tile_cols / 16) + st * (GD_STEP / 16) + lane;
-            const uint4 xa = xs[0], xb = xs[32];
-            const int x[8] = {(int)xa.x, (int)xa.y, (int)xa.z, (int)xa.w,
-                              (int)xb.x, (int)xb.y, (int)xb.z, (int)xb.w};
-            const float *db = dx + j * (tile_cols / 32) + st * (GD_STEP / 32) +
-                              gd_block<F::SHAPE>(lane, 0);
-            float d[4];
-            if (F::G == 4) {
-                const float4 d4 = *(const float4 *)db;
-                d[0] = d4.x, d[1] = d4.y, d[2] = d4.z, d[3] = d4.w;
-            } else if (F::G == 2 && F::GSTEP == 1) {
-                const float2 d2 = *(const float2 *)db;
-                d[0] = d2.x, d[1] = d2.y, d[2] = d[3] = 0.0f;
-            } else if (F::G == 2) {
-                d[0] = db[0], d[1] = db[F::GSTEP], d[2] = d[3] = 0.0f;
-            } else {
-                d[0] = *db, d[1] = d[2] = d[3] = 0.0f;
-            }
-            int sums[4] = {0, 0, 0, 0};
-            if (F::MIN)
-                gd_sums<DT>(x, sums);
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                acc[r][j] += gd_dot<DT>(wu[r], x, d, sums);
-        }
+        gd_products<DT, NT>(wu, gd_xs, dx, lane, st, tile_cols, acc);
     }
 }
 #endif
