@@ -277,8 +277,8 @@ template <int DT> static int check_chunks(const char *name)
                 memset(&b, 0, sizeof b);
                 gd_load<DT, true>(slot, (const uint16_t *)sslot, gd_chunk_unit<DT>(lu, c.cols),
                                   c.cols, a);
-                gd_load<DT>(row.data(), sc.data(), F::SHAPE == GD_BYTES ? ug : min(ug, cols / 32 - 1),
-                            cols, b);
+                const int uu = F::SHAPE == GD_BYTES ? ug : min(ug, cols / 32 - 1);
+                gd_load<DT>(row.data(), sc.data(), uu, cols, b);
                 bad += memcmp(a.q, b.q, sizeof a.q) != 0 ||
                        memcmp(a.s, b.s, sizeof(float) * F::G) != 0 ||
                        memcmp(a.m, b.m, sizeof(float) * F::G) != 0;

@@ -136,7 +136,6 @@ static inline void k_scale_bytes(const uint8_t *q, uint64_t *sc, uint64_t *mn)
     *mn = (uint64_t)(b & lo6) | (uint64_t)(((c >> 4) & lo4) | ((b >> 6) & lo2) << 4) << 32;
 }
 
-
 static inline void dq_q4_0(const struct blk_q4_0 *restrict b, float *restrict y)
 {
     const float d = QUANT_F16(b->d);

@@ -245,6 +245,18 @@ static const struct mm_kernel *mm_pick_kernel(const struct cpu_matmul *mm, enum 
     return k ? k : &scalar_kernels[dt];
 }
 
+/* The direct kernel (matmul_impl.h) of a low-bit dtype for the family
+ * mm_pick_kernel's codes kernel comes from (AVX-512 with VNNI, else
+ * AVX2), whose bits it has; or NULL. */
+static const struct mm_kernel *mm_pick_direct(const struct cpu_matmul *mm, enum dtype dt)
+{
+    if (!mm->direct || !quant_is_low_bit(dt))
+        return NULL;
+    if (mm->isa >= CPU_ISA_AVX512 && mm->vnni)
+        return mm_direct_kernel_avx512(dt, mm->vnni);
+    return mm->isa >= CPU_ISA_AVX2 ? mm_direct_kernel_avx2(dt) : NULL;
+}
+
 /* Tokens per group: as many as keep the group's activations in L2. */
 static int64_t mm_token_group(const struct mm_job *j, const struct mm_kernel *k)
 {
@@ -400,12 +412,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         return -1;
     if (n == 0)
         return 0;
-    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype), *dk = NULL;
-    /* the slab path's ISA choice (mm_pick_kernel): AVX-512 needs VNNI */
-    if (mm->direct && quant_is_low_bit(w->dtype) && mm->isa >= CPU_ISA_AVX512)
-        dk = mm_direct_kernel_avx512(w->dtype, mm->vnni);
-    if (mm->direct && quant_is_low_bit(w->dtype) && !dk && mm->isa >= CPU_ISA_AVX2)
-        dk = mm_direct_kernel_avx2(w->dtype);
+    const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype), *dk = mm_pick_direct(mm, w->dtype);
     if (dk && n <= dk->stream_max_n)
         k = dk;
     else

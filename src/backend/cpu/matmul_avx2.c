@@ -476,8 +476,10 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
     store_tile(j, 0, r, nt, 1, u, acc);
 }
 
-INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r) { direct_row(DT_Q4_K, nt, j, r); }
-INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r) { direct_row(DT_Q6_K, nt, j, r); }
+INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_K, nt, j, r); }
+INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q6_K, nt, j, r); }
 
 MM_DIRECT_KERNEL(T256, k256_q4k_direct, q4k_row)
 MM_DIRECT_KERNEL(T256, k256_q6k_direct, q6k_row)
