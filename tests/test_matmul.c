@@ -493,8 +493,8 @@ static void test_unpack_builds(void)
     }
 }
 
-/* The kernels that read a low-bit format's blocks directly (Q4_K and Q6_K
- * on AVX2 and AVX-512 VNNI, up to 4 tokens) give the slab path's bits on the same
+/* The kernels that read a low-bit format's blocks directly (Q4_K, Q5_K
+ * and Q6_K on AVX2 and AVX-512 VNNI, up to 4 tokens) give the slab path's bits on the same
  * ISA (mm.direct = 0: unpack, then the codes kernel): blocks of arbitrary
  * bits (finite f16 scales, some zero), 1-4 tokens, one and two threads,
  * rows of 256 to 4,096 values, on every ISA the CPU has (AVX-512 also
@@ -511,10 +511,10 @@ static void test_direct_kernels(void)
     for (int isa = CPU_ISA_AVX2; isa <= last; isa++) {
         const bool novnni = isa > (int)hw;
         isas++;
-        for (size_t si = 0; si < 2 * sizeof sh / sizeof sh[0]; si++) {
-            const enum dtype dt = si % 2 ? DT_Q6_K : DT_Q4_K;
-            const struct shape sz = sh[si / 2];
-            /* the f16 fields: d (Q6_K: at 208), and Q4_K's dmin */
+        for (size_t si = 0; si < 3 * sizeof sh / sizeof sh[0]; si++) {
+            const enum dtype dt = si % 3 == 2 ? DT_Q6_K : si % 3 ? DT_Q5_K : DT_Q4_K;
+            const struct shape sz = sh[si / 3];
+            /* the f16 fields: d (Q6_K: at 208), and Q4_K's and Q5_K's dmin */
             const int d_at = dt == DT_Q6_K ? 208 : 0, n_f16 = dt == DT_Q6_K ? 1 : 2;
             const size_t rb = dtype_row_bytes(dt, sz.cols), bb = dtype_row_bytes(dt, 256);
             uint8_t *blk = malloc(rb * (size_t)sz.rows);
@@ -561,9 +561,9 @@ static void test_direct_kernels(void)
         }
     }
     if (isas == 0)
-        printf("test_matmul: direct Q4_K/Q6_K kernels skipped: no AVX2\n");
+        printf("test_matmul: direct Q4_K/Q5_K/Q6_K kernels skipped: no AVX2\n");
     else
-        printf("test_matmul: direct Q4_K/Q6_K kernels == unpacked path on %d outputs (%d ISAs)\n",
+        printf("test_matmul: direct Q4_K/Q5_K/Q6_K kernels == unpacked path on %d outputs (%d ISAs)\n",
                compared, isas);
     for (int i = 0; i < 2; i++)
         tp_destroy(pools[i]);

@@ -8,6 +8,7 @@
  * templates over (tokens mr, weight rows nr, accumulator sets u). With 16
  * ymm registers the main tile is 2 tokens x 4 weight rows. */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/matmul_impl.h"
@@ -364,7 +365,7 @@ MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_q
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 
-/* ---- Q4_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+/* ---- Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
  * tokens (matmul_impl.h's direct kernels; matmul_avx512.c says why), in
  * halves of 32 values: codes_step's arithmetic on the vectors the
  * unpacking would have written, with codes_tile's accumulators, so the
@@ -389,27 +390,39 @@ INLINE T256 void direct_half(int nt, const uint8_t *const *x, int64_t g, int hh,
     }
 }
 
-/* A Q4_K block ib into acc: half hh of group c is its 32 bytes 32c .. in
- * the low (hh = 0) or high nibbles, with group 2c + hh's s and m. */
-INLINE T256 void q4k_block(int nt, const uint8_t *const *x, int64_t ib, const struct blk_q4_k *b,
-                           int u, __m256 acc[UMAX][MMAX][NR])
+/* A Q4_K or (five) Q5_K block ib into acc (matmul_avx512.c's k45_block
+ * in halves): half hh of group c is its 32 bytes of qs 32c .. in the low
+ * (hh = 0) or high nibbles, with group 2c + hh's s and m (and Q5_K's
+ * fifth bits from bit 2c + hh of qh). */
+INLINE T256 void k45_block(int nt, const uint8_t *const *x, int64_t ib, const uint8_t *blk,
+                           bool five, int u, __m256 acc[UMAX][MMAX][NR])
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    const struct blk_q4_k *b4 = (const struct blk_q4_k *)blk;
+    const struct blk_q5_k *b5 = (const struct blk_q5_k *)blk;
+    const uint8_t *qs = five ? b5->qs : b4->qs; /* d, dmin, scales: the same offsets */
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)b5->qh) : _mm256_setzero_si256();
     uint64_t sc, mn;
-    k_scale_bytes(b->scales, &sc, &mn);
+    k_scale_bytes(b4->scales, &sc, &mn);
     const __m256 s8 =
-        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)),
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b4->d)),
                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))));
     const __m256 m8 =
-        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->dmin)),
+        _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b4->dmin)),
                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
 #pragma GCC unroll 2
         for (int hh = 0; hh < 2; hh++) {
-            const __m256i wu = hh ? _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4)
-                                  : _mm256_and_si256(q, lo4);
+            __m256i wu = hh ? _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4)
+                            : _mm256_and_si256(q, lo4);
+            if (five)
+                wu = _mm256_or_si256(
+                    wu, _mm256_slli_epi16(
+                            _mm256_and_si256(
+                                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + hh)), one),
+                            4));
             const __m256i gi = _mm256_set1_epi32(2 * c + hh);
             /* codes_tile's accumulators: half k = 2g + hh in set k % u */
             direct_half(nt, x, 4 * ib + c, hh, wu, _mm256_permutevar8x32_ps(s8, gi),
@@ -456,7 +469,7 @@ INLINE T256 void q6k_block(int nt, const uint8_t *const *x, int64_t ib, const st
     }
 }
 
-/* Row r of a Q4_K or Q6_K matrix against nt tokens. */
+/* Row r of a Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -468,25 +481,33 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
     for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
-        if (dt == DT_Q4_K)
-            q4k_block(nt, x, ib, (const struct blk_q4_k *)row + ib, u, acc);
-        else
+        if (dt == DT_Q6_K)
             q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+        else if (dt == DT_Q5_K)
+            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
+        else
+            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
     }
     store_tile(j, 0, r, nt, 1, u, acc);
 }
 
 INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q4_K, nt, j, r); }
+INLINE T256 void q5k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q5_K, nt, j, r); }
 INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q6_K, nt, j, r); }
 
 MM_DIRECT_KERNEL(T256, k256_q4k_direct, q4k_row)
+MM_DIRECT_KERNEL(T256, k256_q5k_direct, q5k_row)
 MM_DIRECT_KERNEL(T256, k256_q6k_direct, q6k_row)
 
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
 {
-    return dt == DT_Q4_K ? &k256_q4k_direct : dt == DT_Q6_K ? &k256_q6k_direct : NULL;
+    return dt == DT_Q4_K   ? &k256_q4k_direct
+           : dt == DT_Q5_K ? &k256_q5k_direct
+           : dt == DT_Q6_K ? &k256_q6k_direct
+                           : NULL;
 }
 
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt)

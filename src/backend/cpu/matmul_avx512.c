@@ -9,6 +9,7 @@
  * instantiated for the shapes the driver needs; u > 1 hides the FMA latency
  * when a tile is too small to have enough independent sums of its own. */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/matmul_impl.h"
@@ -389,7 +390,7 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
     return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
 }
 
-/* ---- Q4_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+/* ---- Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
  * tokens (matmul_impl.h's direct kernels) ----
  *
  * For a few tokens, the slab path's unpacking (192 bytes written and read
@@ -416,27 +417,38 @@ INLINE T512VNNI void direct_group(int nt, const uint8_t *const *x, int64_t g, __
     }
 }
 
-/* A Q4_K block ib into acc: group c is its 32 bytes 32c .. in both
- * nibbles (low: values 64c .., high: 64c + 32 ..), with k_scales8's s and
- * m of groups 2c and 2c + 1, permuted as k_group places them. */
-INLINE T512VNNI void q4k_block(int nt, const uint8_t *const *x, int64_t ib,
-                               const struct blk_q4_k *b, int u, __m512 acc[UMAX][MR][NR])
+/* A Q4_K or (five) Q5_K block ib into acc: group c is its 32 bytes of qs
+ * 32c .. in both nibbles (low: values 64c .., high: 64c + 32 ..; Q5_K's
+ * fifth bits from bits 2c and 2c + 1 of qh), with k_scales8's s and m of
+ * groups 2c and 2c + 1, permuted as k_group places them. */
+INLINE T512VNNI void k45_block(int nt, const uint8_t *const *x, int64_t ib, const uint8_t *blk,
+                               bool five, int u, __m512 acc[UMAX][MR][NR])
 {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    const struct blk_q4_k *b4 = (const struct blk_q4_k *)blk;
+    const struct blk_q5_k *b5 = (const struct blk_q5_k *)blk;
+    const uint8_t *qs = five ? b5->qs : b4->qs; /* d, dmin, scales: the same offsets */
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)b5->qh) : _mm256_setzero_si256();
     uint64_t sc, mn;
-    k_scale_bytes(b->scales, &sc, &mn);
+    k_scale_bytes(b4->scales, &sc, &mn);
     const __m512 s16 = _mm512_castps256_ps512(_mm256_mul_ps(
-        _mm256_set1_ps(_cvtsh_ss(b->d)),
+        _mm256_set1_ps(_cvtsh_ss(b4->d)),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)))));
     const __m512 m16 = _mm512_castps256_ps512(_mm256_mul_ps(
-        _mm256_set1_ps(_cvtsh_ss(b->dmin)),
+        _mm256_set1_ps(_cvtsh_ss(b4->dmin)),
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)))));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
-        const __m512i wu =
-            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, lo4)),
-                               _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), 1);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(q, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+        if (five) {
+            const __m128i s1 = _mm_cvtsi32_si128(2 * c), s2 = _mm_cvtsi32_si128(2 * c + 1);
+            lo = _mm256_or_si256(
+                lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s1), one), 4));
+            hi = _mm256_or_si256(
+                hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s2), one), 4));
+        }
+        const __m512i wu = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         /* lanes 0-7: group 2c's s and m, 8-15: group 2c + 1's */
         const __m512i gi =
             _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
@@ -488,7 +500,7 @@ INLINE T512VNNI void q6k_block(int nt, const uint8_t *const *x, int64_t ib,
     }
 }
 
-/* Row r of a Q4_K or Q6_K matrix against nt tokens. */
+/* Row r of a Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -500,27 +512,35 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
     for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
-        if (dt == DT_Q4_K)
-            q4k_block(nt, x, ib, (const struct blk_q4_k *)row + ib, u, acc);
-        else
+        if (dt == DT_Q6_K)
             q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+        else if (dt == DT_Q5_K)
+            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
+        else
+            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
     }
     store_tile(j, 0, r, nt, 1, u, acc);
 }
 
 INLINE T512VNNI void q4k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q4_K, nt, j, r); }
+INLINE T512VNNI void q5k_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q5_K, nt, j, r); }
 INLINE T512VNNI void q6k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q6_K, nt, j, r); }
 
 MM_DIRECT_KERNEL(T512VNNI, k512_q4k_direct, q4k_row)
+MM_DIRECT_KERNEL(T512VNNI, k512_q5k_direct, q5k_row)
 MM_DIRECT_KERNEL(T512VNNI, k512_q6k_direct, q6k_row)
 
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
 {
     if (!vnni)
         return NULL; /* the AVX2 kernels, as for the slab path */
-    return dt == DT_Q4_K ? &k512_q4k_direct : dt == DT_Q6_K ? &k512_q6k_direct : NULL;
+    return dt == DT_Q4_K   ? &k512_q4k_direct
+           : dt == DT_Q5_K ? &k512_q5k_direct
+           : dt == DT_Q6_K ? &k512_q6k_direct
+                           : NULL;
 }
 
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
