@@ -493,17 +493,25 @@ static void test_unpack_builds(void)
     }
 }
 
-/* The kernels that read a low-bit format's blocks directly (Q4_K, Q5_K
- * and Q6_K on AVX2 and AVX-512 VNNI, up to 4 tokens) give the slab path's bits on the same
- * ISA (mm.direct = 0: unpack, then the codes kernel): blocks of arbitrary
- * bits (finite f16 scales, some zero), 1-4 tokens, one and two threads,
- * rows of 256 to 4,096 values, on every ISA the CPU has (AVX-512 also
- * without VNNI, which takes the AVX2 kernels). */
+/* The kernels that read a low-bit format's blocks directly (Q4_0, Q4_1,
+ * Q4_K, Q5_K and Q6_K on AVX2 and AVX-512 VNNI, up to 4 tokens) give the
+ * slab path's bits on the same ISA (mm.direct = 0: unpack, then the
+ * codes kernel): blocks of arbitrary bits (finite f16 fields, some
+ * zero), 1-4 tokens, one and two threads, rows of 96 to 4,096 values
+ * (the 32-block formats also odd block counts: a half group), on every
+ * ISA the CPU has (AVX-512 also without VNNI, which takes the AVX2
+ * kernels). */
 static void test_direct_kernels(void)
 {
+    static const struct {
+        enum dtype dt;
+        int f16_at[2], n_f16;
+    } fm[] = {{DT_Q4_0, {0}, 1},       {DT_Q4_1, {0, 2}, 2}, {DT_Q4_K, {0, 2}, 2},
+              {DT_Q5_K, {0, 2}, 2},    {DT_Q6_K, {208}, 1}};
+    static const struct shape ksh[] = {{37, 256}, {19, 1024}, {6, 4096}, {64, 2048}};
+    static const struct shape qsh[] = {{37, 96}, {19, 1024}, {6, 4064}, {64, 160}};
     struct err e;
     struct threadpool *pools[2] = {tp_create(1, &e), tp_create(2, &e)};
-    static const struct shape sh[] = {{37, 256}, {19, 1024}, {6, 4096}, {64, 2048}};
     const enum cpu_isa hw = cpu_isa_hw();
     /* as test_shape: hw + 1 stands for AVX-512 without VNNI */
     const int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
@@ -511,60 +519,63 @@ static void test_direct_kernels(void)
     for (int isa = CPU_ISA_AVX2; isa <= last; isa++) {
         const bool novnni = isa > (int)hw;
         isas++;
-        for (size_t si = 0; si < 3 * sizeof sh / sizeof sh[0]; si++) {
-            const enum dtype dt = si % 3 == 2 ? DT_Q6_K : si % 3 ? DT_Q5_K : DT_Q4_K;
-            const struct shape sz = sh[si / 3];
-            /* the f16 fields: d (Q6_K: at 208), and Q4_K's and Q5_K's dmin */
-            const int d_at = dt == DT_Q6_K ? 208 : 0, n_f16 = dt == DT_Q6_K ? 1 : 2;
-            const size_t rb = dtype_row_bytes(dt, sz.cols), bb = dtype_row_bytes(dt, 256);
-            uint8_t *blk = malloc(rb * (size_t)sz.rows);
-            for (size_t i = 0; i < rb * (size_t)sz.rows; i++)
-                blk[i] = (uint8_t)rng_u32();
-            for (size_t b = 0; b < rb * (size_t)sz.rows / bb; b++)
-                for (int k = 0; k < n_f16; k++) {
-                    uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
-                    memcpy(blk + b * bb + d_at + 2 * k, &h, 2);
+        for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
+            const enum dtype dt = fm[f].dt;
+            const int64_t be = dtype_block_elems(dt);
+            for (size_t si = 0; si < sizeof ksh / sizeof ksh[0]; si++) {
+                const struct shape sz = be == 256 ? ksh[si] : qsh[si];
+                const size_t rb = dtype_row_bytes(dt, sz.cols), bb = dtype_row_bytes(dt, be);
+                uint8_t *blk = malloc(rb * (size_t)sz.rows);
+                for (size_t i = 0; i < rb * (size_t)sz.rows; i++)
+                    blk[i] = (uint8_t)rng_u32();
+                for (size_t b = 0; b < rb * (size_t)sz.rows / bb; b++)
+                    for (int k = 0; k < fm[f].n_f16; k++) {
+                        uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
+                        memcpy(blk + b * bb + fm[f].f16_at[k], &h, 2);
+                    }
+                struct tensor w = {dt, sz.rows, sz.cols, blk};
+                const size_t no = 4 * (size_t)sz.rows;
+                float *x = malloc(sizeof(float) * 4 * (size_t)sz.cols);
+                float *a = malloc(sizeof(float) * no), *b = malloc(sizeof(float) * no);
+                for (int n = 1; n <= 4; n++) {
+                    fill_x(x, n, sz.cols);
+                    for (int p = 0; p < 2; p++) {
+                        struct cpu_matmul mm;
+                        CHECK(cpu_matmul_init(&mm, pools[p], novnni ? hw : (enum cpu_isa)isa,
+                                              &e) == 0,
+                              "init: %s", e.msg);
+                        if (novnni)
+                            mm.vnni = 0;
+                        mm.direct = 1;
+                        CHECK(cpu_matmul(&mm, a, x, n, &w, &e) == 0, "direct: %s", e.msg);
+                        mm.direct = 0;
+                        CHECK(cpu_matmul(&mm, b, x, n, &w, &e) == 0, "unpacked: %s", e.msg);
+                        const size_t nn = (size_t)n * (size_t)sz.rows;
+                        int differ = 0;
+                        for (size_t i = 0; i < nn; i++)
+                            differ += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+                        CHECK(differ == 0,
+                              "%s direct %s n=%d %lldx%lld threads=%d: %d of %zu outputs "
+                              "differ from the unpacked path's bits",
+                              dtype_name(dt),
+                              novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa), n,
+                              (long long)sz.rows, (long long)sz.cols, p + 1, differ, nn);
+                        compared += (int)nn;
+                        cpu_matmul_free(&mm);
+                    }
                 }
-            struct tensor w = {dt, sz.rows, sz.cols, blk};
-            const size_t no = 4 * (size_t)sz.rows;
-            float *x = malloc(sizeof(float) * 4 * (size_t)sz.cols);
-            float *a = malloc(sizeof(float) * no), *b = malloc(sizeof(float) * no);
-            for (int n = 1; n <= 4; n++) {
-                fill_x(x, n, sz.cols);
-                for (int p = 0; p < 2; p++) {
-                    struct cpu_matmul mm;
-                    CHECK(cpu_matmul_init(&mm, pools[p], novnni ? hw : (enum cpu_isa)isa, &e) == 0,
-                          "init: %s", e.msg);
-                    if (novnni)
-                        mm.vnni = 0;
-                    mm.direct = 1;
-                    CHECK(cpu_matmul(&mm, a, x, n, &w, &e) == 0, "direct: %s", e.msg);
-                    mm.direct = 0;
-                    CHECK(cpu_matmul(&mm, b, x, n, &w, &e) == 0, "unpacked: %s", e.msg);
-                    const size_t nn = (size_t)n * (size_t)sz.rows;
-                    int differ = 0;
-                    for (size_t i = 0; i < nn; i++)
-                        differ += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-                    CHECK(differ == 0, "%s direct %s n=%d %lldx%lld threads=%d: %d of %zu "
-                          "outputs differ from the unpacked path's bits",
-                          dtype_name(dt),
-                          novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa), n,
-                          (long long)sz.rows, (long long)sz.cols, p + 1, differ, nn);
-                    compared += (int)nn;
-                    cpu_matmul_free(&mm);
-                }
+                free(x);
+                free(a);
+                free(b);
+                free(blk);
             }
-            free(x);
-            free(a);
-            free(b);
-            free(blk);
         }
     }
     if (isas == 0)
-        printf("test_matmul: direct Q4_K/Q5_K/Q6_K kernels skipped: no AVX2\n");
+        printf("test_matmul: direct kernels skipped: no AVX2\n");
     else
-        printf("test_matmul: direct Q4_K/Q5_K/Q6_K kernels == unpacked path on %d outputs (%d ISAs)\n",
-               compared, isas);
+        printf("test_matmul: direct Q4_0/Q4_1/Q4_K/Q5_K/Q6_K kernels == unpacked path on %d "
+               "outputs (%d ISAs)\n", compared, isas);
     for (int i = 0; i < 2; i++)
         tp_destroy(pools[i]);
 }

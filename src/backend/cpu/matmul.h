@@ -20,8 +20,8 @@ struct cpu_matmul {
     void *scratch;
     size_t scratch_cap;
     int vnni; /* AVX-512 VNNI usable (decided once, in cpu_matmul_init) */
-    /* Up to 4 tokens on a low-bit format with a direct kernel (Q4_K,
-     * Q5_K and Q6_K on AVX2 and AVX-512 VNNI): its blocks read as they
+    /* Up to 4 tokens on a low-bit format with a direct kernel (Q4_0,
+     * Q4_1, Q4_K, Q5_K and Q6_K on AVX2 and AVX-512 VNNI): its blocks read as they
      * are, the same bits as unpacking them first (1 from cpu_matmul_init;
      * 0: always unpack, CLLM_CPU_QDIRECT=0, for measurement and tests) */
     int direct;

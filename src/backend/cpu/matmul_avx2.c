@@ -365,7 +365,7 @@ MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_q
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 
-/* ---- Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+/* ---- Q4_0, Q4_1, Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
  * tokens (matmul_impl.h's direct kernels; matmul_avx512.c says why), in
  * halves of 32 values: codes_step's arithmetic on the vectors the
  * unpacking would have written, with codes_tile's accumulators, so the
@@ -469,7 +469,21 @@ INLINE T256 void q6k_block(int nt, const uint8_t *const *x, int64_t ib, const st
     }
 }
 
-/* Row r of a Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* A Q4_0 or (affine) Q4_1 32-block at p as unpack.c's codes_q32 has it:
+ * its 32 codes in value order (low nibbles, then high), its s and m. */
+INLINE T256 __m256i q4x_codes(const uint8_t *p, bool affine, float *s, float *m)
+{
+    uint16_t dh, mh;
+    uint32_t qh;
+    const uint8_t *q = q32_fields(affine ? DT_Q4_1 : DT_Q4_0, p, &dh, &mh, &qh);
+    const __m128i v = _mm_loadu_si128((const __m128i *)q), lo4 = _mm_set1_epi8(0x0F);
+    const float d = _cvtsh_ss(dh);
+    *s = d;
+    *m = affine ? -_cvtsh_ss(mh) : 8.0f * d;
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+}
+
+/* Row r of a Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -480,7 +494,19 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
     for (int i = 0; i < nt; i++)
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
-    for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
+    if (dt == DT_Q4_0 || dt == DT_Q4_1) {
+        /* a block a half: codes_tile's accumulators, half k in set k % u
+         * but the last nb % u halves in set 0 */
+        const int64_t nb = j->cols / 32, main = nb - nb % u;
+        const size_t bb = dtype_row_bytes(dt, 32);
+        for (int64_t k = 0; k < nb; k++) {
+            float s, m;
+            const __m256i wu = q4x_codes(row + (size_t)k * bb, dt == DT_Q4_1, &s, &m);
+            direct_half(nt, x, k / 2, (int)(k % 2), wu, _mm256_set1_ps(s), _mm256_set1_ps(m),
+                        acc[k < main ? k % u : 0]);
+        }
+    }
+    for (int64_t ib = 0; dt != DT_Q4_0 && dt != DT_Q4_1 && ib < j->cols / Q_K_BLOCK; ib++) {
         if (dt == DT_Q6_K)
             q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
         else if (dt == DT_Q5_K)
@@ -495,19 +521,29 @@ INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q4_K, nt, j, r); }
 INLINE T256 void q5k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q5_K, nt, j, r); }
+INLINE T256 void q40_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_0, nt, j, r); }
+INLINE T256 void q41_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_1, nt, j, r); }
 INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q6_K, nt, j, r); }
 
 MM_DIRECT_KERNEL(T256, k256_q4k_direct, q4k_row)
 MM_DIRECT_KERNEL(T256, k256_q5k_direct, q5k_row)
+MM_DIRECT_KERNEL(T256, k256_q40_direct, q40_row)
+MM_DIRECT_KERNEL(T256, k256_q41_direct, q41_row)
 MM_DIRECT_KERNEL(T256, k256_q6k_direct, q6k_row)
 
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
 {
-    return dt == DT_Q4_K   ? &k256_q4k_direct
-           : dt == DT_Q5_K ? &k256_q5k_direct
-           : dt == DT_Q6_K ? &k256_q6k_direct
-                           : NULL;
+    switch (dt) {
+    case DT_Q4_0: return &k256_q40_direct;
+    case DT_Q4_1: return &k256_q41_direct;
+    case DT_Q4_K: return &k256_q4k_direct;
+    case DT_Q5_K: return &k256_q5k_direct;
+    case DT_Q6_K: return &k256_q6k_direct;
+    default: return NULL;
+    }
 }
 
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt)

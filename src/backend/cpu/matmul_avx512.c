@@ -390,7 +390,7 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
     return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
 }
 
-/* ---- Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
+/* ---- Q4_0, Q4_1, Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
  * tokens (matmul_impl.h's direct kernels) ----
  *
  * For a few tokens, the slab path's unpacking (192 bytes written and read
@@ -500,7 +500,38 @@ INLINE T512VNNI void q6k_block(int nt, const uint8_t *const *x, int64_t ib,
     }
 }
 
-/* Row r of a Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* A Q4_0 or (affine) Q4_1 32-block at p as unpack.c's codes_q32 has it:
+ * its 32 codes in value order (low nibbles, then high), its s and m. */
+INLINE T512VNNI __m256i q4x_codes(const uint8_t *p, bool affine, float *s, float *m)
+{
+    uint16_t dh, mh;
+    uint32_t qh;
+    const uint8_t *q = q32_fields(affine ? DT_Q4_1 : DT_Q4_0, p, &dh, &mh, &qh);
+    const __m128i v = _mm_loadu_si128((const __m128i *)q), lo4 = _mm_set1_epi8(0x0F);
+    const float d = _cvtsh_ss(dh);
+    *s = d;
+    *m = affine ? -_cvtsh_ss(mh) : 8.0f * d;
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+}
+
+/* Group g of a Q4_0 / Q4_1 row (blocks 2g and 2g + 1 of nb, bb bytes each;
+ * a missing second block is the slab's zeros) into ac. */
+INLINE T512VNNI void q4x_group(int nt, const uint8_t *const *x, int64_t g, const uint8_t *row,
+                               int64_t nb, size_t bb, bool affine, __m512 ac[MR][NR])
+{
+    float s0, m0, s1 = 0.0f, m1 = 0.0f;
+    const __m256i c0 = q4x_codes(row + (size_t)(2 * g) * bb, affine, &s0, &m0);
+    const __m256i c1 = 2 * g + 1 < nb ? q4x_codes(row + (size_t)(2 * g + 1) * bb, affine, &s1, &m1)
+                                      : _mm256_setzero_si256();
+    /* lanes 0-7 the first block's, 8-15 the second's */
+    const __m512 sl = _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castps_pd(_mm512_set1_ps(s0)), _mm256_castps_pd(_mm256_set1_ps(s1)), 1));
+    const __m512 ml = _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castps_pd(_mm512_set1_ps(m0)), _mm256_castps_pd(_mm256_set1_ps(m1)), 1));
+    direct_group(nt, x, g, _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), sl, ml, ac);
+}
+
+/* Row r of a Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -511,7 +542,15 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
     for (int i = 0; i < nt; i++)
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
-    for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
+    if (dt == DT_Q4_0 || dt == DT_Q4_1) {
+        /* codes_tile's accumulators: group g in set g % u, but the last
+         * ng % u groups in set 0 */
+        const int64_t nb = j->cols / 32, ng = (nb + 1) / 2, main = ng - ng % u;
+        const size_t bb = dtype_row_bytes(dt, 32);
+        for (int64_t g = 0; g < ng; g++)
+            q4x_group(nt, x, g, row, nb, bb, dt == DT_Q4_1, acc[g < main ? g % u : 0]);
+    }
+    for (int64_t ib = 0; dt != DT_Q4_0 && dt != DT_Q4_1 && ib < j->cols / Q_K_BLOCK; ib++) {
         if (dt == DT_Q6_K)
             q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
         else if (dt == DT_Q5_K)
@@ -526,21 +565,31 @@ INLINE T512VNNI void q4k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q4_K, nt, j, r); }
 INLINE T512VNNI void q5k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q5_K, nt, j, r); }
+INLINE T512VNNI void q40_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_0, nt, j, r); }
+INLINE T512VNNI void q41_row(int nt, const struct mm_job *j, int64_t r)
+{ direct_row(DT_Q4_1, nt, j, r); }
 INLINE T512VNNI void q6k_row(int nt, const struct mm_job *j, int64_t r)
 { direct_row(DT_Q6_K, nt, j, r); }
 
 MM_DIRECT_KERNEL(T512VNNI, k512_q4k_direct, q4k_row)
 MM_DIRECT_KERNEL(T512VNNI, k512_q5k_direct, q5k_row)
+MM_DIRECT_KERNEL(T512VNNI, k512_q40_direct, q40_row)
+MM_DIRECT_KERNEL(T512VNNI, k512_q41_direct, q41_row)
 MM_DIRECT_KERNEL(T512VNNI, k512_q6k_direct, q6k_row)
 
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
 {
     if (!vnni)
         return NULL; /* the AVX2 kernels, as for the slab path */
-    return dt == DT_Q4_K   ? &k512_q4k_direct
-           : dt == DT_Q5_K ? &k512_q5k_direct
-           : dt == DT_Q6_K ? &k512_q6k_direct
-                           : NULL;
+    switch (dt) {
+    case DT_Q4_0: return &k512_q40_direct;
+    case DT_Q4_1: return &k512_q41_direct;
+    case DT_Q4_K: return &k512_q4k_direct;
+    case DT_Q5_K: return &k512_q5k_direct;
+    case DT_Q6_K: return &k512_q6k_direct;
+    default: return NULL;
+    }
 }
 
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
