@@ -505,34 +505,24 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
             direct_half(nt, x, k / 2, (int)(k % 2), wu, _mm256_set1_ps(s), _mm256_set1_ps(m),
                         acc[k < main ? k % u : 0]);
         }
-    }
-    for (int64_t ib = 0; dt != DT_Q4_0 && dt != DT_Q4_1 && ib < j->cols / Q_K_BLOCK; ib++) {
-        if (dt == DT_Q6_K)
-            q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
-        else if (dt == DT_Q5_K)
-            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
-        else
-            k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
+    } else {
+        for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
+            if (dt == DT_Q6_K)
+                q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+            else if (dt == DT_Q5_K)
+                k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
+            else
+                k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
+        }
     }
     store_tile(j, 0, r, nt, 1, u, acc);
 }
 
-INLINE T256 void q4k_row(int nt, const struct mm_job *j, int64_t r)
-{ direct_row(DT_Q4_K, nt, j, r); }
-INLINE T256 void q5k_row(int nt, const struct mm_job *j, int64_t r)
-{ direct_row(DT_Q5_K, nt, j, r); }
-INLINE T256 void q40_row(int nt, const struct mm_job *j, int64_t r)
-{ direct_row(DT_Q4_0, nt, j, r); }
-INLINE T256 void q41_row(int nt, const struct mm_job *j, int64_t r)
-{ direct_row(DT_Q4_1, nt, j, r); }
-INLINE T256 void q6k_row(int nt, const struct mm_job *j, int64_t r)
-{ direct_row(DT_Q6_K, nt, j, r); }
-
-MM_DIRECT_KERNEL(T256, k256_q4k_direct, q4k_row)
-MM_DIRECT_KERNEL(T256, k256_q5k_direct, q5k_row)
-MM_DIRECT_KERNEL(T256, k256_q40_direct, q40_row)
-MM_DIRECT_KERNEL(T256, k256_q41_direct, q41_row)
-MM_DIRECT_KERNEL(T256, k256_q6k_direct, q6k_row)
+MM_DIRECT_KERNEL(T256, k256_q40_direct, direct_row, DT_Q4_0)
+MM_DIRECT_KERNEL(T256, k256_q41_direct, direct_row, DT_Q4_1)
+MM_DIRECT_KERNEL(T256, k256_q4k_direct, direct_row, DT_Q4_K)
+MM_DIRECT_KERNEL(T256, k256_q5k_direct, direct_row, DT_Q5_K)
+MM_DIRECT_KERNEL(T256, k256_q6k_direct, direct_row, DT_Q6_K)
 
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
 {
