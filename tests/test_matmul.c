@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_impl.h"
 #include "backend/cpu/unpack.h"
 #include "base/half.h"
 #include "model/quant.h"
@@ -493,6 +494,53 @@ static void test_unpack_builds(void)
     }
 }
 
+/* The AVX2 quantizer of the integer-code formats' activations writes
+ * mm_codes_xq_quantize's bytes: random rows, a block of zeros, blocks of
+ * exact ties (an absmax of 127, so halves round to even), tiny and large
+ * magnitudes, and odd block counts (the missing half group). */
+static void test_codes_quantize(void)
+{
+    if (cpu_isa_hw() < CPU_ISA_AVX2) {
+        printf("test_matmul: codes quantizer skipped: no AVX2\n");
+        return;
+    }
+    static const int64_t cols[] = {32, 96, 1024, 4064, 4096};
+    int rows = 0;
+    for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++) {
+        const int64_t n = cols[c];
+        const size_t rb = mm_codes_xq_row_bytes(n);
+        float *x = malloc(sizeof(float) * (size_t)n);
+        uint8_t *ref = malloc(rb), *got = malloc(rb);
+        for (int v = 0; v < 6; v++) {
+            const float scale = v == 4 ? 1e-30f : v == 5 ? 3e4f : 1.0f;
+            for (int64_t k = 0; k < n; k++)
+                x[k] = rng_f() * scale;
+            if (v == 1) /* a block of zeros */
+                memset(x + (n / 32 / 2) * 32, 0, 32 * sizeof(float));
+            if (v >= 2) /* absmax 127: d = 1, so k + 0.5 is a tie */
+                for (int64_t b = 0; b < n / 32; b += 2) {
+                    x[b * 32] = v == 2 ? 127.0f : -127.0f;
+                    for (int i = 1; i < 32; i++)
+                        x[b * 32 + i] = (float)((int)(rng_u32() % 253) - 126) + 0.5f;
+                }
+            memset(ref, 0xAB, rb);
+            memset(got, 0xCD, rb);
+            mm_codes_xq_quantize(x, ref, n);
+            mm_codes_xq_quantize_avx2(x, got, n);
+            size_t differ = 0;
+            for (size_t i = 0; i < rb; i++)
+                differ += ref[i] != got[i];
+            CHECK(differ == 0, "codes quantizer, %lld columns, case %d: %zu of %zu bytes differ "
+                  "from mm_codes_xq_quantize's", (long long)n, v, differ, rb);
+            rows++;
+        }
+        free(x);
+        free(ref);
+        free(got);
+    }
+    printf("test_matmul: AVX2 codes quantizer == scalar on %d rows\n", rows);
+}
+
 /* The kernels that read a low-bit format's blocks directly (Q4_0, Q4_1,
  * Q4_K, Q5_K and Q6_K on AVX2 and AVX-512 VNNI, up to 4 tokens) give the
  * slab path's bits on the same ISA (mm.direct = 0: unpack, then the
@@ -588,6 +636,7 @@ int main(void)
     test_q8_0_roundtrip();
     test_matmul_errors();
     test_unpack_builds();
+    test_codes_quantize();
     test_direct_kernels();
     test_matmul_all();
     return test_summary("test_matmul");

@@ -383,7 +383,8 @@ INLINE T512VNNI void codes_tile(int mr, int nr, const struct mm_job *j, int64_t 
     store_tile(j, t, r, mr, nr, u, acc);
 }
 
-MM_INT_KERNEL(T512VNNI, k512_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_quantize)
+MM_INT_KERNEL(T512VNNI, k512_codes, codes_tile, mm_codes_xq_row_bytes,
+              mm_codes_xq_quantize_avx2)
 
 const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
 {

@@ -61,7 +61,7 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni);
  * unpacks a slab of weight rows at a time into unpack.h's layout and runs
  * one of these over it (NULL: none in the family). Their activation rows
  * are groups of UNPACK_GROUP_BYTES matching the weights' groups, written
- * by mm_codes_xq_quantize for every family:
+ * by mm_codes_xq_quantize (or its AVX2 twin, the same bytes):
  *   qs [64] int8   values 64g .. rounded to 8 bits a 32-block, at
  *                  scale absmax / 127 (a missing half: zeros)
  *   d  [16] f32    lane l's block scale
@@ -79,6 +79,9 @@ const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 size_t mm_codes_xq_row_bytes(int64_t cols);
 void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
+/* The same bytes by AVX2 (the AVX2 and AVX-512 families' quantizer; call
+ * only where cpu_isa_hw() has AVX2). */
+void mm_codes_xq_quantize_avx2(const float *x, uint8_t *dst, int64_t cols);
 
 static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -128,6 +131,6 @@ static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * 
     }                                                                          \
     static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, NULL, NULL, \
                                           NULL, NULL, mm_codes_xq_row_bytes,   \
-                                          mm_codes_xq_quantize};
+                                          mm_codes_xq_quantize_avx2};
 
 #endif
