@@ -405,9 +405,9 @@ MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_q
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 
-/* ---- Q4_0, Q4_1, Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
- * tokens (matmul_impl.h's direct kernels; matmul_avx512.c says why), in
- * halves of 32 values: codes_step's arithmetic on the vectors the
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K read from their blocks,
+ * for up to STREAM_MAX_N tokens (matmul_impl.h's direct kernels;
+ * matmul_avx512.c says why), in halves of 32 values: codes_step's arithmetic on the vectors the
  * unpacking would have written, with codes_tile's accumulators, so the
  * slab path's bits. ---- */
 
@@ -509,21 +509,35 @@ INLINE T256 void q6k_block(int nt, const uint8_t *const *x, int64_t ib, const st
     }
 }
 
-/* A Q4_0 or (affine) Q4_1 32-block at p as unpack.c's codes_q32 has it:
- * its 32 codes in value order (low nibbles, then high), its s and m. */
-INLINE T256 __m256i q4x_codes(const uint8_t *p, bool affine, float *s, float *m)
+/* A Q4_0, Q4_1, Q5_0 or Q5_1 32-block at p as unpack.c's codes_q32 has
+ * it: its 32 codes in value order (low nibbles, then high, with the
+ * fifth bits of the Q5_* ones), its s and m. */
+INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *m)
 {
+    const bool affine = dt == DT_Q4_1 || dt == DT_Q5_1, five = dt == DT_Q5_0 || dt == DT_Q5_1;
     uint16_t dh, mh;
     uint32_t qh;
-    const uint8_t *q = q32_fields(affine ? DT_Q4_1 : DT_Q4_0, p, &dh, &mh, &qh);
+    const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
     const __m128i v = _mm_loadu_si128((const __m128i *)q), lo4 = _mm_set1_epi8(0x0F);
     const float d = _cvtsh_ss(dh);
     *s = d;
-    *m = affine ? -_cvtsh_ss(mh) : 8.0f * d;
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+    *m = affine ? -_cvtsh_ss(mh) : (five ? 16.0f : 8.0f) * d;
+    __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+    if (five) {
+        /* qh's bit k is value k's fifth bit: byte k of qh's bytes spread
+         * eight a byte, tested against its bit */
+        const __m256i spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)qh),
+            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                             2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+        c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                                _mm256_set1_epi8(0x10)));
+    }
+    return c;
 }
 
-/* Row r of a Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* Row r of a Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -534,14 +548,14 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
     for (int i = 0; i < nt; i++)
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
-    if (dt == DT_Q4_0 || dt == DT_Q4_1) {
+    if (dtype_block_elems(dt) == 32) {
         /* a block a half: codes_tile's accumulators, half k in set k % u
          * but the last nb % u halves in set 0 */
         const int64_t nb = j->cols / 32, main = nb - nb % u;
         const size_t bb = dtype_row_bytes(dt, 32);
         for (int64_t k = 0; k < nb; k++) {
             float s, m;
-            const __m256i wu = q4x_codes(row + (size_t)k * bb, dt == DT_Q4_1, &s, &m);
+            const __m256i wu = q32_codes(row + (size_t)k * bb, dt, &s, &m);
             direct_half(nt, x, k / 2, (int)(k % 2), wu, _mm256_set1_ps(s), _mm256_set1_ps(m),
                         acc[k < main ? k % u : 0]);
         }
@@ -560,6 +574,8 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
 
 MM_DIRECT_KERNEL(T256, k256_q40_direct, direct_row, DT_Q4_0)
 MM_DIRECT_KERNEL(T256, k256_q41_direct, direct_row, DT_Q4_1)
+MM_DIRECT_KERNEL(T256, k256_q50_direct, direct_row, DT_Q5_0)
+MM_DIRECT_KERNEL(T256, k256_q51_direct, direct_row, DT_Q5_1)
 MM_DIRECT_KERNEL(T256, k256_q4k_direct, direct_row, DT_Q4_K)
 MM_DIRECT_KERNEL(T256, k256_q5k_direct, direct_row, DT_Q5_K)
 MM_DIRECT_KERNEL(T256, k256_q6k_direct, direct_row, DT_Q6_K)
@@ -569,6 +585,8 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
     switch (dt) {
     case DT_Q4_0: return &k256_q40_direct;
     case DT_Q4_1: return &k256_q41_direct;
+    case DT_Q5_0: return &k256_q50_direct;
+    case DT_Q5_1: return &k256_q51_direct;
     case DT_Q4_K: return &k256_q4k_direct;
     case DT_Q5_K: return &k256_q5k_direct;
     case DT_Q6_K: return &k256_q6k_direct;

@@ -391,8 +391,8 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
     return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
 }
 
-/* ---- Q4_0, Q4_1, Q4_K, Q5_K and Q6_K read from their blocks, for up to STREAM_MAX_N
- * tokens (matmul_impl.h's direct kernels) ----
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K read from their blocks,
+ * for up to STREAM_MAX_N tokens (matmul_impl.h's direct kernels) ----
  *
  * For a few tokens, the slab path's unpacking (192 bytes written and read
  * back for every 64 values) is most of a row's work. These kernels build
@@ -501,28 +501,36 @@ INLINE T512VNNI void q6k_block(int nt, const uint8_t *const *x, int64_t ib,
     }
 }
 
-/* A Q4_0 or (affine) Q4_1 32-block at p as unpack.c's codes_q32 has it:
- * its 32 codes in value order (low nibbles, then high), its s and m. */
-INLINE T512VNNI __m256i q4x_codes(const uint8_t *p, bool affine, float *s, float *m)
+/* A Q4_0, Q4_1, Q5_0 or Q5_1 32-block at p as unpack.c's codes_q32 has
+ * it: its 32 codes in value order (low nibbles, then high, with the
+ * fifth bits of the Q5_* ones), its s and m. */
+INLINE T512VNNI __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *m)
 {
+    const bool affine = dt == DT_Q4_1 || dt == DT_Q5_1, five = dt == DT_Q5_0 || dt == DT_Q5_1;
     uint16_t dh, mh;
     uint32_t qh;
-    const uint8_t *q = q32_fields(affine ? DT_Q4_1 : DT_Q4_0, p, &dh, &mh, &qh);
+    const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
     const __m128i v = _mm_loadu_si128((const __m128i *)q), lo4 = _mm_set1_epi8(0x0F);
     const float d = _cvtsh_ss(dh);
     *s = d;
-    *m = affine ? -_cvtsh_ss(mh) : 8.0f * d;
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+    *m = affine ? -_cvtsh_ss(mh) : (five ? 16.0f : 8.0f) * d;
+    __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
+    if (five) {
+        /* qh's bit k is value k's fifth bit */
+        c = _mm256_or_si256(c, _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10)));
+    }
+    return c;
 }
 
-/* Group g of a Q4_0 / Q4_1 row (blocks 2g and 2g + 1 of nb, bb bytes each;
- * a missing second block is the slab's zeros) into ac. */
-INLINE T512VNNI void q4x_group(int nt, const uint8_t *const *x, int64_t g, const uint8_t *row,
-                               int64_t nb, size_t bb, bool affine, __m512 ac[MR][NR])
+/* Group g of a row of one of the 32-block formats (blocks 2g and 2g + 1
+ * of nb, bb bytes each; a missing second block is the slab's zeros) into
+ * ac. */
+INLINE T512VNNI void q32_group(int nt, const uint8_t *const *x, int64_t g, const uint8_t *row,
+                               int64_t nb, size_t bb, enum dtype dt, __m512 ac[MR][NR])
 {
     float s0, m0, s1 = 0.0f, m1 = 0.0f;
-    const __m256i c0 = q4x_codes(row + (size_t)(2 * g) * bb, affine, &s0, &m0);
-    const __m256i c1 = 2 * g + 1 < nb ? q4x_codes(row + (size_t)(2 * g + 1) * bb, affine, &s1, &m1)
+    const __m256i c0 = q32_codes(row + (size_t)(2 * g) * bb, dt, &s0, &m0);
+    const __m256i c1 = 2 * g + 1 < nb ? q32_codes(row + (size_t)(2 * g + 1) * bb, dt, &s1, &m1)
                                       : _mm256_setzero_si256();
     /* lanes 0-7 the first block's, 8-15 the second's */
     const __m512 sl = _mm512_castpd_ps(_mm512_insertf64x4(
@@ -532,7 +540,7 @@ INLINE T512VNNI void q4x_group(int nt, const uint8_t *const *x, int64_t g, const
     direct_group(nt, x, g, _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), sl, ml, ac);
 }
 
-/* Row r of a Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* Row r of a Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
 INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -543,13 +551,13 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
     for (int i = 0; i < nt; i++)
         x[i] = j->xq + i * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
-    if (dt == DT_Q4_0 || dt == DT_Q4_1) {
+    if (dtype_block_elems(dt) == 32) {
         /* codes_tile's accumulators: group g in set g % u, but the last
          * ng % u groups in set 0 */
         const int64_t nb = j->cols / 32, ng = (nb + 1) / 2, main = ng - ng % u;
         const size_t bb = dtype_row_bytes(dt, 32);
         for (int64_t g = 0; g < ng; g++)
-            q4x_group(nt, x, g, row, nb, bb, dt == DT_Q4_1, acc[g < main ? g % u : 0]);
+            q32_group(nt, x, g, row, nb, bb, dt, acc[g < main ? g % u : 0]);
     } else {
         for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
             if (dt == DT_Q6_K)
@@ -565,6 +573,8 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
 
 MM_DIRECT_KERNEL(T512VNNI, k512_q40_direct, direct_row, DT_Q4_0)
 MM_DIRECT_KERNEL(T512VNNI, k512_q41_direct, direct_row, DT_Q4_1)
+MM_DIRECT_KERNEL(T512VNNI, k512_q50_direct, direct_row, DT_Q5_0)
+MM_DIRECT_KERNEL(T512VNNI, k512_q51_direct, direct_row, DT_Q5_1)
 MM_DIRECT_KERNEL(T512VNNI, k512_q4k_direct, direct_row, DT_Q4_K)
 MM_DIRECT_KERNEL(T512VNNI, k512_q5k_direct, direct_row, DT_Q5_K)
 MM_DIRECT_KERNEL(T512VNNI, k512_q6k_direct, direct_row, DT_Q6_K)
@@ -576,6 +586,8 @@ const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
     switch (dt) {
     case DT_Q4_0: return &k512_q40_direct;
     case DT_Q4_1: return &k512_q41_direct;
+    case DT_Q5_0: return &k512_q50_direct;
+    case DT_Q5_1: return &k512_q51_direct;
     case DT_Q4_K: return &k512_q4k_direct;
     case DT_Q5_K: return &k512_q5k_direct;
     case DT_Q6_K: return &k512_q6k_direct;
