@@ -541,8 +541,8 @@ static void test_codes_quantize(void)
     printf("test_matmul: AVX2 codes quantizer == scalar on %d rows\n", rows);
 }
 
-/* The kernels that read a low-bit format's blocks directly (Q4_0, Q4_1,
- * Q5_0, Q5_1, Q4_K, Q5_K and Q6_K on AVX2 and AVX-512 VNNI, up to 4 tokens) give the
+/* The kernels that read a low-bit format's blocks directly (all nine
+ * formats on AVX2 and AVX-512 VNNI, up to 4 tokens) give the
  * slab path's bits on the same ISA (mm.direct = 0: unpack, then the
  * codes kernel): blocks of arbitrary bits (finite f16 fields, some
  * zero), 1-4 tokens, one and two threads, rows of 96 to 4,096 values
@@ -555,7 +555,8 @@ static void test_direct_kernels(void)
         enum dtype dt;
         int f16_at[2], n_f16;
     } fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1}, {DT_Q5_1, {0, 2}, 2},
-              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1}};
+              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1},
+              {DT_Q2_K, {80, 82}, 2}, {DT_Q3_K, {108}, 1}};
     static const struct shape ksh[] = {{37, 256}, {19, 1024}, {6, 4096}, {64, 2048}};
     static const struct shape qsh[] = {{37, 96}, {19, 1024}, {6, 4064}, {64, 160}};
     struct err e;
@@ -622,7 +623,7 @@ static void test_direct_kernels(void)
     if (isas == 0)
         printf("test_matmul: direct kernels skipped: no AVX2\n");
     else
-        printf("test_matmul: direct Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K kernels == unpacked path on %d "
+        printf("test_matmul: direct kernels of all nine 2-6-bit formats == unpacked path on %d "
                "outputs (%d ISAs)\n", compared, isas);
     for (int i = 0; i < 2; i++)
         tp_destroy(pools[i]);

@@ -257,6 +257,22 @@ static inline void q3_k_scales(const uint8_t *q, int8_t *sc)
     }
 }
 
+/* q3_k_scales' sixteen bytes four to a word (byte j of the 16 is sc[j]),
+ * by word-wide bit operations, for the SIMD unpacking and kernels: low
+ * nibbles from bytes 0-7, top bits from bytes 8-11 at 2 (j / 4). */
+static inline void q3_k_scale_words(const uint8_t *q, uint32_t w[4])
+{
+    uint32_t a0, a1, c;
+    memcpy(&a0, q, 4);
+    memcpy(&a1, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    const uint32_t n4 = 0x0f0f0f0f, t2 = 0x03030303;
+    w[0] = (a0 & n4) | (c & t2) << 4;
+    w[1] = (a1 & n4) | ((c >> 2) & t2) << 4;
+    w[2] = ((a0 >> 4) & n4) | ((c >> 4) & t2) << 4;
+    w[3] = ((a1 >> 4) & n4) | ((c >> 6) & t2) << 4;
+}
+
 /* d (sc & 15) code - dmin (sc >> 4), ggml's order; run j of half n takes
  * bits 2j of bytes 32n + l, groups 8n + 2j (l < 16) and 8n + 2j + 1 */
 static inline void dq_q2_k(const struct blk_q2_k *restrict b, float *restrict y)

@@ -405,7 +405,7 @@ MM_INT_KERNEL(T256, k256_codes, codes_tile, mm_codes_xq_row_bytes, mm_codes_xq_q
 
 const struct mm_kernel *mm_codes_kernel_avx2(void) { return &k256_codes; }
 
-/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K read from their blocks,
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1 and the K formats read from their blocks,
  * for up to STREAM_MAX_N tokens (matmul_impl.h's direct kernels;
  * matmul_avx512.c says why), in halves of 32 values: codes_step's arithmetic on the vectors the
  * unpacking would have written, with codes_tile's accumulators, so the
@@ -509,6 +509,68 @@ INLINE T256 void q6k_block(int nt, const uint8_t *const *x, int64_t ib, const st
     }
 }
 
+/* Bit b of each byte of hm moved to bit 2, the rest cleared (Q3_K's
+ * third bit of a code): one shift through 16-bit lanes, then the mask. */
+INLINE T256 __m256i hmask_bit(__m256i hm, int b)
+{
+    const __m256i v = b >= 2 ? _mm256_srli_epi16(hm, b - 2) : _mm256_slli_epi16(hm, 2 - b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(4));
+}
+
+/* A Q2_K or (three) Q3_K block ib into acc (matmul_avx512.c's k23_block
+ * in halves): half hh of group g = 2n + k is run 2k + hh of half n; its
+ * lanes take 16-units 4g + 2hh and 4g + 2hh + 1, four lanes each. */
+INLINE T256 void k23_block(int nt, const uint8_t *const *x, int64_t ib, const uint8_t *blk,
+                           bool three, int u, __m256 acc[UMAX][MMAX][NR])
+{
+    const struct blk_q2_k *b2 = (const struct blk_q2_k *)blk;
+    const struct blk_q3_k *b3 = (const struct blk_q3_k *)blk;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const uint8_t *qs = three ? b3->qs : b2->qs;
+    const __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
+    __m256 s8[2], m8[2]; /* units 0-7 and 8-15: the reference's products */
+    if (three) {
+        uint32_t sc[4];
+        q3_k_scale_words(b3->scales, sc);
+        const __m128i v = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)sc[2], (int)sc[3]);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b3->d));
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_sub_epi32(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(v, 8) : v),
+                                               _mm256_set1_epi32(32));
+            s8[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(w));
+            m8[h] = _mm256_mul_ps(_mm256_set1_ps(4.0f), s8[h]);
+        }
+    } else {
+        const __m128i v = _mm_loadu_si128((const __m128i *)b2->scales);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b2->d)), dm = _mm256_set1_ps(_cvtsh_ss(b2->dmin));
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(v, 8) : v);
+            s8[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF))));
+            m8[h] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)));
+        }
+    }
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const int g = 2 * n + k;
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; hh++) {
+                const int run = 2 * k + hh, un = (4 * g + 2 * hh) % 8;
+                __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * run), m3);
+                if (three)
+                    c = _mm256_or_si256(c, hmask_bit(hm, 4 * n + run));
+                const __m256i idx =
+                    _mm256_setr_epi32(un, un, un, un, un + 1, un + 1, un + 1, un + 1);
+                /* codes_tile's accumulators: half 2g + hh in set (2g + hh) % u */
+                direct_half(nt, x, 4 * ib + g, hh, c, _mm256_permutevar8x32_ps(s8[n], idx),
+                            _mm256_permutevar8x32_ps(m8[n], idx), acc[(2 * g + hh) % u]);
+            }
+        }
+    }
+}
+
 /* A Q4_0, Q4_1, Q5_0 or Q5_1 32-block at p as unpack.c's codes_q32 has
  * it: its 32 codes in value order (low nibbles, then high, with the
  * fifth bits of the Q5_* ones), its s and m. */
@@ -537,7 +599,7 @@ INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *
     return c;
 }
 
-/* Row r of a Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
 INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -563,6 +625,9 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
         for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
             if (dt == DT_Q6_K)
                 q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+            else if (dt == DT_Q2_K || dt == DT_Q3_K)
+                k23_block(nt, x, ib, row + ib * dtype_row_bytes(dt, Q_K_BLOCK), dt == DT_Q3_K, u,
+                          acc);
             else if (dt == DT_Q5_K)
                 k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
             else
@@ -579,6 +644,8 @@ MM_DIRECT_KERNEL(T256, k256_q51_direct, direct_row, DT_Q5_1)
 MM_DIRECT_KERNEL(T256, k256_q4k_direct, direct_row, DT_Q4_K)
 MM_DIRECT_KERNEL(T256, k256_q5k_direct, direct_row, DT_Q5_K)
 MM_DIRECT_KERNEL(T256, k256_q6k_direct, direct_row, DT_Q6_K)
+MM_DIRECT_KERNEL(T256, k256_q2k_direct, direct_row, DT_Q2_K)
+MM_DIRECT_KERNEL(T256, k256_q3k_direct, direct_row, DT_Q3_K)
 
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
 {
@@ -590,6 +657,8 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt)
     case DT_Q4_K: return &k256_q4k_direct;
     case DT_Q5_K: return &k256_q5k_direct;
     case DT_Q6_K: return &k256_q6k_direct;
+    case DT_Q2_K: return &k256_q2k_direct;
+    case DT_Q3_K: return &k256_q3k_direct;
     default: return NULL;
     }
 }

@@ -391,7 +391,7 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni)
     return vnni ? &k512_codes : NULL; /* the AVX2 kernel covers it */
 }
 
-/* ---- Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K read from their blocks,
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1 and the K formats read from their blocks,
  * for up to STREAM_MAX_N tokens (matmul_impl.h's direct kernels) ----
  *
  * For a few tokens, the slab path's unpacking (192 bytes written and read
@@ -501,6 +501,66 @@ INLINE T512VNNI void q6k_block(int nt, const uint8_t *const *x, int64_t ib,
     }
 }
 
+/* Bit b of each byte of hm moved to bit 2, the rest cleared (Q3_K's
+ * third bit of a code): one shift through 16-bit lanes, then the mask. */
+INLINE T512VNNI __m256i hmask_bit(__m256i hm, int b)
+{
+    const __m256i v = b >= 2 ? _mm256_srli_epi16(hm, b - 2) : _mm256_slli_epi16(hm, 2 - b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(4));
+}
+
+/* A Q2_K or (three) Q3_K block ib into acc (unpack.c's codes_q2_k /
+ * codes_q3_k in registers): group g = 2n + k is runs 2k and 2k + 1 of
+ * half n, the two bits at 2 run of qs[32n ..) (Q3_K's third from bit
+ * 4n + run of hmask); lane l takes 16-unit 4g + l / 4's s and m. */
+INLINE T512VNNI void k23_block(int nt, const uint8_t *const *x, int64_t ib, const uint8_t *blk,
+                               bool three, int u, __m512 acc[UMAX][MR][NR])
+{
+    const struct blk_q2_k *b2 = (const struct blk_q2_k *)blk;
+    const struct blk_q3_k *b3 = (const struct blk_q3_k *)blk;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const uint8_t *qs = three ? b3->qs : b2->qs;
+    const __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
+    __m512 s16, m16; /* the reference's products */
+    if (three) {
+        uint32_t sc[4];
+        q3_k_scale_words(b3->scales, sc);
+        const __m512i v = _mm512_sub_epi32(_mm512_cvtepi8_epi32(
+                              _mm_setr_epi32((int)sc[0], (int)sc[1], (int)sc[2], (int)sc[3])),
+                                           _mm512_set1_epi32(32));
+        s16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b3->d)), _mm512_cvtepi32_ps(v));
+        m16 = _mm512_mul_ps(_mm512_set1_ps(4.0f), s16);
+    } else {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b2->scales));
+        s16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b2->d)),
+                            _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF))));
+        m16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b2->dmin)),
+                            _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)));
+    }
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            __m256i c[2];
+#pragma GCC unroll 2
+            for (int hh = 0; hh < 2; hh++) {
+                /* byte shifts through 16-bit lanes, masked after */
+                const int run = 2 * k + hh;
+                c[hh] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * run), m3);
+                if (three)
+                    c[hh] = _mm256_or_si256(c[hh], hmask_bit(hm, 4 * n + run));
+            }
+            const int g = 2 * n + k;
+            const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * g), quarter);
+            direct_group(nt, x, 4 * ib + g, _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1),
+                         _mm512_permutexvar_ps(idx, s16), _mm512_permutexvar_ps(idx, m16),
+                         acc[g % u]);
+        }
+    }
+}
+
 /* A Q4_0, Q4_1, Q5_0 or Q5_1 32-block at p as unpack.c's codes_q32 has
  * it: its 32 codes in value order (low nibbles, then high, with the
  * fifth bits of the Q5_* ones), its s and m. */
@@ -540,7 +600,7 @@ INLINE T512VNNI void q32_group(int nt, const uint8_t *const *x, int64_t g, const
     direct_group(nt, x, g, _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), sl, ml, ac);
 }
 
-/* Row r of a Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K matrix against nt tokens. */
+/* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
 INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
 {
     const int u = UNROLL(nt, 1);
@@ -562,6 +622,9 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
         for (int64_t ib = 0; ib < j->cols / Q_K_BLOCK; ib++) {
             if (dt == DT_Q6_K)
                 q6k_block(nt, x, ib, (const struct blk_q6_k *)row + ib, u, acc);
+            else if (dt == DT_Q2_K || dt == DT_Q3_K)
+                k23_block(nt, x, ib, row + ib * dtype_row_bytes(dt, Q_K_BLOCK), dt == DT_Q3_K, u,
+                          acc);
             else if (dt == DT_Q5_K)
                 k45_block(nt, x, ib, row + ib * sizeof(struct blk_q5_k), true, u, acc);
             else
@@ -578,6 +641,8 @@ MM_DIRECT_KERNEL(T512VNNI, k512_q51_direct, direct_row, DT_Q5_1)
 MM_DIRECT_KERNEL(T512VNNI, k512_q4k_direct, direct_row, DT_Q4_K)
 MM_DIRECT_KERNEL(T512VNNI, k512_q5k_direct, direct_row, DT_Q5_K)
 MM_DIRECT_KERNEL(T512VNNI, k512_q6k_direct, direct_row, DT_Q6_K)
+MM_DIRECT_KERNEL(T512VNNI, k512_q2k_direct, direct_row, DT_Q2_K)
+MM_DIRECT_KERNEL(T512VNNI, k512_q3k_direct, direct_row, DT_Q3_K)
 
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
 {
@@ -591,6 +656,8 @@ const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni)
     case DT_Q4_K: return &k512_q4k_direct;
     case DT_Q5_K: return &k512_q5k_direct;
     case DT_Q6_K: return &k512_q6k_direct;
+    case DT_Q2_K: return &k512_q2k_direct;
+    case DT_Q3_K: return &k512_q3k_direct;
     default: return NULL;
     }
 }

@@ -73,8 +73,7 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
 /* A kernel family reading an integer-code format's own blocks for up to
  * its stream_max_n tokens (stream only; the same activation rows), with
  * the bits of the slab path on the same ISA (the codes kernel above):
- * no unpacking. NULL where none (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and
- * Q6_K have one in both). */
+ * no unpacking. NULL where none (every 2-6-bit format has one in both). */
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 size_t mm_codes_xq_row_bytes(int64_t cols);

@@ -174,17 +174,9 @@ static void q3_k_rows(const struct blk_q3_k *b, uint8_t *dst, int64_t nb)
     const __m256i k32 = _mm256_set1_epi32(32);
     for (int64_t i = 0; i < nb; i++, b++, dst += 4 * UNPACK_GROUP_BYTES) {
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
-        /* q3_k_scales' bits four scales a word: low nibbles from bytes 0-7,
-         * top bits from bytes 8-11 at 2 (j / 4) */
-        uint32_t a0, a1, c;
-        memcpy(&a0, b->scales, 4);
-        memcpy(&a1, b->scales + 4, 4);
-        memcpy(&c, b->scales + 8, 4);
-        const uint32_t n4 = 0x0f0f0f0f, t2 = 0x03030303;
-        const uint32_t w0 = (a0 & n4) | (c & t2) << 4, w1 = (a1 & n4) | ((c >> 2) & t2) << 4;
-        const uint32_t w2 = ((a0 >> 4) & n4) | ((c >> 4) & t2) << 4;
-        const uint32_t w3 = ((a1 >> 4) & n4) | ((c >> 6) & t2) << 4;
-        const __m128i s16 = _mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3);
+        uint32_t w[4];
+        q3_k_scale_words(b->scales, w);
+        const __m128i s16 = _mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3]);
         __m256 sv[2], mv[2];
         for (int h = 0; h < 2; h++) {
             const __m256i s = _mm256_sub_epi32(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s16, 8) : s16), k32);
