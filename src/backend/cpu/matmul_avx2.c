@@ -219,34 +219,37 @@ static size_t avx2_xq_row_bytes(int64_t cols)
     return mm_round_up((size_t)nb * (Q8_0_BLOCK + sizeof(float)), 64);
 }
 
-/* scale = absmax / 127 as ggml does; round to nearest (ties to even). */
-static T256 void avx2_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+/* One 32-block of activations at xb rounded to 8 bits: scale *d = absmax
+ * / 127 as ggml does, values rounded to nearest (ties to even), returned
+ * in order. */
+INLINE T256 __m256i q8_block32(const float *xb, float *d)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    *d = _mm_cvtss_f32(m4) / 127.0f;
+    const __m256 id = _mm256_set1_ps(*d != 0.0f ? 1.0f / *d : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+    /* packs interleave 128-bit lanes; the permute puts bytes back in order */
+    const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                          _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static T256 void avx2_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+{
     int64_t nb = cols / Q8_0_BLOCK;
     float *ds = (float *)(dst + nb * Q8_0_BLOCK);
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * Q8_0_BLOCK;
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        float d = _mm_cvtss_f32(m4) / 127.0f;
-        __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-        __m256i q[4];
-        for (int i = 0; i < 4; i++)
-            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
-        /* packs interleave 128-bit lanes; the permute puts bytes back in order */
-        __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
-        __m256i q8 = _mm256_packs_epi16(q16a, q16b);
-        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_store_si256((__m256i *)(dst + b * Q8_0_BLOCK), q8);
-        ds[b] = d;
-    }
+    for (int64_t b = 0; b < nb; b++)
+        _mm256_store_si256((__m256i *)(dst + b * Q8_0_BLOCK), q8_block32(x + b * Q8_0_BLOCK, &ds[b]));
 }
 
 INLINE T256 void q8_step(int mr, int nr, const int8_t *const *xq, const float *const *xd,
@@ -312,32 +315,15 @@ MM_INT_KERNEL(T256, k256_q8_0, q8_tile, avx2_xq_row_bytes, avx2_xq_quantize)
  * 32 values spans a 32-block in two halves anyway. */
 T256 void mm_codes_xq_quantize_avx2(const float *x, uint8_t *dst, int64_t cols)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     const int64_t nb = cols / 32;
     if (nb % 2) /* the last group's missing half */
         memset(dst + (size_t)(nb / 2) * UNPACK_GROUP_BYTES, 0, UNPACK_GROUP_BYTES);
     for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * 32;
         uint8_t *grp = dst + (size_t)(b / 2) * UNPACK_GROUP_BYTES;
         const int h = (int)(b % 2);
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float db = _mm_cvtss_f32(m4) / 127.0f;
-        const __m256 id = _mm256_set1_ps(db != 0.0f ? 1.0f / db : 0.0f);
-        __m256i q[4];
-        for (int i = 0; i < 4; i++)
-            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
-        /* packs interleave 128-bit lanes; the permute puts bytes back in order */
-        __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                        _mm256_packs_epi32(q[2], q[3]));
-        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        float db;
+        const __m256i q8 = q8_block32(x + b * 32, &db);
         _mm256_storeu_si256((__m256i *)(grp + 32 * h), q8);
         const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
         const __m256 d8 = _mm256_set1_ps(db);
