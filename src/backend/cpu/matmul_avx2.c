@@ -249,7 +249,8 @@ static T256 void avx2_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
     int64_t nb = cols / Q8_0_BLOCK;
     float *ds = (float *)(dst + nb * Q8_0_BLOCK);
     for (int64_t b = 0; b < nb; b++)
-        _mm256_store_si256((__m256i *)(dst + b * Q8_0_BLOCK), q8_block32(x + b * Q8_0_BLOCK, &ds[b]));
+        _mm256_store_si256((__m256i *)(dst + b * Q8_0_BLOCK),
+                           q8_block32(x + b * Q8_0_BLOCK, &ds[b]));
 }
 
 INLINE T256 void q8_step(int mr, int nr, const int8_t *const *xq, const float *const *xd,
@@ -513,7 +514,8 @@ INLINE T256 void k23_block(int nt, const uint8_t *const *x, int64_t ib, const ui
     const struct blk_q3_k *b3 = (const struct blk_q3_k *)blk;
     const __m256i m3 = _mm256_set1_epi8(3);
     const uint8_t *qs = three ? b3->qs : b2->qs;
-    const __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
+    const __m256i hm =
+        three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
     __m256 s8[2], m8[2]; /* units 0-7 and 8-15: the reference's products */
     if (three) {
         uint32_t sc[4];
@@ -531,7 +533,8 @@ INLINE T256 void k23_block(int nt, const uint8_t *const *x, int64_t ib, const ui
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(b2->d)), dm = _mm256_set1_ps(_cvtsh_ss(b2->dmin));
         for (int h = 0; h < 2; h++) {
             const __m256i w = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(v, 8) : v);
-            s8[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF))));
+            s8[h] = _mm256_mul_ps(
+                d, _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF))));
             m8[h] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)));
         }
     }
@@ -579,8 +582,8 @@ INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *
             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
                              2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
         const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
-        c = _mm256_or_si256(c, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
-                                                _mm256_set1_epi8(0x10)));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        c = _mm256_or_si256(c, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
     return c;
 }

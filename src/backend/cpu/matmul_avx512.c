@@ -521,14 +521,14 @@ INLINE T512VNNI void k23_block(int nt, const uint8_t *const *x, int64_t ib, cons
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const uint8_t *qs = three ? b3->qs : b2->qs;
-    const __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
+    const __m256i hm =
+        three ? _mm256_loadu_si256((const __m256i *)b3->hmask) : _mm256_setzero_si256();
     __m512 s16, m16; /* the reference's products */
     if (three) {
         uint32_t sc[4];
         q3_k_scale_words(b3->scales, sc);
-        const __m512i v = _mm512_sub_epi32(_mm512_cvtepi8_epi32(
-                              _mm_setr_epi32((int)sc[0], (int)sc[1], (int)sc[2], (int)sc[3])),
-                                           _mm512_set1_epi32(32));
+        const __m128i sc16 = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)sc[2], (int)sc[3]);
+        const __m512i v = _mm512_sub_epi32(_mm512_cvtepi8_epi32(sc16), _mm512_set1_epi32(32));
         s16 = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(b3->d)), _mm512_cvtepi32_ps(v));
         m16 = _mm512_mul_ps(_mm512_set1_ps(4.0f), s16);
     } else {
@@ -554,9 +554,9 @@ INLINE T512VNNI void k23_block(int nt, const uint8_t *const *x, int64_t ib, cons
             }
             const int g = 2 * n + k;
             const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * g), quarter);
-            direct_group(nt, x, 4 * ib + g, _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1),
-                         _mm512_permutexvar_ps(idx, s16), _mm512_permutexvar_ps(idx, m16),
-                         acc[g % u]);
+            const __m512i wu = _mm512_inserti64x4(_mm512_castsi256_si512(c[0]), c[1], 1);
+            direct_group(nt, x, 4 * ib + g, wu, _mm512_permutexvar_ps(idx, s16),
+                         _mm512_permutexvar_ps(idx, m16), acc[g % u]);
         }
     }
 }
