@@ -348,22 +348,30 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
          * back to the AVX2 kernel (the CI machine may be one). */
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
         for (int isa = CPU_ISA_SCALAR; isa <= last; isa++) {
-            for (int p = 0; p < n_pools; p++) {
+            /* p >= n_pools: the VNNI build's 4 x 4 code tiles instead of its
+             * panels (CLLM_CPU_QPANEL=0), one thread */
+            const bool tiles_too = isa == (int)CPU_ISA_AVX512 && cpu_has_avx512_vnni() &&
+                                   quant_is_low_bit(dt);
+            for (int p = 0; p < n_pools + (tiles_too ? 1 : 0); p++) {
                 struct cpu_matmul mm;
                 struct err e;
                 int novnni = isa > (int)hw;
-                CHECK(cpu_matmul_init(&mm, pools[p], novnni ? hw : (enum cpu_isa)isa, &e) == 0,
+                CHECK(cpu_matmul_init(&mm, pools[p < n_pools ? p : 0],
+                                      novnni ? hw : (enum cpu_isa)isa, &e) == 0,
                       "init: %s", e.msg);
                 if (novnni)
                     mm.vnni = 0;
+                if (p >= n_pools)
+                    mm.panel = 0;
                 for (int64_t i = 0; i < n * s.rows; i++)
                     out[i] = NAN;
                 int rc = cpu_matmul(&mm, out, x, n, &w, &e);
                 CHECK(rc == 0, "cpu_matmul: %s", e.msg);
                 char what[128];
                 const char *isa_name = novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa);
-                snprintf(what, sizeof what, "%s %s n=%d %lldx%lld threads=%d", dtype_name(dt),
-                         isa_name, n, (long long)s.rows, (long long)s.cols, tp_size(pools[p]));
+                snprintf(what, sizeof what, "%s %s%s n=%d %lldx%lld threads=%d", dtype_name(dt),
+                         isa_name, p >= n_pools ? " tiles" : "", n, (long long)s.rows,
+                         (long long)s.cols, tp_size(pools[p < n_pools ? p : 0]));
                 int bad = check_against_ref(&w, n, out, ref, tol, what);
                 CHECK(bad == 0, "%s: %d outputs outside tolerance", what, bad);
                 cpu_matmul_free(&mm);

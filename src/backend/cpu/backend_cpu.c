@@ -314,6 +314,7 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
     c->isa = (enum cpu_isa)isa;
     c->screen = env_flag("CLLM_HEAD_SCREEN", true);
     c->mm.direct = env_flag("CLLM_CPU_QDIRECT", true);
+    c->mm.panel = env_flag("CLLM_CPU_QPANEL", true);
     c->be.ops = &cpu_ops;
     c->be.impl = c;
     return &c->be;

@@ -312,6 +312,11 @@ struct mm_task {
     cpu_unpack_fn unpack;
     uint8_t *slabs;
     size_t slab_bytes;
+    /* a prompt on AVX-512 VNNI: each slab of MM_PANEL_ROWS rows (in L2,
+     * not L1: the panel is read once per 8 tokens, not per 4) is rebuilt
+     * as a panel (matmul_impl.h), panel_offset bytes into the slab */
+    bool panel;
+    size_t panel_offset;
 };
 
 /* Rows [r0, r1) of an integer-code format: a slab of rows at a time
@@ -329,7 +334,12 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
             task->unpack(task->packed, j->w + (size_t)(s + r) * j->w_stride,
                          slab + (size_t)r * f.w_stride, j->cols);
         f.out = j->out + s;
-        mm_run_chunk(&f, task->kern, 0, ns);
+        if (task->panel) {
+            mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
+            mm_panel_run(&f, slab + task->panel_offset, ns);
+        } else {
+            mm_run_chunk(&f, task->kern, 0, ns);
+        }
     }
 }
 
@@ -440,8 +450,15 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         if (n > k->stream_max_n)
             rows -= rows % 4;
         rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1) : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
+        task.panel = mm->panel && mm->vnni && mm->isa >= CPU_ISA_AVX512 && n > k->stream_max_n;
+        if (task.panel)
+            rows = MM_PANEL_ROWS;
         task.slab_rows = rows;
         task.slab_bytes = mm_round_up((size_t)rows * rb, 64);
+        if (task.panel) {
+            task.panel_offset = task.slab_bytes;
+            task.slab_bytes += mm_round_up(mm_panel_bytes(w->cols), 64);
+        }
     }
     if (mm_reserve_scratch(mm, xq_bytes + task.slab_bytes * (size_t)nth, e))
         return -1;
@@ -475,6 +492,7 @@ int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa i
     mm->isa = isa;
     mm->vnni = isa >= CPU_ISA_AVX512 && cpu_has_avx512_vnni();
     mm->direct = 1;
+    mm->panel = 1;
     return 0;
 }
 

@@ -20,11 +20,15 @@ struct cpu_matmul {
     void *scratch;
     size_t scratch_cap;
     int vnni; /* AVX-512 VNNI usable (decided once, in cpu_matmul_init) */
-    /* Up to 4 tokens on a low-bit format with a direct kernel (Q4_0,
-     * Q4_1, Q4_K, Q5_K and Q6_K on AVX2 and AVX-512 VNNI): its blocks read as they
-     * are, the same bits as unpacking them first (1 from cpu_matmul_init;
-     * 0: always unpack, CLLM_CPU_QDIRECT=0, for measurement and tests) */
+    /* Up to 4 tokens on a low-bit format (a direct kernel for each on
+     * AVX2 and AVX-512 VNNI): its blocks read as they are, the same bits
+     * as unpacking them first (1 from cpu_matmul_init; 0: always unpack,
+     * CLLM_CPU_QDIRECT=0, for measurement and tests) */
     int direct;
+    /* More tokens on a low-bit format with AVX-512 VNNI: 16-row panels
+     * (1, the default) or the 4 x 4 tiles of the code layout (0,
+     * CLLM_CPU_QPANEL=0, for measurement and tests) */
+    int panel;
 };
 
 int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa isa,

@@ -672,3 +672,123 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
     default: return NULL;
     }
 }
+
+/* ---- prompts of the integer-code formats: 16-row panels (VNNI) ----
+ *
+ * codes_tile scales every 4-value lane of a group per token and row
+ * (convert, two multiplies, two multiply-adds a 64-value group), so its
+ * float work is as large as its integer work. A panel puts 16 rows side
+ * by side instead: lane r of a vector is row r, so vpdpbusd sums four
+ * values of 16 rows against one token's four (broadcast), four of them
+ * sum a 16-value unit in int32, and the unit's s and m (one per row, a
+ * vector) scale it once: float work a quarter of the integer work, and
+ * no horizontal sums.
+ *
+ * Panel layout, per 64-value group (MM_PANEL_GROUP_BYTES):
+ *   u [16 lanes k][16 rows] 4 bytes: codes 4k .. 4k + 3 of each row
+ *   s [4 units][16 rows] f32, m [4 units][16 rows] f32
+ * built from 16 unpacked rows (rows past ns: zeros). */
+
+#define PANEL_ROWS MM_PANEL_ROWS
+_Static_assert(PANEL_ROWS == 16, "a panel's rows are the 16 lanes of a vector");
+#define PANEL_TOKENS 8 /* 8 int32 and 8 f32 accumulators; 12 measured no faster */
+
+size_t mm_panel_bytes(int64_t cols)
+{
+    return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * MM_PANEL_GROUP_BYTES;
+}
+
+T512 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
+                         uint8_t *panel)
+{
+    const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
+        uint32_t *u = (uint32_t *)pg;
+        float *s = (float *)(pg + 1024), *m = (float *)(pg + 1280);
+        for (int64_t r = 0; r < PANEL_ROWS; r++) {
+            if (r >= ns) {
+                for (int k = 0; k < 16; k++)
+                    u[k * PANEL_ROWS + r] = 0;
+                for (int q = 0; q < 4; q++)
+                    s[q * PANEL_ROWS + r] = m[q * PANEL_ROWS + r] = 0.0f;
+                continue;
+            }
+            const uint8_t *src = slab + (size_t)r * stride + (size_t)g * UNPACK_GROUP_BYTES;
+            for (int k = 0; k < 16; k++)
+                memcpy(&u[k * PANEL_ROWS + r], src + 4 * k, 4);
+            for (int q = 0; q < 4; q++) {
+                memcpy(&s[q * PANEL_ROWS + r], src + 64 + 16 * q, 4);
+                memcpy(&m[q * PANEL_ROWS + r], src + 128 + 16 * q, 4);
+            }
+        }
+    }
+}
+
+/* out[t0 .. t0 + nt)[0 .. ns) of a panel: nt tokens' sums in one vector
+ * each (lane r: row r). */
+INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *panel, int64_t t0,
+                                int64_t ns)
+{
+    const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    const uint8_t *x[PANEL_TOKENS];
+    __m512 acc[PANEL_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        x[t] = j->xq + (t0 + t) * j->xq_stride;
+        acc[t] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            __m512i ia[PANEL_TOKENS];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                ia[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 4 * q; k < 4 * q + 4; k++) {
+                const __m512i w = _mm512_loadu_si512(pg + 64 * k);
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    int32_t xv;
+                    memcpy(&xv, x[t] + g * UNPACK_GROUP_BYTES + 4 * k, 4);
+                    ia[t] = _mm512_dpbusd_epi32(ia[t], w, _mm512_set1_epi32(xv));
+                }
+            }
+            const __m512 s = _mm512_loadu_ps(pg + 1024 + 64 * q);
+            const __m512 m = _mm512_loadu_ps(pg + 1280 + 64 * q);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                /* the unit's activation scale (lane 4q's d) and sum (its
+                 * four lanes' xs) */
+                const float *xd = (const float *)(x[t] + g * UNPACK_GROUP_BYTES + 64) + 4 * q;
+                const float *xs = xd + 16;
+                const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]),
+                                                 _mm512_mul_ps(s, _mm512_set1_ps(xd[0])), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(m, _mm512_set1_ps((xs[0] + xs[1]) + (xs[2] + xs[3])), a);
+            }
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << ns) - 1);
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+        _mm512_mask_storeu_ps(j->out + (t0 + t) * j->rows, keep, acc[t]);
+}
+
+T512VNNI void mm_panel_run(const struct mm_job *j, const uint8_t *panel, int64_t ns)
+{
+    int64_t t = 0;
+    for (; t + PANEL_TOKENS <= j->n; t += PANEL_TOKENS)
+        panel_tile(PANEL_TOKENS, j, panel, t, ns);
+    switch (j->n - t) {
+    case 1: panel_tile(1, j, panel, t, ns); break;
+    case 2: panel_tile(2, j, panel, t, ns); break;
+    case 3: panel_tile(3, j, panel, t, ns); break;
+    case 4: panel_tile(4, j, panel, t, ns); break;
+    case 5: panel_tile(5, j, panel, t, ns); break;
+    case 6: panel_tile(6, j, panel, t, ns); break;
+    case 7: panel_tile(7, j, panel, t, ns); break;
+    default: break;
+    }
+}

@@ -76,6 +76,16 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
  * no unpacking. NULL where none (every 2-6-bit format has one in both). */
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
+/* Prompts of the code formats on AVX-512 VNNI (matmul_avx512.c): the
+ * unpacked rows of a slab (stride bytes apart, ns <= MM_PANEL_ROWS) rebuilt as one
+ * panel of mm_panel_bytes(cols), and mm_panel_run: out[t][0 .. ns) for
+ * all of j's n tokens (j->xq quantized by mm_codes_xq_quantize*, j->out
+ * at the panel's first row, j->rows its stride). */
+#define MM_PANEL_ROWS 16
+#define MM_PANEL_GROUP_BYTES 1536 /* a 64-value group of MM_PANEL_ROWS rows */
+size_t mm_panel_bytes(int64_t cols);
+void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
+void mm_panel_run(const struct mm_job *j, const uint8_t *panel, int64_t ns);
 size_t mm_codes_xq_row_bytes(int64_t cols);
 void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
 /* The same bytes by AVX2 (the AVX2 and AVX-512 families' quantizer; call
