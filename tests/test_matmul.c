@@ -348,10 +348,9 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
          * back to the AVX2 kernel (the CI machine may be one). */
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
         for (int isa = CPU_ISA_SCALAR; isa <= last; isa++) {
-            /* p >= n_pools: the VNNI build's 4 x 4 code tiles instead of its
-             * panels (CLLM_CPU_QPANEL=0), one thread */
-            const bool tiles_too = isa == (int)CPU_ISA_AVX512 && cpu_has_avx512_vnni() &&
-                                   quant_is_low_bit(dt);
+            /* p >= n_pools: the code tiles instead of the panels
+             * (CLLM_CPU_QPANEL=0), one thread */
+            const bool tiles_too = isa >= (int)CPU_ISA_AVX2 && quant_is_low_bit(dt);
             for (int p = 0; p < n_pools + (tiles_too ? 1 : 0); p++) {
                 struct cpu_matmul mm;
                 struct err e;

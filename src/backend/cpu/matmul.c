@@ -194,6 +194,39 @@ void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
     }
 }
 
+/* The panel of 16 unpacked rows (matmul_impl.h); rows past ns are zeros.
+ * Baseline ISA: both the AVX2 and the AVX-512 panel kernels read it. */
+size_t mm_panel_bytes(int64_t cols)
+{
+    return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * MM_PANEL_GROUP_BYTES;
+}
+
+void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel)
+{
+    const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
+        uint32_t *u = (uint32_t *)pg;
+        float *s = (float *)(pg + 1024), *m = (float *)(pg + 1280);
+        for (int64_t r = 0; r < MM_PANEL_ROWS; r++) {
+            if (r >= ns) {
+                for (int k = 0; k < 16; k++)
+                    u[k * MM_PANEL_ROWS + r] = 0;
+                for (int q = 0; q < 4; q++)
+                    s[q * MM_PANEL_ROWS + r] = m[q * MM_PANEL_ROWS + r] = 0.0f;
+                continue;
+            }
+            const uint8_t *src = slab + (size_t)r * stride + (size_t)g * UNPACK_GROUP_BYTES;
+            for (int k = 0; k < 16; k++)
+                memcpy(&u[k * MM_PANEL_ROWS + r], src + 4 * k, 4);
+            for (int q = 0; q < 4; q++) {
+                memcpy(&s[q * MM_PANEL_ROWS + r], src + 64 + 16 * q, 4);
+                memcpy(&m[q * MM_PANEL_ROWS + r], src + 128 + 16 * q, 4);
+            }
+        }
+    }
+}
+
 static void scalar_tile_codes(const struct mm_job *j, int64_t t, int64_t r)
 {
     const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
@@ -315,7 +348,7 @@ struct mm_task {
     /* a prompt on AVX-512 VNNI: each slab of MM_PANEL_ROWS rows (in L2,
      * not L1: the panel is read once per 8 tokens, not per 4) is rebuilt
      * as a panel (matmul_impl.h), panel_offset bytes into the slab */
-    bool panel;
+    mm_panel_fn panel;
     size_t panel_offset;
 };
 
@@ -336,7 +369,7 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
         f.out = j->out + s;
         if (task->panel) {
             mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
-            mm_panel_run(&f, slab + task->panel_offset, ns);
+            task->panel(&f, slab + task->panel_offset, ns);
         } else {
             mm_run_chunk(&f, task->kern, 0, ns);
         }
@@ -450,7 +483,11 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         if (n > k->stream_max_n)
             rows -= rows % 4;
         rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1) : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
-        task.panel = mm->panel && mm->vnni && mm->isa >= CPU_ISA_AVX512 && n > k->stream_max_n;
+        /* the panel kernel of the codes kernel's family (AVX-512 only with
+         * VNNI, else AVX2) */
+        if (mm->panel && n > k->stream_max_n && mm->isa >= CPU_ISA_AVX2)
+            task.panel = mm->isa >= CPU_ISA_AVX512 && mm->vnni ? mm_panel_run_avx512
+                                                                : mm_panel_run_avx2;
         if (task.panel)
             rows = MM_PANEL_ROWS;
         task.slab_rows = rows;

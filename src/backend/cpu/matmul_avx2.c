@@ -662,3 +662,82 @@ const struct mm_kernel *mm_kernel_avx2(enum dtype dt)
     default: return NULL;
     }
 }
+
+/* ---- prompts of the integer-code formats: 16-row panels (matmul_avx512.c
+ * says why), as two halves of 8 rows a ymm ----
+ *
+ * Without vpdpbusd, four values of 8 rows against a token's four
+ * (broadcast) are maddubs (pairs, int16), and a unit's four such steps
+ * are added in pairs in int16 before madd widens them: a pair of products
+ * is at most 2 * 63 * 127, so two of them still fit. */
+
+#define PANEL_TOKENS 4 /* 4 int32 and 4 f32 accumulators of 16 ymm */
+
+/* out[t0 .. t0 + nt)[8h .. 8h + 8) (the rows below ns) of a panel. */
+INLINE T256 void panel_half(int nt, const struct mm_job *j, const uint8_t *panel, int64_t t0,
+                            int h, int64_t ns)
+{
+    const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t *x[PANEL_TOKENS];
+    __m256 acc[PANEL_TOKENS];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++) {
+        x[t] = j->xq + (t0 + t) * j->xq_stride;
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES + 32 * h;
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) {
+            __m256i w[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                w[k] = _mm256_loadu_si256((const __m256i *)(pg + 64 * (4 * q + k)));
+            const __m256 s = _mm256_loadu_ps((const float *)(pg + 1024 + 64 * q));
+            const __m256 m = _mm256_loadu_ps((const float *)(pg + 1280 + 64 * q));
+#pragma GCC unroll 4
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *xq = x[t] + g * UNPACK_GROUP_BYTES + 16 * q;
+                int32_t xv[4];
+                memcpy(xv, xq, 16);
+                const __m256i p01 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xv[0])),
+                                     _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xv[1])));
+                const __m256i p23 =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(xv[2])),
+                                     _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(xv[3])));
+                const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p01, ones),
+                                                     _mm256_madd_epi16(p23, ones));
+                /* the unit's activation scale (lane 4q's d) and sum (its
+                 * four lanes' xs), as matmul_avx512.c's panel_tile */
+                const float *xd = (const float *)(x[t] + g * UNPACK_GROUP_BYTES + 64) + 4 * q;
+                const float *xs = xd + 16;
+                const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                                 _mm256_mul_ps(s, _mm256_set1_ps(xd[0])), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps((xs[0] + xs[1]) + (xs[2] + xs[3])), a);
+            }
+        }
+    }
+    const int64_t live = ns - 8 * h; /* rows of this half below ns */
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        _mm256_maskstore_ps(j->out + (t0 + t) * j->rows + 8 * h, keep, acc[t]);
+}
+
+T256 void mm_panel_run_avx2(const struct mm_job *j, const uint8_t *panel, int64_t ns)
+{
+    for (int h = 0; h < 2 && 8 * h < ns; h++) {
+        int64_t t = 0;
+        for (; t + PANEL_TOKENS <= j->n; t += PANEL_TOKENS)
+            panel_half(PANEL_TOKENS, j, panel, t, h, ns);
+        switch (j->n - t) {
+        case 1: panel_half(1, j, panel, t, h, ns); break;
+        case 2: panel_half(2, j, panel, t, h, ns); break;
+        case 3: panel_half(3, j, panel, t, h, ns); break;
+        default: break;
+        }
+    }
+}

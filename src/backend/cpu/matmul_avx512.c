@@ -693,38 +693,6 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
 _Static_assert(PANEL_ROWS == 16, "a panel's rows are the 16 lanes of a vector");
 #define PANEL_TOKENS 8 /* 8 int32 and 8 f32 accumulators; 12 measured no faster */
 
-size_t mm_panel_bytes(int64_t cols)
-{
-    return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * MM_PANEL_GROUP_BYTES;
-}
-
-T512 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
-                         uint8_t *panel)
-{
-    const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
-    for (int64_t g = 0; g < ng; g++) {
-        uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
-        uint32_t *u = (uint32_t *)pg;
-        float *s = (float *)(pg + 1024), *m = (float *)(pg + 1280);
-        for (int64_t r = 0; r < PANEL_ROWS; r++) {
-            if (r >= ns) {
-                for (int k = 0; k < 16; k++)
-                    u[k * PANEL_ROWS + r] = 0;
-                for (int q = 0; q < 4; q++)
-                    s[q * PANEL_ROWS + r] = m[q * PANEL_ROWS + r] = 0.0f;
-                continue;
-            }
-            const uint8_t *src = slab + (size_t)r * stride + (size_t)g * UNPACK_GROUP_BYTES;
-            for (int k = 0; k < 16; k++)
-                memcpy(&u[k * PANEL_ROWS + r], src + 4 * k, 4);
-            for (int q = 0; q < 4; q++) {
-                memcpy(&s[q * PANEL_ROWS + r], src + 64 + 16 * q, 4);
-                memcpy(&m[q * PANEL_ROWS + r], src + 128 + 16 * q, 4);
-            }
-        }
-    }
-}
-
 /* out[t0 .. t0 + nt)[0 .. ns) of a panel: nt tokens' sums in one vector
  * each (lane r: row r). */
 INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *panel, int64_t t0,
@@ -776,7 +744,7 @@ INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *p
         _mm512_mask_storeu_ps(j->out + (t0 + t) * j->rows, keep, acc[t]);
 }
 
-T512VNNI void mm_panel_run(const struct mm_job *j, const uint8_t *panel, int64_t ns)
+T512VNNI void mm_panel_run_avx512(const struct mm_job *j, const uint8_t *panel, int64_t ns)
 {
     int64_t t = 0;
     for (; t + PANEL_TOKENS <= j->n; t += PANEL_TOKENS)

@@ -85,7 +85,9 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 #define MM_PANEL_GROUP_BYTES 1536 /* a 64-value group of MM_PANEL_ROWS rows */
 size_t mm_panel_bytes(int64_t cols);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
-void mm_panel_run(const struct mm_job *j, const uint8_t *panel, int64_t ns);
+typedef void (*mm_panel_fn)(const struct mm_job *j, const uint8_t *panel, int64_t ns);
+void mm_panel_run_avx512(const struct mm_job *j, const uint8_t *panel, int64_t ns); /* VNNI */
+void mm_panel_run_avx2(const struct mm_job *j, const uint8_t *panel, int64_t ns);
 size_t mm_codes_xq_row_bytes(int64_t cols);
 void mm_codes_xq_quantize(const float *x, uint8_t *dst, int64_t cols);
 /* The same bytes by AVX2 (the AVX2 and AVX-512 families' quantizer; call
