@@ -207,7 +207,7 @@ void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols
     for (int64_t g = 0; g < ng; g++) {
         uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
         uint32_t *u = (uint32_t *)pg;
-        float *s = (float *)(pg + 1024), *m = (float *)(pg + 1280);
+        float *s = (float *)(pg + MM_PANEL_S), *m = (float *)(pg + MM_PANEL_M);
         for (int64_t r = 0; r < MM_PANEL_ROWS; r++) {
             if (r >= ns) {
                 for (int k = 0; k < 16; k++)

@@ -694,8 +694,8 @@ INLINE T256 void panel_half(int nt, const struct mm_job *j, const uint8_t *panel
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
                 w[k] = _mm256_loadu_si256((const __m256i *)(pg + 64 * (4 * q + k)));
-            const __m256 s = _mm256_loadu_ps((const float *)(pg + 1024 + 64 * q));
-            const __m256 m = _mm256_loadu_ps((const float *)(pg + 1280 + 64 * q));
+            const __m256 s = _mm256_loadu_ps((const float *)(pg + MM_PANEL_S + 64 * q));
+            const __m256 m = _mm256_loadu_ps((const float *)(pg + MM_PANEL_M + 64 * q));
 #pragma GCC unroll 4
             for (int t = 0; t < nt; t++) {
                 const uint8_t *xq = x[t] + g * UNPACK_GROUP_BYTES + 16 * q;

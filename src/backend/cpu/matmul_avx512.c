@@ -682,12 +682,7 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
  * values of 16 rows against one token's four (broadcast), four of them
  * sum a 16-value unit in int32, and the unit's s and m (one per row, a
  * vector) scale it once: float work a quarter of the integer work, and
- * no horizontal sums.
- *
- * Panel layout, per 64-value group (MM_PANEL_GROUP_BYTES):
- *   u [16 lanes k][16 rows] 4 bytes: codes 4k .. 4k + 3 of each row
- *   s [4 units][16 rows] f32, m [4 units][16 rows] f32
- * built from 16 unpacked rows (rows past ns: zeros). */
+ * no horizontal sums. The panel's layout is matmul_impl.h's. */
 
 #define PANEL_ROWS MM_PANEL_ROWS
 _Static_assert(PANEL_ROWS == 16, "a panel's rows are the 16 lanes of a vector");
@@ -724,8 +719,8 @@ INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *p
                     ia[t] = _mm512_dpbusd_epi32(ia[t], w, _mm512_set1_epi32(xv));
                 }
             }
-            const __m512 s = _mm512_loadu_ps(pg + 1024 + 64 * q);
-            const __m512 m = _mm512_loadu_ps(pg + 1280 + 64 * q);
+            const __m512 s = _mm512_loadu_ps(pg + MM_PANEL_S + 64 * q);
+            const __m512 m = _mm512_loadu_ps(pg + MM_PANEL_M + 64 * q);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 /* the unit's activation scale (lane 4q's d) and sum (its

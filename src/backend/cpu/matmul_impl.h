@@ -82,7 +82,12 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
  * all of j's n tokens (j->xq quantized by mm_codes_xq_quantize*, j->out
  * at the panel's first row, j->rows its stride). */
 #define MM_PANEL_ROWS 16
-#define MM_PANEL_GROUP_BYTES 1536 /* a 64-value group of MM_PANEL_ROWS rows */
+/* A panel's 64-value group: at 0, [16 lanes k][16 rows] 4 bytes, codes
+ * 4k .. 4k + 3 of each row; at MM_PANEL_S, s of [4 units][16 rows] f32;
+ * at MM_PANEL_M, m likewise (rows past ns: zeros). */
+#define MM_PANEL_S 1024
+#define MM_PANEL_M 1280
+#define MM_PANEL_GROUP_BYTES 1536
 size_t mm_panel_bytes(int64_t cols);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
 typedef void (*mm_panel_fn)(const struct mm_job *j, const uint8_t *panel, int64_t ns);
