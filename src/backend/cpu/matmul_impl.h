@@ -76,11 +76,13 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
  * no unpacking. NULL where none (every 2-6-bit format has one in both). */
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
-/* Prompts of the code formats on AVX-512 VNNI (matmul_avx512.c): the
- * unpacked rows of a slab (stride bytes apart, ns <= MM_PANEL_ROWS) rebuilt as one
- * panel of mm_panel_bytes(cols), and mm_panel_run: out[t][0 .. ns) for
- * all of j's n tokens (j->xq quantized by mm_codes_xq_quantize*, j->out
- * at the panel's first row, j->rows its stride). */
+/* Prompts of the code formats (more than STREAM_MAX_N tokens): the
+ * unpacked rows of a slab (stride bytes apart, ns <= MM_PANEL_ROWS)
+ * rebuilt as one panel of mm_panel_bytes(cols) (matmul.c), and a panel
+ * kernel of the codes kernel's family (AVX-512 with VNNI, else AVX2):
+ * out[t][0 .. ns) for all of j's n tokens (j->xq quantized by
+ * mm_codes_xq_quantize*, j->out at the panel's first row, j->rows its
+ * stride). */
 #define MM_PANEL_ROWS 16
 /* A panel's 64-value group: at 0, [16 lanes k][16 rows] 4 bytes, codes
  * 4k .. 4k + 3 of each row; at MM_PANEL_S, s of [4 units][16 rows] f32;
