@@ -37,6 +37,11 @@
  * tiles' 4 rows, at most MM_SLAB_ROWS. */
 #define MM_SLAB_BYTES (12 * 1024)
 #define MM_SLAB_ROWS 16
+/* Fewer tokens than this keep the tiles: building a panel (a pass over
+ * its 16 unpacked rows) costs more than its kernel saves on a batched
+ * decode step of 8 (Q4_K 0.6B, 8 streams: 25-26 tok/s on tiles, 17.5-18
+ * on panels); prompts break even at ~32 tokens on the development VM. */
+#define MM_PANEL_MIN_TOKENS 32
 
 /* ---- Q8_0 conversions (public; ggml-compatible) ---- */
 
@@ -485,7 +490,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1) : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
         /* the panel kernel of the codes kernel's family (AVX-512 only with
          * VNNI, else AVX2) */
-        if (mm->panel && n > k->stream_max_n && mm->isa >= CPU_ISA_AVX2)
+        if (mm->panel && n >= MM_PANEL_MIN_TOKENS && mm->isa >= CPU_ISA_AVX2)
             task.panel = mm->isa >= CPU_ISA_AVX512 && mm->vnni ? mm_panel_run_avx512
                                                                 : mm_panel_run_avx2;
         if (task.panel)

@@ -76,7 +76,7 @@ const struct mm_kernel *mm_codes_kernel_avx512(int vnni);
  * no unpacking. NULL where none (every 2-6-bit format has one in both). */
 const struct mm_kernel *mm_direct_kernel_avx512(enum dtype dt, int vnni);
 const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
-/* Prompts of the code formats (more than STREAM_MAX_N tokens): the
+/* Prompts of the code formats (matmul.c's MM_PANEL_MIN_TOKENS or more): the
  * unpacked rows of a slab (stride bytes apart, ns <= MM_PANEL_ROWS)
  * rebuilt as one panel of mm_panel_bytes(cols) (matmul.c), and a panel
  * kernel of the codes kernel's family (AVX-512 with VNNI, else AVX2):
