@@ -26,8 +26,9 @@ struct cpu_matmul {
      * CLLM_CPU_QDIRECT=0, for measurement and tests) */
     int direct;
     /* 32 tokens or more (matmul.c's MM_PANEL_MIN_TOKENS) on a low-bit
-     * format with AVX2 or AVX-512 VNNI: 16-row panels (1, the default) or the tiles of the code layout (0,
-     * CLLM_CPU_QPANEL=0, for measurement and tests) */
+     * format with AVX2 or AVX-512 VNNI: 16-row panels (1, the default)
+     * or the tiles of the code layout (0, CLLM_CPU_QPANEL=0, for
+     * measurement and tests) */
     int panel;
 };
 
