@@ -108,6 +108,16 @@ static inline const uint8_t *q32_fields(enum dtype dt, const uint8_t *p, uint16_
     return p;
 }
 
+/* The min m of a 32-block of d (its f16 scale widened) as the code
+ * layouts write value = d u - m: Q4_1 / Q5_1 store -m (mn, widened);
+ * Q4_0 / Q5_0 centre their codes at 8 and 16. */
+static inline float q32_min(enum dtype dt, float d, float mn)
+{
+    if (dt == DT_Q4_1 || dt == DT_Q5_1)
+        return -mn;
+    return (dt == DT_Q5_0 ? 16.0f : 8.0f) * d;
+}
+
 /* Group j's scale and min (6 bits each) from a K block's 12 scale bytes:
  * groups 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins),
  * groups 4-7 in bytes 8-11 (low nibble scale, high nibble min) plus the

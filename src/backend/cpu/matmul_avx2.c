@@ -565,14 +565,14 @@ INLINE T256 void k23_block(int nt, const uint8_t *const *x, int64_t ib, const ui
  * fifth bits of the Q5_* ones), its s and m. */
 INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *m)
 {
-    const bool affine = dt == DT_Q4_1 || dt == DT_Q5_1, five = dt == DT_Q5_0 || dt == DT_Q5_1;
+    const bool five = dt == DT_Q5_0 || dt == DT_Q5_1;
     uint16_t dh, mh;
     uint32_t qh;
     const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
     const __m128i v = _mm_loadu_si128((const __m128i *)q), lo4 = _mm_set1_epi8(0x0F);
     const float d = _cvtsh_ss(dh);
     *s = d;
-    *m = affine ? -_cvtsh_ss(mh) : (five ? 16.0f : 8.0f) * d;
+    *m = q32_min(dt, d, _cvtsh_ss(mh));
     __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), _mm_and_si128(v, lo4));
     if (five) {
         /* qh's bit k is value k's fifth bit: byte k of qh's bytes spread

@@ -31,7 +31,6 @@ static void place(uint8_t *dst, int64_t k0, const uint8_t *u, const float *s, co
  * one, the fifth bit (Q5_*) bit j of a 32-bit word. */
 static void codes_q32(enum dtype dt, const uint8_t *p, uint8_t *u, float *s, float *m)
 {
-    const bool five = dt == DT_Q5_0 || dt == DT_Q5_1, affine = dt == DT_Q4_1 || dt == DT_Q5_1;
     uint16_t dh, mh;
     uint32_t qh;
     const uint8_t *q = q32_fields(dt, p, &dh, &mh, &qh);
@@ -41,7 +40,7 @@ static void codes_q32(enum dtype dt, const uint8_t *p, uint8_t *u, float *s, flo
     }
     const float d = f16_to_f32(dh);
     s[0] = s[1] = d;
-    m[0] = m[1] = affine ? -f16_to_f32(mh) : (five ? 16.0f : 8.0f) * d;
+    m[0] = m[1] = q32_min(dt, d, f16_to_f32(mh));
 }
 
 /* Q4_K / Q5_K: 64 values per 32 bytes of qs, group 2c in the low nibbles

@@ -28,8 +28,7 @@ static inline __attribute__((always_inline)) void q32_rows(enum dtype dt, const 
                                                            uint8_t *dst, int64_t nb)
 {
     const __m128i lo4 = _mm_set1_epi8(0x0F);
-    const bool five = dt == DT_Q5_0 || dt == DT_Q5_1, affine = dt == DT_Q4_1 || dt == DT_Q5_1;
-    const float half = five ? 16.0f : 8.0f;
+    const bool five = dt == DT_Q5_0 || dt == DT_Q5_1;
     const size_t bb = dtype_row_bytes(dt, 32);
     if (nb % 2) /* the last group's missing half */
         memset(dst + (size_t)(nb / 2) * UNPACK_GROUP_BYTES, 0, UNPACK_GROUP_BYTES);
@@ -48,7 +47,7 @@ static inline __attribute__((always_inline)) void q32_rows(enum dtype dt, const 
         _mm_storeu_si128((__m128i *)(grp + 32 * h), a);
         _mm_storeu_si128((__m128i *)(grp + 32 * h + 16), b);
         const float d = _cvtsh_ss(dh);
-        scales32(grp, h, d, affine ? -_cvtsh_ss(mh) : half * d);
+        scales32(grp, h, d, q32_min(dt, d, _cvtsh_ss(mh)));
     }
 }
 
