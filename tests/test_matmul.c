@@ -436,6 +436,31 @@ static void test_matmul_errors(void)
               "asking for an ISA the CPU lacks fails");
 }
 
+/* GGUF's 2-6-bit formats with the offsets of each block's f16 fields
+ * (scales, mins), which random blocks must hold finite. */
+static const struct {
+    enum dtype dt;
+    int f16_at[2], n_f16;
+} low_bit_fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1},
+                  {DT_Q5_1, {0, 2}, 2}, {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2},
+                  {DT_Q6_K, {208}, 1}, {DT_Q2_K, {80, 82}, 2}, {DT_Q3_K, {108}, 1}};
+#define N_LOW_BIT_FM (sizeof low_bit_fm / sizeof low_bit_fm[0])
+
+/* bytes of low_bit_fm[f]'s blocks of arbitrary bits, their f16 fields
+ * small finite values (every seventh block's zero) */
+static void random_blocks(size_t f, uint8_t *blk, size_t bytes)
+{
+    const enum dtype dt = low_bit_fm[f].dt;
+    const size_t bb = dtype_row_bytes(dt, dtype_block_elems(dt));
+    for (size_t i = 0; i < bytes; i++)
+        blk[i] = (uint8_t)rng_u32();
+    for (size_t b = 0; b < bytes / bb; b++)
+        for (int k = 0; k < low_bit_fm[f].n_f16; k++) {
+            uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
+            memcpy(blk + b * bb + low_bit_fm[f].f16_at[k], &h, 2);
+        }
+}
+
 /* Every build of the unpacking (cpu_unpack_for) writes the reference's
  * bytes on blocks of arbitrary bits, and the reference's s u - m is the
  * widened value (quant_dequantize_row) up to the f32 rounding of ggml's
@@ -444,26 +469,14 @@ static void test_matmul_errors(void)
  * 32-blocks, a half group). */
 static void test_unpack_builds(void)
 {
-    static const struct {
-        enum dtype dt;
-        int f16_at[2], n_f16;
-    } fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1}, {DT_Q5_1, {0, 2}, 2},
-              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1},
-              {DT_Q2_K, {80, 82}, 2}, {DT_Q3_K, {108}, 1}};
-    for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
-        const enum dtype dt = fm[f].dt;
+    for (size_t f = 0; f < N_LOW_BIT_FM; f++) {
+        const enum dtype dt = low_bit_fm[f].dt;
         const int64_t be = dtype_block_elems(dt), n = be == 32 ? 4064 : 4096;
-        const size_t bb = dtype_row_bytes(dt, be), rb = dtype_row_bytes(dt, n);
+        const size_t rb = dtype_row_bytes(dt, n);
         const size_t ub = unpack_row_bytes(n);
         uint8_t *blk = malloc(rb), *ref = malloc(ub), *got = malloc(ub);
         float *wide = malloc(sizeof(float) * (size_t)n);
-        for (size_t i = 0; i < rb; i++)
-            blk[i] = (uint8_t)rng_u32();
-        for (int64_t b = 0; b < n / be; b++)
-            for (int k = 0; k < fm[f].n_f16; k++) {
-                uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
-                memcpy(blk + (size_t)b * bb + fm[f].f16_at[k], &h, 2);
-            }
+        random_blocks(f, blk, rb);
         memset(ref, 0xAB, ub);
         cpu_unpack_ref(dt, blk, ref, n);
         quant_dequantize_row(dt, blk, wide, n);
@@ -558,12 +571,6 @@ static void test_codes_quantize(void)
  * kernels). */
 static void test_direct_kernels(void)
 {
-    static const struct {
-        enum dtype dt;
-        int f16_at[2], n_f16;
-    } fm[] = {{DT_Q4_0, {0}, 1}, {DT_Q4_1, {0, 2}, 2}, {DT_Q5_0, {0}, 1}, {DT_Q5_1, {0, 2}, 2},
-              {DT_Q4_K, {0, 2}, 2}, {DT_Q5_K, {0, 2}, 2}, {DT_Q6_K, {208}, 1},
-              {DT_Q2_K, {80, 82}, 2}, {DT_Q3_K, {108}, 1}};
     static const struct shape ksh[] = {{37, 256}, {19, 1024}, {6, 4096}, {64, 2048}};
     static const struct shape qsh[] = {{37, 96}, {19, 1024}, {6, 4064}, {64, 160}};
     struct err e;
@@ -575,20 +582,14 @@ static void test_direct_kernels(void)
     for (int isa = CPU_ISA_AVX2; isa <= last; isa++) {
         const bool novnni = isa > (int)hw;
         isas++;
-        for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
-            const enum dtype dt = fm[f].dt;
+        for (size_t f = 0; f < N_LOW_BIT_FM; f++) {
+            const enum dtype dt = low_bit_fm[f].dt;
             const int64_t be = dtype_block_elems(dt);
             for (size_t si = 0; si < sizeof ksh / sizeof ksh[0]; si++) {
                 const struct shape sz = be == 256 ? ksh[si] : qsh[si];
-                const size_t rb = dtype_row_bytes(dt, sz.cols), bb = dtype_row_bytes(dt, be);
+                const size_t rb = dtype_row_bytes(dt, sz.cols);
                 uint8_t *blk = malloc(rb * (size_t)sz.rows);
-                for (size_t i = 0; i < rb * (size_t)sz.rows; i++)
-                    blk[i] = (uint8_t)rng_u32();
-                for (size_t b = 0; b < rb * (size_t)sz.rows / bb; b++)
-                    for (int k = 0; k < fm[f].n_f16; k++) {
-                        uint16_t h = f32_to_f16(rng_f() * (b % 7 == 3 ? 0.0f : 0.05f));
-                        memcpy(blk + b * bb + fm[f].f16_at[k], &h, 2);
-                    }
+                random_blocks(f, blk, rb * (size_t)sz.rows);
                 struct tensor w = {dt, sz.rows, sz.cols, blk};
                 const size_t no = 4 * (size_t)sz.rows;
                 float *x = malloc(sizeof(float) * 4 * (size_t)sz.cols);
