@@ -265,16 +265,26 @@ static const struct mm_kernel scalar_codes = {
 
 /* ---- driver ---- */
 
+/* The family whose kernels take the integer-code formats (codes tiles,
+ * direct kernels, panels, all with the same family's bits): AVX-512 only
+ * with VNNI, else AVX2, else the portable one. */
+static enum cpu_isa mm_codes_isa(const struct cpu_matmul *mm)
+{
+    if (mm->isa >= CPU_ISA_AVX512 && mm->vnni)
+        return CPU_ISA_AVX512;
+    return mm->isa >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR;
+}
+
 static const struct mm_kernel *mm_pick_kernel(const struct cpu_matmul *mm, enum dtype dt)
 {
     const struct mm_kernel *k = NULL;
     enum cpu_isa isa = mm->isa;
     if (quant_is_low_bit(dt)) {
-        if (isa >= CPU_ISA_AVX512)
-            k = mm_codes_kernel_avx512(mm->vnni);
-        if (!k && isa >= CPU_ISA_AVX2)
-            k = mm_codes_kernel_avx2();
-        return k ? k : &scalar_codes;
+        switch (mm_codes_isa(mm)) {
+        case CPU_ISA_AVX512: return mm_codes_kernel_avx512(1);
+        case CPU_ISA_AVX2: return mm_codes_kernel_avx2();
+        default: return &scalar_codes;
+        }
     }
     if (isa >= CPU_ISA_AVX512)
         k = mm_kernel_avx512(dt, mm->vnni);
@@ -283,16 +293,29 @@ static const struct mm_kernel *mm_pick_kernel(const struct cpu_matmul *mm, enum 
     return k ? k : &scalar_kernels[dt];
 }
 
-/* The direct kernel (matmul_impl.h) of a low-bit dtype for the family
- * mm_pick_kernel's codes kernel comes from (AVX-512 with VNNI, else
- * AVX2), whose bits it has; or NULL. */
+/* The direct kernel (matmul_impl.h) of a low-bit dtype in the codes
+ * family (mm_codes_isa), whose bits it has; or NULL. */
 static const struct mm_kernel *mm_pick_direct(const struct cpu_matmul *mm, enum dtype dt)
 {
     if (!mm->direct || !quant_is_low_bit(dt))
         return NULL;
-    if (mm->isa >= CPU_ISA_AVX512 && mm->vnni)
-        return mm_direct_kernel_avx512(dt, mm->vnni);
-    return mm->isa >= CPU_ISA_AVX2 ? mm_direct_kernel_avx2(dt) : NULL;
+    switch (mm_codes_isa(mm)) {
+    case CPU_ISA_AVX512: return mm_direct_kernel_avx512(dt, 1);
+    case CPU_ISA_AVX2: return mm_direct_kernel_avx2(dt);
+    default: return NULL;
+    }
+}
+
+/* The panel kernel of the codes family for n tokens, or NULL (the tiles). */
+static mm_panel_fn mm_pick_panel(const struct cpu_matmul *mm, int n)
+{
+    if (!mm->panel || n < MM_PANEL_MIN_TOKENS)
+        return NULL;
+    switch (mm_codes_isa(mm)) {
+    case CPU_ISA_AVX512: return mm_panel_run_avx512;
+    case CPU_ISA_AVX2: return mm_panel_run_avx2;
+    default: return NULL;
+    }
 }
 
 /* Tokens per group: as many as keep the group's activations in L2. */
@@ -350,9 +373,10 @@ struct mm_task {
     cpu_unpack_fn unpack;
     uint8_t *slabs;
     size_t slab_bytes;
-    /* a prompt on AVX-512 VNNI: each slab of MM_PANEL_ROWS rows (in L2,
-     * not L1: the panel is read once per 8 tokens, not per 4) is rebuilt
-     * as a panel (matmul_impl.h), panel_offset bytes into the slab */
+    /* a prompt (mm_pick_panel): each slab of MM_PANEL_ROWS rows (in L2,
+     * not L1: a panel is read once per 8 tokens, or 4 on AVX2) is rebuilt
+     * as a panel (matmul_impl.h), panel_offset bytes into the slab, for
+     * that kernel */
     mm_panel_fn panel;
     size_t panel_offset;
 };
@@ -484,17 +508,15 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         task.packed = w->dtype;
         task.unpack = cpu_unpack_for(mm->isa);
         const size_t rb = unpack_row_bytes(w->cols);
-        int64_t rows = (int64_t)(MM_SLAB_BYTES / rb);
-        if (n > k->stream_max_n)
-            rows -= rows % 4;
-        rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1) : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
-        /* the panel kernel of the codes kernel's family (AVX-512 only with
-         * VNNI, else AVX2) */
-        if (mm->panel && n >= MM_PANEL_MIN_TOKENS && mm->isa >= CPU_ISA_AVX2)
-            task.panel = mm->isa >= CPU_ISA_AVX512 && mm->vnni ? mm_panel_run_avx512
-                                                                : mm_panel_run_avx2;
-        if (task.panel)
-            rows = MM_PANEL_ROWS;
+        task.panel = mm_pick_panel(mm, n);
+        int64_t rows = MM_PANEL_ROWS;
+        if (!task.panel) {
+            rows = (int64_t)(MM_SLAB_BYTES / rb);
+            if (n > k->stream_max_n)
+                rows -= rows % 4;
+            rows = rows < 1 ? (n > k->stream_max_n ? 4 : 1)
+                 : rows > MM_SLAB_ROWS ? MM_SLAB_ROWS : rows;
+        }
         task.slab_rows = rows;
         task.slab_bytes = mm_round_up((size_t)rows * rb, 64);
         if (task.panel) {
