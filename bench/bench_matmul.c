@@ -2,8 +2,12 @@
  * bandwidth floor.
  *
  *   bench_matmul [--quick] [--mem] [--isa scalar|avx2|avx512] [--threads 1,2]
+ *                [--dtype NAME]
  *
- * --mem measures only the memory bandwidth and the thread pool.
+ * --mem measures only the memory bandwidth and the thread pool; --dtype
+ * only that weight type (dtype_name's spelling: bf16, q8_0, q4_k, ...).
+ * CLLM_CPU_QDIRECT, CLLM_CPU_QPANEL and CLLM_CPU_BF16DOT choose kernels as
+ * they do for the backend.
  * For every dtype, shape and thread count it reports weights streamed
  * (GB/s) and arithmetic rate (GFLOP/s, 2 per multiply-add) for n = 1
  * (decode) and n = 128 (prefill). Weights are cycled through enough copies
@@ -374,7 +378,7 @@ static enum cpu_isa parse_isa(const char *s)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, mem_only = 0;
+    int quick = 0, mem_only = 0, only = -1;
     struct err isa_err;
     int detected = cpu_isa_detect(&isa_err);
     if (detected < 0) {
@@ -391,6 +395,16 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--isa") == 0 && i + 1 < argc) {
             enum cpu_isa want = parse_isa(argv[++i]);
             isa = want < cpu_isa_hw() ? want : cpu_isa_hw();
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            const char *name = argv[++i];
+            for (int dt = 0; dt < DT_COUNT; dt++)
+                if (strcmp(dtype_name((enum dtype)dt), name) == 0)
+                    only = dt;
+            if (only < 0) {
+                fprintf(stderr, "bench_matmul: unknown --dtype '%s' (bf16, q8_0, q4_k, ...)\n",
+                        name);
+                return 2;
+            }
         } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             n_threads = 0;
             for (char *p = argv[++i]; *p && n_threads < 8;) {
@@ -400,7 +414,8 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--mem] [--isa scalar|avx2|avx512] [--threads 1,2]\n",
+                    "usage: %s [--quick] [--mem] [--isa scalar|avx2|avx512] [--threads 1,2] "
+                    "[--dtype NAME]\n",
                     argv[0]);
             return 2;
         }
@@ -422,6 +437,9 @@ int main(int argc, char **argv)
         }
         /* as the backend: CLLM_CPU_QDIRECT=0 unpacks Q4_K for decode too */
         mm.direct = env_flag("CLLM_CPU_QDIRECT", true);
+        mm.panel = env_flag("CLLM_CPU_QPANEL", true);
+        if (!env_flag("CLLM_CPU_BF16DOT", true))
+            mm.bf16dot = 0;
         struct load_probe probe = load_now();
         double t_section = now_s();
         bench_forkjoin(tp);
@@ -432,11 +450,12 @@ int main(int argc, char **argv)
             continue;
         }
         for (int dt = 0; dt < DT_COUNT; dt++)
-            for (int s = 0; s < 4; s++)
+            for (int s = 0; s < 4 && (only < 0 || dt == only); s++)
                 bench_shape(&mm, (enum dtype)dt, shapes[s].rows, shapes[s].cols,
                             quick ? 0.05 : 0.2, read_gbs);
-        bench_model(&mm, DT_Q8_0, 128, read_gbs);
-        if (!quick)
+        if (only < 0 || only == DT_Q8_0)
+            bench_model(&mm, DT_Q8_0, 128, read_gbs);
+        if (only == DT_BF16 || (only < 0 && !quick))
             bench_model(&mm, DT_BF16, 128, read_gbs);
         /* On shared hosts the bandwidth drifts; a second sample shows by how much. */
         bench_bandwidth(tp);

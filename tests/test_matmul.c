@@ -221,11 +221,13 @@ static void *make_weights(enum dtype dt, int64_t rows, int64_t cols)
  * wrow is the weight row widened to f32, split (the integer-code formats,
  * else NULL) each value's |s u| + |m| (unpack.h). */
 static double tolerance(enum dtype dt, const float *wrow, const float *split, const float *x,
-                        int64_t cols)
+                        int64_t cols, bool x_bf16)
 {
     double abssum = 0, qerr = 0;
     for (int64_t k = 0; k < cols; k++)
         abssum += fabs((double)x[k]) * (split ? split[k] : fabs(wrow[k]));
+    if (x_bf16) /* x rounded to bf16: 2^-8 of each |x| at most */
+        qerr = abssum / 256.0;
     if (dt == DT_Q8_0 || split) {
         for (int64_t b = 0; b < cols / 32; b++) {
             double amax = 0, wabs = 0;
@@ -332,7 +334,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
     float *wide = widen_weights(&w), *split = split_weights(&w);
     float *x = malloc(sizeof(float) * (size_t)(nmax * s.cols));
     float *ref = malloc(sizeof(float) * (size_t)(nmax * s.rows));
-    double *tol = malloc(sizeof(double) * (size_t)(nmax * s.rows));
+    double *tol = malloc(sizeof(double) * (size_t)(2 * nmax * s.rows));
     float *out = malloc(sizeof(float) * (size_t)(nmax * s.rows));
     enum cpu_isa hw = cpu_isa_hw();
     for (int ni = 0; ni < n_ns; ni++) {
@@ -343,14 +345,25 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
             for (int64_t r = 0; r < s.rows; r++)
                 tol[t * s.rows + r] = tolerance(dt, wide + r * s.cols,
                                                 split ? split + r * s.cols : NULL,
-                                                x + t * s.cols, s.cols);
+                                                x + t * s.cols, s.cols, false);
+        /* the same with x rounded to bf16: prompts on bf16 weights where
+         * the CPU has bf16 dot products (matmul.h's bf16dot) */
+        const bool bf16dot = dt == DT_BF16 && hw == CPU_ISA_AVX512 && cpu_has_avx512_bf16() &&
+                             n >= CPU_MATMUL_BF16DOT_MIN_TOKENS;
+        double *tol_bf16 = tol + (size_t)nmax * s.rows;
+        for (int t = 0; bf16dot && t < n; t++)
+            for (int64_t r = 0; r < s.rows; r++)
+                tol_bf16[t * s.rows + r] = tolerance(dt, wide + r * s.cols, NULL,
+                                                     x + t * s.cols, s.cols, true);
         /* isa = hw + 1 stands for AVX-512 without VNNI, whose Q8_0 falls
          * back to the AVX2 kernel (the CI machine may be one). */
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
         for (int isa = CPU_ISA_SCALAR; isa <= last; isa++) {
-            /* p >= n_pools: the code tiles instead of the panels
-             * (CLLM_CPU_QPANEL=0), one thread */
-            const bool tiles_too = isa >= (int)CPU_ISA_AVX2 && quant_is_low_bit(dt);
+            /* p >= n_pools, one thread: the code tiles instead of the
+             * panels (CLLM_CPU_QPANEL=0), or bf16 on f32 FMAs instead of
+             * bf16 dot products (CLLM_CPU_BF16DOT=0) */
+            const bool rounds = bf16dot && isa >= (int)CPU_ISA_AVX512;
+            const bool tiles_too = (isa >= (int)CPU_ISA_AVX2 && quant_is_low_bit(dt)) || rounds;
             for (int p = 0; p < n_pools + (tiles_too ? 1 : 0); p++) {
                 struct cpu_matmul mm;
                 struct err e;
@@ -361,7 +374,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
                 if (novnni)
                     mm.vnni = 0;
                 if (p >= n_pools)
-                    mm.panel = 0;
+                    mm.panel = mm.bf16dot = 0;
                 for (int64_t i = 0; i < n * s.rows; i++)
                     out[i] = NAN;
                 int rc = cpu_matmul(&mm, out, x, n, &w, &e);
@@ -369,9 +382,10 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
                 char what[128];
                 const char *isa_name = novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa);
                 snprintf(what, sizeof what, "%s %s%s n=%d %lldx%lld threads=%d", dtype_name(dt),
-                         isa_name, p >= n_pools ? " tiles" : "", n, (long long)s.rows,
+                         isa_name, p < n_pools ? "" : rounds ? " f32-fma" : " tiles", n, (long long)s.rows,
                          (long long)s.cols, tp_size(pools[p < n_pools ? p : 0]));
-                int bad = check_against_ref(&w, n, out, ref, tol, what);
+                int bad = check_against_ref(&w, n, out, ref,
+                                            rounds && p < n_pools ? tol_bf16 : tol, what);
                 CHECK(bad == 0, "%s: %d outputs outside tolerance", what, bad);
                 cpu_matmul_free(&mm);
             }
@@ -416,6 +430,53 @@ static void test_matmul_all(void)
     }
     for (int i = 0; i < 3; i++)
         tp_destroy(pools[i]);
+}
+
+/* bf16 weights' prompts round x to bf16 (nearest, ties to even) where the
+ * CPU has bf16 dot products; fewer tokens, or bf16dot off, keep f32 x.
+ * Weights of 1 and a constant x make every sum exact, so the outputs name
+ * the x the kernel used. */
+static void test_bf16dot_rounding(void)
+{
+    if (cpu_isa_hw() < CPU_ISA_AVX512 || !cpu_has_avx512_bf16()) {
+        printf("test_bf16dot_rounding: skipped: this CPU has no AVX512_BF16\n");
+        return;
+    }
+    enum { ROWS = 5, COLS = 64, NT = CPU_MATMUL_BF16DOT_MIN_TOKENS };
+    /* x, and x rounded to bf16 (8 significant bits): down; a tie to the
+     * even 1; a tie to the even 1 + 2^-6; up to 1 + 2^-7 */
+    const float v[4] = {1.0f + 3.0f / 1024, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256,
+                        1.0f + 5.0f / 512};
+    const float rv[4] = {1.0f, 1.0f, 1.0f + 1.0f / 64, 1.0f + 1.0f / 128};
+    uint16_t wdata[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        wdata[i] = f32_to_bf16(1.0f);
+    struct tensor w = {DT_BF16, ROWS, COLS, wdata};
+    static float x[NT * COLS], out[NT * ROWS];
+    for (int t = 0; t < NT; t++)
+        for (int k = 0; k < COLS; k++)
+            x[t * COLS + k] = v[t % 4];
+    struct { int n, on; bool rounded; } cases[] = {{NT, 1, true}, {NT - 1, 1, false},
+                                                   {NT, 0, false}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        struct cpu_matmul mm;
+        struct err e;
+        CHECK(cpu_matmul_init(&mm, NULL, CPU_ISA_AVX512, &e) == 0, "init: %s", e.msg);
+        CHECK(mm.bf16dot == 1, "bf16dot off on a CPU with AVX512_BF16");
+        mm.bf16dot = cases[c].on;
+        CHECK(cpu_matmul(&mm, out, x, cases[c].n, &w, &e) == 0, "cpu_matmul: %s", e.msg);
+        int bad = 0;
+        for (int t = 0; t < cases[c].n; t++)
+            for (int r = 0; r < ROWS; r++) {
+                const float want = COLS * (cases[c].rounded ? rv[t % 4] : v[t % 4]);
+                if (out[t * ROWS + r] != want && bad++ < 3)
+                    fprintf(stderr, "bf16dot n=%d on=%d: out[%d][%d] = %.9g, want %.9g\n",
+                            cases[c].n, cases[c].on, t, r, out[t * ROWS + r], want);
+            }
+        CHECK(bad == 0, "bf16dot n=%d on=%d: %d outputs not from the %s x", cases[c].n,
+              cases[c].on, bad, cases[c].rounded ? "bf16-rounded" : "f32");
+        cpu_matmul_free(&mm);
+    }
 }
 
 static void test_matmul_errors(void)
@@ -639,14 +700,16 @@ static void test_direct_kernels(void)
 
 int main(void)
 {
-    printf("test_matmul: hardware ISA %s, avx512 vnni %s\n", cpu_isa_name(cpu_isa_hw()),
-           cpu_has_avx512_vnni() ? "yes" : "no");
+    printf("test_matmul: hardware ISA %s, avx512 vnni %s, avx512 bf16 %s\n",
+           cpu_isa_name(cpu_isa_hw()), cpu_has_avx512_vnni() ? "yes" : "no",
+           cpu_has_avx512_bf16() ? "yes" : "no");
     test_threadpool();
     test_q8_0_roundtrip();
     test_matmul_errors();
     test_unpack_builds();
     test_codes_quantize();
     test_direct_kernels();
+    test_bf16dot_rounding();
     test_matmul_all();
     return test_summary("test_matmul");
 }

@@ -315,6 +315,8 @@ struct backend *backend_cpu_create(int n_threads, struct err *e)
     c->screen = env_flag("CLLM_HEAD_SCREEN", true);
     c->mm.direct = env_flag("CLLM_CPU_QDIRECT", true);
     c->mm.panel = env_flag("CLLM_CPU_QPANEL", true);
+    if (!env_flag("CLLM_CPU_BF16DOT", true))
+        c->mm.bf16dot = 0;
     c->be.ops = &cpu_ops;
     c->be.impl = c;
     return &c->be;

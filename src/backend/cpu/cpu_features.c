@@ -13,7 +13,7 @@
 #include <cpuid.h>
 
 struct cpu_flags {
-    int avx2, avx512, vnni;
+    int avx2, avx512, vnni, bf16;
 };
 
 static unsigned long long cpu_xcr0(void)
@@ -25,7 +25,7 @@ static unsigned long long cpu_xcr0(void)
 
 static struct cpu_flags cpu_read_flags(void)
 {
-    struct cpu_flags f = {0, 0, 0};
+    struct cpu_flags f = {0, 0, 0, 0};
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return f;
@@ -41,6 +41,8 @@ static struct cpu_flags cpu_read_flags(void)
     int avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     f.avx512 = f.avx2 && zmm_state && avx512f && avx512bw && avx512vl;
     f.vnni = f.avx512 && ((c >> 11) & 1);
+    if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
+        f.bf16 = (a >> 5) & 1;
     return f;
 }
 #endif
@@ -61,6 +63,15 @@ int cpu_has_avx512_vnni(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     return cpu_read_flags().vnni;
+#else
+    return 0;
+#endif
+}
+
+int cpu_has_avx512_bf16(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return cpu_read_flags().bf16;
 #else
     return 0;
 #endif

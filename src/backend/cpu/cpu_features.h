@@ -28,4 +28,8 @@ enum cpu_isa cpu_isa_hw(void);
  * AVX2 Q8_0 kernel is used even when the ISA is AVX-512. */
 int cpu_has_avx512_vnni(void);
 
+/* AVX512_BF16 (vdpbf16ps): bf16 weights' prompts by bf16 dot products
+ * (matmul.h's bf16dot). */
+int cpu_has_avx512_bf16(void);
+
 #endif

@@ -489,6 +489,8 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         k = dk;
     else
         dk = NULL;
+    if (w->dtype == DT_BF16 && mm->bf16dot && n >= CPU_MATMUL_BF16DOT_MIN_TOKENS)
+        k = mm_bf16dot_kernel_avx512();
     struct mm_job j = {
         .out = out, .x = x, .w = w->data,
         .w_stride = dtype_row_bytes(w->dtype, w->cols),
@@ -555,6 +557,7 @@ int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa i
     mm->tp = tp;
     mm->isa = isa;
     mm->vnni = isa >= CPU_ISA_AVX512 && cpu_has_avx512_vnni();
+    mm->bf16dot = isa >= CPU_ISA_AVX512 && cpu_has_avx512_bf16();
     mm->direct = 1;
     mm->panel = 1;
     return 0;

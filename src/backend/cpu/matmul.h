@@ -30,7 +30,19 @@ struct cpu_matmul {
      * or the tiles of the code layout (0, CLLM_CPU_QPANEL=0, for
      * measurement and tests) */
     int panel;
+    /* CPU_MATMUL_BF16DOT_MIN_TOKENS tokens or more on bf16 weights, with
+     * AVX512_BF16: the activations rounded to bf16 for bf16 dot products
+     * (1 from cpu_matmul_init where the CPU has them; 0: f32 activations
+     * and f32 FMAs always, CLLM_CPU_BF16DOT=0, for measurement and
+     * tests) */
+    int bf16dot;
 };
+
+/* Calls of this many tokens or more on bf16 weights round the activations
+ * to bf16 (nearest even) where bf16dot is on: prompts' logits then differ
+ * from decoding's by that rounding (a relative 2^-8 a value at most).
+ * Fewer tokens (decoding, batched decode steps) keep f32 activations. */
+#define CPU_MATMUL_BF16DOT_MIN_TOKENS 32
 
 int cpu_matmul_init(struct cpu_matmul *mm, struct threadpool *tp, enum cpu_isa isa,
                     struct err *e);

@@ -192,6 +192,100 @@ FKERNEL(k512_f32, DT_F32)
 FKERNEL(k512_f16, DT_F16)
 FKERNEL(k512_bf16, DT_BF16)
 
+/* ---- bf16 weights by bf16 dot products (AVX512_BF16), for prompts ----
+ *
+ * The f32 tiles above widen every bf16 weight and spend one FMA a value:
+ * at 16 multiply-adds an instruction they are at the FMA pipes' peak.
+ * vdpbf16ps multiplies 32 pairs of bf16 and adds them into 16 f32 sums,
+ * twice the work an instruction, with no widening, once the activations
+ * are rounded to bf16 too (nearest even; a relative 2^-9 a value, what a
+ * bf16 model's own activations carry in the framework it was trained in).
+ * The driver takes it for prompts only (matmul.c), so decoding keeps its
+ * f32 activations.
+ *
+ * Activation row: cols bf16 values, zeros up to a multiple of 32. */
+
+#define T512BF16                                                               \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+
+static size_t bf16dot_xq_row_bytes(int64_t cols)
+{
+    return mm_round_up((size_t)cols * 2, 64);
+}
+
+static T512BF16 void bf16dot_xq_quantize(const float *x, uint8_t *dst, int64_t cols)
+{
+    for (int64_t k = 0; k < cols; k += 32) {
+        const int64_t left = cols - k;
+        const __mmask16 lo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        const __mmask16 hi = left >= 32 ? 0xffff : left <= 16 ? 0
+                           : (__mmask16)((1u << (left - 16)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(lo, x + k);
+        const __m512 b = _mm512_maskz_loadu_ps(hi, x + k + 16);
+        _mm512_storeu_si512(dst + 2 * k, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+/* One step of 32 columns for the whole tile; m masks the weights' tail
+ * (the activations' is zeros). */
+INLINE T512BF16 void btile_step(int mr, int nr, const uint8_t *const *x,
+                                const uint8_t *const *w, size_t stride, int64_t k,
+                                __mmask32 m, __m512 acc[MR][NR])
+{
+    __m512i wv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++) {
+        wv[c] = _mm512_maskz_loadu_epi16(m, w[c] + 2 * k);
+        prefetch_next_tile(nr, w[c] + 2 * k, stride);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        const __m512i xv = _mm512_loadu_si512(x[i] + 2 * k);
+#pragma GCC unroll 4
+        for (int c = 0; c < nr; c++)
+            acc[i][c] = _mm512_dpbf16_ps(acc[i][c], (__m512bh)xv, (__m512bh)wv[c]);
+    }
+}
+
+INLINE T512BF16 void btile(int mr, int nr, const struct mm_job *j, int64_t t, int64_t r)
+{
+    const int u = UNROLL(mr, nr);
+    const uint8_t *x[MR], *w[NR];
+    __m512 acc[UMAX][MR][NR];
+    zero_acc(mr, nr, u, acc);
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++)
+        x[i] = j->xq + (t + i) * j->xq_stride;
+#pragma GCC unroll 4
+    for (int c = 0; c < nr; c++)
+        w[c] = j->w + (r + c) * j->w_stride;
+    int64_t k = 0;
+    for (; k + 32 * u <= j->cols; k += 32 * u)
+#pragma GCC unroll 4
+        for (int q = 0; q < u; q++)
+            btile_step(mr, nr, x, w, j->w_stride, k + 32 * q, 0xffffffffu, acc[q]);
+    for (; k + 32 <= j->cols; k += 32)
+        btile_step(mr, nr, x, w, j->w_stride, k, 0xffffffffu, acc[0]);
+    if (k < j->cols)
+        btile_step(mr, nr, x, w, j->w_stride, k, (__mmask32)((1ull << (j->cols - k)) - 1),
+                   acc[0]);
+    store_tile(j, t, r, mr, nr, u, acc);
+}
+
+static T512BF16 void k512_bf16dot_4x4(const struct mm_job *j, int64_t t, int64_t r)
+{ btile(4, 4, j, t, r); }
+static T512BF16 void k512_bf16dot_1x4(const struct mm_job *j, int64_t t, int64_t r)
+{ btile(1, 4, j, t, r); }
+static T512BF16 void k512_bf16dot_4x1(const struct mm_job *j, int64_t t, int64_t r)
+{ btile(4, 1, j, t, r); }
+static T512BF16 void k512_bf16dot_1x1(const struct mm_job *j, int64_t t, int64_t r)
+{ btile(1, 1, j, t, r); }
+static const struct mm_kernel k512_bf16dot = {
+    MR, NR, 0, NULL, k512_bf16dot_4x4, k512_bf16dot_1x4, k512_bf16dot_4x1, k512_bf16dot_1x1,
+    bf16dot_xq_row_bytes, bf16dot_xq_quantize};
+
+const struct mm_kernel *mm_bf16dot_kernel_avx512(void) { return &k512_bf16dot; }
+
 
 /* ---- Q8_0 with VNNI ----
  *

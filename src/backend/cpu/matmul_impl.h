@@ -56,6 +56,10 @@ struct mm_kernel {
 /* NULL when the family has no kernel for dt. */
 const struct mm_kernel *mm_kernel_avx2(enum dtype dt);
 const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni);
+/* bf16 weights by bf16 dot products, the activations rounded to bf16
+ * (AVX512_BF16: call only where cpu_has_avx512_bf16()); tiles only, no
+ * stream: the driver takes it for prompts (matmul.c). */
+const struct mm_kernel *mm_bf16dot_kernel_avx512(void);
 
 /* The integer-code formats (GGUF's 2-6-bit ones, unpack.h): the driver
  * unpacks a slab of weight rows at a time into unpack.h's layout and runs
