@@ -206,6 +206,23 @@ size_t mm_panel_bytes(int64_t cols)
     return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * MM_PANEL_GROUP_BYTES;
 }
 
+size_t mm_panel_xu_floats(int64_t cols)
+{
+    return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * 8;
+}
+
+void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, float *xu)
+{
+    const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    for (int64_t g = 0; g < ng; g++) {
+        const float *d = (const float *)(xq + g * UNPACK_GROUP_BYTES + 64), *xs = d + 16;
+        for (int q = 0; q < 4; q++) {
+            xu[8 * g + 2 * q] = d[4 * q];
+            xu[8 * g + 2 * q + 1] = (xs[4 * q] + xs[4 * q + 1]) + (xs[4 * q + 2] + xs[4 * q + 3]);
+        }
+    }
+}
+
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel)
 {
     const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
@@ -427,14 +444,18 @@ struct mm_quant_task {
     const struct mm_job *job;
     const struct mm_kernel *kern;
     uint8_t *dst; /* = job->xq, writable */
+    float *xu;    /* = job->xu (panels), writable, or NULL */
 };
 
 static void mm_quant_worker(void *ctx, int ith, int nth)
 {
     const struct mm_quant_task *q = ctx;
     const struct mm_job *j = q->job;
-    for (int64_t t = ith; t < j->n; t += nth)
+    for (int64_t t = ith; t < j->n; t += nth) {
         q->kern->xq_quantize(j->x + t * j->cols, q->dst + t * j->xq_stride, j->cols);
+        if (q->xu)
+            mm_panel_unit_sums(q->dst + t * j->xq_stride, j->cols, q->xu + t * j->xu_stride);
+    }
 }
 
 static int mm_reserve_scratch(struct cpu_matmul *mm, size_t bytes, struct err *e)
@@ -526,13 +547,20 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
             task.slab_bytes += mm_round_up(mm_panel_bytes(w->cols), 64);
         }
     }
-    if (mm_reserve_scratch(mm, xq_bytes + task.slab_bytes * (size_t)nth, e))
+    size_t xu_bytes = 0;
+    if (task.panel) {
+        j.xu_stride = mm_panel_xu_floats(w->cols);
+        xu_bytes = mm_round_up(sizeof(float) * j.xu_stride * (size_t)n, 64);
+    }
+    if (mm_reserve_scratch(mm, xq_bytes + xu_bytes + task.slab_bytes * (size_t)nth, e))
         return -1;
     if (task.unpack)
-        task.slabs = (uint8_t *)mm->scratch + xq_bytes;
+        task.slabs = (uint8_t *)mm->scratch + xq_bytes + xu_bytes;
     if (k->xq_quantize) {
         j.xq = mm->scratch;
-        struct mm_quant_task q = {&j, k, mm->scratch};
+        float *xu = task.panel ? (float *)((uint8_t *)mm->scratch + xq_bytes) : NULL;
+        j.xu = xu;
+        struct mm_quant_task q = {&j, k, mm->scratch, xu};
         if (nth > 1 && (int64_t)n * w->cols >= MM_PAR_QUANT_MIN)
             tp_run(mm->tp, mm_quant_worker, &q);
         else

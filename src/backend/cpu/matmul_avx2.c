@@ -709,13 +709,11 @@ INLINE T256 void panel_half(int nt, const struct mm_job *j, const uint8_t *panel
                                      _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(xv[3])));
                 const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(p01, ones),
                                                      _mm256_madd_epi16(p23, ones));
-                /* the unit's activation scale (lane 4q's d) and sum (its
-                 * four lanes' xs), as matmul_avx512.c's panel_tile */
-                const float *xd = (const float *)(x[t] + g * UNPACK_GROUP_BYTES + 64) + 4 * q;
-                const float *xs = xd + 16;
+                /* the unit's activation scale and sum (j->xu) */
+                const float *u = j->xu + (t0 + t) * j->xu_stride + 8 * g + 2 * q;
                 const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                 _mm256_mul_ps(s, _mm256_set1_ps(xd[0])), acc[t]);
-                acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps((xs[0] + xs[1]) + (xs[2] + xs[3])), a);
+                                                 _mm256_mul_ps(s, _mm256_set1_ps(u[0])), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(u[1]), a);
             }
         }
     }

@@ -19,6 +19,12 @@ struct mm_job {
     const uint8_t *w; /* rows x cols in the weight dtype, w_stride bytes apart */
     size_t w_stride;
     int64_t n, rows, cols;
+    /* Panels only (mm_panel_run_*): per token (xu_stride floats apart),
+     * per 16-value unit u of xq, xu[2u] its activation scale and xu[2u + 1]
+     * its sum, the four lanes' xs added as ((0 + 1) + (2 + 3)); made once
+     * a call (mm_panel_unit_sums) instead of once a panel */
+    const float *xu;
+    size_t xu_stride;
 };
 
 /* Computes out[t .. t+mr)[r .. r+nr) for the tile shape the function is
@@ -95,6 +101,9 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 #define MM_PANEL_M 1280
 #define MM_PANEL_GROUP_BYTES 1536
 size_t mm_panel_bytes(int64_t cols);
+/* xu's floats a token for cols values, and one token's from its row of xq */
+size_t mm_panel_xu_floats(int64_t cols);
+void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, float *xu);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
 typedef void (*mm_panel_fn)(const struct mm_job *j, const uint8_t *panel, int64_t ns);
 void mm_panel_run_avx512(const struct mm_job *j, const uint8_t *panel, int64_t ns); /* VNNI */
