@@ -257,6 +257,19 @@ static int unpacked_value(const uint8_t *row, int64_t k, float *s, float *m)
  * unpacking; NULL for the others. */
 static float *split_weights(const struct tensor *w)
 {
+    if (w->dtype == DT_Q8_0) { /* as the VNNI panels take it: code q + 128, m = 128 d */
+        float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+        const size_t rb = dtype_row_bytes(w->dtype, w->cols);
+        for (int64_t r = 0; r < w->rows; r++) {
+            const struct block_q8_0 *b =
+                (const struct block_q8_0 *)((const uint8_t *)w->data + (size_t)r * rb);
+            for (int64_t k = 0; k < w->cols; k++) {
+                const float d = fabsf(f16_to_f32(b[k / 32].d));
+                all[r * w->cols + k] = d * (float)(b[k / 32].qs[k % 32] + 128) + 128.0f * d;
+            }
+        }
+        return all;
+    }
     if (!quant_is_low_bit(w->dtype))
         return NULL;
     float *all = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
@@ -344,17 +357,22 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
         for (int t = 0; t < n; t++)
             for (int64_t r = 0; r < s.rows; r++)
                 tol[t * s.rows + r] = tolerance(dt, wide + r * s.cols,
-                                                split ? split + r * s.cols : NULL,
+                                                split && dt != DT_Q8_0 ? split + r * s.cols : NULL,
                                                 x + t * s.cols, s.cols, false);
         /* the same with x rounded to bf16: prompts on bf16 weights where
          * the CPU has bf16 dot products (matmul.h's bf16dot) */
         const bool bf16dot = dt == DT_BF16 && hw == CPU_ISA_AVX512 && cpu_has_avx512_bf16() &&
                              n >= CPU_MATMUL_BF16DOT_MIN_TOKENS;
-        double *tol_bf16 = tol + (size_t)nmax * s.rows;
-        for (int t = 0; bf16dot && t < n; t++)
+        /* the other bound: x rounded to bf16 (bf16dot), or Q8_0's values
+         * split as the VNNI panels take them (prompts) */
+        const bool q8_panels = dt == DT_Q8_0 && hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() &&
+                               n >= 32; /* matmul.c's MM_PANEL_MIN_TOKENS */
+        double *tol_alt = tol + (size_t)nmax * s.rows;
+        for (int t = 0; (bf16dot || q8_panels) && t < n; t++)
             for (int64_t r = 0; r < s.rows; r++)
-                tol_bf16[t * s.rows + r] = tolerance(dt, wide + r * s.cols, NULL,
-                                                     x + t * s.cols, s.cols, true);
+                tol_alt[t * s.rows + r] = tolerance(dt, wide + r * s.cols,
+                                                    q8_panels ? split + r * s.cols : NULL,
+                                                    x + t * s.cols, s.cols, bf16dot);
         /* isa = hw + 1 stands for AVX-512 without VNNI, whose Q8_0 falls
          * back to the AVX2 kernel (the CI machine may be one). */
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
@@ -363,7 +381,9 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
              * panels (CLLM_CPU_QPANEL=0), or bf16 on f32 FMAs instead of
              * bf16 dot products (CLLM_CPU_BF16DOT=0) */
             const bool rounds = bf16dot && isa >= (int)CPU_ISA_AVX512;
-            const bool tiles_too = (isa >= (int)CPU_ISA_AVX2 && quant_is_low_bit(dt)) || rounds;
+            const bool panels = q8_panels && isa == (int)CPU_ISA_AVX512;
+            const bool tiles_too =
+                (isa >= (int)CPU_ISA_AVX2 && quant_is_low_bit(dt)) || rounds || panels;
             for (int p = 0; p < n_pools + (tiles_too ? 1 : 0); p++) {
                 struct cpu_matmul mm;
                 struct err e;
@@ -385,7 +405,8 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
                          isa_name, p < n_pools ? "" : rounds ? " f32-fma" : " tiles", n, (long long)s.rows,
                          (long long)s.cols, tp_size(pools[p < n_pools ? p : 0]));
                 int bad = check_against_ref(&w, n, out, ref,
-                                            rounds && p < n_pools ? tol_bf16 : tol, what);
+                                            (rounds || panels) && p < n_pools ? tol_alt : tol,
+                                            what);
                 CHECK(bad == 0, "%s: %d outputs outside tolerance", what, bad);
                 cpu_matmul_free(&mm);
             }
@@ -579,6 +600,47 @@ static void test_unpack_builds(void)
  * mm_codes_xq_quantize's bytes: random rows, a block of zeros, blocks of
  * exact ties (an absmax of 127, so halves round to even), tiny and large
  * magnitudes, and odd block counts (the missing half group). */
+/* The AVX-512 build of a Q8_0 panel writes the portable build's bytes:
+ * whole panels, short ones (rows past ns zeros) and odd block counts. */
+static void test_panel_build_q8_0(void)
+{
+    if (cpu_isa_hw() < CPU_ISA_AVX512) {
+        printf("test_matmul: Q8_0 panel build skipped: no AVX-512\n");
+        return;
+    }
+    static const struct { int64_t ns, cols; } cases[] = {
+        {16, 64}, {16, 1024}, {16, 3072}, {16, 96}, {5, 1024}, {1, 64}, {15, 4096}};
+    int panels = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int64_t cols = cases[c].cols;
+        const size_t stride = dtype_row_bytes(DT_Q8_0, cols) + 6; /* rows not packed */
+        uint8_t *rows = malloc(stride * MM_PANEL_ROWS);
+        for (size_t i = 0; i < stride * MM_PANEL_ROWS; i++)
+            rows[i] = (uint8_t)rng_u32();
+        for (int64_t r = 0; r < MM_PANEL_ROWS; r++) { /* finite scales */
+            struct block_q8_0 *b = (struct block_q8_0 *)(rows + (size_t)r * stride);
+            for (int64_t ib = 0; ib < cols / 32; ib++) {
+                struct block_q8_0 blk;
+                memcpy(&blk, &b[ib], sizeof blk);
+                blk.d = f32_to_f16(rng_f());
+                memcpy(&b[ib], &blk, sizeof blk);
+            }
+        }
+        const size_t pb = mm_panel_bytes(cols);
+        uint8_t *ref = malloc(pb), *got = malloc(pb);
+        memset(got, 0xa5, pb);
+        mm_panel_build_q8_0(rows, stride, cases[c].ns, cols, ref);
+        mm_panel_build_q8_0_avx512(rows, stride, cases[c].ns, cols, got);
+        CHECK(memcmp(ref, got, pb) == 0, "Q8_0 panel of %lld rows x %lld: builds differ",
+              (long long)cases[c].ns, (long long)cols);
+        panels++;
+        free(rows);
+        free(ref);
+        free(got);
+    }
+    printf("test_matmul: Q8_0 panel builds AVX-512 == portable on %d panels\n", panels);
+}
+
 static void test_codes_quantize(void)
 {
     if (cpu_isa_hw() < CPU_ISA_AVX2) {
@@ -708,6 +770,7 @@ int main(void)
     test_matmul_errors();
     test_unpack_builds();
     test_codes_quantize();
+    test_panel_build_q8_0();
     test_direct_kernels();
     test_bf16dot_rounding();
     test_matmul_all();

@@ -249,6 +249,36 @@ void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols
     }
 }
 
+/* The same panel straight from ns Q8_0 rows (stride bytes apart): value
+ * d q as code q + 128 (0..255) with s = d and m = 128 d, so only the
+ * AVX-512 VNNI panel kernel, whose unit sums are int32, takes it (the
+ * AVX2 one adds pairs of products in int16, which codes past 63 overflow). */
+void mm_panel_build_q8_0(const uint8_t *rows, size_t stride, int64_t ns, int64_t cols,
+                         uint8_t *panel)
+{
+    const int64_t nb = cols / Q8_0_BLOCK;
+    memset(panel, 0, mm_panel_bytes(cols));
+    for (int64_t r = 0; r < ns; r++) {
+        const struct block_q8_0 *b = (const struct block_q8_0 *)(rows + (size_t)r * stride);
+        for (int64_t ib = 0; ib < nb; ib++) {
+            uint8_t *pg = panel + (ib / 2) * MM_PANEL_GROUP_BYTES;
+            uint32_t *u = (uint32_t *)pg;
+            float *sv = (float *)(pg + MM_PANEL_S), *mv = (float *)(pg + MM_PANEL_M);
+            const int h = (int)(ib % 2); /* lanes 8h .. 8h + 7, units 2h, 2h + 1 */
+            for (int l = 0; l < 8; l++) {
+                uint32_t q;
+                memcpy(&q, b[ib].qs + 4 * l, 4);
+                u[(8 * h + l) * MM_PANEL_ROWS + r] = q ^ 0x80808080u;
+            }
+            const float d = f16_to_f32(b[ib].d);
+            for (int q = 2 * h; q < 2 * h + 2; q++) {
+                sv[q * MM_PANEL_ROWS + r] = d;
+                mv[q * MM_PANEL_ROWS + r] = 128.0f * d;
+            }
+        }
+    }
+}
+
 static void scalar_tile_codes(const struct mm_job *j, int64_t t, int64_t r)
 {
     const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
@@ -384,7 +414,8 @@ struct mm_task {
     atomic_llong next; /* next chunk to hand out */
     /* an integer-code format: job->w holds its blocks, and each thread
      * unpacks slab_rows rows at a time into its slab (slab_bytes apart
-     * from slabs) for kern */
+     * from slabs) for kern; or a Q8_0 prompt on panels, built straight
+     * from its rows into the slab */
     enum dtype packed;
     int64_t slab_rows;
     cpu_unpack_fn unpack;
@@ -409,10 +440,16 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
     f.w_stride = unpack_row_bytes(j->cols);
     for (int64_t s = r0; s < r1; s += task->slab_rows) {
         const int64_t ns = r1 - s < task->slab_rows ? r1 - s : task->slab_rows;
+        f.out = j->out + s;
+        if (task->packed == DT_Q8_0) { /* a panel, no slab */
+            mm_panel_build_q8_0_avx512(j->w + (size_t)s * j->w_stride, j->w_stride, ns, j->cols,
+                                       slab);
+            task->panel(&f, slab, ns);
+            continue;
+        }
         for (int64_t r = 0; r < ns; r++)
             task->unpack(task->packed, j->w + (size_t)(s + r) * j->w_stride,
                          slab + (size_t)r * f.w_stride, j->cols);
-        f.out = j->out + s;
         if (task->panel) {
             mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
             task->panel(&f, slab + task->panel_offset, ns);
@@ -506,6 +543,11 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     if (n == 0)
         return 0;
     const struct mm_kernel *k = mm_pick_kernel(mm, w->dtype), *dk = mm_pick_direct(mm, w->dtype);
+    /* Q8_0 prompts on AVX-512 VNNI: panels (mm_panel_build_q8_0), with the
+     * code formats' activations */
+    const bool q8_panel = w->dtype == DT_Q8_0 && mm_pick_panel(mm, n) == mm_panel_run_avx512;
+    if (q8_panel)
+        k = mm_codes_kernel_avx512(1);
     if (dk && n <= dk->stream_max_n)
         k = dk;
     else
@@ -527,7 +569,12 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         j.xq_stride = k->xq_row_bytes(w->cols);
         xq_bytes = mm_round_up(j.xq_stride * (size_t)n, 64);
     }
-    if (quant_is_low_bit(w->dtype) && !dk) {
+    if (q8_panel) {
+        task.packed = DT_Q8_0;
+        task.panel = mm_panel_run_avx512;
+        task.slab_rows = MM_PANEL_ROWS;
+        task.slab_bytes = mm_round_up(mm_panel_bytes(w->cols), 64);
+    } else if (quant_is_low_bit(w->dtype) && !dk) {
         task.packed = w->dtype;
         task.unpack = cpu_unpack_for(mm->isa);
         const size_t rb = unpack_row_bytes(w->cols);
@@ -554,7 +601,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     }
     if (mm_reserve_scratch(mm, xq_bytes + xu_bytes + task.slab_bytes * (size_t)nth, e))
         return -1;
-    if (task.unpack)
+    if (task.slab_bytes)
         task.slabs = (uint8_t *)mm->scratch + xq_bytes + xu_bytes;
     if (k->xq_quantize) {
         j.xq = mm->scratch;
