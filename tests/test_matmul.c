@@ -600,12 +600,13 @@ static void test_unpack_builds(void)
  * mm_codes_xq_quantize's bytes: random rows, a block of zeros, blocks of
  * exact ties (an absmax of 127, so halves round to even), tiny and large
  * magnitudes, and odd block counts (the missing half group). */
-/* The AVX-512 build of a Q8_0 panel writes the portable build's bytes:
- * whole panels, short ones (rows past ns zeros) and odd block counts. */
-static void test_panel_build_q8_0(void)
+/* The AVX-512 builds of a panel (from Q8_0 blocks, and from unpacked
+ * rows) write the portable builds' bytes: whole panels, short ones (rows
+ * past ns zeros) and odd block counts. */
+static void test_panel_builds(void)
 {
     if (cpu_isa_hw() < CPU_ISA_AVX512) {
-        printf("test_matmul: Q8_0 panel build skipped: no AVX-512\n");
+        printf("test_matmul: panel builds skipped: no AVX-512\n");
         return;
     }
     static const struct { int64_t ns, cols; } cases[] = {
@@ -633,12 +634,24 @@ static void test_panel_build_q8_0(void)
         mm_panel_build_q8_0_avx512(rows, stride, cases[c].ns, cols, got);
         CHECK(memcmp(ref, got, pb) == 0, "Q8_0 panel of %lld rows x %lld: builds differ",
               (long long)cases[c].ns, (long long)cols);
-        panels++;
+        /* the code formats' build, from rows of random bytes in the
+         * unpacked layout (every byte lands somewhere) */
+        const size_t ub = unpack_row_bytes(cols) + 64; /* rows not packed */
+        uint8_t *slab = malloc(ub * MM_PANEL_ROWS);
+        for (size_t i = 0; i < ub * MM_PANEL_ROWS; i++)
+            slab[i] = (uint8_t)rng_u32();
+        memset(got, 0xa5, pb);
+        mm_panel_build(slab, ub, cases[c].ns, cols, ref);
+        mm_panel_build_avx512(slab, ub, cases[c].ns, cols, got);
+        CHECK(memcmp(ref, got, pb) == 0, "panel of %lld rows x %lld: builds differ",
+              (long long)cases[c].ns, (long long)cols);
+        free(slab);
+        panels += 2;
         free(rows);
         free(ref);
         free(got);
     }
-    printf("test_matmul: Q8_0 panel builds AVX-512 == portable on %d panels\n", panels);
+    printf("test_matmul: panel builds AVX-512 == portable on %d panels\n", panels);
 }
 
 static void test_codes_quantize(void)
@@ -770,7 +783,7 @@ int main(void)
     test_matmul_errors();
     test_unpack_builds();
     test_codes_quantize();
-    test_panel_build_q8_0();
+    test_panel_builds();
     test_direct_kernels();
     test_bf16dot_rounding();
     test_matmul_all();

@@ -451,7 +451,10 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
             task->unpack(task->packed, j->w + (size_t)(s + r) * j->w_stride,
                          slab + (size_t)r * f.w_stride, j->cols);
         if (task->panel) {
-            mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
+            if (task->panel == mm_panel_run_avx512)
+                mm_panel_build_avx512(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
+            else
+                mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
             task->panel(&f, slab + task->panel_offset, ns);
         } else {
             mm_run_chunk(&f, task->kern, 0, ns);

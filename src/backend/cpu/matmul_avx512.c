@@ -782,6 +782,88 @@ const struct mm_kernel *mm_kernel_avx512(enum dtype dt, int vnni)
 _Static_assert(PANEL_ROWS == 16, "a panel's rows are the 16 lanes of a vector");
 #define PANEL_TOKENS 8 /* 8 int32 and 8 f32 accumulators; 12 measured no faster */
 
+/* A group's s (or m) of 16 slab rows (16 floats a row, a unit's value in
+ * four lanes) as the panel has them: [4 units][16 rows], unit q from
+ * lane 4q of each row; the dword transpose below, only what lanes 0, 4,
+ * 8 and 12 need. */
+INLINE T512 void panel_units(const uint8_t *src, size_t stride, uint8_t *dst)
+{
+    __m512i a[4];
+    for (int i = 0; i < 4; i++) {
+        const uint8_t *p = src + (size_t)(4 * i) * stride;
+        const __m512i r01 = _mm512_unpacklo_epi32(_mm512_loadu_si512(p),
+                                                  _mm512_loadu_si512(p + stride));
+        const __m512i r23 = _mm512_unpacklo_epi32(_mm512_loadu_si512(p + 2 * stride),
+                                                  _mm512_loadu_si512(p + 3 * stride));
+        a[i] = _mm512_unpacklo_epi64(r01, r23); /* 128-bit lane j: lane 4j of rows 4i .. */
+    }
+    const __m512i lo01 = _mm512_shuffle_i32x4(a[0], a[1], 0x44);
+    const __m512i hi01 = _mm512_shuffle_i32x4(a[0], a[1], 0xee);
+    const __m512i lo23 = _mm512_shuffle_i32x4(a[2], a[3], 0x44);
+    const __m512i hi23 = _mm512_shuffle_i32x4(a[2], a[3], 0xee);
+    _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(lo01, lo23, 0x88));
+    _mm512_storeu_si512(dst + 64, _mm512_shuffle_i32x4(lo01, lo23, 0xdd));
+    _mm512_storeu_si512(dst + 128, _mm512_shuffle_i32x4(hi01, hi23, 0x88));
+    _mm512_storeu_si512(dst + 192, _mm512_shuffle_i32x4(hi01, hi23, 0xdd));
+}
+
+/* mm_panel_build by shuffles: a 16 x 16 transpose of each group's code
+ * dwords (row r's lane k to lane r of vector k), and of its s and m the
+ * lanes a unit's value is read from. Whole panels only; short ones go
+ * to the portable build (the same bytes). */
+T512 void mm_panel_build_avx512(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
+                                uint8_t *panel)
+{
+    if (ns < MM_PANEL_ROWS) {
+        mm_panel_build(slab, stride, ns, cols, panel);
+        return;
+    }
+    const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *src = slab + g * UNPACK_GROUP_BYTES;
+        uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
+        /* the codes, in four rounds of shuffles */
+        __m512i a[16], b[16];
+        for (int r = 0; r < 16; r++)
+            a[r] = _mm512_loadu_si512(src + (size_t)r * stride);
+        for (int r = 0; r < 16; r += 2) {
+            b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
+            b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
+        }
+        for (int r = 0; r < 16; r += 4) {
+            a[r] = _mm512_unpacklo_epi64(b[r], b[r + 2]);
+            a[r + 1] = _mm512_unpackhi_epi64(b[r], b[r + 2]);
+            a[r + 2] = _mm512_unpacklo_epi64(b[r + 1], b[r + 3]);
+            a[r + 3] = _mm512_unpackhi_epi64(b[r + 1], b[r + 3]);
+        }
+        /* a[4i + c] now holds, in each 128-bit lane j, dword c of rows
+         * 4i .. 4i + 3 at lane j's positions 4j .. 4j + 3 */
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 4; c++)
+                b[4 * c + i] = a[4 * i + c];
+        /* b[4c + i]: rows 4i .. 4i + 3, 128-bit lane j = lane 4j + c of the
+         * codes; interleave the four i into 16 rows */
+        for (int c = 0; c < 4; c++) {
+            const __m512i *v = b + 4 * c;
+            const __m512i lo01 = _mm512_shuffle_i32x4(v[0], v[1], 0x44); /* j 0,1 of i0; 0,1 of i1 */
+            const __m512i hi01 = _mm512_shuffle_i32x4(v[0], v[1], 0xee); /* j 2,3 */
+            const __m512i lo23 = _mm512_shuffle_i32x4(v[2], v[3], 0x44);
+            const __m512i hi23 = _mm512_shuffle_i32x4(v[2], v[3], 0xee);
+            /* lane j: i0 i1 i2 i3 (rows 0 .. 15) of each */
+            const __m512i j0 = _mm512_shuffle_i32x4(lo01, lo23, 0x88);
+            const __m512i j1 = _mm512_shuffle_i32x4(lo01, lo23, 0xdd);
+            const __m512i j2 = _mm512_shuffle_i32x4(hi01, hi23, 0x88);
+            const __m512i j3 = _mm512_shuffle_i32x4(hi01, hi23, 0xdd);
+            _mm512_storeu_si512(pg + 64 * (0 + c), j0);
+            _mm512_storeu_si512(pg + 64 * (4 + c), j1);
+            _mm512_storeu_si512(pg + 64 * (8 + c), j2);
+            _mm512_storeu_si512(pg + 64 * (12 + c), j3);
+        }
+        panel_units(src + 64, stride, pg + MM_PANEL_S);
+        panel_units(src + 128, stride, pg + MM_PANEL_M);
+    }
+}
+
 /* mm_panel_build_q8_0 by gathers: lane r of each vector from row r, a
  * 4-value lane of a block (xor 0x80: the code) or its scale at a time.
  * Whole panels of an even count of blocks only; the rest go to the

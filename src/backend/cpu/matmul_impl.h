@@ -105,6 +105,8 @@ size_t mm_panel_bytes(int64_t cols);
 size_t mm_panel_xu_floats(int64_t cols);
 void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, float *xu);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
+void mm_panel_build_avx512(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
+                           uint8_t *panel); /* the same bytes */
 /* The same from ns rows of Q8_0 blocks: codes q + 128 (up to 255), s = d,
  * m = 128 d; for mm_panel_run_avx512 only (int32 unit sums) */
 void mm_panel_build_q8_0(const uint8_t *rows, size_t stride, int64_t ns, int64_t cols,
