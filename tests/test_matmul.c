@@ -402,8 +402,9 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
                 char what[128];
                 const char *isa_name = novnni ? "avx512-novnni" : cpu_isa_name((enum cpu_isa)isa);
                 snprintf(what, sizeof what, "%s %s%s n=%d %lldx%lld threads=%d", dtype_name(dt),
-                         isa_name, p < n_pools ? "" : rounds ? " f32-fma" : " tiles", n, (long long)s.rows,
-                         (long long)s.cols, tp_size(pools[p < n_pools ? p : 0]));
+                         isa_name, p < n_pools ? "" : rounds ? " f32-fma" : " tiles", n,
+                         (long long)s.rows, (long long)s.cols,
+                         tp_size(pools[p < n_pools ? p : 0]));
                 int bad = check_against_ref(&w, n, out, ref,
                                             (rounds || panels) && p < n_pools ? tol_alt : tol,
                                             what);
