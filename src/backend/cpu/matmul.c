@@ -211,14 +211,17 @@ size_t mm_panel_xu_floats(int64_t cols)
     return (size_t)((cols + UNPACK_GROUP - 1) / UNPACK_GROUP) * 8;
 }
 
-void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, float *xu)
+void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, int unit, float *xu)
 {
     const int64_t ng = (cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
     for (int64_t g = 0; g < ng; g++) {
         const float *d = (const float *)(xq + g * UNPACK_GROUP_BYTES + 64), *xs = d + 16;
-        for (int q = 0; q < 4; q++) {
-            xu[8 * g + 2 * q] = d[4 * q];
-            xu[8 * g + 2 * q + 1] = (xs[4 * q] + xs[4 * q + 1]) + (xs[4 * q + 2] + xs[4 * q + 3]);
+        float q16[4];
+        for (int q = 0; q < 4; q++)
+            q16[q] = (xs[4 * q] + xs[4 * q + 1]) + (xs[4 * q + 2] + xs[4 * q + 3]);
+        for (int q = 0; q < UNPACK_GROUP / unit; q++) {
+            xu[8 * g + 2 * q] = d[unit / 4 * q];
+            xu[8 * g + 2 * q + 1] = unit == 32 ? q16[2 * q] + q16[2 * q + 1] : q16[q];
         }
     }
 }
@@ -494,7 +497,8 @@ static void mm_quant_worker(void *ctx, int ith, int nth)
     for (int64_t t = ith; t < j->n; t += nth) {
         q->kern->xq_quantize(j->x + t * j->cols, q->dst + t * j->xq_stride, j->cols);
         if (q->xu)
-            mm_panel_unit_sums(q->dst + t * j->xq_stride, j->cols, q->xu + t * j->xu_stride);
+            mm_panel_unit_sums(q->dst + t * j->xq_stride, j->cols, j->panel_unit,
+                               q->xu + t * j->xu_stride);
     }
 }
 
@@ -599,6 +603,10 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     }
     size_t xu_bytes = 0;
     if (task.panel) {
+        /* a 32-block format's s and m hold for 32 values: one float step
+         * for both of its 16-value units on AVX-512 */
+        j.panel_unit = task.panel == mm_panel_run_avx512 && dtype_block_elems(w->dtype) == 32
+                           ? 32 : 16;
         j.xu_stride = mm_panel_xu_floats(w->cols);
         xu_bytes = mm_round_up(sizeof(float) * j.xu_stride * (size_t)n, 64);
     }

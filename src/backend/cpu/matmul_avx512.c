@@ -904,10 +904,11 @@ INLINE T512VNNI __m512i dpbusd_bcst(__m512i acc, __m512i w, const uint8_t *p)
 
 /* out[t0 .. t0 + nt)[0 .. ns) of a panel: nt tokens' sums in one vector
  * each (lane r: row r). */
-INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *panel, int64_t t0,
-                                int64_t ns)
+INLINE T512VNNI void panel_tile(int nt, int uv, const struct mm_job *j, const uint8_t *panel,
+                                int64_t t0, int64_t ns)
 {
     const int64_t ng = (j->cols + UNPACK_GROUP - 1) / UNPACK_GROUP;
+    const int nu = UNPACK_GROUP / uv, lanes = uv / 4; /* scale units a group, lanes a unit */
     const uint8_t *x[PANEL_TOKENS];
     __m512 acc[PANEL_TOKENS];
 #pragma GCC unroll 8
@@ -918,21 +919,22 @@ INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *p
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *pg = panel + g * MM_PANEL_GROUP_BYTES;
 #pragma GCC unroll 4
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < nu; q++) {
             __m512i ia[PANEL_TOKENS];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
                 ia[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int k = 4 * q; k < 4 * q + 4; k++) {
+#pragma GCC unroll 8
+            for (int k = lanes * q; k < lanes * q + lanes; k++) {
                 const __m512i w = _mm512_loadu_si512(pg + 64 * k);
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
                     ia[t] = dpbusd_bcst(ia[t], w, x[t] + g * UNPACK_GROUP_BYTES + 4 * k);
                 }
             }
-            const __m512 s = _mm512_loadu_ps(pg + MM_PANEL_S + 64 * q);
-            const __m512 m = _mm512_loadu_ps(pg + MM_PANEL_M + 64 * q);
+            /* the scale unit's s and m: its first 16-value unit's */
+            const __m512 s = _mm512_loadu_ps(pg + MM_PANEL_S + 64 * (lanes / 4) * q);
+            const __m512 m = _mm512_loadu_ps(pg + MM_PANEL_M + 64 * (lanes / 4) * q);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 /* the unit's activation scale and sum (j->xu) */
@@ -949,19 +951,27 @@ INLINE T512VNNI void panel_tile(int nt, const struct mm_job *j, const uint8_t *p
         _mm512_mask_storeu_ps(j->out + (t0 + t) * j->rows, keep, acc[t]);
 }
 
-T512VNNI void mm_panel_run_avx512(const struct mm_job *j, const uint8_t *panel, int64_t ns)
+INLINE T512VNNI void panel_run(int uv, const struct mm_job *j, const uint8_t *panel, int64_t ns)
 {
     int64_t t = 0;
     for (; t + PANEL_TOKENS <= j->n; t += PANEL_TOKENS)
-        panel_tile(PANEL_TOKENS, j, panel, t, ns);
+        panel_tile(PANEL_TOKENS, uv, j, panel, t, ns);
     switch (j->n - t) {
-    case 1: panel_tile(1, j, panel, t, ns); break;
-    case 2: panel_tile(2, j, panel, t, ns); break;
-    case 3: panel_tile(3, j, panel, t, ns); break;
-    case 4: panel_tile(4, j, panel, t, ns); break;
-    case 5: panel_tile(5, j, panel, t, ns); break;
-    case 6: panel_tile(6, j, panel, t, ns); break;
-    case 7: panel_tile(7, j, panel, t, ns); break;
+    case 1: panel_tile(1, uv, j, panel, t, ns); break;
+    case 2: panel_tile(2, uv, j, panel, t, ns); break;
+    case 3: panel_tile(3, uv, j, panel, t, ns); break;
+    case 4: panel_tile(4, uv, j, panel, t, ns); break;
+    case 5: panel_tile(5, uv, j, panel, t, ns); break;
+    case 6: panel_tile(6, uv, j, panel, t, ns); break;
+    case 7: panel_tile(7, uv, j, panel, t, ns); break;
     default: break;
     }
+}
+
+T512VNNI void mm_panel_run_avx512(const struct mm_job *j, const uint8_t *panel, int64_t ns)
+{
+    if (j->panel_unit == 32)
+        panel_run(32, j, panel, ns);
+    else
+        panel_run(16, j, panel, ns);
 }

@@ -20,11 +20,14 @@ struct mm_job {
     size_t w_stride;
     int64_t n, rows, cols;
     /* Panels only (mm_panel_run_*): per token (xu_stride floats apart),
-     * per 16-value unit u of xq, xu[2u] its activation scale and xu[2u + 1]
-     * its sum, the four lanes' xs added as ((0 + 1) + (2 + 3)); made once
-     * a call (mm_panel_unit_sums) instead of once a panel */
+     * per scale unit u of xq (panel_unit values: 16, or 32 where a
+     * format's s and m hold for 32, on AVX-512 only), at 8 g + 2 u of group
+     * g, its activation scale and its sum, its lanes' xs added pairwise
+     * ((0 + 1) + (2 + 3), then the two halves of 8); made once a call
+     * (mm_panel_unit_sums) instead of once a panel */
     const float *xu;
     size_t xu_stride;
+    int panel_unit;
 };
 
 /* Computes out[t .. t+mr)[r .. r+nr) for the tile shape the function is
@@ -103,7 +106,7 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
 size_t mm_panel_bytes(int64_t cols);
 /* xu's floats a token for cols values, and one token's from its row of xq */
 size_t mm_panel_xu_floats(int64_t cols);
-void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, float *xu);
+void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, int unit, float *xu);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
 void mm_panel_build_avx512(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
                            uint8_t *panel); /* the same bytes */
