@@ -462,7 +462,9 @@ static double matmul_invariance(struct backend *be, enum dtype dt, int n, int ro
     for (size_t i = 0; i < (size_t)n * cols; i++)
         x[i] = ((float)(rnd() % 20001) - 10000.0f) / 10000.0f;
     struct tensor t = {.dtype = dt, .rows = rows, .cols = cols, .data = w};
-    float *wf = malloc(sizeof(float) * (size_t)cols);
+    float *wf = malloc(sizeof(float) * (size_t)rows * cols); /* widened once */
+    for (int r = 0; r < rows; r++)
+        quant_dequantize_row(dt, w + (size_t)r * rb, wf + (size_t)r * cols, cols);
     double worst = 0;
     *over = 0;
     CHECK(be->ops->matmul(be, all, x, n, &t, &e) == 0, "matmul: %s", e.msg);
@@ -473,10 +475,9 @@ static double matmul_invariance(struct backend *be, enum dtype dt, int n, int ro
         for (int r = 0; r < rows; r++)
             scale = fmax(scale, fabs(one[r]));
         for (int r = 0; r < rows; r++) {
-            quant_dequantize_row(dt, w + (size_t)r * rb, wf, cols);
             double abssum = 0;
             for (int c = 0; c < cols; c++)
-                abssum += fabs((double)wf[c] * xi[c]);
+                abssum += fabs((double)wf[(size_t)r * cols + c] * xi[c]);
             double d = fabs(all[(size_t)i * rows + r] - one[r]);
             *over += d > 1e-5 * scale + xround * abssum;
             if (d / scale > worst)

@@ -366,7 +366,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
         /* the other bound: x rounded to bf16 (bf16dot), or Q8_0's values
          * split as the VNNI panels take them (prompts) */
         const bool q8_panels = dt == DT_Q8_0 && hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() &&
-                               n >= 32; /* matmul.c's MM_PANEL_MIN_TOKENS */
+                               n >= MM_PANEL_MIN_TOKENS;
         double *tol_alt = tol + (size_t)nmax * s.rows;
         for (int t = 0; (bf16dot || q8_panels) && t < n; t++)
             for (int64_t r = 0; r < s.rows; r++)

@@ -37,11 +37,6 @@
  * tiles' 4 rows, at most MM_SLAB_ROWS. */
 #define MM_SLAB_BYTES (12 * 1024)
 #define MM_SLAB_ROWS 16
-/* Fewer tokens than this keep the tiles: building a panel (a pass over
- * its 16 unpacked rows) costs more than its kernel saves on a batched
- * decode step of 8 (Q4_K 0.6B, 8 streams: 25-26 tok/s on tiles, 17.5-18
- * on panels); prompts break even at ~32 tokens on the development VM. */
-#define MM_PANEL_MIN_TOKENS 32
 
 /* ---- Q8_0 conversions (public; ggml-compatible) ---- */
 
@@ -429,6 +424,7 @@ struct mm_task {
      * as a panel (matmul_impl.h), panel_offset bytes into the slab, for
      * that kernel */
     mm_panel_fn panel;
+    mm_panel_build_fn panel_build; /* its build, of the panel's ISA */
     size_t panel_offset;
 };
 
@@ -444,9 +440,8 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
     for (int64_t s = r0; s < r1; s += task->slab_rows) {
         const int64_t ns = r1 - s < task->slab_rows ? r1 - s : task->slab_rows;
         f.out = j->out + s;
-        if (task->packed == DT_Q8_0) { /* a panel, no slab */
-            mm_panel_build_q8_0_avx512(j->w + (size_t)s * j->w_stride, j->w_stride, ns, j->cols,
-                                       slab);
+        if (!task->unpack) { /* Q8_0: a panel straight from the rows, no slab */
+            task->panel_build(j->w + (size_t)s * j->w_stride, j->w_stride, ns, j->cols, slab);
             task->panel(&f, slab, ns);
             continue;
         }
@@ -454,10 +449,7 @@ static void mm_run_slabs(const struct mm_task *task, uint8_t *slab, int64_t r0, 
             task->unpack(task->packed, j->w + (size_t)(s + r) * j->w_stride,
                          slab + (size_t)r * f.w_stride, j->cols);
         if (task->panel) {
-            if (task->panel == mm_panel_run_avx512)
-                mm_panel_build_avx512(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
-            else
-                mm_panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
+            task->panel_build(slab, f.w_stride, ns, j->cols, slab + task->panel_offset);
             task->panel(&f, slab + task->panel_offset, ns);
         } else {
             mm_run_chunk(&f, task->kern, 0, ns);
@@ -579,6 +571,7 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     if (q8_panel) {
         task.packed = DT_Q8_0;
         task.panel = mm_panel_run_avx512;
+        task.panel_build = mm_panel_build_q8_0_avx512;
         task.slab_rows = MM_PANEL_ROWS;
         task.slab_bytes = mm_round_up(mm_panel_bytes(w->cols), 64);
     } else if (quant_is_low_bit(w->dtype) && !dk) {
@@ -597,6 +590,8 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
         task.slab_rows = rows;
         task.slab_bytes = mm_round_up((size_t)rows * rb, 64);
         if (task.panel) {
+            task.panel_build =
+                task.panel == mm_panel_run_avx512 ? mm_panel_build_avx512 : mm_panel_build;
             task.panel_offset = task.slab_bytes;
             task.slab_bytes += mm_round_up(mm_panel_bytes(w->cols), 64);
         }

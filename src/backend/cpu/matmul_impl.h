@@ -97,6 +97,11 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
  * mm_codes_xq_quantize*, j->out at the panel's first row, j->rows its
  * stride). */
 #define MM_PANEL_ROWS 16
+/* Fewer tokens than this keep the tiles: building a panel (a pass over
+ * its 16 unpacked rows) costs more than its kernel saves on a batched
+ * decode step of 8 (Q4_K 0.6B, 8 streams: 25-26 tok/s on tiles, 17.5-18
+ * on panels); prompts break even at ~32 tokens on the development VM. */
+#define MM_PANEL_MIN_TOKENS 32
 /* A panel's 64-value group: at 0, [16 lanes k][16 rows] 4 bytes, codes
  * 4k .. 4k + 3 of each row; at MM_PANEL_S, s of [4 units][16 rows] f32;
  * at MM_PANEL_M, m likewise (rows past ns: zeros). */
@@ -107,6 +112,8 @@ size_t mm_panel_bytes(int64_t cols);
 /* xu's floats a token for cols values, and one token's from its row of xq */
 size_t mm_panel_xu_floats(int64_t cols);
 void mm_panel_unit_sums(const uint8_t *xq, int64_t cols, int unit, float *xu);
+typedef void (*mm_panel_build_fn)(const uint8_t *src, size_t stride, int64_t ns, int64_t cols,
+                                  uint8_t *panel);
 void mm_panel_build(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols, uint8_t *panel);
 void mm_panel_build_avx512(const uint8_t *slab, size_t stride, int64_t ns, int64_t cols,
                            uint8_t *panel); /* the same bytes */
