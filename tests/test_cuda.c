@@ -384,7 +384,9 @@ static void check_matmul_widen_chunks(void)
         mat_free(&m[k]);
 }
 
-/* The quantized GEMV with its launches cut to 3 blocks
+/* The quantized GEMV's default kernel, k_gemv_qdot (CLLM_CUDA_GQ_STAGED=0:
+ * on Hopper 1-2 rows of x otherwise run staged, check_matmul_qstaged's),
+ * with its launches cut to 3 blocks
  * (CLLM_CUDA_GQ_BLOCKS=3; by default no more than the SMs hold at once),
  * so that every block takes row pairs in several rounds, staging x once:
  * one warp a row pair (800 and 1,280 columns, odd row counts: a last
@@ -404,6 +406,7 @@ static void check_matmul_quant_rounds(void)
     struct layer_weights lw;
     mats_model(&md, &lw, m, ND);
     setenv("CLLM_CUDA_GQ_BLOCKS", "3", 1);
+    setenv("CLLM_CUDA_GQ_STAGED", "0", 1);
     struct backend *be = gpu_loaded(false, &md);
     struct err e = {{0}};
     if (be) {
@@ -417,6 +420,7 @@ static void check_matmul_quant_rounds(void)
     check_matmul_fused_cols(1024);
     check_matmul_fused_cols(4096);
     unsetenv("CLLM_CUDA_GQ_BLOCKS");
+    unsetenv("CLLM_CUDA_GQ_STAGED");
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
 }

@@ -445,7 +445,7 @@ static int cuda_device_count(struct err *e)
 
 /* The numeric levers (docs/config.md), read before anything is allocated
  * so that a bad value is the same error with or without a GPU. 0 means
- * unset (gemv_max: -1, since 0 is a value). */
+ * unset (gemv_max, gq_staged: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
@@ -455,7 +455,7 @@ struct cuda_levers {
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
 {
     static const long rpw[] = {4, 8}, ks[] = {1, 2, 4, 8, 16}, warps[] = {8, 16};
-    *l = (struct cuda_levers){.gemv_max = -1};
+    *l = (struct cuda_levers){.gemv_max = -1, .gq_staged = -1};
     if (env_long("CLLM_CUDA_GEMV_MAX", 0, CUK_GEMV_MAX, &l->gemv_max, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_X_MAX", 1, 1L << 30, &l->stage_x_max, e) < 0 ||
         env_long_of("CLLM_ATT_RPW", rpw, 2, &l->att_rpw, e) < 0 ||
@@ -624,9 +624,13 @@ static struct backend *cuda_create(int device, struct err *e)
                   env_flag("CLLM_CUDA_GEMV_MMA", true);
     cuk_gemv_quant_init(&c->gq, c->n_sms, env_flag("CLLM_CUDA_GQ_PERSIST", true),
                         (int)lv.gq_blocks);
-    /* opt-in until measured: the quantized GEMV's weights staged in shared
-     * memory, gq_staged blocks an SM sharing its memory (less 1 KB a
-     * block, which the runtime keeps) */
+    /* the quantized GEMV's weights staged in shared memory, gq_staged
+     * blocks an SM sharing its memory (less 1 KB a block, which the
+     * runtime keeps). 2 by default: H100, 8B decode Q4_K 330 -> 403
+     * tok/s, Q8_0 240 -> 291, Q6_K 231 -> 293; 1, 3 and 4 were slower
+     * there (docs/benchmarks.md, session 56) */
+    if (lv.gq_staged < 0)
+        lv.gq_staged = 2;
     if (hopper && lv.gq_staged > 0) {
         c->gq.staged_bps = (int)lv.gq_staged;
         c->gq.staged_smem = lv.gq_staged_kb
