@@ -589,7 +589,7 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
     c->widen_bytes = lv.widen_mb ? (size_t)lv.widen_mb << 20 : WIDEN_CHUNK_BYTES;
-    c->half_type = -1;
+    c->half_type = c->quant_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);
     c->att_pf_mt = (int)lv.pf_mt; /* tests: the prefill attention's block rows */

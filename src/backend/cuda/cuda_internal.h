@@ -204,6 +204,11 @@ struct cuda_backend {
     int xh_type;
     unsigned long op_seq, xh_valid_at;
     int half_type;     /* DT_BF16/DT_F16 of the 2-byte matrices, -1: none */
+    /* The quantized matrices' dtype (layer 0's q), whose prompts widen
+     * them to bf16 for a GEMM with x rounded to bf16; -1: none. Such a
+     * model's norms and SwiGLU make bf16 copies (half_out) as a bf16
+     * model's do. */
+    int quant_type;
     int model_dim, ffn_dim; /* of the loaded model: inputs of q/k/v, gate/up (model_dim) and down (ffn_dim) */
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
     size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */

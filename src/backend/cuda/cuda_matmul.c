@@ -268,19 +268,29 @@ static const uint16_t *half_x(struct cuda_backend *c, const float *x, int n,
     return xh;
 }
 
+/* The half type a GEMM reads activations in: the 2-byte matrices', bf16
+ * where quantized matrices are widened for it (matmul_widened), -1 in
+ * precise mode or for f32 matrices. */
+static int act_half(const struct cuda_backend *c)
+{
+    return c->precise ? -1 : c->half_type >= 0 ? c->half_type : c->quant_type >= 0 ? DT_BF16 : -1;
+}
+
 /* Where an op's f32 result (nel elements at out) will feed a tensor-core
- * GEMM (more than gemv_max rows, 2-byte weights, not precise): a buffer
- * for its half copy, valid for the next op; NULL when not worth it. */
+ * GEMM (gemm_next: see feeds_gemm; 2-byte or widened weights, not
+ * precise): a buffer for its half copy, valid for the next op; NULL when
+ * not worth it. */
 static uint16_t *half_out(struct cuda_backend *c, const float *out, size_t nel, bool gemm_next)
 {
-    if (!gemm_next || c->precise || c->half_type < 0 || c->err[0])
+    const int t = act_half(c);
+    if (!gemm_next || t < 0 || c->err[0])
         return NULL;
     uint16_t *h = dbuf_get(c, &c->xh, nel * 2, "half activations");
     if (!h)
         return NULL;
     c->xh_src = out;
     c->xh_n = nel;
-    c->xh_type = c->half_type;
+    c->xh_type = t;
     c->xh_valid_at = c->op_seq + 1;
     return h;
 }
@@ -368,6 +378,18 @@ static bool staged_big(const struct cuda_backend *c, size_t cols, size_t bytes, 
 static bool quant_gemv(const struct cuda_backend *c, enum dtype dt)
 {
     return quant_is_low_bit(dt) || (dt == DT_Q8_0 && !c->precise);
+}
+
+/* Whether n rows of activations over cols columns feed a GEMM, so that
+ * the op making them should make their half copy too (half_out): past
+ * the quantized GEMV's rows in a model of quantized matrices (mm_route's
+ * split), else past gemv_rows. A wrong guess costs only time: half_x
+ * checks that a copy is of its x. */
+static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
+{
+    if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type))
+        return n > (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N);
+    return !gemv_rows(c, cols, n);
 }
 
 static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor *const *ts, int k,
@@ -606,8 +628,8 @@ static void norm_run(struct backend *be, float *out, float *x, const float *y, c
     if (!dw || c->err[0])
         return;
     uint16_t *oh = half_out(c, out, (size_t)n * dim,
-                            dim == c->model_dim && !gemv_rows(c, (size_t)dim, n));
-    int bf = c->half_type == DT_BF16;
+                            dim == c->model_dim && feeds_gemm(c, (size_t)dim, n));
+    int bf = act_half(c) == DT_BF16;
     if (y && c->fuse) {
         fail_cuda(c, "add_rmsnorm", cuk_add_rmsnorm(c->stream, out, x, y, dw, n, dim, eps, oh, bf));
         return;
@@ -644,9 +666,9 @@ void cu_silu_mul(struct backend *be, float *g, const float *u, size_t n)
         return;
     /* gate of a GEMM-sized chunk: the input of the down projection */
     bool gemm_next = c->ffn_dim > 0 && n % (size_t)c->ffn_dim == 0 &&
-                     !gemv_rows(c, (size_t)c->ffn_dim, (int)(n / (size_t)c->ffn_dim));
+                     feeds_gemm(c, (size_t)c->ffn_dim, (int)(n / (size_t)c->ffn_dim));
     uint16_t *gh = half_out(c, g, n, gemm_next);
-    fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n, gh, c->half_type == DT_BF16));
+    fail_cuda(c, "silu_mul", cuk_silu_mul(c->stream, g, u, n, gh, act_half(c) == DT_BF16));
 }
 
 void cu_add(struct backend *be, float *x, const float *y, size_t n)

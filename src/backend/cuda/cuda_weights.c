@@ -195,6 +195,10 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     c->half_type = -1;
     if (m->cfg.n_layers > 0 && (m->layers[0].wq.dtype == DT_BF16 || m->layers[0].wq.dtype == DT_F16))
         c->half_type = m->layers[0].wq.dtype;
+    c->quant_type = -1;
+    if (m->cfg.n_layers > 0 &&
+        (quant_is_low_bit(m->layers[0].wq.dtype) || m->layers[0].wq.dtype == DT_Q8_0))
+        c->quant_type = m->layers[0].wq.dtype;
     /* Steps of 2 tokens or more (batched decodes) go to the tensor-core
      * GEMV where it is on, and what it does not take to cuBLAS (H200,
      * docs/benchmarks.md, twentieth pass: against the staged GEMVs up to 4

@@ -559,83 +559,141 @@ __global__ void k_dequant(float *dst, struct cuk_weight w, int row0, size_t tota
         dst[i] = cuk_load_weight(&w, (size_t)row0 + i / w.cols, (int)(i % w.cols));
 }
 
-/* GGUF's low-bit blocks: eight values a thread (cuk_dq8), as f32 or
- * rounded to bf16 / f16 (half: 1 bf16, 2 f16, 0 f32). */
-__global__ void k_dequant_q(void *dst, struct cuk_weight w, int row0, size_t total8, int half)
+/* The widening of a quantized matrix's rows for a GEMM (cuda_matmul.c's
+ * matmul_widened): GGUF's low-bit blocks (cuk_dq8: the host's bits) or
+ * the device's Q8_0 (int8 values, an f16 scale a 32; d * q is exact in
+ * f32, so it is rounded once), as f32 or rounded to bf16 / f16 (HALF: 1
+ * bf16, 2 f16, 0 f32). A thread widens wq_units runs of eight values of
+ * a row, its row's threads' width apart, so that a warp's loads and
+ * 16-byte stores are contiguous and each thread has that many loads in
+ * flight; the grid's y strides over rows, so no thread divides. The
+ * kernel this replaced gave a thread one run, found by dividing a 64-bit
+ * index, with the dtype switched on at run time: ~2.4x the bandwidth
+ * floor (docs/benchmarks.md, session 56). */
+enum { WQ_THREADS = 128 };
+/* Runs a thread widens: 4 for the low-bit blocks (8B Q4_K prefill p512
+ * 19,657 -> 20,118 tok/s against the old kernel, H100); Q8_0 ran 2 %
+ * slower at 4 than the old one-run kernel (21,344 -> 20,886), so 1. */
+template <int DT> struct wq_units {
+    static constexpr int U = DT == DT_Q8_0 ? 1 : 4;
+};
+
+template <int DT>
+static __device__ __forceinline__ void wq_load8(const struct cuk_weight &w, size_t row_bytes,
+                                                int r, int c, float *v)
 {
-    cuk_pdl_start();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total8)
-        return;
-    const int per = w.cols / 8;
-    const size_t r = i / per;
-    float v[8];
-    cuk_dq8_any(w.dtype, (const uint8_t *)w.data + ((size_t)row0 + r) * cuk_q_row_bytes(w.dtype, w.cols),
-                (int)(i % per) * 8, v);
-    if (!half) {
-        float4 *o = (float4 *)((float *)dst + i * 8);
+    if constexpr (DT == DT_Q8_0) {
+        const size_t e = (size_t)r * w.cols + c; /* the first value's index in w */
+        const uint2 q = __ldg((const uint2 *)((const int8_t *)w.data + e));
+        const float d = cuk_f16(__ldg(w.scales + e / Q8_0_BLOCK));
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = d * (float)(int8_t)((i < 4 ? q.x : q.y) >> (8 * (i & 3)));
+    } else {
+        cuk_dq8<DT>((const uint8_t *)w.data + (size_t)r * row_bytes, c, v);
+    }
+}
+
+template <int HALF>
+static __device__ __forceinline__ void wq_store8(void *dst, size_t i, const float *v)
+{
+    if constexpr (HALF == 0) {
+        float4 *o = (float4 *)((float *)dst + i);
         o[0] = make_float4(v[0], v[1], v[2], v[3]);
         o[1] = make_float4(v[4], v[5], v[6], v[7]);
-        return;
+    } else {
+        uint32_t h[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            h[k] = (uint32_t)cuk_to_half(v[2 * k], HALF == 1) |
+                   (uint32_t)cuk_to_half(v[2 * k + 1], HALF == 1) << 16;
+        *(uint4 *)((uint16_t *)dst + i) = make_uint4(h[0], h[1], h[2], h[3]);
     }
-    uint32_t h[4];
-    for (int k = 0; k < 4; k++)
-        h[k] = (uint32_t)cuk_to_half(v[2 * k], half == 1) |
-               (uint32_t)cuk_to_half(v[2 * k + 1], half == 1) << 16;
-    *(uint4 *)((uint16_t *)dst + i * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+template <int DT, int HALF>
+__global__ void __launch_bounds__(WQ_THREADS)
+    k_widen_q(void *dst, struct cuk_weight w, size_t row_bytes, int row0, int nrows)
+{
+    cuk_pdl_start();
+    constexpr int U = wq_units<DT>::U;
+    const int step = blockDim.x * 8; /* a unit's distance from the thread's previous one */
+    const int c0 = blockIdx.x * step * U + threadIdx.x * 8;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < nrows; r += gridDim.y * blockDim.y) {
+        float v[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + u * step < w.cols)
+                wq_load8<DT>(w, row_bytes, row0 + r, c0 + u * step, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (c0 + u * step < w.cols)
+                wq_store8<HALF>(dst, (size_t)r * w.cols + c0 + u * step, v[u]);
+    }
+}
+
+/* Rows row0 .. row0 + nrows - 1 of w (a low-bit dtype, or Q8_0 with HALF
+ * != 0; cols a multiple of 8) widened into dst. A row's threads are the
+ * fewest whole warps that cover it in wq_units runs each (at most
+ * WQ_THREADS; wider rows take several blocks), and a block takes as many
+ * rows as fill WQ_THREADS: a 1,024-column Q4_K row is one warp's, four
+ * rows a block. */
+template <int HALF>
+static cudaError_t widen_q(cudaStream_t s, void *dst, const struct cuk_weight *w, int row0,
+                           int nrows)
+{
+    if (nrows <= 0)
+        return cudaSuccess;
+    const int units = w->dtype == DT_Q8_0 ? wq_units<DT_Q8_0>::U : wq_units<DT_Q4_K>::U;
+    int tx = (w->cols / 8 + units - 1) / units;
+    tx = tx >= WQ_THREADS ? WQ_THREADS : (tx + 31) / 32 * 32;
+    const int ty = WQ_THREADS / tx;
+    const int span = tx * 8 * units, ry = (nrows + ty - 1) / ty;
+    const dim3 grid((unsigned)((w->cols + span - 1) / span), (unsigned)(ry < 65535 ? ry : 65535)),
+        block((unsigned)tx, (unsigned)ty);
+    /* (cuk_q_row_bytes divides by a block's values: none for Q8_0, whose
+     * rows are its int8 values) */
+    const size_t rb = w->dtype == DT_Q8_0 ? 0 : cuk_q_row_bytes(w->dtype, w->cols);
+    switch (w->dtype) {
+    case DT_Q8_0:
+        if constexpr (HALF != 0)
+            return cuk_launch(k_widen_q<DT_Q8_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+        return cudaErrorNotSupported;
+    case DT_Q4_0: return cuk_launch(k_widen_q<DT_Q4_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q4_1: return cuk_launch(k_widen_q<DT_Q4_1, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q5_0: return cuk_launch(k_widen_q<DT_Q5_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q5_1: return cuk_launch(k_widen_q<DT_Q5_1, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q4_K: return cuk_launch(k_widen_q<DT_Q4_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q5_K: return cuk_launch(k_widen_q<DT_Q5_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q6_K: return cuk_launch(k_widen_q<DT_Q6_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q2_K: return cuk_launch(k_widen_q<DT_Q2_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    case DT_Q3_K: return cuk_launch(k_widen_q<DT_Q3_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    default: return cudaErrorNotSupported;
+    }
 }
 
 extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w,
                                        int row0, int nrows)
 {
     size_t total = (size_t)nrows * w->cols;
-    if (cuk_q_low_bit(w->dtype))
-        cuk_launch(k_dequant_q, blocks_for(total / 8, 256), 256, 0, s, (void *)dst, *w, row0,
-                   total / 8, 0);
-    else
-        cuk_launch(k_dequant, blocks_for(total, 256), 256, 0, s, dst, *w, row0, total);
-    return cudaGetLastError();
-}
-
-/* The device's Q8_0 (int8 values, an f16 scale a 32) rounded to bf16 /
- * f16: eight values a thread, one 8-byte load and one 16-byte store.
- * d * q is exact in f32 (an 11-bit scale times an 8-bit code), so it is
- * rounded once. */
-__global__ void k_dequant_q8_half(uint16_t *dst, struct cuk_weight w, int row0, size_t total8,
-                                  int bf16)
-{
-    cuk_pdl_start();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total8)
-        return;
-    const size_t e = (size_t)row0 * w.cols + i * 8; /* first value's index in w */
-    const uint2 q = __ldg((const uint2 *)((const int8_t *)w.data + e));
-    const float d = cuk_f16(__ldg(w.scales + e / Q8_0_BLOCK));
-    uint32_t h[4];
-    for (int k = 0; k < 4; k++) {
-        const uint32_t word = k < 2 ? q.x : q.y;
-        const int sh = 16 * (k & 1);
-        const float a = d * (float)(int8_t)(word >> sh), b = d * (float)(int8_t)(word >> (sh + 8));
-        h[k] = (uint32_t)cuk_to_half(a, bf16) | (uint32_t)cuk_to_half(b, bf16) << 16;
+    if (cuk_q_low_bit(w->dtype)) {
+        if (w->cols % 8 || ((uintptr_t)dst & 15))
+            return cudaErrorNotSupported;
+        cudaError_t err = widen_q<0>(s, dst, w, row0, nrows);
+        return err != cudaSuccess ? err : cudaGetLastError();
     }
-    *(uint4 *)(dst + i * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+    cuk_launch(k_dequant, blocks_for(total, 256), 256, 0, s, dst, *w, row0, total);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w,
                                         int row0, int nrows, int bf16)
 {
-    const bool q8 = w->dtype == DT_Q8_0;
-    if ((!cuk_q_low_bit(w->dtype) && !q8) || w->cols % 8 || ((uintptr_t)dst & 15) ||
-        ((uintptr_t)w->data & 7))
+    if ((!cuk_q_low_bit(w->dtype) && w->dtype != DT_Q8_0) || w->cols % 8 ||
+        ((uintptr_t)dst & 15) || ((uintptr_t)w->data & 7))
         return cudaErrorNotSupported;
-    size_t total8 = (size_t)nrows * w->cols / 8;
-    if (q8)
-        cuk_launch(k_dequant_q8_half, blocks_for(total8, 256), 256, 0, s, dst, *w, row0, total8,
-                   bf16 ? 1 : 0);
-    else
-        cuk_launch(k_dequant_q, blocks_for(total8, 256), 256, 0, s, (void *)dst, *w, row0, total8,
-                   bf16 ? 1 : 2);
-    return cudaGetLastError();
+    cudaError_t err = bf16 ? widen_q<1>(s, dst, w, row0, nrows) : widen_q<2>(s, dst, w, row0, nrows);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 __global__ void k_to_half(uint16_t *dst, const float *x, size_t n, int bf16)
