@@ -304,10 +304,10 @@ static void check_matmul_all(void)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
                 const enum dtype dt = m[k].t.dtype;
                 /* Q8_0 by default: the integer GEMV, x rounded to 8 bits,
-                 * up to 64 rows; past them weights and x rounded to bf16
-                 * for a tensor-core GEMM */
-                bool x8 = !precise && dt == DT_Q8_0 && ns[j] <= 64;
-                bool q8_bf16 = !precise && dt == DT_Q8_0 && ns[j] > 64;
+                 * up to 8 rows (QUANT_GEMV_MAX_N); past them weights and x
+                 * rounded to bf16 for a tensor-core GEMM */
+                bool x8 = !precise && dt == DT_Q8_0 && ns[j] <= 8;
+                bool q8_bf16 = !precise && dt == DT_Q8_0 && ns[j] > 8;
                 /* more than 1 row (the backend's GEMV cutoff in a 2-byte
                  * model with the tensor-core GEMV on, as here: wq is
                  * bf16): tensor-core GEMV or GEMM */
@@ -410,7 +410,7 @@ static void check_matmul_quant_rounds(void)
     struct backend *be = gpu_loaded(false, &md);
     struct err e = {{0}};
     if (be) {
-        static const int ns[] = {1, 3, 8, 9};
+        static const int ns[] = {1, 3, 7, 8};
         for (int k = 0; k < ND; k++)
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
                 check_matmul(be, &m[k], ns[j], 1e-5, "fast, 3 blocks", true);
@@ -517,13 +517,13 @@ static void check_matmul_low_bit(void)
         if (!be)
             continue;
         struct err e = {{0}};
-        /* up to 64 tokens (QUANT_GEMV_MAX_N) the GEMV, 8 a launch; past
+        /* up to 8 tokens (QUANT_GEMV_MAX_N) the GEMV, one launch; past
          * that the widened weights' GEMM */
-        static const int ns[] = {1, 2, 3, 5, 8, 9, 40, 64, 65, 100};
+        static const int ns[] = {1, 2, 3, 5, 7, 8, 9, 40, 65, 100};
         for (int k = 0; k < NQ; k++) {
             for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
-                check_matmul(be, &m[k], ns[j], !precise && ns[j] > 64 ? 1e-2 : 1e-5,
-                               precise ? "precise" : "fast", !precise && ns[j] <= 64);
+                check_matmul(be, &m[k], ns[j], !precise && ns[j] > 8 ? 1e-2 : 1e-5,
+                               precise ? "precise" : "fast", !precise && ns[j] <= 8);
             int ids[] = {0, 5, rows[k] - 1, 17, 5};
             int c = cols[k];
             float *d = dev_alloc_copy(be, NULL, 5 * (size_t)c);
@@ -1875,8 +1875,8 @@ static void check_gguf_low_bit(const char *dir, const char *name)
     const int np = NP, ngen = 8;
     double worst[2] = {0, 0}, worst_dec = 0, worst_cpu[3] = {0, 0, 0}, worst_ctl = INFINITY;
     int held = 0, same_min = ngen;
-    /* against the CPU: a prompt the GEMV takes whole */
-    enum { NP_CPU = 12 };
+    /* against the CPU: a prompt the GEMV takes whole (QUANT_GEMV_MAX_N) */
+    enum { NP_CPU = 8 };
     for (int k = 0; k < LOW_BIT_FORMATS; k++) {
         char q[1100], f[1100];
         snprintf(q, sizeof q, "/tmp/cllm_cuda_%s_%d_%s.gguf", name, (int)getpid(), dtype_name(dts[k]));

@@ -26,12 +26,15 @@
 /* Most bytes of widened weights (f32 or bf16) one chunk of the widening
  * path may take (CLLM_CUDA_WIDEN_MB). */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
-/* Most tokens a matmul over GGUF's low-bit weights runs as GEMVs (8 a
- * launch) rather than widening the weights for a GEMM: a 4-bit 8B model's
- * 4.9 GB read once per 8 tokens against 4.9 GB read, 16 GB of bf16
- * written and read back by the widening (estimated from bytes; the
- * GEMM's time besides). */
-#define QUANT_GEMV_MAX_N 64
+/* Most tokens a matmul over GGUF's quantized weights runs as their GEMV
+ * (one launch) rather than widening the weights for a GEMM. The GEMV's
+ * products, not its bytes, bound it past a token or two (H100, 8B Q4_K:
+ * a step of 8 tokens 16 ms against 2.5 for one), and the widened GEMM
+ * costs about the same from 8 tokens on (~17 ms a step): 64 streams
+ * decoded at 519 tok/s through GEMVs of 8 tokens a launch, at 3,392
+ * through the GEMM (docs/benchmarks.md, session 56). It was 64, from
+ * counting bytes alone. */
+#define QUANT_GEMV_MAX_N 8
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 /* Most tokens a step record carries (a few tokens' step, cu_step_begin;

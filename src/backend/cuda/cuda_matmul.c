@@ -396,9 +396,8 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor 
                               int n)
 {
     const size_t cols = (size_t)ts[0]->cols;
-    /* cuk_gemv_quant (8 tokens a launch: gemv_quant) up to
-     * QUANT_GEMV_MAX_N tokens; past that, the weights widened chunk by
-     * chunk for a GEMM */
+    /* cuk_gemv_quant up to QUANT_GEMV_MAX_N tokens; past that, the
+     * weights widened chunk by chunk for a GEMM */
     if (quant_gemv(c, ts[0]->dtype))
         return n <= (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N) ? MM_GEMV : MM_GEMM;
     if (gemv_rows(c, cols, n))
@@ -432,9 +431,8 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
-/* cuk_gemv_quant over n tokens, CUK_GEMV_MAX at a time (each launch reads
- * the weights once: up to QUANT_GEMV_MAX_N tokens that is still fewer
- * bytes than widening them for a GEMM). */
+/* cuk_gemv_quant over n tokens, CUK_GEMV_MAX at a time (one launch for
+ * the QUANT_GEMV_MAX_N tokens mm_route gives it). */
 static cudaError_t gemv_quant(struct cuda_backend *c, float *const *outs,
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
