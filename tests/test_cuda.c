@@ -384,6 +384,55 @@ static void check_matmul_widen_chunks(void)
         mat_free(&m[k]);
 }
 
+/* CLLM_CUDA_WIDE_COPY=1: the quantized matrices' bf16 copies are made at
+ * load (the backend's weights grow by 2 bytes a value, ops->mem_info) and
+ * matmuls past the GEMV's 8 tokens multiply them, within the default
+ * GEMM's 1e-2 of the double product; in precise mode none are made and
+ * the f32 widening stays exact. */
+static void check_matmul_wide_copy(void)
+{
+    static const enum dtype dts[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K};
+    static const int rows[] = {300, 257, 301}, cols[] = {1024, 2048, 768};
+    enum { ND = sizeof dts / sizeof dts[0] };
+    struct test_mat m[ND];
+    size_t copy = 0;
+    for (int k = 0; k < ND; k++) {
+        mat_make(&m[k], dts[k], rows[k], cols[k]);
+        copy += (size_t)rows[k] * (size_t)cols[k] * 2;
+    }
+    struct model md;
+    struct layer_weights lw;
+    mats_model(&md, &lw, m, ND);
+    for (int precise = 0; precise < 2; precise++) {
+        struct backend_mem plain = {0}, wide = {0};
+        struct backend *be = gpu_loaded(precise, &md);
+        if (!be)
+            continue;
+        be->ops->mem_info(be, &plain);
+        backend_destroy(be);
+        setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
+        be = gpu_loaded(precise, &md);
+        unsetenv("CLLM_CUDA_WIDE_COPY");
+        if (!be)
+            continue;
+        be->ops->mem_info(be, &wide);
+        CHECK(wide.weights - plain.weights == (precise ? 0 : copy),
+              "wide copies (precise %d): weights %zu bytes with them, %zu without, %zu expected "
+              "more",
+              precise, wide.weights, plain.weights, precise ? (size_t)0 : copy);
+        struct err e = {{0}};
+        static const int ns[] = {9, 100};
+        for (int k = 0; k < ND; k++)
+            for (int j = 0; j < 2; j++)
+                check_matmul(be, &m[k], ns[j], precise ? 1e-5 : 1e-2,
+                             precise ? "precise, wide copy asked" : "fast, wide copy", false);
+        CHECK(be->ops->finish(be, &e) == 0, "wide copies: %s", e.msg);
+        backend_destroy(be);
+    }
+    for (int k = 0; k < ND; k++)
+        mat_free(&m[k]);
+}
+
 /* The quantized GEMV's default kernel, k_gemv_qdot (CLLM_CUDA_GQ_STAGED=0:
  * on Hopper 1-2 rows of x otherwise run staged, check_matmul_qstaged's),
  * with its launches cut to 3 blocks
@@ -3307,6 +3356,7 @@ int main(void)
     check_sample_speed();
     check_matmul_all();
     check_matmul_widen_chunks();
+    check_matmul_wide_copy();
     check_matmul_low_bit();
     check_matmul_quant_rounds();
     check_matmul_qstaged();

@@ -252,6 +252,8 @@ static void cu_destroy(struct backend *be)
             cudaFree(c->map[i].mem);
         if (c->map[i].mem2)
             cudaFree(c->map[i].mem2);
+        if (c->map[i].wide)
+            cudaFree(c->map[i].wide);
     }
     free(c->map);
     cu_head_free(c);
@@ -589,6 +591,8 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
     c->widen_bytes = lv.widen_mb ? (size_t)lv.widen_mb << 20 : WIDEN_CHUNK_BYTES;
+    /* opt-in until measured on a GPU; precise mode widens to f32 instead */
+    c->wide_copy = env_flag("CLLM_CUDA_WIDE_COPY", false) && !c->precise;
     c->half_type = c->quant_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);

@@ -77,6 +77,8 @@ struct wentry {
     const void *host;      /* key: the tensor's host data pointer */
     struct cuk_weight w;   /* device copy */
     void *mem, *mem2;      /* allocations (quants and scales for Q8_0) */
+    void *wide;            /* a quantized matrix's bf16 copy for GEMMs
+                            * (CLLM_CUDA_WIDE_COPY), else NULL */
 };
 
 struct dbuf { /* a growable device buffer */
@@ -216,6 +218,8 @@ struct cuda_backend {
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
     size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
     size_t widen_bytes; /* most bytes of one chunk of widened weights (WIDEN_CHUNK_BYTES) */
+    bool wide_copy;     /* CLLM_CUDA_WIDE_COPY: quantized matrices' bf16 copies made at load */
+    size_t wide_bytes;  /* their bytes (0: none made) */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */

@@ -493,7 +493,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
  * quantized GEMVs (and the CPU) apply to it. Q8_0 through SGEMM ran an 8B
  * prompt at 2,617 tok/s, through this 23,500 (H200, session 52). */
 static int matmul_widened(struct cuda_backend *c, float *out, const float *x, int n,
-                          const struct cuk_weight *w, bool acc, struct err *e)
+                          const struct cuk_weight *w, const void *wide, bool acc,
+                          struct err *e)
 {
     const bool bf16 = !c->precise;
     const void *xg = x;
@@ -501,6 +502,8 @@ static int matmul_widened(struct cuda_backend *c, float *out, const float *x, in
         const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
         if (!(xg = half_x(c, x, n, &as_bf16)))
             return sticky(c, e);
+        if (wide) /* widened at load (CLLM_CUDA_WIDE_COPY): the same values */
+            return gemm(c, out, w->rows, wide, xg, CUDA_R_16BF, w->rows, n, w->cols, acc, e);
     }
     const size_t vb = bf16 ? 2 : 4, fit = c->widen_bytes / vb / (size_t)w->cols;
     const int chunk = fit < 1 ? 1 : fit > (size_t)w->rows ? w->rows : (int)fit;
@@ -559,7 +562,8 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
-    return matmul_widened(c, out, x, n, w, acc, e);
+    const struct wentry *we = map_find(c, t->data);
+    return matmul_widened(c, out, x, n, w, we ? we->wide : NULL, acc, e);
 }
 
 int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,

@@ -182,6 +182,79 @@ static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const st
     return 1;
 }
 
+/* CLLM_CUDA_WIDE_COPY: each quantized matrix a matmul reads (the layers'
+ * and the LM head) widened once at load into a bf16 copy of its own, which
+ * matmul_widened multiplies instead of widening its rows again at every
+ * call past the quantized GEMV's tokens. A prompt's and a batched step's
+ * GEMMs are then a bf16 model's (H100, 8B Q4_K: the widening is 8.9 ms
+ * of a 512-token prompt's ~24, and is repeated at every batched step of
+ * 9+ streams), for 2 bytes a weight more device memory; decode
+ * steps of up to QUANT_GEMV_MAX_N tokens still read the quantized blocks.
+ * wide_matrices: the tensors that get one, n of them at most 7 a layer
+ * + 1. */
+static int wide_matrices(const struct model *m, const struct tensor **out)
+{
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct layer_weights *w = &m->layers[l];
+        const struct tensor *lt[] = {&w->wq, &w->wk, &w->wv, &w->wo,
+                                     &w->w_gate, &w->w_up, &w->w_down};
+        for (int i = 0; i < 7; i++)
+            out[n++] = lt[i];
+    }
+    out[n++] = &m->lm_head;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (out[i]->data && (quant_is_low_bit(out[i]->dtype) || out[i]->dtype == DT_Q8_0))
+            out[k++] = out[i];
+    return k;
+}
+
+/* Bytes of the bf16 copies wide_make would make for m. */
+static size_t wide_plan(const struct model *m)
+{
+    const struct tensor **ts = malloc(sizeof *ts * (size_t)(7 * m->cfg.n_layers + 1));
+    if (!ts)
+        return 0;
+    size_t bytes = 0;
+    for (int i = 0, n = wide_matrices(m, ts); i < n; i++)
+        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
+    free(ts);
+    return bytes;
+}
+
+/* The copies, after the weights are uploaded. */
+static int wide_make(struct cuda_backend *c, const struct model *m, struct err *e)
+{
+    const struct tensor **ts = malloc(sizeof *ts * (size_t)(7 * m->cfg.n_layers + 1));
+    if (!ts)
+        return err_set(e, "out of memory");
+    const int n = wide_matrices(m, ts);
+    for (int i = 0; i < n; i++) {
+        struct wentry *we = map_find(c, ts[i]->data);
+        if (!we || we->wide)
+            continue;
+        const size_t bytes = (size_t)we->w.rows * (size_t)we->w.cols * 2;
+        cudaError_t err = cudaMalloc(&we->wide, bytes);
+        if (err == cudaSuccess)
+            err = cuk_dequant_half(c->stream, we->wide, &we->w, 0, we->w.rows, 1);
+        if (err != cudaSuccess) {
+            free(ts);
+            return err_set(e, "%s: the bf16 copy of a %s matrix [%d x %d] (%zu MiB; "
+                              "CLLM_CUDA_WIDE_COPY=0 goes without): %s",
+                           c->name, dtype_name((enum dtype)we->w.dtype), we->w.rows, we->w.cols,
+                           bytes >> 20, cudaGetErrorString(err));
+        }
+        c->wide_bytes += bytes;
+    }
+    free(ts);
+    cudaError_t err = cudaStreamSynchronize(c->stream);
+    if (err != cudaSuccess)
+        return err_set(e, "%s: widening the bf16 copies: %s", c->name, cudaGetErrorString(err));
+    c->weight_bytes += c->wide_bytes;
+    return 0;
+}
+
 int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
 {
     pend_settle(cb(be)); /* see c->pend */
@@ -260,6 +333,15 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     size_t dfree = 0, dtotal = 0;
     cudaMemGetInfo(&dfree, &dtotal);
     size_t reserve = (size_t)512 << 20; /* activations, KV, cuBLAS workspace come after */
+    /* the bf16 copies, where asked for and where they fit beside the rest */
+    size_t wide = c->wide_copy ? wide_plan(m) : 0;
+    if (wide && need + head + wide + reserve > dfree) {
+        fprintf(stderr, "%s: no bf16 copies of the quantized matrices (CLLM_CUDA_WIDE_COPY): "
+                        "%.1f GiB more than the %.1f GiB free holds; prompts widen them call by "
+                        "call\n",
+                c->name, wide / 1073741824.0, dfree / 1073741824.0);
+        wide = 0;
+    }
     if (need + head + reserve > dfree) {
         free(ts);
         free(pair);
@@ -307,5 +389,12 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     double dt = now_s() - t0;
     fprintf(stderr, "%s%s: weights loaded in %.2f s (%.2f GB/s)\n", isatty(2) ? "\r" : "", c->name,
             dt, dt > 0 ? need / dt / 1e9 : 0.0);
+    if (wide) {
+        if (wide_make(c, m, e))
+            return -1;
+        fprintf(stderr, "%s: bf16 copies of the quantized matrices for prompts and batched "
+                        "steps: %.1f MiB (CLLM_CUDA_WIDE_COPY)\n",
+                c->name, c->wide_bytes / 1048576.0);
+    }
     return cu_head_load(c, m, e);
 }
