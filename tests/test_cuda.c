@@ -354,7 +354,7 @@ static void mats_model(struct model *md, struct layer_weights *lw, const struct 
 }
 
 /* The widening path in several chunks (CLLM_CUDA_WIDEN_MB=1): 100 rows
- * of x (past the quantized GEMVs' 64) times 1,100 x 1,024 matrices, whose
+ * of x (past the quantized GEMVs' 8) times 1,100 x 1,024 matrices, whose
  * bf16 copy is three chunks (the last partial) and f32 copy five, in the
  * default mode (bf16) and the precise one (f32, exact values). */
 static void check_matmul_widen_chunks(void)
