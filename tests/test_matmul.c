@@ -698,6 +698,65 @@ static void test_codes_quantize(void)
     printf("test_matmul: AVX2 codes quantizer == scalar on %d rows\n", rows);
 }
 
+/* Calls of 5-31 tokens on a low-bit format take the direct kernel in
+ * passes of 4 tokens over blocks of rows (matmul.c's mm_run_chunk): each
+ * token's outputs have the bits of its pass run alone (a call of the 4
+ * or fewer tokens of that pass), for every format, on every ISA with a
+ * direct kernel, one and two threads, rows that leave a partial block. */
+static void test_direct_passes(void)
+{
+    static const int ns[] = {5, 8, 13, 31};
+    enum { ROWS = 37, COLS = 1024, NMAX = 31 };
+    struct err e;
+    struct threadpool *pools[2] = {tp_create(1, &e), tp_create(2, &e)};
+    const enum cpu_isa hw = cpu_isa_hw();
+    int compared = 0;
+    for (int isa = CPU_ISA_AVX2; isa <= (int)hw; isa++) {
+        for (size_t f = 0; f < N_LOW_BIT_FM; f++) {
+            const enum dtype dt = low_bit_fm[f].dt;
+            const size_t rb = dtype_row_bytes(dt, COLS);
+            uint8_t *blk = malloc(rb * ROWS);
+            random_blocks(f, blk, rb * ROWS);
+            struct tensor w = {dt, ROWS, COLS, blk};
+            float *x = malloc(sizeof(float) * NMAX * COLS);
+            float *a = malloc(sizeof(float) * NMAX * ROWS), *b = malloc(sizeof(float) * NMAX * ROWS);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                const int n = ns[ni];
+                fill_x(x, n, COLS);
+                for (int p = 0; p < 2; p++) {
+                    struct cpu_matmul mm;
+                    CHECK(cpu_matmul_init(&mm, pools[p], (enum cpu_isa)isa, &e) == 0, "init: %s",
+                          e.msg);
+                    CHECK(cpu_matmul(&mm, a, x, n, &w, &e) == 0, "%d tokens: %s", n, e.msg);
+                    for (int t = 0; t < n; t += 4) {
+                        const int nt = n - t < 4 ? n - t : 4;
+                        CHECK(cpu_matmul(&mm, b + (size_t)t * ROWS, x + (size_t)t * COLS, nt, &w,
+                                         &e) == 0,
+                              "a pass alone: %s", e.msg);
+                    }
+                    int differ = 0;
+                    for (size_t i = 0; i < (size_t)n * ROWS; i++)
+                        differ += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+                    CHECK(differ == 0,
+                          "%s %s n=%d threads=%d: %d of %d outputs differ from their pass's alone",
+                          dtype_name(dt), cpu_isa_name((enum cpu_isa)isa), n, p + 1, differ,
+                          n * ROWS);
+                    compared += n * ROWS;
+                    cpu_matmul_free(&mm);
+                }
+            }
+            free(x);
+            free(a);
+            free(b);
+            free(blk);
+        }
+    }
+    printf("test_matmul: 5-31 tokens in direct passes == each pass alone on %d outputs\n",
+           compared);
+    for (int i = 0; i < 2; i++)
+        tp_destroy(pools[i]);
+}
+
 /* The kernels that read a low-bit format's blocks directly (all nine
  * formats on AVX2 and AVX-512 VNNI, up to 4 tokens) give the
  * slab path's bits on the same ISA (mm.direct = 0: unpack, then the
@@ -786,6 +845,7 @@ int main(void)
     test_codes_quantize();
     test_panel_builds();
     test_direct_kernels();
+    test_direct_passes();
     test_bf16dot_rounding();
     test_matmul_all();
     return test_summary("test_matmul");

@@ -377,11 +377,28 @@ static int64_t mm_token_group(const struct mm_job *j, const struct mm_kernel *k)
 /* Rows [r0, r1) for every token. Few tokens: one sequential pass over the
  * rows. Else token groups outside so a group stays in L2, weight tiles next
  * so each tile stays in L1 across the group. */
+/* Rows a direct kernel takes before its next tokens where a call has more
+ * tokens than one pass takes: 16 rows of 1,024-4,096 columns of a 2-6-bit
+ * format (9-37 KB) stay in L1 for the passes after the first. */
+#define MM_DIRECT_ROW_BLOCK 16
+
 static void mm_run_chunk(const struct mm_job *j, const struct mm_kernel *k, int64_t r0,
                          int64_t r1)
 {
     if (k->stream && j->n <= k->stream_max_n) {
         k->stream(j, 0, (int)j->n, r0, r1);
+        return;
+    }
+    if (k->stream && !k->tile) {
+        /* a stream-only family (the direct kernels) past its tokens: the
+         * rows in blocks that stay in L1, each block's tokens
+         * stream_max_n at a time */
+        for (int64_t rb = r0; rb < r1; rb += MM_DIRECT_ROW_BLOCK) {
+            const int64_t re = rb + MM_DIRECT_ROW_BLOCK < r1 ? rb + MM_DIRECT_ROW_BLOCK : r1;
+            for (int64_t t = 0; t < j->n; t += k->stream_max_n)
+                k->stream(j, t, (int)(j->n - t < k->stream_max_n ? j->n - t : k->stream_max_n),
+                          rb, re);
+        }
         return;
     }
     int64_t group = mm_token_group(j, k);
@@ -547,7 +564,12 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     const bool q8_panel = w->dtype == DT_Q8_0 && mm_pick_panel(mm, n) == mm_panel_run_avx512;
     if (q8_panel)
         k = mm_codes_kernel_avx512(1);
-    if (dk && n <= dk->stream_max_n)
+    /* the direct kernel up to the panels' tokens, stream_max_n tokens a
+     * pass (mm_run_chunk): 8 streams' batched decode step of the 0.6B
+     * shape at 2 threads, Q4_K 80 -> 107-109 tok/s, Q4_0 72 -> 100, Q6_K
+     * 80 -> 114 against the tiles over unpacked rows (docs/benchmarks.md,
+     * session 56) */
+    if (dk && n < MM_PANEL_MIN_TOKENS)
         k = dk;
     else
         dk = NULL;

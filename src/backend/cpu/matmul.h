@@ -20,10 +20,11 @@ struct cpu_matmul {
     void *scratch;
     size_t scratch_cap;
     int vnni; /* AVX-512 VNNI usable (decided once, in cpu_matmul_init) */
-    /* Up to 4 tokens on a low-bit format (a direct kernel for each on
-     * AVX2 and AVX-512 VNNI): its blocks read as they are, the same bits
-     * as unpacking them first (1 from cpu_matmul_init; 0: always unpack,
-     * CLLM_CPU_QDIRECT=0, for measurement and tests) */
+    /* Fewer tokens than the panels take (MM_PANEL_MIN_TOKENS) on a
+     * low-bit format (a direct kernel for each on AVX2 and AVX-512 VNNI,
+     * 4 tokens a pass): its blocks read as they are, the bits of the
+     * unpacked rows' stream kernel (1 from cpu_matmul_init; 0: always
+     * unpack, CLLM_CPU_QDIRECT=0, for measurement and tests) */
     int direct;
     /* 32 tokens or more (matmul.c's MM_PANEL_MIN_TOKENS) on a low-bit
      * format with AVX2 or AVX-512 VNNI: 16-row panels (1, the default)

@@ -589,7 +589,8 @@ INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *
 }
 
 /* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
-INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
+INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t t,
+                                  int64_t r)
 {
     const int u = UNROLL(nt, 1);
     const uint8_t *x[MMAX];
@@ -597,7 +598,7 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
     zero_acc(nt, 1, u, acc);
 #pragma GCC unroll 4
     for (int i = 0; i < nt; i++)
-        x[i] = j->xq + i * j->xq_stride;
+        x[i] = j->xq + (t + i) * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
     if (dtype_block_elems(dt) == 32) {
         /* a block a half: codes_tile's accumulators, half k in set k % u
@@ -623,7 +624,7 @@ INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64
                 k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
         }
     }
-    store_tile(j, 0, r, nt, 1, u, acc);
+    store_tile(j, t, r, nt, 1, u, acc);
 }
 
 MM_DIRECT_KERNEL(T256, k256_q40_direct, direct_row, DT_Q4_0)

@@ -695,7 +695,8 @@ INLINE T512VNNI void q32_group(int nt, const uint8_t *const *x, int64_t g, const
 }
 
 /* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
-INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t r)
+INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t t,
+                                  int64_t r)
 {
     const int u = UNROLL(nt, 1);
     const uint8_t *x[MR];
@@ -703,7 +704,7 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
     zero_acc(nt, 1, u, acc);
 #pragma GCC unroll 4
     for (int i = 0; i < nt; i++)
-        x[i] = j->xq + i * j->xq_stride;
+        x[i] = j->xq + (t + i) * j->xq_stride;
     const uint8_t *row = j->w + r * j->w_stride;
     if (dtype_block_elems(dt) == 32) {
         /* codes_tile's accumulators: group g in set g % u, but the last
@@ -725,7 +726,7 @@ INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, i
                 k45_block(nt, x, ib, row + ib * sizeof(struct blk_q4_k), false, u, acc);
         }
     }
-    store_tile(j, 0, r, nt, 1, u, acc);
+    store_tile(j, t, r, nt, 1, u, acc);
 }
 
 MM_DIRECT_KERNEL(T512VNNI, k512_q40_direct, direct_row, DT_Q4_0)

@@ -163,19 +163,19 @@ static inline size_t mm_round_up(size_t v, size_t a) { return (v + a - 1) / a * 
                                           name##_t1, name##_r1, name##_1x1, xq_bytes, xq_quant};
 
 /* A direct kernel family (mm_direct_kernel_*) of dtype DT from the
- * row template row(DT, nt, j, r): out[0 .. nt)[r] for the job's nt <=
- * STREAM_MAX_N tokens, streamed row after row; no tiles (the driver takes
- * it for up to STREAM_MAX_N tokens only). */
+ * row template row(DT, nt, j, t, r): out[t .. t + nt)[r] for nt <=
+ * STREAM_MAX_N tokens, streamed row after row; no tiles (the driver
+ * passes more tokens than that STREAM_MAX_N at a time over blocks of
+ * rows, mm_run_chunk). */
 #define MM_DIRECT_KERNEL(ATTR, name, row, DT)                                  \
     static ATTR void name##_stream(const struct mm_job *j, int64_t t, int nt, int64_t r0, \
                                    int64_t r1)                                 \
     {                                                                          \
-        (void)t; /* the driver streams all of a job's tokens (t = 0) */        \
         switch (nt) {                                                          \
-        case 1: for (int64_t r = r0; r < r1; r++) row(DT, 1, j, r); break;     \
-        case 2: for (int64_t r = r0; r < r1; r++) row(DT, 2, j, r); break;     \
-        case 3: for (int64_t r = r0; r < r1; r++) row(DT, 3, j, r); break;     \
-        default: for (int64_t r = r0; r < r1; r++) row(DT, 4, j, r); break;   \
+        case 1: for (int64_t r = r0; r < r1; r++) row(DT, 1, j, t, r); break;  \
+        case 2: for (int64_t r = r0; r < r1; r++) row(DT, 2, j, t, r); break;  \
+        case 3: for (int64_t r = r0; r < r1; r++) row(DT, 3, j, t, r); break;  \
+        default: for (int64_t r = r0; r < r1; r++) row(DT, 4, j, t, r); break; \
         }                                                                      \
     }                                                                          \
     static const struct mm_kernel name = {MR, NR, STREAM_MAX_N, name##_stream, NULL, NULL, \
