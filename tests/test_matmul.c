@@ -378,8 +378,9 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
         int last = hw == CPU_ISA_AVX512 && cpu_has_avx512_vnni() ? (int)hw + 1 : (int)hw;
         for (int isa = CPU_ISA_SCALAR; isa <= last; isa++) {
             /* p >= n_pools, one thread: the code tiles instead of the
-             * panels (CLLM_CPU_QPANEL=0), or bf16 on f32 FMAs instead of
-             * bf16 dot products (CLLM_CPU_BF16DOT=0) */
+             * direct kernels' passes and the panels (CLLM_CPU_QDIRECT=0,
+             * CLLM_CPU_QPANEL=0), or bf16 on f32 FMAs instead of bf16 dot
+             * products (CLLM_CPU_BF16DOT=0) */
             const bool rounds = bf16dot && isa >= (int)CPU_ISA_AVX512;
             const bool panels = q8_panels && isa == (int)CPU_ISA_AVX512;
             const bool tiles_too =
@@ -394,7 +395,7 @@ static void test_shape(enum dtype dt, struct shape s, const int *ns, int n_ns,
                 if (novnni)
                     mm.vnni = 0;
                 if (p >= n_pools)
-                    mm.panel = mm.bf16dot = 0;
+                    mm.panel = mm.bf16dot = mm.direct = 0;
                 for (int64_t i = 0; i < n * s.rows; i++)
                     out[i] = NAN;
                 int rc = cpu_matmul(&mm, out, x, n, &w, &e);
@@ -434,8 +435,10 @@ static void test_matmul_all(void)
                                     {200, 40}, {19, 1000}, {6, 4099}};
     const struct shape qshapes[] = {{1, 32}, {5, 64}, {37, 96}, {67, 160}, {200, 64},
                                     {19, 1024}, {6, 4096}, {9, 12288}};
-    /* 1-4 take the streaming kernels, the rest the tiles; 130 spans
-     * several token groups for the widest shapes. */
+    /* 1-4 take the streaming kernels, the rest the tiles (the 2-6-bit
+     * formats: 7 the direct kernels' passes, 33 and 130 the panels, and
+     * both the tiles in the one-thread variant); 130 spans several token
+     * groups for the widest shapes. */
     /* the widened formats: rows of their blocks, tiles and slabs (16 rows)
      * straddled; the 32-blocks take every block shape of Q8_0 */
     const struct shape kshapes[] = {{1, 256}, {5, 512}, {37, 256}, {67, 768}, {19, 1024},

@@ -374,14 +374,14 @@ static int64_t mm_token_group(const struct mm_job *j, const struct mm_kernel *k)
     return g < j->n ? g : j->n;
 }
 
-/* Rows [r0, r1) for every token. Few tokens: one sequential pass over the
- * rows. Else token groups outside so a group stays in L2, weight tiles next
- * so each tile stays in L1 across the group. */
 /* Rows a direct kernel takes before its next tokens where a call has more
  * tokens than one pass takes: 16 rows of 1,024-4,096 columns of a 2-6-bit
  * format (9-37 KB) stay in L1 for the passes after the first. */
 #define MM_DIRECT_ROW_BLOCK 16
 
+/* Rows [r0, r1) for every token. Few tokens: one sequential pass over the
+ * rows. Else token groups outside so a group stays in L2, weight tiles next
+ * so each tile stays in L1 across the group. */
 static void mm_run_chunk(const struct mm_job *j, const struct mm_kernel *k, int64_t r0,
                          int64_t r1)
 {
@@ -565,9 +565,9 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     if (q8_panel)
         k = mm_codes_kernel_avx512(1);
     /* the direct kernel up to the panels' tokens, stream_max_n tokens a
-     * pass (mm_run_chunk): 8 streams' batched decode step of the 0.6B
-     * shape at 2 threads, Q4_K 80 -> 107-109 tok/s, Q4_0 72 -> 100, Q6_K
-     * 80 -> 114 against the tiles over unpacked rows (docs/benchmarks.md,
+     * pass (mm_run_chunk): a batched decode step of 8 streams of the 0.6B
+     * shape at 2 threads, Q4_K 89-92 -> 117-133 tok/s, Q6_K 75-78 ->
+     * 108-111, against the tiles over unpacked rows (docs/benchmarks.md,
      * session 56) */
     if (dk && n < MM_PANEL_MIN_TOKENS)
         k = dk;

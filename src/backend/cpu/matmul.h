@@ -21,10 +21,11 @@ struct cpu_matmul {
     size_t scratch_cap;
     int vnni; /* AVX-512 VNNI usable (decided once, in cpu_matmul_init) */
     /* Fewer tokens than the panels take (MM_PANEL_MIN_TOKENS) on a
-     * low-bit format (a direct kernel for each on AVX2 and AVX-512 VNNI,
-     * 4 tokens a pass): its blocks read as they are, the bits of the
-     * unpacked rows' stream kernel (1 from cpu_matmul_init; 0: always
-     * unpack, CLLM_CPU_QDIRECT=0, for measurement and tests) */
+     * low-bit format (a direct kernel for each on AVX2 and AVX-512 VNNI):
+     * its blocks read as they are, up to 4 tokens with the bits of
+     * unpacking them first, more in passes of 4 with each pass's bits
+     * alone (1 from cpu_matmul_init; 0: always unpack, for the tiles past
+     * 4 tokens, CLLM_CPU_QDIRECT=0, for measurement and tests) */
     int direct;
     /* 32 tokens or more (matmul.c's MM_PANEL_MIN_TOKENS) on a low-bit
      * format with AVX2 or AVX-512 VNNI: 16-row panels (1, the default)

@@ -590,7 +590,7 @@ INLINE T256 __m256i q32_codes(const uint8_t *p, enum dtype dt, float *s, float *
 
 /* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
 INLINE T256 void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t t,
-                                  int64_t r)
+                            int64_t r)
 {
     const int u = UNROLL(nt, 1);
     const uint8_t *x[MMAX];

@@ -695,8 +695,8 @@ INLINE T512VNNI void q32_group(int nt, const uint8_t *const *x, int64_t g, const
 }
 
 /* Row r of a matrix of one of the 2-6-bit formats against nt tokens. */
-INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j, int64_t t,
-                                  int64_t r)
+INLINE T512VNNI void direct_row(enum dtype dt, int nt, const struct mm_job *j,
+                                int64_t t, int64_t r)
 {
     const int u = UNROLL(nt, 1);
     const uint8_t *x[MR];
