@@ -620,10 +620,13 @@ int cpu_matmul(struct cpu_matmul *mm, float *out, const float *x, int n,
     }
     size_t xu_bytes = 0;
     if (task.panel) {
-        /* a 32-block format's s and m hold for 32 values: one float step
-         * for both of its 16-value units on AVX-512 */
-        j.panel_unit = task.panel == mm_panel_run_avx512 && dtype_block_elems(w->dtype) == 32
-                           ? 32 : 16;
+        /* where a format's s and m hold for 32 values (the 32-block
+         * formats; Q4_K's and Q5_K's 32-value sub-blocks, whose code
+         * groups hold two of them: lanes 0-7 and 8-15), one float step for
+         * both of a 32's 16-value units on AVX-512 */
+        const bool s32 =
+            dtype_block_elems(w->dtype) == 32 || w->dtype == DT_Q4_K || w->dtype == DT_Q5_K;
+        j.panel_unit = task.panel == mm_panel_run_avx512 && s32 ? 32 : 16;
         j.xu_stride = mm_panel_xu_floats(w->cols);
         xu_bytes = mm_round_up(sizeof(float) * j.xu_stride * (size_t)n, 64);
     }
