@@ -388,7 +388,7 @@ struct cuk_gq_cfg {
     int n_sms;
     unsigned char bps[CUK_GQ_DTS][CUK_GEMV_MAX];
     int max_blocks; /* tests: this many blocks at most instead (0: unset) */
-    /* The staged kernel (opt-in, CLLM_CUDA_GQ_STAGED; sm_90): for 1-2
+    /* The staged kernel (on by default on sm_90, CLLM_CUDA_GQ_STAGED): for 1-2
      * rows of x, the weights copied into a ring in shared memory by bulk
      * copies. staged_bps: its blocks an SM (0: off); staged_smem: shared
      * memory a block; staged_steps: GD_STEP-column steps a copy covers at

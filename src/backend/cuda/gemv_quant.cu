@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     }
 }
 
-/* ---- The staged kernel (opt-in, CLLM_CUDA_GQ_STAGED): k_gemv_qdot's
+/* ---- The staged kernel (Hopper's default, CLLM_CUDA_GQ_STAGED): k_gemv_qdot's
  * products with the weights copied into a ring in shared memory by bulk
  * asynchronous copies, as gemv_staged.cu does for bf16, instead of loaded
  * into registers. Why: the integer kernel reads its units a step at a
