@@ -97,10 +97,12 @@ const struct mm_kernel *mm_direct_kernel_avx2(enum dtype dt);
  * mm_codes_xq_quantize*, j->out at the panel's first row, j->rows its
  * stride). */
 #define MM_PANEL_ROWS 16
-/* Fewer tokens than this keep the tiles: building a panel (a pass over
- * its 16 unpacked rows) costs more than its kernel saves on a batched
- * decode step of 8 (Q4_K 0.6B, 8 streams: 25-26 tok/s on tiles, 17.5-18
- * on panels); prompts break even at ~32 tokens on the development VM. */
+/* Fewer tokens than this take the direct kernels (4 a pass) or, without
+ * them, the tiles: building a panel (a pass over its 16 unpacked rows)
+ * costs more than its kernel saves below it (0.6B Q4_K, 2 threads:
+ * p16 129 tok/s on panels against 178 in direct passes, 8 streams'
+ * batched step 17.5-18 on panels against 25-26 on tiles); prompts break
+ * even at ~32 tokens on the development VM. */
 #define MM_PANEL_MIN_TOKENS 32
 /* A panel's 64-value group: at 0, [16 lanes k][16 rows] 4 bytes, codes
  * 4k .. 4k + 3 of each row; at MM_PANEL_S, s of [4 units][16 rows] f32;

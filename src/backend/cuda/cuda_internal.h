@@ -81,6 +81,13 @@ struct wentry {
                             * (CLLM_CUDA_WIDE_COPY), else NULL */
 };
 
+/* The map entry whose device copy w is (dev_weight's result): its other
+ * fields (the bf16 copy) without a second lookup. */
+static inline const struct wentry *wentry_of(const struct cuk_weight *w)
+{
+    return (const struct wentry *)(const void *)((const char *)w - offsetof(struct wentry, w));
+}
+
 struct dbuf { /* a growable device buffer */
     void *p;
     size_t cap;

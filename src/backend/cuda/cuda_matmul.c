@@ -380,6 +380,13 @@ static bool quant_gemv(const struct cuda_backend *c, enum dtype dt)
     return quant_is_low_bit(dt) || (dt == DT_Q8_0 && !c->precise);
 }
 
+/* Most tokens a quantized matmul runs as that GEMV (QUANT_GEMV_MAX_N, or
+ * CLLM_CUDA_GEMV_MAX's bound); past them, the widened weights' GEMM. */
+static int quant_gemv_max_n(const struct cuda_backend *c)
+{
+    return c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N;
+}
+
 /* Whether n rows of activations over cols columns feed a GEMM, so that
  * the op making them should make their half copy too (half_out): past
  * the quantized GEMV's rows in a model of quantized matrices (mm_route's
@@ -388,7 +395,7 @@ static bool quant_gemv(const struct cuda_backend *c, enum dtype dt)
 static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type))
-        return n > (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N);
+        return n > quant_gemv_max_n(c);
     return !gemv_rows(c, cols, n);
 }
 
@@ -399,7 +406,7 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor 
     /* cuk_gemv_quant up to QUANT_GEMV_MAX_N tokens; past that, the
      * weights widened chunk by chunk for a GEMM */
     if (quant_gemv(c, ts[0]->dtype))
-        return n <= (c->gemv_max_env ? c->gemv_max : QUANT_GEMV_MAX_N) ? MM_GEMV : MM_GEMM;
+        return n <= quant_gemv_max_n(c) ? MM_GEMV : MM_GEMM;
     if (gemv_rows(c, cols, n))
         return MM_GEMV;
     const size_t bytes = half_bytes(ts, k);
@@ -431,29 +438,6 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t,
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
-/* cuk_gemv_quant over n tokens, CUK_GEMV_MAX at a time (one launch for
- * the QUANT_GEMV_MAX_N tokens mm_route gives it). */
-static cudaError_t gemv_quant(struct cuda_backend *c, float *const *outs,
-                              const struct cuk_gemv_in *in, int n,
-                              const struct cuk_weight *const *ws, int k, int out)
-{
-    const size_t cols = (size_t)ws[0]->cols;
-    for (int j0 = 0; j0 < n; j0 += CUK_GEMV_MAX) {
-        const int nj = n - j0 < CUK_GEMV_MAX ? n - j0 : CUK_GEMV_MAX;
-        struct cuk_gemv_in part = *in;
-        part.x = in->x + (size_t)j0 * cols;
-        if (in->kind == CUK_IN_SWIGLU)
-            part.x2 = in->x2 + (size_t)j0 * cols;
-        float *po[3];
-        for (int i = 0; i < k; i++)
-            po[i] = outs[i] + (size_t)j0 * (size_t)ws[i]->rows;
-        cudaError_t err = cuk_gemv_quant(c->stream, po, &part, nj, ws, k, out, c->precise, &c->gq);
-        if (err != cudaSuccess)
-            return err;
-    }
-    return cudaSuccess;
-}
-
 /* A GEMV launch of cuk_gemv_fused's contract on the kernel `route` (not
  * MM_GEMM) chose: the tensor-core GEMV; the staged GEMV; else (MM_GEMV) the
  * staged kernel for up to CUK_STAGE_MAX_N rows where it is on and takes
@@ -463,8 +447,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
-    if (quant_gemv(c, (enum dtype)ws[0]->dtype))
-        return gemv_quant(c, outs, in, n, ws, k, out);
+    if (quant_gemv(c, (enum dtype)ws[0]->dtype)) /* n <= quant_gemv_max_n: one launch */
+        return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
     if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (route == MM_STAGED_BIG)
@@ -562,8 +546,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
-    const struct wentry *we = map_find(c, t->data);
-    return matmul_widened(c, out, x, n, w, we ? we->wide : NULL, acc, e);
+    return matmul_widened(c, out, x, n, w, wentry_of(w)->wide, acc, e);
 }
 
 int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,

@@ -573,10 +573,12 @@ __global__ void k_dequant(float *dst, struct cuk_weight w, int row0, size_t tota
 enum { WQ_THREADS = 128 };
 /* Runs a thread widens: 4 for the low-bit blocks (8B Q4_K prefill p512
  * 19,657 -> 20,118 tok/s against the old kernel, H100); Q8_0 ran 2 %
- * slower at 4 than the old one-run kernel (21,344 -> 20,886), so 1. */
-template <int DT> struct wq_units {
-    static constexpr int U = DT == DT_Q8_0 ? 1 : 4;
-};
+ * slower at 4 than the old one-run kernel (21,344 -> 20,886), so 1. The
+ * kernel's count and its launch's. */
+static __host__ __device__ constexpr int wq_units(int dt)
+{
+    return dt == DT_Q8_0 ? 1 : 4;
+}
 
 template <int DT>
 static __device__ __forceinline__ void wq_load8(const struct cuk_weight &w, size_t row_bytes,
@@ -616,7 +618,7 @@ __global__ void __launch_bounds__(WQ_THREADS)
     k_widen_q(void *dst, struct cuk_weight w, size_t row_bytes, int row0, int nrows)
 {
     cuk_pdl_start();
-    constexpr int U = wq_units<DT>::U;
+    constexpr int U = wq_units(DT);
     const int step = blockDim.x * 8; /* a unit's distance from the thread's previous one */
     const int c0 = blockIdx.x * step * U + threadIdx.x * 8;
     for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < nrows; r += gridDim.y * blockDim.y) {
@@ -633,7 +635,9 @@ __global__ void __launch_bounds__(WQ_THREADS)
 }
 
 /* Rows row0 .. row0 + nrows - 1 of w (a low-bit dtype, or Q8_0 with HALF
- * != 0; cols a multiple of 8) widened into dst. A row's threads are the
+ * != 0) widened into dst (16-aligned); cudaErrorNotSupported, nothing
+ * launched, for any other dtype, cols not a multiple of 8 or dst not
+ * 16-aligned. A row's threads are the
  * fewest whole warps that cover it in wq_units runs each (at most
  * WQ_THREADS; wider rows take several blocks), and a block takes as many
  * rows as fill WQ_THREADS: a 1,024-column Q4_K row is one warp's, four
@@ -642,9 +646,11 @@ template <int HALF>
 static cudaError_t widen_q(cudaStream_t s, void *dst, const struct cuk_weight *w, int row0,
                            int nrows)
 {
+    if (w->cols % 8 || ((uintptr_t)dst & 15))
+        return cudaErrorNotSupported;
     if (nrows <= 0)
         return cudaSuccess;
-    const int units = w->dtype == DT_Q8_0 ? wq_units<DT_Q8_0>::U : wq_units<DT_Q4_K>::U;
+    const int units = wq_units(w->dtype);
     int tx = (w->cols / 8 + units - 1) / units;
     tx = tx >= WQ_THREADS ? WQ_THREADS : (tx + 31) / 32 * 32;
     const int ty = WQ_THREADS / tx;
@@ -677,8 +683,6 @@ extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct 
 {
     size_t total = (size_t)nrows * w->cols;
     if (cuk_q_low_bit(w->dtype)) {
-        if (w->cols % 8 || ((uintptr_t)dst & 15))
-            return cudaErrorNotSupported;
         cudaError_t err = widen_q<0>(s, dst, w, row0, nrows);
         return err != cudaSuccess ? err : cudaGetLastError();
     }
@@ -689,8 +693,7 @@ extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct 
 extern "C" cudaError_t cuk_dequant_half(cudaStream_t s, uint16_t *dst, const struct cuk_weight *w,
                                         int row0, int nrows, int bf16)
 {
-    if ((!cuk_q_low_bit(w->dtype) && w->dtype != DT_Q8_0) || w->cols % 8 ||
-        ((uintptr_t)dst & 15) || ((uintptr_t)w->data & 7))
+    if ((uintptr_t)w->data & 7) /* the 8-byte loads */
         return cudaErrorNotSupported;
     cudaError_t err = bf16 ? widen_q<1>(s, dst, w, row0, nrows) : widen_q<2>(s, dst, w, row0, nrows);
     return err != cudaSuccess ? err : cudaGetLastError();
