@@ -384,11 +384,14 @@ static void check_matmul_widen_chunks(void)
         mat_free(&m[k]);
 }
 
-/* CLLM_CUDA_WIDE_COPY=1: the quantized matrices' bf16 copies are made at
- * load (the backend's weights grow by 2 bytes a value, ops->mem_info) and
- * matmuls past the GEMV's 8 tokens multiply them, within the default
- * GEMM's 1e-2 of the double product; in precise mode none are made and
- * the f32 widening stays exact. */
+/* The quantized matrices' bf16 copies: with CLLM_CUDA_WIDE_COPY=1 made
+ * at load, by default only by load_spare and only where they fit in the
+ * spare bytes it is given (the backend's weights grow by 2 bytes a value,
+ * ops->mem_info). Steps of 2 tokens or more (WIDE_FROM_N) multiply them
+ * through a bf16 model's routes (the tensor-core and staged GEMVs, the
+ * GEMM), within the default GEMM's 1e-2 of the double product; the fused
+ * ops on them match the plain ones (check_matmul_fused_cols). In precise mode none are made and the
+ * f32 widening stays exact. */
 static void check_matmul_wide_copy(void)
 {
     static const enum dtype dts[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K};
@@ -404,31 +407,44 @@ static void check_matmul_wide_copy(void)
     struct layer_weights lw;
     mats_model(&md, &lw, m, ND);
     for (int precise = 0; precise < 2; precise++) {
-        struct backend_mem plain = {0}, wide = {0};
+        struct backend_mem plain = {0}, wide = {0}, mem = {0};
+        struct err e = {{0}};
         struct backend *be = gpu_loaded(precise, &md);
         if (!be)
             continue;
         be->ops->mem_info(be, &plain);
+        /* load_spare: nothing where the copies do not fit */
+        CHECK(be->ops->load_spare(be, &md, copy - 1, &e) == 0, "load_spare: %s", e.msg);
+        be->ops->mem_info(be, &mem);
+        CHECK(mem.weights == plain.weights, "load_spare with %zu bytes spare made copies of "
+              "%zu bytes (weights %zu -> %zu)", copy - 1, copy, plain.weights, mem.weights);
         backend_destroy(be);
-        setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
-        be = gpu_loaded(precise, &md);
-        unsetenv("CLLM_CUDA_WIDE_COPY");
-        if (!be)
-            continue;
-        be->ops->mem_info(be, &wide);
-        CHECK(wide.weights - plain.weights == (precise ? 0 : copy),
-              "wide copies (precise %d): weights %zu bytes with them, %zu without, %zu expected "
-              "more",
-              precise, wide.weights, plain.weights, precise ? (size_t)0 : copy);
-        struct err e = {{0}};
-        static const int ns[] = {9, 100};
-        for (int k = 0; k < ND; k++)
-            for (int j = 0; j < 2; j++)
-                check_matmul(be, &m[k], ns[j], precise ? 1e-5 : 1e-2,
-                             precise ? "precise, wide copy asked" : "fast, wide copy", false);
-        CHECK(be->ops->finish(be, &e) == 0, "wide copies: %s", e.msg);
-        backend_destroy(be);
+        for (int how = 0; how < 2; how++) { /* CLLM_CUDA_WIDE_COPY=1, load_spare */
+            if (how == 0)
+                setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
+            be = gpu_loaded(precise, &md);
+            unsetenv("CLLM_CUDA_WIDE_COPY");
+            if (!be)
+                continue;
+            if (how == 1)
+                CHECK(be->ops->load_spare(be, &md, copy, &e) == 0, "load_spare: %s", e.msg);
+            be->ops->mem_info(be, &wide);
+            CHECK(wide.weights - plain.weights == (precise ? 0 : copy),
+                  "wide copies (%s, precise %d): weights %zu bytes with them, %zu without, %zu "
+                  "expected more", how ? "load_spare" : "CLLM_CUDA_WIDE_COPY=1", precise,
+                  wide.weights, plain.weights, precise ? (size_t)0 : copy);
+            static const int ns[] = {2, 5, 9, 100};
+            for (int k = 0; k < ND; k++)
+                for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                    check_matmul(be, &m[k], ns[j], precise ? 1e-5 : 1e-2,
+                                 precise ? "precise, wide copy asked" : "fast, wide copy", false);
+            CHECK(be->ops->finish(be, &e) == 0, "wide copies: %s", e.msg);
+            backend_destroy(be);
+        }
     }
+    setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
+    check_matmul_fused_cols(1024);
+    unsetenv("CLLM_CUDA_WIDE_COPY");
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
 }

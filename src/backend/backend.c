@@ -215,6 +215,30 @@ int backend_load_weights(struct backend *be, const struct model *m, struct err *
     return be->ops->load_weights ? be->ops->load_weights(be, m, e) : 0;
 }
 
+size_t backend_dev_free(struct backend *be)
+{
+    struct backend_mem bm = {0};
+    if (!backend_on_device(be) || !be->ops->mem_info)
+        return 0;
+    be->ops->mem_info(be, &bm);
+    return bm.dev_free;
+}
+
+size_t backend_dev_margin(size_t free)
+{
+    const size_t gib = (size_t)1 << 30;
+    return free / 10 > gib ? free / 10 : gib;
+}
+
+int backend_load_spare(struct backend *be, const struct model *m, size_t free_before,
+                       struct err *e)
+{
+    if (!be->ops->load_spare)
+        return 0;
+    const size_t now = backend_dev_free(be), keep = backend_dev_margin(free_before ? free_before : now);
+    return be->ops->load_spare(be, m, now > keep ? now - keep : 0, e);
+}
+
 static double mib(size_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void backend_print_plan(struct backend *be, size_t kv_bytes, FILE *f)

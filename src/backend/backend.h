@@ -241,6 +241,11 @@ struct backend_ops {
     /* Copies every tensor of m to the device once, before the first op that
      * reads it; m must outlive the backend's use of it. */
     int (*load_weights)(struct backend *be, const struct model *m, struct err *e);
+    /* After the KV pool: copies of m's weights that make some ops faster
+     * (the CUDA backend's bf16 copies of quantized matrices), made only
+     * where they fit in `spare` bytes of device memory nothing else will
+     * use; none made is no error. */
+    int (*load_spare)(struct backend *be, const struct model *m, size_t spare, struct err *e);
     /* Waits for queued work and reports an error a void op deferred. */
     int (*finish)(struct backend *be, struct err *e);
     /* Copies bytes of host memory into backend memory (tests, host-made
@@ -409,6 +414,16 @@ static inline int backend_kv_dtype_env(int dflt, struct err *e)
 void backend_set_compiled_decode(struct backend *be, int on);
 /* ops->load_weights when the backend has one (no-op otherwise). */
 int backend_load_weights(struct backend *be, const struct model *m, struct err *e);
+/* Free device memory in bytes (0 for the CPU). */
+size_t backend_dev_free(struct backend *be);
+/* Device memory kept free beside the KV pool for cuBLAS, graphs and
+ * scratch when `free` bytes were free before it: max(1 GiB, a tenth). */
+size_t backend_dev_margin(size_t free);
+/* After the KV pool: ops->load_spare (no-op without one) with the device
+ * memory free beyond backend_dev_margin(free_before) (free_before: what
+ * was free when the pool was sized; 0: now). */
+int backend_load_spare(struct backend *be, const struct model *m, size_t free_before,
+                       struct err *e);
 /* Prints the device allocation plan (weights, activations, KV, free) to f
  * for backends that report one; kv_bytes is the KV pool's share of
  * allocated. Prints nothing for the CPU. */

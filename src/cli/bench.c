@@ -379,7 +379,8 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
         backend_set_compiled_decode(be, o->compiled_decode);
     if (!be || backend_load_weights(be, m, e) || forward_init(&fs, m, be, o->prefill_chunk, e) ||
         kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
-                     (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e))
+                     (P + N + KV_BLOCK - 1) / KV_BLOCK + 1, e) ||
+        backend_load_spare(be, m, 0, e))
         goto out;
     r->kv_bytes_per_token = (double)kv_pool_bytes(&pool) / ((double)pool.n_blocks * pool.block_size);
     if (be->ops->mem_info) {

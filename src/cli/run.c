@@ -326,7 +326,7 @@ int cmd_run(int argc, char **argv)
         kv_pool_init(&pool, be, c->n_layers, c->n_kv_heads, c->head_dim, KV_BLOCK,
                      (ctx + KV_BLOCK - 1) / KV_BLOCK +
                          (o.warmup ? (n_prompt + 2 + KV_BLOCK - 1) / KV_BLOCK : 0), &e) ||
-        sampler_init(&smp, &o.sp, c->vocab_size, &e))
+        backend_load_spare(be, &m, 0, &e) || sampler_init(&smp, &o.sp, c->vocab_size, &e))
         goto fail;
     backend_print_plan(be, kv_pool_bytes(&pool), stderr);
     size_t rows = o.logits_out ? (size_t)n_prompt : 1;

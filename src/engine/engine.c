@@ -1124,7 +1124,7 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
         long long avail;
         if (dev) { /* weights and activations are allocated: what is left, less a margin */
             eng->be->ops->mem_info(eng->be, &bm);
-            long long fr = (long long)bm.dev_free, keep = fr / 10 > GIB ? fr / 10 : GIB;
+            long long fr = (long long)bm.dev_free, keep = (long long)backend_dev_margin(bm.dev_free);
             avail = fr - keep;
             snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "default: free GPU memory");
         } else {
@@ -1441,6 +1441,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     /* The pool comes last: its size may depend on what the weights and
      * activations left free on the device. */
+    size_t free_before = backend_dev_free(eng->be);
     long long n_blocks = pool_blocks(eng, weights, e);
     if (n_blocks < 0)
         goto fail;
@@ -1453,6 +1454,10 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     }
     if (kv_pool_init(&eng->pool, eng->be, c->n_layers, c->n_kv_heads, c->head_dim, eng->bs,
                      (int)n_blocks, e))
+        goto fail;
+    /* the backend's optional copies from what the pool left: none under a
+     * --memory-budget, which bounds weights and pool together */
+    if (eng->cfg.memory_budget_bytes <= 0 && backend_load_spare(eng->be, m, free_before, e))
         goto fail;
     if (prefix_cache_init(&eng->pc, &eng->pool, prefix_hash_bytes(fp, strlen(fp)), 0, e))
         goto fail;

@@ -252,8 +252,8 @@ static void cu_destroy(struct backend *be)
             cudaFree(c->map[i].mem);
         if (c->map[i].mem2)
             cudaFree(c->map[i].mem2);
-        if (c->map[i].wide)
-            cudaFree(c->map[i].wide);
+        if (c->map[i].wide.data)
+            cudaFree((void *)c->map[i].wide.data);
     }
     free(c->map);
     cu_head_free(c);
@@ -394,6 +394,7 @@ static const struct backend_ops cuda_ops = {
     .decode_layers = cu_decode_layers,
     .matmul_fused = cu_matmul_fused,
     .load_weights = cu_load_weights,
+    .load_spare = cu_load_spare,
     .finish = cu_finish,
     .upload = cu_upload,
     .kv_block_copy = cu_kv_block_copy,
@@ -451,13 +452,13 @@ static int cuda_device_count(struct err *e)
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
-        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps;
+        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, wide_copy, wide_from;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
 {
     static const long rpw[] = {4, 8}, ks[] = {1, 2, 4, 8, 16}, warps[] = {8, 16};
-    *l = (struct cuda_levers){.gemv_max = -1, .gq_staged = -1};
+    *l = (struct cuda_levers){.gemv_max = -1, .gq_staged = -1, .wide_copy = -1};
     if (env_long("CLLM_CUDA_GEMV_MAX", 0, CUK_GEMV_MAX, &l->gemv_max, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_X_MAX", 1, 1L << 30, &l->stage_x_max, e) < 0 ||
         env_long_of("CLLM_ATT_RPW", rpw, 2, &l->att_rpw, e) < 0 ||
@@ -477,7 +478,9 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_GQ_BLOCKS", 1, 1L << 20, &l->gq_blocks, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED", 0, 4, &l->gq_staged, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED_KB", 16, 227, &l->gq_staged_kb, e) < 0 ||
-        env_long("CLLM_CUDA_GQ_STAGED_STEPS", 1, 64, &l->gq_staged_steps, e) < 0)
+        env_long("CLLM_CUDA_GQ_STAGED_STEPS", 1, 64, &l->gq_staged_steps, e) < 0 ||
+        env_long("CLLM_CUDA_WIDE_COPY", 0, 1, &l->wide_copy, e) < 0 ||
+        env_long("CLLM_CUDA_WIDE_FROM", 1, 1L << 20, &l->wide_from, e) < 0)
         return -1;
     if (l->stage_cols % 256)
         return err_set(e, "CLLM_CUDA_STAGE_COLS=\"%ld\": needs a multiple of 256", l->stage_cols);
@@ -591,8 +594,9 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement and tests: another bound on the x tiles (gemv_rows) */
     c->stage_x_max = lv.stage_x_max ? (size_t)lv.stage_x_max : STAGED_X_BYTES;
     c->widen_bytes = lv.widen_mb ? (size_t)lv.widen_mb << 20 : WIDEN_CHUNK_BYTES;
-    /* opt-in until measured on a GPU; precise mode widens to f32 instead */
-    c->wide_copy = env_flag("CLLM_CUDA_WIDE_COPY", false) && !c->precise;
+    /* precise mode widens to f32 instead */
+    c->wide_copy = c->precise ? 0 : (int)lv.wide_copy;
+    c->wide_from = lv.wide_from ? (int)lv.wide_from : WIDE_FROM_N;
     c->half_type = c->quant_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
     c->att_mma = env_flag("CLLM_CUDA_ATT_MMA", true);

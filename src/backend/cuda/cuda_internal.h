@@ -35,6 +35,14 @@
  * through the GEMM (docs/benchmarks.md, session 56). It was 64, from
  * counting bytes alone. */
 #define QUANT_GEMV_MAX_N 8
+/* Fewest tokens of a step that multiply the quantized matrices' bf16
+ * copies (where made: CLLM_CUDA_WIDE_COPY) rather than the quantized
+ * blocks. The quantized GEMV's products bound it from 2 tokens (H100, 8B
+ * Q4_K: a step of 1 / 2 / 3 / 4 tokens 2.5 / 3.4 / 6.4 / 9.7 ms), the
+ * copies' routes read 16 bits a weight in ~6.5 ms at 2-8 tokens: 3
+ * streams tie (472 against 471 tok/s), 4 gain (412 -> 600), 2 lose
+ * (593 -> 323; docs/benchmarks.md, session 57). */
+#define WIDE_FROM_N 3
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 /* Most tokens a step record carries (a few tokens' step, cu_step_begin;
@@ -77,12 +85,13 @@ struct wentry {
     const void *host;      /* key: the tensor's host data pointer */
     struct cuk_weight w;   /* device copy */
     void *mem, *mem2;      /* allocations (quants and scales for Q8_0) */
-    void *wide;            /* a quantized matrix's bf16 copy for GEMMs
-                            * (CLLM_CUDA_WIDE_COPY), else NULL */
+    struct cuk_weight wide; /* a quantized matrix's bf16 copy (CLLM_CUDA_WIDE_COPY;
+                             * data NULL: none), which steps of wide_from
+                             * tokens or more multiply instead (mm_weights) */
 };
 
-/* The map entry whose device copy w is (dev_weight's result): its other
- * fields (the bf16 copy) without a second lookup. */
+/* The map entry whose device copy w is (dev_weight's result, not a bf16
+ * copy): its other fields (the bf16 copy) without a second lookup. */
 static inline const struct wentry *wentry_of(const struct cuk_weight *w)
 {
     return (const struct wentry *)(const void *)((const char *)w - offsetof(struct wentry, w));
@@ -225,8 +234,12 @@ struct cuda_backend {
     int gemv_max;      /* n <= gemv_max rows: GEMV kernels, else GEMM (see gemv_rows) */
     size_t stage_x_max; /* from CUK_GEMV_DEFAULT rows: most bytes of x tiles a GEMV takes */
     size_t widen_bytes; /* most bytes of one chunk of widened weights (WIDEN_CHUNK_BYTES) */
-    bool wide_copy;     /* CLLM_CUDA_WIDE_COPY: quantized matrices' bf16 copies made at load */
+    /* CLLM_CUDA_WIDE_COPY: the quantized matrices' bf16 copies made at
+     * load (1, before the KV pool), from the memory the pool leaves
+     * (-1, the default: cu_load_spare) or never (0) */
+    int wide_copy;
     size_t wide_bytes;  /* their bytes (0: none made) */
+    int wide_from;      /* fewest tokens that multiply the copies (CLLM_CUDA_WIDE_FROM) */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */
@@ -493,6 +506,7 @@ bool bat_buffers(struct cuda_backend *c, const struct bat_plan *p, float **ws,
 
 /* cuda_weights.c */
 int cu_load_weights(struct backend *be, const struct model *m, struct err *e);
+int cu_load_spare(struct backend *be, const struct model *m, size_t spare, struct err *e);
 /* cuda_memory.c */
 void *cu_alloc(struct backend *be, size_t bytes);
 void cu_free(struct backend *be, void *p);

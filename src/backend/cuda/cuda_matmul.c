@@ -309,17 +309,36 @@ static bool gemv_rows(const struct cuda_backend *c, size_t cols, int n)
            (n <= CUK_GEMV_DEFAULT || c->gemv_max_env || (size_t)n * cols * 4 <= c->stage_x_max);
 }
 
-/* The weight bytes of the k matrices ts when all are bf16 or all f16 (the
+/* The weight bytes of the k matrices ws when all are bf16 or all f16 (the
  * tensor-core and staged GEMVs' dtypes), else 0. */
-static size_t half_bytes(const struct tensor *const *ts, int k)
+static size_t half_bytes(const struct cuk_weight *const *ws, int k)
 {
     size_t bytes = 0;
     for (int i = 0; i < k; i++) {
-        if ((ts[i]->dtype != DT_BF16 && ts[i]->dtype != DT_F16) || ts[i]->dtype != ts[0]->dtype)
+        if ((ws[i]->dtype != DT_BF16 && ws[i]->dtype != DT_F16) || ws[i]->dtype != ws[0]->dtype)
             return 0;
-        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
+        bytes += (size_t)ws[i]->rows * (size_t)ws[i]->cols * 2;
     }
     return bytes;
+}
+
+/* The device matrices n rows of x multiply for ts[0..k) (ws): each one's
+ * upload, or its bf16 copy where every one of them has one and n is
+ * wide_from or more (see wide_make), which then routes as a bf16 model's
+ * matrix would. -1 (the sticky error) where one was not uploaded. */
+static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, int k, int n,
+                      const struct cuk_weight **ws)
+{
+    bool wide = c->wide_bytes && n >= c->wide_from;
+    for (int i = 0; i < k; i++) {
+        if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
+            return -1;
+        wide = wide && wentry_of(ws[i])->wide.data;
+    }
+    if (wide)
+        for (int i = 0; i < k; i++)
+            ws[i] = &wentry_of(ws[i])->wide;
+    return 0;
 }
 
 /* Which kernel takes n rows of x times one launch's matrices. */
@@ -345,7 +364,7 @@ enum mm_route {
  * LM head and, past 10 tokens, the down projection. */
 static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
 {
-    return c->gemv_mma && !c->precise && c->half_type >= 0 && n <= CUK_MMA_MAX_N &&
+    return c->gemv_mma && !c->precise && (c->half_type >= 0 || c->wide_bytes) && n <= CUK_MMA_MAX_N &&
            cols % 32 == 0 && (size_t)n * cols <= c->mma_max_x &&
            cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max && bytes > 0 &&
            bytes <= c->mma_max_bytes;
@@ -394,22 +413,23 @@ static int quant_gemv_max_n(const struct cuda_backend *c)
  * checks that a copy is of its x. */
 static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
-    if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type))
+    if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
+        !(c->wide_bytes && n >= c->wide_from)) /* else the copies' routes: a bf16 model's */
         return n > quant_gemv_max_n(c);
     return !gemv_rows(c, cols, n);
 }
 
-static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor *const *ts, int k,
-                              int n)
+static enum mm_route mm_route(const struct cuda_backend *c, const struct cuk_weight *const *ws,
+                              int k, int n)
 {
-    const size_t cols = (size_t)ts[0]->cols;
+    const size_t cols = (size_t)ws[0]->cols;
     /* cuk_gemv_quant up to QUANT_GEMV_MAX_N tokens; past that, the
      * weights widened chunk by chunk for a GEMM */
-    if (quant_gemv(c, ts[0]->dtype))
+    if (quant_gemv(c, (enum dtype)ws[0]->dtype))
         return n <= quant_gemv_max_n(c) ? MM_GEMV : MM_GEMM;
     if (gemv_rows(c, cols, n))
         return MM_GEMV;
-    const size_t bytes = half_bytes(ts, k);
+    const size_t bytes = half_bytes(ws, k);
     return mma_takes(c, cols, bytes, n)     ? MM_MMA
            : staged_big(c, cols, bytes, n) ? MM_STAGED_BIG
                                            : MM_GEMM;
@@ -418,17 +438,17 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct tensor 
 /* The kernel matmul_x takes for n rows of x times t: mm_route's, but a
  * plain matmul that staged_big would take (an LM head too big for the
  * tensor-core GEMV) stays on cuBLAS, which streams it at its floor. */
-static enum mm_route plain_route(const struct cuda_backend *c, const struct tensor *t, int n)
+static enum mm_route plain_route(const struct cuda_backend *c, const struct cuk_weight *w, int n)
 {
-    const enum mm_route r = mm_route(c, &t, 1, n);
+    const enum mm_route r = mm_route(c, &w, 1, n);
     return r == MM_STAGED_BIG ? MM_GEMM : r;
 }
 
 /* Whether matmul_x multiplies x . W^T with a cuBLAS GEMM (which can add
- * into its output) rather than a GEMV kernel. */
-static bool matmul_is_gemm(const struct cuda_backend *c, const struct tensor *t, int n)
+ * into its output) rather than a GEMV kernel; w: mm_weights'. */
+static bool matmul_is_gemm(const struct cuda_backend *c, const struct cuk_weight *w, int n)
 {
-    return t->dtype == DT_F32 || plain_route(c, t, n) == MM_GEMM;
+    return w->dtype == DT_F32 || plain_route(c, w, n) == MM_GEMM;
 }
 
 /* Most output rows the register-streamed GEMV takes with the RMSNorm in:
@@ -477,8 +497,7 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
  * quantized GEMVs (and the CPU) apply to it. Q8_0 through SGEMM ran an 8B
  * prompt at 2,617 tok/s, through this 23,500 (H200, session 52). */
 static int matmul_widened(struct cuda_backend *c, float *out, const float *x, int n,
-                          const struct cuk_weight *w, const void *wide, bool acc,
-                          struct err *e)
+                          const struct cuk_weight *w, bool acc, struct err *e)
 {
     const bool bf16 = !c->precise;
     const void *xg = x;
@@ -486,8 +505,6 @@ static int matmul_widened(struct cuda_backend *c, float *out, const float *x, in
         const struct cuk_weight as_bf16 = {.dtype = DT_BF16, .rows = w->rows, .cols = w->cols};
         if (!(xg = half_x(c, x, n, &as_bf16)))
             return sticky(c, e);
-        if (wide) /* widened at load (CLLM_CUDA_WIDE_COPY): the same values */
-            return gemm(c, out, w->rows, wide, xg, CUDA_R_16BF, w->rows, n, w->cols, acc, e);
     }
     const size_t vb = bf16 ? 2 : 4, fit = c->widen_bytes / vb / (size_t)w->cols;
     const int chunk = fit < 1 ? 1 : fit > (size_t)w->rows ? w->rows : (int)fit;
@@ -512,12 +529,12 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
                     bool acc, struct err *e)
 {
     struct cuda_backend *c = cb(be);
-    const struct cuk_weight *w = dev_weight(c, t, "matmul");
-    if (sticky(c, e))
-        return -1;
+    const struct cuk_weight *w;
+    if (mm_weights(c, &t, 1, n, &w) || sticky(c, e))
+        return sticky(c, e);
     if (w->dtype == DT_F32)
         return gemm(c, out, w->rows, w->data, x, CUDA_R_32F, w->rows, n, w->cols, acc, e);
-    const enum mm_route route = plain_route(c, t, n);
+    const enum mm_route route = plain_route(c, w, n);
     if (route == MM_GEMV) {
         if (acc)
             return err_set(e, "%s: internal: accumulating GEMV", c->name);
@@ -546,7 +563,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
         return gemm(c, out, w->rows, w->data, xh, w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F,
                     w->rows, n, w->cols, acc, e);
     }
-    return matmul_widened(c, out, x, n, w, wentry_of(w)->wide, acc, e);
+    return matmul_widened(c, out, x, n, w, acc, e);
 }
 
 int cu_matmul(struct backend *be, float *out, const float *x, int n, const struct tensor *t,
@@ -562,14 +579,14 @@ int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int 
                     const struct tensor *const *ts, int k, struct err *e)
 {
     struct cuda_backend *c = op_begin(be);
-    const enum mm_route route = k >= 1 && k <= 3 ? mm_route(c, ts, k, n) : MM_GEMM;
+    const struct cuk_weight *ws[3];
+    const bool few = k >= 1 && k <= 3;
+    if (few && mm_weights(c, ts, k, n, ws))
+        return sticky(c, e);
+    if (sticky(c, e))
+        return -1;
+    const enum mm_route route = few ? mm_route(c, ws, k, n) : MM_GEMM;
     if (c->fuse && route != MM_GEMM) {
-        const struct cuk_weight *ws[3];
-        for (int i = 0; i < k; i++)
-            if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
-                return sticky(c, e);
-        if (sticky(c, e))
-            return -1;
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
         cudaError_t err = gemv_fused(c, route, outs, &gi, n, ws, k, CUK_OUT_STORE);
         if (err != cudaErrorNotSupported) {
@@ -583,10 +600,7 @@ int cu_matmul_multi(struct backend *be, float *const *outs, const float *x, int 
     int pair = k == 3 ? 1 : k == 2 ? 0 : -1;
     bool paired = false;
     if (pair >= 0 && route == MM_GEMM && !c->precise && !c->tc_ws && c->gemm_pair) {
-        const struct cuk_weight *p0 = dev_weight(c, ts[pair], "matmul");
-        const struct cuk_weight *p1 = dev_weight(c, ts[pair + 1], "matmul");
-        if (sticky(c, e))
-            return -1;
+        const struct cuk_weight *p0 = ws[pair], *p1 = ws[pair + 1];
         if (p0->dtype == DT_BF16 || p0->dtype == DT_F16) {
             const uint16_t *xh = half_x(c, x, n, p0);
             if (!xh)
@@ -699,12 +713,11 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
     size_t cols = (size_t)ts[0]->cols;
     enum matmul_in_kind kind = in->kind; /* what is left to apply to in->x */
     bool in_op = false;                  /* an input op (norm, SwiGLU) issued here */
-    const enum mm_route route = mm_route(c, ts, k, n);
+    const struct cuk_weight *ws[3];
+    if (mm_weights(c, ts, k, n, ws))
+        return sticky(c, e);
+    const enum mm_route route = mm_route(c, ws, k, n);
     if (c->fuse && route != MM_GEMM) {
-        const struct cuk_weight *ws[3];
-        for (int i = 0; i < k; i++)
-            if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
-                return sticky(c, e);
         struct cuk_gemv_in gi = {.kind = in->kind == MATMUL_IN_RMSNORM  ? CUK_IN_RMSNORM
                                          : in->kind == MATMUL_IN_SWIGLU ? CUK_IN_SWIGLU
                                                                         : CUK_IN_X,
@@ -757,7 +770,7 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
         return cu_matmul_multi(be, outs, x, n, ts, k, e);
     bool gemms = true;
     for (int i = 0; i < k; i++)
-        gemms = gemms && matmul_is_gemm(c, ts[i], n);
+        gemms = gemms && matmul_is_gemm(c, ws[i], n);
     if (gemms) { /* cuBLAS adds into the outputs itself */
         /* a half copy of the input is for the op after the one that made
          * it: the input op issued here, else the previous op (see half_x) */

@@ -183,13 +183,13 @@ static int upload_pair(struct cuda_backend *c, const struct tensor *t0, const st
 }
 
 /* CLLM_CUDA_WIDE_COPY: each quantized matrix a matmul reads (the layers'
- * and the LM head) widened once at load into a bf16 copy of its own, which
- * matmul_widened multiplies instead of widening its rows again at every
- * call past the quantized GEMV's tokens. A prompt's and a batched step's
- * GEMMs are then a bf16 model's (H100, 8B Q4_K: the widening is 8.9 ms
- * of a 512-token prompt's ~24, and is repeated at every batched step of
- * 9+ streams), for 2 bytes a weight more device memory; decode
- * steps of up to QUANT_GEMV_MAX_N tokens still read the quantized blocks.
+ * and the LM head) widened once into a bf16 copy of its own, which steps
+ * of wide_from tokens or more multiply as a bf16 model's matrices
+ * (mm_weights) instead of widening the rows again at every call or
+ * computing the quantized GEMV's products token by token. H100, 8B
+ * Q4_K: a 512-token prompt 21,487 -> 34,301 tok/s, 16 streams 903 ->
+ * 1,939 (docs/benchmarks.md, session 57), for 2 bytes a weight more
+ * device memory; single-stream decode still reads the quantized blocks.
  * wide_matrices: the tensors that get one, n of them at most 7 a layer
  * + 1. */
 static int wide_matrices(const struct model *m, const struct tensor **out)
@@ -210,48 +210,103 @@ static int wide_matrices(const struct model *m, const struct tensor **out)
     return k;
 }
 
-/* Bytes of the bf16 copies wide_make would make for m. */
-static size_t wide_plan(const struct model *m)
+/* The tensors that get a bf16 copy (a new array: free it) and their
+ * count in *n, their bytes in *bytes; NULL when out of memory. */
+static const struct tensor **wide_list(const struct model *m, int *n, size_t *bytes)
 {
     const struct tensor **ts = malloc(sizeof *ts * (size_t)(7 * m->cfg.n_layers + 1));
     if (!ts)
-        return 0;
-    size_t bytes = 0;
-    for (int i = 0, n = wide_matrices(m, ts); i < n; i++)
-        bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
-    free(ts);
-    return bytes;
+        return NULL;
+    *n = wide_matrices(m, ts);
+    *bytes = 0;
+    for (int i = 0; i < *n; i++)
+        *bytes += (size_t)ts[i]->rows * (size_t)ts[i]->cols * 2;
+    return ts;
 }
 
-/* The copies, after the weights are uploaded. */
-static int wide_make(struct cuda_backend *c, const struct model *m, struct err *e)
+/* Drops every bf16 copy made. */
+static void wide_drop(struct cuda_backend *c)
 {
-    const struct tensor **ts = malloc(sizeof *ts * (size_t)(7 * m->cfg.n_layers + 1));
-    if (!ts)
-        return err_set(e, "out of memory");
-    const int n = wide_matrices(m, ts);
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < c->map_cap; i++)
+        if (c->map[i].wide.data) {
+            cudaFree((void *)c->map[i].wide.data);
+            c->map[i].wide = (struct cuk_weight){0};
+        }
+    c->wide_bytes = 0;
+}
+
+/* The copies of the n tensors ts, after the weights are uploaded. A
+ * failure drops those made; the caller says whether it is an error. */
+static cudaError_t wide_make(struct cuda_backend *c, const struct tensor **ts, int n)
+{
+    cudaError_t err = cudaSuccess;
+    for (int i = 0; i < n && err == cudaSuccess; i++) {
         struct wentry *we = map_find(c, ts[i]->data);
-        if (!we || we->wide)
+        if (!we || we->wide.data)
             continue;
         const size_t bytes = (size_t)we->w.rows * (size_t)we->w.cols * 2;
-        cudaError_t err = cudaMalloc(&we->wide, bytes);
-        if (err == cudaSuccess)
-            err = cuk_dequant_half(c->stream, we->wide, &we->w, 0, we->w.rows, 1);
-        if (err != cudaSuccess) {
-            free(ts);
-            return err_set(e, "%s: the bf16 copy of a %s matrix [%d x %d] (%zu MiB; "
-                              "CLLM_CUDA_WIDE_COPY=0 goes without): %s",
-                           c->name, dtype_name((enum dtype)we->w.dtype), we->w.rows, we->w.cols,
-                           bytes >> 20, cudaGetErrorString(err));
-        }
+        void *p = NULL;
+        err = cudaMalloc(&p, bytes);
+        if (err != cudaSuccess)
+            break;
+        we->wide = (struct cuk_weight){.dtype = DT_BF16, .rows = we->w.rows, .cols = we->w.cols,
+                                       .data = p};
         c->wide_bytes += bytes;
+        err = cuk_dequant_half(c->stream, p, &we->w, 0, we->w.rows, 1);
     }
-    free(ts);
-    cudaError_t err = cudaStreamSynchronize(c->stream);
-    if (err != cudaSuccess)
-        return err_set(e, "%s: widening the bf16 copies: %s", c->name, cudaGetErrorString(err));
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(c->stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* an allocation's failure is not sticky */
+        wide_drop(c);
+        return err;
+    }
     c->weight_bytes += c->wide_bytes;
+    /* steps from wide_from tokens route as a bf16 model's: the tensor-core
+     * GEMV from 2 (see cu_load_weights) */
+    if (!c->gemv_max_env && c->gemv_mma && !c->precise)
+        c->gemv_max = 1;
+    return cudaSuccess;
+}
+
+static void wide_report(const struct cuda_backend *c, const char *when)
+{
+    fprintf(stderr, "%s: bf16 copies of the quantized matrices for prompts and steps of %d+ "
+                    "tokens: %.1f MiB (%s; CLLM_CUDA_WIDE_COPY=0 goes without)\n",
+            c->name, c->wide_from, c->wide_bytes / 1048576.0, when);
+}
+
+int cu_load_spare(struct backend *be, const struct model *m, size_t spare, struct err *e)
+{
+    struct cuda_backend *c = cb(be);
+    (void)e;
+    if (c->wide_copy >= 0 || c->wide_bytes || c->quant_type < 0)
+        return 0; /* asked for at load, or off, or nothing quantized */
+    use_device(c);
+    int n = 0;
+    size_t bytes = 0;
+    const struct tensor **ts = wide_list(m, &n, &bytes);
+    if (!ts || n == 0) {
+        free(ts);
+        return 0;
+    }
+    if (bytes > spare) {
+        fprintf(stderr, "%s: no bf16 copies of the quantized matrices: they need %.0f MiB and "
+                        "%.0f MiB are spare beside the KV pool; prompts and batched steps widen "
+                        "the weights call by call (a smaller --ctx or --batch leaves room, "
+                        "CLLM_CUDA_WIDE_COPY=1 makes them before the pool)\n",
+                c->name, bytes / 1048576.0, spare / 1048576.0);
+        free(ts);
+        return 0;
+    }
+    cudaError_t err = wide_make(c, ts, n);
+    free(ts);
+    if (err != cudaSuccess) {
+        fprintf(stderr, "%s: no bf16 copies of the quantized matrices: %s\n", c->name,
+                cudaGetErrorString(err));
+        return 0;
+    }
+    wide_report(c, "memory the KV pool leaves");
     return 0;
 }
 
@@ -334,15 +389,22 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     cudaMemGetInfo(&dfree, &dtotal);
     size_t reserve = (size_t)512 << 20; /* activations, KV, cuBLAS workspace come after */
     /* the bf16 copies, where asked for and where they fit beside the rest */
-    size_t wide = c->wide_copy ? wide_plan(m) : 0;
+    size_t wide = 0;
+    int n_wide = 0;
+    const struct tensor **wts = c->wide_copy > 0 ? wide_list(m, &n_wide, &wide) : NULL;
     if (wide && need + head + wide + reserve > dfree) {
         fprintf(stderr, "%s: no bf16 copies of the quantized matrices (CLLM_CUDA_WIDE_COPY): "
-                        "%.1f GiB more than the %.1f GiB free holds; prompts widen them call by "
-                        "call\n",
+                        "%.1f GiB more than the %.1f GiB free holds; prompts and batched steps "
+                        "widen the weights call by call\n",
                 c->name, wide / 1073741824.0, dfree / 1073741824.0);
         wide = 0;
     }
+    if (!wide) {
+        free(wts);
+        wts = NULL;
+    }
     if (need + head + reserve > dfree) {
+        free(wts);
         free(ts);
         free(pair);
         return err_set(e, "%s: the model's weights need %.1f GiB%s but only %.1f of %.1f GiB are "
@@ -382,19 +444,21 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     dbuf_free(&tmp);
     free(ts);
     free(pair);
-    if (rc)
-        return -1;
-    if (serr != cudaSuccess)
-        return err_set(e, "%s: uploading weights: %s", c->name, cudaGetErrorString(serr));
+    if (rc || serr != cudaSuccess) {
+        free(wts);
+        return rc ? -1 : err_set(e, "%s: uploading weights: %s", c->name, cudaGetErrorString(serr));
+    }
     double dt = now_s() - t0;
     fprintf(stderr, "%s%s: weights loaded in %.2f s (%.2f GB/s)\n", isatty(2) ? "\r" : "", c->name,
             dt, dt > 0 ? need / dt / 1e9 : 0.0);
     if (wide) {
-        if (wide_make(c, m, e))
-            return -1;
-        fprintf(stderr, "%s: bf16 copies of the quantized matrices for prompts and batched "
-                        "steps: %.1f MiB (CLLM_CUDA_WIDE_COPY)\n",
-                c->name, c->wide_bytes / 1048576.0);
+        cudaError_t err = wide_make(c, wts, n_wide);
+        free(wts);
+        if (err != cudaSuccess)
+            return err_set(e, "%s: the bf16 copies of the quantized matrices (%.1f MiB; "
+                              "CLLM_CUDA_WIDE_COPY=0 goes without): %s",
+                           c->name, wide / 1048576.0, cudaGetErrorString(err));
+        wide_report(c, "CLLM_CUDA_WIDE_COPY=1");
     }
     return cu_head_load(c, m, e);
 }
