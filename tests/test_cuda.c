@@ -450,7 +450,7 @@ static void check_matmul_wide_copy(void)
 }
 
 /* The quantized GEMV's default kernel, k_gemv_qdot (CLLM_CUDA_GQ_STAGED=0:
- * on Hopper 1-2 rows of x otherwise run staged, check_matmul_qstaged's),
+ * on Hopper 1-8 rows of x otherwise run staged, check_matmul_qstaged's),
  * with its launches cut to 3 blocks
  * (CLLM_CUDA_GQ_BLOCKS=3; by default no more than the SMs hold at once),
  * so that every block takes row pairs in several rounds, staging x once:
@@ -491,7 +491,7 @@ static void check_matmul_quant_rounds(void)
 }
 
 /* The staged quantized GEMV (CLLM_CUDA_GQ_STAGED=2; strict, so a shape
- * it declines is an error rather than k_gemv_qdot's): 1 and 2 rows of x
+ * it declines is an error rather than k_gemv_qdot's): 1 to 8 rows of x
  * against the double product, as check_matmul_low_bit's, for shapes with
  * a partial last step (2,816 and 1,280 columns), odd row counts and every
  * shape of block; with 4 KB chunks (a row in one to four), one step a
@@ -531,7 +531,7 @@ static void check_matmul_qstaged(void)
             if (!be)
                 continue;
             for (int k = k0; k < k0 + 4 && k < ND; k++)
-                for (int n = 1; n <= 2; n++)
+                for (int n = 1; n <= 8; n++)
                     check_matmul(be, &m[k], n, 1e-5, "fast, staged", true);
             CHECK(be->ops->finish(be, &e) == 0, "staged quantized matmul: %s", e.msg);
             backend_destroy(be);

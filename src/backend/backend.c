@@ -235,7 +235,8 @@ int backend_load_spare(struct backend *be, const struct model *m, size_t free_be
 {
     if (!be->ops->load_spare)
         return 0;
-    const size_t now = backend_dev_free(be), keep = backend_dev_margin(free_before ? free_before : now);
+    const size_t now = backend_dev_free(be);
+    const size_t keep = backend_dev_margin(free_before ? free_before : now);
     return be->ops->load_spare(be, m, now > keep ? now - keep : 0, e);
 }
 

@@ -1124,7 +1124,8 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
         long long avail;
         if (dev) { /* weights and activations are allocated: what is left, less a margin */
             eng->be->ops->mem_info(eng->be, &bm);
-            long long fr = (long long)bm.dev_free, keep = (long long)backend_dev_margin(bm.dev_free);
+            long long fr = (long long)bm.dev_free;
+            long long keep = (long long)backend_dev_margin(bm.dev_free);
             avail = fr - keep;
             snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "default: free GPU memory");
         } else {

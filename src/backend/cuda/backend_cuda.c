@@ -452,7 +452,8 @@ static int cuda_device_count(struct err *e)
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
-        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, wide_copy, wide_from;
+        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, wide_copy,
+        wide_from;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -479,6 +480,7 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_GQ_STAGED", 0, 4, &l->gq_staged, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED_KB", 16, 227, &l->gq_staged_kb, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED_STEPS", 1, 64, &l->gq_staged_steps, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_STAGED_MAX_N", 1, 8, &l->gq_staged_max_n, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_COPY", 0, 1, &l->wide_copy, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_FROM", 1, 1L << 20, &l->wide_from, e) < 0)
         return -1;
@@ -647,6 +649,7 @@ static struct backend *cuda_create(int device, struct err *e)
         if (c->gq.staged_smem > (int)prop.sharedMemPerBlockOptin)
             c->gq.staged_smem = (int)prop.sharedMemPerBlockOptin;
         c->gq.staged_steps = (int)lv.gq_staged_steps;
+        c->gq.staged_max_n = lv.gq_staged_max_n ? (int)lv.gq_staged_max_n : GQ_STAGED_MAX_N;
         c->gq.staged_strict = env_flag("CLLM_CUDA_GQ_STAGED_STRICT", false);
     }
     c->mma.n_sms = c->n_sms;

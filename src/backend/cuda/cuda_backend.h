@@ -388,14 +388,14 @@ struct cuk_gq_cfg {
     int n_sms;
     unsigned char bps[CUK_GQ_DTS][CUK_GEMV_MAX];
     int max_blocks; /* tests: this many blocks at most instead (0: unset) */
-    /* The staged kernel (on by default on sm_90, CLLM_CUDA_GQ_STAGED): for 1-2
-     * rows of x, the weights copied into a ring in shared memory by bulk
-     * copies. staged_bps: its blocks an SM (0: off); staged_smem: shared
-     * memory a block; staged_steps: GD_STEP-column steps a copy covers at
-     * most (0: 4 KB of a row). Set by the caller after
-     * cuk_gemv_quant_init. staged_strict (tests): a shape the staged
+    /* The staged kernel (on by default on sm_90, CLLM_CUDA_GQ_STAGED): for up
+     * to staged_max_n (at most 8) rows of x, the weights copied into a ring
+     * in shared memory by bulk copies. staged_bps: its blocks an SM (0:
+     * off); staged_smem: shared memory a block; staged_steps: GD_STEP-column
+     * steps a copy covers at most (0: 4 KB of a row). Set by the caller
+     * after cuk_gemv_quant_init. staged_strict (tests): a shape the staged
      * kernel declines is cudaErrorNotPermitted, not k_gemv_qdot's. */
-    int staged_bps, staged_smem, staged_steps, staged_strict;
+    int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n;
 };
 /* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
  * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */

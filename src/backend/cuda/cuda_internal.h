@@ -43,6 +43,9 @@
  * streams tie (472 against 471 tok/s), 4 gain (412 -> 600), 2 lose
  * (593 -> 323; docs/benchmarks.md, session 57). */
 #define WIDE_FROM_N 3
+/* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
+ * past them k_gemv_qdot). */
+#define GQ_STAGED_MAX_N 8
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
 /* Most tokens a step record carries (a few tokens' step, cu_step_begin;

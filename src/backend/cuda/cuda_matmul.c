@@ -364,8 +364,8 @@ enum mm_route {
  * LM head and, past 10 tokens, the down projection. */
 static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, int n)
 {
-    return c->gemv_mma && !c->precise && (c->half_type >= 0 || c->wide_bytes) && n <= CUK_MMA_MAX_N &&
-           cols % 32 == 0 && (size_t)n * cols <= c->mma_max_x &&
+    return c->gemv_mma && !c->precise && (c->half_type >= 0 || c->wide_bytes) &&
+           n <= CUK_MMA_MAX_N && cols % 32 == 0 && (size_t)n * cols <= c->mma_max_x &&
            cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max && bytes > 0 &&
            bytes <= c->mma_max_bytes;
 }

@@ -591,6 +591,12 @@ static cudaError_t gqs_launch_n(cudaStream_t s, const struct gqp &p, const struc
     switch (n) {
     case 1: return gqs_launch<DT, 1>(s, p, in, cols, cfg);
     case 2: return gqs_launch<DT, 2>(s, p, in, cols, cfg);
+    case 3: return gqs_launch<DT, 3>(s, p, in, cols, cfg);
+    case 4: return gqs_launch<DT, 4>(s, p, in, cols, cfg);
+    case 5: return gqs_launch<DT, 5>(s, p, in, cols, cfg);
+    case 6: return gqs_launch<DT, 6>(s, p, in, cols, cfg);
+    case 7: return gqs_launch<DT, 7>(s, p, in, cols, cfg);
+    case 8: return gqs_launch<DT, 8>(s, p, in, cols, cfg);
     default: return cudaErrorNotSupported;
     }
 }
@@ -780,7 +786,7 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     }
     const bool ex = exact != 0;
     cudaError_t err;
-    if (!exact && cfg->staged_bps > 0 && n <= 2) {
+    if (!exact && cfg->staged_bps > 0 && n <= cfg->staged_max_n) {
         err = cudaErrorNotSupported;
         if (gqs_takes(&p, ws, k, dt, cols))
             switch (dt) {
