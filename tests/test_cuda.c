@@ -387,11 +387,12 @@ static void check_matmul_widen_chunks(void)
 /* The quantized matrices' bf16 copies: with CLLM_CUDA_WIDE_COPY=1 made
  * at load, by default only by load_spare and only where they fit in the
  * spare bytes it is given (the backend's weights grow by 2 bytes a value,
- * ops->mem_info). Steps of 2 tokens or more (WIDE_FROM_N) multiply them
+ * ops->mem_info). Steps of WIDE_FROM_N (5) tokens or more multiply them
  * through a bf16 model's routes (the tensor-core and staged GEMVs, the
- * GEMM), within the default GEMM's 1e-2 of the double product; the fused
- * ops on them match the plain ones (check_matmul_fused_cols). In precise mode none are made and the
- * f32 widening stays exact. */
+ * GEMM), fewer the quantized GEMV, within the default GEMM's 1e-2 of the
+ * double product (2, 5, 9 and 100 tokens); the fused ops on them match
+ * the plain ones (check_matmul_fused_cols). In precise mode none are
+ * made and the f32 widening stays exact. */
 static void check_matmul_wide_copy(void)
 {
     static const enum dtype dts[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K};

@@ -27,24 +27,30 @@
  * path may take (CLLM_CUDA_WIDEN_MB). */
 #define WIDEN_CHUNK_BYTES ((size_t)256 << 20)
 /* Most tokens a matmul over GGUF's quantized weights runs as their GEMV
- * (one launch) rather than widening the weights for a GEMM. The GEMV's
- * products, not its bytes, bound it past a token or two (H100, 8B Q4_K:
- * a step of 8 tokens 16 ms against 2.5 for one), and the widened GEMM
- * costs about the same from 8 tokens on (~17 ms a step): 64 streams
- * decoded at 519 tok/s through GEMVs of 8 tokens a launch, at 3,392
- * through the GEMM (docs/benchmarks.md, session 56). It was 64, from
- * counting bytes alone. */
+ * (one launch) rather than widening the weights for a GEMM (without bf16
+ * copies: WIDE_FROM_N). The GEMV's products, not its bytes, bound it
+ * past a token or two (H100, 8B Q4_K: a step of 8 tokens 16 ms against
+ * 2.5 for one in session 56's k_gemv_qdot, 12.4 ms staged), and the
+ * widened GEMM costs ~17 ms a step from 8 tokens on: 64 streams decoded
+ * at 519 tok/s through GEMVs of 8 tokens a launch, at 3,392 through the
+ * GEMM (docs/benchmarks.md, session 56). It was 64, from counting bytes
+ * alone. */
 #define QUANT_GEMV_MAX_N 8
 /* Fewest tokens of a step that multiply the quantized matrices' bf16
  * copies (where made: CLLM_CUDA_WIDE_COPY) rather than the quantized
- * blocks. The quantized GEMV's products bound it from 2 tokens (H100, 8B
- * Q4_K: a step of 1 / 2 / 3 / 4 tokens 2.5 / 3.4 / 6.4 / 9.7 ms), the
- * copies' routes read 16 bits a weight in ~6.5 ms at 2-8 tokens: 3
- * streams tie (472 against 471 tok/s), 4 gain (412 -> 600), 2 lose
- * (593 -> 323; docs/benchmarks.md, session 57). */
-#define WIDE_FROM_N 3
+ * blocks. H100, aggregate tok/s of 3 / 4 / 6 / 8 streams, the staged
+ * quantized GEMV against the copies: 8B Q4_K 700 / 768 / 844 / 647
+ * against 444 / 598 / 877 / 1,163; 0.6B Q4_K 2,207 / 2,446 / 2,747 /
+ * 2,926 against 2,457 / 3,243 / 4,567 / 5,830 (docs/benchmarks.md,
+ * session 57). 5 is the 8B's crossover, and larger models read more
+ * bytes still; the 0.6B gives up 9-23 % at 3-4 streams. */
+#define WIDE_FROM_N 5
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
- * past them k_gemv_qdot). */
+ * past them, or where it declines the shape, k_gemv_qdot). H100, no
+ * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K
+ * 473 / 411 / 483 / 494 -> 700 / 768 / 844 / 647 tok/s, 0.6B 1,502 /
+ * 1,588 / 1,733 / 1,836 -> 2,203 / 2,446 / 2,747 / 2,948 (the 8B's down
+ * projection at 8 tokens, 14,336 columns of x, is too wide for it). */
 #define GQ_STAGED_MAX_N 8
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */
