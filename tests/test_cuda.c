@@ -498,9 +498,12 @@ static void check_matmul_quant_rounds(void)
  * shape of block; with 4 KB chunks (a row in one to four), one step a
  * chunk (Q6_K and Q3_K two: their chunks' copies must stay 16-aligned),
  * and a small ring in 3 blocks (72 KB each: a warp's slots refilled many
- * times, in chunks of 1-3 steps). Then the fused ops against the plain ones at 4,096 columns,
- * every format staged (strict), and at 1,024 where Q6_K's 840-byte rows
- * are declined and run unstaged. */
+ * times, in chunks of 1-3 steps), and 64 KB a block, where x of 8 tokens
+ * does not fit beside the ring of Q8_0 at 4,096 columns or of Q6_K at
+ * 2,048 and the tokens run in halves (quarters: gqs_split). Then the
+ * fused ops against the plain ones at 4,096 columns, every format staged
+ * (strict), by default and in halves at 64 KB, and at 1,024 where Q6_K's
+ * 840-byte rows are declined and run unstaged. */
 static void check_matmul_qstaged(void)
 {
     static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q8_0, DT_Q6_K,
@@ -509,7 +512,8 @@ static void check_matmul_qstaged(void)
     static const int cols[] = {4096, 2816, 4096, 2048, 1280, 2048, 2048, 1024};
     /* CLLM_CUDA_GQ_STAGED, _STEPS, _KB, CLLM_CUDA_GQ_BLOCKS */
     static const char *const levers[][4] = {
-        {"2", NULL, NULL, NULL}, {"2", "1", NULL, NULL}, {"1", NULL, "72", "3"}};
+        {"2", NULL, NULL, NULL}, {"2", "1", NULL, NULL}, {"1", NULL, "72", "3"},
+        {"2", NULL, "64", NULL}};
     enum { ND = sizeof dts / sizeof dts[0] };
     struct test_mat m[ND];
     for (int k = 0; k < ND; k++)
@@ -543,6 +547,9 @@ static void check_matmul_qstaged(void)
     }
     setenv("CLLM_CUDA_GQ_STAGED", "2", 1);
     check_matmul_fused_cols(4096);
+    setenv("CLLM_CUDA_GQ_STAGED_KB", "64", 1);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_GQ_STAGED_KB");
     unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
     check_matmul_fused_cols(1024);
     unsetenv("CLLM_CUDA_GQ_STAGED");

@@ -48,9 +48,9 @@
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K
- * 473 / 411 / 483 / 494 -> 700 / 768 / 844 / 647 tok/s, 0.6B 1,502 /
- * 1,588 / 1,733 / 1,836 -> 2,203 / 2,446 / 2,747 / 2,948 (the 8B's down
- * projection at 8 tokens, 14,336 columns of x, is too wide for it). */
+ * 473 / 411 / 483 / 494 -> 700 / 768 / 844 / 872 tok/s (at 8, the down
+ * projection's x, 14,336 columns, in halves: gqs_split), 0.6B 1,502 /
+ * 1,588 / 1,733 / 1,836 -> 2,203 / 2,446 / 2,747 / 2,948. */
 #define GQ_STAGED_MAX_N 8
 #define MAX_GRAPHS 32
 #define SEEN_KEYS 16 /* batched decode shapes remembered from one eager step */

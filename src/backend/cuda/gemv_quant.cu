@@ -601,6 +601,54 @@ static cudaError_t gqs_launch_n(cudaStream_t s, const struct gqp &p, const struc
     }
 }
 
+/* The staged kernel of dtype dt for n tokens. */
+static cudaError_t gqs_launch_dt(cudaStream_t s, const struct gqp &p,
+                                 const struct cuk_gemv_in *in, int n, int cols, int dt,
+                                 const struct cuk_gq_cfg *cfg)
+{
+    switch (dt) {
+    case DT_Q8_0: return gqs_launch_n<DT_Q8_0>(s, p, in, n, cols, cfg);
+    case DT_Q4_0: return gqs_launch_n<DT_Q4_0>(s, p, in, n, cols, cfg);
+    case DT_Q4_1: return gqs_launch_n<DT_Q4_1>(s, p, in, n, cols, cfg);
+    case DT_Q5_0: return gqs_launch_n<DT_Q5_0>(s, p, in, n, cols, cfg);
+    case DT_Q5_1: return gqs_launch_n<DT_Q5_1>(s, p, in, n, cols, cfg);
+    case DT_Q4_K: return gqs_launch_n<DT_Q4_K>(s, p, in, n, cols, cfg);
+    case DT_Q5_K: return gqs_launch_n<DT_Q5_K>(s, p, in, n, cols, cfg);
+    case DT_Q6_K: return gqs_launch_n<DT_Q6_K>(s, p, in, n, cols, cfg);
+    case DT_Q2_K: return gqs_launch_n<DT_Q2_K>(s, p, in, n, cols, cfg);
+    default: return gqs_launch_n<DT_Q3_K>(s, p, in, n, cols, cfg);
+    }
+}
+
+/* The staged kernel for n tokens, or where their x is too wide for one
+ * tile beside the ring, for its later and then its earlier half, each a
+ * launch that reads the weights again (halved again as needed): H100,
+ * an 8B's down projection (14,336 columns) at 8 tokens, which
+ * k_gemv_qdot took at ~3x a 4-token staged launch's time. The later
+ * half has as many tokens or one more, so where it fits the earlier one
+ * does: a launch is never left half issued. cudaErrorNotSupported
+ * (nothing launched) where one token does not fit either. */
+static cudaError_t gqs_split(cudaStream_t s, const struct gqp &p, const struct cuk_gemv_in *in,
+                             int n, int cols, int dt, const struct cuk_gq_cfg *cfg)
+{
+    cudaError_t err = gqs_launch_dt(s, p, in, n, cols, dt, cfg);
+    if (err != cudaErrorNotSupported || n == 1 || in->kind == CUK_IN_SPLITS)
+        return err;
+    const int h = n / 2;
+    struct gqp p2 = p;
+    struct cuk_gemv_in in2 = *in;
+    for (int i = 0; i < 3; i++)
+        if (p2.outp[i])
+            p2.outp[i] += (size_t)h * p.rows[i];
+    in2.x += (size_t)h * cols;
+    if (in2.x2)
+        in2.x2 += (size_t)h * cols;
+    err = gqs_split(s, p2, &in2, n - h, cols, dt, cfg);
+    if (err != cudaSuccess)
+        return err;
+    return gqs_split(s, p, in, h, cols, dt, cfg);
+}
+
 /* Steps a slice keeps at least: 2 against 4 (1,024-column steps), H100,
  * 0.6B Q4_K decode 1,176 -> 1,220 tok/s, Q8_0 1,051 -> 1,099, the 8B flat
  * (docs/benchmarks.md, session 51). */
@@ -787,20 +835,8 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
     const bool ex = exact != 0;
     cudaError_t err;
     if (!exact && cfg->staged_bps > 0 && n <= cfg->staged_max_n) {
-        err = cudaErrorNotSupported;
-        if (gqs_takes(&p, ws, k, dt, cols))
-            switch (dt) {
-            case DT_Q8_0: err = gqs_launch_n<DT_Q8_0>(s, p, in, n, cols, cfg); break;
-            case DT_Q4_0: err = gqs_launch_n<DT_Q4_0>(s, p, in, n, cols, cfg); break;
-            case DT_Q4_1: err = gqs_launch_n<DT_Q4_1>(s, p, in, n, cols, cfg); break;
-            case DT_Q5_0: err = gqs_launch_n<DT_Q5_0>(s, p, in, n, cols, cfg); break;
-            case DT_Q5_1: err = gqs_launch_n<DT_Q5_1>(s, p, in, n, cols, cfg); break;
-            case DT_Q4_K: err = gqs_launch_n<DT_Q4_K>(s, p, in, n, cols, cfg); break;
-            case DT_Q5_K: err = gqs_launch_n<DT_Q5_K>(s, p, in, n, cols, cfg); break;
-            case DT_Q6_K: err = gqs_launch_n<DT_Q6_K>(s, p, in, n, cols, cfg); break;
-            case DT_Q2_K: err = gqs_launch_n<DT_Q2_K>(s, p, in, n, cols, cfg); break;
-            default: err = gqs_launch_n<DT_Q3_K>(s, p, in, n, cols, cfg); break;
-            }
+        err = gqs_takes(&p, ws, k, dt, cols) ? gqs_split(s, p, in, n, cols, dt, cfg)
+                                              : cudaErrorNotSupported;
         if (err == cudaErrorNotSupported && cfg->staged_strict)
             return cudaErrorNotPermitted;
         if (err != cudaErrorNotSupported) {
