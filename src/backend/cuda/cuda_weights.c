@@ -262,8 +262,9 @@ static cudaError_t wide_make(struct cuda_backend *c, const struct tensor **ts, i
         return err;
     }
     c->weight_bytes += c->wide_bytes;
-    /* steps from wide_from tokens route as a bf16 model's: the tensor-core
-     * GEMV from 2 (see cu_load_weights) */
+    /* the copies route as a bf16 model's matrices: gemv_max 1, as
+     * cu_load_weights sets it for one, so the tensor-core GEMV takes their
+     * small steps */
     if (!c->gemv_max_env && c->gemv_mma && !c->precise)
         c->gemv_max = 1;
     return cudaSuccess;
