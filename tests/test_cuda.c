@@ -389,8 +389,10 @@ static void check_matmul_widen_chunks(void)
  * spare bytes it is given (the backend's weights grow by 2 bytes a value,
  * ops->mem_info). Steps of WIDE_FROM_N (5) tokens or more multiply them
  * through a bf16 model's routes (the tensor-core and staged GEMVs, the
- * GEMM), fewer the quantized GEMV, within the default GEMM's 1e-2 of the
- * double product (2, 5, 9 and 100 tokens); the fused ops on them match
+ * GEMM), and of WIDE_SMALL_FROM_N (4) where the tensor-core GEMV takes
+ * them (these small matrices), fewer the quantized GEMV, within the
+ * default GEMM's 1e-2 of the double product (2-5, 9 and 100 tokens); the
+ * fused ops on them match
  * the plain ones (check_matmul_fused_cols). In precise mode none are
  * made and the f32 widening stays exact. */
 static void check_matmul_wide_copy(void)
@@ -434,7 +436,7 @@ static void check_matmul_wide_copy(void)
                   "wide copies (%s, precise %d): weights %zu bytes with them, %zu without, %zu "
                   "expected more", how ? "load_spare" : "CLLM_CUDA_WIDE_COPY=1", precise,
                   wide.weights, plain.weights, precise ? (size_t)0 : copy);
-            static const int ns[] = {2, 5, 9, 100};
+            static const int ns[] = {2, 3, 4, 5, 9, 100};
             for (int k = 0; k < ND; k++)
                 for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
                     check_matmul(be, &m[k], ns[j], precise ? 1e-5 : 1e-2,

@@ -45,6 +45,12 @@
  * session 57). 5 is the 8B's crossover, and larger models read more
  * bytes still; the 0.6B gives up 9-23 % at 3-4 streams. */
 #define WIDE_FROM_N 5
+/* The same for launches the tensor-core GEMV takes from the copies (at
+ * most mma_max_bytes of them: a 0.6B's every matrix but the LM head, an
+ * 8B's q/k/v and o). H100, 3 / 4 streams, from 3 against from 5: 0.6B
+ * Q4_K 2,207 / 2,454 -> 2,601 / 3,413 tok/s, an 8-layer 8B Q4_K 2,520 /
+ * 2,739 -> 2,310 / 2,742 (docs/benchmarks.md, session 57): 4. */
+#define WIDE_SMALL_FROM_N 4
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K
@@ -249,6 +255,7 @@ struct cuda_backend {
     int wide_copy;
     size_t wide_bytes;  /* their bytes (0: none made) */
     int wide_from;      /* fewest tokens that multiply the copies (CLLM_CUDA_WIDE_FROM) */
+    int wide_small_from; /* the same where the tensor-core GEMV takes them (CLLM_CUDA_WIDE_FROM_SMALL) */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */

@@ -322,25 +322,6 @@ static size_t half_bytes(const struct cuk_weight *const *ws, int k)
     return bytes;
 }
 
-/* The device matrices n rows of x multiply for ts[0..k) (ws): each one's
- * upload, or its bf16 copy where every one of them has one and n is
- * wide_from or more (see wide_make), which then routes as a bf16 model's
- * matrix would. -1 (the sticky error) where one was not uploaded. */
-static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, int k, int n,
-                      const struct cuk_weight **ws)
-{
-    bool wide = c->wide_bytes && n >= c->wide_from;
-    for (int i = 0; i < k; i++) {
-        if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
-            return -1;
-        wide = wide && wentry_of(ws[i])->wide.data;
-    }
-    if (wide)
-        for (int i = 0; i < k; i++)
-            ws[i] = &wentry_of(ws[i])->wide;
-    return 0;
-}
-
 /* Which kernel takes n rows of x times one launch's matrices. */
 enum mm_route {
     MM_GEMM,       /* cuBLAS (or the f32 widening path) */
@@ -368,6 +349,34 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
            n <= CUK_MMA_MAX_N && cols % 32 == 0 && (size_t)n * cols <= c->mma_max_x &&
            cuk_gemv_mma_smem(n, (int)cols) <= (size_t)c->mma.smem_max && bytes > 0 &&
            bytes <= c->mma_max_bytes;
+}
+
+/* The device matrices n rows of x multiply for ts[0..k) (ws): each one's
+ * upload, or its bf16 copy where every one of them has one and n is
+ * wide_from or more (see wide_make), or wide_small_from or more where the
+ * tensor-core GEMV takes the copies (a launch of at most mma_max_bytes:
+ * WIDE_SMALL_FROM_N); the copies then route as a bf16 model's matrices.
+ * -1 (the sticky error) where one was not uploaded. */
+static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, int k, int n,
+                      const struct cuk_weight **ws)
+{
+    bool wide = c->wide_bytes && (n >= c->wide_from || n >= c->wide_small_from);
+    for (int i = 0; i < k; i++) {
+        if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
+            return -1;
+        wide = wide && wentry_of(ws[i])->wide.data;
+    }
+    if (!wide)
+        return 0;
+    const struct cuk_weight *cp[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < k && i < 3; i++)
+        cp[i] = &wentry_of(ws[i])->wide;
+    if (n < c->wide_from &&
+        (k > 3 || !mma_takes(c, (size_t)cp[0]->cols, half_bytes(cp, k), n)))
+        return 0;
+    for (int i = 0; i < k; i++)
+        ws[i] = &wentry_of(ws[i])->wide;
+    return 0;
 }
 
 /* Whether n rows of x past the GEMVs' rows (at most CUK_STAGE_MAX_N) times
