@@ -1103,8 +1103,11 @@ static long long ram_bytes(void)
 #define GIB (1LL << 30)
 
 /* The KV pool's blocks (see engine_config.memory_budget_bytes); fills
- * eng->kv_sizing. weights: model_weight_bytes_per_token. */
-static long long pool_blocks(struct engine *eng, long long weights, struct err *e)
+ * eng->kv_sizing. weights: model_weight_bytes_per_token; dev_free: the
+ * device's free memory once weights and activations are allocated
+ * (backend_dev_free; a device backend's default sizing). */
+static long long pool_blocks(struct engine *eng, long long weights, size_t dev_free,
+                             struct err *e)
 {
     const long long bb = eng->block_bytes, mb = eng->cfg.memory_budget_bytes;
     long long n;
@@ -1119,14 +1122,10 @@ static long long pool_blocks(struct engine *eng, long long weights, struct err *
                               "%lld bytes of weights, less than two %lld-byte blocks (%d "
                               "tokens); raise it", mb, mb - weights, weights, bb, 2 * eng->bs);
     } else {
-        struct backend_mem bm = {0};
         bool dev = backend_on_device(eng->be);
         long long avail;
         if (dev) { /* weights and activations are allocated: what is left, less a margin */
-            eng->be->ops->mem_info(eng->be, &bm);
-            long long fr = (long long)bm.dev_free;
-            long long keep = (long long)backend_dev_margin(bm.dev_free);
-            avail = fr - keep;
+            avail = (long long)dev_free - (long long)backend_dev_margin(dev_free);
             snprintf(eng->kv_sizing, sizeof eng->kv_sizing, "default: free GPU memory");
         } else {
             avail = ram_bytes() / 4 * 3 - weights;
@@ -1443,7 +1442,7 @@ struct engine *engine_create(const struct model *m, const struct engine_config *
     /* The pool comes last: its size may depend on what the weights and
      * activations left free on the device. */
     size_t free_before = backend_dev_free(eng->be);
-    long long n_blocks = pool_blocks(eng, weights, e);
+    long long n_blocks = pool_blocks(eng, weights, free_before, e);
     if (n_blocks < 0)
         goto fail;
     if (n_blocks * eng->bs < eng->cfg.ctx_len) /* a request must always fit */

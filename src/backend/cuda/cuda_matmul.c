@@ -351,31 +351,33 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
            bytes <= c->mma_max_bytes;
 }
 
-/* The device matrices n rows of x multiply for ts[0..k) (ws): each one's
- * upload, or its bf16 copy where every one of them has one and n is
- * wide_from or more (see wide_make), or wide_small_from or more where the
- * tensor-core GEMV takes the copies (a launch of at most mma_max_bytes:
- * WIDE_SMALL_FROM_N); the copies then route as a bf16 model's matrices.
- * -1 (the sticky error) where one was not uploaded. */
+/* Whether a step of n tokens multiplies the quantized matrices' bf16
+ * copies wherever they exist (wide_from; see wide_make). */
+static bool wide_step(const struct cuda_backend *c, int n)
+{
+    return c->wide_bytes && n >= c->wide_from;
+}
+
+/* The device matrices n rows of x multiply for ts[0..k) (k <= 3; ws):
+ * each one's upload, or its bf16 copy where every one of them has one
+ * and the step is a wide_step, or of wide_small_from tokens or more where
+ * the tensor-core GEMV takes the copies (a launch of at most
+ * mma_max_bytes: WIDE_SMALL_FROM_N); the copies then route as a bf16
+ * model's matrices. -1 (the sticky error) where one was not uploaded. */
 static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, int k, int n,
                       const struct cuk_weight **ws)
 {
-    bool wide = c->wide_bytes && (n >= c->wide_from || n >= c->wide_small_from);
+    bool wide = k <= 3 && (wide_step(c, n) || (c->wide_bytes && n >= c->wide_small_from));
+    const struct cuk_weight *cp[3] = {NULL, NULL, NULL};
     for (int i = 0; i < k; i++) {
         if (!(ws[i] = dev_weight(c, ts[i], "matmul")))
             return -1;
         wide = wide && wentry_of(ws[i])->wide.data;
+        if (wide)
+            cp[i] = &wentry_of(ws[i])->wide;
     }
-    if (!wide)
-        return 0;
-    const struct cuk_weight *cp[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < k && i < 3; i++)
-        cp[i] = &wentry_of(ws[i])->wide;
-    if (n < c->wide_from &&
-        (k > 3 || !mma_takes(c, (size_t)cp[0]->cols, half_bytes(cp, k), n)))
-        return 0;
-    for (int i = 0; i < k; i++)
-        ws[i] = &wentry_of(ws[i])->wide;
+    if (wide && (wide_step(c, n) || mma_takes(c, (size_t)cp[0]->cols, half_bytes(cp, k), n)))
+        memcpy(ws, cp, sizeof *ws * (size_t)k);
     return 0;
 }
 
@@ -423,7 +425,7 @@ static int quant_gemv_max_n(const struct cuda_backend *c)
 static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
-        !(c->wide_bytes && n >= c->wide_from)) /* else the copies' routes: a bf16 model's */
+        !wide_step(c, n)) /* else the copies' routes: a bf16 model's */
         return n > quant_gemv_max_n(c);
     return !gemv_rows(c, cols, n);
 }

@@ -606,18 +606,9 @@ static cudaError_t gqs_launch_dt(cudaStream_t s, const struct gqp &p,
                                  const struct cuk_gemv_in *in, int n, int cols, int dt,
                                  const struct cuk_gq_cfg *cfg)
 {
-    switch (dt) {
-    case DT_Q8_0: return gqs_launch_n<DT_Q8_0>(s, p, in, n, cols, cfg);
-    case DT_Q4_0: return gqs_launch_n<DT_Q4_0>(s, p, in, n, cols, cfg);
-    case DT_Q4_1: return gqs_launch_n<DT_Q4_1>(s, p, in, n, cols, cfg);
-    case DT_Q5_0: return gqs_launch_n<DT_Q5_0>(s, p, in, n, cols, cfg);
-    case DT_Q5_1: return gqs_launch_n<DT_Q5_1>(s, p, in, n, cols, cfg);
-    case DT_Q4_K: return gqs_launch_n<DT_Q4_K>(s, p, in, n, cols, cfg);
-    case DT_Q5_K: return gqs_launch_n<DT_Q5_K>(s, p, in, n, cols, cfg);
-    case DT_Q6_K: return gqs_launch_n<DT_Q6_K>(s, p, in, n, cols, cfg);
-    case DT_Q2_K: return gqs_launch_n<DT_Q2_K>(s, p, in, n, cols, cfg);
-    default: return gqs_launch_n<DT_Q3_K>(s, p, in, n, cols, cfg);
-    }
+    return cuk_q_dispatch(dt, cudaErrorNotSupported, [&](auto d) {
+        return gqs_launch_n<decltype(d)::value>(s, p, in, n, cols, cfg);
+    });
 }
 
 /* The staged kernel for n tokens, or where their x is too wide for one
@@ -844,18 +835,14 @@ extern "C" cudaError_t cuk_gemv_quant(cudaStream_t s, float *const *outs,
             return err != cudaSuccess ? err : last;
         }
     }
-    switch (dt) {
-    case DT_Q8_0: err = gq_launch_n<DT_Q8_0, true>(s, p, in, n, cols, cfg); break;
-    case DT_Q4_0: err = gq_launch_dt<DT_Q4_0>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q4_1: err = gq_launch_dt<DT_Q4_1>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q5_0: err = gq_launch_dt<DT_Q5_0>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q5_1: err = gq_launch_dt<DT_Q5_1>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q4_K: err = gq_launch_dt<DT_Q4_K>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q5_K: err = gq_launch_dt<DT_Q5_K>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q6_K: err = gq_launch_dt<DT_Q6_K>(s, p, in, n, cols, ex, cfg); break;
-    case DT_Q2_K: err = gq_launch_dt<DT_Q2_K>(s, p, in, n, cols, ex, cfg); break;
-    default: err = gq_launch_dt<DT_Q3_K>(s, p, in, n, cols, ex, cfg); break;
-    }
+    /* (Q8_0 has no exact kernel here: gemv.cu's) */
+    err = cuk_q_dispatch(dt, cudaErrorNotSupported, [&](auto d) {
+        constexpr int DT = decltype(d)::value;
+        if constexpr (DT == DT_Q8_0)
+            return gq_launch_n<DT, true>(s, p, in, n, cols, cfg);
+        else
+            return gq_launch_dt<DT>(s, p, in, n, cols, ex, cfg);
+    });
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
 }

@@ -660,22 +660,13 @@ static cudaError_t widen_q(cudaStream_t s, void *dst, const struct cuk_weight *w
     /* (cuk_q_row_bytes divides by a block's values: none for Q8_0, whose
      * rows are its int8 values) */
     const size_t rb = w->dtype == DT_Q8_0 ? 0 : cuk_q_row_bytes(w->dtype, w->cols);
-    switch (w->dtype) {
-    case DT_Q8_0:
-        if constexpr (HALF != 0)
-            return cuk_launch(k_widen_q<DT_Q8_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-        return cudaErrorNotSupported;
-    case DT_Q4_0: return cuk_launch(k_widen_q<DT_Q4_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q4_1: return cuk_launch(k_widen_q<DT_Q4_1, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q5_0: return cuk_launch(k_widen_q<DT_Q5_0, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q5_1: return cuk_launch(k_widen_q<DT_Q5_1, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q4_K: return cuk_launch(k_widen_q<DT_Q4_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q5_K: return cuk_launch(k_widen_q<DT_Q5_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q6_K: return cuk_launch(k_widen_q<DT_Q6_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q2_K: return cuk_launch(k_widen_q<DT_Q2_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    case DT_Q3_K: return cuk_launch(k_widen_q<DT_Q3_K, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
-    default: return cudaErrorNotSupported;
-    }
+    return cuk_q_dispatch(w->dtype, cudaErrorNotSupported, [&](auto d) {
+        constexpr int DT = decltype(d)::value;
+        if constexpr (DT == DT_Q8_0 && HALF == 0) /* Q8_0 to f32: k_dequant */
+            return cudaErrorNotSupported;
+        else
+            return cuk_launch(k_widen_q<DT, HALF>, grid, block, 0, s, dst, *w, rb, row0, nrows);
+    });
 }
 
 extern "C" cudaError_t cuk_dequant_f32(cudaStream_t s, float *dst, const struct cuk_weight *w,

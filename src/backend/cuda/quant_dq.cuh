@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "model/tensor.h"
 
 /* Values and bytes of one block of a low-bit dtype (0 for any other). */
@@ -36,6 +38,28 @@ static __host__ __device__ __forceinline__ int cuk_q_block_bytes(int dt)
 static __host__ __device__ __forceinline__ bool cuk_q_low_bit(int dt)
 {
     return cuk_q_block_elems(dt) > 0;
+}
+
+/* Host code's one switch from a dtype known at run time to a template
+ * instance: f(std::integral_constant<int, DT>{}) for DT one of the
+ * low-bit dtypes or Q8_0 (the dtypes the quantized kernels are
+ * instantiated for), `other` for any other dtype. */
+template <class R, class F>
+static inline R cuk_q_dispatch(int dt, R other, F &&f)
+{
+    switch (dt) {
+    case DT_Q8_0: return f(std::integral_constant<int, DT_Q8_0>{});
+    case DT_Q4_0: return f(std::integral_constant<int, DT_Q4_0>{});
+    case DT_Q4_1: return f(std::integral_constant<int, DT_Q4_1>{});
+    case DT_Q5_0: return f(std::integral_constant<int, DT_Q5_0>{});
+    case DT_Q5_1: return f(std::integral_constant<int, DT_Q5_1>{});
+    case DT_Q4_K: return f(std::integral_constant<int, DT_Q4_K>{});
+    case DT_Q5_K: return f(std::integral_constant<int, DT_Q5_K>{});
+    case DT_Q6_K: return f(std::integral_constant<int, DT_Q6_K>{});
+    case DT_Q2_K: return f(std::integral_constant<int, DT_Q2_K>{});
+    case DT_Q3_K: return f(std::integral_constant<int, DT_Q3_K>{});
+    default: return other;
+    }
 }
 
 /* A read-only load from global memory (__ldg), or with SH from shared
