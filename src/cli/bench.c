@@ -457,36 +457,45 @@ struct batch_result {
     int *ids; /* when set: the last rep's tokens, [S][N] */
 };
 
-/* Records one event of stream s: a token's arrival time in times[s][i], or
- * the end of the stream. */
-static int on_event(const struct engine_event *ev, int s, int N, double *times, int *ids,
-                    int *got, bool *done, int *n_done, struct err *e)
+/* Records one event of stream s: a token's arrival time in times[s][i]
+ * (the first cap tokens) and its id in ids[s][i] (the first N), or the
+ * end of the stream. want: the tokens a stream must give unless cancelled
+ * (cancelled: set by the caller when it cancels the rest). */
+static int on_event(const struct engine_event *ev, int s, int N, int cap, int want,
+                    double *times, int *ids, int *got, int *done, int *n_done, struct err *e)
 {
     if (ev->finish == ENGINE_FINISH_NONE) {
-        if (got[s] < N)
-            times[(size_t)s * N + got[s]] = now_s();
+        if (got[s] < cap)
+            times[(size_t)s * cap + got[s]] = now_s();
         if (got[s] < N && ids)
             ids[(size_t)s * N + got[s]] = ev->token;
         got[s]++;
         return 0;
     }
-    done[s] = true;
+    done[s] = (int)ev->finish;
     ++*n_done;
     if (ev->finish == ENGINE_FINISH_ERROR)
         return err_set(e, "%s", ev->error);
-    if (got[s] != N)
-        return err_set(e, "a stream ended after %d of %d tokens", got[s], N);
+    if (ev->finish != ENGINE_FINISH_CANCELLED && got[s] < want)
+        return err_set(e, "a stream ended after %d of %d tokens", got[s], want);
     return 0;
 }
 
-/* Waits for every stream to end, recording when each token arrived. */
-static int collect(struct engine_request **rs, int S, int N, double *times, int *ids, int *got,
-                   struct err *e)
+/* Waits for every stream to end, recording when each token arrived (at
+ * most cap a stream). With until > 0 (the batch window): once every
+ * stream has a token, the one whose first came last has to reach until
+ * tokens, then the rest are cancelled; *last is that stream and fin[s]
+ * how stream s ended (enum engine_finish). */
+static int collect(struct engine_request **rs, int S, int N, int cap, int until, double *times,
+                   int *ids, int *got, int *last, int *fin, struct err *e)
 {
-    bool *done = calloc((size_t)S, sizeof(bool));
+    int *done = calloc((size_t)S, sizeof(int)); /* its engine_finish, 0 while running */
     if (!done)
         return err_set(e, "out of memory");
-    int n_done = 0, rc = 0;
+    int n_done = 0, rc = 0, want = until > 0 ? 0 : N;
+    bool cancelled = false;
+    if (last)
+        *last = -1;
     memset(got, 0, sizeof(int) * (size_t)S);
     while (n_done < S && !rc) {
         bool any = false;
@@ -494,8 +503,27 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
         for (int s = 0; s < S && !rc; s++)
             while (!rc && !done[s] && engine_request_next(rs[s], &ev, 0) == 1) {
                 any = true;
-                rc = on_event(&ev, s, N, times, ids, got, done, &n_done, e);
+                rc = on_event(&ev, s, N, cap, want, times, ids, got, done, &n_done, e);
             }
+        if (until > 0 && !cancelled && !rc) {
+            /* the stream whose first token came last, once all have one */
+            int l = -1;
+            for (int s = 0; s < S; s++) {
+                if (got[s] == 0) {
+                    l = -1;
+                    break;
+                }
+                if (l < 0 || times[(size_t)s * cap] > times[(size_t)l * cap])
+                    l = s;
+            }
+            if (l >= 0 && (got[l] >= until || done[l])) {
+                *last = l;
+                for (int s = 0; s < S; s++)
+                    if (!done[s])
+                        engine_request_cancel(rs[s]);
+                cancelled = true;
+            }
+        }
         /* A pass found nothing: block on one unfinished stream (the engine
          * emits every stream's token at the end of the same step) rather
          * than spin on the cores the engine computes on. */
@@ -504,24 +532,46 @@ static int collect(struct engine_request **rs, int S, int N, double *times, int 
             while (done[s])
                 s++;
             if (engine_request_next(rs[s], &ev, 5) == 1)
-                rc = on_event(&ev, s, N, times, ids, got, done, &n_done, e);
+                rc = on_event(&ev, s, N, cap, want, times, ids, got, done, &n_done, e);
         }
     }
+    if (fin)
+        memcpy(fin, done, sizeof(int) * (size_t)S);
     free(done);
     return rc;
 }
 
+/* Decode steps of all S streams at the start of the batch window that
+ * are left out of it: the first step of a new batch shape runs eagerly
+ * and the second records its CUDA graph, costs a server pays once per
+ * shape (docs/benchmarks.md, session 58). */
+#define BATCH_WARM_STEPS 2
+
 /* S streams through the engine, as `cllm serve` runs them: max_running S,
- * every prompt prefilled in one chunk (of --prefill-chunk tokens when given),
- * enough batch tokens that all prefills go in the first steps, no prompt cache, a pool that fits all. */
+ * every prompt prefilled in chunks of C tokens (the whole prompt unless
+ * --prefill-chunk), one chunk a step beside decoding streams, no prompt
+ * cache, a pool that fits all. The aggregate is steady-state decode: the
+ * window opens when the stream whose prompt went last has its first
+ * BATCH_WARM_STEPS + 1 tokens and closes N - 1 steps later, every stream
+ * decoding throughout (each may generate up to `before` tokens while the
+ * others' prompts go in, so its cap allows those too); then the rest are
+ * cancelled. */
 static int run_batch(const struct model *m, const struct bench_opts *o, int S,
                      const struct model *draft, struct batch_result *r, struct err *e)
 {
     const int P = o->n_prompt, N = o->n_gen, R = o->reps, C = o->prefill_chunk;
     int batch_tokens = C + S > MIN_BATCH_TOKENS ? C + S : MIN_BATCH_TOKENS;
-    struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + N,
-                                .kv_tokens = (S + 2) * (P + N + KV_BLOCK),
-                                .prefill_chunk = C, .batch_tokens = batch_tokens,
+    /* steps before the last prompt's first token: one chunk a step (the
+     * first step may take more), and a margin */
+    const long before = (long)S * ((P + C - 1) / C) + 2;
+    long cap_l = N + BATCH_WARM_STEPS + before;
+    if (P + cap_l > m->cfg.max_seq) /* cmd_bench checked that P + N fits */
+        cap_l = m->cfg.max_seq - P;
+    const int cap = (int)cap_l, until = N + BATCH_WARM_STEPS < cap ? N + BATCH_WARM_STEPS : cap;
+    struct engine_config cfg = {.n_threads = o->threads, .ctx_len = P + cap,
+                                .kv_tokens = (S + 2) * (P + cap + KV_BLOCK),
+                                .prefill_chunk = C, .prefill_chunk_shared = C,
+                                .batch_tokens = batch_tokens,
                                 .max_queue = S + 8, .max_running = S,
                                 .prompt_cache_bytes = -1, .device = o->device,
                                 .kv_block_size = o->kv_block,
@@ -533,10 +583,11 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         return -1;
     struct engine_request **rs = calloc((size_t)S, sizeof *rs);
     int *prompt = malloc(sizeof(int) * (size_t)P), *got = calloc((size_t)S, sizeof(int));
-    double *times = malloc(sizeof(double) * (size_t)S * (size_t)N);
+    int *fin = calloc((size_t)S, sizeof(int));
+    double *times = malloc(sizeof(double) * (size_t)S * (size_t)cap);
     double *ttft = malloc(sizeof(double) * (size_t)S * (size_t)R), *agg = calloc((size_t)R, sizeof(double));
     int rc = -1, n_req = 0;
-    if (!rs || !prompt || !got || !times || !ttft || !agg) {
+    if (!rs || !prompt || !got || !fin || !times || !ttft || !agg) {
         err_set(e, "out of memory");
         goto out;
     }
@@ -550,7 +601,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         if (!(rs[s] = engine_request_new(prompt, P, &par, e)) || engine_submit(eng, rs[s], e) < 0)
             goto out;
     }
-    if (collect(rs, n_req, par.max_tokens, times, NULL, got, e))
+    if (collect(rs, n_req, par.max_tokens, par.max_tokens, 0, times, NULL, got, NULL, NULL, e))
         goto out;
     for (int s = 0; s < n_req; s++) {
         engine_request_release(rs[s]);
@@ -558,7 +609,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
     }
     n_req = 0;
 
-    par.max_tokens = N;
+    par.max_tokens = cap;
     for (int rep = 0; rep < R; rep++) {
         for (int s = 0; s < S; s++) { /* stream 0 is single-sequence run's prompt: distinct */
             make_prompt(prompt, P, 1 + rep * S + s, m->cfg.vocab_size);
@@ -572,21 +623,28 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         const double t_sub = now_s();
         if (engine_submit_many(eng, rs, S, e) < 0)
             goto out;
-        if (collect(rs, S, N, times, r->ids, got, e))
+        int last;
+        if (collect(rs, S, N, cap, until, times, r->ids, got, &last, fin, e))
             goto out;
-        /* The window in which all S streams decode: from the last stream's
-         * first token (its prefill done, none left in the batch) to the
-         * first stream's last token (from then on fewer than S decode). */
-        double t_start = 0, t_end = 1e300;
+        /* From the last stream's token BATCH_WARM_STEPS + 1 to its token
+         * `until`; a stream that ended sooner (its cap: more steps went to
+         * prompts than `before` allows) closes the window there. */
+        const int w0 = until - N;
+        double t_start = last >= 0 && got[last] > w0 ? times[(size_t)last * cap + w0] : 0;
+        double t_end = last >= 0 ? times[(size_t)last * cap + (got[last] < until ? got[last] : until) - 1]
+                                 : 0;
         for (int s = 0; s < S; s++) {
-            const double *ts = times + (size_t)s * N;
+            const double *ts = times + (size_t)s * cap;
             ttft[rep * S + s] = ts[0] - t_sub;
-            t_start = ts[0] > t_start ? ts[0] : t_start;
-            t_end = ts[N - 1] < t_end ? ts[N - 1] : t_end;
+            if (fin[s] == ENGINE_FINISH_LENGTH && got[s] > 0 && ts[got[s] - 1] < t_end)
+                t_end = ts[got[s] - 1];
         }
         int in_window = 0;
-        for (size_t i = 0; i < (size_t)S * N; i++)
-            in_window += times[i] > t_start && times[i] <= t_end;
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < got[s] && i < cap; i++) {
+                const double t = times[(size_t)s * cap + i];
+                in_window += t > t_start && t <= t_end;
+            }
         agg[rep] = t_end > t_start && in_window ? in_window / (t_end - t_start) : 0;
         for (int s = 0; s < S; s++) {
             engine_request_release(rs[s]);
@@ -613,6 +671,7 @@ out:
     free(rs);
     free(prompt);
     free(got);
+    free(fin);
     free(times);
     free(ttft);
     free(agg);
@@ -648,7 +707,7 @@ static int spec_repeats(const struct model *m, const struct bench_opts *o,
                                 .max_tokens = N};
     for (int t = 0; t < 2; t++) {
         struct engine_request *r = engine_request_new(prompt, P, &par, e);
-        int bad = !r || engine_submit(eng, r, e) < 0 || collect(&r, 1, N, times, ids + t * N, &got, e);
+        int bad = !r || engine_submit(eng, r, e) < 0 || collect(&r, 1, N, N, 0, times, ids + t * N, &got, NULL, NULL, e);
         if (r)
             engine_request_release(r);
         if (bad)
@@ -785,8 +844,10 @@ int cmd_bench(int argc, char **argv)
         printf("\n");
     if (o.n_batch)
         printf("batch:      engine with max_running S, prefill_chunk %d, batch_tokens max(%d, C+S),\n"
-               "            distinct prompts, no prompt cache; agg = tokens produced while all S\n"
-               "            streams decode / that time; TTFT from submit\n", o.prefill_chunk, MIN_BATCH_TOKENS);
+               "            distinct prompts, no prompt cache; agg = tokens a second over %d steps\n"
+               "            in which all S streams decode, after the first %d such steps (the\n"
+               "            shape's warmup); TTFT from submit\n", o.prefill_chunk, MIN_BATCH_TOKENS,
+               N - 1, BATCH_WARM_STEPS);
     if (o.sp.temperature > 0)
         printf("decoding:   sampled: temperature %g, top-k %d, top-p %g, min-p %g, seed %llu\n",
                o.sp.temperature, o.sp.top_k, o.sp.top_p, o.sp.min_p,
@@ -823,7 +884,7 @@ int cmd_bench(int argc, char **argv)
                br.agg_tps, br.agg_tps / S, br.ttft_p50 * 1e3, br.ttft_p99 * 1e3);
         print_floor(br.agg_tps, floor_tps(sr.bandwidth, wb, kv_ctx, S));
         if (br.agg_tps <= 0)
-            printf("        (no window in which all %d streams decode: raise -n or lower -p)\n", S);
+            printf("        (no window in which all %d streams decode: -n must be 2 or more)\n", S);
         if (br.preemptions)
             printf("        (%llu preemptions: the pool ran short; the figure includes recompute)\n",
                    (unsigned long long)br.preemptions);
