@@ -51,6 +51,18 @@
  * Q4_K 2,207 / 2,454 -> 2,601 / 3,413 tok/s, an 8-layer 8B Q4_K 2,520 /
  * 2,739 -> 2,310 / 2,742 (docs/benchmarks.md, session 57): 4. */
 #define WIDE_SMALL_FROM_N 4
+/* Fewest tokens of a step whose Q4_K matrices, where the step does not
+ * take bf16 copies of them, go to the tensor-core GEMV on their blocks
+ * (gemv_mma_quant.cu; CLLM_CUDA_QMMA_FROM, CLLM_CUDA_QMMA=0 turns it off)
+ * up to CUK_MMA_MAX_N, rather than the staged quantized GEMV (up to 8)
+ * or the widened GEMM. H100, no copies, aggregate tok/s of 3 / 4 / 6 / 8
+ * / 12 / 16 streams, without it and with it: an 8-layer 8B Q4_K 2,536 /
+ * 2,807 / 3,092 / 3,192 / 2,371 / 3,157 against 1,983 / 2,558 / 3,597 /
+ * 3,866 / 4,773 / 5,353; 0.6B Q4_K 2,268 / 2,507 / 2,814 / 3,006 /
+ * 4,013 / 5,183 against 2,767 / 3,568 / 5,036 / 6,438 / 6,978 / 7,723
+ * (docs/benchmarks.md, session 58). The 8B's crossover lies between 4
+ * and 6, the 0.6B's below 3. */
+#define QMMA_FROM_N 5
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K
@@ -256,6 +268,8 @@ struct cuda_backend {
     size_t wide_bytes;  /* their bytes (0: none made) */
     int wide_from;      /* fewest tokens that multiply the copies (CLLM_CUDA_WIDE_FROM) */
     int wide_small_from; /* the same where the tensor-core GEMV takes them (CLLM_CUDA_WIDE_FROM_SMALL) */
+    bool qmma;          /* quantized matrices on the tensor-core GEMV (CLLM_CUDA_QMMA) */
+    int qmma_from;      /* from that many tokens (QMMA_FROM_N, CLLM_CUDA_QMMA_FROM) */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */

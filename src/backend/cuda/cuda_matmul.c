@@ -351,6 +351,36 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
            bytes <= c->mma_max_bytes;
 }
 
+/* Whether n rows of x times the k matrices ws (cols columns) go to the
+ * tensor-core GEMV on Q4_K blocks (gemv_mma_quant.cu) rather than the
+ * staged quantized GEMV or the widened GEMM: qmma_from to CUK_MMA_MAX_N
+ * rows, not in precise mode; x staged in runs of as many tokens as a
+ * block's shared memory holds (qmma_fit). Reached with the blocks only:
+ * where mm_weights hands out bf16 copies, they route as a bf16 model's,
+ * which measured faster (docs/benchmarks.md, session 58). */
+static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *const *ws, int k,
+                       int n)
+{
+    const size_t cols = (size_t)ws[0]->cols;
+    if (!c->qmma || !c->gemv_mma || c->precise || n < c->qmma_from || n > CUK_MMA_MAX_N ||
+        ws[0]->dtype != DT_Q4_K || cols % 256 ||
+        cuk_gemv_qmma_smem(1, (int)cols) > (size_t)c->mma.smem_max)
+        return false;
+    for (int i = 1; i < k; i++)
+        if (ws[i]->dtype != DT_Q4_K || (size_t)ws[i]->cols != cols)
+            return false;
+    return true;
+}
+
+/* Most of n tokens over cols columns one launch of the tensor-core GEMV
+ * stages (at least 1 where qmma_takes). */
+static int qmma_fit(const struct cuda_backend *c, size_t cols, int n)
+{
+    while (n > 1 && cuk_gemv_qmma_smem(n, (int)cols) > (size_t)c->mma.smem_max)
+        n--;
+    return n;
+}
+
 /* Whether a step of n tokens multiplies the quantized matrices' bf16
  * copies wherever they exist (wide_from; see wide_make). */
 static bool wide_step(const struct cuda_backend *c, int n)
@@ -426,7 +456,8 @@ static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
         !wide_step(c, n)) /* else the copies' routes: a bf16 model's */
-        return n > quant_gemv_max_n(c);
+        return n > quant_gemv_max_n(c) &&
+               !(c->qmma && n >= c->qmma_from && n <= CUK_MMA_MAX_N); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }
 
@@ -434,10 +465,13 @@ static enum mm_route mm_route(const struct cuda_backend *c, const struct cuk_wei
                               int k, int n)
 {
     const size_t cols = (size_t)ws[0]->cols;
-    /* cuk_gemv_quant up to QUANT_GEMV_MAX_N tokens; past that, the
-     * weights widened chunk by chunk for a GEMM */
+    /* the tensor-core GEMV (qmma_takes), else cuk_gemv_quant up to
+     * QUANT_GEMV_MAX_N tokens; past that, the weights widened chunk by
+     * chunk for a GEMM */
     if (quant_gemv(c, (enum dtype)ws[0]->dtype))
-        return n <= quant_gemv_max_n(c) ? MM_GEMV : MM_GEMM;
+        return qmma_takes(c, ws, k, n)            ? MM_MMA
+               : n <= quant_gemv_max_n(c)         ? MM_GEMV
+                                                  : MM_GEMM;
     if (gemv_rows(c, cols, n))
         return MM_GEMV;
     const size_t bytes = half_bytes(ws, k);
@@ -478,8 +512,29 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
                               const struct cuk_gemv_in *in, int n,
                               const struct cuk_weight *const *ws, int k, int out)
 {
-    if (quant_gemv(c, (enum dtype)ws[0]->dtype)) /* n <= quant_gemv_max_n: one launch */
+    if (route != MM_MMA && quant_gemv(c, (enum dtype)ws[0]->dtype)) /* one launch */
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
+    if (route == MM_MMA && ws[0]->dtype == DT_Q4_K) {
+        /* runs of as many tokens as x's staging takes (an 8B model's
+         * down projection: 7 of 14,336 columns), sized alike, each a
+         * launch reading the weights again */
+        const int fit = qmma_fit(c, (size_t)ws[0]->cols, n), runs = (n + fit - 1) / fit;
+        for (int t0 = 0, r = 0; r < runs; r++) {
+            const int m = (n - t0) / (runs - r);
+            float *o[3];
+            struct cuk_gemv_in part = *in;
+            for (int i = 0; i < k; i++)
+                o[i] = outs[i] ? outs[i] + (size_t)t0 * ws[i]->rows : NULL;
+            part.x = in->x + (size_t)t0 * ws[0]->cols;
+            if (in->kind == CUK_IN_SWIGLU)
+                part.x2 = in->x2 + (size_t)t0 * ws[0]->cols;
+            cudaError_t err = cuk_gemv_mma(c->stream, o, &part, m, ws, k, out, &c->mma);
+            if (err != cudaSuccess)
+                return err; /* (only the first run can decline: nothing issued) */
+            t0 += m;
+        }
+        return cudaSuccess;
+    }
     if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (route == MM_STAGED_BIG)
@@ -563,7 +618,7 @@ static int matmul_x(struct backend *be, float *out, const float *x, int n, const
     }
     if (!acc && route == MM_MMA) {
         struct cuk_gemv_in gi = {.kind = CUK_IN_X, .x = x};
-        cudaError_t err = cuk_gemv_mma(c->stream, &out, &gi, n, &w, 1, CUK_OUT_STORE, &c->mma);
+        cudaError_t err = gemv_fused(c, route, &out, &gi, n, &w, 1, CUK_OUT_STORE);
         if (err != cudaErrorNotSupported) /* else cuBLAS takes it */
             return fail_cuda(c, "gemv", err) ? sticky(c, e) : 0;
     }

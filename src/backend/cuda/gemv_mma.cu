@@ -1,461 +1,15 @@
-/* gemv_mma.cu - cuk_gemv_fused's contract for a batched decode step (up
- * to CUK_MMA_MAX_N tokens) on the tensor cores, with the input rows
- * rounded to the weights' half type as a cuBLAS GEMM reads them.
- *
- * Why: past 4 tokens the f32 GEMVs are bound by shared-memory reads of x
- * (32 bytes per 16-byte weight vector per token), so batched steps went
- * to cuBLAS, which reads the weights at ~90 % of the copy bandwidth but
- * launches without programmatic dependent launch and leaves the norms,
- * SwiGLU, the residual adds and its split-K reductions to launches of
- * their own (~1.2 ms of an 8B step at 8 streams). Here one launch does
- * what cuk_gemv_fused does: the input op (x, rmsnorm(x), silu(x) * x2)
- * while staging x, the product, and the output op (store, residual add,
- * SwiGLU of a gate/up pair), its first weight loads issued before it
- * waits for the previous kernel.
- *
- * Shape: blocks of 16 warps, one per SM, or where that does not fit 8
- * warps, at most two per SM (persistent: a block loops over work). Each
- * block stages all n rows of x, after the input op and rounded to half,
- * in shared memory once. The work is a list of units, a
- * tile of 16 weight rows (a gate/up pair: 8 rows of each) by one of ks
- * equal column slices; the ks slices of a tile go to neighbouring warps of
- * one block, which add their sums through shared memory in slice order.
- *
- * The product of a warp: mma.sync m16n8k16 with the tokens as M (16, so up
- * to 16 tokens cost what one does) and 8 weight rows as N, one mma per
- * 16 columns for each 8-row half of the unit's 16 rows. The weights never touch shared memory: lane (g, t)
- * (g = lane / 4, t = lane % 4) loads 16 bytes of row g at columns c0 + 8t
- * .. c0 + 8t + 7 straight from global memory, and x is read with the same
- * columns, because a k-step may take its 16 columns in any order as long
- * as A and B agree: of the 32 columns c0 .. c0 + 31, the first mma takes
- * c0 + 8t + {0, 1, 2, 3} as its logical columns {2t, 2t + 1, 2t + 8, 2t +
- * 9} and the second c0 + 8t + {4, 5, 6, 7}. A lane's 16 bytes are then
- * its b0/b1 registers for both, whole.
- *
- * Every output is summed in an order fixed by the shapes and the device
- * (rows, cols, n, cfg): the same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
- * nor of cuBLAS (another order), so the backend picks this kernel or
- * cuBLAS by shape, never both for one matrix. */
-#include <math.h>
-
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/gemv_common.cuh"
-
-#define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
-/* A warp's sums (16 tokens x 16 rows, 8 floats a lane), per warp of a
- * block of W warps and for two rounds of units, so one barrier a round
- * suffices. */
-#define MMA_SCRATCH(W) (2 * (W) * 8 * 32 * 4)
-#define MMA_INV (CUK_MMA_MAX_N * 4)
-/* Bytes of the staged half copy of x (n rows, stride halves apart), which
- * the rest of a block's shared memory follows. */
-#define MMA_XBYTES(n, stride) (((size_t)(n) * (stride) * 2 + 15) / 16 * 16)
-/* Shared memory x's f32 copy leaves unused on an SM: the rest of the
- * unified L1 holds the weights' loads in flight. Taking it (a block of
- * 209 KB, L1 down to 28 KB) slowed an 8B model's gate matrix at 8 tokens
- * from 34 to 46 us (docs/benchmarks.md, twentieth pass). */
-#define MMA_L1_KEEP (32 * 1024)
-
-struct mmap {
-    float *outp[3];
-    const uint16_t *w[3];
-    int rows[3];
-    int tiles[3]; /* 16-row tiles of each matrix (a pair: 8 rows of each) */
-    int n, cols;
-    int stride; /* halves per staged row of x */
-    int ks;     /* column slices per tile (warps that share it) */
-    int slice;  /* 32-column steps per slice */
-    int cpu;    /* chunks per unit */
-    int bunits; /* ceil(units / warps a block): a block's worth of units, in all */
-    int out;    /* CUK_OUT_* */
-    int ubytes; /* shared memory between x and 1/rms: the slices' sums, or x in f32 */
-    int copy_x; /* stage x by mma_copy_x + mma_convert (else mma_stage) */
-};
-
-/* Where unit uid's weights are, for the calling lane. */
-struct mma_unit {
-    const uint16_t *w0, *w1; /* lane's rows of the two 8-row halves */
-    int s0, s1;              /* its 32-column steps [s0, s1) */
-    int m, row0, ks;
-    bool valid;
-};
-
-template <bool PAIR>
-static __device__ __forceinline__ struct mma_unit mma_unit_of(const struct mmap &p, int uid)
-{
-    struct mma_unit u;
-    int tile = uid / p.ks;
-    u.ks = uid - tile * p.ks;
-    u.valid = tile < p.tiles[0] + p.tiles[1] + p.tiles[2];
-    if (!u.valid)
-        tile = 0;
-    const int m = gemv_matrix_of(tile, p.tiles);
-    u.m = m;
-    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-    const int g = (threadIdx.x & 31) >> 2;
-    /* rows past the end (last tile) re-read the last row; not written */
-    if (PAIR) {
-        u.row0 = tile * 8;
-        size_t r = (size_t)min(u.row0 + g, rows - 1) * p.cols;
-        u.w0 = p.w[0] + r;
-        u.w1 = p.w[1] + r;
-    } else {
-        u.row0 = tile * 16;
-        const uint16_t *w = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2];
-        u.w0 = w + (size_t)min(u.row0 + g, rows - 1) * p.cols;
-        u.w1 = w + (size_t)min(u.row0 + 8 + g, rows - 1) * p.cols;
-    }
-    u.s0 = u.ks * p.slice;
-    u.s1 = min(u.s0 + p.slice, p.cols / 32);
-    return u;
-}
-
-/* Chunk j of unit u's weights: MMA_U steps of the lane's two rows. */
-static __device__ __forceinline__ void mma_load(uint4 (&b)[2][MMA_U], const struct mma_unit &u,
-                                                int j, int tig)
-{
-#pragma unroll
-    for (int i = 0; i < MMA_U; i++) {
-        int s = u.s0 + j * MMA_U + i;
-        bool ok = u.valid && s < u.s1;
-        size_t off = (size_t)s * 32 + 8 * tig;
-        b[0][i] = ok ? ld_stream((const uint4 *)(u.w0 + off)) : make_uint4(0, 0, 0, 0);
-        b[1][i] = ok ? ld_stream((const uint4 *)(u.w1 + off)) : make_uint4(0, 0, 0, 0);
-    }
-}
-
-/* acc += chunk j of unit u against the staged x (tokens g and g + 8). */
-template <bool F16, int NT>
-static __device__ __forceinline__ void mma_step(float (&acc)[2][4], const uint4 (&b)[2][MMA_U],
-                                                const struct mma_unit &u, int j,
-                                                const uint16_t *xs, int stride, int n, int g,
-                                                int tig)
-{
-#pragma unroll
-    for (int i = 0; i < MMA_U; i++) {
-        int s = u.s0 + j * MMA_U + i;
-        if (!u.valid || s >= u.s1) /* the same for the whole warp */
-            break;
-        const uint16_t *xp = xs + (size_t)g * stride + s * 32 + 8 * tig;
-        /* tokens past n: zeros (their rows of the product are not stored) */
-        uint4 xa = g < n ? *(const uint4 *)xp : make_uint4(0, 0, 0, 0);
-        uint4 xb = NT > 8 && g + 8 < n ? *(const uint4 *)(xp + (size_t)8 * stride)
-                                       : make_uint4(0, 0, 0, 0);
-        const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            cuk_mma16816<F16>(acc[h], a0, b[h][i].x, b[h][i].y);
-            cuk_mma16816<F16>(acc[h], a1, b[h][i].z, b[h][i].w);
-        }
-    }
-}
-
-/* Element 4f.. of staged row j: v rounded to half. */
-static __device__ __forceinline__ void mma_put4(uint16_t *xs, int stride, int j, int f, float4 v,
-                                                int bf16)
-{
-    uint2 h;
-    h.x = cuk_to_half(v.x, bf16) | (uint32_t)cuk_to_half(v.y, bf16) << 16;
-    h.y = cuk_to_half(v.z, bf16) | (uint32_t)cuk_to_half(v.w, bf16) << 16;
-    *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
-}
-
-/* Stages rows [0, n) of x after the input op, rounded to half, into xs
- * (row j at j * stride). (Batching each thread's loads, four at a time,
- * was slower on the H200: docs/benchmarks.md, seventeenth pass.) */
-template <int IN>
-static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_gemv_in &in,
-                                                 const float *sinv, int n, int cols, int stride,
-                                                 int bf16)
-{
-    const int nf = cols / 4;
-    for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
-        const int j = i / nf, f = i - j * nf;
-        float4 v = __ldg((const float4 *)(in.x + (size_t)j * cols) + f);
-        if (IN != CUK_IN_X) /* the norm's weights, or SwiGLU's up row */
-            v = gemv_in_op4<IN>(v,
-                                __ldg((const float4 *)(IN == CUK_IN_RMSNORM
-                                                           ? in.nw
-                                                           : in.x2 + (size_t)j * cols) + f),
-                                IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
-        mma_put4(xs, stride, j, f, v, bf16);
-    }
-}
-
-/* Issues 16-byte asynchronous copies of x's n rows (and SwiGLU's n up
- * rows after them) as f32 into shared memory at xf, every thread its share
- * at once (mma_stage's loads go one after another per thread: an L2 round
- * trip per 2 KB of a block, ~0.5 us a token at 4,096 columns;
- * docs/benchmarks.md, twentieth pass). mma_convert waits for them. */
-template <int IN>
-static __device__ __forceinline__ void mma_copy_x(float *xf, const struct cuk_gemv_in &in, int n,
-                                                  int cols)
-{
-    const int nx = n * cols / 4, n2 = IN == CUK_IN_SWIGLU ? nx : 0;
-    const uint32_t dst = cuk_smem_addr(xf);
-    for (int i = threadIdx.x; i < nx + n2; i += blockDim.x)
-        cuk_cp_async16(dst + 16 * i, i < nx ? in.x + 4 * (size_t)i : in.x2 + 4 * (size_t)(i - nx),
-                       true);
-    cuk_cp_async_commit();
-}
-
-/* mma_stage's results from the rows mma_copy_x is bringing to xf: the same
- * operations on the same values, so the same bits. Thread t takes float4
- * columns t, t + blockDim, ... of every row, so it loads each of the
- * norm's weights once. */
-template <int IN>
-static __device__ __forceinline__ void mma_convert(uint16_t *xs, const float *xf,
-                                                   const struct cuk_gemv_in &in,
-                                                   const float *sinv, int n, int cols, int stride,
-                                                   int bf16)
-{
-    const int nf = cols / 4;
-    const float4 *x4 = (const float4 *)xf, *y4 = x4 + (size_t)n * nf;
-    cuk_cp_async_wait<0>();
-    __syncthreads();
-    for (int f = threadIdx.x; f < nf; f += blockDim.x) {
-        const float4 w = IN == CUK_IN_RMSNORM ? __ldg((const float4 *)in.nw + f)
-                                              : make_float4(0, 0, 0, 0);
-        for (int j = 0; j < n; j++) {
-            const size_t i = (size_t)j * nf + f;
-            float4 v = x4[i];
-            if (IN != CUK_IN_X)
-                v = gemv_in_op4<IN>(v, IN == CUK_IN_RMSNORM ? w : y4[i],
-                                    IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
-            mma_put4(xs, stride, j, f, v, bf16);
-        }
-    }
-}
-
-/* 1 / rms of one row of x (cols floats, 16-byte aligned) for the calling
- * warp, its squares summed in f32: four sums a lane (float4 lane, lane +
- * 32, ...), added, then the warp's. Not cuk_warp_rms_inv's f64 sums: the
- * conversions and multiply-adds of every element, in every block, run on
- * the SM's FP64 pipe, ~0.75 us of an 8B model's 8-token q/k/v launch
- * (docs/benchmarks.md, twenty-first pass). f32 is what HF sums in; the
- * rounding of x to half hides the difference from cuk_rmsnorm's f64 but
- * for a rare last bit. */
-static __device__ __forceinline__ float mma_row_inv(const float *x, int cols, float eps,
-                                                    int lane)
-{
-    const float4 *x4 = (const float4 *)x;
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = lane; i < cols / 4; i += 32) {
-        const float4 v = __ldg(x4 + i);
-        s.x = fmaf(v.x, v.x, s.x);
-        s.y = fmaf(v.y, v.y, s.y);
-        s.z = fmaf(v.z, v.z, s.z);
-        s.w = fmaf(v.w, v.w, s.w);
-    }
-    const float ss = cuk_warp_sum((s.x + s.y) + (s.z + s.w)); /* every lane the same sum */
-    return 1.0f / sqrtf(ss / (float)cols + eps);
-}
-
-/* sinv[j] = 1 / rms of row j of x, a warp per row. */
-static __device__ __forceinline__ void mma_rms_inv(float *sinv, const float *x, int n, int cols,
-                                                   float eps)
-{
-    const int lane = threadIdx.x & 31;
-    for (int j = threadIdx.x >> 5; j < n; j += blockDim.x >> 5) {
-        const float inv = mma_row_inv(x + (size_t)j * cols, cols, eps, lane);
-        if (lane == 0)
-            sinv[j] = inv;
-    }
-}
-
-/* The end of a unit: the ks slices' sums added in slice order by the
- * tile's first warp, which applies the output op. Every warp of the block
- * calls it at the same chunks (ks > 1 meets at a barrier). */
-template <bool PAIR, int W>
-static __device__ __forceinline__ void mma_finish(float (&acc)[2][4], const struct mmap &p,
-                                                  const struct mma_unit &u, int round,
-                                                  float *scratch, int g, int tig)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (p.ks > 1) {
-        float *mine = scratch + ((round & 1) * W + warp) * 256;
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            mine[e * 32 + lane] = acc[e / 4][e % 4];
-        __syncthreads();
-        if (u.ks == 0)
-            for (int k = 1; k < p.ks; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    acc[e / 4][e % 4] += mine[k * 256 + e * 32 + lane];
-    }
-    if (u.valid && u.ks == 0) {
-        const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
-        float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
-        /* the lane's outputs: tokens g, g + 8 (hi), rows row0 + 8 h + 2 tig + e */
-        auto ok = [&](int hi, int r) { return g + 8 * hi < p.n && r < rows; };
-        auto at = [&](int hi, int r) { return out + (size_t)(g + 8 * hi) * rows + r; };
-        if (PAIR) {
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    if (ok(hi, u.row0 + 2 * tig + e))
-                        *at(hi, u.row0 + 2 * tig + e) =
-                            cuk_silu_mul1(acc[0][2 * hi + e], acc[1][2 * hi + e]);
-        } else {
-            /* every value added to is read before any output is written:
-             * the L2 trips in flight together, not one after another */
-            float old[2][2][2] = {};
-            if (p.out == CUK_OUT_ADD)
-#pragma unroll
-                for (int hi = 0; hi < 2; hi++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++)
-                            if (ok(hi, u.row0 + 8 * h + 2 * tig + e))
-                                old[hi][e][h] = __ldcg(at(hi, u.row0 + 8 * h + 2 * tig + e));
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        if (ok(hi, u.row0 + 8 * h + 2 * tig + e))
-                            *at(hi, u.row0 + 8 * h + 2 * tig + e) =
-                                p.out == CUK_OUT_ADD ? old[hi][e][h] + acc[h][2 * hi + e]
-                                                     : acc[h][2 * hi + e];
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e++)
-        acc[e / 4][e % 4] = 0.0f;
-}
-
-/* W warps a block: 8 (two blocks an SM) or 16 (one). */
-template <bool F16, int NT, int IN, bool PAIR, int W>
-__global__ void __launch_bounds__(W * 32, 16 / W)
-    k_gemv_mma(const struct mmap p, const struct cuk_gemv_in in)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) unsigned char mm_smem[];
-    uint16_t *xs = (uint16_t *)mm_smem;
-    const size_t xbytes = MMA_XBYTES(p.n, p.stride);
-    float *scratch = (float *)(mm_smem + xbytes); /* after staging: x's f32 rows before */
-    float *sinv = (float *)(mm_smem + xbytes + p.ubytes);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
-    /* every warp of a block runs the same rounds (the barriers of ks > 1) */
-    const int rounds = blk < p.bunits ? (p.bunits - blk + grid - 1) / grid : 0;
-    const int nchunks = rounds * p.cpu;
-    struct mma_unit lu = mma_unit_of<PAIR>(p, blk * W + warp), cu = lu;
-    uint4 b0[2][MMA_U], b1[2][MMA_U];
-    if (nchunks > 0)
-        mma_load(b0, lu, 0, tig);
-    /* Weights never change, so their first loads may overlap the previous
-     * kernel (programmatic dependent launch); x and out are its. */
-    cuk_pdl_start();
-    if (p.copy_x) /* the norm's sums while the copies fly */
-        mma_copy_x<IN>(scratch, in, p.n, p.cols);
-    if (IN == CUK_IN_RMSNORM)
-        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
-    if (p.copy_x) {
-        mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, !F16);
-    } else {
-        __syncthreads();
-        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
-    }
-    __syncthreads();
-    float acc[2][4] = {};
-    /* Two chunks per trip so the buffers swap roles without copies; the
-     * next chunk's loads (maybe the next unit's) go out before this one's
-     * products. */
-    for (int c = 0; c < nchunks; c += 2) {
-        if (c + 1 < nchunks) {
-            if ((c + 1) % p.cpu == 0)
-                lu = mma_unit_of<PAIR>(p, (((c + 1) / p.cpu) * grid + blk) * W + warp);
-            mma_load(b1, lu, (c + 1) % p.cpu, tig);
-        }
-        mma_step<F16, NT>(acc, b0, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
-        if ((c + 1) % p.cpu == 0) {
-            mma_finish<PAIR, W>(acc, p, cu, c / p.cpu, scratch, g, tig);
-            cu = lu;
-        }
-        if (c + 1 >= nchunks)
-            break;
-        if (c + 2 < nchunks) {
-            if ((c + 2) % p.cpu == 0)
-                lu = mma_unit_of<PAIR>(p, (((c + 2) / p.cpu) * grid + blk) * W + warp);
-            mma_load(b0, lu, (c + 2) % p.cpu, tig);
-        }
-        mma_step<F16, NT>(acc, b1, cu, (c + 1) % p.cpu, xs, p.stride, p.n, g, tig);
-        if ((c + 2) % p.cpu == 0) {
-            mma_finish<PAIR, W>(acc, p, cu, (c + 1) / p.cpu, scratch, g, tig);
-            cu = lu;
-        }
-    }
-#else
-    cuk_pdl_start();
-#endif
-}
-
-/* Halves per staged row: cols rounded so that rows sit 64 bytes apart
- * modulo 128, which keeps a quarter-warp's 16-byte reads (two rows, 64
- * bytes each) off each other's banks. */
-static int mma_stride(int cols)
-{
-    return cols % 64 == 0 ? cols + 32 : cols;
-}
-
-/* w: warps a block. */
-static size_t mma_smem(int n, int cols, int ks, int w)
-{
-    return MMA_XBYTES(n, mma_stride(cols)) + (ks > 1 ? MMA_SCRATCH(w) : 0) + MMA_INV;
-}
-
-/* The most shared memory a block may take with per_sm (1 or 2) blocks on
- * an SM: two must fit beside each other with the 1 KB each reserves. */
-static size_t mma_block_room(const struct cuk_mma_cfg *cfg, int per_sm, size_t smem_max)
-{
-    if (per_sm == 1)
-        return smem_max;
-    const size_t half = (size_t)cfg->smem_sm / 2;
-    return half > 1024 ? half - 1024 : 0;
-}
+/* gemv_mma.cu - the batched decode step's tensor-core GEMV
+ * (gemv_mma.cuh): the launch shape, and the bf16 / f16 instances. */
+#include "backend/cuda/gemv_mma.cuh"
 
 extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
 {
     return mma_smem(n, cols, 2, 8);
 }
 
-template <bool F16, int NT, int IN, bool PAIR, int W>
-static cudaError_t mma_launch_w(cudaStream_t s, const struct mmap &p,
-                                const struct cuk_gemv_in &in, int grid, size_t smem)
+extern "C" size_t cuk_gemv_qmma_smem(int n, int cols)
 {
-    static struct cuk_opted opted; /* per instantiation, see cuk_smem_opt_in */
-    auto k = k_gemv_mma<F16, NT, IN, PAIR, W>;
-    cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
-    if (err != cudaSuccess)
-        return err;
-    return cuk_launch(k, (unsigned)grid, W * 32, smem, s, p, in);
-}
-
-template <bool F16, int NT, int IN, bool PAIR>
-static cudaError_t mma_launch(cudaStream_t s, const struct mmap &p,
-                              const struct cuk_gemv_in &in, int grid, size_t smem, int w)
-{
-    return w == 16 ? mma_launch_w<F16, NT, IN, PAIR, 16>(s, p, in, grid, smem)
-                   : mma_launch_w<F16, NT, IN, PAIR, 8>(s, p, in, grid, smem);
-}
-
-template <bool F16, int NT>
-static cudaError_t mma_launch_in(cudaStream_t s, const struct mmap &p,
-                                 const struct cuk_gemv_in &in, int grid, size_t smem, int w)
-{
-    if (p.out == CUK_OUT_SWIGLU)
-        return mma_launch<F16, NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem, w);
-    if (in.kind == CUK_IN_RMSNORM)
-        return mma_launch<F16, NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem, w);
-    if (in.kind == CUK_IN_SWIGLU)
-        return mma_launch<F16, NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem, w);
-    return mma_launch<F16, NT, CUK_IN_X, false>(s, p, in, grid, smem, w);
+    return mma_smem(n, cols, 2, 8) + QMMA_RING(QMMA_MIN_SLOTS);
 }
 
 extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
@@ -477,20 +31,26 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     if (!in->x || ((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
         return cudaErrorNotSupported;
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
-    if ((dt != DT_BF16 && dt != DT_F16) || cols < 32 || cols % 32)
+    const bool quant = dt == DT_Q4_K; /* gemv_mma_quant.cu */
+    if ((dt != DT_BF16 && dt != DT_F16 && !quant) || cols < 32 || cols % 32 ||
+        (cuk_q_low_bit(dt) && cols % cuk_q_block_elems(dt)))
         return cudaErrorNotSupported;
     struct mmap p = {};
     p.out = out;
     p.n = n;
     p.cols = cols;
     p.stride = mma_stride(cols);
+    p.row_bytes = dt == DT_Q8_0 ? (size_t)cols
+                  : quant       ? cuk_q_row_bytes(dt, cols)
+                                : (size_t)cols * 2;
     long tiles = 0;
     for (int i = 0; i < k; i++) {
         if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
-            ((uintptr_t)ws[i]->data & 15))
+            ((uintptr_t)ws[i]->data & 15) || (dt == DT_Q8_0 && !ws[i]->scales))
             return cudaErrorNotSupported;
         p.outp[i] = outs[i];
-        p.w[i] = (const uint16_t *)ws[i]->data;
+        p.w[i] = (const uint8_t *)ws[i]->data;
+        p.sc[i] = dt == DT_Q8_0 ? ws[i]->scales : NULL;
         p.rows[i] = ws[i]->rows;
         p.tiles[i] = out == CUK_OUT_SWIGLU ? (i == 0 ? (ws[0]->rows + 7) / 8 : 0)
                                            : (ws[i]->rows + 15) / 16;
@@ -510,18 +70,23 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     int grid = 0, w = 0, blocks_sm = 1;
     for (int wi = 0; wi < 2 && best < 0; wi++) {
         const int ww = wi == 0 ? 16 : 8;
-        if (cfg->warps > 0 && cfg->warps != ww)
-            continue;
+        if ((cfg->warps > 0 && cfg->warps != ww) || (quant && ww != 8))
+            continue; /* (the quantized instances: 8-warp blocks) */
         for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
-            size_t sm = mma_smem(n, cols, ks, ww);
+            size_t sm = mma_smem(n, cols, ks, ww) + (quant ? QMMA_RING(QMMA_MIN_SLOTS) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
-            int per_sm = ww == 8 && sm <= mma_block_room(cfg, 2, smem_max) ? 2 : 1;
+            /* (Q4_K: one block an SM, its ring as deep as fits) */
+            int per_sm = !quant && ww == 8 && sm <= mma_block_room(cfg, 2, smem_max) ? 2 : 1;
             if (cfg->blocks_per_sm > 0 && cfg->blocks_per_sm < per_sm)
                 per_sm = cfg->blocks_per_sm;
             long bunits = (tiles * ks + ww - 1) / ww;
             long gr = bunits < (long)cfg->n_sms * per_sm ? bunits : (long)cfg->n_sms * per_sm;
             int slice = (steps + ks - 1) / ks, cpu = (slice + MMA_U - 1) / MMA_U;
+            if (quant) { /* slices of whole blocks, a block a chunk */
+                slice = (slice + QMMA_U - 1) / QMMA_U * QMMA_U;
+                cpu = slice / QMMA_U;
+            }
             long cost = (bunits + gr - 1) / gr * (cpu + (ks > 1));
             if (best < 0 || cost < best) {
                 best = cost;
@@ -549,11 +114,22 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     size_t limit = mma_block_room(cfg, blocks_sm, smem_max);
     if (cfg->smem_sm > MMA_L1_KEEP && limit > (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024)
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
+    size_t ring = 0;
+    if (quant) { /* the ring as deep as fits, then x's f32 copy where it also does */
+        p.slots = QMMA_MAX_SLOTS;
+        while (p.slots > QMMA_MIN_SLOTS && xbytes + scratch + MMA_INV + QMMA_RING(p.slots) > smem_max)
+            p.slots--;
+        ring = QMMA_RING(p.slots);
+        limit = smem_max - ring;
+    }
     p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
     p.ubytes = (int)(p.copy_x ? area : scratch);
-    const size_t smem = xbytes + p.ubytes + MMA_INV;
+    p.ring_off = (int)(xbytes + p.ubytes + MMA_INV);
+    const size_t smem = xbytes + p.ubytes + MMA_INV + ring;
     cudaError_t err;
-    if (dt == DT_F16)
+    if (quant)
+        err = mma_launch_quant(s, dt, n, p, *in, grid, smem);
+    else if (dt == DT_F16)
         err = n <= 8 ? mma_launch_in<true, 8>(s, p, *in, grid, smem, w)
                      : mma_launch_in<true, 16>(s, p, *in, grid, smem, w);
     else

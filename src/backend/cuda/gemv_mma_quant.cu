@@ -1,0 +1,340 @@
+/* gemv_mma_quant.cu - the tensor-core GEMV of batched decode steps
+ * (gemv_mma.cuh's contract and launch shape) for GGUF Q4_K weights, read
+ * from their blocks: a quarter of the bytes a bf16 copy of them holds,
+ * with no widening pass.
+ *
+ * Why: past a token or two the integer GEMV (gemv_quant.cu) is bound by
+ * its dot products, so steps of 3-16 tokens of a Q4_K model went to that
+ * GEMV at a third of its bytes' rate or to bf16 copies of every matrix
+ * (2 bytes a weight of device memory, read at 3.5 times the bytes).
+ *
+ * The product: mma.sync m16n8k16 with the weights as A (16 rows: the
+ * lane's rows g and g + 8, as cuk_gemv_mma loads them) and x as B (8
+ * tokens an n-tile, staged in bf16 by gemv_mma.cuh's code), so a lane's
+ * accumulators are its own rows' (no exchange of scales). A 32-column
+ * step lies in one 32-value group of a block, of scale d1 = d * sc and
+ * min m1 = dmin * m (the host's products): its value is d1 q - m1, q in
+ * 0..15. A takes 128 + q, exact in bf16 as the bits 0x4300 | q, so a
+ * lane makes two values of A with a byte permute and one logic op; the
+ * step's sums are then
+ *     sum x (d1 q - m1) = d1 C - (128 d1 + m1) S,
+ * C = sum x (128 + q) from the mma and S = sum x from one more mma with
+ * A all ones, in f32 per step. (S made once a launch in shared memory,
+ * and two blocks an SM, measured slower: docs/benchmarks.md, session 58.) The weights are used exactly (the bf16
+ * copies round them); x is rounded to bf16 as for a bf16 model.
+ *
+ * Loads: a lane's raw bytes of a 256-column block for its two rows (the
+ * 16-byte header: d, dmin and the scales; and bytes 8t .. 8t + 7 of each
+ * of the four 32-byte runs of codes, whose low nibbles are one step's
+ * values and high ones the next step's), the next block's issued before
+ * this one's products. Every output is summed in an order fixed by the
+ * shapes and the device: the same bits on every call. */
+#include "backend/cuda/gemv_mma.cuh"
+
+#define Q4K_BYTES 144 /* a block: d, dmin (f16), 12 scale bytes, 128 bytes of codes */
+
+/* A lane's raw bytes of one block of its two rows (h: row g, g + 8). */
+struct qmma_raw {
+    uint4 hd[2];    /* d | dmin << 16, then the 12 scale bytes */
+    uint2 q[2][4];  /* bytes 8t .. 8t + 7 of code run j */
+};
+
+/* A 16-byte asynchronous copy to shared memory (zeros where !ok), the
+ * source evicted first from L2: weights stream. */
+static __device__ __forceinline__ void qmma_cp16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
+                 "l"(src), "r"(ok ? 16 : 0), "l"(cuk_l2_evict_first()));
+}
+
+/* Tile row r's (0..15) weights of unit u: row row0 + r (a pair: gate's
+ * rows row0 .. row0 + 7, then up's), the last row again past the end. */
+template <bool PAIR>
+static __device__ __forceinline__ const uint8_t *qmma_row(const struct mmap &p,
+                                                          const struct mma_unit &u, int r)
+{
+    if (PAIR) {
+        const int rr = min(u.row0 + (r & 7), p.rows[0] - 1);
+        return (r < 8 ? p.w[0] : p.w[1]) + (size_t)rr * p.row_bytes;
+    }
+    const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
+    const uint8_t *w = u.m == 0 ? p.w[0] : u.m == 1 ? p.w[1] : p.w[2];
+    return w + (size_t)min(u.row0 + r, rows - 1) * p.row_bytes;
+}
+
+/* Chunk j of unit u (its block of the tile's 16 rows, row r at r * 144)
+ * into the slot at dst, the warp's lanes issuing its 144 16-byte pieces
+ * together; zeros past the unit's steps or for an invalid unit. */
+template <bool PAIR>
+static __device__ __forceinline__ void qmma_issue(uint32_t dst, const struct mmap &p,
+                                                  const struct mma_unit &u, int j, int lane)
+{
+    const int s = u.s0 + j * QMMA_U;
+    const bool ok = u.valid && s < u.s1;
+    const size_t boff = (size_t)(s / QMMA_U) * Q4K_BYTES;
+    for (int i = lane; i < 16 * 9; i += 32) {
+        const int r = i / 9, o = (i - r * 9) * 16;
+        qmma_cp16(dst + r * Q4K_BYTES + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0], ok);
+    }
+}
+
+/* Until the chunk issued slots - 1 commits ago has landed (this
+ * thread's copies of it). */
+static __device__ __forceinline__ void qmma_wait(int slots)
+{
+    if (slots >= 4)
+        cuk_cp_async_wait<3>();
+    else if (slots == 3)
+        cuk_cp_async_wait<2>();
+    else
+        cuk_cp_async_wait<1>();
+}
+
+/* The lane's bytes of the chunk in the slot at sl (rows g, g + 8). */
+static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned char *sl, int g,
+                                                 int tig)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const unsigned char *row = sl + (g + 8 * h) * Q4K_BYTES;
+        r.hd[h] = *(const uint4 *)row;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            r.q[h][k] = *(const uint2 *)(row + 16 + 32 * k + 8 * tig);
+    }
+}
+
+static __device__ __forceinline__ uint32_t qmma_byte(const uint4 &hd, int k)
+{
+    const uint32_t w = k < 4 ? hd.y : k < 8 ? hd.z : hd.w; /* scale bytes 0-3, 4-7, 8-11 */
+    return (w >> (8 * (k & 3))) & 0xFF;
+}
+
+/* Group i's (0..7) d1 and 128 d1 + m1 from a block's header
+ * (model/quant_dq.h's k_scale_min). */
+static __device__ __forceinline__ void qmma_coef(const uint4 &hd, int i, float &a, float &b)
+{
+    uint32_t sc, mn;
+    if (i < 4) {
+        sc = qmma_byte(hd, i) & 63;
+        mn = qmma_byte(hd, i + 4) & 63;
+    } else {
+        sc = (qmma_byte(hd, i + 4) & 0xF) | (qmma_byte(hd, i - 4) >> 6) << 4;
+        mn = (qmma_byte(hd, i + 4) >> 4) | (qmma_byte(hd, i) >> 6) << 4;
+    }
+    const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))),
+                dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+    a = __fmul_rn(d, (float)sc);
+    b = fmaf(128.0f, a, __fmul_rn(dmin, (float)mn));
+}
+
+/* Values 128 + q of bytes 2e, 2e + 1 of w (low nibbles, or high with
+ * HI) as a bf16 pair. */
+template <bool HI>
+static __device__ __forceinline__ uint32_t qmma_pair(uint32_t w, int e)
+{
+    uint32_t p = __byte_perm(w, 0, e ? 0x4342 : 0x4140);
+    if (HI)
+        p >>= 4;
+    return (p & 0x000F000Fu) | 0x43004300u;
+}
+
+/* acc += chunk j of unit u (raw bytes r) against the staged x: NTL
+ * n-tiles of 8 tokens; acc[nt][0..1] row g, tokens 8 nt + 2t, +1;
+ * [2..3] row g + 8 (a pair: up's row g). */
+template <int NTL>
+static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmma_raw &r,
+                                                 const struct mma_unit &u, int j,
+                                                 const uint16_t *xs, int stride, int n, int g,
+                                                 int tig)
+{
+    const int s0 = u.s0 + j * QMMA_U;
+    if (!u.valid || s0 >= u.s1) /* the same for the whole warp */
+        return;
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+#pragma unroll
+    for (int i = 0; i < QMMA_U; i++) {
+        const int k = i / 2; /* the code run: low nibbles step 2k, high 2k + 1 */
+        uint32_t a0[4], a1[4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint2 w = r.q[h][k];
+            /* a0: columns 8t .. 8t + 3 as k 2t, 2t + 1 | 2t + 8, 2t + 9 */
+            a0[h] = i & 1 ? qmma_pair<true>(w.x, 0) : qmma_pair<false>(w.x, 0);
+            a0[2 + h] = i & 1 ? qmma_pair<true>(w.x, 1) : qmma_pair<false>(w.x, 1);
+            a1[h] = i & 1 ? qmma_pair<true>(w.y, 0) : qmma_pair<false>(w.y, 0);
+            a1[2 + h] = i & 1 ? qmma_pair<true>(w.y, 1) : qmma_pair<false>(w.y, 1);
+        }
+        float ca[2], cb[2];
+        qmma_coef(r.hd[0], i, ca[0], cb[0]);
+        qmma_coef(r.hd[1], i, ca[1], cb[1]);
+        const int col = (s0 + i) * 32 + 8 * tig;
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            const int tok = 8 * nt + g;
+            const uint4 xv = tok < n ? *(const uint4 *)(xs + (size_t)tok * stride + col)
+                                     : make_uint4(0, 0, 0, 0);
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            cuk_mma16816<false>(c, a0, xv.x, xv.y);
+            cuk_mma16816<false>(c, a1, xv.z, xv.w);
+            /* S of tokens 2t, 2t + 1 (every row of the ones) */
+            cuk_mma16816<false>(sx, ones, xv.x, xv.y);
+            cuk_mma16816<false>(sx, ones, xv.z, xv.w);
+            /* c[0..1]: row g, tokens 2t, 2t + 1; c[2..3]: row g + 8 */
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e / 2;
+                acc[nt][e] = fmaf(ca[h], c[e], fmaf(-cb[h], sx[e], acc[nt][e]));
+            }
+        }
+    }
+}
+
+/* The end of a unit: the ks slices' sums added in slice order (through
+ * shared memory) by the tile's first warp, which applies the output op
+ * (mma_finish's, for this kernel's layout). */
+template <bool PAIR, int NTL>
+static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const struct mmap &p,
+                                                   const struct mma_unit &u, int round,
+                                                   float *scratch, int g, int tig)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (p.ks > 1) {
+        float *mine = scratch + ((round & 1) * 8 + warp) * 256;
+#pragma unroll
+        for (int e = 0; e < 4 * NTL; e++)
+            mine[e * 32 + lane] = acc[e / 4][e % 4];
+        __syncthreads();
+        if (u.ks == 0)
+            for (int k = 1; k < p.ks; k++)
+#pragma unroll
+                for (int e = 0; e < 4 * NTL; e++)
+                    acc[e / 4][e % 4] += mine[k * 256 + e * 32 + lane];
+    }
+    if (u.valid && u.ks == 0) {
+        const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
+        float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int tok = 8 * nt + 2 * tig + e;
+                if (tok >= p.n)
+                    continue;
+                if constexpr (PAIR) {
+                    const int r = u.row0 + g;
+                    if (r < rows)
+                        out[(size_t)tok * rows + r] = cuk_silu_mul1(acc[nt][e], acc[nt][2 + e]);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = u.row0 + 8 * h + g;
+                        if (r >= rows)
+                            continue;
+                        float *o = out + (size_t)tok * rows + r;
+                        *o = p.out == CUK_OUT_ADD ? *o + acc[nt][2 * h + e] : acc[nt][2 * h + e];
+                    }
+                }
+            }
+    }
+#pragma unroll
+    for (int e = 0; e < 4 * NTL; e++)
+        acc[e / 4][e % 4] = 0.0f;
+}
+
+/* 8 warps a block; NT: 8 or 16 tokens at most. */
+template <int NT, int IN, bool PAIR>
+__global__ void __launch_bounds__(256, 1)
+    k_gemv_qmma(const struct mmap p, const struct cuk_gemv_in in)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int NTL = NT / 8;
+    extern __shared__ __align__(16) unsigned char qm_smem[];
+    uint16_t *xs = (uint16_t *)qm_smem;
+    const size_t xbytes = MMA_XBYTES(p.n, p.stride);
+    float *scratch = (float *)(qm_smem + xbytes);
+    float *sinv = (float *)(qm_smem + xbytes + p.ubytes);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
+    const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
+    const int rounds = blk < p.bunits ? (p.bunits - blk + grid - 1) / grid : 0;
+    const int nchunks = rounds * p.cpu;
+    /* chunk c's unit: the warp's unit of round c / cpu */
+    auto unit = [&](int c) {
+        return mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * 8 + warp);
+    };
+    unsigned char *ring = qm_smem + p.ring_off + (size_t)warp * p.slots * QMMA_SLOT;
+    const uint32_t ring_a = cuk_smem_addr(ring);
+    /* The weights never change: the first slots - 1 chunks go before the
+     * wait for the previous kernel. A group is committed per chunk, even
+     * an empty one, so that the waits count chunks. */
+    for (int c = 0; c < p.slots - 1; c++) {
+        if (c < nchunks)
+            qmma_issue<PAIR>(ring_a + (c % p.slots) * QMMA_SLOT, p, unit(c), c % p.cpu, lane);
+        cuk_cp_async_commit();
+    }
+    cuk_pdl_start();
+    if (p.copy_x)
+        mma_copy_x<IN>(scratch, in, p.n, p.cols);
+    if (IN == CUK_IN_RMSNORM)
+        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
+    if (p.copy_x) {
+        mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, 1);
+    } else {
+        __syncthreads();
+        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, 1);
+    }
+    __syncthreads();
+    float acc[NTL][4] = {};
+    for (int c = 0; c < nchunks; c++) {
+        const int cn = c + p.slots - 1;
+        if (cn < nchunks)
+            qmma_issue<PAIR>(ring_a + (cn % p.slots) * QMMA_SLOT, p, unit(cn), cn % p.cpu, lane);
+        cuk_cp_async_commit();
+        qmma_wait(p.slots);
+        __syncwarp(); /* every lane's copies of chunk c landed */
+        qmma_raw r;
+        qmma_read(r, ring + (c % p.slots) * QMMA_SLOT, g, tig);
+        __syncwarp(); /* the slot is free for chunk c + slots */
+        const struct mma_unit cu = unit(c);
+        qmma_step<NTL>(acc, r, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
+        if ((c + 1) % p.cpu == 0)
+            qmma_finish<PAIR, NTL>(acc, p, cu, c / p.cpu, scratch, g, tig);
+    }
+#else
+    cuk_pdl_start();
+#endif
+}
+
+template <int NT, int IN, bool PAIR>
+static cudaError_t qmma_launch(cudaStream_t s, const struct mmap &p, const struct cuk_gemv_in &in,
+                               int grid, size_t smem)
+{
+    static struct cuk_opted opted; /* per instantiation, see cuk_smem_opt_in */
+    auto k = k_gemv_qmma<NT, IN, PAIR>;
+    cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
+    if (err != cudaSuccess)
+        return err;
+    return cuk_launch(k, (unsigned)grid, 256, smem, s, p, in);
+}
+
+template <int NT>
+static cudaError_t qmma_launch_in(cudaStream_t s, const struct mmap &p,
+                                  const struct cuk_gemv_in &in, int grid, size_t smem)
+{
+    if (p.out == CUK_OUT_SWIGLU)
+        return qmma_launch<NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem);
+    if (in.kind == CUK_IN_RMSNORM)
+        return qmma_launch<NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem);
+    if (in.kind == CUK_IN_SWIGLU)
+        return qmma_launch<NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem);
+    return qmma_launch<NT, CUK_IN_X, false>(s, p, in, grid, smem);
+}
+
+cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,
+                             const struct cuk_gemv_in &in, int grid, size_t smem)
+{
+    if (dt != DT_Q4_K)
+        return cudaErrorNotSupported;
+    return n <= 8 ? qmma_launch_in<8>(s, p, in, grid, smem)
+                  : qmma_launch_in<16>(s, p, in, grid, smem);
+}
