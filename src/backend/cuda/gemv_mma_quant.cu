@@ -214,28 +214,43 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
     if (u.valid && u.ks == 0) {
         const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
         float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
+        /* the lane's outputs: tokens 8 nt + 2t + e, rows row0 + 8 h + g */
+        auto ok = [&](int nt, int e, int h) {
+            return 8 * nt + 2 * tig + e < p.n && u.row0 + 8 * h + g < rows;
+        };
+        auto at = [&](int nt, int e, int h) {
+            return out + (size_t)(8 * nt + 2 * tig + e) * rows + u.row0 + 8 * h + g;
+        };
+        if constexpr (PAIR) {
 #pragma unroll
-        for (int nt = 0; nt < NTL; nt++)
+            for (int nt = 0; nt < NTL; nt++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int tok = 8 * nt + 2 * tig + e;
-                if (tok >= p.n)
-                    continue;
-                if constexpr (PAIR) {
-                    const int r = u.row0 + g;
-                    if (r < rows)
-                        out[(size_t)tok * rows + r] = cuk_silu_mul1(acc[nt][e], acc[nt][2 + e]);
-                } else {
+                for (int e = 0; e < 2; e++)
+                    if (ok(nt, e, 0))
+                        *at(nt, e, 0) = cuk_silu_mul1(acc[nt][e], acc[nt][2 + e]);
+        } else {
+            /* every value added to is read before any output is written:
+             * the L2 trips in flight together, not one after another */
+            float old[NTL][2][2] = {};
+            if (p.out == CUK_OUT_ADD)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int r = u.row0 + 8 * h + g;
-                        if (r >= rows)
-                            continue;
-                        float *o = out + (size_t)tok * rows + r;
-                        *o = p.out == CUK_OUT_ADD ? *o + acc[nt][2 * h + e] : acc[nt][2 * h + e];
-                    }
-                }
-            }
+                for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            if (ok(nt, e, h))
+                                old[nt][e][h] = __ldcg(at(nt, e, h));
+#pragma unroll
+            for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        if (ok(nt, e, h))
+                            *at(nt, e, h) = p.out == CUK_OUT_ADD ? old[nt][e][h] + acc[nt][2 * h + e]
+                                                                 : acc[nt][2 * h + e];
+        }
     }
 #pragma unroll
     for (int e = 0; e < 4 * NTL; e++)
