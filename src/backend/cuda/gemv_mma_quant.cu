@@ -229,10 +229,7 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
                     if (ok(nt, e, 0))
                         *at(nt, e, 0) = cuk_silu_mul1(acc[nt][e], acc[nt][2 + e]);
         } else {
-            /* every value added to is read before any output is written:
-             * the L2 trips in flight together, not one after another */
-            float old[NTL][2][2] = {};
-            if (p.out == CUK_OUT_ADD)
+            auto each = [&](auto &&f) { /* f(nt, e, h) for each output the lane has */
 #pragma unroll
                 for (int nt = 0; nt < NTL; nt++)
 #pragma unroll
@@ -240,16 +237,17 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
 #pragma unroll
                         for (int h = 0; h < 2; h++)
                             if (ok(nt, e, h))
-                                old[nt][e][h] = __ldcg(at(nt, e, h));
-#pragma unroll
-            for (int nt = 0; nt < NTL; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        if (ok(nt, e, h))
-                            *at(nt, e, h) = p.out == CUK_OUT_ADD ? old[nt][e][h] + acc[nt][2 * h + e]
-                                                                 : acc[nt][2 * h + e];
+                                f(nt, e, h);
+            };
+            /* every value added to is read before any output is written:
+             * the L2 trips in flight together, not one after another */
+            float old[NTL][2][2] = {};
+            if (p.out == CUK_OUT_ADD)
+                each([&](int nt, int e, int h) { old[nt][e][h] = __ldcg(at(nt, e, h)); });
+            each([&](int nt, int e, int h) {
+                *at(nt, e, h) = p.out == CUK_OUT_ADD ? old[nt][e][h] + acc[nt][2 * h + e]
+                                                     : acc[nt][2 * h + e];
+            });
         }
     }
 #pragma unroll
