@@ -516,7 +516,7 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
     if (route == MM_MMA && ws[0]->dtype == DT_Q4_K) {
         /* runs of as many tokens as x's staging takes (an 8B model's
-         * down projection: 7 of 14,336 columns), sized alike, each a
+         * down projection: 6 of 14,336 columns), sized alike, each a
          * launch reading the weights again */
         const int fit = qmma_fit(c, (size_t)ws[0]->cols, n), runs = (n + fit - 1) / fit;
         for (int t0 = 0, r = 0; r < runs; r++) {
