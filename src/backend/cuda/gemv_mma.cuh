@@ -48,7 +48,6 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_common.cuh"
 
-
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
 #define QMMA_U 8 /* the same for Q4_K weights (gemv_mma_quant.cu): one block */
 /* A warp's slot of the Q4_K kernel's ring: one block of its unit's 16

@@ -1,34 +1,38 @@
 /* gemv_mma_quant.cu - the tensor-core GEMV of batched decode steps
- * (gemv_mma.cuh's contract and launch shape) for GGUF Q4_K weights, read
- * from their blocks: a quarter of the bytes a bf16 copy of them holds,
- * with no widening pass.
+ * (gemv_mma.cuh's contract, launch shape and x staging) for GGUF Q4_K
+ * weights, read from their blocks: a quarter of the bytes of a bf16 copy
+ * of them, and no widening pass.
  *
  * Why: past a token or two the integer GEMV (gemv_quant.cu) is bound by
- * its dot products, so steps of 3-16 tokens of a Q4_K model went to that
- * GEMV at a third of its bytes' rate or to bf16 copies of every matrix
- * (2 bytes a weight of device memory, read at 3.5 times the bytes).
+ * its dot products, and past 8 tokens a model without bf16 copies (a KV
+ * pool that took the GPU) widened every matrix at every step for a GEMM.
+ * The backend sends this kernel steps of 5-16 tokens where no copies are
+ * in use (cuda_matmul.c, qmma_takes); where copies exist they measured
+ * faster (docs/benchmarks.md, session 58).
  *
  * The product: mma.sync m16n8k16 with the weights as A (16 rows: the
  * lane's rows g and g + 8, as cuk_gemv_mma loads them) and x as B (8
- * tokens an n-tile, staged in bf16 by gemv_mma.cuh's code), so a lane's
- * accumulators are its own rows' (no exchange of scales). A 32-column
- * step lies in one 32-value group of a block, of scale d1 = d * sc and
- * min m1 = dmin * m (the host's products): its value is d1 q - m1, q in
- * 0..15. A takes 128 + q, exact in bf16 as the bits 0x4300 | q, so a
- * lane makes two values of A with a byte permute and one logic op; the
- * step's sums are then
+ * tokens an n-tile), so a lane's accumulators are its own rows' and no
+ * scale crosses lanes. A 32-column step lies in one 32-value group of a
+ * block, of scale d1 = d * sc and min m1 = dmin * m (the host's
+ * products): its value is d1 q - m1, q in 0..15. A takes 128 + q, exact
+ * in bf16 as the bits 0x4300 | q, so a lane makes two values of A with a
+ * byte permute and one logic op; the step's sums are then
  *     sum x (d1 q - m1) = d1 C - (128 d1 + m1) S,
  * C = sum x (128 + q) from the mma and S = sum x from one more mma with
- * A all ones, in f32 per step. (S made once a launch in shared memory,
- * and two blocks an SM, measured slower: docs/benchmarks.md, session 58.) The weights are used exactly (the bf16
+ * A all ones, in f32 per step (S made once a launch in shared memory, with
+ * two blocks an SM, measured slower). The weights enter exactly (the bf16
  * copies round them); x is rounded to bf16 as for a bf16 model.
  *
- * Loads: a lane's raw bytes of a 256-column block for its two rows (the
- * 16-byte header: d, dmin and the scales; and bytes 8t .. 8t + 7 of each
- * of the four 32-byte runs of codes, whose low nibbles are one step's
- * values and high ones the next step's), the next block's issued before
- * this one's products. Every output is summed in an order fixed by the
- * shapes and the device: the same bits on every call. */
+ * Loads: each warp a ring of 2-4 slots in shared memory, a slot one block
+ * (256 columns) of its unit's 16 rows, filled by 16-byte asynchronous
+ * copies of all its lanes, the first slots before the wait for the
+ * previous kernel; one 8-warp block an SM. A lane reads its bytes of a
+ * slot (the 16-byte header: d, dmin, the scales; and bytes 8t .. 8t + 7
+ * of each of the four 32-byte runs of codes, whose low nibbles are one
+ * step's values and high ones the next step's). Every output is summed
+ * in an order fixed by the shapes and the device: the same bits on every
+ * call. */
 #include "backend/cuda/gemv_mma.cuh"
 
 #define Q4K_BYTES 144 /* a block: d, dmin (f16), 12 scale bytes, 128 bytes of codes */
