@@ -8,7 +8,9 @@
  *   - quant_dot.cuh's integer units (gd_load): every value's code, scale
  *     and min give the host's value to the bit (s * code - m), at the
  *     column gd_perm and gd_block say, and a unit's byte dot product
- *     (gd_dot) against 8-bit activations matches a double product.
+ *     (gd_dot) against 8-bit activations matches a double product;
+ *   - qmma_dq.cuh's reading of Q4_K (the tensor-core GEMV on the blocks):
+ *     every value's 128 + q pair and its group's d1 give the host's bits.
  * So the kernels' reading of the blocks is checked where there is no GPU. */
 #include "emu/cuda_emu.h"
 
@@ -66,6 +68,7 @@ static inline int __dp4a(int a, int b, int c)
 
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_dq.cuh"
+#include "backend/cuda/qmma_dq.cuh"
 
 extern "C" {
 #include "model/quant.h"
@@ -290,6 +293,67 @@ template <int DT> static int check_chunks(const char *name)
     return bad;
 }
 
+/* The tensor-core GEMV's reading of a Q4_K row (qmma_dq.cuh) against
+ * the host's widening ref: for every group i of every block and lane t,
+ * the bf16 pairs qmma_pair makes of the lane's bytes 8t .. 8t + 7 of the
+ * group's run of codes are 128 + the codes of columns 32i + 8t .. + 7,
+ * which with the host's d1 and m1 give ref's bits as d1 * q - m1; and
+ * qmma_coef's pair is d1 and fmaf(128, d1, m1). Returns the values and
+ * coefficients that differ. */
+/* model/quant_dq.h's k_scale_min (a C header with restrict, not
+ * included here): group j's 6-bit scale and min of a K block's 12 bytes */
+static void k_scale_min_ref(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static int check_qmma_row(const uint8_t *row, const float *ref, int cols)
+{
+    int bad = 0;
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *blk = row + (size_t)b * 144;
+        uint4 hd;
+        memcpy(&hd, blk, 16);
+        uint16_t dh, mh;
+        memcpy(&dh, blk, 2);
+        memcpy(&mh, blk + 2, 2);
+        const float d = f16_to_f32(dh), dmin = f16_to_f32(mh);
+        for (int i = 0; i < 8; i++) {
+            uint8_t sc, mn;
+            k_scale_min_ref(i, blk + 4, &sc, &mn);
+            const float d1 = d * (float)sc, m1 = dmin * (float)mn, b1 = fmaf(128.0f, d1, m1);
+            float ca, cb;
+            qmma_coef(hd, i, ca, cb);
+            bad += memcmp(&ca, &d1, 4) != 0;
+            bad += memcmp(&cb, &b1, 4) != 0;
+            for (int t = 0; t < 4; t++) {
+                uint32_t w[2];
+                memcpy(w, blk + 16 + 32 * (i / 2) + 8 * t, 8);
+                for (int h = 0; h < 2; h++)
+                    for (int e = 0; e < 2; e++) {
+                        const uint32_t p =
+                            i & 1 ? qmma_pair<true>(w[h], e) : qmma_pair<false>(w[h], e);
+                        for (int k = 0; k < 2; k++) {
+                            const float a = __uint_as_float((p >> (16 * k)) << 16); /* bf16 */
+                            const int q = (int)a - 128;
+                            const float v = d1 * (float)q - m1;
+                            const int col = 256 * b + 32 * i + 8 * t + 4 * h + 2 * e + k;
+                            bad += a != (float)(int)a || q < 0 || q > 15 ||
+                                   memcmp(&v, &ref[col], 4) != 0;
+                        }
+                    }
+            }
+        }
+    }
+    return bad;
+}
+
 int main()
 {
     /* Q8_0: its integer units only (quant_dq.cuh does not widen it) */
@@ -315,10 +379,12 @@ int main()
                     memcpy(&w[blk * bb + off], &h, 2);
                 }
         std::vector<float> ref(cols), got(cols), x(cols);
-        int bad = 0, any = 0, ubad = 0, dbad = 0;
+        int bad = 0, any = 0, ubad = 0, dbad = 0, mbad = 0;
         for (int r = 0; r < rows; r++) {
             const uint8_t *row = w.data() + (size_t)r * rb;
             quant_dequantize_row(dt, row, ref.data(), cols);
+            if (dt == DT_Q4_K)
+                mbad += check_qmma_row(row, ref.data(), cols);
             for (int c = 0; c < cols; c += 8) {
                 if (q8)
                     memcpy(&got[c], &ref[c], 32);
@@ -355,6 +421,11 @@ int main()
             default: ubad += units_row<DT_Q8_0>(row, ref.data(), cols, x.data(), &dbad); break;
             }
         }
+        CHECK(mbad == 0, "%s: %d values or scales of the tensor-core GEMV's reading "
+              "(qmma_dq.cuh) differ from quant_dequantize_row's", dtype_name(dt), mbad);
+        if (dt == DT_Q4_K)
+            printf("%s: the tensor-core GEMV's A values and scales == host widening: %s\n",
+                   dtype_name(dt), mbad ? "no" : "yes");
         CHECK(ubad == 0, "%s: %d of %d values' integer units (s * code - m) differ from "
               "quant_dequantize_row's bits", dtype_name(dt), ubad, rows * cols);
         CHECK(dbad == 0, "%s: %d of %d units' byte dot products off a double product",

@@ -34,6 +34,7 @@
  * in an order fixed by the shapes and the device: the same bits on every
  * call. */
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/qmma_dq.cuh"
 
 #define Q4K_BYTES 144 /* a block: d, dmin (f16), 12 scale bytes, 128 bytes of codes */
 
@@ -106,41 +107,6 @@ static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned cha
         for (int k = 0; k < 4; k++)
             r.q[h][k] = *(const uint2 *)(row + 16 + 32 * k + 8 * tig);
     }
-}
-
-static __device__ __forceinline__ uint32_t qmma_byte(const uint4 &hd, int k)
-{
-    const uint32_t w = k < 4 ? hd.y : k < 8 ? hd.z : hd.w; /* scale bytes 0-3, 4-7, 8-11 */
-    return (w >> (8 * (k & 3))) & 0xFF;
-}
-
-/* Group i's (0..7) d1 and 128 d1 + m1 from a block's header
- * (model/quant_dq.h's k_scale_min). */
-static __device__ __forceinline__ void qmma_coef(const uint4 &hd, int i, float &a, float &b)
-{
-    uint32_t sc, mn;
-    if (i < 4) {
-        sc = qmma_byte(hd, i) & 63;
-        mn = qmma_byte(hd, i + 4) & 63;
-    } else {
-        sc = (qmma_byte(hd, i + 4) & 0xF) | (qmma_byte(hd, i - 4) >> 6) << 4;
-        mn = (qmma_byte(hd, i + 4) >> 4) | (qmma_byte(hd, i) >> 6) << 4;
-    }
-    const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))),
-                dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
-    a = __fmul_rn(d, (float)sc);
-    b = fmaf(128.0f, a, __fmul_rn(dmin, (float)mn));
-}
-
-/* Values 128 + q of bytes 2e, 2e + 1 of w (low nibbles, or high with
- * HI) as a bf16 pair. */
-template <bool HI>
-static __device__ __forceinline__ uint32_t qmma_pair(uint32_t w, int e)
-{
-    uint32_t p = __byte_perm(w, 0, e ? 0x4342 : 0x4140);
-    if (HI)
-        p >>= 4;
-    return (p & 0x000F000Fu) | 0x43004300u;
 }
 
 /* acc += chunk j of unit u (raw bytes r) against the staged x: NTL
