@@ -358,6 +358,16 @@ struct cuk_gemv_in {
     const int *nused;    /* CUK_IN_SPLITS: the attention's dnused */
     int n_splits, head_dim; /* CUK_IN_SPLITS */
 };
+/* in's rows from token t on (x, and SwiGLU's x2, of cols columns): what
+ * a launch for a run of a step's tokens reads (not CUK_IN_SPLITS). */
+static inline struct cuk_gemv_in cuk_gemv_in_from(const struct cuk_gemv_in *in, int t, int cols)
+{
+    struct cuk_gemv_in r = *in;
+    r.x += (size_t)t * cols;
+    if (r.x2)
+        r.x2 += (size_t)t * cols;
+    return r;
+}
 /* What a fused GEMV does with its results. */
 enum {
     CUK_OUT_STORE,  /* outs[i] = result */

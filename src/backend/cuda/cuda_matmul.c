@@ -358,12 +358,18 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
  * block's shared memory holds (qmma_fit). Reached with the blocks only:
  * where mm_weights hands out bf16 copies, they route as a bf16 model's,
  * which measured faster (docs/benchmarks.md, session 58). */
+/* Whether a step of n tokens is one the tensor-core GEMV on Q4_K blocks
+ * takes, where its matrices are (qmma_takes). */
+static bool qmma_tokens(const struct cuda_backend *c, int n)
+{
+    return c->qmma && c->gemv_mma && !c->precise && n >= c->qmma_from && n <= CUK_MMA_MAX_N;
+}
+
 static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *const *ws, int k,
                        int n)
 {
     const size_t cols = (size_t)ws[0]->cols;
-    if (!c->qmma || !c->gemv_mma || c->precise || n < c->qmma_from || n > CUK_MMA_MAX_N ||
-        ws[0]->dtype != DT_Q4_K || cols % 256 ||
+    if (!qmma_tokens(c, n) || ws[0]->dtype != DT_Q4_K || cols % 256 ||
         cuk_gemv_qmma_smem(1, (int)cols) > (size_t)c->mma.smem_max)
         return false;
     for (int i = 1; i < k; i++)
@@ -456,8 +462,7 @@ static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
         !wide_step(c, n)) /* else the copies' routes: a bf16 model's */
-        return n > quant_gemv_max_n(c) &&
-               !(c->qmma && n >= c->qmma_from && n <= CUK_MMA_MAX_N); /* qmma_takes' x: f32 */
+        return n > quant_gemv_max_n(c) && !qmma_tokens(c, n); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }
 
@@ -522,12 +527,9 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
         for (int t0 = 0, r = 0; r < runs; r++) {
             const int m = (n - t0) / (runs - r);
             float *o[3];
-            struct cuk_gemv_in part = *in;
             for (int i = 0; i < k; i++)
                 o[i] = outs[i] ? outs[i] + (size_t)t0 * ws[i]->rows : NULL;
-            part.x = in->x + (size_t)t0 * ws[0]->cols;
-            if (in->kind == CUK_IN_SWIGLU)
-                part.x2 = in->x2 + (size_t)t0 * ws[0]->cols;
+            const struct cuk_gemv_in part = cuk_gemv_in_from(in, t0, ws[0]->cols);
             cudaError_t err = cuk_gemv_mma(c->stream, o, &part, m, ws, k, out, &c->mma);
             if (err != cudaSuccess)
                 return err; /* (only the first run can decline: nothing issued) */

@@ -627,13 +627,10 @@ static cudaError_t gqs_split(cudaStream_t s, const struct gqp &p, const struct c
         return err;
     const int h = n / 2;
     struct gqp p2 = p;
-    struct cuk_gemv_in in2 = *in;
+    const struct cuk_gemv_in in2 = cuk_gemv_in_from(in, h, cols);
     for (int i = 0; i < 3; i++)
         if (p2.outp[i])
             p2.outp[i] += (size_t)h * p.rows[i];
-    in2.x += (size_t)h * cols;
-    if (in2.x2)
-        in2.x2 += (size_t)h * cols;
     err = gqs_split(s, p2, &in2, n - h, cols, dt, cfg);
     if (err != cudaSuccess)
         return err;
