@@ -563,7 +563,7 @@ static void check_matmul_qstaged(void)
         mat_free(&m[k]);
 }
 
-/* The tensor-core GEMV on Q4_K blocks (gemv_mma_quant.cu; by default
+/* The tensor-core GEMV on Q4_K and Q5_K blocks (gemv_mma_quant.cu; by default
  * from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16 copies
  * are made): odd row counts (a last tile of 16 rows part empty), one to
  * sixteen blocks a row, 2 to 16 rows of x (CLLM_CUDA_QMMA_FROM=2) against
@@ -574,9 +574,10 @@ static void check_matmul_qstaged(void)
  * rounded to 8 bits) with CLLM_CUDA_QMMA=0. */
 static void check_matmul_qmma(void)
 {
-    static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K};
-    static const int rows[] = {257, 300, 71, 16, 40};
-    static const int cols[] = {2048, 256, 768, 4096, 14336};
+    static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K,
+                                     DT_Q4_K, DT_Q5_K, DT_Q5_K};
+    static const int rows[] = {257, 300, 71, 16, 40, 257, 72};
+    static const int cols[] = {2048, 256, 768, 4096, 14336, 768, 4096};
     enum { ND = sizeof dts / sizeof dts[0] };
     struct test_mat m[ND];
     for (int k = 0; k < ND; k++)
@@ -1669,12 +1670,12 @@ static void check_matmul_fused_cols(int cols)
                      * pairing is off by far more. */
                     bool paired = k >= 2 && n > 2 /* CUK_GEMV_DEFAULT */ && dt != DT_F32 &&
                                   (i >= k - 2) && wr[k - 1] == wr[k - 2];
-                    /* Q4_K's tensor-core GEMV (5 to 16 tokens)
+                    /* Q4_K's and Q5_K's tensor-core GEMV (5 to 16 tokens)
                      * rounds its input to bf16: the norm made in the
                      * launch (f32 sums) and cuk_rmsnorm's (f64) round a
                      * few elements the other way, ~1e-4 of the outputs */
-                    bool qmma = dt == DT_Q4_K && n >= 5 /* QMMA_FROM_N */ && n <= 16 &&
-                                !env_is0("CLLM_CUDA_QMMA");
+                    bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K) && n >= 5 /* QMMA_FROM_N */ &&
+                                n <= 16 && !env_is0("CLLM_CUDA_QMMA");
                     double tol = qmma ? 1e-3 : paired ? 1e-4 : 1e-5;
                     CHECK(re <= tol, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "
                                      "%.3g vs the plain ops (tolerance %g)", cs->what,

@@ -9,7 +9,7 @@
  *     and min give the host's value to the bit (s * code - m), at the
  *     column gd_perm and gd_block say, and a unit's byte dot product
  *     (gd_dot) against 8-bit activations matches a double product;
- *   - qmma_dq.cuh's reading of Q4_K (the tensor-core GEMV on the blocks):
+ *   - qmma_dq.cuh's reading of Q4_K and Q5_K (the tensor-core GEMV on the blocks):
  *     every value's 128 + q pair and its group's d1 give the host's bits.
  * So the kernels' reading of the blocks is checked where there is no GPU. */
 #include "emu/cuda_emu.h"
@@ -293,13 +293,6 @@ template <int DT> static int check_chunks(const char *name)
     return bad;
 }
 
-/* The tensor-core GEMV's reading of a Q4_K row (qmma_dq.cuh) against
- * the host's widening ref: for every group i of every block and lane t,
- * the bf16 pairs qmma_pair makes of the lane's bytes 8t .. 8t + 7 of the
- * group's run of codes are 128 + the codes of columns 32i + 8t .. + 7,
- * which with the host's d1 and m1 give ref's bits as d1 * q - m1; and
- * qmma_coef's pair is d1 and fmaf(128, d1, m1). Returns the values and
- * coefficients that differ. */
 /* model/quant_dq.h's k_scale_min (a C header with restrict, not
  * included here): group j's 6-bit scale and min of a K block's 12 bytes */
 static void k_scale_min_ref(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn)
@@ -313,11 +306,21 @@ static void k_scale_min_ref(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn)
     }
 }
 
-static int check_qmma_row(const uint8_t *row, const float *ref, int cols)
+/* The tensor-core GEMV's reading of a Q4_K or Q5_K row (qmma_dq.cuh)
+ * against the host's widening ref: for every group i of every block and
+ * lane t, the bf16 pairs qmma_pair makes of the lane's bytes 8t .. 8t + 7
+ * of the group's run of codes (and Q5_K's fifth bits, bit i of the same
+ * bytes of qh) are 128 + the codes of columns 32i + 8t .. + 7, which with
+ * the host's d1 and m1 give ref's bits as d1 * q - m1; and qmma_coef's
+ * pair is d1 and fmaf(128, d1, m1). Returns the values and coefficients
+ * that differ. */
+template <int DT> static int check_qmma_row(const uint8_t *row, const float *ref, int cols)
 {
+    constexpr int BB = DT == DT_Q5_K ? 176 : 144, QS = DT == DT_Q5_K ? 48 : 16;
+    constexpr int QMAX = DT == DT_Q5_K ? 31 : 15;
     int bad = 0;
     for (int b = 0; b < cols / 256; b++) {
-        const uint8_t *blk = row + (size_t)b * 144;
+        const uint8_t *blk = row + (size_t)b * BB;
         uint4 hd;
         memcpy(&hd, blk, 16);
         uint16_t dh, mh;
@@ -333,18 +336,20 @@ static int check_qmma_row(const uint8_t *row, const float *ref, int cols)
             bad += memcmp(&ca, &d1, 4) != 0;
             bad += memcmp(&cb, &b1, 4) != 0;
             for (int t = 0; t < 4; t++) {
-                uint32_t w[2];
-                memcpy(w, blk + 16 + 32 * (i / 2) + 8 * t, 8);
+                uint32_t w[2], hw[2] = {0, 0};
+                memcpy(w, blk + QS + 32 * (i / 2) + 8 * t, 8);
+                if (DT == DT_Q5_K)
+                    memcpy(hw, blk + 16 + 8 * t, 8);
                 for (int h = 0; h < 2; h++)
                     for (int e = 0; e < 2; e++) {
-                        const uint32_t p =
-                            i & 1 ? qmma_pair<true>(w[h], e) : qmma_pair<false>(w[h], e);
+                        const uint32_t p = i & 1 ? qmma_pair<DT, true>(w[h], hw[h], i, e)
+                                                 : qmma_pair<DT, false>(w[h], hw[h], i, e);
                         for (int k = 0; k < 2; k++) {
                             const float a = __uint_as_float((p >> (16 * k)) << 16); /* bf16 */
                             const int q = (int)a - 128;
                             const float v = d1 * (float)q - m1;
                             const int col = 256 * b + 32 * i + 8 * t + 4 * h + 2 * e + k;
-                            bad += a != (float)(int)a || q < 0 || q > 15 ||
+                            bad += a != (float)(int)a || q < 0 || q > QMAX ||
                                    memcmp(&v, &ref[col], 4) != 0;
                         }
                     }
@@ -384,7 +389,9 @@ int main()
             const uint8_t *row = w.data() + (size_t)r * rb;
             quant_dequantize_row(dt, row, ref.data(), cols);
             if (dt == DT_Q4_K)
-                mbad += check_qmma_row(row, ref.data(), cols);
+                mbad += check_qmma_row<DT_Q4_K>(row, ref.data(), cols);
+            else if (dt == DT_Q5_K)
+                mbad += check_qmma_row<DT_Q5_K>(row, ref.data(), cols);
             for (int c = 0; c < cols; c += 8) {
                 if (q8)
                     memcpy(&got[c], &ref[c], 32);
@@ -423,7 +430,7 @@ int main()
         }
         CHECK(mbad == 0, "%s: %d values or scales of the tensor-core GEMV's reading "
               "(qmma_dq.cuh) differ from quant_dequantize_row's", dtype_name(dt), mbad);
-        if (dt == DT_Q4_K)
+        if (dt == DT_Q4_K || dt == DT_Q5_K)
             printf("%s: the tensor-core GEMV's A values and scales == host widening: %s\n",
                    dtype_name(dt), mbad ? "no" : "yes");
         CHECK(ubad == 0, "%s: %d of %d values' integer units (s * code - m) differ from "

@@ -469,8 +469,9 @@ struct cuk_mma_cfg {
  * requires before sending it a shape. It declines only where x alone does
  * not fit cfg->smem_max. */
 size_t cuk_gemv_mma_smem(int n, int cols);
-/* The same for Q4_K weights (their kernel's ring at its shallowest). */
-size_t cuk_gemv_qmma_smem(int n, int cols);
+/* The same for Q4_K or Q5_K weights of dtype dt (their kernel's ring at
+ * its shallowest). */
+size_t cuk_gemv_qmma_smem(int dt, int n, int cols);
 /* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
  * cores (sm_80 and newer), except that the input rows, after the input
  * op, are rounded to the weights' half type (nearest even) before the

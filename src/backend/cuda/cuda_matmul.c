@@ -352,13 +352,13 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
 }
 
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
- * tensor-core GEMV on Q4_K blocks (gemv_mma_quant.cu) rather than the
+ * tensor-core GEMV on Q4_K or Q5_K blocks (gemv_mma_quant.cu) rather than the
  * staged quantized GEMV or the widened GEMM: qmma_from to CUK_MMA_MAX_N
  * rows, not in precise mode; x staged in runs of as many tokens as a
  * block's shared memory holds (qmma_fit). Reached with the blocks only:
  * where mm_weights hands out bf16 copies, they route as a bf16 model's,
  * which measured faster (docs/benchmarks.md, session 58). */
-/* Whether a step of n tokens is one the tensor-core GEMV on Q4_K blocks
+/* Whether a step of n tokens is one the tensor-core GEMV on K-quant blocks
  * takes, where its matrices are (qmma_takes). */
 static bool qmma_tokens(const struct cuda_backend *c, int n)
 {
@@ -369,20 +369,21 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
                        int n)
 {
     const size_t cols = (size_t)ws[0]->cols;
-    if (!qmma_tokens(c, n) || ws[0]->dtype != DT_Q4_K || cols % 256 ||
-        cuk_gemv_qmma_smem(1, (int)cols) > (size_t)c->mma.smem_max)
+    const int dt = ws[0]->dtype;
+    if (!qmma_tokens(c, n) || (dt != DT_Q4_K && dt != DT_Q5_K) || cols % 256 ||
+        cuk_gemv_qmma_smem(dt, 1, (int)cols) > (size_t)c->mma.smem_max)
         return false;
     for (int i = 1; i < k; i++)
-        if (ws[i]->dtype != DT_Q4_K || (size_t)ws[i]->cols != cols)
+        if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
             return false;
     return true;
 }
 
 /* Most of n tokens over cols columns one launch of the tensor-core GEMV
  * stages (at least 1 where qmma_takes). */
-static int qmma_fit(const struct cuda_backend *c, size_t cols, int n)
+static int qmma_fit(const struct cuda_backend *c, int dt, size_t cols, int n)
 {
-    while (n > 1 && cuk_gemv_qmma_smem(n, (int)cols) > (size_t)c->mma.smem_max)
+    while (n > 1 && cuk_gemv_qmma_smem(dt, n, (int)cols) > (size_t)c->mma.smem_max)
         n--;
     return n;
 }
@@ -519,11 +520,12 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
 {
     if (route != MM_MMA && quant_gemv(c, (enum dtype)ws[0]->dtype)) /* one launch */
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
-    if (route == MM_MMA && ws[0]->dtype == DT_Q4_K) {
+    if (route == MM_MMA && (ws[0]->dtype == DT_Q4_K || ws[0]->dtype == DT_Q5_K)) {
         /* runs of as many tokens as x's staging takes (an 8B model's
          * down projection: 6 of 14,336 columns), sized alike, each a
          * launch reading the weights again */
-        const int fit = qmma_fit(c, (size_t)ws[0]->cols, n), runs = (n + fit - 1) / fit;
+        const int fit = qmma_fit(c, ws[0]->dtype, (size_t)ws[0]->cols, n),
+                  runs = (n + fit - 1) / fit;
         for (int t0 = 0, r = 0; r < runs; r++) {
             const int m = (n - t0) / (runs - r);
             float *o[3];

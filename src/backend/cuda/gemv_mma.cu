@@ -7,9 +7,9 @@ extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
     return mma_smem(n, cols, 2, 8);
 }
 
-extern "C" size_t cuk_gemv_qmma_smem(int n, int cols)
+extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
 {
-    return mma_smem(n, cols, 2, 8) + QMMA_RING(QMMA_MIN_SLOTS);
+    return mma_smem(n, cols, 2, 8) + QMMA_RING(QMMA_MIN_SLOTS, qmma_block_bytes(dt));
 }
 
 extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
@@ -31,7 +31,8 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     if (!in->x || ((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
         return cudaErrorNotSupported;
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
-    const bool quant = dt == DT_Q4_K; /* gemv_mma_quant.cu */
+    const int qbb = qmma_block_bytes(dt); /* gemv_mma_quant.cu's dtypes */
+    const bool quant = qbb > 0;
     if ((dt != DT_BF16 && dt != DT_F16 && !quant) || cols < 32 || cols % 32 ||
         (cuk_q_low_bit(dt) && cols % cuk_q_block_elems(dt)))
         return cudaErrorNotSupported;
@@ -73,7 +74,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         if ((cfg->warps > 0 && cfg->warps != ww) || (quant && ww != 8))
             continue; /* (the quantized instances: 8-warp blocks) */
         for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
-            size_t sm = mma_smem(n, cols, ks, ww) + (quant ? QMMA_RING(QMMA_MIN_SLOTS) : 0);
+            size_t sm = mma_smem(n, cols, ks, ww) + (quant ? QMMA_RING(QMMA_MIN_SLOTS, qbb) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
             /* (Q4_K: one block an SM, its ring as deep as fits) */
@@ -117,9 +118,10 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     size_t ring = 0;
     if (quant) { /* the ring as deep as fits, then x's f32 copy where it also does */
         p.slots = QMMA_MAX_SLOTS;
-        while (p.slots > QMMA_MIN_SLOTS && xbytes + scratch + MMA_INV + QMMA_RING(p.slots) > smem_max)
+        while (p.slots > QMMA_MIN_SLOTS &&
+               xbytes + scratch + MMA_INV + QMMA_RING(p.slots, qbb) > smem_max)
             p.slots--;
-        ring = QMMA_RING(p.slots);
+        ring = QMMA_RING(p.slots, qbb);
         limit = smem_max - ring;
     }
     p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;

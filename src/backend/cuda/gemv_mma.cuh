@@ -32,8 +32,8 @@
  * 9} and the second c0 + 8t + {4, 5, 6, 7}. A lane's 16 bytes are then
  * its b0/b1 registers for both, whole.
  *
- * GGUF Q4_K weights have a kernel of their own on this launch shape and
- * x staging (gemv_mma_quant.cu), 8-warp blocks only.
+ * GGUF Q4_K and Q5_K weights have a kernel of their own on this launch
+ * shape and x staging (gemv_mma_quant.cu), 8-warp blocks only.
  *
  * Every output is summed in an order fixed by the shapes and the device
  * (rows, cols, n, cfg): the same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
@@ -49,13 +49,18 @@
 #include "backend/cuda/gemv_common.cuh"
 
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
-#define QMMA_U 8 /* the same for Q4_K weights (gemv_mma_quant.cu): one block */
-/* A warp's slot of the Q4_K kernel's ring: one block of its unit's 16
- * rows; slots a warp, and the ring's bytes (8 warps). */
-#define QMMA_SLOT (16 * 144)
+#define QMMA_U 8 /* the same for Q4_K / Q5_K weights (gemv_mma_quant.cu): one block */
+/* A warp's slot of that kernel's ring: one block (bb bytes) of its unit's
+ * 16 rows; slots a warp, and the ring's bytes (8 warps). */
+#define QMMA_SLOT(bb) (16 * (bb))
 #define QMMA_MIN_SLOTS 2
 #define QMMA_MAX_SLOTS 4
-#define QMMA_RING(slots) ((size_t)8 * (slots) * QMMA_SLOT)
+#define QMMA_RING(slots, bb) ((size_t)8 * (slots) * QMMA_SLOT(bb))
+/* The bytes of a block of the dtypes that kernel takes (0: none). */
+static inline int qmma_block_bytes(int dt)
+{
+    return dt == DT_Q4_K ? 144 : dt == DT_Q5_K ? 176 : 0;
+}
 /* A warp's sums (16 tokens x 16 rows, 8 floats a lane), per warp of a
  * block of W warps and for two rounds of units, so one barrier a round
  * suffices. */
@@ -478,8 +483,8 @@ static cudaError_t mma_launch_in(cudaStream_t s, const struct mmap &p,
 }
 
 
-/* The quantized weights' launch (gemv_mma_quant.cu): dt Q4_K (slices of
- * whole blocks, QMMA_U steps a chunk), 8-warp blocks;
+/* The quantized weights' launch (gemv_mma_quant.cu): dt Q4_K or Q5_K
+ * (slices of whole blocks, QMMA_U steps a chunk), 8-warp blocks;
  * cudaErrorNotSupported for any other dtype. */
 cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,
                              const struct cuk_gemv_in &in, int grid, size_t smem);

@@ -36,12 +36,18 @@
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/qmma_dq.cuh"
 
-#define Q4K_BYTES 144 /* a block: d, dmin (f16), 12 scale bytes, 128 bytes of codes */
+/* A block's layout: d, dmin (f16) and 12 scale bytes, then (Q5_K) 32
+ * bytes of fifth bits, then 128 bytes of 4-bit codes. */
+template <int DT> struct qmma_fmt {
+    static constexpr int BB = DT == DT_Q5_K ? 176 : 144; /* bytes */
+    static constexpr int QS = DT == DT_Q5_K ? 48 : 16;   /* where the codes start */
+};
 
 /* A lane's raw bytes of one block of its two rows (h: row g, g + 8). */
 struct qmma_raw {
     uint4 hd[2];    /* d | dmin << 16, then the 12 scale bytes */
     uint2 q[2][4];  /* bytes 8t .. 8t + 7 of code run j */
+    uint2 qh[2];    /* Q5_K: bytes 8t .. 8t + 7 of the fifth bits (bit 2j + 1: run j's high nibbles) */
 };
 
 /* A 16-byte asynchronous copy to shared memory (zeros where !ok), the
@@ -67,19 +73,20 @@ static __device__ __forceinline__ const uint8_t *qmma_row(const struct mmap &p,
     return w + (size_t)min(u.row0 + r, rows - 1) * p.row_bytes;
 }
 
-/* Chunk j of unit u (its block of the tile's 16 rows, row r at r * 144)
- * into the slot at dst, the warp's lanes issuing its 144 16-byte pieces
+/* Chunk j of unit u (its block of the tile's 16 rows, row r at r * BB)
+ * into the slot at dst, the warp's lanes issuing its 16-byte pieces
  * together; zeros past the unit's steps or for an invalid unit. */
-template <bool PAIR>
+template <int DT, bool PAIR>
 static __device__ __forceinline__ void qmma_issue(uint32_t dst, const struct mmap &p,
                                                   const struct mma_unit &u, int j, int lane)
 {
+    constexpr int BB = qmma_fmt<DT>::BB, PC = BB / 16; /* pieces a row */
     const int s = u.s0 + j * QMMA_U;
     const bool ok = u.valid && s < u.s1;
-    const size_t boff = (size_t)(s / QMMA_U) * Q4K_BYTES;
-    for (int i = lane; i < 16 * 9; i += 32) {
-        const int r = i / 9, o = (i - r * 9) * 16;
-        qmma_cp16(dst + r * Q4K_BYTES + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0], ok);
+    const size_t boff = (size_t)(s / QMMA_U) * BB;
+    for (int i = lane; i < 16 * PC; i += 32) {
+        const int r = i / PC, o = (i - r * PC) * 16;
+        qmma_cp16(dst + r * BB + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0], ok);
     }
 }
 
@@ -96,23 +103,26 @@ static __device__ __forceinline__ void qmma_wait(int slots)
 }
 
 /* The lane's bytes of the chunk in the slot at sl (rows g, g + 8). */
+template <int DT>
 static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned char *sl, int g,
                                                  int tig)
 {
+    using F = qmma_fmt<DT>;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const unsigned char *row = sl + (g + 8 * h) * Q4K_BYTES;
+        const unsigned char *row = sl + (g + 8 * h) * F::BB;
         r.hd[h] = *(const uint4 *)row;
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            r.q[h][k] = *(const uint2 *)(row + 16 + 32 * k + 8 * tig);
+            r.q[h][k] = *(const uint2 *)(row + F::QS + 32 * k + 8 * tig);
+        r.qh[h] = DT == DT_Q5_K ? *(const uint2 *)(row + 16 + 8 * tig) : make_uint2(0, 0);
     }
 }
 
 /* acc += chunk j of unit u (raw bytes r) against the staged x: NTL
  * n-tiles of 8 tokens; acc[nt][0..1] row g, tokens 8 nt + 2t, +1;
  * [2..3] row g + 8 (a pair: up's row g). */
-template <int NTL>
+template <int DT, int NTL>
 static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmma_raw &r,
                                                  const struct mma_unit &u, int j,
                                                  const uint16_t *xs, int stride, int n, int g,
@@ -128,12 +138,16 @@ static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmm
         uint32_t a0[4], a1[4];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint2 w = r.q[h][k];
-            /* a0: columns 8t .. 8t + 3 as k 2t, 2t + 1 | 2t + 8, 2t + 9 */
-            a0[h] = i & 1 ? qmma_pair<true>(w.x, 0) : qmma_pair<false>(w.x, 0);
-            a0[2 + h] = i & 1 ? qmma_pair<true>(w.x, 1) : qmma_pair<false>(w.x, 1);
-            a1[h] = i & 1 ? qmma_pair<true>(w.y, 0) : qmma_pair<false>(w.y, 0);
-            a1[2 + h] = i & 1 ? qmma_pair<true>(w.y, 1) : qmma_pair<false>(w.y, 1);
+            const uint2 w = r.q[h][k], hw = r.qh[h];
+            /* a0: columns 8t .. 8t + 3 as k 2t, 2t + 1 | 2t + 8, 2t + 9;
+             * Q5_K's fifth bit of group i: bit i of its byte */
+            auto pair = [&](uint32_t v, uint32_t hv, int e) {
+                return i & 1 ? qmma_pair<DT, true>(v, hv, i, e) : qmma_pair<DT, false>(v, hv, i, e);
+            };
+            a0[h] = pair(w.x, hw.x, 0);
+            a0[2 + h] = pair(w.x, hw.x, 1);
+            a1[h] = pair(w.y, hw.y, 0);
+            a1[2 + h] = pair(w.y, hw.y, 1);
         }
         float ca[2], cb[2];
         qmma_coef(r.hd[0], i, ca[0], cb[0]);
@@ -225,8 +239,8 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
         acc[e / 4][e % 4] = 0.0f;
 }
 
-/* 8 warps a block; NT: 8 or 16 tokens at most. */
-template <int NT, int IN, bool PAIR>
+/* 8 warps a block; DT: Q4_K or Q5_K; NT: 8 or 16 tokens at most. */
+template <int DT, int NT, int IN, bool PAIR>
 __global__ void __launch_bounds__(256, 1)
     k_gemv_qmma(const struct mmap p, const struct cuk_gemv_in in)
 {
@@ -245,14 +259,15 @@ __global__ void __launch_bounds__(256, 1)
     auto unit = [&](int c) {
         return mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * 8 + warp);
     };
-    unsigned char *ring = qm_smem + p.ring_off + (size_t)warp * p.slots * QMMA_SLOT;
+    constexpr int SLOT = QMMA_SLOT(qmma_fmt<DT>::BB);
+    unsigned char *ring = qm_smem + p.ring_off + (size_t)warp * p.slots * SLOT;
     const uint32_t ring_a = cuk_smem_addr(ring);
     /* The weights never change: the first slots - 1 chunks go before the
      * wait for the previous kernel. A group is committed per chunk, even
      * an empty one, so that the waits count chunks. */
     for (int c = 0; c < p.slots - 1; c++) {
         if (c < nchunks)
-            qmma_issue<PAIR>(ring_a + (c % p.slots) * QMMA_SLOT, p, unit(c), c % p.cpu, lane);
+            qmma_issue<DT, PAIR>(ring_a + (c % p.slots) * SLOT, p, unit(c), c % p.cpu, lane);
         cuk_cp_async_commit();
     }
     cuk_pdl_start();
@@ -271,15 +286,15 @@ __global__ void __launch_bounds__(256, 1)
     for (int c = 0; c < nchunks; c++) {
         const int cn = c + p.slots - 1;
         if (cn < nchunks)
-            qmma_issue<PAIR>(ring_a + (cn % p.slots) * QMMA_SLOT, p, unit(cn), cn % p.cpu, lane);
+            qmma_issue<DT, PAIR>(ring_a + (cn % p.slots) * SLOT, p, unit(cn), cn % p.cpu, lane);
         cuk_cp_async_commit();
         qmma_wait(p.slots);
         __syncwarp(); /* every lane's copies of chunk c landed */
         qmma_raw r;
-        qmma_read(r, ring + (c % p.slots) * QMMA_SLOT, g, tig);
+        qmma_read<DT>(r, ring + (c % p.slots) * SLOT, g, tig);
         __syncwarp(); /* the slot is free for chunk c + slots */
         const struct mma_unit cu = unit(c);
-        qmma_step<NTL>(acc, r, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
+        qmma_step<DT, NTL>(acc, r, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
         if ((c + 1) % p.cpu == 0)
             qmma_finish<PAIR, NTL>(acc, p, cu, c / p.cpu, scratch, g, tig);
     }
@@ -288,36 +303,39 @@ __global__ void __launch_bounds__(256, 1)
 #endif
 }
 
-template <int NT, int IN, bool PAIR>
+template <int DT, int NT, int IN, bool PAIR>
 static cudaError_t qmma_launch(cudaStream_t s, const struct mmap &p, const struct cuk_gemv_in &in,
                                int grid, size_t smem)
 {
     static struct cuk_opted opted; /* per instantiation, see cuk_smem_opt_in */
-    auto k = k_gemv_qmma<NT, IN, PAIR>;
+    auto k = k_gemv_qmma<DT, NT, IN, PAIR>;
     cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
     if (err != cudaSuccess)
         return err;
     return cuk_launch(k, (unsigned)grid, 256, smem, s, p, in);
 }
 
-template <int NT>
+template <int DT, int NT>
 static cudaError_t qmma_launch_in(cudaStream_t s, const struct mmap &p,
                                   const struct cuk_gemv_in &in, int grid, size_t smem)
 {
     if (p.out == CUK_OUT_SWIGLU)
-        return qmma_launch<NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem);
     if (in.kind == CUK_IN_RMSNORM)
-        return qmma_launch<NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem);
     if (in.kind == CUK_IN_SWIGLU)
-        return qmma_launch<NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem);
-    return qmma_launch<NT, CUK_IN_X, false>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem);
+    return qmma_launch<DT, NT, CUK_IN_X, false>(s, p, in, grid, smem);
 }
 
 cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,
                              const struct cuk_gemv_in &in, int grid, size_t smem)
 {
-    if (dt != DT_Q4_K)
-        return cudaErrorNotSupported;
-    return n <= 8 ? qmma_launch_in<8>(s, p, in, grid, smem)
-                  : qmma_launch_in<16>(s, p, in, grid, smem);
+    if (dt == DT_Q4_K)
+        return n <= 8 ? qmma_launch_in<DT_Q4_K, 8>(s, p, in, grid, smem)
+                      : qmma_launch_in<DT_Q4_K, 16>(s, p, in, grid, smem);
+    if (dt == DT_Q5_K)
+        return n <= 8 ? qmma_launch_in<DT_Q5_K, 8>(s, p, in, grid, smem)
+                      : qmma_launch_in<DT_Q5_K, 16>(s, p, in, grid, smem);
+    return cudaErrorNotSupported;
 }

@@ -1,4 +1,4 @@
-/* qmma_dq.cuh - how the tensor-core GEMV on Q4_K blocks
+/* qmma_dq.cuh - how the tensor-core GEMV on Q4_K and Q5_K blocks
  * (gemv_mma_quant.cu) reads a block: a 32-value group's scale d1 and
  * 128 d1 + m1 from the block's 16-byte header, and two of its values as
  * the bf16 pair 128 + q, 128 + q' that the mma takes as A. A header of
@@ -8,6 +8,8 @@
 #define CLLM_BACKEND_CUDA_QMMA_DQ_CUH
 
 #include <stdint.h>
+
+#include "model/tensor.h"
 
 static __device__ __forceinline__ uint32_t qmma_byte(const uint4 &hd, int k)
 {
@@ -34,14 +36,19 @@ static __device__ __forceinline__ void qmma_coef(const uint4 &hd, int i, float &
 }
 
 /* Values 128 + q of bytes 2e, 2e + 1 of w (low nibbles, or high with
- * HI) as a bf16 pair. */
-template <bool HI>
-static __device__ __forceinline__ uint32_t qmma_pair(uint32_t w, int e)
+ * HI; Q5_K: bit b of the same bytes of hw, its fifth bits, as 16 more)
+ * as a bf16 pair. */
+template <int DT, bool HI>
+static __device__ __forceinline__ uint32_t qmma_pair(uint32_t w, uint32_t hw, int b, int e)
 {
-    uint32_t p = __byte_perm(w, 0, e ? 0x4342 : 0x4140);
+    const uint32_t sel = e ? 0x4342 : 0x4140;
+    uint32_t p = __byte_perm(w, 0, sel);
     if (HI)
         p >>= 4;
-    return (p & 0x000F000Fu) | 0x43004300u;
+    p = (p & 0x000F000Fu) | 0x43004300u;
+    if (DT == DT_Q5_K)
+        p |= ((__byte_perm(hw, 0, sel) >> b) & 0x00010001u) << 4;
+    return p;
 }
 
 #endif
