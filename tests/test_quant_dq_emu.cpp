@@ -308,12 +308,13 @@ static void k_scale_min_ref(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn)
 
 /* The tensor-core GEMV's reading of a Q4_K or Q5_K row (qmma_dq.cuh)
  * against the host's widening ref: for every group i of every block and
- * lane t, the bf16 pairs qmma_pair makes of the lane's bytes 8t .. 8t + 7
- * of the group's run of codes (and Q5_K's fifth bits, bit i of the same
- * bytes of qh) are 128 + the codes of columns 32i + 8t .. + 7, which with
- * the host's d1 and m1 give ref's bits as d1 * q - m1; and qmma_coef's
- * pair is d1 and fmaf(128, d1, m1). Returns the values and coefficients
- * that differ. */
+ * lane t, the bf16 pairs qmma_pair makes of qmma_codes' words of the
+ * lane's bytes 8t .. 8t + 7 of the group's run of codes (and Q5_K's
+ * fifth bits, bit i of the same bytes of qh) are 128 + the codes of
+ * columns 32i + 8t .. + 7, which with the host's d1 and m1 give ref's
+ * bits as d1 * q - m1; and qmma_coef4's pair for the group (from the
+ * half j that has it) is d1 and fmaf(128, d1, m1). Returns the values
+ * and coefficients that differ. */
 template <int DT> static int check_qmma_row(const uint8_t *row, const float *ref, int cols)
 {
     constexpr int BB = DT == DT_Q5_K ? 176 : 144, QS = DT == DT_Q5_K ? 48 : 16;
@@ -331,8 +332,9 @@ template <int DT> static int check_qmma_row(const uint8_t *row, const float *ref
             uint8_t sc, mn;
             k_scale_min_ref(i, blk + 4, &sc, &mn);
             const float d1 = d * (float)sc, m1 = dmin * (float)mn, b1 = fmaf(128.0f, d1, m1);
-            float ca, cb;
-            qmma_coef(hd, i, ca, cb);
+            float ca4[4], cb4[4];
+            qmma_coef4(hd, (i & 3) >> 1, ca4, cb4);
+            const float ca = ca4[(i & 1) + 2 * (i >> 2)], cb = cb4[(i & 1) + 2 * (i >> 2)];
             bad += memcmp(&ca, &d1, 4) != 0;
             bad += memcmp(&cb, &b1, 4) != 0;
             for (int t = 0; t < 4; t++) {
@@ -342,8 +344,7 @@ template <int DT> static int check_qmma_row(const uint8_t *row, const float *ref
                     memcpy(hw, blk + 16 + 8 * t, 8);
                 for (int h = 0; h < 2; h++)
                     for (int e = 0; e < 2; e++) {
-                        const uint32_t p = i & 1 ? qmma_pair<DT, true>(w[h], hw[h], i, e)
-                                                 : qmma_pair<DT, false>(w[h], hw[h], i, e);
+                        const uint32_t p = qmma_pair(qmma_codes<DT>(w[h], hw[h], i), e);
                         for (int k = 0; k < 2; k++) {
                             const float a = __uint_as_float((p >> (16 * k)) << 16); /* bf16 */
                             const int q = (int)a - 128;

@@ -453,7 +453,7 @@ struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
         gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, wide_copy,
-        wide_from, wide_small_from, qmma_from;
+        wide_from, wide_small_from, qmma_from, qmma_warps;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
@@ -469,6 +469,7 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_MMA_MAX_MB", 1, 1L << 20, &l->mma_max_mb, e) < 0 ||
         env_long("CLLM_CUDA_MMA_MAX_X", 1, 1L << 30, &l->mma_max_x, e) < 0 ||
         env_long_of("CLLM_CUDA_MMA_WARPS", warps, 2, &l->mma_warps, e) < 0 ||
+        env_long_of("CLLM_CUDA_QMMA_WARPS", warps, 2, &l->qmma_warps, e) < 0 ||
         env_long("CLLM_CUDA_TC_CTAS", 1, 2, &l->tc_ctas, e) < 0 ||
         env_long("CLLM_CUDA_TC_SMEM", 1, 227 * 1024, &l->tc_smem, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
@@ -664,6 +665,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma.blocks_per_sm = (int)lv.mma_bps;
     c->mma.ks = (int)lv.mma_ks;
     c->mma.warps = (int)lv.mma_warps;
+    c->mma.qmma_warps = (int)lv.qmma_warps;
     c->mma_max_bytes = (lv.mma_max_mb ? (size_t)lv.mma_max_mb : MMA_MAX_MB) << 20;
     c->mma_max_x = lv.mma_max_x ? (size_t)lv.mma_max_x : MMA_MAX_X;
     c->mma.stage_regs = env_flag("CLLM_CUDA_MMA_STAGE_REGS", false); /* measurement */

@@ -9,7 +9,8 @@ extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
 
 extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
 {
-    return mma_smem(n, cols, 2, 8) + QMMA_RING(QMMA_MIN_SLOTS, qmma_block_bytes(dt));
+    return mma_smem(n, cols, 2, 8) + QMMA_RING(8, QMMA_MIN_SLOTS, qmma_block_bytes(dt)) +
+           QMMA_SUMS(n, cols);
 }
 
 extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
@@ -33,6 +34,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
     const int qbb = qmma_block_bytes(dt); /* gemv_mma_quant.cu's dtypes */
     const bool quant = qbb > 0;
+    const int qwarps = cfg->qmma_warps > 0 ? cfg->qmma_warps : 8; /* its blocks' most warps */
     if ((dt != DT_BF16 && dt != DT_F16 && !quant) || cols < 32 || cols % 32 ||
         (cuk_q_low_bit(dt) && cols % cuk_q_block_elems(dt)))
         return cudaErrorNotSupported;
@@ -71,10 +73,11 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     int grid = 0, w = 0, blocks_sm = 1;
     for (int wi = 0; wi < 2 && best < 0; wi++) {
         const int ww = wi == 0 ? 16 : 8;
-        if ((cfg->warps > 0 && cfg->warps != ww) || (quant && ww != 8))
-            continue; /* (the quantized instances: 8-warp blocks) */
+        if ((cfg->warps > 0 && cfg->warps != ww) || (quant && ww > qwarps))
+            continue;
         for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
-            size_t sm = mma_smem(n, cols, ks, ww) + (quant ? QMMA_RING(QMMA_MIN_SLOTS, qbb) : 0);
+            size_t sm = mma_smem(n, cols, ks, ww) +
+                        (quant ? QMMA_RING(ww, QMMA_MIN_SLOTS, qbb) + QMMA_SUMS(n, cols) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
             /* (Q4_K: one block an SM, its ring as deep as fits) */
@@ -117,11 +120,12 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     size_t ring = 0;
     if (quant) { /* the ring as deep as fits, then x's f32 copy where it also does */
+        const size_t sums = QMMA_SUMS(n, cols);
         p.slots = QMMA_MAX_SLOTS;
         while (p.slots > QMMA_MIN_SLOTS &&
-               xbytes + scratch + MMA_INV + QMMA_RING(p.slots, qbb) > smem_max)
+               xbytes + scratch + MMA_INV + QMMA_RING(w, p.slots, qbb) + sums > smem_max)
             p.slots--;
-        ring = QMMA_RING(p.slots, qbb);
+        ring = QMMA_RING(w, p.slots, qbb) + sums;
         limit = smem_max - ring;
     }
     p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
@@ -130,7 +134,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const size_t smem = xbytes + p.ubytes + MMA_INV + ring;
     cudaError_t err;
     if (quant)
-        err = mma_launch_quant(s, dt, n, p, *in, grid, smem);
+        err = mma_launch_quant(s, dt, n, p, *in, grid, smem, w);
     else if (dt == DT_F16)
         err = n <= 8 ? mma_launch_in<true, 8>(s, p, *in, grid, smem, w)
                      : mma_launch_in<true, 16>(s, p, *in, grid, smem, w);

@@ -51,11 +51,13 @@
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
 #define QMMA_U 8 /* the same for Q4_K / Q5_K weights (gemv_mma_quant.cu): one block */
 /* A warp's slot of that kernel's ring: one block (bb bytes) of its unit's
- * 16 rows; slots a warp, and the ring's bytes (8 warps). */
+ * 16 rows; slots a warp, and the ring's bytes (w warps). After the ring,
+ * x's sums per 32 columns and token (8 or 16 a group). */
 #define QMMA_SLOT(bb) (16 * (bb))
 #define QMMA_MIN_SLOTS 2
 #define QMMA_MAX_SLOTS 4
-#define QMMA_RING(slots, bb) ((size_t)8 * (slots) * QMMA_SLOT(bb))
+#define QMMA_RING(w, slots, bb) ((size_t)(w) * (slots) * QMMA_SLOT(bb))
+#define QMMA_SUMS(n, cols) ((size_t)(cols) / 32 * ((n) <= 8 ? 8 : 16) * 4)
 /* The bytes of a block of the dtypes that kernel takes (0: none). */
 static inline int qmma_block_bytes(int dt)
 {
@@ -484,9 +486,9 @@ static cudaError_t mma_launch_in(cudaStream_t s, const struct mmap &p,
 
 
 /* The quantized weights' launch (gemv_mma_quant.cu): dt Q4_K or Q5_K
- * (slices of whole blocks, QMMA_U steps a chunk), 8-warp blocks;
- * cudaErrorNotSupported for any other dtype. */
+ * (slices of whole blocks, QMMA_U steps a chunk), blocks of w warps (8
+ * or 16); cudaErrorNotSupported for any other dtype. */
 cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,
-                             const struct cuk_gemv_in &in, int grid, size_t smem);
+                             const struct cuk_gemv_in &in, int grid, size_t smem, int w);
 
 #endif

@@ -43,11 +43,10 @@ template <int DT> struct qmma_fmt {
     static constexpr int QS = DT == DT_Q5_K ? 48 : 16;   /* where the codes start */
 };
 
-/* A lane's raw bytes of one block of its two rows (h: row g, g + 8). */
+/* A lane's codes of one block of its two rows (h: row g, g + 8). */
 struct qmma_raw {
-    uint4 hd[2];    /* d | dmin << 16, then the 12 scale bytes */
-    uint2 q[2][4];  /* bytes 8t .. 8t + 7 of code run j */
-    uint2 qh[2];    /* Q5_K: bytes 8t .. 8t + 7 of the fifth bits (bit 2j + 1: run j's high nibbles) */
+    uint2 q[2][4]; /* bytes 8t .. 8t + 7 of code run j */
+    uint2 qh[2];   /* Q5_K: bytes 8t .. 8t + 7 of the fifth bits (bit 2j + 1: run j's high nibbles) */
 };
 
 /* A 16-byte asynchronous copy to shared memory (zeros where !ok), the
@@ -102,7 +101,7 @@ static __device__ __forceinline__ void qmma_wait(int slots)
         cuk_cp_async_wait<1>();
 }
 
-/* The lane's bytes of the chunk in the slot at sl (rows g, g + 8). */
+/* The lane's codes of the chunk in the slot at sl (rows g, g + 8). */
 template <int DT>
 static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned char *sl, int g,
                                                  int tig)
@@ -111,7 +110,6 @@ static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned cha
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const unsigned char *row = sl + (g + 8 * h) * F::BB;
-        r.hd[h] = *(const uint4 *)row;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             r.q[h][k] = *(const uint2 *)(row + F::QS + 32 * k + 8 * tig);
@@ -119,56 +117,90 @@ static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned cha
     }
 }
 
-/* acc += chunk j of unit u (raw bytes r) against the staged x: NTL
- * n-tiles of 8 tokens; acc[nt][0..1] row g, tokens 8 nt + 2t, +1;
- * [2..3] row g + 8 (a pair: up's row g). */
+/* The chunk's coefficients: lane L makes those of row L % 16, groups
+ * 2j, 2j + 1, 2j + 4, 2j + 5 (j = L / 16), from the header hd it read
+ * of the slot, and writes them over the slot (its codes are in the
+ * lanes' registers by then): cf[8 i + g] = {d1, 128 d1 + m1 of row g,
+ * the same of row g + 8} for group i, one 16-byte read a group for a
+ * lane's two rows. */
+static __device__ __forceinline__ void qmma_coefs(float4 *cf, const uint4 &hd, int lane)
+{
+    const int r = lane & 15, j = lane >> 4;
+    float a[4], b[4];
+    qmma_coef4(hd, j, a, b);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int i = 2 * j + (k & 1) + 4 * (k >> 1);
+        ((float2 *)&cf[8 * i + (r & 7)])[r >> 3] = make_float2(a[k], b[k]);
+    }
+}
+
+/* S: each 32-column group's sum of the staged x per token (the mma's
+ * sum with A all ones, as the products' mma sees x), made once a launch,
+ * warp w taking groups w, w + W, ...: sg[group * 8 NTL + token]. */
+template <int NTL, int W>
+static __device__ __forceinline__ void qmma_sums(float *sg, const uint16_t *xs, int stride, int n,
+                                                 int cols, int g, int tig)
+{
+    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
+    for (int s = threadIdx.x >> 5; s < cols / 32; s += W)
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt++) {
+            const int tok = 8 * nt + g;
+            const uint4 xv = tok < n ? *(const uint4 *)(xs + (size_t)tok * stride + s * 32 + 8 * tig)
+                                     : make_uint4(0, 0, 0, 0);
+            float sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            cuk_mma16816<false>(sx, ones, xv.x, xv.y);
+            cuk_mma16816<false>(sx, ones, xv.z, xv.w);
+            if (g == 0) /* sx[0..1]: tokens 8 nt + 2t, + 1 (every row the same) */
+                *(float2 *)(sg + s * 8 * NTL + 8 * nt + 2 * tig) = make_float2(sx[0], sx[1]);
+        }
+}
+
+/* acc += chunk j of unit u (codes r, coefficients cf) against the
+ * staged x and its sums sg: NTL n-tiles of 8 tokens; acc[nt][0..1] row
+ * g, tokens 8 nt + 2t, +1; [2..3] row g + 8 (a pair: up's row g). */
 template <int DT, int NTL>
 static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmma_raw &r,
-                                                 const struct mma_unit &u, int j,
-                                                 const uint16_t *xs, int stride, int n, int g,
-                                                 int tig)
+                                                 const float4 *cf, const struct mma_unit &u,
+                                                 int j, const uint16_t *xs, const float *sg,
+                                                 int stride, int n, int g, int tig)
 {
     const int s0 = u.s0 + j * QMMA_U;
     if (!u.valid || s0 >= u.s1) /* the same for the whole warp */
         return;
-    const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};
 #pragma unroll
     for (int i = 0; i < QMMA_U; i++) {
         const int k = i / 2; /* the code run: low nibbles step 2k, high 2k + 1 */
+        /* a0: columns 8t .. 8t + 3 as k 2t, 2t + 1 | 2t + 8, 2t + 9 */
         uint32_t a0[4], a1[4];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint2 w = r.q[h][k], hw = r.qh[h];
-            /* a0: columns 8t .. 8t + 3 as k 2t, 2t + 1 | 2t + 8, 2t + 9;
-             * Q5_K's fifth bit of group i: bit i of its byte */
-            auto pair = [&](uint32_t v, uint32_t hv, int e) {
-                return i & 1 ? qmma_pair<DT, true>(v, hv, i, e) : qmma_pair<DT, false>(v, hv, i, e);
-            };
-            a0[h] = pair(w.x, hw.x, 0);
-            a0[2 + h] = pair(w.x, hw.x, 1);
-            a1[h] = pair(w.y, hw.y, 0);
-            a1[2 + h] = pair(w.y, hw.y, 1);
+            const uint32_t mx = qmma_codes<DT>(r.q[h][k].x, r.qh[h].x, i),
+                           my = qmma_codes<DT>(r.q[h][k].y, r.qh[h].y, i);
+            a0[h] = qmma_pair(mx, 0);
+            a0[2 + h] = qmma_pair(mx, 1);
+            a1[h] = qmma_pair(my, 0);
+            a1[2 + h] = qmma_pair(my, 1);
         }
-        float ca[2], cb[2];
-        qmma_coef(r.hd[0], i, ca[0], cb[0]);
-        qmma_coef(r.hd[1], i, ca[1], cb[1]);
+        const float4 c4 = cf[8 * i + g];
+        const float ca[2] = {c4.x, c4.z}, cb[2] = {c4.y, c4.w};
         const int col = (s0 + i) * 32 + 8 * tig;
 #pragma unroll
         for (int nt = 0; nt < NTL; nt++) {
             const int tok = 8 * nt + g;
             const uint4 xv = tok < n ? *(const uint4 *)(xs + (size_t)tok * stride + col)
                                      : make_uint4(0, 0, 0, 0);
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float2 sv = *(const float2 *)(sg + (s0 + i) * 8 * NTL + 8 * nt + 2 * tig);
+            const float sx[2] = {sv.x, sv.y};
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             cuk_mma16816<false>(c, a0, xv.x, xv.y);
             cuk_mma16816<false>(c, a1, xv.z, xv.w);
-            /* S of tokens 2t, 2t + 1 (every row of the ones) */
-            cuk_mma16816<false>(sx, ones, xv.x, xv.y);
-            cuk_mma16816<false>(sx, ones, xv.z, xv.w);
             /* c[0..1]: row g, tokens 2t, 2t + 1; c[2..3]: row g + 8 */
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int h = e / 2;
-                acc[nt][e] = fmaf(ca[h], c[e], fmaf(-cb[h], sx[e], acc[nt][e]));
+                acc[nt][e] = fmaf(ca[h], c[e], fmaf(-cb[h], sx[e & 1], acc[nt][e]));
             }
         }
     }
@@ -177,14 +209,14 @@ static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmm
 /* The end of a unit: the ks slices' sums added in slice order (through
  * shared memory) by the tile's first warp, which applies the output op
  * (mma_finish's, for this kernel's layout). */
-template <bool PAIR, int NTL>
+template <bool PAIR, int NTL, int W>
 static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const struct mmap &p,
                                                    const struct mma_unit &u, int round,
                                                    float *scratch, int g, int tig)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (p.ks > 1) {
-        float *mine = scratch + ((round & 1) * 8 + warp) * 256;
+        float *mine = scratch + ((round & 1) * W + warp) * 256;
 #pragma unroll
         for (int e = 0; e < 4 * NTL; e++)
             mine[e * 32 + lane] = acc[e / 4][e % 4];
@@ -239,9 +271,10 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
         acc[e / 4][e % 4] = 0.0f;
 }
 
-/* 8 warps a block; DT: Q4_K or Q5_K; NT: 8 or 16 tokens at most. */
-template <int DT, int NT, int IN, bool PAIR>
-__global__ void __launch_bounds__(256, 1)
+/* W warps a block (8 or 16), one block an SM; DT: Q4_K or Q5_K; NT: 8
+ * or 16 tokens at most. */
+template <int DT, int NT, int IN, bool PAIR, int W>
+__global__ void __launch_bounds__(W * 32, 1)
     k_gemv_qmma(const struct mmap p, const struct cuk_gemv_in in)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -257,10 +290,11 @@ __global__ void __launch_bounds__(256, 1)
     const int nchunks = rounds * p.cpu;
     /* chunk c's unit: the warp's unit of round c / cpu */
     auto unit = [&](int c) {
-        return mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * 8 + warp);
+        return mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * W + warp);
     };
     constexpr int SLOT = QMMA_SLOT(qmma_fmt<DT>::BB);
     unsigned char *ring = qm_smem + p.ring_off + (size_t)warp * p.slots * SLOT;
+    float *sg = (float *)(qm_smem + p.ring_off + (size_t)W * p.slots * SLOT);
     const uint32_t ring_a = cuk_smem_addr(ring);
     /* The weights never change: the first slots - 1 chunks go before the
      * wait for the previous kernel. A group is committed per chunk, even
@@ -282,21 +316,29 @@ __global__ void __launch_bounds__(256, 1)
         mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, 1);
     }
     __syncthreads();
+    qmma_sums<NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
+    __syncthreads();
     float acc[NTL][4] = {};
     for (int c = 0; c < nchunks; c++) {
         const int cn = c + p.slots - 1;
+        __syncwarp(); /* chunk c - 1's coefficients read: its slot is free */
         if (cn < nchunks)
             qmma_issue<DT, PAIR>(ring_a + (cn % p.slots) * SLOT, p, unit(cn), cn % p.cpu, lane);
         cuk_cp_async_commit();
         qmma_wait(p.slots);
         __syncwarp(); /* every lane's copies of chunk c landed */
+        unsigned char *sl = ring + (c % p.slots) * SLOT;
         qmma_raw r;
-        qmma_read<DT>(r, ring + (c % p.slots) * SLOT, g, tig);
-        __syncwarp(); /* the slot is free for chunk c + slots */
+        qmma_read<DT>(r, sl, g, tig);
+        const uint4 hd = *(const uint4 *)(sl + (lane & 15) * qmma_fmt<DT>::BB);
+        __syncwarp(); /* the slot read: its first KB takes the coefficients */
+        qmma_coefs((float4 *)sl, hd, lane);
+        __syncwarp();
         const struct mma_unit cu = unit(c);
-        qmma_step<DT, NTL>(acc, r, cu, c % p.cpu, xs, p.stride, p.n, g, tig);
+        qmma_step<DT, NTL>(acc, r, (const float4 *)sl, cu, c % p.cpu, xs, sg, p.stride, p.n, g,
+                           tig);
         if ((c + 1) % p.cpu == 0)
-            qmma_finish<PAIR, NTL>(acc, p, cu, c / p.cpu, scratch, g, tig);
+            qmma_finish<PAIR, NTL, W>(acc, p, cu, c / p.cpu, scratch, g, tig);
     }
 #else
     cuk_pdl_start();
@@ -305,37 +347,37 @@ __global__ void __launch_bounds__(256, 1)
 
 template <int DT, int NT, int IN, bool PAIR>
 static cudaError_t qmma_launch(cudaStream_t s, const struct mmap &p, const struct cuk_gemv_in &in,
-                               int grid, size_t smem)
+                               int grid, size_t smem, int w)
 {
-    static struct cuk_opted opted; /* per instantiation, see cuk_smem_opt_in */
-    auto k = k_gemv_qmma<DT, NT, IN, PAIR>;
-    cudaError_t err = cuk_smem_opt_in(k, smem, &opted);
+    static struct cuk_opted opted[2]; /* per instantiation, see cuk_smem_opt_in */
+    auto k = w == 16 ? k_gemv_qmma<DT, NT, IN, PAIR, 16> : k_gemv_qmma<DT, NT, IN, PAIR, 8>;
+    cudaError_t err = cuk_smem_opt_in(k, smem, &opted[w == 16]);
     if (err != cudaSuccess)
         return err;
-    return cuk_launch(k, (unsigned)grid, 256, smem, s, p, in);
+    return cuk_launch(k, (unsigned)grid, (unsigned)w * 32, smem, s, p, in);
 }
 
 template <int DT, int NT>
 static cudaError_t qmma_launch_in(cudaStream_t s, const struct mmap &p,
-                                  const struct cuk_gemv_in &in, int grid, size_t smem)
+                                  const struct cuk_gemv_in &in, int grid, size_t smem, int w)
 {
     if (p.out == CUK_OUT_SWIGLU)
-        return qmma_launch<DT, NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_RMSNORM, true>(s, p, in, grid, smem, w);
     if (in.kind == CUK_IN_RMSNORM)
-        return qmma_launch<DT, NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_RMSNORM, false>(s, p, in, grid, smem, w);
     if (in.kind == CUK_IN_SWIGLU)
-        return qmma_launch<DT, NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem);
-    return qmma_launch<DT, NT, CUK_IN_X, false>(s, p, in, grid, smem);
+        return qmma_launch<DT, NT, CUK_IN_SWIGLU, false>(s, p, in, grid, smem, w);
+    return qmma_launch<DT, NT, CUK_IN_X, false>(s, p, in, grid, smem, w);
 }
 
 cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,
-                             const struct cuk_gemv_in &in, int grid, size_t smem)
+                             const struct cuk_gemv_in &in, int grid, size_t smem, int w)
 {
     if (dt == DT_Q4_K)
-        return n <= 8 ? qmma_launch_in<DT_Q4_K, 8>(s, p, in, grid, smem)
-                      : qmma_launch_in<DT_Q4_K, 16>(s, p, in, grid, smem);
+        return n <= 8 ? qmma_launch_in<DT_Q4_K, 8>(s, p, in, grid, smem, w)
+                      : qmma_launch_in<DT_Q4_K, 16>(s, p, in, grid, smem, w);
     if (dt == DT_Q5_K)
-        return n <= 8 ? qmma_launch_in<DT_Q5_K, 8>(s, p, in, grid, smem)
-                      : qmma_launch_in<DT_Q5_K, 16>(s, p, in, grid, smem);
+        return n <= 8 ? qmma_launch_in<DT_Q5_K, 8>(s, p, in, grid, smem, w)
+                      : qmma_launch_in<DT_Q5_K, 16>(s, p, in, grid, smem, w);
     return cudaErrorNotSupported;
 }

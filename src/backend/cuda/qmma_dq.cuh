@@ -1,7 +1,7 @@
 /* qmma_dq.cuh - how the tensor-core GEMV on Q4_K and Q5_K blocks
  * (gemv_mma_quant.cu) reads a block: a 32-value group's scale d1 and
- * 128 d1 + m1 from the block's 16-byte header, and two of its values as
- * the bf16 pair 128 + q, 128 + q' that the mma takes as A. A header of
+ * 128 d1 + m1 from the block's 16-byte header, and its values as bf16
+ * pairs 128 + q, 128 + q' that the mma takes as A. A header of
  * its own so that tests/test_quant_dq_emu.cpp holds these to the host's
  * widening (quant_dequantize_row) where there is no GPU. */
 #ifndef CLLM_BACKEND_CUDA_QMMA_DQ_CUH
@@ -11,44 +11,50 @@
 
 #include "model/tensor.h"
 
-static __device__ __forceinline__ uint32_t qmma_byte(const uint4 &hd, int k)
+/* Groups 2j, 2j + 1, 2j + 4, 2j + 5 (j: 0 or 1) of a block's header:
+ * their d1 (a[]) and 128 d1 + m1 (b[]), model/quant_dq.h's k_scale_min
+ * and the host's products. A lane makes four of a slot's 16 rows x 8
+ * groups: every lane runs the same code, the high groups' scales being
+ * bytes 2j, 2j + 1 of the header's words as the low ones' are. */
+static __device__ __forceinline__ void qmma_coef4(const uint4 &hd, int j, float (&a)[4],
+                                                  float (&b)[4])
 {
-    const uint32_t w = k < 4 ? hd.y : k < 8 ? hd.z : hd.w; /* scale bytes 0-3, 4-7, 8-11 */
-    return (w >> (8 * (k & 3))) & 0xFF;
-}
-
-/* Group i's (0..7) d1 and 128 d1 + m1 from a block's header
- * (model/quant_dq.h's k_scale_min). */
-static __device__ __forceinline__ void qmma_coef(const uint4 &hd, int i, float &a, float &b)
-{
-    uint32_t sc, mn;
-    if (i < 4) {
-        sc = qmma_byte(hd, i) & 63;
-        mn = qmma_byte(hd, i + 4) & 63;
-    } else {
-        sc = (qmma_byte(hd, i + 4) & 0xF) | (qmma_byte(hd, i - 4) >> 6) << 4;
-        mn = (qmma_byte(hd, i + 4) >> 4) | (qmma_byte(hd, i) >> 6) << 4;
-    }
+    const uint32_t y = hd.y >> (16 * j), z = hd.z >> (16 * j), w = hd.w >> (16 * j);
     const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))),
                 dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
-    a = __fmul_rn(d, (float)sc);
-    b = fmaf(128.0f, a, __fmul_rn(dmin, (float)mn));
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const uint32_t sh = 8 * k;
+        const uint32_t sc[2] = {(y >> sh) & 63,
+                                ((w >> sh) & 0xF) | ((y >> (sh + 6)) & 3) << 4};
+        const uint32_t mn[2] = {(z >> sh) & 63,
+                                ((w >> (sh + 4)) & 0xF) | ((z >> (sh + 6)) & 3) << 4};
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const float d1 = __fmul_rn(d, (float)sc[hi]);
+            a[2 * hi + k] = d1;
+            b[2 * hi + k] = fmaf(128.0f, d1, __fmul_rn(dmin, (float)mn[hi]));
+        }
+    }
 }
 
-/* Values 128 + q of bytes 2e, 2e + 1 of w (low nibbles, or high with
- * HI; Q5_K: bit b of the same bytes of hw, its fifth bits, as 16 more)
- * as a bf16 pair. */
-template <int DT, bool HI>
-static __device__ __forceinline__ uint32_t qmma_pair(uint32_t w, uint32_t hw, int b, int e)
+/* Group i's codes (0..7) of the four bytes w of its run (low nibbles for
+ * even i, high for odd), one a byte; Q5_K: bit i of the same bytes of hw,
+ * its fifth bits, as 16 more. */
+template <int DT>
+static __device__ __forceinline__ uint32_t qmma_codes(uint32_t w, uint32_t hw, int i)
 {
-    const uint32_t sel = e ? 0x4342 : 0x4140;
-    uint32_t p = __byte_perm(w, 0, sel);
-    if (HI)
-        p >>= 4;
-    p = (p & 0x000F000Fu) | 0x43004300u;
+    uint32_t m = (i & 1 ? w >> 4 : w) & 0x0F0F0F0Fu;
     if (DT == DT_Q5_K)
-        p |= ((__byte_perm(hw, 0, sel) >> b) & 0x00010001u) << 4;
-    return p;
+        m |= (i <= 4 ? hw << (4 - i) : hw >> (i - 4)) & 0x10101010u;
+    return m;
+}
+
+/* Codes 2e, 2e + 1 of qmma_codes' word as the bf16 pair 128 + q,
+ * 128 + q': the bits 0x4300 | q, one byte permute. */
+static __device__ __forceinline__ uint32_t qmma_pair(uint32_t m, int e)
+{
+    return __byte_perm(m, 0x43434343u, e ? 0x4342 : 0x4140);
 }
 
 #endif
