@@ -563,9 +563,10 @@ static void check_matmul_qstaged(void)
         mat_free(&m[k]);
 }
 
-/* The tensor-core GEMV on Q4_K and Q5_K blocks (gemv_mma_quant.cu; by default
- * from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16 copies
- * are made): odd row counts (a last tile of 16 rows part empty), one to
+/* The tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks (gemv_mma_quant.cu; by
+ * default from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16
+ * copies are made), in blocks of 8 warps and of 16
+ * (CLLM_CUDA_QMMA_WARPS): odd row counts (a last tile of 16 rows part empty), one to
  * sixteen blocks a row, 2 to 16 rows of x (CLLM_CUDA_QMMA_FROM=2) against
  * the double product within 1e-2 (x rounded to bf16), and 14,336
  * columns, where x of 16 tokens does not fit a block's shared memory and
@@ -574,10 +575,12 @@ static void check_matmul_qstaged(void)
  * rounded to 8 bits) with CLLM_CUDA_QMMA=0. */
 static void check_matmul_qmma(void)
 {
-    static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K,
-                                     DT_Q4_K, DT_Q5_K, DT_Q5_K};
-    static const int rows[] = {257, 300, 71, 16, 40, 257, 72};
-    static const int cols[] = {2048, 256, 768, 4096, 14336, 768, 4096};
+    /* Q6_K's 210-byte blocks: rows of 1,024 columns 8-aligned, of 768
+     * 2-aligned (their blocks' skews in the slots differ row to row) */
+    static const enum dtype dts[] = {DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K, DT_Q4_K,
+                                     DT_Q5_K, DT_Q5_K, DT_Q6_K, DT_Q6_K, DT_Q6_K};
+    static const int rows[] = {257, 300, 71, 16, 40, 257, 72, 257, 41, 72};
+    static const int cols[] = {2048, 256, 768, 4096, 14336, 768, 4096, 1024, 768, 4096};
     enum { ND = sizeof dts / sizeof dts[0] };
     struct test_mat m[ND];
     for (int k = 0; k < ND; k++)
@@ -587,22 +590,31 @@ static void check_matmul_qmma(void)
         struct model md;
         struct layer_weights lw;
         mats_model(&md, &lw, m + k0, nk);
-        setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
-        struct backend *from2 = gpu_loaded(false, &md);
-        unsetenv("CLLM_CUDA_QMMA_FROM");
+        struct err e = {{0}};
+        for (int w16 = 0; w16 < 2; w16++) { /* blocks of 8 warps, and of up to 16 */
+            setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
+            if (w16)
+                setenv("CLLM_CUDA_QMMA_WARPS", "16", 1);
+            struct backend *from2 = gpu_loaded(false, &md);
+            unsetenv("CLLM_CUDA_QMMA_FROM");
+            unsetenv("CLLM_CUDA_QMMA_WARPS");
+            if (from2) {
+                static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
+                for (int k = k0; k < k0 + nk; k++)
+                    for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
+                        check_matmul(from2, &m[k], ns[j], 1e-2,
+                                     w16 ? "fast, tensor-core GEMV, 16 warps"
+                                         : "fast, tensor-core GEMV",
+                                     false);
+                CHECK(from2->ops->finish(from2, &e) == 0, "tensor-core GEMV from 2 tokens: %s",
+                      e.msg);
+            }
+            backend_destroy(from2);
+        }
         struct backend *be = gpu_loaded(false, &md);
         setenv("CLLM_CUDA_QMMA", "0", 1);
         struct backend *off = gpu_loaded(false, &md);
         unsetenv("CLLM_CUDA_QMMA");
-        struct err e = {{0}};
-        if (from2) {
-            static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
-            for (int k = k0; k < k0 + nk; k++)
-                for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
-                    check_matmul(from2, &m[k], ns[j], 1e-2, "fast, tensor-core GEMV", false);
-            CHECK(from2->ops->finish(from2, &e) == 0, "tensor-core GEMV from 2 tokens: %s", e.msg);
-        }
-        backend_destroy(from2);
         for (int k = k0; be && off && k < k0 + nk; k++) {
             const int n = 5, r = (int)m[k].t.rows, c = (int)m[k].t.cols;
             float *x = malloc(sizeof(float) * (size_t)n * c);

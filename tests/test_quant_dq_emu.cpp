@@ -9,8 +9,9 @@
  *     and min give the host's value to the bit (s * code - m), at the
  *     column gd_perm and gd_block say, and a unit's byte dot product
  *     (gd_dot) against 8-bit activations matches a double product;
- *   - qmma_dq.cuh's reading of Q4_K and Q5_K (the tensor-core GEMV on the blocks):
- *     every value's 128 + q pair and its group's d1 give the host's bits.
+ *   - qmma_dq.cuh's reading of Q4_K, Q5_K and Q6_K (the tensor-core GEMV on the
+ *     blocks): every value's 128 + q pair and its group's d1 (Q6_K: its 16
+ *     values' d sc) give the host's bits.
  * So the kernels' reading of the blocks is checked where there is no GPU. */
 #include "emu/cuda_emu.h"
 
@@ -360,6 +361,49 @@ template <int DT> static int check_qmma_row(const uint8_t *row, const float *ref
     return bad;
 }
 
+/* The same for Q6_K: for every group i (half i / 4, k = i % 4) of every
+ * block and lane t, qmma_codes6's words of the lane's bytes 4t .. 4t + 3
+ * and 16 + 4t .. of the group's run of low nibbles and of its half's bit
+ * pairs, as qmma_pair's bf16 values, are 128 + the 6-bit codes of those
+ * columns, and qmma_coef6's d sc of each 16-value half (from the lane
+ * half j that makes it) times q - 32 is ref's value, bit for bit. */
+static int check_qmma6_row(const uint8_t *row, const float *ref, int cols)
+{
+    int bad = 0;
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *blk = row + (size_t)b * 210;
+        for (int i = 0; i < 8; i++) {
+            const int n = i / 4, k = i % 4, j = (i & 3) >> 1;
+            uint4 hd = {0, 0, 0, 0};
+            memcpy(&hd.x, blk + 208, 2);
+            memcpy(&hd.y, blk + 192 + 4 * j, 4);
+            memcpy(&hd.z, blk + 200 + 4 * j, 4);
+            float ca[4], cb[4];
+            qmma_coef6(hd, ca, cb);
+            const float scl[2] = {ca[(i & 1) + 2 * (i >> 2)], cb[(i & 1) + 2 * (i >> 2)]};
+            for (int t = 0; t < 4; t++)
+                for (int half = 0; half < 2; half++) {
+                    uint32_t w, h;
+                    memcpy(&w, blk + 64 * n + 32 * (k & 1) + 16 * half + 4 * t, 4);
+                    memcpy(&h, blk + 128 + 32 * n + 16 * half + 4 * t, 4);
+                    const uint32_t m = qmma_codes6(w, h, k);
+                    for (int e = 0; e < 2; e++) {
+                        const uint32_t p = qmma_pair(m, e);
+                        for (int l = 0; l < 2; l++) {
+                            const float a = __uint_as_float((p >> (16 * l)) << 16); /* bf16 */
+                            const int q = (int)a - 128;
+                            const float v = scl[half] * (float)(q - 32);
+                            const int col = 256 * b + 32 * i + 16 * half + 4 * t + 2 * e + l;
+                            bad += a != (float)(int)a || q < 0 || q > 63 ||
+                                   memcmp(&v, &ref[col], 4) != 0;
+                        }
+                    }
+                }
+        }
+    }
+    return bad;
+}
+
 int main()
 {
     /* Q8_0: its integer units only (quant_dq.cuh does not widen it) */
@@ -393,6 +437,8 @@ int main()
                 mbad += check_qmma_row<DT_Q4_K>(row, ref.data(), cols);
             else if (dt == DT_Q5_K)
                 mbad += check_qmma_row<DT_Q5_K>(row, ref.data(), cols);
+            else if (dt == DT_Q6_K)
+                mbad += check_qmma6_row(row, ref.data(), cols);
             for (int c = 0; c < cols; c += 8) {
                 if (q8)
                     memcpy(&got[c], &ref[c], 32);
@@ -431,7 +477,7 @@ int main()
         }
         CHECK(mbad == 0, "%s: %d values or scales of the tensor-core GEMV's reading "
               "(qmma_dq.cuh) differ from quant_dequantize_row's", dtype_name(dt), mbad);
-        if (dt == DT_Q4_K || dt == DT_Q5_K)
+        if (dt == DT_Q4_K || dt == DT_Q5_K || dt == DT_Q6_K)
             printf("%s: the tensor-core GEMV's A values and scales == host widening: %s\n",
                    dtype_name(dt), mbad ? "no" : "yes");
         CHECK(ubad == 0, "%s: %d of %d values' integer units (s * code - m) differ from "

@@ -463,7 +463,7 @@ struct cuk_mma_cfg {
                                    * warps a block (8, 16); 0: automatic */
     int stage_regs; /* measurement: x staged through registers even where
                      * its f32 rows fit in shared memory (the same bits) */
-    int qmma_warps; /* the most warps a block of the Q4_K / Q5_K kernel (8, 16;
+    int qmma_warps; /* the most warps a block of the K-quant kernel (8, 16;
                      * 0: 8) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
@@ -471,8 +471,8 @@ struct cuk_mma_cfg {
  * requires before sending it a shape. It declines only where x alone does
  * not fit cfg->smem_max. */
 size_t cuk_gemv_mma_smem(int n, int cols);
-/* The same for Q4_K or Q5_K weights of dtype dt (their kernel's ring at
- * its shallowest). */
+/* The same for Q4_K, Q5_K or Q6_K weights of dtype dt (their kernel's
+ * ring at its shallowest, 8-warp blocks); 0 for any other dtype. */
 size_t cuk_gemv_qmma_smem(int dt, int n, int cols);
 /* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
  * cores (sm_80 and newer), except that the input rows, after the input

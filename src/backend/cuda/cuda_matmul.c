@@ -352,7 +352,7 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
 }
 
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
- * tensor-core GEMV on Q4_K or Q5_K blocks (gemv_mma_quant.cu) rather than the
+ * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu) rather than the
  * staged quantized GEMV or the widened GEMM: qmma_from to CUK_MMA_MAX_N
  * rows, not in precise mode; x staged in runs of as many tokens as a
  * block's shared memory holds (qmma_fit). Reached with the blocks only:
@@ -370,8 +370,8 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
 {
     const size_t cols = (size_t)ws[0]->cols;
     const int dt = ws[0]->dtype;
-    if (!qmma_tokens(c, n) || (dt != DT_Q4_K && dt != DT_Q5_K) || cols % 256 ||
-        cuk_gemv_qmma_smem(dt, 1, (int)cols) > (size_t)c->mma.smem_max)
+    const size_t smem = cuk_gemv_qmma_smem(dt, 1, (int)cols); /* 0: not its dtype */
+    if (!qmma_tokens(c, n) || !smem || cols % 256 || smem > (size_t)c->mma.smem_max)
         return false;
     for (int i = 1; i < k; i++)
         if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
@@ -520,7 +520,7 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
 {
     if (route != MM_MMA && quant_gemv(c, (enum dtype)ws[0]->dtype)) /* one launch */
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
-    if (route == MM_MMA && (ws[0]->dtype == DT_Q4_K || ws[0]->dtype == DT_Q5_K)) {
+    if (route == MM_MMA && cuk_gemv_qmma_smem(ws[0]->dtype, 1, ws[0]->cols) > 0) {
         /* runs of as many tokens as x's staging takes (an 8B model's
          * down projection: 6 of 14,336 columns), sized alike, each a
          * launch reading the weights again */

@@ -9,8 +9,10 @@ extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
 
 extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
 {
+    if (!qmma_block_bytes(dt))
+        return 0;
     return mma_smem(n, cols, 2, 8) + QMMA_RING(8, QMMA_MIN_SLOTS, qmma_block_bytes(dt)) +
-           QMMA_SUMS(n, cols);
+           QMMA_SUMS(dt, n, cols);
 }
 
 extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
@@ -77,7 +79,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
             continue;
         for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
             size_t sm = mma_smem(n, cols, ks, ww) +
-                        (quant ? QMMA_RING(ww, QMMA_MIN_SLOTS, qbb) + QMMA_SUMS(n, cols) : 0);
+                        (quant ? QMMA_RING(ww, QMMA_MIN_SLOTS, qbb) + QMMA_SUMS(dt, n, cols) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
             /* (Q4_K: one block an SM, its ring as deep as fits) */
@@ -120,7 +122,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     size_t ring = 0;
     if (quant) { /* the ring as deep as fits, then x's f32 copy where it also does */
-        const size_t sums = QMMA_SUMS(n, cols);
+        const size_t sums = QMMA_SUMS(dt, n, cols);
         p.slots = QMMA_MAX_SLOTS;
         while (p.slots > QMMA_MIN_SLOTS &&
                xbytes + scratch + MMA_INV + QMMA_RING(w, p.slots, qbb) + sums > smem_max)

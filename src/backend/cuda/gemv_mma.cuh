@@ -50,18 +50,21 @@
 
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
 #define QMMA_U 8 /* the same for Q4_K / Q5_K weights (gemv_mma_quant.cu): one block */
-/* A warp's slot of that kernel's ring: one block (bb bytes) of its unit's
- * 16 rows; slots a warp, and the ring's bytes (w warps). After the ring,
- * x's sums per 32 columns and token (8 or 16 a group). */
+/* A warp's slot of that kernel's ring: one block of its unit's 16 rows,
+ * bb bytes a row (qmma_block_bytes); slots a warp, and the ring's bytes
+ * (w warps). After the ring, x's sums per token and 32 columns (Q6_K:
+ * 16), for 8 or 16 tokens. */
 #define QMMA_SLOT(bb) (16 * (bb))
 #define QMMA_MIN_SLOTS 2
 #define QMMA_MAX_SLOTS 4
 #define QMMA_RING(w, slots, bb) ((size_t)(w) * (slots) * QMMA_SLOT(bb))
-#define QMMA_SUMS(n, cols) ((size_t)(cols) / 32 * ((n) <= 8 ? 8 : 16) * 4)
-/* The bytes of a block of the dtypes that kernel takes (0: none). */
+#define QMMA_SUMS(dt, n, cols) \
+    ((size_t)(cols) / ((dt) == DT_Q6_K ? 16 : 32) * ((n) <= 8 ? 8 : 16) * 4)
+/* A slot row's bytes for the dtypes that kernel takes (0: none): a block,
+ * or Q6_K's 14 aligned 16-byte pieces over its 210. */
 static inline int qmma_block_bytes(int dt)
 {
-    return dt == DT_Q4_K ? 144 : dt == DT_Q5_K ? 176 : 0;
+    return dt == DT_Q4_K ? 144 : dt == DT_Q5_K ? 176 : dt == DT_Q6_K ? 224 : 0;
 }
 /* A warp's sums (16 tokens x 16 rows, 8 floats a lane), per warp of a
  * block of W warps and for two rounds of units, so one barrier a round
@@ -485,7 +488,7 @@ static cudaError_t mma_launch_in(cudaStream_t s, const struct mmap &p,
 }
 
 
-/* The quantized weights' launch (gemv_mma_quant.cu): dt Q4_K or Q5_K
+/* The quantized weights' launch (gemv_mma_quant.cu): dt Q4_K, Q5_K or Q6_K
  * (slices of whole blocks, QMMA_U steps a chunk), blocks of w warps (8
  * or 16); cudaErrorNotSupported for any other dtype. */
 cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p,

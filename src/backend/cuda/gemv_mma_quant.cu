@@ -36,25 +36,38 @@
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/qmma_dq.cuh"
 
-/* A block's layout: d, dmin (f16) and 12 scale bytes, then (Q5_K) 32
- * bytes of fifth bits, then 128 bytes of 4-bit codes. */
+/* A block's layout. Q4_K: d, dmin (f16) and 12 scale bytes, then (Q5_K)
+ * 32 bytes of fifth bits, then 128 bytes of 4-bit codes. Q6_K: 128
+ * bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one a 16
+ * values), d (f16): 210 bytes, so a block is 2-aligned and its slot row
+ * the 14 aligned 16-byte pieces that cover it (BB), the block starting
+ * at its address % 16 in them. */
 template <int DT> struct qmma_fmt {
-    static constexpr int BB = DT == DT_Q5_K ? 176 : 144; /* bytes */
-    static constexpr int QS = DT == DT_Q5_K ? 48 : 16;   /* where the codes start */
+    static constexpr bool K6 = DT == DT_Q6_K;
+    static constexpr int BYTES = K6 ? 210 : DT == DT_Q5_K ? 176 : 144; /* a block */
+    static constexpr int BB = K6 ? 224 : BYTES;            /* a slot row */
+    static constexpr int QS = DT == DT_Q5_K ? 48 : 16;     /* Q4/5_K: where the codes start */
 };
 
-/* A lane's codes of one block of its two rows (h: row g, g + 8). */
+/* A lane's codes of one block of its two rows (h: row g, g + 8). Q4_K,
+ * Q5_K: bytes 8t .. 8t + 7 of code run k (low nibbles group 2k, high
+ * 2k + 1) and of the fifth bits (bit i: group i). Q6_K: of half n, run
+ * k (ql bytes 64n + 32k ..), the words of bytes 4t .. 4t + 3 and 16 +
+ * 4t .. (x, y: the group's columns 4t .., 16 + 4t ..), low nibbles for
+ * groups 4n + k, high for 4n + k + 2; qh[h][n], the same words of its
+ * 32 bytes of bit pairs (bits 2k: group 4n + k). */
 struct qmma_raw {
-    uint2 q[2][4]; /* bytes 8t .. 8t + 7 of code run j */
-    uint2 qh[2];   /* Q5_K: bytes 8t .. 8t + 7 of the fifth bits (bit 2j + 1: run j's high nibbles) */
+    uint2 q[2][4];
+    uint2 qh[2][2];
 };
 
-/* A 16-byte asynchronous copy to shared memory (zeros where !ok), the
- * source evicted first from L2: weights stream. */
-static __device__ __forceinline__ void qmma_cp16(uint32_t dst, const void *src, bool ok)
+/* A 16-byte asynchronous copy to shared memory of the first `bytes` (0
+ * to 16) of src, zeros after them, the source evicted first from L2:
+ * weights stream. */
+static __device__ __forceinline__ void qmma_cp16(uint32_t dst, const void *src, int bytes)
 {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst),
-                 "l"(src), "r"(ok ? 16 : 0), "l"(cuk_l2_evict_first()));
+                 "l"(src), "r"(bytes), "l"(cuk_l2_evict_first()));
 }
 
 /* Tile row r's (0..15) weights of unit u: row row0 + r (a pair: gate's
@@ -79,14 +92,43 @@ template <int DT, bool PAIR>
 static __device__ __forceinline__ void qmma_issue(uint32_t dst, const struct mmap &p,
                                                   const struct mma_unit &u, int j, int lane)
 {
-    constexpr int BB = qmma_fmt<DT>::BB, PC = BB / 16; /* pieces a row */
+    using F = qmma_fmt<DT>;
+    constexpr int PC = F::BB / 16; /* pieces a row */
     const int s = u.s0 + j * QMMA_U;
     const bool ok = u.valid && s < u.s1;
-    const size_t boff = (size_t)(s / QMMA_U) * BB;
+    const size_t boff = (size_t)(s / QMMA_U) * F::BYTES;
     for (int i = lane; i < 16 * PC; i += 32) {
         const int r = i / PC, o = (i - r * PC) * 16;
-        qmma_cp16(dst + r * BB + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0], ok);
+        if (F::K6) { /* the aligned pieces over the block, none read past it */
+            const uint8_t *b = ok ? qmma_row<PAIR>(p, u, r) + boff : p.w[0];
+            const uint8_t *a = (const uint8_t *)((uintptr_t)b & ~(uintptr_t)15) + o;
+            const long left = ok ? (long)(b + F::BYTES - a) : 0;
+            qmma_cp16(dst + r * F::BB + o, left > 0 ? a : p.w[0],
+                      left >= 16 ? 16 : left > 0 ? (int)left : 0);
+        } else {
+            qmma_cp16(dst + r * F::BB + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0],
+                      ok ? 16 : 0);
+        }
     }
+}
+
+/* Where chunk j of unit u's block starts in row r's slot row: its
+ * address % 16 (Q6_K; 0 for the 16-aligned blocks of the others). */
+template <int DT, bool PAIR>
+static __device__ __forceinline__ int qmma_skew(const struct mmap &p, const struct mma_unit &u,
+                                                int j, int r)
+{
+    if (!qmma_fmt<DT>::K6 || !u.valid)
+        return 0;
+    const int s = u.s0 + j * QMMA_U;
+    return (int)((uintptr_t)(qmma_row<PAIR>(p, u, r) + (size_t)(s / QMMA_U) * 210) & 15);
+}
+
+/* The 4 bytes at row + o (o even; a Q6_K slot row's 2-aligned words). */
+static __device__ __forceinline__ uint32_t qmma_word2(const unsigned char *row, int o)
+{
+    const uint32_t *w = (const uint32_t *)(row + (o & ~3));
+    return __funnelshift_r(w[0], w[1], 8 * (o & 3));
 }
 
 /* Until the chunk issued slots - 1 commits ago has landed (this
@@ -104,30 +146,60 @@ static __device__ __forceinline__ void qmma_wait(int slots)
 /* The lane's codes of the chunk in the slot at sl (rows g, g + 8). */
 template <int DT>
 static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned char *sl, int g,
-                                                 int tig)
+                                                 int tig, const int (&skew)[2])
 {
     using F = qmma_fmt<DT>;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const unsigned char *row = sl + (g + 8 * h) * F::BB;
+        if constexpr (F::K6) {
+            const int o = skew[h] + 4 * tig;
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            r.q[h][k] = *(const uint2 *)(row + F::QS + 32 * k + 8 * tig);
-        r.qh[h] = DT == DT_Q5_K ? *(const uint2 *)(row + 16 + 8 * tig) : make_uint2(0, 0);
+            for (int k = 0; k < 4; k++) /* half k / 2, run k % 2 */
+                r.q[h][k] = make_uint2(qmma_word2(row, o + 32 * k), qmma_word2(row, o + 32 * k + 16));
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+                r.qh[h][n] = make_uint2(qmma_word2(row, o + 128 + 32 * n),
+                                        qmma_word2(row, o + 144 + 32 * n));
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                r.q[h][k] = *(const uint2 *)(row + F::QS + 32 * k + 8 * tig);
+            r.qh[h][0] = DT == DT_Q5_K ? *(const uint2 *)(row + 16 + 8 * tig) : make_uint2(0, 0);
+        }
     }
+}
+
+/* The header qmma_coefs reads of row r's block at skew o of the slot:
+ * Q4_K / Q5_K its 16 bytes; Q6_K d in x and, for lane half j, scale
+ * words j and 2 + j in y and z. */
+template <int DT>
+static __device__ __forceinline__ uint4 qmma_head(const unsigned char *sl, int r, int o, int j)
+{
+    using F = qmma_fmt<DT>;
+    const unsigned char *row = sl + r * F::BB;
+    if constexpr (F::K6)
+        return make_uint4(qmma_word2(row, o + 208) & 0xFFFF, qmma_word2(row, o + 192 + 4 * j),
+                          qmma_word2(row, o + 200 + 4 * j), 0);
+    else
+        return *(const uint4 *)row;
 }
 
 /* The chunk's coefficients: lane L makes those of row L % 16, groups
  * 2j, 2j + 1, 2j + 4, 2j + 5 (j = L / 16), from the header hd it read
  * of the slot, and writes them over the slot (its codes are in the
  * lanes' registers by then): cf[8 i + g] = {d1, 128 d1 + m1 of row g,
- * the same of row g + 8} for group i, one 16-byte read a group for a
- * lane's two rows. */
+ * the same of row g + 8} for group i (Q6_K: d sc of its columns 0-15,
+ * of 16-31), one 16-byte read a group for a lane's two rows. */
+template <int DT>
 static __device__ __forceinline__ void qmma_coefs(float4 *cf, const uint4 &hd, int lane)
 {
     const int r = lane & 15, j = lane >> 4;
     float a[4], b[4];
-    qmma_coef4(hd, j, a, b);
+    if (DT == DT_Q6_K)
+        qmma_coef6(hd, a, b);
+    else
+        qmma_coef4(hd, j, a, b);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int i = 2 * j + (k & 1) + 4 * (k >> 1);
@@ -135,10 +207,27 @@ static __device__ __forceinline__ void qmma_coefs(float4 *cf, const uint4 &hd, i
     }
 }
 
-/* S: each 32-column group's sum of the staged x per token (the mma's
- * sum with A all ones, as the products' mma sees x), made once a launch,
- * warp w taking groups w, w + W, ...: sg[group * 8 NTL + token]. */
-template <int NTL, int W>
+/* A lane's x for a 32-column group of its columns: cols 8t .. 8t + 7
+ * (Q4_K, Q5_K), or Q6_K's 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3 (each
+ * k-step within one of its 16-value scales); zeros past n tokens. */
+template <int DT>
+static __device__ __forceinline__ uint4 qmma_x(const uint16_t *xs, int stride, int tok, int n,
+                                               int col0, int tig)
+{
+    if (tok >= n)
+        return make_uint4(0, 0, 0, 0);
+    const uint16_t *row = xs + (size_t)tok * stride + col0;
+    if (DT != DT_Q6_K)
+        return *(const uint4 *)(row + 8 * tig);
+    const uint2 a = *(const uint2 *)(row + 4 * tig), b = *(const uint2 *)(row + 16 + 4 * tig);
+    return make_uint4(a.x, a.y, b.x, b.y);
+}
+
+/* S: each 32-column group's sum of the staged x per token (Q6_K: of each
+ * 16-column half), the mma's sum with A all ones, as the products' mma
+ * sees x, made once a launch, warp w taking groups w, w + W, ...:
+ * sg[part * 8 NTL + token], part the group (Q6_K: 2 group + half). */
+template <int DT, int NTL, int W>
 static __device__ __forceinline__ void qmma_sums(float *sg, const uint16_t *xs, int stride, int n,
                                                  int cols, int g, int tig)
 {
@@ -146,14 +235,18 @@ static __device__ __forceinline__ void qmma_sums(float *sg, const uint16_t *xs, 
     for (int s = threadIdx.x >> 5; s < cols / 32; s += W)
 #pragma unroll
         for (int nt = 0; nt < NTL; nt++) {
-            const int tok = 8 * nt + g;
-            const uint4 xv = tok < n ? *(const uint4 *)(xs + (size_t)tok * stride + s * 32 + 8 * tig)
-                                     : make_uint4(0, 0, 0, 0);
-            float sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint4 xv = qmma_x<DT>(xs, stride, 8 * nt + g, n, s * 32, tig);
+            float sx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sy[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             cuk_mma16816<false>(sx, ones, xv.x, xv.y);
-            cuk_mma16816<false>(sx, ones, xv.z, xv.w);
-            if (g == 0) /* sx[0..1]: tokens 8 nt + 2t, + 1 (every row the same) */
+            cuk_mma16816<false>(DT == DT_Q6_K ? sy : sx, ones, xv.z, xv.w);
+            /* sx[0..1]: tokens 8 nt + 2t, + 1 (every row the same) */
+            if (g == 0 && DT == DT_Q6_K) {
+                *(float2 *)(sg + 2 * s * 8 * NTL + 8 * nt + 2 * tig) = make_float2(sx[0], sx[1]);
+                *(float2 *)(sg + (2 * s + 1) * 8 * NTL + 8 * nt + 2 * tig) =
+                    make_float2(sy[0], sy[1]);
+            } else if (g == 0) {
                 *(float2 *)(sg + s * 8 * NTL + 8 * nt + 2 * tig) = make_float2(sx[0], sx[1]);
+            }
         }
 }
 
@@ -176,8 +269,13 @@ static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmm
         uint32_t a0[4], a1[4];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint32_t mx = qmma_codes<DT>(r.q[h][k].x, r.qh[h].x, i),
-                           my = qmma_codes<DT>(r.q[h][k].y, r.qh[h].y, i);
+            /* Q6_K: half i / 4, run i % 2, high nibbles from i % 4 = 2 */
+            const uint2 w = DT == DT_Q6_K ? r.q[h][2 * (i / 4) + (i & 1)] : r.q[h][k];
+            const uint2 hw = r.qh[h][DT == DT_Q6_K ? i / 4 : 0];
+            const uint32_t mx = DT == DT_Q6_K ? qmma_codes6(w.x, hw.x, i & 3)
+                                              : qmma_codes<DT>(w.x, hw.x, i),
+                           my = DT == DT_Q6_K ? qmma_codes6(w.y, hw.y, i & 3)
+                                              : qmma_codes<DT>(w.y, hw.y, i);
             a0[h] = qmma_pair(mx, 0);
             a0[2 + h] = qmma_pair(mx, 1);
             a1[h] = qmma_pair(my, 0);
@@ -185,22 +283,34 @@ static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmm
         }
         const float4 c4 = cf[8 * i + g];
         const float ca[2] = {c4.x, c4.z}, cb[2] = {c4.y, c4.w};
-        const int col = (s0 + i) * 32 + 8 * tig;
 #pragma unroll
         for (int nt = 0; nt < NTL; nt++) {
-            const int tok = 8 * nt + g;
-            const uint4 xv = tok < n ? *(const uint4 *)(xs + (size_t)tok * stride + col)
-                                     : make_uint4(0, 0, 0, 0);
-            const float2 sv = *(const float2 *)(sg + (s0 + i) * 8 * NTL + 8 * nt + 2 * tig);
-            const float sx[2] = {sv.x, sv.y};
+            const uint4 xv = qmma_x<DT>(xs, stride, 8 * nt + g, n, (s0 + i) * 32, tig);
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             cuk_mma16816<false>(c, a0, xv.x, xv.y);
-            cuk_mma16816<false>(c, a1, xv.z, xv.w);
-            /* c[0..1]: row g, tokens 2t, 2t + 1; c[2..3]: row g + 8 */
+            if constexpr (DT == DT_Q6_K) {
+                /* the halves apart: d sc (c - 160 S) each, q + 128 - 160 = q - 32 */
+                float c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                cuk_mma16816<false>(c2, a1, xv.z, xv.w);
+                const float *sp = sg + 2 * (s0 + i) * 8 * NTL + 8 * nt + 2 * tig;
+                const float2 s1 = *(const float2 *)sp, s2 = *(const float2 *)(sp + 8 * NTL);
+                const float sa[2] = {s1.x, s1.y}, sb[2] = {s2.x, s2.y};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int h = e / 2;
-                acc[nt][e] = fmaf(ca[h], c[e], fmaf(-cb[h], sx[e & 1], acc[nt][e]));
+                for (int e = 0; e < 4; e++) {
+                    const int h = e / 2;
+                    acc[nt][e] = fmaf(ca[h], fmaf(-160.0f, sa[e & 1], c[e]),
+                                      fmaf(cb[h], fmaf(-160.0f, sb[e & 1], c2[e]), acc[nt][e]));
+                }
+            } else {
+                cuk_mma16816<false>(c, a1, xv.z, xv.w);
+                const float2 sv = *(const float2 *)(sg + (s0 + i) * 8 * NTL + 8 * nt + 2 * tig);
+                const float sx[2] = {sv.x, sv.y};
+                /* c[0..1]: row g, tokens 2t, 2t + 1; c[2..3]: row g + 8 */
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e / 2;
+                    acc[nt][e] = fmaf(ca[h], c[e], fmaf(-cb[h], sx[e & 1], acc[nt][e]));
+                }
             }
         }
     }
@@ -316,7 +426,7 @@ __global__ void __launch_bounds__(W * 32, 1)
         mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, 1);
     }
     __syncthreads();
-    qmma_sums<NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
+    qmma_sums<DT, NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
     __syncthreads();
     float acc[NTL][4] = {};
     for (int c = 0; c < nchunks; c++) {
@@ -328,13 +438,16 @@ __global__ void __launch_bounds__(W * 32, 1)
         qmma_wait(p.slots);
         __syncwarp(); /* every lane's copies of chunk c landed */
         unsigned char *sl = ring + (c % p.slots) * SLOT;
-        qmma_raw r;
-        qmma_read<DT>(r, sl, g, tig);
-        const uint4 hd = *(const uint4 *)(sl + (lane & 15) * qmma_fmt<DT>::BB);
-        __syncwarp(); /* the slot read: its first KB takes the coefficients */
-        qmma_coefs((float4 *)sl, hd, lane);
-        __syncwarp();
         const struct mma_unit cu = unit(c);
+        const int skew[2] = {qmma_skew<DT, PAIR>(p, cu, c % p.cpu, g),
+                             qmma_skew<DT, PAIR>(p, cu, c % p.cpu, g + 8)};
+        qmma_raw r;
+        qmma_read<DT>(r, sl, g, tig, skew);
+        const uint4 hd = qmma_head<DT>(sl, lane & 15, qmma_skew<DT, PAIR>(p, cu, c % p.cpu, lane & 15),
+                                       lane >> 4);
+        __syncwarp(); /* the slot read: its first KB takes the coefficients */
+        qmma_coefs<DT>((float4 *)sl, hd, lane);
+        __syncwarp();
         qmma_step<DT, NTL>(acc, r, (const float4 *)sl, cu, c % p.cpu, xs, sg, p.stride, p.n, g,
                            tig);
         if ((c + 1) % p.cpu == 0)
@@ -379,5 +492,8 @@ cudaError_t mma_launch_quant(cudaStream_t s, int dt, int n, const struct mmap &p
     if (dt == DT_Q5_K)
         return n <= 8 ? qmma_launch_in<DT_Q5_K, 8>(s, p, in, grid, smem, w)
                       : qmma_launch_in<DT_Q5_K, 16>(s, p, in, grid, smem, w);
+    if (dt == DT_Q6_K)
+        return n <= 8 ? qmma_launch_in<DT_Q6_K, 8>(s, p, in, grid, smem, w)
+                      : qmma_launch_in<DT_Q6_K, 16>(s, p, in, grid, smem, w);
     return cudaErrorNotSupported;
 }

@@ -1,7 +1,8 @@
-/* qmma_dq.cuh - how the tensor-core GEMV on Q4_K and Q5_K blocks
+/* qmma_dq.cuh - how the tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks
  * (gemv_mma_quant.cu) reads a block: a 32-value group's scale d1 and
- * 128 d1 + m1 from the block's 16-byte header, and its values as bf16
- * pairs 128 + q, 128 + q' that the mma takes as A. A header of
+ * 128 d1 + m1 from the block's 16-byte header (Q6_K: its two 16-value
+ * scales d sc), and its values as bf16 pairs 128 + q, 128 + q' that the
+ * mma takes as A. A header of
  * its own so that tests/test_quant_dq_emu.cpp holds these to the host's
  * widening (quant_dequantize_row) where there is no GPU. */
 #ifndef CLLM_BACKEND_CUDA_QMMA_DQ_CUH
@@ -50,7 +51,31 @@ static __device__ __forceinline__ uint32_t qmma_codes(uint32_t w, uint32_t hw, i
     return m;
 }
 
-/* Codes 2e, 2e + 1 of qmma_codes' word as the bf16 pair 128 + q,
+/* Q6_K: groups 2j, 2j + 1, 2j + 4, 2j + 5 of a block (j: lane half):
+ * from d (hd.x's low 16 bits) and scale words j, 2 + j (hd.y, hd.z:
+ * group i's int8 scales are bytes 2i, 2i + 1), d sc of the group's
+ * columns 0-15 (a[]) and 16-31 (b[]), the host's products. */
+static __device__ __forceinline__ void qmma_coef6(const uint4 &hd, float (&a)[4], float (&b)[4])
+{
+    const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t w = (k < 2 ? hd.y : hd.z) >> (16 * (k & 1));
+        a[k] = __fmul_rn(d, (float)(int8_t)(w & 0xFF));
+        b[k] = __fmul_rn(d, (float)(int8_t)((w >> 8) & 0xFF));
+    }
+}
+
+/* Q6_K: group 4n + k's codes (k: 0..3) of four bytes w of its run of low
+ * nibbles (high ones from k = 2) and the same bytes h of its half's bit
+ * pairs (bits 2k), one a byte: q in 0..63, the value q - 32. */
+static __device__ __forceinline__ uint32_t qmma_codes6(uint32_t w, uint32_t h, int k)
+{
+    const uint32_t lo = (k & 2 ? w >> 4 : w) & 0x0F0F0F0Fu;
+    return lo | ((k == 3 ? h >> 2 : h << (4 - 2 * k)) & 0x30303030u);
+}
+
+/* Codes 2e, 2e + 1 of qmma_codes' (or qmma_codes6') word as the bf16 pair 128 + q,
  * 128 + q': the bits 0x4300 | q, one byte permute. */
 static __device__ __forceinline__ uint32_t qmma_pair(uint32_t m, int e)
 {
