@@ -53,8 +53,10 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: gen_model --shape NAME --dtype DT -o FILE.gguf [--seed N]\n"
                "       gen_model --from-hf DIR --dtype DT -o FILE.gguf\n"
-               "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k; rows a\n"
-               "       256-block format does not divide fall back as llama.cpp does)\n"
+               "       (DT: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k, or\n"
+               "       q4_k_m / q5_k_m: llama.cpp's mix, Q6_K for the output (tied: the\n"
+               "       embedding) and some layers' attn_v and ffn_down; rows a 256-block\n"
+               "       format does not divide fall back as llama.cpp does)\n"
                "       (either: --layers N keeps the first N layers, e.g. for a draft model;\n"
                "       --placeholder-vocab writes placeholder pieces as a vocabulary, so that\n"
                "       llama.cpp loads the file: tests/test_llamacpp.sh)\n"
@@ -64,8 +66,14 @@ static void usage(FILE *f)
     fprintf(f, "\n");
 }
 
-static int parse_dtype(const char *s, enum dtype *out)
+/* A dtype's name, or q4_k_m / q5_k_m (*k_m: GGUF_WRITE_K_M's mix). */
+static int parse_dtype(const char *s, enum dtype *out, bool *k_m)
 {
+    *k_m = !strcmp(s, "q4_k_m") || !strcmp(s, "q5_k_m");
+    if (*k_m) {
+        *out = s[1] == '4' ? DT_Q4_K : DT_Q5_K;
+        return 0;
+    }
     for (int d = 0; d < DT_COUNT; d++) {
         if (!strcmp(s, dtype_name((enum dtype)d))) {
             *out = (enum dtype)d;
@@ -237,12 +245,15 @@ int main(int argc, char **argv)
         }
     }
     enum dtype dt;
-    if (!out || !shape == !from || parse_dtype(dts, &dt)) {
+    bool k_m;
+    if (!out || !shape == !from || parse_dtype(dts, &dt, &k_m)) {
         fprintf(stderr, "gen_model: need -o, a valid --dtype and exactly one of --shape / "
                         "--from-hf\n");
         usage(stderr);
         return 2;
     }
+    if (k_m)
+        flags |= GGUF_WRITE_K_M;
     struct err e = {{0}};
     struct model m;
     double t0 = now();
@@ -291,8 +302,8 @@ int main(int argc, char **argv)
     long long bytes = stat(out, &st) == 0 ? (long long)st.st_size : -1;
     /* mistral models are written with llama.cpp's architecture name "llama" */
     const char *arch = strcmp(m.cfg.arch, "mistral") ? m.cfg.arch : "llama";
-    printf("%s: %s %s, %d layers, dim %d, vocab %d, %.1f MB in %.2f s\n", out, arch,
-           dtype_name(dt), m.cfg.n_layers, m.cfg.dim, m.cfg.vocab_size, bytes / 1e6, secs);
+    printf("%s: %s %s%s, %d layers, dim %d, vocab %d, %.1f MB in %.2f s\n", out, arch,
+           dtype_name(dt), k_m ? "_m" : "", m.cfg.n_layers, m.cfg.dim, m.cfg.vocab_size, bytes / 1e6, secs);
     model_free(&m);
     return 0;
 }

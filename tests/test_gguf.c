@@ -1028,19 +1028,31 @@ static int fake_tensor(struct model *m, struct tensor *t, int64_t rows, int64_t 
     return 0;
 }
 
+static void make_fake_sized(struct model *m, const char *arch, bool bias, bool qk_norm,
+                            bool tied, bool interleaved, int dim, int hidden, int layers,
+                            int head_dim);
+
 static void make_fake(struct model *m, const char *arch, bool bias, bool qk_norm, bool tied,
                       bool interleaved)
+{
+    make_fake_sized(m, arch, bias, qk_norm, tied, interleaved, 64, 96, 2, 32);
+}
+
+/* make_fake with the given dim, hidden_dim, layers and head_dim. */
+static void make_fake_sized(struct model *m, const char *arch, bool bias, bool qk_norm,
+                            bool tied, bool interleaved, int dim, int hidden, int layers,
+                            int head_dim)
 {
     memset(m, 0, sizeof *m);
     struct model_config *c = &m->cfg;
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     snprintf(m->path, sizeof m->path, "/fake/%s", arch);
-    c->dim = 64;
-    c->hidden_dim = 96;
-    c->n_layers = 2;
+    c->dim = dim;
+    c->hidden_dim = hidden;
+    c->n_layers = layers;
     c->n_heads = 4;
     c->n_kv_heads = 2;
-    c->head_dim = 32; /* != dim / n_heads on purpose */
+    c->head_dim = head_dim; /* 32 of 64: != dim / n_heads on purpose */
     c->vocab_size = 50;
     c->max_seq = 128;
     c->norm_eps = 1e-6f;
@@ -1165,6 +1177,35 @@ static void test_fake_models(void)
     }
     CHECK(calls > 0, "row_fn called");
     model_free(&m);
+
+    /* GGUF_WRITE_K_M: llama.cpp's Q4_K_M mix. Of 8 layers, 0, 3, 6 and 7
+     * get more bits (their attn_v and ffn_down Q6_K), and so does the
+     * output matrix, or the embedding where tied; everything else Q4_K. */
+    for (int tied = 0; tied < 2; tied++) {
+        make_fake_sized(&m, "llama", false, false, tied, true, 256, 256, 8, 64);
+        p = tmp_path("k_m.gguf");
+        CHECK(gguf_write_model_flags(&m, DT_Q4_K, p, NULL, NULL, GGUF_WRITE_K_M, &e) == 0,
+              "k_m: %s", e.msg);
+        if (model_load(&r, p, &e) == 0) {
+            CHECK(r.tok_embd.dtype == (tied ? DT_Q6_K : DT_Q4_K), "k_m embedding: %s",
+                  dtype_name(r.tok_embd.dtype));
+            CHECK(tied || r.lm_head.dtype == DT_Q6_K, "k_m output: %s",
+                  dtype_name(r.lm_head.dtype));
+            for (int l = 0; l < 8; l++) {
+                const struct layer_weights *w = &r.layers[l];
+                const enum dtype want = l == 0 || l == 3 || l == 6 || l == 7 ? DT_Q6_K : DT_Q4_K;
+                CHECK(w->wv.dtype == want && w->w_down.dtype == want && w->wq.dtype == DT_Q4_K &&
+                          w->wk.dtype == DT_Q4_K && w->wo.dtype == DT_Q4_K &&
+                          w->w_gate.dtype == DT_Q4_K && w->w_up.dtype == DT_Q4_K,
+                      "k_m layer %d: v %s, down %s, q %s", l, dtype_name(w->wv.dtype),
+                      dtype_name(w->w_down.dtype), dtype_name(w->wq.dtype));
+            }
+            model_free(&r);
+        } else {
+            CHECK(0, "k_m reload: %s", e.msg);
+        }
+        model_free(&m);
+    }
 
 
 }

@@ -244,6 +244,11 @@ int gguf_write_model_rows(const struct model *m, enum dtype dt, const char *path
  * without one, runs it: tests/test_llamacpp.sh uses llama.cpp as the
  * oracle of the formats written here. */
 #define GGUF_WRITE_PLACEHOLDER_VOCAB 1u
+/* GGUF_WRITE_K_M, with dt Q4_K or Q5_K: llama.cpp's Q4_K_M / Q5_K_M mix,
+ * the output matrix (or, tied, the embedding) and attn_v and ffn_down of
+ * the layers given more bits (the first and last eighths, and every
+ * third between) in Q6_K; the file type says so. Other dtypes: ignored. */
+#define GGUF_WRITE_K_M 2u
 int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *path,
                            gguf_row_fn row_fn, void *ctx, unsigned flags, struct err *e);
 

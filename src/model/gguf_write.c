@@ -394,8 +394,19 @@ static int64_t perm_src(enum perm p, int hd, int64_t r)
     }
 }
 
-static uint32_t file_type(enum dtype dt)
+/* Whether layer i of n gets more bits in a _M mix (llama.cpp's
+ * use_more_bits). */
+static bool more_bits(int i, int n)
 {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static uint32_t file_type(enum dtype dt, bool k_m)
+{
+    if (k_m && dt == DT_Q4_K)
+        return 15; /* Q4_K_M */
+    if (k_m && dt == DT_Q5_K)
+        return 17; /* Q5_K_M */
     switch (dt) { /* llama.cpp's general.file_type values */
     case DT_F16: return 1;
     case DT_Q4_0: return 2;
@@ -466,7 +477,7 @@ static int write_kvs(struct gguf_writer *w, const struct model *m, const char *a
     if (gguf_writer_kv_u32(w, "general.alignment", GGUF_DEFAULT_ALIGNMENT, e) ||
         gguf_writer_kv_str(w, "general.architecture", arch, e) ||
         gguf_writer_kv_str(w, "general.name", base, e) ||
-        gguf_writer_kv_u32(w, "general.file_type", file_type(dt), e) ||
+        gguf_writer_kv_u32(w, "general.file_type", file_type(dt, flags & GGUF_WRITE_K_M), e) ||
         (dtype_block_elems(dt) > 1 &&
          gguf_writer_kv_u32(w, "general.quantization_version", 2, e)) ||
         gguf_writer_kv_u32(w, KEY("vocab_size"), (uint32_t)c->vocab_size, e) ||
@@ -641,7 +652,10 @@ int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *pat
     bool tied = c->tied_embeddings || m->lm_head.data == m->tok_embd.data;
     int hd = c->head_dim;
     char nm[64];
-    add_plan(p, &n, "token_embd.weight", &m->tok_embd, dt, false, PERM_NONE, hd);
+    /* the _M mix's Q6_K matrices (GGUF_WRITE_K_M) */
+    const bool k_m = (flags & GGUF_WRITE_K_M) && (dt == DT_Q4_K || dt == DT_Q5_K);
+    const enum dtype hi = k_m ? DT_Q6_K : dt;
+    add_plan(p, &n, "token_embd.weight", &m->tok_embd, tied ? hi : dt, false, PERM_NONE, hd);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer_weights *lw = &m->layers[l];
         const struct {
@@ -665,9 +679,11 @@ int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *pat
             {"ffn_up.weight", &lw->w_up, false, false},
             {"ffn_down.weight", &lw->w_down, false, false},
         };
+        const bool more = k_m && more_bits(l, c->n_layers);
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             snprintf(nm, sizeof nm, "blk.%d.%s", l, parts[i].suffix);
-            add_plan(p, &n, nm, parts[i].t, dt, parts[i].vec,
+            const bool up = more && (parts[i].t == &lw->wv || parts[i].t == &lw->w_down);
+            add_plan(p, &n, nm, parts[i].t, up ? hi : dt, parts[i].vec,
                      parts[i].permuted ? perm : PERM_NONE, hd);
         }
     }
@@ -677,7 +693,7 @@ int gguf_write_model_flags(const struct model *m, enum dtype dt, const char *pat
         p[n - 1].own = true;
     }
     if (!tied)
-        add_plan(p, &n, "output.weight", &m->lm_head, dt, false, PERM_NONE, hd);
+        add_plan(p, &n, "output.weight", &m->lm_head, hi, false, PERM_NONE, hd);
 
     int rc = -1;
     int64_t max_cols = 1;
