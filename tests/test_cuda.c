@@ -563,6 +563,47 @@ static void check_matmul_qstaged(void)
         mat_free(&m[k]);
 }
 
+/* Every weight of m read back through be's matmul with 16 tokens of x
+ * one-hot at 16 columns a call (x = 1, exact in bf16): out[t][r] is
+ * weight (r, c0 + t) up to the kernel's f32 rounding of its coefficients;
+ * the first few that are not are printed with where they are, so a
+ * wrong column, row or scale shows itself. Returns the weights off. */
+static int check_matmul_onehot(struct backend *be, const struct test_mat *m, const char *what)
+{
+    const int rows = (int)m->t.rows, cols = (int)m->t.cols, n = 16;
+    float *x = calloc((size_t)n * cols, sizeof(float));
+    float *dout = dev_alloc_copy(be, NULL, (size_t)n * rows);
+    float wmax = 0;
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        wmax = fmaxf(wmax, fabsf(m->wide[i]));
+    int bad = 0;
+    struct err e = {{0}};
+    for (int c0 = 0; c0 + n <= cols; c0 += n) {
+        for (int t = 0; t < n; t++) {
+            memset(x + (size_t)t * cols, 0, sizeof(float) * (size_t)cols);
+            x[(size_t)t * cols + c0 + t] = 1.0f;
+        }
+        float *dx = dev_alloc_copy(be, x, (size_t)n * cols);
+        CHECK(be->ops->matmul(be, dout, dx, n, &m->t, &e) == 0, "%s: %s", what, e.msg);
+        float *out = dev_fetch(be, dout, (size_t)n * rows);
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) {
+                const float got = out[(size_t)t * rows + r],
+                            want = m->wide[(size_t)r * cols + c0 + t];
+                if (fabsf(got - want) > 1e-4f * wmax && bad++ < 6)
+                    fprintf(stderr, "%s %s [%d x %d]: weight (%d, %d) read back %g, is %g\n", what,
+                            dtype_name(m->t.dtype), rows, cols, r, c0 + t, got, want);
+            }
+        free(out);
+        be->ops->free(be, dx);
+    }
+    CHECK(bad == 0, "%s %s [%d x %d]: %d weights read back wrong through one-hot x", what,
+          dtype_name(m->t.dtype), rows, cols, bad);
+    be->ops->free(be, dout);
+    free(x);
+    return bad;
+}
+
 /* The tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks (gemv_mma_quant.cu; by
  * default from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16
  * copies are made), in blocks of 8 warps and of 16
@@ -606,6 +647,9 @@ static void check_matmul_qmma(void)
                                      w16 ? "fast, tensor-core GEMV, 16 warps"
                                          : "fast, tensor-core GEMV",
                                      false);
+                for (int k = k0; k < k0 + nk; k++)
+                    check_matmul_onehot(from2, &m[k], w16 ? "16-warp tensor-core GEMV"
+                                                          : "tensor-core GEMV");
                 CHECK(from2->ops->finish(from2, &e) == 0, "tensor-core GEMV from 2 tokens: %s",
                       e.msg);
             }
@@ -1682,11 +1726,12 @@ static void check_matmul_fused_cols(int cols)
                      * pairing is off by far more. */
                     bool paired = k >= 2 && n > 2 /* CUK_GEMV_DEFAULT */ && dt != DT_F32 &&
                                   (i >= k - 2) && wr[k - 1] == wr[k - 2];
-                    /* Q4_K's and Q5_K's tensor-core GEMV (5 to 16 tokens)
+                    /* the K-quants' tensor-core GEMV (5 to 16 tokens)
                      * rounds its input to bf16: the norm made in the
                      * launch (f32 sums) and cuk_rmsnorm's (f64) round a
                      * few elements the other way, ~1e-4 of the outputs */
-                    bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K) && n >= 5 /* QMMA_FROM_N */ &&
+                    bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K || dt == DT_Q6_K) &&
+                                n >= 5 /* QMMA_FROM_N */ &&
                                 n <= 16 && !env_is0("CLLM_CUDA_QMMA");
                     double tol = qmma ? 1e-3 : paired ? 1e-4 : 1e-5;
                     CHECK(re <= tol, "matmul_fused %s, %s [%d x %d], n=%d, output %d: rel err "

@@ -28,6 +28,18 @@ struct uint2 {
 struct uint4 {
     unsigned x, y, z, w;
 };
+struct float2 {
+    float x, y;
+};
+struct float4 {
+    float x, y, z, w;
+};
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return {x, y, z, w};
+}
+static inline float2 make_float2(float x, float y) { return {x, y}; }
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline uint16_t __ushort_as_half(unsigned short u) { return u; }
@@ -404,6 +416,123 @@ static int check_qmma6_row(const uint8_t *row, const float *ref, int cols)
     return bad;
 }
 
+/* One chunk of the tensor-core GEMV as its warp reads it (qmma_dq.cuh):
+ * 16 rows of nb blocks of dtype DT laid out as on the device (rows
+ * rb bytes apart from a 16-aligned base, so Q6_K's blocks sit at the
+ * skews the kernel meets), block k copied into a slot as qmma_issue
+ * copies it (Q6_K: the aligned 16-byte pieces over the block, zeros
+ * past its end), then every lane's qmma_read, qmma_head and qmma_coefs
+ * (written over the slot after all lanes read it), and for each group
+ * the mma's A and B rebuilt from the lanes' fragments (qmma_a, qmma_x)
+ * and multiplied as the kernel sums them: d1 C - (128 d1 + m1) S, or
+ * Q6_K's d sc (C - 160 S) per 16 columns. Returns the rows x tokens whose
+ * sum is off the double product of the host's widening (ref) with the
+ * same bf16 x by more than 1e-5 of the row's magnitude. */
+template <int DT>
+static int check_qmma_chunk(const uint8_t *base, size_t rb, int k, const float *ref, int cols,
+                            const uint16_t *xs, int stride, int n)
+{
+    using F = qmma_fmt<DT>;
+    alignas(16) static unsigned char slot[16 * 256 + 64];
+    memset(slot, 0, sizeof slot);
+    int skew[16];
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *b = base + r * rb + (size_t)k * F::BYTES;
+        const uint8_t *a = F::K6 ? (const uint8_t *)((uintptr_t)b & ~(uintptr_t)15) : b;
+        skew[r] = (int)(b - a);
+        for (int o = 0; o < F::BB; o++)
+            slot[r * F::BB + o] = a + o < b + F::BYTES ? a[o] : 0;
+    }
+    qmma_raw raw[32];
+    uint4 hd[32];
+    for (int L = 0; L < 32; L++) {
+        const int sk[2] = {skew[L >> 2], skew[(L >> 2) + 8]};
+        qmma_read<DT>(raw[L], slot, L >> 2, L & 3, sk);
+        hd[L] = qmma_head<DT>(slot, L & 15, skew[L & 15], L >> 4);
+    }
+    for (int L = 0; L < 32; L++)
+        qmma_coefs<DT>((float4 *)slot, hd[L], L);
+    const float4 *cf = (const float4 *)slot;
+    double acc[16][8] = {};
+    for (int i = 0; i < 8; i++) {
+        float A[2][16][16], B[2][16][8];
+        for (int L = 0; L < 32; L++) {
+            const int g = L >> 2, t = L & 3;
+            uint32_t a[2][4];
+            qmma_a<DT>(raw[L], i, a[0], a[1]);
+            const uint4 xv = qmma_x<DT>(xs, stride, g, n, 256 * k + 32 * i, t);
+            const uint32_t bx[2][2] = {{xv.x, xv.y}, {xv.z, xv.w}};
+            for (int m = 0; m < 2; m++)
+                for (int e = 0; e < 2; e++) {
+                    /* a[m][0..3]: (g, 2t + e), (g + 8, 2t + e), (g, 2t + 8 + e), (g + 8, ..) */
+                    for (int q = 0; q < 4; q++)
+                        A[m][g + 8 * (q & 1)][2 * t + 8 * (q >> 1) + e] =
+                            __uint_as_float((a[m][q] >> (16 * e)) << 16);
+                    for (int q = 0; q < 2; q++)
+                        B[m][2 * t + 8 * q + e][g] = __uint_as_float((bx[m][q] >> (16 * e)) << 16);
+                }
+        }
+        for (int row = 0; row < 16; row++)
+            for (int tok = 0; tok < 8; tok++) {
+                double c[2] = {0, 0}, sx[2] = {0, 0};
+                for (int m = 0; m < 2; m++)
+                    for (int kk = 0; kk < 16; kk++) {
+                        c[m] += (double)A[m][row][kk] * B[m][kk][tok];
+                        sx[m] += B[m][kk][tok];
+                    }
+                const float4 q = cf[8 * i + (row & 7)];
+                const double ca = row < 8 ? q.x : q.z, cb = row < 8 ? q.y : q.w;
+                if (F::K6)
+                    acc[row][tok] += ca * (c[0] - 160.0 * sx[0]) + cb * (c[1] - 160.0 * sx[1]);
+                else
+                    acc[row][tok] += ca * (c[0] + c[1]) - cb * (sx[0] + sx[1]);
+            }
+    }
+    int bad = 0;
+    for (int row = 0; row < 16; row++)
+        for (int tok = 0; tok < n; tok++) {
+            double want = 0, mag = 0;
+            for (int c = 0; c < 256; c++) {
+                const double x = __uint_as_float((uint32_t)xs[tok * stride + 256 * k + c] << 16);
+                const double w = ref[(size_t)row * cols + 256 * k + c];
+                want += w * x;
+                mag += fabs(w * x);
+            }
+            bad += fabs(acc[row][tok] - want) > 1e-5 * mag + 1e-30;
+        }
+    return bad;
+}
+
+/* check_qmma_chunk over every block of 16 random rows of cols columns. */
+template <int DT> static int check_qmma_chunks(int cols)
+{
+    using F = qmma_fmt<DT>;
+    const size_t rb = (size_t)cols / 256 * F::BYTES;
+    std::vector<uint8_t> buf(16 * rb + 64);
+    uint8_t *base = (uint8_t *)(((uintptr_t)buf.data() + 15) & ~(uintptr_t)15);
+    for (size_t i = 0; i < 16 * rb; i++)
+        base[i] = (uint8_t)rnd();
+    int fa, fb;
+    f16_fields((enum dtype)DT, &fa, &fb);
+    for (size_t blk = 0; blk < 16 * rb / F::BYTES; blk++)
+        for (int off : {fa, fb})
+            if (off >= 0) {
+                const uint16_t h = rand_f16();
+                memcpy(base + blk * F::BYTES + off, &h, 2);
+            }
+    std::vector<float> ref((size_t)16 * cols);
+    for (int r = 0; r < 16; r++)
+        quant_dequantize_row((enum dtype)DT, base + r * rb, &ref[(size_t)r * cols], cols);
+    const int n = 8, stride = cols + 32;
+    std::vector<uint16_t> xs((size_t)n * stride);
+    for (auto &v : xs)
+        v = f32_to_bf16((float)((int)(rnd() % 2001) - 1000) / 1000.0f);
+    int bad = 0;
+    for (int k = 0; k < cols / 256; k++)
+        bad += check_qmma_chunk<DT>(base, rb, k, ref.data(), cols, xs.data(), stride, n);
+    return bad;
+}
+
 int main()
 {
     /* Q8_0: its integer units only (quant_dq.cuh does not widen it) */
@@ -517,5 +646,17 @@ int main()
                check_chunks<DT_Q3_K>("Q3_K") + check_chunks<DT_Q8_0>("Q8_0");
     printf("staged chunks of 1-3 steps, every format: units as the row's: %s\n",
            cbad ? "no" : "yes");
+    /* the tensor-core GEMV's chunks (rows of 768 columns: Q6_K's 630-byte
+     * rows 2-aligned; 1,024: 8-aligned; 2,048: 16-aligned) */
+    for (int cols : {768, 1024, 2048}) {
+        const int q4 = check_qmma_chunks<DT_Q4_K>(cols), q5 = check_qmma_chunks<DT_Q5_K>(cols),
+                  q6 = check_qmma_chunks<DT_Q6_K>(cols);
+        CHECK(q4 == 0 && q5 == 0 && q6 == 0,
+              "tensor-core GEMV chunks of %d columns: %d / %d / %d sums of Q4_K / Q5_K / Q6_K "
+              "rows off the double product",
+              cols, q4, q5, q6);
+    }
+    printf("tensor-core GEMV chunks as a warp reads and multiplies them, Q4_K, Q5_K, Q6_K: "
+           "checked\n");
     return test_summary("test_quant_dq_emu");
 }
