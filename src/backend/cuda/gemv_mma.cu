@@ -82,7 +82,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                         (quant ? QMMA_RING(ww, QMMA_MIN_SLOTS, qbb) + QMMA_SUMS(dt, n, cols) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
-            /* (Q4_K: one block an SM, its ring as deep as fits) */
+            /* (K-quants: one block an SM, its ring as deep as fits) */
             int per_sm = !quant && ww == 8 && sm <= mma_block_room(cfg, 2, smem_max) ? 2 : 1;
             if (cfg->blocks_per_sm > 0 && cfg->blocks_per_sm < per_sm)
                 per_sm = cfg->blocks_per_sm;

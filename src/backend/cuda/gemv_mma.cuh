@@ -32,8 +32,8 @@
  * 9} and the second c0 + 8t + {4, 5, 6, 7}. A lane's 16 bytes are then
  * its b0/b1 registers for both, whole.
  *
- * GGUF Q4_K and Q5_K weights have a kernel of their own on this launch
- * shape and x staging (gemv_mma_quant.cu), 8-warp blocks only.
+ * GGUF's K-quants (Q4_K, Q5_K, Q6_K) have a kernel of their own on this
+ * launch shape and x staging (gemv_mma_quant.cu), one block an SM.
  *
  * Every output is summed in an order fixed by the shapes and the device
  * (rows, cols, n, cfg): the same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
@@ -49,7 +49,7 @@
 #include "backend/cuda/gemv_common.cuh"
 
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
-#define QMMA_U 8 /* the same for Q4_K / Q5_K weights (gemv_mma_quant.cu): one block */
+#define QMMA_U 8 /* the same for K-quant weights (gemv_mma_quant.cu): one block */
 /* A warp's slot of that kernel's ring: one block of its unit's 16 rows,
  * bb bytes a row (qmma_block_bytes); slots a warp, and the ring's bytes
  * (w warps). After the ring, x's sums per token and 32 columns (Q6_K:
@@ -96,7 +96,7 @@ struct mmap {
     int out;    /* CUK_OUT_* */
     int ubytes; /* shared memory between x and 1/rms: the slices' sums, or x in f32 */
     int copy_x; /* stage x by mma_copy_x + mma_convert (else mma_stage) */
-    int slots, ring_off; /* Q4_K: a warp's ring slots, where the ring starts */
+    int slots, ring_off; /* K-quants: a warp's ring slots, where the ring starts */
 };
 
 /* Where unit uid's weights are, for the calling lane. */

@@ -1,7 +1,8 @@
 /* gemv_mma_quant.cu - the tensor-core GEMV of batched decode steps
- * (gemv_mma.cuh's contract, launch shape and x staging) for GGUF Q4_K
- * weights, read from their blocks: a quarter of the bytes of a bf16 copy
- * of them, and no widening pass.
+ * (gemv_mma.cuh's contract, launch shape and x staging) for GGUF's
+ * K-quants (Q4_K, Q5_K, Q6_K: all of a Q4_K_M or Q5_K_M file's
+ * matrices), read from their blocks: a quarter to two fifths of the
+ * bytes of a bf16 copy of them, and no widening pass.
  *
  * Why: past a token or two the integer GEMV (gemv_quant.cu) is bound by
  * its dot products, and past 8 tokens a model without bf16 copies (a KV
@@ -15,24 +16,29 @@
  * tokens an n-tile), so a lane's accumulators are its own rows' and no
  * scale crosses lanes. A 32-column step lies in one 32-value group of a
  * block, of scale d1 = d * sc and min m1 = dmin * m (the host's
- * products): its value is d1 q - m1, q in 0..15. A takes 128 + q, exact
- * in bf16 as the bits 0x4300 | q, so a lane makes two values of A with a
- * byte permute and one logic op; the step's sums are then
+ * products): its value is d1 q - m1 (Q5_K: q < 32). A takes 128 + q,
+ * exact in bf16 as the bits 0x4300 | q, and the step's sums are
  *     sum x (d1 q - m1) = d1 C - (128 d1 + m1) S,
- * C = sum x (128 + q) from the mma and S = sum x from one more mma with
- * A all ones, in f32 per step (S made once a launch in shared memory, with
- * two blocks an SM, measured slower). The weights enter exactly (the bf16
- * copies round them); x is rounded to bf16 as for a bf16 model.
+ * C = sum x (128 + q) from the mma and S = sum x. Q6_K's scales cover 16
+ * values (value d sc (q - 32), q < 64), so each of its k-steps takes one
+ * scale's 16 columns and adds d sc (C - 160 S). The weights enter exactly
+ * (the bf16 copies round them); x is rounded to bf16 as for a bf16 model.
+ * How a warp reads a block is qmma_dq.cuh's.
+ *
+ * Work a group: S is made once a launch for every group and token (by
+ * an mma with A all ones, kept after the ring), a chunk's coefficients
+ * once (four a lane, written over its slot), and a word of codes is
+ * masked once and widened two values a byte permute (docs/benchmarks.md,
+ * session 59: +3-16 % over making them per group).
  *
  * Loads: each warp a ring of 2-4 slots in shared memory, a slot one block
  * (256 columns) of its unit's 16 rows, filled by 16-byte asynchronous
  * copies of all its lanes, the first slots before the wait for the
- * previous kernel; one 8-warp block an SM. A lane reads its bytes of a
- * slot (the 16-byte header: d, dmin, the scales; and bytes 8t .. 8t + 7
- * of each of the four 32-byte runs of codes, whose low nibbles are one
- * step's values and high ones the next step's). Every output is summed
- * in an order fixed by the shapes and the device: the same bits on every
- * call. */
+ * previous kernel; one block an SM, of 8 warps (16 with
+ * cfg->qmma_warps). Q6_K's 210-byte blocks are 2-aligned: a slot row is
+ * the 14 aligned pieces over the block, none read past it. Every output
+ * is summed in an order fixed by the shapes and the device: the same
+ * bits on every call. */
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/qmma_dq.cuh"
 
@@ -96,7 +102,8 @@ static __device__ __forceinline__ int qmma_skew(const struct mmap &p, const stru
     if (!qmma_fmt<DT>::K6 || !u.valid)
         return 0;
     const int s = u.s0 + j * QMMA_U;
-    return (int)((uintptr_t)(qmma_row<PAIR>(p, u, r) + (size_t)(s / QMMA_U) * 210) & 15);
+    return (int)((uintptr_t)(qmma_row<PAIR>(p, u, r) + (size_t)(s / QMMA_U) * qmma_fmt<DT>::BYTES) &
+                 15);
 }
 
 /* Until the chunk issued slots - 1 commits ago has landed (this
