@@ -351,19 +351,21 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
            bytes <= c->mma_max_bytes;
 }
 
-/* Whether n rows of x times the k matrices ws (cols columns) go to the
- * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu) rather than the
- * staged quantized GEMV or the widened GEMM: qmma_from to CUK_MMA_MAX_N
- * rows, not in precise mode; x staged in runs of as many tokens as a
- * block's shared memory holds (qmma_fit). Reached with the blocks only:
- * where mm_weights hands out bf16 copies, they route as a bf16 model's,
- * which measured faster (docs/benchmarks.md, session 58). */
 /* Whether a step of n tokens is one the tensor-core GEMV on K-quant blocks
  * takes, where its matrices are (qmma_takes). */
 static bool qmma_tokens(const struct cuda_backend *c, int n)
 {
     return c->qmma && c->gemv_mma && !c->precise && n >= c->qmma_from && n <= CUK_MMA_MAX_N;
 }
+
+/* Whether n rows of x times the k matrices ws (cols columns) go to the
+ * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
+ * k of one dtype) rather than the staged quantized GEMV or the widened
+ * GEMM: qmma_from to CUK_MMA_MAX_N rows, not in precise mode; x staged in
+ * runs of as many tokens as a block's shared memory holds (qmma_fit).
+ * Reached with the blocks only: where mm_weights hands out bf16 copies,
+ * they route as a bf16 model's, which measured faster
+ * (docs/benchmarks.md, session 58). */
 
 static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *const *ws, int k,
                        int n)
