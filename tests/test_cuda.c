@@ -607,7 +607,9 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
 /* The tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks (gemv_mma_quant.cu; by
  * default from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16
  * copies are made), in blocks of 8 warps and of 16
- * (CLLM_CUDA_QMMA_WARPS): odd row counts (a last tile of 16 rows part empty), one to
+ * (CLLM_CUDA_QMMA_WARPS), every weight read back through one-hot x
+ * (check_matmul_onehot): odd row counts (a last tile of 16 rows part
+ * empty), one to
  * sixteen blocks a row, 2 to 16 rows of x (CLLM_CUDA_QMMA_FROM=2) against
  * the double product within 1e-2 (x rounded to bf16), and 14,336
  * columns, where x of 16 tokens does not fit a block's shared memory and
