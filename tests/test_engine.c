@@ -15,16 +15,29 @@
 #include "tokenizer/tokenizer.h"
 #include "testutil.h"
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Reads events until the final one; returns the number of tokens. Every
- * event must carry the same n_cached as the final one. */
+ * event must carry the same n_cached as the final one, and a time stamp
+ * (engine_event.t) no earlier than the one before and no later than its
+ * reading. */
 static int drain(struct engine_request *r, int *out, int cap, struct engine_event *last)
 {
     int n = 0, cached = -1;
+    double t_prev = 0;
     struct engine_event ev;
     while (engine_request_next(r, &ev, 30000) == 1) {
         if (cached >= 0 && ev.n_cached != cached)
             CHECK(0, "n_cached changed mid-stream: %d -> %d", cached, ev.n_cached);
         cached = ev.n_cached;
+        if (!(ev.t >= t_prev && ev.t > 0 && ev.t <= mono_s()))
+            CHECK(0, "event time %.6f after %.6f, read at %.6f", ev.t, t_prev, mono_s());
+        t_prev = ev.t;
         if (ev.finish != ENGINE_FINISH_NONE) {
             *last = ev;
             return n;

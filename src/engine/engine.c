@@ -229,7 +229,10 @@ static void push_event(struct engine_request *r, const struct engine_event *ev)
                 r->cap = cap;
             }
         }
-        r->ev[r->n++] = *ev;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r->ev[r->n] = *ev;
+        r->ev[r->n++].t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
         if (ev->finish != ENGINE_FINISH_NONE)
             r->done = true;
         pthread_cond_broadcast(&r->cv);

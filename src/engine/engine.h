@@ -147,6 +147,9 @@ struct engine_event {
      * first without logprobs: nothing predicts it); not counted as
      * generated */
     bool prompt;
+    /* when the engine queued it: CLOCK_MONOTONIC seconds, so a reader that
+     * was not scheduled when it came still knows (cllm bench's windows) */
+    double t;
     char error[256];
 };
 
