@@ -463,8 +463,8 @@ struct cuk_mma_cfg {
                                    * warps a block (8, 16); 0: automatic */
     int stage_regs; /* measurement: x staged through registers even where
                      * its f32 rows fit in shared memory (the same bits) */
-    int qmma_warps; /* the most warps a block of the K-quant kernel (8, 16;
-                     * 0: 8) */
+    int qmma_warps; /* warps a block of the K-quant kernel (8, 16; 0: 16
+                     * where its blocks fill the SMs, else 8) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend

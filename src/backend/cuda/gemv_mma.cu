@@ -36,7 +36,8 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     const int dt = ws[0]->dtype, cols = ws[0]->cols;
     const int qbb = qmma_block_bytes(dt); /* gemv_mma_quant.cu's dtypes */
     const bool quant = qbb > 0;
-    const int qwarps = cfg->qmma_warps > 0 ? cfg->qmma_warps : 8; /* its blocks' most warps */
+    /* its blocks' warps: 8 or 16 as asked, else 16 where they fill the SMs */
+    const int qwarps = cfg->qmma_warps > 0 ? cfg->qmma_warps : 16;
     if ((dt != DT_BF16 && dt != DT_F16 && !quant) || cols < 32 || cols % 32 ||
         (cuk_q_low_bit(dt) && cols % cuk_q_block_elems(dt)))
         return cudaErrorNotSupported;
@@ -105,6 +106,15 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                 blocks_sm = per_sm;
             }
         }
+        /* K-quants' 16-warp blocks, unless asked for, only where they
+         * fill the SMs: forced, an 8B model's q/k/v (384 tiles, x of 16
+         * tokens leaving no room for slices' sums) made 24 blocks and
+         * ran at half speed; so chosen, H100, no copies, 5-16 streams,
+         * 0.6B and 8-layer 8B Q4_K and Q4_K_M: -2 to +4 %, +1.4 % on
+         * average against 8 warps everywhere (docs/benchmarks.md,
+         * session 59) */
+        if (quant && ww == 16 && cfg->qmma_warps <= 0 && best >= 0 && grid < cfg->n_sms)
+            best = -1;
     }
     if (best < 0)
         return cudaErrorNotSupported;
