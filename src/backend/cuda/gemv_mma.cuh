@@ -47,6 +47,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/qmma_dq.cuh" /* qmma_fmt: the K-quant kernel's slot rows */
 
 #define MMA_U 4 /* 32-column steps a warp loads together (a chunk) */
 #define QMMA_U 8 /* the same for K-quant weights (gemv_mma_quant.cu): one block */
@@ -64,7 +65,10 @@
  * or Q6_K's 14 aligned 16-byte pieces over its 210. */
 static inline int qmma_block_bytes(int dt)
 {
-    return dt == DT_Q4_K ? 144 : dt == DT_Q5_K ? 176 : dt == DT_Q6_K ? 224 : 0;
+    return dt == DT_Q4_K   ? qmma_fmt<DT_Q4_K>::BB
+           : dt == DT_Q5_K ? qmma_fmt<DT_Q5_K>::BB
+           : dt == DT_Q6_K ? qmma_fmt<DT_Q6_K>::BB
+                           : 0;
 }
 /* A warp's sums (16 tokens x 16 rows, 8 floats a lane), per warp of a
  * block of W warps and for two rounds of units, so one barrier a round

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/quant_dq.cuh"
 #include "model/tensor.h"
 
 /* Groups 2j, 2j + 1, 2j + 4, 2j + 5 (j: 0 or 1) of a block's header:
@@ -90,7 +91,7 @@ static __device__ __forceinline__ uint32_t qmma_pair(uint32_t m, int e)
  * at its address % 16 in them. */
 template <int DT> struct qmma_fmt {
     static constexpr bool K6 = DT == DT_Q6_K;
-    static constexpr int BYTES = K6 ? 210 : DT == DT_Q5_K ? 176 : 144; /* a block */
+    static constexpr int BYTES = qd_align<DT>::BB; /* a block (quant_dq.cuh's) */
     static constexpr int BB = K6 ? 224 : BYTES;            /* a slot row */
     static constexpr int QS = DT == DT_Q5_K ? 48 : 16;     /* Q4/5_K: where the codes start */
 };
