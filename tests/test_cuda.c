@@ -613,7 +613,10 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
  * sixteen blocks a row, 2 to 16 rows of x (CLLM_CUDA_QMMA_FROM=2) against
  * the double product within 1e-2 (x rounded to bf16), and 14,336
  * columns, where x of 16 tokens does not fit a block's shared memory and
- * the tokens run in three launches; and by default at 5 tokens it must
+ * the product runs as windows of its columns (cuk_gemv_qmma_window), or
+ * with CLLM_CUDA_QMMA_WINDOW=0 as runs of tokens; every shape also in
+ * windows of 512 columns, and the fused ops in windows of 1,024; and by
+ * default at 5 tokens it must
  * be what ran: some output differs from the staged quantized GEMV's (x
  * rounded to 8 bits) with CLLM_CUDA_QMMA=0. */
 static void check_matmul_qmma(void)
@@ -634,26 +637,32 @@ static void check_matmul_qmma(void)
         struct layer_weights lw;
         mats_model(&md, &lw, m + k0, nk);
         struct err e = {{0}};
-        for (int w16 = 0; w16 < 2; w16++) { /* blocks of 8 warps, and of up to 16 */
+        /* blocks of 8 warps, of up to 16, windows of 512 columns (also
+         * where x fits whole), and runs of tokens instead of windows */
+        static const char *const variants[][3] = {
+            {"tensor-core GEMV", NULL, NULL},
+            {"16-warp tensor-core GEMV", "16", NULL},
+            {"tensor-core GEMV, 512-column windows", NULL, "512"},
+            {"tensor-core GEMV, runs of tokens", NULL, "0"}};
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
-            if (w16)
-                setenv("CLLM_CUDA_QMMA_WARPS", "16", 1);
+            if (variants[v][1])
+                setenv("CLLM_CUDA_QMMA_WARPS", variants[v][1], 1);
+            if (variants[v][2])
+                setenv("CLLM_CUDA_QMMA_WINDOW", variants[v][2], 1);
             struct backend *from2 = gpu_loaded(false, &md);
             unsetenv("CLLM_CUDA_QMMA_FROM");
             unsetenv("CLLM_CUDA_QMMA_WARPS");
+            unsetenv("CLLM_CUDA_QMMA_WINDOW");
             if (from2) {
                 static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
                 for (int k = k0; k < k0 + nk; k++)
                     for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++)
-                        check_matmul(from2, &m[k], ns[j], 1e-2,
-                                     w16 ? "fast, tensor-core GEMV, 16 warps"
-                                         : "fast, tensor-core GEMV",
-                                     false);
+                        check_matmul(from2, &m[k], ns[j], 1e-2, variants[v][0], false);
                 for (int k = k0; k < k0 + nk; k++)
-                    check_matmul_onehot(from2, &m[k], w16 ? "16-warp tensor-core GEMV"
-                                                          : "tensor-core GEMV");
-                CHECK(from2->ops->finish(from2, &e) == 0, "tensor-core GEMV from 2 tokens: %s",
-                      e.msg);
+                    check_matmul_onehot(from2, &m[k], variants[v][0]);
+                CHECK(from2->ops->finish(from2, &e) == 0, "%s from 2 tokens: %s",
+                      variants[v][0], e.msg);
             }
             backend_destroy(from2);
         }
@@ -691,6 +700,11 @@ static void check_matmul_qmma(void)
     }
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
+    /* the fused ops in windows of 1,024 columns: a norm over the whole
+     * row, the first window storing or adding, the others adding */
+    setenv("CLLM_CUDA_QMMA_WINDOW", "1024", 1);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_QMMA_WINDOW");
 }
 
 /* GGUF's low-bit formats on the device, one matrix each, its blocks from

@@ -490,6 +490,19 @@ size_t cuk_gemv_qmma_smem(int dt, int n, int cols);
 cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
                          int n, const struct cuk_weight *const *ws, int k, int out,
                          const struct cuk_mma_cfg *cfg);
+/* cuk_gemv_mma on Q4_K, Q5_K or Q6_K weights over a window of their
+ * columns, [c0, c0 + cw) (multiples of 256: whole blocks), and the same
+ * columns of x, whose rows stay ws[0]->cols apart (a norm's still over
+ * the whole row): that window's part of the product, stored or added by
+ * out (not CUK_OUT_SWIGLU, whose sums must be whole). So n rows of x too
+ * wide to stage whole (an 8B model's down projection at 16 tokens) run as
+ * windows that read each weight once, the first storing or adding, the
+ * others adding, rather than as runs of tokens each reading every weight
+ * again. cudaErrorInvalidValue for another dtype or window. */
+cudaError_t cuk_gemv_qmma_window(cudaStream_t s, float *const *outs,
+                                 const struct cuk_gemv_in *in, int n,
+                                 const struct cuk_weight *const *ws, int k, int out, int c0,
+                                 int cw, const struct cuk_mma_cfg *cfg);
 /* Most tokens cuk_gemm_tc takes, and most 128-row blocks of W. */
 #define CUK_TC_MAX_N 64
 #define CUK_TC_MAX_RB 8192

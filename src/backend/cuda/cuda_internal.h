@@ -270,6 +270,10 @@ struct cuda_backend {
     int wide_small_from; /* the same where the tensor-core GEMV takes them (CLLM_CUDA_WIDE_FROM_SMALL) */
     bool qmma;          /* quantized matrices on the tensor-core GEMV (CLLM_CUDA_QMMA) */
     int qmma_from;      /* from that many tokens (QMMA_FROM_N, CLLM_CUDA_QMMA_FROM) */
+    int qmma_window;    /* most columns a window of its where x is too wide to
+                         * stage whole (-1: as many as fit); set
+                         * (CLLM_CUDA_QMMA_WINDOW, for measurement and tests),
+                         * also where it fits; 0: runs of tokens instead */
     bool gemv_max_env; /* set by CLLM_CUDA_GEMV_MAX, not by the model's shape */
     int att_rpw;       /* CLLM_ATT_RPW (0: automatic) */
     int att_mma;       /* prefill attention on tensor cores (CLLM_CUDA_ATT_MMA=0: off) */

@@ -390,6 +390,18 @@ static int qmma_fit(const struct cuda_backend *c, int dt, size_t cols, int n)
     return n;
 }
 
+/* Most whole blocks (256 columns) of a window of n tokens the tensor-core
+ * GEMV on K-quant blocks stages (cuk_gemv_qmma_window), at most blocks
+ * and CLLM_CUDA_QMMA_WINDOW's; 0 where none does. */
+static int qmma_window_blocks(const struct cuda_backend *c, int dt, int blocks, int n)
+{
+    if (c->qmma_window > 0 && blocks > c->qmma_window / 256)
+        blocks = c->qmma_window / 256;
+    while (blocks > 0 && cuk_gemv_qmma_smem(dt, n, blocks * 256) > (size_t)c->mma.smem_max)
+        blocks--;
+    return blocks;
+}
+
 /* Whether a step of n tokens multiplies the quantized matrices' bf16
  * copies wherever they exist (wide_from; see wide_make). */
 static bool wide_step(const struct cuda_backend *c, int n)
@@ -523,11 +535,36 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
     if (route != MM_MMA && quant_gemv(c, (enum dtype)ws[0]->dtype)) /* one launch */
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
     if (route == MM_MMA && cuk_gemv_qmma_smem(ws[0]->dtype, 1, ws[0]->cols) > 0) {
-        /* runs of as many tokens as x's staging takes (an 8B model's
-         * down projection: 6 of 14,336 columns), sized alike, each a
-         * launch reading the weights again */
-        const int fit = qmma_fit(c, ws[0]->dtype, (size_t)ws[0]->cols, n),
-                  runs = (n + fit - 1) / fit;
+        const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols, n);
+        const int blocks = ws[0]->cols / 256;
+        const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
+        const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
+                            ? qmma_window_blocks(c, dt, blocks, n)
+                            : 0;
+        if (per > 0) {
+            /* x too wide to stage whole (an 8B model's down projection:
+             * 16 tokens of 14,336 columns): windows of its columns, sized
+             * alike, each reading its columns of the weights once, the
+             * first storing or adding, the others adding (H100, 8-layer
+             * 8B Q4_K, 16 streams: the runs of tokens below read the
+             * down projection's weights four times; docs/benchmarks.md,
+             * session 60) */
+            const int wins = (blocks + per - 1) / per;
+            for (int b0 = 0, i = 0; i < wins; i++) {
+                const int nb = (blocks - b0) / (wins - i);
+                cudaError_t err =
+                    cuk_gemv_qmma_window(c->stream, outs, in, n, ws, k,
+                                         i == 0 ? out : CUK_OUT_ADD, b0 * 256, nb * 256, &c->mma);
+                if (err != cudaSuccess)
+                    return err; /* (none wider than per: a later one declines only
+                                 * where the first did) */
+                b0 += nb;
+            }
+            return cudaSuccess;
+        }
+        /* else runs of as many tokens as x's staging takes, sized alike,
+         * each a launch reading the weights again */
+        const int runs = (n + fit - 1) / fit;
         for (int t0 = 0, r = 0; r < runs; r++) {
             const int m = (n - t0) / (runs - r);
             float *o[3];

@@ -15,10 +15,11 @@ extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
            QMMA_SUMS(dt, n, cols);
 }
 
-extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
-                                    const struct cuk_gemv_in *in, int n,
-                                    const struct cuk_weight *const *ws, int k, int out,
-                                    const struct cuk_mma_cfg *cfg)
+/* cuk_gemv_mma over columns [c0, c0 + cw) of the weights and of x (the
+ * K-quants' windows; c0 = 0, cw = cols: all of them). */
+static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
+                            int n, const struct cuk_weight *const *ws, int k, int out, int c0,
+                            int cw, const struct cuk_mma_cfg *cfg)
 {
     if (n < 1 || n > CUK_MMA_MAX_N || k < 1 || k > 3 || !in || !cfg || cfg->n_sms < 1 ||
         in->kind < CUK_IN_X || in->kind > CUK_IN_SPLITS || out < CUK_OUT_STORE ||
@@ -33,9 +34,15 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                                                   : NULL;
     if (!in->x || ((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
         return cudaErrorNotSupported;
-    const int dt = ws[0]->dtype, cols = ws[0]->cols;
+    const int dt = ws[0]->dtype, cols = cw;
     const int qbb = qmma_block_bytes(dt); /* gemv_mma_quant.cu's dtypes */
     const bool quant = qbb > 0;
+    /* a window: K-quants only, whole blocks, not a SwiGLU pair's (whose
+     * sums must be whole before the SiLU) */
+    const bool window = c0 != 0 || cw != ws[0]->cols;
+    if (window && (!quant || c0 < 0 || cw < 256 || c0 % 256 || cw % 256 ||
+                   c0 + cw > ws[0]->cols || out == CUK_OUT_SWIGLU))
+        return cudaErrorInvalidValue;
     /* its blocks' warps: 8 or 16 as asked, else 16 where they fill the SMs */
     const int qwarps = cfg->qmma_warps > 0 ? cfg->qmma_warps : 16;
     if ((dt != DT_BF16 && dt != DT_F16 && !quant) || cols < 32 || cols % 32 ||
@@ -46,16 +53,18 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
     p.n = n;
     p.cols = cols;
     p.stride = mma_stride(cols);
+    p.xld = ws[0]->cols;
+    p.xc0 = c0;
     p.row_bytes = dt == DT_Q8_0 ? (size_t)cols
-                  : quant       ? cuk_q_row_bytes(dt, cols)
+                  : quant       ? cuk_q_row_bytes(dt, ws[0]->cols)
                                 : (size_t)cols * 2;
     long tiles = 0;
     for (int i = 0; i < k; i++) {
-        if (ws[i]->dtype != dt || ws[i]->cols != cols || ws[i]->rows < 1 ||
+        if (ws[i]->dtype != dt || ws[i]->cols != ws[0]->cols || ws[i]->rows < 1 ||
             ((uintptr_t)ws[i]->data & 15) || (dt == DT_Q8_0 && !ws[i]->scales))
             return cudaErrorNotSupported;
         p.outp[i] = outs[i];
-        p.w[i] = (const uint8_t *)ws[i]->data;
+        p.w[i] = (const uint8_t *)ws[i]->data + (quant ? cuk_q_row_bytes(dt, c0) : 0);
         p.sc[i] = dt == DT_Q8_0 ? ws[i]->scales : NULL;
         p.rows[i] = ws[i]->rows;
         p.tiles[i] = out == CUK_OUT_SWIGLU ? (i == 0 ? (ws[0]->rows + 7) / 8 : 0)
@@ -140,7 +149,7 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
         ring = QMMA_RING(w, p.slots, qbb) + sums;
         limit = smem_max - ring;
     }
-    p.copy_x = !cfg->stage_regs && xbytes + area + MMA_INV <= limit;
+    p.copy_x = !cfg->stage_regs && !window && xbytes + area + MMA_INV <= limit;
     p.ubytes = (int)(p.copy_x ? area : scratch);
     p.ring_off = (int)(xbytes + p.ubytes + MMA_INV);
     const size_t smem = xbytes + p.ubytes + MMA_INV + ring;
@@ -155,4 +164,22 @@ extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
                      : mma_launch_in<false, 16>(s, p, *in, grid, smem, w);
     cudaError_t last = cudaGetLastError();
     return err != cudaSuccess ? err : last;
+}
+
+extern "C" cudaError_t cuk_gemv_mma(cudaStream_t s, float *const *outs,
+                                    const struct cuk_gemv_in *in, int n,
+                                    const struct cuk_weight *const *ws, int k, int out,
+                                    const struct cuk_mma_cfg *cfg)
+{
+    return gemv_mma(s, outs, in, n, ws, k, out, 0, k >= 1 && ws ? ws[0]->cols : 0, cfg);
+}
+
+extern "C" cudaError_t cuk_gemv_qmma_window(cudaStream_t s, float *const *outs,
+                                            const struct cuk_gemv_in *in, int n,
+                                            const struct cuk_weight *const *ws, int k, int out,
+                                            int c0, int cw, const struct cuk_mma_cfg *cfg)
+{
+    if (k < 1 || !ws || !qmma_block_bytes(ws[0]->dtype))
+        return cudaErrorInvalidValue;
+    return gemv_mma(s, outs, in, n, ws, k, out, c0, cw, cfg);
 }

@@ -66,44 +66,31 @@ static __device__ __forceinline__ const uint8_t *qmma_row(const struct mmap &p,
     return w + (size_t)min(u.row0 + r, rows - 1) * p.row_bytes;
 }
 
-/* Chunk j of unit u (its block of the tile's 16 rows, row r at r * BB)
- * into the slot at dst, the warp's lanes issuing its 16-byte pieces
- * together; zeros past the unit's steps or for an invalid unit. */
-template <int DT, bool PAIR>
-static __device__ __forceinline__ void qmma_issue(uint32_t dst, const struct mmap &p,
-                                                  const struct mma_unit &u, int j, int lane)
+/* Block blk of a unit's 16 rows into the slot at dst (row r at r * BB),
+ * or zeros where !ok (past the unit's steps, or an invalid unit). Lane L
+ * copies row L / 2's 16-byte pieces L % 2, L % 2 + 2, ... from row, the
+ * unit's row L / 2 (qmma_row, found once a unit: working out each piece's
+ * row at every chunk was a sixth of the kernel's instructions, ncu x395). */
+template <int DT>
+static __device__ __forceinline__ void qmma_issue(uint32_t dst, const uint8_t *row,
+                                                  const uint8_t *any, int blk, bool ok, int lane)
 {
     using F = qmma_fmt<DT>;
     constexpr int PC = F::BB / 16; /* pieces a row */
-    const int s = u.s0 + j * QMMA_U;
-    const bool ok = u.valid && s < u.s1;
-    const size_t boff = (size_t)(s / QMMA_U) * F::BYTES;
-    for (int i = lane; i < 16 * PC; i += 32) {
-        const int r = i / PC, o = (i - r * PC) * 16;
-        if (F::K6) { /* the aligned pieces over the block, none read past it */
-            const uint8_t *b = ok ? qmma_row<PAIR>(p, u, r) + boff : p.w[0];
-            const uint8_t *a = (const uint8_t *)((uintptr_t)b & ~(uintptr_t)15) + o;
-            const long left = ok ? (long)(b + F::BYTES - a) : 0;
-            qmma_cp16(dst + r * F::BB + o, left > 0 ? a : p.w[0],
-                      left >= 16 ? 16 : left > 0 ? (int)left : 0);
-        } else {
-            qmma_cp16(dst + r * F::BB + o, ok ? qmma_row<PAIR>(p, u, r) + boff + o : p.w[0],
-                      ok ? 16 : 0);
-        }
+    const uint8_t *b = row + (size_t)blk * F::BYTES;
+    /* Q6_K: the aligned pieces over the block, none read past it */
+    const uint8_t *a0 = F::K6 ? (const uint8_t *)((uintptr_t)b & ~(uintptr_t)15) : b;
+    dst += (lane >> 1) * F::BB;
+#pragma unroll
+    for (int m = 0; m < (PC + 1) / 2; m++) {
+        const int k = 2 * m + (lane & 1);
+        if (k >= PC)
+            break;
+        const uint8_t *a = a0 + 16 * k;
+        const long left = F::K6 ? (long)(b + F::BYTES - a) : 16;
+        const int bytes = !ok || left <= 0 ? 0 : left >= 16 ? 16 : (int)left;
+        qmma_cp16(dst + 16 * k, bytes ? a : any, bytes);
     }
-}
-
-/* Where chunk j of unit u's block starts in row r's slot row: its
- * address % 16 (Q6_K; 0 for the 16-aligned blocks of the others). */
-template <int DT, bool PAIR>
-static __device__ __forceinline__ int qmma_skew(const struct mmap &p, const struct mma_unit &u,
-                                                int j, int r)
-{
-    if (!qmma_fmt<DT>::K6 || !u.valid)
-        return 0;
-    const int s = u.s0 + j * QMMA_U;
-    return (int)((uintptr_t)(qmma_row<PAIR>(p, u, r) + (size_t)(s / QMMA_U) * qmma_fmt<DT>::BYTES) &
-                 15);
 }
 
 /* Until the chunk issued slots - 1 commits ago has landed (this
@@ -278,60 +265,91 @@ __global__ void __launch_bounds__(W * 32, 1)
     const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
     const int rounds = blk < p.bunits ? (p.bunits - blk + grid - 1) / grid : 0;
     const int nchunks = rounds * p.cpu;
-    /* chunk c's unit: the warp's unit of round c / cpu */
-    auto unit = [&](int c) {
-        return mma_unit_of<PAIR>(p, ((c / p.cpu) * grid + blk) * W + warp);
-    };
-    constexpr int SLOT = QMMA_SLOT(qmma_fmt<DT>::BB);
+    /* the warp's unit of a round */
+    auto unit = [&](int round) { return mma_unit_of<PAIR>(p, (round * grid + blk) * W + warp); };
+    using F = qmma_fmt<DT>;
+    constexpr int SLOT = QMMA_SLOT(F::BB);
     unsigned char *ring = qm_smem + p.ring_off + (size_t)warp * p.slots * SLOT;
     float *sg = (float *)(qm_smem + p.ring_off + (size_t)W * p.slots * SLOT);
     const uint32_t ring_a = cuk_smem_addr(ring);
+    /* The copies' cursor: chunk ij of round ir's unit iu (the lane's row
+     * of it irow) goes to slot is next; moved chunk by chunk, the units
+     * and rows worked out once a unit. */
+    int ir = 0, ij = 0, is = 0;
+    struct mma_unit iu = unit(0);
+    const uint8_t *irow = qmma_row<PAIR>(p, iu, lane >> 1);
+    auto issue = [&]() {
+        qmma_issue<DT>(ring_a + is * SLOT, irow, p.w[0], iu.s0 / QMMA_U + ij,
+                       iu.valid && iu.s0 + ij * QMMA_U < iu.s1, lane);
+        is = is + 1 == p.slots ? 0 : is + 1;
+        if (++ij == p.cpu) {
+            ij = 0;
+            iu = unit(++ir);
+            irow = qmma_row<PAIR>(p, iu, lane >> 1);
+        }
+    };
     /* The weights never change: the first slots - 1 chunks go before the
      * wait for the previous kernel. A group is committed per chunk, even
      * an empty one, so that the waits count chunks. */
     for (int c = 0; c < p.slots - 1; c++) {
         if (c < nchunks)
-            qmma_issue<DT, PAIR>(ring_a + (c % p.slots) * SLOT, p, unit(c), c % p.cpu, lane);
+            issue();
         cuk_cp_async_commit();
     }
     cuk_pdl_start();
-    if (p.copy_x)
+    if (p.copy_x) /* (only without a window: the host's choice) */
         mma_copy_x<IN>(scratch, in, p.n, p.cols);
-    if (IN == CUK_IN_RMSNORM)
-        mma_rms_inv(sinv, in.x, p.n, p.cols, in.eps);
+    if (IN == CUK_IN_RMSNORM) /* over the whole row, a window or not */
+        mma_rms_inv(sinv, in.x, p.n, p.xld, in.eps);
     if (p.copy_x) {
         mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, 1);
     } else {
         __syncthreads();
-        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, 1);
+        mma_stage<IN, 8>(xs, in, sinv, p.n, p.cols, p.xld, p.xc0, p.stride, 1);
     }
     __syncthreads();
     qmma_sums<DT, NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
     __syncthreads();
     float acc[NTL][4] = {};
+    /* The products' cursor: chunk j of round's unit cu, in slot sl; Q6_K's
+     * blocks start at their address % 16 in a slot row, so the lane keeps
+     * the rows it reads (g, g + 8, and lane % 16 for the header). */
+    int j = 0, round = 0, sl = 0;
+    struct mma_unit cu = unit(0);
+    const uint8_t *rows[3];
+    auto unit_rows = [&]() {
+        if (F::K6) {
+            rows[0] = qmma_row<PAIR>(p, cu, g);
+            rows[1] = qmma_row<PAIR>(p, cu, g + 8);
+            rows[2] = qmma_row<PAIR>(p, cu, lane & 15);
+        }
+    };
+    unit_rows();
     for (int c = 0; c < nchunks; c++) {
-        const int cn = c + p.slots - 1;
         __syncwarp(); /* chunk c - 1's coefficients read: its slot is free */
-        if (cn < nchunks)
-            qmma_issue<DT, PAIR>(ring_a + (cn % p.slots) * SLOT, p, unit(cn), cn % p.cpu, lane);
+        if (c + p.slots - 1 < nchunks)
+            issue();
         cuk_cp_async_commit();
         qmma_wait(p.slots);
         __syncwarp(); /* every lane's copies of chunk c landed */
-        unsigned char *sl = ring + (c % p.slots) * SLOT;
-        const struct mma_unit cu = unit(c);
-        const int skew[2] = {qmma_skew<DT, PAIR>(p, cu, c % p.cpu, g),
-                             qmma_skew<DT, PAIR>(p, cu, c % p.cpu, g + 8)};
+        unsigned char *slot = ring + sl * SLOT;
+        const size_t boff = (size_t)(cu.s0 / QMMA_U + j) * F::BYTES;
+        auto skew = [&](int h) { return F::K6 ? (int)((uintptr_t)(rows[h] + boff) & 15) : 0; };
+        const int sk[2] = {skew(0), skew(1)};
         qmma_raw r;
-        qmma_read<DT>(r, sl, g, tig, skew);
-        const uint4 hd = qmma_head<DT>(sl, lane & 15, qmma_skew<DT, PAIR>(p, cu, c % p.cpu, lane & 15),
-                                       lane >> 4);
+        qmma_read<DT>(r, slot, g, tig, sk);
+        const uint4 hd = qmma_head<DT>(slot, lane & 15, skew(2), lane >> 4);
         __syncwarp(); /* the slot read: its first KB takes the coefficients */
-        qmma_coefs<DT>((float4 *)sl, hd, lane);
+        qmma_coefs<DT>((float4 *)slot, hd, lane);
         __syncwarp();
-        qmma_step<DT, NTL>(acc, r, (const float4 *)sl, cu, c % p.cpu, xs, sg, p.stride, p.n, g,
-                           tig);
-        if ((c + 1) % p.cpu == 0)
-            qmma_finish<PAIR, NTL, W>(acc, p, cu, c / p.cpu, scratch, g, tig);
+        qmma_step<DT, NTL>(acc, r, (const float4 *)slot, cu, j, xs, sg, p.stride, p.n, g, tig);
+        sl = sl + 1 == p.slots ? 0 : sl + 1;
+        if (++j == p.cpu) {
+            qmma_finish<PAIR, NTL, W>(acc, p, cu, round, scratch, g, tig);
+            j = 0;
+            cu = unit(++round);
+            unit_rows();
+        }
     }
 #else
     cuk_pdl_start();
