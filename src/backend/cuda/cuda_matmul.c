@@ -362,11 +362,10 @@ static bool qmma_tokens(const struct cuda_backend *c, int n)
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
  * GEMM: qmma_from to CUK_MMA_MAX_N rows, not in precise mode; x staged in
- * runs of as many tokens as a block's shared memory holds (qmma_fit).
- * Reached with the blocks only: where mm_weights hands out bf16 copies,
- * they route as a bf16 model's, which measured faster
- * (docs/benchmarks.md, session 58). */
-
+ * windows of columns or runs of tokens where all of x does not fit a
+ * block's shared memory (gemv_fused). Where bf16 copies exist,
+ * mm_weights keeps the blocks for these steps (faster since session 60;
+ * session 58's kernel had lost to the copies). */
 static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *const *ws, int k,
                        int n)
 {
@@ -414,7 +413,12 @@ static bool wide_step(const struct cuda_backend *c, int n)
  * and the step is a wide_step, or of wide_small_from tokens or more where
  * the tensor-core GEMV takes the copies (a launch of at most
  * mma_max_bytes: WIDE_SMALL_FROM_N); the copies then route as a bf16
- * model's matrices. -1 (the sticky error) where one was not uploaded. */
+ * model's matrices. But where the tensor-core GEMV on K-quant blocks
+ * takes the uploads (qmma_takes: 5-16 tokens), they stay: it reads a
+ * quarter to two fifths of the copies' bytes and measured faster (H100,
+ * 8-layer 8B Q4_K, 8 / 16 streams: copies 4,005 / 7,520 tok/s, blocks
+ * 6,761 / 10,117; docs/benchmarks.md, session 60). -1 (the sticky
+ * error) where one was not uploaded. */
 static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, int k, int n,
                       const struct cuk_weight **ws)
 {
@@ -427,7 +431,8 @@ static int mm_weights(struct cuda_backend *c, const struct tensor *const *ts, in
         if (wide)
             cp[i] = &wentry_of(ws[i])->wide;
     }
-    if (wide && (wide_step(c, n) || mma_takes(c, (size_t)cp[0]->cols, half_bytes(cp, k), n)))
+    if (wide && !qmma_takes(c, ws, k, n) &&
+        (wide_step(c, n) || mma_takes(c, (size_t)cp[0]->cols, half_bytes(cp, k), n)))
         memcpy(ws, cp, sizeof *ws * (size_t)k);
     return 0;
 }
@@ -475,8 +480,10 @@ static int quant_gemv_max_n(const struct cuda_backend *c)
  * checks that a copy is of its x. */
 static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
 {
+    /* the copies' routes, a bf16 model's, unless the K-quants' tensor-core
+     * GEMV keeps the blocks (mm_weights) */
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
-        !wide_step(c, n)) /* else the copies' routes: a bf16 model's */
+        (!wide_step(c, n) || (qmma_tokens(c, n) && cuk_gemv_qmma_smem(c->quant_type, 1, 256))))
         return n > quant_gemv_max_n(c) && !qmma_tokens(c, n); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }

@@ -149,7 +149,8 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
         ring = QMMA_RING(w, p.slots, qbb) + sums;
         limit = smem_max - ring;
     }
-    p.copy_x = !cfg->stage_regs && !window && xbytes + area + MMA_INV <= limit;
+    /* (not the K-quants': qmma_stage reads x once, its norm's sums on the way) */
+    p.copy_x = !cfg->stage_regs && !quant && xbytes + area + MMA_INV <= limit;
     p.ubytes = (int)(p.copy_x ? area : scratch);
     p.ring_off = (int)(xbytes + p.ubytes + MMA_INV);
     const size_t smem = xbytes + p.ubytes + MMA_INV + ring;

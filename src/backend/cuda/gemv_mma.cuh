@@ -203,40 +203,24 @@ static __device__ __forceinline__ void mma_put4(uint16_t *xs, int stride, int j,
 
 /* Stages columns [c0, c0 + cols) of rows [0, n) of x (rows ld floats
  * apart) after the input op, rounded to half, into xs (row j at j *
- * stride), a thread's loads B at a time. (B = 4 was slower for the bf16
- * kernel on the H200, docs/benchmarks.md, seventeenth pass; the K-quant
- * kernel's blocks spent a third of their stalls waiting for these loads
- * one at a time, ncu x395, and take 8: session 60.) */
-template <int IN, int B = 1>
+ * stride). (Batching each thread's loads, four at a time, was slower on
+ * the H200: docs/benchmarks.md, seventeenth pass.) */
+template <int IN>
 static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_gemv_in &in,
                                                  const float *sinv, int n, int cols, int ld,
                                                  int c0, int stride, int bf16)
 {
-    const int nf = cols / 4, total = n * nf;
-    auto src = [&](int j) { return (const float4 *)(in.x + (size_t)j * ld + c0); };
-    auto src2 = [&](int j) { /* the norm's weights, or SwiGLU's up row */
-        return (const float4 *)(IN == CUK_IN_RMSNORM ? in.nw + c0 : in.x2 + (size_t)j * ld + c0);
-    };
-    for (int i0 = threadIdx.x; i0 < total; i0 += B * blockDim.x) {
-        float4 v[B], y[B];
-#pragma unroll
-        for (int b = 0; b < B; b++) {
-            const int i = i0 + b * blockDim.x, j = i / nf, f = i - j * nf;
-            if (i < total) {
-                v[b] = __ldg(src(j) + f);
-                if (IN != CUK_IN_X)
-                    y[b] = __ldg(src2(j) + f);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < B; b++) {
-            const int i = i0 + b * blockDim.x, j = i / nf, f = i - j * nf;
-            if (i < total) {
-                if (IN != CUK_IN_X)
-                    v[b] = gemv_in_op4<IN>(v[b], y[b], IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
-                mma_put4(xs, stride, j, f, v[b], bf16);
-            }
-        }
+    const int nf = cols / 4;
+    for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
+        const int j = i / nf, f = i - j * nf;
+        float4 v = __ldg((const float4 *)(in.x + (size_t)j * ld + c0) + f);
+        if (IN != CUK_IN_X) /* the norm's weights, or SwiGLU's up row */
+            v = gemv_in_op4<IN>(v,
+                                __ldg((const float4 *)(IN == CUK_IN_RMSNORM
+                                                           ? in.nw + c0
+                                                           : in.x2 + (size_t)j * ld + c0) + f),
+                                IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
+        mma_put4(xs, stride, j, f, v, bf16);
     }
 }
 

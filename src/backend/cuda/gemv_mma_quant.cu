@@ -1,5 +1,5 @@
 /* gemv_mma_quant.cu - the tensor-core GEMV of batched decode steps
- * (gemv_mma.cuh's contract, launch shape and x staging) for GGUF's
+ * (gemv_mma.cuh's contract and launch shape) for GGUF's
  * K-quants (Q4_K, Q5_K, Q6_K: all of a Q4_K_M or Q5_K_M file's
  * matrices), read from their blocks: a quarter to two fifths of the
  * bytes of a bf16 copy of them, and no widening pass.
@@ -105,6 +105,63 @@ static __device__ __forceinline__ void qmma_wait(int slots)
         cuk_cp_async_wait<1>();
 }
 
+/* Stages columns [c0, c0 + cols) of x's n rows (ld floats apart) after
+ * the input op, rounded to bf16, into xs (row j at j * stride): warp w
+ * rows w, w + W, ..., a lane's float4s lane, lane + 32, ... eight loads
+ * at a time. For a norm over whole rows (defer) the staged row is x * w:
+ * its 1 / rms, a factor of every product of the token, goes to sinv[j]
+ * from the same loads (mma_row_inv's sums in mma_row_inv's order, so the
+ * same bits), and qmma_finish applies it. So a block reads x once, where
+ * the norm's pass and the staging had read it twice, one load in flight
+ * a thread (ncu x395: a third of a q/k/v launch's stalls). Not deferred,
+ * sinv holds 1 / rms already (a window's norm: mma_rms_inv). */
+template <int IN, int W>
+static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv,
+                                                  const struct cuk_gemv_in &in, int n, int cols,
+                                                  int ld, int c0, int stride, bool defer)
+{
+    constexpr int B = 8;
+    const int lane = threadIdx.x & 31, nf = cols / 4;
+    for (int j = threadIdx.x >> 5; j < n; j += W) {
+        const float4 *x = (const float4 *)(in.x + (size_t)j * ld + c0);
+        const float4 *y = (const float4 *)(IN == CUK_IN_RMSNORM ? in.nw + c0
+                                           : IN == CUK_IN_SWIGLU ? in.x2 + (size_t)j * ld + c0
+                                                                 : in.x);
+        const float inv = IN == CUK_IN_RMSNORM && !defer ? sinv[j] : 1.0f;
+        float4 sq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int f0 = lane; f0 < nf; f0 += B * 32) {
+            float4 v[B], w[B];
+#pragma unroll
+            for (int b = 0; b < B; b++)
+                if (f0 + 32 * b < nf) {
+                    v[b] = __ldg(x + f0 + 32 * b);
+                    if (IN != CUK_IN_X)
+                        w[b] = __ldg(y + f0 + 32 * b);
+                }
+#pragma unroll
+            for (int b = 0; b < B; b++)
+                if (f0 + 32 * b < nf) {
+                    float4 o = v[b];
+                    if (IN == CUK_IN_RMSNORM && defer) {
+                        sq.x = fmaf(o.x, o.x, sq.x);
+                        sq.y = fmaf(o.y, o.y, sq.y);
+                        sq.z = fmaf(o.z, o.z, sq.z);
+                        sq.w = fmaf(o.w, o.w, sq.w);
+                        o = make_float4(w[b].x * o.x, w[b].y * o.y, w[b].z * o.z, w[b].w * o.w);
+                    } else if (IN != CUK_IN_X) {
+                        o = gemv_in_op4<IN>(o, w[b], inv);
+                    }
+                    mma_put4(xs, stride, j, f0 + 32 * b, o, 1);
+                }
+        }
+        if (IN == CUK_IN_RMSNORM && defer) {
+            const float ss = cuk_warp_sum((sq.x + sq.y) + (sq.z + sq.w));
+            if (lane == 0)
+                sinv[j] = 1.0f / sqrtf(ss / (float)cols + in.eps);
+        }
+    }
+}
+
 /* S: each 32-column group's sum of the staged x per token (Q6_K: of each
  * 16-column half), the mma's sum with A all ones, as the products' mma
  * sees x, made once a launch, warp w taking groups w, w + W, ...:
@@ -189,7 +246,8 @@ static __device__ __forceinline__ void qmma_step(float (&acc)[NTL][4], const qmm
 template <bool PAIR, int NTL, int W>
 static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const struct mmap &p,
                                                    const struct mma_unit &u, int round,
-                                                   float *scratch, int g, int tig)
+                                                   float *scratch, const float *sinv, int g,
+                                                   int tig)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (p.ks > 1) {
@@ -205,6 +263,15 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
                     acc[e / 4][e % 4] += mine[k * 256 + e * 32 + lane];
     }
     if (u.valid && u.ks == 0) {
+        if (sinv) /* the norm's 1 / rms, deferred (qmma_stage): the token's factor */
+#pragma unroll
+            for (int nt = 0; nt < NTL; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float s = sinv[min(8 * nt + 2 * tig + e, p.n - 1)];
+                    acc[nt][e] *= s;
+                    acc[nt][2 + e] *= s;
+                }
         const int rows = u.m == 0 ? p.rows[0] : u.m == 1 ? p.rows[1] : p.rows[2];
         float *out = u.m == 0 ? p.outp[0] : u.m == 1 ? p.outp[1] : p.outp[2];
         /* the lane's outputs: tokens 8 nt + 2t + e, rows row0 + 8 h + g */
@@ -297,16 +364,13 @@ __global__ void __launch_bounds__(W * 32, 1)
         cuk_cp_async_commit();
     }
     cuk_pdl_start();
-    if (p.copy_x) /* (only without a window: the host's choice) */
-        mma_copy_x<IN>(scratch, in, p.n, p.cols);
-    if (IN == CUK_IN_RMSNORM) /* over the whole row, a window or not */
+    /* a norm over the window's columns only where they are the whole row */
+    const bool defer = IN == CUK_IN_RMSNORM && p.cols == p.xld;
+    if (IN == CUK_IN_RMSNORM && !defer) {
         mma_rms_inv(sinv, in.x, p.n, p.xld, in.eps);
-    if (p.copy_x) {
-        mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, 1);
-    } else {
         __syncthreads();
-        mma_stage<IN, 8>(xs, in, sinv, p.n, p.cols, p.xld, p.xc0, p.stride, 1);
     }
+    qmma_stage<IN, W>(xs, sinv, in, p.n, p.cols, p.xld, p.xc0, p.stride, defer);
     __syncthreads();
     qmma_sums<DT, NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
     __syncthreads();
@@ -345,7 +409,8 @@ __global__ void __launch_bounds__(W * 32, 1)
         qmma_step<DT, NTL>(acc, r, (const float4 *)slot, cu, j, xs, sg, p.stride, p.n, g, tig);
         sl = sl + 1 == p.slots ? 0 : sl + 1;
         if (++j == p.cpu) {
-            qmma_finish<PAIR, NTL, W>(acc, p, cu, round, scratch, g, tig);
+            qmma_finish<PAIR, NTL, W>(acc, p, cu, round, scratch, defer ? sinv : nullptr, g,
+                                      tig);
             j = 0;
             cu = unit(++round);
             unit_rows();
