@@ -390,7 +390,8 @@ static void check_matmul_widen_chunks(void)
  * ops->mem_info). Steps of WIDE_FROM_N (5) tokens or more multiply them
  * through a bf16 model's routes (the tensor-core and staged GEMVs, the
  * GEMM; but K-quants' steps of 5-16 stay on their blocks, the K-quant
- * tensor-core GEMV), and of WIDE_SMALL_FROM_N (4) where the tensor-core GEMV takes
+ * tensor-core GEMV: the same bits as without copies), and of
+ * WIDE_SMALL_FROM_N (4) where the tensor-core GEMV takes
  * them (these small matrices), fewer the quantized GEMV, within the
  * default GEMM's 1e-2 of the double product (2-5, 9 and 100 tokens); the
  * fused ops on them match
@@ -446,6 +447,38 @@ static void check_matmul_wide_copy(void)
             backend_destroy(be);
         }
     }
+    /* K-quants' steps of 5-16 tokens stay on their blocks where copies
+     * exist (mm_weights): the same bits as without copies */
+    setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
+    struct backend *with = gpu_loaded(false, &md);
+    setenv("CLLM_CUDA_WIDE_COPY", "0", 1);
+    struct backend *without = gpu_loaded(false, &md);
+    for (int k = 1; with && without && k < ND; k++) /* Q4_K, Q6_K */
+        for (int n = 5; n <= 16; n += 11) {
+            const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
+            float *x = malloc(sizeof(float) * (size_t)n * c), *got[2];
+            for (size_t i = 0; i < (size_t)n * c; i++)
+                x[i] = frand();
+            struct backend *bs[2] = {with, without};
+            struct err e = {{0}};
+            for (int b = 0; b < 2; b++) {
+                float *dx = dev_alloc_copy(bs[b], x, (size_t)n * c),
+                      *dout = dev_alloc_copy(bs[b], NULL, (size_t)n * r);
+                CHECK(bs[b]->ops->matmul(bs[b], dout, dx, n, &m[k].t, &e) == 0, "matmul: %s",
+                      e.msg);
+                got[b] = dev_fetch(bs[b], dout, (size_t)n * r);
+                bs[b]->ops->free(bs[b], dx);
+                bs[b]->ops->free(bs[b], dout);
+            }
+            CHECK(memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0,
+                  "%s [%d x %d], %d tokens: other bits with bf16 copies than without (the "
+                  "copies, not the blocks, were multiplied)", dtype_name(dts[k]), r, c, n);
+            free(got[0]);
+            free(got[1]);
+            free(x);
+        }
+    backend_destroy(with);
+    backend_destroy(without);
     setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
     check_matmul_fused_cols(1024);
     unsetenv("CLLM_CUDA_WIDE_COPY");

@@ -563,8 +563,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
                     cuk_gemv_qmma_window(c->stream, outs, in, n, ws, k,
                                          i == 0 ? out : CUK_OUT_ADD, b0 * 256, nb * 256, &c->mma);
                 if (err != cudaSuccess)
-                    return err; /* (none wider than per: a later one declines only
-                                 * where the first did) */
+                    return err; /* (every window has at most per blocks, which
+                                 * fit: a later one fails only on an error) */
                 b0 += nb;
             }
             return cudaSuccess;
