@@ -384,6 +384,28 @@ static void check_matmul_widen_chunks(void)
         mat_free(&m[k]);
 }
 
+/* The same random n rows of x times m on backends a and b: their
+ * outputs (got[0] from a, got[1] from b; the caller frees them). */
+static void matmul_both(struct backend *a, struct backend *b, const struct test_mat *m, int n,
+                        float *got[2])
+{
+    const int r = (int)m->t.rows, c = (int)m->t.cols;
+    float *x = malloc(sizeof(float) * (size_t)n * c);
+    for (size_t i = 0; i < (size_t)n * c; i++)
+        x[i] = frand();
+    struct backend *bs[2] = {a, b};
+    struct err e = {{0}};
+    for (int k = 0; k < 2; k++) {
+        float *dx = dev_alloc_copy(bs[k], x, (size_t)n * c),
+              *dout = dev_alloc_copy(bs[k], NULL, (size_t)n * r);
+        CHECK(bs[k]->ops->matmul(bs[k], dout, dx, n, &m->t, &e) == 0, "matmul: %s", e.msg);
+        got[k] = dev_fetch(bs[k], dout, (size_t)n * r);
+        bs[k]->ops->free(bs[k], dx);
+        bs[k]->ops->free(bs[k], dout);
+    }
+    free(x);
+}
+
 /* The quantized matrices' bf16 copies: with CLLM_CUDA_WIDE_COPY=1 made
  * at load, by default only by load_spare and only where they fit in the
  * spare bytes it is given (the backend's weights grow by 2 bytes a value,
@@ -456,26 +478,13 @@ static void check_matmul_wide_copy(void)
     for (int k = 1; with && without && k < ND; k++) /* Q4_K, Q6_K */
         for (int n = 5; n <= 16; n += 11) {
             const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
-            float *x = malloc(sizeof(float) * (size_t)n * c), *got[2];
-            for (size_t i = 0; i < (size_t)n * c; i++)
-                x[i] = frand();
-            struct backend *bs[2] = {with, without};
-            struct err e = {{0}};
-            for (int b = 0; b < 2; b++) {
-                float *dx = dev_alloc_copy(bs[b], x, (size_t)n * c),
-                      *dout = dev_alloc_copy(bs[b], NULL, (size_t)n * r);
-                CHECK(bs[b]->ops->matmul(bs[b], dout, dx, n, &m[k].t, &e) == 0, "matmul: %s",
-                      e.msg);
-                got[b] = dev_fetch(bs[b], dout, (size_t)n * r);
-                bs[b]->ops->free(bs[b], dx);
-                bs[b]->ops->free(bs[b], dout);
-            }
+            float *got[2];
+            matmul_both(with, without, &m[k], n, got);
             CHECK(memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0,
                   "%s [%d x %d], %d tokens: other bits with bf16 copies than without (the "
                   "copies, not the blocks, were multiplied)", dtype_name(dts[k]), r, c, n);
             free(got[0]);
             free(got[1]);
-            free(x);
         }
     backend_destroy(with);
     backend_destroy(without);
@@ -706,26 +715,13 @@ static void check_matmul_qmma(void)
         unsetenv("CLLM_CUDA_QMMA");
         for (int k = k0; be && off && k < k0 + nk; k++) {
             const int n = 5, r = (int)m[k].t.rows, c = (int)m[k].t.cols;
-            float *x = malloc(sizeof(float) * (size_t)n * c);
-            for (size_t i = 0; i < (size_t)n * c; i++)
-                x[i] = frand();
             float *got[2];
-            struct backend *bs[2] = {be, off};
-            for (int b = 0; b < 2; b++) {
-                float *dx = dev_alloc_copy(bs[b], x, (size_t)n * c),
-                      *dout = dev_alloc_copy(bs[b], NULL, (size_t)n * r);
-                CHECK(bs[b]->ops->matmul(bs[b], dout, dx, n, &m[k].t, &e) == 0, "matmul: %s",
-                      e.msg);
-                got[b] = dev_fetch(bs[b], dout, (size_t)n * r);
-                bs[b]->ops->free(bs[b], dx);
-                bs[b]->ops->free(bs[b], dout);
-            }
+            matmul_both(be, off, &m[k], n, got);
             CHECK(memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) != 0,
                   "%s [%d x %d], 5 tokens: the same bits with CLLM_CUDA_QMMA=0 (the tensor-core "
                   "GEMV did not run)", dtype_name(dts[k]), r, c);
             free(got[0]);
             free(got[1]);
-            free(x);
         }
         if (be)
             CHECK(be->ops->finish(be, &e) == 0, "tensor-core GEMV on quantized weights: %s", e.msg);
