@@ -201,24 +201,23 @@ static __device__ __forceinline__ void mma_put4(uint16_t *xs, int stride, int j,
     *(uint2 *)(xs + (size_t)j * stride + 4 * f) = h;
 }
 
-/* Stages columns [c0, c0 + cols) of rows [0, n) of x (rows ld floats
- * apart) after the input op, rounded to half, into xs (row j at j *
- * stride). (Batching each thread's loads, four at a time, was slower on
- * the H200: docs/benchmarks.md, seventeenth pass.) */
+/* Stages rows [0, n) of x after the input op, rounded to half, into xs
+ * (row j at j * stride). (Batching each thread's loads, four at a time,
+ * was slower on the H200: docs/benchmarks.md, seventeenth pass.) */
 template <int IN>
 static __device__ __forceinline__ void mma_stage(uint16_t *xs, const struct cuk_gemv_in &in,
-                                                 const float *sinv, int n, int cols, int ld,
-                                                 int c0, int stride, int bf16)
+                                                 const float *sinv, int n, int cols, int stride,
+                                                 int bf16)
 {
     const int nf = cols / 4;
     for (int i = threadIdx.x; i < n * nf; i += blockDim.x) {
         const int j = i / nf, f = i - j * nf;
-        float4 v = __ldg((const float4 *)(in.x + (size_t)j * ld + c0) + f);
+        float4 v = __ldg((const float4 *)(in.x + (size_t)j * cols) + f);
         if (IN != CUK_IN_X) /* the norm's weights, or SwiGLU's up row */
             v = gemv_in_op4<IN>(v,
                                 __ldg((const float4 *)(IN == CUK_IN_RMSNORM
-                                                           ? in.nw + c0
-                                                           : in.x2 + (size_t)j * ld + c0) + f),
+                                                           ? in.nw
+                                                           : in.x2 + (size_t)j * cols) + f),
                                 IN == CUK_IN_RMSNORM ? sinv[j] : 0.0f);
         mma_put4(xs, stride, j, f, v, bf16);
     }
@@ -401,7 +400,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
         mma_convert<IN>(xs, scratch, in, sinv, p.n, p.cols, p.stride, !F16);
     } else {
         __syncthreads();
-        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.cols, 0, p.stride, !F16);
+        mma_stage<IN>(xs, in, sinv, p.n, p.cols, p.stride, !F16);
     }
     __syncthreads();
     float acc[2][4] = {};
