@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "backend/cpu/attention.h"
 #include "base/half.h"
 #include "base/threadpool.h"
@@ -26,12 +27,6 @@ static float urand(unsigned *r)
     return (float)(*r >> 8) / 16777216.0f - 0.5f;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -120,15 +115,15 @@ int main(int argc, char **argv)
     dec.pos0 = ctx - 1;
     double best_p = INFINITY, best_d = INFINITY;
     for (int i = 0; i < reps; i++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         if (!decode_only && cpu_paged_attention(tp, &sc, isa, out, q, &pool, &seq, 0, &pre, &e)) {
             fprintf(stderr, "bench_attention: %s\n", e.msg);
             return 1;
         }
-        double t1 = now_s();
+        double t1 = clock_now_s();
         for (int s = 0; s < 20; s++)
             cpu_paged_attention(tp, &sc, isa, out, q, &pool, &seq, 0, &dec, &e);
-        double t2 = now_s();
+        double t2 = clock_now_s();
         best_p = fmin(best_p, t1 - t0);
         best_d = fmin(best_d, (t2 - t1) / 20);
     }

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "backend/cpu/matmul.h"
 #include "base/env.h"
 #include "base/half.h"
@@ -34,12 +35,6 @@
 /* Enough distinct weight bytes per measurement to defeat a 32 MB L3. */
 #define COLD_BYTES (256u << 20)
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *xmalloc(size_t n)
 {
@@ -114,7 +109,7 @@ static struct load_probe load_now(void)
 static void load_report(struct load_probe a, double t0)
 {
     struct load_probe b = load_now();
-    double wall = now_s() - t0;
+    double wall = clock_now_s() - t0;
     double others = (b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     printf("other processes used %.0f%% of %ld CPUs during this section%s\n",
@@ -181,11 +176,11 @@ static double bench_bandwidth(struct threadpool *tp)
     memset(j.dst, 2, j.bytes);
     double best_r = 1e9, best_c = 1e9;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_s();
+        double t0 = clock_now_s();
         tp_run(tp, bw_read_worker, &j);
-        double t1 = now_s();
+        double t1 = clock_now_s();
         tp_run(tp, bw_copy_worker, &j);
-        double t2 = now_s();
+        double t2 = clock_now_s();
         best_r = t1 - t0 < best_r ? t1 - t0 : best_r;
         best_c = t2 - t1 < best_c ? t2 - t1 : best_c;
     }
@@ -207,11 +202,11 @@ static void noop(void *ctx, int ith, int nth)
 static void bench_forkjoin(struct threadpool *tp)
 {
     const int runs = 200000;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     for (int i = 0; i < runs; i++)
         tp_run(tp, noop, NULL);
     printf("tp_run  threads=%d  empty fork-join: %.2f us\n", tp_size(tp),
-           (now_s() - t0) / runs * 1e6);
+           (clock_now_s() - t0) / runs * 1e6);
 }
 
 /* ---- matmul ---- */
@@ -260,7 +255,7 @@ static double time_matmul(struct cpu_matmul *mm, struct wset *s, int n, const fl
      * make a batch slower. */
     for (int batch = 0; batch < 5; batch++) {
         int calls = 0;
-        double t0 = now_s(), t;
+        double t0 = clock_now_s(), t;
         do {
             struct tensor w = {s->dt, s->rows, s->cols, s->data[call++ % s->copies]};
             if (cpu_matmul(mm, out, x, n, &w, &e)) {
@@ -268,7 +263,7 @@ static double time_matmul(struct cpu_matmul *mm, struct wset *s, int n, const fl
                 exit(1);
             }
             calls++;
-            t = now_s() - t0;
+            t = clock_now_s() - t0;
         } while (t < min_s);
         if (t / calls < best)
             best = t / calls;
@@ -345,11 +340,11 @@ static void bench_model(struct cpu_matmul *mm, enum dtype dt, int n_prefill, dou
         int n = pass == 0 ? 1 : n_prefill;
         double best = 1e30;
         for (int rep = 0; rep < (n == 1 ? 6 : 3); rep++) {
-            double t0 = now_s();
+            double t0 = clock_now_s();
             for (int i = 0; i < n_layers * 7; i++)
                 cpu_matmul(mm, out, x, n, &w[i], &e);
             cpu_matmul(mm, out, x, 1, head, &e);
-            double t = now_s() - t0;
+            double t = clock_now_s() - t0;
             best = t < best ? t : best;
         }
         if (n == 1)
@@ -441,7 +436,7 @@ int main(int argc, char **argv)
         if (!env_flag("CLLM_CPU_BF16DOT", true))
             mm.bf16dot = 0;
         struct load_probe probe = load_now();
-        double t_section = now_s();
+        double t_section = clock_now_s();
         bench_forkjoin(tp);
         double read_gbs = bench_bandwidth(tp);
         if (mem_only) {

@@ -17,18 +17,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "tokenizer/tokenizer.h"
 
 #ifndef CLLM_SHARED_DEFAULT
 #define CLLM_SHARED_DEFAULT "../shared"
 #endif
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- the built-in text ---- */
 
@@ -138,9 +133,9 @@ static double time_encode(const struct tokenizer *t, const char *s, size_t n, in
     for (int r = 0; r <= runs; r++) {
         struct err e = {{0}};
         int *ids = NULL;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         int k = tok_encode(t, s, n, false, &ids, &e);
-        double dt = now_s() - t0;
+        double dt = clock_now_s() - t0;
         if (k < 0) {
             fprintf(stderr, "encode failed: %s\n", e.msg);
             exit(1);
@@ -213,9 +208,9 @@ int main(int argc, char **argv)
         char path[1024];
         snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", shared, names[k]);
         struct err e = {{0}};
-        double t0 = now_s();
+        double t0 = clock_now_s();
         struct tokenizer *t = tok_load_hf_json(path, &e);
-        double load = now_s() - t0;
+        double load = clock_now_s() - t0;
         if (!t) {
             printf("%-10s %s\n", names[k], e.msg);
             continue;

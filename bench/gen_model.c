@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -193,12 +194,6 @@ static int build_shape(struct model *m, const struct shape *s, struct err *e)
     return 0;
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -256,7 +251,7 @@ int main(int argc, char **argv)
         flags |= GGUF_WRITE_K_M;
     struct err e = {{0}};
     struct model m;
-    double t0 = now();
+    double t0 = clock_now_s();
     int rc;
     if (from) {
         if (model_load(&m, from, &e)) {
@@ -298,7 +293,7 @@ int main(int argc, char **argv)
         return 1;
     }
     struct stat st;
-    double secs = now() - t0;
+    double secs = clock_now_s() - t0;
     long long bytes = stat(out, &st) == 0 ? (long long)st.st_size : -1;
     /* mistral models are written with llama.cpp's architecture name "llama" */
     const char *arch = strcmp(m.cfg.arch, "mistral") ? m.cfg.arch : "llama";

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "backend/backend.h"
 #include "base/argmax.h"
 #include "base/half.h"
@@ -3278,12 +3279,7 @@ static void check_sample_distribution(void)
     backend_destroy(be);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
+
 
 /* How long a sampled step's token takes: sample_rows (parameters up,
  * kernel, ids back, one wait) for 1 and 64 rows of Qwen's 151936 tokens,
@@ -3321,19 +3317,19 @@ static void check_sample_speed(void)
                 for (int r = 0; r < rows; r++)
                     sp[r] = (struct sample_params){ps[k].temperature, ps[k].top_k, ps[k].top_p,
                                                    ps[k].min_p, sample_test_u(&rng)};
-                double t0 = now_ms();
+                double t0 = 1e3 * clock_now_s();
                 if (be->ops->sample_rows(be, got, d, rows, n, sp, &e)) {
                     CHECK(0, "sample_rows: %s", e.msg);
                     break;
                 }
                 if (rep > 0)
-                    t[w] += (now_ms() - t0) / 5;
+                    t[w] += (1e3 * clock_now_s() - t0) / 5;
             }
         }
-        double t0 = now_ms();
+        double t0 = 1e3 * clock_now_s();
         be->ops->download(be, h, d, (size_t)n);
         sampler_pick(&ps[k], h, n, 0.5, pr, idx);
-        double th = now_ms() - t0;
+        double th = 1e3 * clock_now_s() - t0;
         printf("cuda sample_rows, %s, %d tokens: %.0f us for 1 row, %.0f us for %d rows (host: "
                "%.0f us a row, download + sampler_pick)\n", names[k], n, t[0] * 1e3, t[1] * 1e3,
                ROWS, th * 1e3);

@@ -9,18 +9,13 @@
 
 #include <math.h>
 
+#include "base/clock.h"
 #include "engine/engine.h"
 #include "grammar/grammar.h"
 #include "oracle.h"
 #include "tokenizer/tokenizer.h"
 #include "testutil.h"
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Reads events until the final one; returns the number of tokens. Every
  * event must carry the same n_cached as the final one, and a time stamp
@@ -35,8 +30,8 @@ static int drain(struct engine_request *r, int *out, int cap, struct engine_even
         if (cached >= 0 && ev.n_cached != cached)
             CHECK(0, "n_cached changed mid-stream: %d -> %d", cached, ev.n_cached);
         cached = ev.n_cached;
-        if (!(ev.t >= t_prev && ev.t > 0 && ev.t <= mono_s()))
-            CHECK(0, "event time %.6f after %.6f, read at %.6f", ev.t, t_prev, mono_s());
+        if (!(ev.t >= t_prev && ev.t > 0 && ev.t <= clock_now_s()))
+            CHECK(0, "event time %.6f after %.6f, read at %.6f", ev.t, t_prev, clock_now_s());
         t_prev = ev.t;
         if (ev.finish != ENGINE_FINISH_NONE) {
             *last = ev;

@@ -14,18 +14,13 @@
 
 #include <pthread.h>
 
+#include "base/clock.h"
 #include "model/gguf.h"
 #include "testutil.h"
 #include "tokenizer/tokenizer.h"
 
 #define SHARED CLLM_SHARED_DIR
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static bool file_exists(const char *p)
 {
@@ -310,9 +305,9 @@ static void test_mistral(void)
     for (size_t i = 0; i < total; i += plen)
         memcpy(big + i, para, i + plen <= total ? plen : total - i);
     big[total] = 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     n = tok_encode(t, big, total, true, &ids, &e);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     CHECK(n > 0, "1 MB encode: %s", e.msg);
     printf("mistral encode: %zu bytes -> %d tokens in %.3f s (%.1f MB/s, %.0f tokens/s)\n", total,
            n, dt, total / dt / 1e6, n / dt);
@@ -581,9 +576,9 @@ static void test_gemma_vectors(void)
         return;
     }
     struct err e = {{0}};
-    double t0 = now_s();
+    double t0 = clock_now_s();
     struct tokenizer *t = tok_load_hf_json(json, &e);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     CHECK(t != NULL, "gemma3: %s", e.msg);
     if (!t)
         return;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "cli/cli.h"
 
 #include "backend/backend.h"
@@ -60,12 +61,6 @@ static int parse_rate(const char *flag, const char *v, const char *unit, double 
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void bench_usage(FILE *f)
 {
@@ -421,12 +416,12 @@ static int run_single(const struct model *m, const struct bench_opts *o, struct 
         goto out;
     for (int rep = 0; rep < o->reps; rep++) {
         seq = (struct kv_seq){0};
-        double t0 = now_s();
+        double t0 = clock_now_s();
         int frc = cli_forward_next(&fs, &pool, &seq, prompt, P, logits, &smp, &next, e);
-        double t1 = now_s();
+        double t1 = clock_now_s();
         if (!frc)
             frc = cli_decode_n(&fs, &pool, &seq, N, logits, &smp, &next, e);
-        double t2 = now_s();
+        double t2 = clock_now_s();
         kv_seq_release(&pool, &seq);
         if (frc)
             goto out;
@@ -623,7 +618,7 @@ static int run_batch(const struct model *m, const struct bench_opts *o, int S,
         /* All S arrive together: the engine's first step sees every one,
          * whatever this thread's timing (one by one, the first stream could
          * start its prefill alone). */
-        const double t_sub = now_s();
+        const double t_sub = clock_now_s();
         if (engine_submit_many(eng, rs, S, e) < 0)
             goto out;
         int last;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "cli/cli.h"
 #include "backend/backend.h"
 #include "base/file.h"
@@ -20,12 +21,6 @@
 
 #define KV_BLOCK 16
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void cli_usage(FILE *f)
 {
@@ -345,10 +340,10 @@ int cmd_run(int argc, char **argv)
         if (rc_w)
             goto fail;
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (forward_tokens(&fs, &pool, &seq, prompt, n_prompt, o.logits_out != NULL, logits, &e))
         goto fail;
-    double t1 = now_s();
+    double t1 = clock_now_s();
     if (o.logits_out && write_logits(o.logits_out, logits, rows * c->vocab_size, &e))
         goto fail;
     const float *last = logits + (rows - 1) * c->vocab_size;
@@ -416,7 +411,7 @@ int cmd_run(int argc, char **argv)
     }
     if (forward_pipe_drop(&fs, &e))
         goto fail;
-    double t2 = now_s();
+    double t2 = clock_now_s();
     if (tok && !o.print_ids) {
         char buf[64];
         detok_flush(&dt, buf, sizeof buf);

@@ -4,6 +4,7 @@
  * as one ragged batch (forward_batch), checking every request's cancel flag
  * before it. */
 #include "engine/engine.h"
+#include "base/clock.h"
 
 #include <assert.h>
 #include <dirent.h>
@@ -229,10 +230,8 @@ static void push_event(struct engine_request *r, const struct engine_event *ev)
                 r->cap = cap;
             }
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
         r->ev[r->n] = *ev;
-        r->ev[r->n++].t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        r->ev[r->n++].t = clock_now_s();
         if (ev->finish != ENGINE_FINISH_NONE)
             r->done = true;
         pthread_cond_broadcast(&r->cv);

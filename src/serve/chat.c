@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "base/clock.h"
 #include "serve/internal.h"
 #include "serve/tool_grammar.h"
 #include "tokenizer/chat_template.h"
@@ -239,7 +240,7 @@ int gen_start(struct server *srv, const struct chat_req *req, struct gen **out,
     if (req->has_seed) {
         p.sp.seed = req->seed;
     } else if (getrandom(&p.sp.seed, sizeof p.sp.seed, 0) != (ssize_t)sizeof p.sp.seed) {
-        p.sp.seed = (uint64_t)(serve_now() * 1e9);
+        p.sp.seed = (uint64_t)(clock_now_s() * 1e9);
     }
     p.max_tokens = req->max_tokens > 0 ? req->max_tokens
                    : cfg->max_tokens.set ? cfg->max_tokens.v : 0;
@@ -529,13 +530,13 @@ const struct tokenizer *gen_tokenizer(const struct gen *g) { return g->srv->sm.t
 int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result *res)
 {
     size_t start = text->n;
-    double deadline = serve_now() + timeout_ms / 1000.0;
+    double deadline = clock_now_s() + timeout_ms / 1000.0;
     if (g->echo && g->echo_n) { /* before any token: it is no stop string's part */
         buf_putn(text, g->echo, g->echo_n);
         g->echo_n = 0;
     }
     while (!g->finished) {
-        int left = (int)((deadline - serve_now()) * 1000.0);
+        int left = (int)((deadline - clock_now_s()) * 1000.0);
         struct engine_event ev;
         if (engine_request_next(g->r, &ev, left > 0 ? left : 0) == 0)
             return text->n > start ? GEN_TEXT : GEN_WAIT;
@@ -597,14 +598,14 @@ int gen_next(struct gen *g, struct buf *text, int timeout_ms, struct gen_result 
 int gen_collect(struct gen *g, struct buf *text, struct gen_result *res,
                 const struct client *cl)
 {
-    double next_check = serve_now() + 0.1;
+    double next_check = clock_now_s() + 0.1;
     for (;;) {
         if (gen_next(g, text, 100, res) == GEN_DONE)
             return 0;
         /* tokens may flow without pause: look at the socket on a clock, not
          * only when waiting */
-        if (serve_now() >= next_check) {
-            next_check = serve_now() + 0.1;
+        if (clock_now_s() >= next_check) {
+            next_check = clock_now_s() + 0.1;
             if (cl && cl->gone && cl->gone(cl->ctx)) {
                 gen_cancel(g);
                 return -1;

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "serve/internal.h"
 
 struct http {
@@ -335,7 +336,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq = calloc(1, sizeof *rq);
         if (!rq)
             return MHD_NO;
-        rq->t0 = serve_now();
+        rq->t0 = clock_now_s();
         *con_cls = rq;
         atomic_fetch_add(&h->srv->active, 1);
         const char *len =
@@ -399,7 +400,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
         fprintf(stderr, "cllm serve: %d %.1f ms%s\n", ci ? (int)ci->http_status : rq->status,
-                (serve_now() - rq->t0) * 1e3,
+                (clock_now_s() - rq->t0) * 1e3,
                 why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     }
     buf_free(&rq->body);

@@ -43,8 +43,6 @@ json_t *json_text(const char *p, size_t n);
 json_t *json_float(float v);
 /* A random id with a prefix: "chatcmpl-3f2a..." (24 hex digits). */
 void serve_make_id(char *out, size_t cap, const char *prefix);
-/* Seconds since an arbitrary start (monotonic). */
-double serve_now(void);
 
 /* ---- API errors (fields.c) ---- */
 

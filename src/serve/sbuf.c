@@ -52,12 +52,6 @@ void serve_make_id(char *out, size_t cap, const char *prefix)
         snprintf(out + k, cap - k, "%02x", r[i]);
 }
 
-double serve_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 json_t *json_text(const char *p, size_t n)
 {

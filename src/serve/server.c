@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "serve/internal.h"
 #include "serve/serve.h"
 #include "tokenizer/chat_template.h"
@@ -267,7 +268,7 @@ static void unload_model(struct served_model *sm)
 static bool wait_idle(struct server *srv, const sigset_t *sigs, double deadline, bool *again)
 {
     while (atomic_load(&srv->in_flight) > 0 || atomic_load(&srv->active) > 0) {
-        double left = deadline - serve_now();
+        double left = deadline - clock_now_s();
         if (left <= 0)
             return false;
         struct timespec ts = {0, left > 0.05 ? 50000000L : (long)(left * 1e9)};
@@ -302,7 +303,7 @@ int serve_main(const struct serve_config *cfg, struct err *e)
         return err_set(e, "out of memory");
     }
     srv->cfg = cfg;
-    srv->t_start = serve_now();
+    srv->t_start = clock_now_s();
     srv->created = time(NULL);
     pthread_mutex_init(&srv->mu, NULL);
     struct http *h = NULL;
@@ -409,11 +410,11 @@ int serve_main(const struct serve_config *cfg, struct err *e)
     atomic_store(&srv->draining, true);
     http_quiesce(h);
     bool again = false;
-    if (!wait_idle(srv, &sigs, serve_now() + cfg->shutdown_timeout_ms / 1000.0, &again)) {
+    if (!wait_idle(srv, &sigs, clock_now_s() + cfg->shutdown_timeout_ms / 1000.0, &again)) {
         fprintf(stderr, "cllm serve: %s; cancelling %d request(s)\n",
                 again ? "second signal" : "shutdown timeout", atomic_load(&srv->in_flight));
         gen_cancel_all(srv);
-        wait_idle(srv, &sigs, serve_now() + 10.0, NULL);
+        wait_idle(srv, &sigs, clock_now_s() + 10.0, NULL);
     }
     rc = 0;
 out:

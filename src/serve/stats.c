@@ -1,6 +1,7 @@
 /* stats.c - GET /stats (live configuration, queue, engine and HTTP
  * counters, KV blocks, model) and GET /health. */
 #include "serve/internal.h"
+#include "base/clock.h"
 
 static json_t *opt_f_json(struct opt_f o) { return o.set ? json_float(o.v) : json_null(); }
 static json_t *opt_i_json(struct opt_i o) { return o.set ? json_integer(o.v) : json_null(); }
@@ -41,7 +42,7 @@ json_t *stats_json(struct server *srv)
         "s:{s:b, s:I}, s:{s:s}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, s:i}}",
         "status", atomic_load(&srv->draining) ? "draining" : "ok",
-        "uptime_s", serve_now() - srv->t_start,
+        "uptime_s", clock_now_s() - srv->t_start,
         "model", model,
         "server", "host", cfg->host, "port", cfg->port, "max_queue", cfg->max_queue,
         "shutdown_timeout_ms", cfg->shutdown_timeout_ms,

@@ -12,6 +12,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/head_pick.h"
 #include "backend/cpu/matmul.h"
+#include "base/clock.h"
 #include "base/env.h"
 #include "base/half.h"
 #include "base/threadpool.h"
@@ -249,11 +250,9 @@ static double cpu_mem_bandwidth(struct backend *be, struct err *e)
     j.fill = false;
     double best = 0;
     for (int rep = 0; rep < BW_REPS; rep++) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = clock_now_s();
         tp_run(c->tp, bw_worker, &j);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double dt = clock_now_s() - t0;
         double bw = dt > 0 ? (double)(j.part * (size_t)nth) / dt : 0;
         best = bw > best ? bw : best;
     }

@@ -59,12 +59,6 @@
 #include "backend/cuda/cuda_module.h"
 #include "base/env.h"
 
-double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 bool fail_cuda(struct cuda_backend *c, const char *what, cudaError_t err)
 {

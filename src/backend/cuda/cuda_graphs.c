@@ -2,6 +2,7 @@
  * comment): graph keys, recording and replay in the step_begin / step_end
  * hooks, and their counts. */
 #include "backend/cuda/cuda_internal.h"
+#include "base/clock.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -149,7 +150,7 @@ int cu_step_begin(struct backend *be, const struct backend_step *st, struct err 
     if (sticky(c, e))
         return -1;
     if (c->timing) {
-        c->t_begin = now_s();
+        c->t_begin = clock_now_s();
         const int prev = c->t_b;
         c->t_b = st->n == 1 && st->logits ? 0 : st->n == st->n_seg ? 1 : 2;
         /* only from one decode step to the next of the same kind */

@@ -398,8 +398,6 @@ struct bat_plan {
 
 /* ---- backend_cuda.c: failures, work buffers, host-to-device copies ---- */
 
-/* The monotonic clock in seconds (CLLM_CUDA_TIMING, load progress). */
-double now_s(void);
 
 static inline struct cuda_backend *cb(struct backend *be) { return be->impl; }
 

@@ -3,6 +3,7 @@
  * downloads, and the results that cross back to the host each step
  * (greedy ids, sampled ids), with CLLM_CUDA_TIMING's accounting. */
 #include "backend/cuda/cuda_internal.h"
+#include "base/clock.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -58,7 +59,7 @@ static bool timing_mark(struct cuda_backend *c)
 {
     bool timed = c->timing && c->t_open;
     if (timed) {
-        c->t_mark = now_s();
+        c->t_mark = clock_now_s();
         cudaEventRecord(c->ev[1], c->stream);
     }
     return timed;
@@ -69,7 +70,7 @@ static void timing_done(struct cuda_backend *c)
     float a = 0, b = 0;
     cudaEventElapsedTime(&a, c->ev[0], c->ev[1]);
     cudaEventElapsedTime(&b, c->ev[1], c->ev[2]);
-    c->t_end = now_s();
+    c->t_end = clock_now_s();
     int k = c->t_b;
     c->t_gpu[k] += a;
     c->t_copy[k] += b;

@@ -4,6 +4,7 @@
  * repacked, GGUF's low-bit blocks as they are; k/v and gate/up pairs in
  * one allocation each). */
 #include "backend/cuda/cuda_internal.h"
+#include "base/clock.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -423,7 +424,7 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
     }
     fprintf(stderr, "%s: loading %d tensors, %.1f MiB of weights (%.1f GiB free)\n", c->name, uniq,
             need / 1048576.0, dfree / 1073741824.0);
-    double t0 = now_s(), last = t0;
+    double t0 = clock_now_s(), last = t0;
     size_t done = 0;
     struct dbuf tmp = {0};
     int rc = 0;
@@ -440,7 +441,7 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
             rc = upload_tensor(c, ts[i], &tmp, NULL, e);
             done += tensor_dev_bytes(ts[i]);
         }
-        double t = now_s();
+        double t = clock_now_s();
         if (t - last > 0.5 && isatty(2)) {
             fprintf(stderr, "\r%s: %.0f%% (%.0f MiB)", c->name, 100.0 * done / (need ? need : 1),
                     done / 1048576.0);
@@ -455,7 +456,7 @@ int cu_load_weights(struct backend *be, const struct model *m, struct err *e)
         free(wts);
         return rc ? -1 : err_set(e, "%s: uploading weights: %s", c->name, cudaGetErrorString(serr));
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     fprintf(stderr, "%s%s: weights loaded in %.2f s (%.2f GB/s)\n", isatty(2) ? "\r" : "", c->name,
             dt, dt > 0 ? need / dt / 1e9 : 0.0);
     if (wide) {
