@@ -358,6 +358,19 @@ static bool qmma_tokens(const struct cuda_backend *c, int n)
     return c->qmma && c->gemv_mma && !c->precise && n >= c->qmma_from && n <= CUK_MMA_MAX_N;
 }
 
+/* Whether dt is one the tensor-core GEMV on K-quant blocks takes (Q4_K,
+ * Q5_K, Q6_K; cuk_gemv_qmma_smem is 0 for any other). */
+static bool qmma_dtype(int dt)
+{
+    return cuk_gemv_qmma_smem(dt, 1, 256) > 0;
+}
+
+/* Whether that kernel stages n rows of x over cols columns beside its ring. */
+static bool qmma_fits(const struct cuda_backend *c, int dt, int n, size_t cols)
+{
+    return cuk_gemv_qmma_smem(dt, n, (int)cols) <= (size_t)c->mma.smem_max;
+}
+
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
@@ -371,8 +384,7 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
 {
     const size_t cols = (size_t)ws[0]->cols;
     const int dt = ws[0]->dtype;
-    const size_t smem = cuk_gemv_qmma_smem(dt, 1, (int)cols); /* 0: not its dtype */
-    if (!qmma_tokens(c, n) || !smem || cols % 256 || smem > (size_t)c->mma.smem_max)
+    if (!qmma_tokens(c, n) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
         return false;
     for (int i = 1; i < k; i++)
         if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
@@ -384,7 +396,7 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
  * stages (at least 1 where qmma_takes). */
 static int qmma_fit(const struct cuda_backend *c, int dt, size_t cols, int n)
 {
-    while (n > 1 && cuk_gemv_qmma_smem(dt, n, (int)cols) > (size_t)c->mma.smem_max)
+    while (n > 1 && !qmma_fits(c, dt, n, cols))
         n--;
     return n;
 }
@@ -396,7 +408,7 @@ static int qmma_window_blocks(const struct cuda_backend *c, int dt, int blocks, 
 {
     if (c->qmma_window > 0 && blocks > c->qmma_window / 256)
         blocks = c->qmma_window / 256;
-    while (blocks > 0 && cuk_gemv_qmma_smem(dt, n, blocks * 256) > (size_t)c->mma.smem_max)
+    while (blocks > 0 && !qmma_fits(c, dt, n, (size_t)blocks * 256))
         blocks--;
     return blocks;
 }
@@ -483,7 +495,7 @@ static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
     /* the copies' routes, a bf16 model's, unless the K-quants' tensor-core
      * GEMV keeps the blocks (mm_weights) */
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
-        (!wide_step(c, n) || (qmma_tokens(c, n) && cuk_gemv_qmma_smem(c->quant_type, 1, 256))))
+        (!wide_step(c, n) || (qmma_tokens(c, n) && qmma_dtype(c->quant_type))))
         return n > quant_gemv_max_n(c) && !qmma_tokens(c, n); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }
@@ -530,6 +542,58 @@ static bool matmul_is_gemm(const struct cuda_backend *c, const struct cuk_weight
  * fused). The staged GEMV, one block per SM, takes any count. */
 #define NORM_FUSE_MAX_ROWS 32768
 
+/* The tensor-core GEMV on K-quant blocks (qmma_takes' launches): one
+ * launch where x of all n tokens fits a block's shared memory, else
+ * windows of the weights' columns, else (a SwiGLU pair) runs of tokens.
+ * cudaErrorNotSupported (nothing launched) where the first declines. */
+static cudaError_t gemv_qmma(struct cuda_backend *c, float *const *outs,
+                             const struct cuk_gemv_in *in, int n,
+                             const struct cuk_weight *const *ws, int k, int out)
+{
+    const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols, n);
+    const int blocks = ws[0]->cols / 256;
+    const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
+    const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
+                        ? qmma_window_blocks(c, dt, blocks, n)
+                        : 0;
+    if (per > 0) {
+        /* x too wide to stage whole (an 8B model's down projection:
+         * 16 tokens of 14,336 columns): windows of its columns, sized
+         * alike, each reading its columns of the weights once, the
+         * first storing or adding, the others adding (H100, 8-layer
+         * 8B Q4_K, 16 streams: the runs of tokens below read the
+         * down projection's weights four times; docs/benchmarks.md,
+         * session 60) */
+        const int wins = (blocks + per - 1) / per;
+        for (int b0 = 0, i = 0; i < wins; i++) {
+            const int nb = (blocks - b0) / (wins - i);
+            cudaError_t err =
+                cuk_gemv_qmma_window(c->stream, outs, in, n, ws, k,
+                                     i == 0 ? out : CUK_OUT_ADD, b0 * 256, nb * 256, &c->mma);
+            if (err != cudaSuccess)
+                return err; /* (every window has at most per blocks, which
+                             * fit: a later one fails only on an error) */
+            b0 += nb;
+        }
+        return cudaSuccess;
+    }
+    /* else runs of as many tokens as x's staging takes, sized alike,
+     * each a launch reading the weights again */
+    const int runs = (n + fit - 1) / fit;
+    for (int t0 = 0, r = 0; r < runs; r++) {
+        const int m = (n - t0) / (runs - r);
+        float *o[3];
+        for (int i = 0; i < k; i++)
+            o[i] = outs[i] ? outs[i] + (size_t)t0 * ws[i]->rows : NULL;
+        const struct cuk_gemv_in part = cuk_gemv_in_from(in, t0, ws[0]->cols);
+        cudaError_t err = cuk_gemv_mma(c->stream, o, &part, m, ws, k, out, &c->mma);
+        if (err != cudaSuccess)
+            return err; /* (only the first run can decline: nothing issued) */
+        t0 += m;
+    }
+    return cudaSuccess;
+}
+
 /* A GEMV launch of cuk_gemv_fused's contract on the kernel `route` (not
  * MM_GEMM) chose: the tensor-core GEMV; the staged GEMV; else (MM_GEMV) the
  * staged kernel for up to CUK_STAGE_MAX_N rows where it is on and takes
@@ -541,50 +605,8 @@ static cudaError_t gemv_fused(struct cuda_backend *c, enum mm_route route, float
 {
     if (route != MM_MMA && quant_gemv(c, (enum dtype)ws[0]->dtype)) /* one launch */
         return cuk_gemv_quant(c->stream, outs, in, n, ws, k, out, c->precise, &c->gq);
-    if (route == MM_MMA && cuk_gemv_qmma_smem(ws[0]->dtype, 1, ws[0]->cols) > 0) {
-        const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols, n);
-        const int blocks = ws[0]->cols / 256;
-        const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
-        const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
-                            ? qmma_window_blocks(c, dt, blocks, n)
-                            : 0;
-        if (per > 0) {
-            /* x too wide to stage whole (an 8B model's down projection:
-             * 16 tokens of 14,336 columns): windows of its columns, sized
-             * alike, each reading its columns of the weights once, the
-             * first storing or adding, the others adding (H100, 8-layer
-             * 8B Q4_K, 16 streams: the runs of tokens below read the
-             * down projection's weights four times; docs/benchmarks.md,
-             * session 60) */
-            const int wins = (blocks + per - 1) / per;
-            for (int b0 = 0, i = 0; i < wins; i++) {
-                const int nb = (blocks - b0) / (wins - i);
-                cudaError_t err =
-                    cuk_gemv_qmma_window(c->stream, outs, in, n, ws, k,
-                                         i == 0 ? out : CUK_OUT_ADD, b0 * 256, nb * 256, &c->mma);
-                if (err != cudaSuccess)
-                    return err; /* (every window has at most per blocks, which
-                                 * fit: a later one fails only on an error) */
-                b0 += nb;
-            }
-            return cudaSuccess;
-        }
-        /* else runs of as many tokens as x's staging takes, sized alike,
-         * each a launch reading the weights again */
-        const int runs = (n + fit - 1) / fit;
-        for (int t0 = 0, r = 0; r < runs; r++) {
-            const int m = (n - t0) / (runs - r);
-            float *o[3];
-            for (int i = 0; i < k; i++)
-                o[i] = outs[i] ? outs[i] + (size_t)t0 * ws[i]->rows : NULL;
-            const struct cuk_gemv_in part = cuk_gemv_in_from(in, t0, ws[0]->cols);
-            cudaError_t err = cuk_gemv_mma(c->stream, o, &part, m, ws, k, out, &c->mma);
-            if (err != cudaSuccess)
-                return err; /* (only the first run can decline: nothing issued) */
-            t0 += m;
-        }
-        return cudaSuccess;
-    }
+    if (route == MM_MMA && qmma_dtype(ws[0]->dtype))
+        return gemv_qmma(c, outs, in, n, ws, k, out);
     if (route == MM_MMA)
         return cuk_gemv_mma(c->stream, outs, in, n, ws, k, out, &c->mma);
     if (route == MM_STAGED_BIG)

@@ -140,14 +140,13 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     if (cfg->smem_sm > MMA_L1_KEEP && limit > (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024)
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     size_t ring = 0;
-    if (quant) { /* the ring as deep as fits, then x's f32 copy where it also does */
+    if (quant) { /* the ring as deep as fits */
         const size_t sums = QMMA_SUMS(dt, n, cols);
         p.slots = QMMA_MAX_SLOTS;
         while (p.slots > QMMA_MIN_SLOTS &&
                xbytes + scratch + MMA_INV + QMMA_RING(w, p.slots, qbb) + sums > smem_max)
             p.slots--;
         ring = QMMA_RING(w, p.slots, qbb) + sums;
-        limit = smem_max - ring;
     }
     /* (not the K-quants': qmma_stage reads x once, its norm's sums on the way) */
     p.copy_x = !cfg->stage_regs && !quant && xbytes + area + MMA_INV <= limit;

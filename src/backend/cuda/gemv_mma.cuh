@@ -33,7 +33,7 @@
  * its b0/b1 registers for both, whole.
  *
  * GGUF's K-quants (Q4_K, Q5_K, Q6_K) have a kernel of their own on this
- * launch shape and x staging (gemv_mma_quant.cu), one block an SM.
+ * launch shape (gemv_mma_quant.cu), one block an SM, staging x itself.
  *
  * Every output is summed in an order fixed by the shapes and the device
  * (rows, cols, n, cfg): the same bits on every call. Not the bits of the f32 GEMVs (x is rounded)
