@@ -412,7 +412,7 @@ static void matmul_both(struct backend *a, struct backend *b, const struct test_
  * spare bytes it is given (the backend's weights grow by 2 bytes a value,
  * ops->mem_info). Steps of WIDE_FROM_N (5) tokens or more multiply them
  * through a bf16 model's routes (the tensor-core and staged GEMVs, the
- * GEMM; but K-quants' steps of 5-16 stay on their blocks, the K-quant
+ * GEMM; but K-quants' steps of 3-16 stay on their blocks, the K-quant
  * tensor-core GEMV: the same bits as without copies), and of
  * WIDE_SMALL_FROM_N (4) where the tensor-core GEMV takes
  * them (these small matrices), fewer the quantized GEMV, within the
@@ -470,15 +470,15 @@ static void check_matmul_wide_copy(void)
             backend_destroy(be);
         }
     }
-    /* K-quants' steps of 5-16 tokens stay on their blocks where copies
+    /* K-quants' steps of 3-16 tokens stay on their blocks where copies
      * exist (mm_weights): the same bits as without copies */
     setenv("CLLM_CUDA_WIDE_COPY", "1", 1);
     struct backend *with = gpu_loaded(false, &md);
     setenv("CLLM_CUDA_WIDE_COPY", "0", 1);
     struct backend *without = gpu_loaded(false, &md);
     for (int k = 1; with && without && k < ND; k++) /* Q4_K, Q6_K */
-        for (int n = 5; n <= 16; n += 11) {
-            const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
+        for (int i = 0; i < 3; i++) {
+            const int n = (int[]){3, 5, 16}[i], r = (int)m[k].t.rows, c = (int)m[k].t.cols;
             float *got[2];
             matmul_both(with, without, &m[k], n, got);
             CHECK(memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0,
@@ -649,7 +649,7 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
 }
 
 /* The tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks (gemv_mma_quant.cu; by
- * default from QMMA_FROM_N = 5 tokens to CUK_MMA_MAX_N, where no bf16
+ * default from QMMA_FROM_N = 3 tokens to CUK_MMA_MAX_N, where no bf16
  * copies are made), in blocks of 8 warps and of 16
  * (CLLM_CUDA_QMMA_WARPS), every weight read back through one-hot x
  * (check_matmul_onehot): odd row counts (a last tile of 16 rows part
@@ -682,22 +682,27 @@ static void check_matmul_qmma(void)
         mats_model(&md, &lw, m + k0, nk);
         struct err e = {{0}};
         /* blocks of 8 warps, of up to 16, windows of 512 columns (also
-         * where x fits whole), and runs of tokens instead of windows */
-        static const char *const variants[][3] = {
-            {"tensor-core GEMV", NULL, NULL},
-            {"16-warp tensor-core GEMV", "16", NULL},
-            {"tensor-core GEMV, 512-column windows", NULL, "512"},
-            {"tensor-core GEMV, runs of tokens", NULL, "0"}};
+         * where x fits whole), runs of tokens instead of windows, and x
+         * staged a warp a row (CLLM_CUDA_QMMA_STAGE_ROWS) */
+        static const char *const variants[][4] = {
+            {"tensor-core GEMV", NULL, NULL, NULL},
+            {"16-warp tensor-core GEMV", "16", NULL, NULL},
+            {"tensor-core GEMV, 512-column windows", NULL, "512", NULL},
+            {"tensor-core GEMV, runs of tokens", NULL, "0", NULL},
+            {"tensor-core GEMV, x a warp a row", "16", NULL, "1"}};
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
             if (variants[v][1])
                 setenv("CLLM_CUDA_QMMA_WARPS", variants[v][1], 1);
             if (variants[v][2])
                 setenv("CLLM_CUDA_QMMA_WINDOW", variants[v][2], 1);
+            if (variants[v][3])
+                setenv("CLLM_CUDA_QMMA_STAGE_ROWS", variants[v][3], 1);
             struct backend *from2 = gpu_loaded(false, &md);
             unsetenv("CLLM_CUDA_QMMA_FROM");
             unsetenv("CLLM_CUDA_QMMA_WARPS");
             unsetenv("CLLM_CUDA_QMMA_WINDOW");
+            unsetenv("CLLM_CUDA_QMMA_STAGE_ROWS");
             if (from2) {
                 static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
                 for (int k = k0; k < k0 + nk; k++)
@@ -1773,7 +1778,7 @@ static void check_matmul_fused_cols(int cols)
                      * pairing is off by far more. */
                     bool paired = k >= 2 && n > 2 /* CUK_GEMV_DEFAULT */ && dt != DT_F32 &&
                                   (i >= k - 2) && wr[k - 1] == wr[k - 2];
-                    /* the K-quants' tensor-core GEMV (5 to 16 tokens)
+                    /* the K-quants' tensor-core GEMV (3 to 16 tokens)
                      * rounds its input to bf16: the norm made in the
                      * launch (f32 sums) and cuk_rmsnorm's (f64) round a
                      * few elements the other way, ~1e-4 of the outputs;
@@ -1785,7 +1790,7 @@ static void check_matmul_fused_cols(int cols)
                      * SwiGLU's output multiplies two such sums (up to
                      * 6.6e-3); a wrong 1 / rms is off by tenths */
                     bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K || dt == DT_Q6_K) &&
-                                n >= 5 /* QMMA_FROM_N */ &&
+                                n >= 3 /* QMMA_FROM_N */ &&
                                 n <= 16 && !env_is0("CLLM_CUDA_QMMA");
                     bool qnorm = qmma && cs->kind == MATMUL_IN_RMSNORM;
                     double tol = qnorm && cs->out == MATMUL_OUT_SWIGLU ? 1e-2

@@ -667,6 +667,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma_max_bytes = (lv.mma_max_mb ? (size_t)lv.mma_max_mb : MMA_MAX_MB) << 20;
     c->mma_max_x = lv.mma_max_x ? (size_t)lv.mma_max_x : MMA_MAX_X;
     c->mma.stage_regs = env_flag("CLLM_CUDA_MMA_STAGE_REGS", false); /* measurement */
+    c->mma.qmma_stage_rows = env_flag("CLLM_CUDA_QMMA_STAGE_ROWS", false); /* measurement */
     c->defer_merge = !env_flag("CLLM_CUDA_DEFER_MERGE", true)   ? 0
                      : env_flag("CLLM_CUDA_DEFER_MERGE", false) ? 1
                                                                 : -1;

@@ -465,6 +465,8 @@ struct cuk_mma_cfg {
                      * its f32 rows fit in shared memory (the same bits) */
     int qmma_warps; /* warps a block of the K-quant kernel (8, 16; 0: 16
                      * where its blocks fill the SMs, else 8) */
+    int qmma_stage_rows; /* measurement: that kernel stages x a warp a row,
+                          * eight loads a lane (session 60's staging) */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend

@@ -51,18 +51,19 @@
  * Q4_K 2,207 / 2,454 -> 2,601 / 3,413 tok/s, an 8-layer 8B Q4_K 2,520 /
  * 2,739 -> 2,310 / 2,742 (docs/benchmarks.md, session 57): 4. */
 #define WIDE_SMALL_FROM_N 4
-/* Fewest tokens of a step whose Q4_K matrices, where the step does not
- * take bf16 copies of them, go to the tensor-core GEMV on their blocks
- * (gemv_mma_quant.cu; CLLM_CUDA_QMMA_FROM, CLLM_CUDA_QMMA=0 turns it off)
- * up to CUK_MMA_MAX_N, rather than the staged quantized GEMV (up to 8)
- * or the widened GEMM. H100, no copies, aggregate tok/s of 3 / 4 / 6 / 8
- * / 12 / 16 streams, without it and with it: an 8-layer 8B Q4_K 2,536 /
- * 2,807 / 3,092 / 3,192 / 2,371 / 3,157 against 1,983 / 2,558 / 3,597 /
- * 3,866 / 4,773 / 5,353; 0.6B Q4_K 2,268 / 2,507 / 2,814 / 3,006 /
- * 4,013 / 5,183 against 2,767 / 3,568 / 5,036 / 6,438 / 6,978 / 7,723
- * (docs/benchmarks.md, session 58). The 8B's crossover lies between 4
- * and 6, the 0.6B's below 3. */
-#define QMMA_FROM_N 5
+/* Fewest tokens of a step whose K-quant matrices (Q4_K, Q5_K, Q6_K) go
+ * to the tensor-core GEMV on their blocks (gemv_mma_quant.cu;
+ * CLLM_CUDA_QMMA_FROM, CLLM_CUDA_QMMA=0 turns it off) up to
+ * CUK_MMA_MAX_N, rather than the staged quantized GEMV (up to 8) or the
+ * widened GEMM, copies or not. H100, 2 / 3 / 4 streams, from 5 against
+ * from 2 (x401, session 61's kernel), without copies: an 8-layer 8B Q4_K_M
+ * 1,819 / 2,223 / 2,373 against 1,665-1,684 / 2,403-2,437 / 3,204-3,223
+ * tok/s, Qwen3-0.6B Q4_K_M 1,542 / 1,785 / 1,956 against 1,679 / 2,311-
+ * 2,330 / 3,203-3,252; with the bf16 copies the 8B 1,815 / 2,231 / 2,493
+ * against 1,676 / 2,438 / 3,218, the 0.6B 1,542 / 1,782 / 2,903 against
+ * 1,675 / 2,315 / 3,448. So 3 for both; the 0.6B gives up ~9 % at 2
+ * streams (docs/benchmarks.md, session 61). */
+#define QMMA_FROM_N 3
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K

@@ -426,7 +426,7 @@ static bool wide_step(const struct cuda_backend *c, int n)
  * the tensor-core GEMV takes the copies (a launch of at most
  * mma_max_bytes: WIDE_SMALL_FROM_N); the copies then route as a bf16
  * model's matrices. But where the tensor-core GEMV on K-quant blocks
- * takes the uploads (qmma_takes: 5-16 tokens), they stay: it reads a
+ * takes the uploads (qmma_takes: 3-16 tokens), they stay: it reads a
  * quarter to two fifths of the copies' bytes and measured faster (H100,
  * 8-layer 8B Q4_K, 8 / 16 streams: copies 4,005 / 7,520 tok/s, blocks
  * 6,761 / 10,117; docs/benchmarks.md, session 60). -1 (the sticky

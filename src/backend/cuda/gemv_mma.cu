@@ -55,6 +55,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     p.stride = mma_stride(cols);
     p.xld = ws[0]->cols;
     p.xc0 = c0;
+    p.stage_rows = cfg->qmma_stage_rows;
     p.row_bytes = dt == DT_Q8_0 ? (size_t)cols
                   : quant       ? cuk_q_row_bytes(dt, ws[0]->cols)
                                 : (size_t)cols * 2;

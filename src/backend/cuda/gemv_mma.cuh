@@ -103,6 +103,8 @@ struct mmap {
     int slots, ring_off; /* K-quants: a warp's ring slots, where the ring starts */
     int xld, xc0; /* K-quants: x's rows (floats; a norm's length) and the
                    * column of x the weights' first (w[], a window's) meets */
+    int stage_rows; /* K-quants: x staged a warp a row, 8 loads a lane
+                     * (cuk_mma_cfg's qmma_stage_rows) */
 };
 
 /* Where unit uid's weights are, for the calling lane. */

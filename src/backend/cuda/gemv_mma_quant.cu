@@ -7,9 +7,9 @@
  * Why: past a token or two the integer GEMV (gemv_quant.cu) is bound by
  * its dot products, and past 8 tokens a model without bf16 copies (a KV
  * pool that took the GPU) widened every matrix at every step for a GEMM.
- * The backend sends this kernel steps of 5-16 tokens where no copies are
- * in use (cuda_matmul.c, qmma_takes); where copies exist they measured
- * faster (docs/benchmarks.md, session 58).
+ * The backend sends this kernel steps of 3-16 tokens (cuda_matmul.c,
+ * qmma_takes), even where bf16 copies exist (mm_weights: faster than
+ * the copies since session 60, docs/benchmarks.md).
  *
  * The product: mma.sync m16n8k16 with the weights as A (16 rows: the
  * lane's rows g and g + 8, as cuk_gemv_mma loads them) and x as B (8
@@ -105,48 +105,80 @@ static __device__ __forceinline__ void qmma_wait(int slots)
         cuk_cp_async_wait<1>();
 }
 
-/* Stages columns [c0, c0 + cols) of x's n rows (ld floats apart) after
- * the input op, rounded to bf16, into xs (row j at j * stride): warp w
- * rows w, w + W, ..., a lane's float4s lane, lane + 32, ... eight loads
- * at a time. For a norm over whole rows (defer) the staged row is x * w:
- * its 1 / rms, a factor of every product of the token, goes to sinv[j]
- * from the same loads (mma_row_inv's sums in mma_row_inv's order, so the
- * same bits), and qmma_finish applies it. So a block reads x once, where
- * the norm's pass and the staging had read it twice, one load in flight
- * a thread (ncu x395: ~45 % of a q/k/v launch's stall samples). Not deferred,
- * sinv holds 1 / rms already (a window's norm: mma_rms_inv). */
-template <int IN, int W>
-static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv,
-                                                  const struct cuk_gemv_in &in, int n, int cols,
-                                                  int ld, int c0, int stride, bool defer)
+/* Runs each row of x is staged in (qmma_stage): the fewest that give
+ * the fewest rounds of loads for the slowest warp, a round being up to
+ * `loads` float4s a lane of one run, and a warp taking runs w, w + W,
+ * .... A warp a row had put a whole row's loads behind one warp's few in
+ * flight while W - n warps idled (an 8B's 4,096 columns at 5 tokens in 8
+ * warps: 4 rounds; in 2 runs a row, 16 loads a lane, 2). Splitting past
+ * one run a warp only adds rounds: at 3 tokens of 1,024 columns, 8 runs a
+ * row (two a warp) cost the 0.6B 7 % (H100, x401). */
+static __device__ __forceinline__ int qmma_parts(int n, int cols, int w, int loads)
 {
-    constexpr int B = 8;
-    const int lane = threadIdx.x & 31, nf = cols / 4;
-    for (int j = threadIdx.x >> 5; j < n; j += W) {
+    const int nf = cols / 4;
+    int best = 1, cost = 1 << 30;
+    for (int parts = 1; parts <= w && nf / parts >= 32; parts *= 2) {
+        const int len = (nf + parts - 1) / parts;
+        const int c = (n * parts + w - 1) / w * ((len + 32 * loads - 1) / (32 * loads));
+        if (c < cost) {
+            cost = c;
+            best = parts;
+        }
+    }
+    return best;
+}
+
+/* Stages columns [c0, c0 + cols) of x's n rows (ld floats apart) after
+ * the input op, rounded to bf16, into xs (row j at j * stride): each row
+ * in `parts` runs of its float4s (qmma_parts), item i = row i / parts,
+ * run i % parts, to warps i = w, w + W, ..., a lane's float4s lane, lane +
+ * 32, ... of its run, B loads at a time. For a norm over whole rows
+ * (defer) the staged row is x * w: its 1 / rms, a factor of every product
+ * of the token, comes from the same loads and qmma_finish applies it.
+ * With one part a row it goes to sinv[j] (mma_row_inv's sums in
+ * mma_row_inv's order, so the same bits); with more, each run's sum goes
+ * to sq[j * parts + run] and qmma_rms_parts adds them in run order. So a
+ * block reads x once, where the norm's pass and the staging had read it
+ * twice, one load in flight a thread (ncu x395: ~45 % of a q/k/v
+ * launch's stall samples). Not deferred, sinv holds 1 / rms already (a
+ * window's norm: mma_rms_inv). */
+template <int IN, int W>
+static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv, float *sq,
+                                                  const struct cuk_gemv_in &in, int n, int cols,
+                                                  int ld, int c0, int stride, bool defer,
+                                                  int parts, int loads)
+{
+    /* loads in flight a lane (at most): 16 float4s of x (and as many of
+     * w or x2) where 8 warps leave the registers for them */
+    constexpr int B = W <= 8 ? 16 : 8;
+    const int lane = threadIdx.x & 31, nf = cols / 4, nb = min(loads, B);
+    for (int i = threadIdx.x >> 5; i < n * parts; i += W) {
+        const int j = i / parts, h = i - j * parts;
+        const int lo = h * nf / parts, hi = (h + 1) * nf / parts;
         const float4 *x = (const float4 *)(in.x + (size_t)j * ld + c0);
         const float4 *y = (const float4 *)(IN == CUK_IN_RMSNORM ? in.nw + c0
                                            : IN == CUK_IN_SWIGLU ? in.x2 + (size_t)j * ld + c0
                                                                  : in.x);
         const float inv = IN == CUK_IN_RMSNORM && !defer ? sinv[j] : 1.0f;
-        float4 sq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int f0 = lane; f0 < nf; f0 += B * 32) {
+        float4 sqs = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int f0 = lo + lane; f0 < hi; f0 += nb * 32) {
             float4 v[B], w[B];
 #pragma unroll
             for (int b = 0; b < B; b++)
-                if (f0 + 32 * b < nf) {
+                if (b < nb && f0 + 32 * b < hi) {
                     v[b] = __ldg(x + f0 + 32 * b);
                     if (IN != CUK_IN_X)
                         w[b] = __ldg(y + f0 + 32 * b);
                 }
 #pragma unroll
             for (int b = 0; b < B; b++)
-                if (f0 + 32 * b < nf) {
+                if (b < nb && f0 + 32 * b < hi) {
                     float4 o = v[b];
                     if (IN == CUK_IN_RMSNORM && defer) {
-                        sq.x = fmaf(o.x, o.x, sq.x);
-                        sq.y = fmaf(o.y, o.y, sq.y);
-                        sq.z = fmaf(o.z, o.z, sq.z);
-                        sq.w = fmaf(o.w, o.w, sq.w);
+                        sqs.x = fmaf(o.x, o.x, sqs.x);
+                        sqs.y = fmaf(o.y, o.y, sqs.y);
+                        sqs.z = fmaf(o.z, o.z, sqs.z);
+                        sqs.w = fmaf(o.w, o.w, sqs.w);
                         o = make_float4(w[b].x * o.x, w[b].y * o.y, w[b].z * o.z, w[b].w * o.w);
                     } else if (IN != CUK_IN_X) {
                         o = gemv_in_op4<IN>(o, w[b], inv);
@@ -155,10 +187,26 @@ static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv,
                 }
         }
         if (IN == CUK_IN_RMSNORM && defer) {
-            const float ss = cuk_warp_sum((sq.x + sq.y) + (sq.z + sq.w));
-            if (lane == 0)
+            const float ss = cuk_warp_sum((sqs.x + sqs.y) + (sqs.z + sqs.w));
+            if (lane == 0 && parts == 1)
                 sinv[j] = 1.0f / sqrtf(ss / (float)cols + in.eps);
+            else if (lane == 0)
+                sq[i] = ss;
         }
+    }
+}
+
+/* sinv[j] from the runs' sums of squares qmma_stage left in sq, added
+ * in run order (after a barrier; thread j). */
+static __device__ __forceinline__ void qmma_rms_parts(float *sinv, const float *sq, int n,
+                                                      int cols, int parts, float eps)
+{
+    const int j = threadIdx.x;
+    if (j < n) {
+        float ss = 0.0f;
+        for (int h = 0; h < parts; h++)
+            ss += sq[j * parts + h];
+        sinv[j] = 1.0f / sqrtf(ss / (float)cols + eps);
     }
 }
 
@@ -370,8 +418,16 @@ __global__ void __launch_bounds__(W * 32, 1)
         mma_rms_inv(sinv, in.x, p.n, p.xld, in.eps);
         __syncthreads();
     }
-    qmma_stage<IN, W>(xs, sinv, in, p.n, p.cols, p.xld, p.xc0, p.stride, defer);
+    /* the runs' sums of squares in sg's room, before the sums take it */
+    const int loads = p.stage_rows ? 8 : W <= 8 ? 16 : 8;
+    const int parts = p.stage_rows ? 1 : qmma_parts(p.n, p.cols, W, loads);
+    qmma_stage<IN, W>(xs, sinv, sg, in, p.n, p.cols, p.xld, p.xc0, p.stride, defer, parts,
+                      loads);
     __syncthreads();
+    if (defer && parts > 1) {
+        qmma_rms_parts(sinv, sg, p.n, p.cols, parts, in.eps);
+        __syncthreads();
+    }
     qmma_sums<DT, NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
     __syncthreads();
     float acc[NTL][4] = {};
