@@ -109,10 +109,10 @@ static __device__ __forceinline__ void qmma_wait(int slots)
  * the fewest rounds of loads for the slowest warp, a round being up to
  * `loads` float4s a lane of one run, and a warp taking runs w, w + W,
  * .... A warp a row had put a whole row's loads behind one warp's few in
- * flight while W - n warps idled (an 8B's 4,096 columns at 5 tokens in 8
- * warps: 4 rounds; in 2 runs a row, 16 loads a lane, 2). Splitting past
- * one run a warp only adds rounds: at 3 tokens of 1,024 columns, 8 runs a
- * row (two a warp) cost the 0.6B 7 % (H100, x401). */
+ * flight while W - n warps idled (an 8B's 4,096 columns at 2 tokens in 8
+ * warps: 4 rounds of 8 loads; now 2 runs a row, 1 round of 16). Splitting
+ * past one run a warp only adds rounds: at 3 tokens of 1,024 columns, 8
+ * runs a row (two a warp) cost the 0.6B 7 % (H100, x401). */
 static __device__ __forceinline__ int qmma_parts(int n, int cols, int w, int loads)
 {
     const int nf = cols / 4;
@@ -128,11 +128,18 @@ static __device__ __forceinline__ int qmma_parts(int n, int cols, int w, int loa
     return best;
 }
 
+/* Most float4 loads a lane qmma_stage keeps in flight: 16 where 8-warp
+ * blocks leave the registers for them (and as many of w or x2). */
+static __host__ __device__ constexpr int qmma_stage_loads(int w)
+{
+    return w <= 8 ? 16 : 8;
+}
+
 /* Stages columns [c0, c0 + cols) of x's n rows (ld floats apart) after
  * the input op, rounded to bf16, into xs (row j at j * stride): each row
  * in `parts` runs of its float4s (qmma_parts), item i = row i / parts,
  * run i % parts, to warps i = w, w + W, ..., a lane's float4s lane, lane +
- * 32, ... of its run, B loads at a time. For a norm over whole rows
+ * 32, ... of its run, `loads` (at most qmma_stage_loads) at a time. For a norm over whole rows
  * (defer) the staged row is x * w: its 1 / rms, a factor of every product
  * of the token, comes from the same loads and qmma_finish applies it.
  * With one part a row it goes to sinv[j] (mma_row_inv's sums in
@@ -148,9 +155,7 @@ static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv, flo
                                                   int ld, int c0, int stride, bool defer,
                                                   int parts, int loads)
 {
-    /* loads in flight a lane (at most): 16 float4s of x (and as many of
-     * w or x2) where 8 warps leave the registers for them */
-    constexpr int B = W <= 8 ? 16 : 8;
+    constexpr int B = qmma_stage_loads(W);
     const int lane = threadIdx.x & 31, nf = cols / 4, nb = min(loads, B);
     for (int i = threadIdx.x >> 5; i < n * parts; i += W) {
         const int j = i / parts, h = i - j * parts;
@@ -419,7 +424,7 @@ __global__ void __launch_bounds__(W * 32, 1)
         __syncthreads();
     }
     /* the runs' sums of squares in sg's room, before the sums take it */
-    const int loads = p.stage_rows ? 8 : W <= 8 ? 16 : 8;
+    const int loads = p.stage_rows ? 8 : qmma_stage_loads(W);
     const int parts = p.stage_rows ? 1 : qmma_parts(p.n, p.cols, W, loads);
     qmma_stage<IN, W>(xs, sinv, sg, in, p.n, p.cols, p.xld, p.xc0, p.stride, defer, parts,
                       loads);
