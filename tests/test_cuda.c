@@ -25,12 +25,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "base/clock.h"
 #include "backend/backend.h"
 #include "base/argmax.h"
+#include "base/clock.h"
 #include "base/half.h"
 #include "engine/engine.h"
 #include "engine/logits.h"
@@ -3283,8 +3282,6 @@ static void check_sample_distribution(void)
     free(count);
     backend_destroy(be);
 }
-
-
 
 /* How long a sampled step's token takes: sample_rows (parameters up,
  * kernel, ids back, one wait) for 1 and 64 rows of Qwen's 151936 tokens,
