@@ -683,12 +683,14 @@ static void check_matmul_qmma(void)
         /* blocks of 8 warps, of up to 16, windows of 512 columns (also
          * where x fits whole), runs of tokens instead of windows, and x
          * staged a warp a row (CLLM_CUDA_QMMA_STAGE_ROWS) */
-        static const char *const variants[][4] = {
-            {"tensor-core GEMV", NULL, NULL, NULL},
-            {"16-warp tensor-core GEMV", "16", NULL, NULL},
-            {"tensor-core GEMV, 512-column windows", NULL, "512", NULL},
-            {"tensor-core GEMV, runs of tokens", NULL, "0", NULL},
-            {"tensor-core GEMV, x a warp a row", NULL, NULL, "1"}};
+        static const char *const variants[][5] = {
+            {"tensor-core GEMV", NULL, NULL, NULL, NULL},
+            {"16-warp tensor-core GEMV", "16", NULL, NULL, NULL},
+            {"tensor-core GEMV, 512-column windows", NULL, "512", NULL, NULL},
+            {"tensor-core GEMV, runs of tokens", NULL, "0", NULL, NULL},
+            {"tensor-core GEMV, x a warp a row", NULL, NULL, "1", NULL},
+            {"tensor-core GEMV, clusters of 2", NULL, NULL, NULL, "2"},
+            {"16-warp tensor-core GEMV, clusters of 4", "16", NULL, NULL, "4"}};
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
             if (variants[v][1])
@@ -697,11 +699,14 @@ static void check_matmul_qmma(void)
                 setenv("CLLM_CUDA_QMMA_WINDOW", variants[v][2], 1);
             if (variants[v][3])
                 setenv("CLLM_CUDA_QMMA_STAGE_ROWS", variants[v][3], 1);
+            if (variants[v][4])
+                setenv("CLLM_CUDA_QMMA_CLUSTER", variants[v][4], 1);
             struct backend *from2 = gpu_loaded(false, &md);
             unsetenv("CLLM_CUDA_QMMA_FROM");
             unsetenv("CLLM_CUDA_QMMA_WARPS");
             unsetenv("CLLM_CUDA_QMMA_WINDOW");
             unsetenv("CLLM_CUDA_QMMA_STAGE_ROWS");
+            unsetenv("CLLM_CUDA_QMMA_CLUSTER");
             if (from2) {
                 static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
                 for (int k = k0; k < k0 + nk; k++)
@@ -740,6 +745,12 @@ static void check_matmul_qmma(void)
     setenv("CLLM_CUDA_QMMA_WINDOW", "1024", 1);
     check_matmul_fused_cols(4096);
     unsetenv("CLLM_CUDA_QMMA_WINDOW");
+    /* and in clusters of 4, each block a quarter of the columns: a
+     * norm's sums of squares added across the cluster, the sums of a
+     * tile (a SwiGLU pair's before the SiLU) by its first block */
+    setenv("CLLM_CUDA_QMMA_CLUSTER", "4", 1);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_QMMA_CLUSTER");
 }
 
 /* GGUF's low-bit formats on the device, one matrix each, its blocks from

@@ -467,6 +467,9 @@ struct cuk_mma_cfg {
                      * where its blocks fill the SMs, else 8) */
     int qmma_stage_rows; /* measurement: that kernel stages x a warp a row,
                           * eight loads a lane (session 60's staging) */
+    int qmma_cluster; /* measurement: that kernel's blocks in clusters of
+                       * this many (2, 4), each 1 / qmma_cluster of the
+                       * columns; 0 or 1: none */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend

@@ -550,8 +550,12 @@ static cudaError_t gemv_qmma(struct cuda_backend *c, float *const *outs,
                              const struct cuk_gemv_in *in, int n,
                              const struct cuk_weight *const *ws, int k, int out)
 {
-    const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols, n);
     const int blocks = ws[0]->cols / 256;
+    /* in clusters (CLLM_CUDA_QMMA_CLUSTER) a block stages its share of x */
+    const int cl = c->mma.qmma_cluster > 1 && blocks % c->mma.qmma_cluster == 0
+                       ? c->mma.qmma_cluster
+                       : 1;
+    const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols / cl, n);
     const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
     const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
                         ? qmma_window_blocks(c, dt, blocks, n)
