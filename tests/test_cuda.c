@@ -661,7 +661,8 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
  * windows of 512 columns, and the fused ops in windows of 1,024; and by
  * default at 5 tokens it must
  * be what ran: some output differs from the staged quantized GEMV's (x
- * rounded to 8 bits) with CLLM_CUDA_QMMA=0. */
+ * rounded to 8 bits) with CLLM_CUDA_QMMA=0; in thread-block clusters of
+ * 2 (by default from 4,096 columns and 5 tokens) and 4. */
 static void check_matmul_qmma(void)
 {
     /* Q6_K's 210-byte blocks: rows of 1,024 columns 8-aligned, of 768
@@ -733,10 +734,31 @@ static void check_matmul_qmma(void)
             free(got[0]);
             free(got[1]);
         }
+        /* and clusters of 2 by default from 4,096 columns and 5 tokens
+         * (cuk_qmma_cluster): the ranks' sums added in another order than
+         * one block's, so other bits than CLLM_CUDA_QMMA_CLUSTER=1 (none)
+         * at 5 tokens, and the same at 4 */
+        setenv("CLLM_CUDA_QMMA_CLUSTER", "1", 1);
+        struct backend *one = gpu_loaded(false, &md);
+        unsetenv("CLLM_CUDA_QMMA_CLUSTER");
+        for (int k = k0; be && one && k < k0 + nk; k++) {
+            const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
+            for (int n = 4; c >= 4096 && n <= 5; n++) {
+                float *got[2];
+                matmul_both(be, one, &m[k], n, got);
+                const bool same = memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0;
+                CHECK(same == (n < 5), "%s [%d x %d], %d tokens: %s bits with "
+                      "CLLM_CUDA_QMMA_CLUSTER=1 (clusters %s)", dtype_name(dts[k]), r, c, n,
+                      same ? "the same" : "other", n < 5 ? "ran" : "did not run");
+                free(got[0]);
+                free(got[1]);
+            }
+        }
         if (be)
             CHECK(be->ops->finish(be, &e) == 0, "tensor-core GEMV on quantized weights: %s", e.msg);
         backend_destroy(be);
         backend_destroy(off);
+        backend_destroy(one);
     }
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
@@ -745,6 +767,9 @@ static void check_matmul_qmma(void)
     setenv("CLLM_CUDA_QMMA_WINDOW", "1024", 1);
     check_matmul_fused_cols(4096);
     unsetenv("CLLM_CUDA_QMMA_WINDOW");
+    /* without clusters (the default takes them at 4,096 columns) */
+    setenv("CLLM_CUDA_QMMA_CLUSTER", "1", 1);
+    check_matmul_fused_cols(4096);
     /* and in clusters of 4, each block a quarter of the columns: a
      * norm's sums of squares added across the cluster, the sums of a
      * tile (a SwiGLU pair's before the SiLU) by its first block */

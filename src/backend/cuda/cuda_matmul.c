@@ -551,11 +551,16 @@ static cudaError_t gemv_qmma(struct cuda_backend *c, float *const *outs,
                              const struct cuk_weight *const *ws, int k, int out)
 {
     const int blocks = ws[0]->cols / 256;
-    /* in clusters (CLLM_CUDA_QMMA_CLUSTER) a block stages its share of x */
-    const int cl = c->mma.qmma_cluster > 1 && blocks % c->mma.qmma_cluster == 0
-                       ? c->mma.qmma_cluster
-                       : 1;
-    const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols / cl, n);
+    const int dt = ws[0]->dtype, cols = ws[0]->cols;
+    /* in clusters (cuk_qmma_cluster) a block stages its share of x; and
+     * where that takes runs of tokens, the shortest run must be clustered
+     * too, or it would stage all of its columns */
+    int cl = cuk_qmma_cluster(&c->mma, dt, cols, n);
+    int fit = qmma_fit(c, dt, (size_t)cols / cl, n);
+    if (cl > 1 && cuk_qmma_cluster(&c->mma, dt, cols, n / ((n + fit - 1) / fit)) != cl) {
+        cl = 1;
+        fit = qmma_fit(c, dt, (size_t)cols, n);
+    }
     const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
     const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
                         ? qmma_window_blocks(c, dt, blocks, n)

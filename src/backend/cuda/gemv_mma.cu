@@ -15,6 +15,23 @@ extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
            QMMA_SUMS(dt, n, cols);
 }
 
+/* Where clusters of 2 pay: an 8B's 4,096-column matrices from 5 tokens
+ * (H200, 8-layer 8B Q4_K_M, against none: -0.4 / -0.5 % at 3 / 4 streams,
+ * +2.6 / +4.8 / +3.5 % at 5 / 8 / 16; q/k/v 25 -> 23 us a layer at 16,
+ * o 14 -> 12.6); a 0.6B's 1,024-3,072 columns lost 4-12 % at 3-16
+ * (docs/benchmarks.md, session 62). */
+#define QMMA_CLUSTER_COLS 4096
+#define QMMA_CLUSTER_FROM_N 5
+
+extern "C" int cuk_qmma_cluster(const struct cuk_mma_cfg *cfg, int dt, int cols, int n)
+{
+    const int cl = cfg->qmma_cluster > 0                                  ? cfg->qmma_cluster
+                   : cols >= QMMA_CLUSTER_COLS && n >= QMMA_CLUSTER_FROM_N ? 2
+                                                                           : 1;
+    return qmma_block_bytes(dt) > 0 && cl > 1 && cols % 256 == 0 && (cols / 256) % cl == 0 ? cl
+                                                                                       : 1;
+}
+
 /* cuk_gemv_mma over columns [c0, c0 + cw) of the weights and of x (the
  * K-quants' windows; c0 = 0, cw = cols: all of them). */
 static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
@@ -39,10 +56,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     const bool quant = qbb > 0;
     /* K-quants in clusters of cl blocks, each 1 / cl of the columns (not
      * with windows): x's traffic from L2 a cl-th */
-    const int cl = quant && c0 == 0 && cw == ws[0]->cols && cfg->qmma_cluster > 1 &&
-                           (cw / 256) % cfg->qmma_cluster == 0
-                       ? cfg->qmma_cluster
-                       : 1;
+    const int cl = c0 == 0 && cw == ws[0]->cols ? cuk_qmma_cluster(cfg, dt, cw, n) : 1;
     const int cols = cw / cl;
     /* a window: K-quants only, whole blocks, not a SwiGLU pair's (whose
      * sums must be whole before the SiLU) */
