@@ -1905,6 +1905,102 @@ static void check_matmul_fused(void)
         check_matmul_fused_cols(cols[i]);
 }
 
+enum { MIXED_K = 3, MIXED_NMAX = 40 };
+
+/* check_matmul_fused_mixed's cases on be, whose weights are m's. */
+static void fused_mixed_case(struct backend *be, const struct test_mat *m,
+                             const struct test_mat *normw, int cols)
+{
+    enum { K = MIXED_K, NMAX = MIXED_NMAX };
+    static const int ns[] = {1, 2, 3, 5, 8, 16, NMAX};
+    struct err e = {{0}};
+    float *dx = dev_alloc_copy(be, NULL, (size_t)NMAX * cols),
+          *dn = dev_alloc_copy(be, NULL, (size_t)NMAX * cols), *outs[K], *alone[K], *plain[K];
+    int rows[K];
+    const struct tensor *ws[K];
+    for (int i = 0; i < K; i++) {
+        ws[i] = &m[i].t;
+        rows[i] = (int)m[i].t.rows;
+        outs[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+        alone[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+        plain[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+    }
+    float *hx = malloc(sizeof(float) * (size_t)NMAX * cols);
+    const float eps = 1e-6f;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        for (size_t i = 0; i < (size_t)n * cols; i++)
+            hx[i] = frand() * 3.0f;
+        backend_upload(be, dx, hx, sizeof(float) * (size_t)n * cols);
+        struct matmul_in mi = {.kind = MATMUL_IN_RMSNORM, .x = dx, .norm = normw->t.data,
+                               .eps = eps};
+        CHECK(be->ops->matmul_fused(be, outs, &mi, n, ws, K, MATMUL_OUT_STORE, &e) == 0 &&
+                  be->ops->matmul_fused(be, alone, &mi, n, ws, 2, MATMUL_OUT_STORE, &e) == 0 &&
+                  be->ops->matmul_fused(be, alone + 2, &mi, n, ws + 2, 1, MATMUL_OUT_STORE,
+                                        &e) == 0,
+              "matmul_fused, q/k Q4_K and v Q6_K: %s", e.msg);
+        be->ops->rmsnorm(be, dn, dx, normw->t.data, n, cols, eps);
+        for (int i = 0; i < K; i++)
+            CHECK(be->ops->matmul(be, plain[i], dn, n, ws[i], &e) == 0, "matmul: %s", e.msg);
+        for (int i = 0; i < K; i++) {
+            const size_t no = (size_t)n * rows[i];
+            float *got = dev_fetch(be, outs[i], no), *one = dev_fetch(be, alone[i], no),
+                  *want = dev_fetch(be, plain[i], no);
+            /* check_matmul_fused_cols' tolerance for the norm made in the
+             * tensor-core GEMV (3-16 tokens) */
+            const double re = test_rel_err(got, want, no), tol = n >= 3 && n <= 16 ? 5e-3 : 1e-4;
+            CHECK(n > 16 || !memcmp(got, one, sizeof(float) * no),
+                  "matmul_fused, q/k Q4_K and v Q6_K, %d columns, %d tokens: output %d not the "
+                  "bits of the fused op on its dtype's matrices alone", cols, n, i);
+            CHECK(re <= tol, "matmul_fused, q/k Q4_K and v Q6_K, %d columns, %d tokens: output "
+                             "%d rel err %.3g vs the plain ops (tolerance %g)",
+                  cols, n, i, re, tol);
+            free(got);
+            free(one);
+            free(want);
+        }
+    }
+    CHECK(be->ops->finish(be, &e) == 0, "matmul_fused, two dtypes: %s", e.msg);
+    free(hx);
+}
+
+/* A Q4_K_M file's q/k/v in a layer whose v is Q6_K: matrices of two
+ * dtypes, which no GEMV launch takes together. matmul_fused runs each
+ * dtype's run as a fused launch of its own (cu_matmul_fused), so q/k's
+ * and v's outputs are, to the bit, those of the fused op on q/k alone and
+ * on v alone, and close to the plain ops (rmsnorm, then each matrix), at
+ * 1-16 tokens (the staged quantized GEMV, the tensor-core one) and past
+ * them (the plain ops' GEMMs). */
+static void check_matmul_fused_mixed(void)
+{
+    static const enum dtype dts[MIXED_K] = {DT_Q4_K, DT_Q4_K, DT_Q6_K};
+    static const int rows[MIXED_K] = {300, 72, 72}, colss[] = {1024, 4096};
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+        const int cols = colss[ci];
+        struct test_mat m[MIXED_K], normw;
+        for (int i = 0; i < MIXED_K; i++)
+            mat_make(&m[i], dts[i], rows[i], cols);
+        mat_make(&normw, DT_F32, 1, cols);
+        for (int i = 0; i < cols; i++) { /* around 1, as trained norms are */
+            normw.wide[i] += 1.0f;
+            ((float *)normw.mem)[i] = normw.wide[i];
+        }
+        struct model md;
+        struct layer_weights lw;
+        mats_model(&md, &lw, m, MIXED_K);
+        lw.attn_norm = normw.t;
+        md.cfg.dim = cols;
+        md.cfg.hidden_dim = cols;
+        struct backend *be = gpu_loaded(false, &md);
+        if (be)
+            fused_mixed_case(be, m, &normw, cols);
+        backend_destroy(be);
+        for (int i = 0; i < MIXED_K; i++)
+            mat_free(&m[i]);
+        mat_free(&normw);
+    }
+}
+
 /* staged_big (cuda_matmul.c): a fused matmul of 2-3 rows that the
  * tensor-core GEMV declines for its size (here CLLM_CUDA_MMA_MAX_MB=1
  * against 4.9 MB of gate/up) and whose x fits the staged GEMV's 48 KB
@@ -3632,6 +3728,7 @@ int main(void)
     check_rope_kv_attention();
     check_deferred_merge();
     check_matmul_fused();
+    check_matmul_fused_mixed();
     check_staged_big();
     check_decode_layers();
     check_head_pick();

@@ -617,6 +617,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->bgraphs = env_flag("CLLM_COMPILED_BATCH", true);
     c->rgraphs = true;
     c->fuse = env_flag("CLLM_CUDA_FUSE", true);
+    c->split_dtypes = env_flag("CLLM_CUDA_SPLIT_DTYPES", true); /* measurement */
     c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
     c->mega = hopper && env_flag("CLLM_CUDA_MEGA", false);
     c->mega_probe = env_flag("CLLM_CUDA_MEGA_PROBE", false);

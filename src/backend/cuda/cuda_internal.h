@@ -164,6 +164,8 @@ struct cuda_backend {
     cublasHandle_t blas;
     bool precise;
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool split_dtypes; /* a fused op over matrices of two dtypes as a fused
+                        * launch a dtype (CLLM_CUDA_SPLIT_DTYPES != 0) */
     bool dec_cluster;  /* a one-sequence RoPE decode step merges its key splits in
                         * a thread-block cluster (CLLM_CUDA_DEC_CLUSTER) */
     int dec_cluster_tiles; /* and at most CUK_DEC_CLUSTER_MAX splits when that

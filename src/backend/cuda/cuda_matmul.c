@@ -824,6 +824,16 @@ void cu_add(struct backend *be, float *x, const float *y, size_t n)
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
 }
 
+/* How many of ws[0..k) from the first share its dtype and columns, as
+ * one GEMV launch's matrices must. */
+static int same_run(const struct cuk_weight *const *ws, int k)
+{
+    int i = 1;
+    while (i < k && ws[i]->dtype == ws[0]->dtype && ws[i]->cols == ws[0]->cols)
+        i++;
+    return i;
+}
+
 #define SWIGLU_FUSE_MAX 8192 /* widest SwiGLU staged by the down GEMV itself */
 
 /* A matmul with its input's op (rmsnorm, SwiGLU) and the residual add
@@ -864,6 +874,21 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
     if (mm_weights(c, ts, k, n, ws))
         return sticky(c, e);
     const enum mm_route route = mm_route(c, ws, k, n);
+    /* Matrices of two dtypes (a Q4_K_M file's q/k/v where v is Q6_K, in
+     * half its layers): no GEMV launch takes them together, and the plain
+     * ops below would launch the norm and then each matrix alone. So each
+     * dtype's run is a fused launch of its own, each applying the input
+     * op itself, where both runs take a GEMV. Not a SwiGLU pair, whose
+     * launch needs both sums, nor a SwiGLU input, which the plain ops
+     * write in place. */
+    const int run = same_run(ws, k);
+    if (c->fuse && c->split_dtypes && run < k && out != MATMUL_OUT_SWIGLU &&
+        in->kind != MATMUL_IN_SWIGLU && mm_route(c, ws, run, n) != MM_GEMM &&
+        mm_route(c, ws + run, k - run, n) != MM_GEMM)
+        return cu_matmul_fused(be, outs, in, n, ts, run, out, e) ||
+                       cu_matmul_fused(be, outs + run, in, n, ts + run, k - run, out, e)
+                   ? -1
+                   : 0;
     if (c->fuse && route != MM_GEMM) {
         struct cuk_gemv_in gi = {.kind = in->kind == MATMUL_IN_RMSNORM  ? CUK_IN_RMSNORM
                                          : in->kind == MATMUL_IN_SWIGLU ? CUK_IN_SWIGLU
