@@ -352,10 +352,11 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
 }
 
 /* Whether a step of n tokens is one the tensor-core GEMV on K-quant blocks
- * takes, where its matrices are (qmma_takes). */
-static bool qmma_tokens(const struct cuda_backend *c, int n)
+ * takes, where its matrices are (qmma_takes) and have cols columns. */
+static bool qmma_tokens(const struct cuda_backend *c, int n, size_t cols)
 {
-    return c->qmma && c->gemv_mma && !c->precise && n >= c->qmma_from && n <= CUK_MMA_MAX_N;
+    const int from = cols <= QMMA_NARROW_COLS ? c->qmma_narrow_from : c->qmma_from;
+    return c->qmma && c->gemv_mma && !c->precise && n >= from && n <= CUK_MMA_MAX_N;
 }
 
 /* Whether dt is one the tensor-core GEMV on K-quant blocks takes (Q4_K,
@@ -374,7 +375,8 @@ static bool qmma_fits(const struct cuda_backend *c, int dt, int n, size_t cols)
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
- * GEMM: qmma_from to CUK_MMA_MAX_N rows, not in precise mode; x staged in
+ * GEMM: qmma_from (qmma_narrow_from for narrow matrices: qmma_tokens) to
+ * CUK_MMA_MAX_N rows, not in precise mode; x staged in
  * windows of columns or runs of tokens where all of x does not fit a
  * block's shared memory (gemv_fused). Where bf16 copies exist,
  * mm_weights keeps the blocks for these steps (faster since session 60;
@@ -384,7 +386,7 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
 {
     const size_t cols = (size_t)ws[0]->cols;
     const int dt = ws[0]->dtype;
-    if (!qmma_tokens(c, n) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
+    if (!qmma_tokens(c, n, cols) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
         return false;
     for (int i = 1; i < k; i++)
         if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
@@ -495,8 +497,8 @@ static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
     /* the copies' routes, a bf16 model's, unless the K-quants' tensor-core
      * GEMV keeps the blocks (mm_weights) */
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
-        (!wide_step(c, n) || (qmma_tokens(c, n) && qmma_dtype(c->quant_type))))
-        return n > quant_gemv_max_n(c) && !qmma_tokens(c, n); /* qmma_takes' x: f32 */
+        (!wide_step(c, n) || (qmma_tokens(c, n, cols) && qmma_dtype(c->quant_type))))
+        return n > quant_gemv_max_n(c) && !qmma_tokens(c, n, cols); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }
 
