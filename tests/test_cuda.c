@@ -127,6 +127,14 @@ static struct backend *gpu_loaded(bool precise, const struct model *md)
     return be;
 }
 
+/* The fewest tokens the K-quants' tensor-core GEMV takes by default for
+ * matrices of cols columns (cuda_internal.h: QMMA_FROM_N, and
+ * QMMA_NARROW_FROM_N up to QMMA_NARROW_COLS). */
+static int qmma_from_default(int cols)
+{
+    return cols <= 3072 ? 2 : 3;
+}
+
 /* Whether the environment sets lever name to 0 (off). */
 static bool env_is0(const char *name)
 {
@@ -648,8 +656,8 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
 }
 
 /* The tensor-core GEMV on Q4_K, Q5_K and Q6_K blocks (gemv_mma_quant.cu; by
- * default from QMMA_FROM_N = 3 tokens to CUK_MMA_MAX_N, where no bf16
- * copies are made), in blocks of 8 warps and of 16
+ * default from QMMA_FROM_N = 3 tokens, 2 up to 3,072 columns, to
+ * CUK_MMA_MAX_N, where no bf16 copies are made), in blocks of 8 warps and of 16
  * (CLLM_CUDA_QMMA_WARPS), every weight read back through one-hot x
  * (check_matmul_onehot): odd row counts (a last tile of 16 rows part
  * empty), one to
@@ -661,7 +669,8 @@ static int check_matmul_onehot(struct backend *be, const struct test_mat *m, con
  * windows of 512 columns, and the fused ops in windows of 1,024; and by
  * default at 5 tokens it must
  * be what ran: some output differs from the staged quantized GEMV's (x
- * rounded to 8 bits) with CLLM_CUDA_QMMA=0. */
+ * rounded to 8 bits) with CLLM_CUDA_QMMA=0; in thread-block clusters of
+ * 2 (by default from 4,096 columns and 5 tokens) and 4. */
 static void check_matmul_qmma(void)
 {
     /* Q6_K's 210-byte blocks: rows of 1,024 columns 8-aligned, of 768
@@ -683,12 +692,14 @@ static void check_matmul_qmma(void)
         /* blocks of 8 warps, of up to 16, windows of 512 columns (also
          * where x fits whole), runs of tokens instead of windows, and x
          * staged a warp a row (CLLM_CUDA_QMMA_STAGE_ROWS) */
-        static const char *const variants[][4] = {
-            {"tensor-core GEMV", NULL, NULL, NULL},
-            {"16-warp tensor-core GEMV", "16", NULL, NULL},
-            {"tensor-core GEMV, 512-column windows", NULL, "512", NULL},
-            {"tensor-core GEMV, runs of tokens", NULL, "0", NULL},
-            {"tensor-core GEMV, x a warp a row", NULL, NULL, "1"}};
+        static const char *const variants[][5] = {
+            {"tensor-core GEMV", NULL, NULL, NULL, NULL},
+            {"16-warp tensor-core GEMV", "16", NULL, NULL, NULL},
+            {"tensor-core GEMV, 512-column windows", NULL, "512", NULL, NULL},
+            {"tensor-core GEMV, runs of tokens", NULL, "0", NULL, NULL},
+            {"tensor-core GEMV, x a warp a row", NULL, NULL, "1", NULL},
+            {"tensor-core GEMV, clusters of 2", NULL, NULL, NULL, "2"},
+            {"16-warp tensor-core GEMV, clusters of 4", "16", NULL, NULL, "4"}};
         for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
             setenv("CLLM_CUDA_QMMA_FROM", "2", 1);
             if (variants[v][1])
@@ -697,11 +708,14 @@ static void check_matmul_qmma(void)
                 setenv("CLLM_CUDA_QMMA_WINDOW", variants[v][2], 1);
             if (variants[v][3])
                 setenv("CLLM_CUDA_QMMA_STAGE_ROWS", variants[v][3], 1);
+            if (variants[v][4])
+                setenv("CLLM_CUDA_QMMA_CLUSTER", variants[v][4], 1);
             struct backend *from2 = gpu_loaded(false, &md);
             unsetenv("CLLM_CUDA_QMMA_FROM");
             unsetenv("CLLM_CUDA_QMMA_WARPS");
             unsetenv("CLLM_CUDA_QMMA_WINDOW");
             unsetenv("CLLM_CUDA_QMMA_STAGE_ROWS");
+            unsetenv("CLLM_CUDA_QMMA_CLUSTER");
             if (from2) {
                 static const int ns[] = {2, 3, 5, 8, 9, 12, 16};
                 for (int k = k0; k < k0 + nk; k++)
@@ -728,10 +742,31 @@ static void check_matmul_qmma(void)
             free(got[0]);
             free(got[1]);
         }
+        /* and clusters of 2 by default from 4,096 columns and 5 tokens
+         * (cuk_qmma_cluster): the ranks' sums added in another order than
+         * one block's, so other bits than CLLM_CUDA_QMMA_CLUSTER=1 (none)
+         * at 5 tokens, and the same at 4 */
+        setenv("CLLM_CUDA_QMMA_CLUSTER", "1", 1);
+        struct backend *one = gpu_loaded(false, &md);
+        unsetenv("CLLM_CUDA_QMMA_CLUSTER");
+        for (int k = k0; be && one && k < k0 + nk; k++) {
+            const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
+            for (int n = 4; c >= 4096 && n <= 5; n++) {
+                float *got[2];
+                matmul_both(be, one, &m[k], n, got);
+                const bool same = memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0;
+                CHECK(same == (n < 5), "%s [%d x %d], %d tokens: %s bits with "
+                      "CLLM_CUDA_QMMA_CLUSTER=1 (clusters %s)", dtype_name(dts[k]), r, c, n,
+                      same ? "the same" : "other", n < 5 ? "ran" : "did not run");
+                free(got[0]);
+                free(got[1]);
+            }
+        }
         if (be)
             CHECK(be->ops->finish(be, &e) == 0, "tensor-core GEMV on quantized weights: %s", e.msg);
         backend_destroy(be);
         backend_destroy(off);
+        backend_destroy(one);
     }
     for (int k = 0; k < ND; k++)
         mat_free(&m[k]);
@@ -740,6 +775,15 @@ static void check_matmul_qmma(void)
     setenv("CLLM_CUDA_QMMA_WINDOW", "1024", 1);
     check_matmul_fused_cols(4096);
     unsetenv("CLLM_CUDA_QMMA_WINDOW");
+    /* without clusters (the default takes them at 4,096 columns) */
+    setenv("CLLM_CUDA_QMMA_CLUSTER", "1", 1);
+    check_matmul_fused_cols(4096);
+    /* and in clusters of 4, each block a quarter of the columns: a
+     * norm's sums of squares added across the cluster, the sums of a
+     * tile (a SwiGLU pair's before the SiLU) by its first block */
+    setenv("CLLM_CUDA_QMMA_CLUSTER", "4", 1);
+    check_matmul_fused_cols(4096);
+    unsetenv("CLLM_CUDA_QMMA_CLUSTER");
 }
 
 /* GGUF's low-bit formats on the device, one matrix each, its blocks from
@@ -1789,7 +1833,7 @@ static void check_matmul_fused_cols(int cols)
                      * SwiGLU's output multiplies two such sums (up to
                      * 6.6e-3); a wrong 1 / rms is off by tenths */
                     bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K || dt == DT_Q6_K) &&
-                                n >= 3 /* QMMA_FROM_N */ &&
+                                n >= qmma_from_default(cols) &&
                                 n <= 16 && !env_is0("CLLM_CUDA_QMMA");
                     bool qnorm = qmma && cs->kind == MATMUL_IN_RMSNORM;
                     double tol = qnorm && cs->out == MATMUL_OUT_SWIGLU ? 1e-2
@@ -1867,6 +1911,103 @@ static void check_matmul_fused(void)
     static const int cols[] = {64, 96, 100, 512, 1024, 4096, 8224};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
         check_matmul_fused_cols(cols[i]);
+}
+
+enum { MIXED_K = 3, MIXED_NMAX = 40 };
+
+/* check_matmul_fused_mixed's cases on be, whose weights are m's. */
+static void fused_mixed_case(struct backend *be, const struct test_mat *m,
+                             const struct test_mat *normw, int cols)
+{
+    enum { K = MIXED_K, NMAX = MIXED_NMAX };
+    static const int ns[] = {1, 2, 3, 5, 8, 16, NMAX};
+    struct err e = {{0}};
+    float *dx = dev_alloc_copy(be, NULL, (size_t)NMAX * cols),
+          *dn = dev_alloc_copy(be, NULL, (size_t)NMAX * cols), *outs[K], *alone[K], *plain[K];
+    int rows[K];
+    const struct tensor *ws[K];
+    for (int i = 0; i < K; i++) {
+        ws[i] = &m[i].t;
+        rows[i] = (int)m[i].t.rows;
+        outs[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+        alone[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+        plain[i] = dev_alloc_copy(be, NULL, (size_t)NMAX * rows[i]);
+    }
+    float *hx = malloc(sizeof(float) * (size_t)NMAX * cols);
+    const float eps = 1e-6f;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        for (size_t i = 0; i < (size_t)n * cols; i++)
+            hx[i] = frand() * 3.0f;
+        backend_upload(be, dx, hx, sizeof(float) * (size_t)n * cols);
+        struct matmul_in mi = {.kind = MATMUL_IN_RMSNORM, .x = dx, .norm = normw->t.data,
+                               .eps = eps};
+        CHECK(be->ops->matmul_fused(be, outs, &mi, n, ws, K, MATMUL_OUT_STORE, &e) == 0 &&
+                  be->ops->matmul_fused(be, alone, &mi, n, ws, 2, MATMUL_OUT_STORE, &e) == 0 &&
+                  be->ops->matmul_fused(be, alone + 2, &mi, n, ws + 2, 1, MATMUL_OUT_STORE,
+                                        &e) == 0,
+              "matmul_fused, q/k Q4_K and v Q6_K: %s", e.msg);
+        be->ops->rmsnorm(be, dn, dx, normw->t.data, n, cols, eps);
+        for (int i = 0; i < K; i++)
+            CHECK(be->ops->matmul(be, plain[i], dn, n, ws[i], &e) == 0, "matmul: %s", e.msg);
+        for (int i = 0; i < K; i++) {
+            const size_t no = (size_t)n * rows[i];
+            float *got = dev_fetch(be, outs[i], no), *one = dev_fetch(be, alone[i], no),
+                  *want = dev_fetch(be, plain[i], no);
+            /* check_matmul_fused_cols' tolerance for the norm made in the
+             * tensor-core GEMV (2 or 3 to 16 tokens) */
+            const bool qmma = n >= qmma_from_default(cols) && n <= 16;
+            const double re = test_rel_err(got, want, no), tol = qmma ? 5e-3 : 1e-4;
+            CHECK(n > 16 || !memcmp(got, one, sizeof(float) * no),
+                  "matmul_fused, q/k Q4_K and v Q6_K, %d columns, %d tokens: output %d not the "
+                  "bits of the fused op on its dtype's matrices alone", cols, n, i);
+            CHECK(re <= tol, "matmul_fused, q/k Q4_K and v Q6_K, %d columns, %d tokens: output "
+                             "%d rel err %.3g vs the plain ops (tolerance %g)",
+                  cols, n, i, re, tol);
+            free(got);
+            free(one);
+            free(want);
+        }
+    }
+    CHECK(be->ops->finish(be, &e) == 0, "matmul_fused, two dtypes: %s", e.msg);
+    free(hx);
+}
+
+/* A Q4_K_M file's q/k/v in a layer whose v is Q6_K: matrices of two
+ * dtypes, which no GEMV launch takes together. matmul_fused runs each
+ * dtype's run as a fused launch of its own (cu_matmul_fused), so q/k's
+ * and v's outputs are, to the bit, those of the fused op on q/k alone and
+ * on v alone, and close to the plain ops (rmsnorm, then each matrix), at
+ * 1-16 tokens (the staged quantized GEMV, the tensor-core one) and past
+ * them (the plain ops' GEMMs). */
+static void check_matmul_fused_mixed(void)
+{
+    static const enum dtype dts[MIXED_K] = {DT_Q4_K, DT_Q4_K, DT_Q6_K};
+    static const int rows[MIXED_K] = {300, 72, 72}, colss[] = {1024, 4096};
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++) {
+        const int cols = colss[ci];
+        struct test_mat m[MIXED_K], normw;
+        for (int i = 0; i < MIXED_K; i++)
+            mat_make(&m[i], dts[i], rows[i], cols);
+        mat_make(&normw, DT_F32, 1, cols);
+        for (int i = 0; i < cols; i++) { /* around 1, as trained norms are */
+            normw.wide[i] += 1.0f;
+            ((float *)normw.mem)[i] = normw.wide[i];
+        }
+        struct model md;
+        struct layer_weights lw;
+        mats_model(&md, &lw, m, MIXED_K);
+        lw.attn_norm = normw.t;
+        md.cfg.dim = cols;
+        md.cfg.hidden_dim = cols;
+        struct backend *be = gpu_loaded(false, &md);
+        if (be)
+            fused_mixed_case(be, m, &normw, cols);
+        backend_destroy(be);
+        for (int i = 0; i < MIXED_K; i++)
+            mat_free(&m[i]);
+        mat_free(&normw);
+    }
 }
 
 /* staged_big (cuda_matmul.c): a fused matmul of 2-3 rows that the
@@ -3596,6 +3737,7 @@ int main(void)
     check_rope_kv_attention();
     check_deferred_merge();
     check_matmul_fused();
+    check_matmul_fused_mixed();
     check_staged_big();
     check_decode_layers();
     check_head_pick();

@@ -447,12 +447,13 @@ struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
         gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, wide_copy,
-        wide_from, wide_small_from, qmma_from, qmma_warps, qmma_window;
+        wide_from, wide_small_from, qmma_from, qmma_warps, qmma_window, qmma_cluster;
 };
 
 static int cuda_levers_read(struct cuda_levers *l, struct err *e)
 {
-    static const long rpw[] = {4, 8}, ks[] = {1, 2, 4, 8, 16}, warps[] = {8, 16};
+    static const long rpw[] = {4, 8}, ks[] = {1, 2, 4, 8, 16}, warps[] = {8, 16},
+                      clusters[] = {1, 2, 4};
     *l = (struct cuda_levers){.gemv_max = -1, .gq_staged = -1, .wide_copy = -1, .qmma_window = -1};
     if (env_long("CLLM_CUDA_GEMV_MAX", 0, CUK_GEMV_MAX, &l->gemv_max, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_X_MAX", 1, 1L << 30, &l->stage_x_max, e) < 0 ||
@@ -480,7 +481,8 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_WIDE_FROM", 1, 1L << 20, &l->wide_from, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_FROM_SMALL", 1, 1L << 20, &l->wide_small_from, e) < 0 ||
         env_long("CLLM_CUDA_QMMA_FROM", 1, CUK_MMA_MAX_N, &l->qmma_from, e) < 0 ||
-        env_long("CLLM_CUDA_QMMA_WINDOW", 0, 1L << 20, &l->qmma_window, e) < 0)
+        env_long("CLLM_CUDA_QMMA_WINDOW", 0, 1L << 20, &l->qmma_window, e) < 0 ||
+        env_long_of("CLLM_CUDA_QMMA_CLUSTER", clusters, 3, &l->qmma_cluster, e) < 0)
         return -1;
     if (l->qmma_window > 0 && l->qmma_window % 256)
         return err_set(e, "CLLM_CUDA_QMMA_WINDOW=\"%ld\": needs a multiple of 256", l->qmma_window);
@@ -602,6 +604,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->wide_small_from = lv.wide_small_from ? (int)lv.wide_small_from : WIDE_SMALL_FROM_N;
     c->qmma = env_flag("CLLM_CUDA_QMMA", true);
     c->qmma_from = lv.qmma_from ? (int)lv.qmma_from : QMMA_FROM_N;
+    c->qmma_narrow_from = lv.qmma_from ? (int)lv.qmma_from : QMMA_NARROW_FROM_N;
     c->qmma_window = (int)lv.qmma_window;
     c->half_type = c->quant_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */
@@ -615,6 +618,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->bgraphs = env_flag("CLLM_COMPILED_BATCH", true);
     c->rgraphs = true;
     c->fuse = env_flag("CLLM_CUDA_FUSE", true);
+    c->split_dtypes = env_flag("CLLM_CUDA_SPLIT_DTYPES", true); /* measurement */
     c->rope_att = env_flag("CLLM_CUDA_ROPE_ATT", true);
     c->mega = hopper && env_flag("CLLM_CUDA_MEGA", false);
     c->mega_probe = env_flag("CLLM_CUDA_MEGA_PROBE", false);
@@ -668,6 +672,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->mma_max_x = lv.mma_max_x ? (size_t)lv.mma_max_x : MMA_MAX_X;
     c->mma.stage_regs = env_flag("CLLM_CUDA_MMA_STAGE_REGS", false); /* measurement */
     c->mma.qmma_stage_rows = env_flag("CLLM_CUDA_QMMA_STAGE_ROWS", false); /* measurement */
+    c->mma.qmma_cluster = (int)lv.qmma_cluster;
     c->defer_merge = !env_flag("CLLM_CUDA_DEFER_MERGE", true)   ? 0
                      : env_flag("CLLM_CUDA_DEFER_MERGE", false) ? 1
                                                                 : -1;

@@ -467,6 +467,9 @@ struct cuk_mma_cfg {
                      * where its blocks fill the SMs, else 8) */
     int qmma_stage_rows; /* measurement: that kernel stages x a warp a row,
                           * eight loads a lane (session 60's staging) */
+    int qmma_cluster; /* that kernel's blocks in clusters of this many
+                       * (2, 4), each 1 / qmma_cluster of the columns; 1:
+                       * none; 0: cuk_qmma_cluster's choice */
 };
 /* Shared memory cuk_gemv_mma needs for n rows of x over cols columns with
  * room to sum column slices across warps (8-warp blocks): what the backend
@@ -476,6 +479,11 @@ size_t cuk_gemv_mma_smem(int n, int cols);
 /* The same for Q4_K, Q5_K or Q6_K weights of dtype dt (their kernel's
  * ring at its shallowest, 8-warp blocks); 0 for any other dtype. */
 size_t cuk_gemv_qmma_smem(int dt, int n, int cols);
+/* Blocks a thread-block cluster of that kernel has for n rows of x times
+ * matrices of dtype dt and cols columns, all of them (no window): 1, or
+ * the 2 or 4 cfg->qmma_cluster asks where cols / 256 divides by it, else
+ * (0) 2 from QMMA_CLUSTER_COLS columns and QMMA_CLUSTER_FROM_N rows. */
+int cuk_qmma_cluster(const struct cuk_mma_cfg *cfg, int dt, int cols, int n);
 /* cuk_gemv_fused's contract for n <= CUK_MMA_MAX_N rows on the tensor
  * cores (sm_80 and newer), except that the input rows, after the input
  * op, are rounded to the weights' half type (nearest even) before the

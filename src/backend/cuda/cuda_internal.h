@@ -64,6 +64,13 @@
  * 1,675 / 2,315 / 3,448. So 3 for both; the 0.6B gives up ~9 % at 2
  * streams (docs/benchmarks.md, session 61). */
 #define QMMA_FROM_N 3
+/* ... and from 2 tokens for matrices of at most this many columns: H100,
+ * 2 streams, tensor-core GEMV against the staged one, Qwen3-0.6B Q4_K_M
+ * (every matrix 1,024-3,072 columns) 1,516 -> 1,665 tok/s (+10 %; x405,
+ * session 62, as in session 61's x401), the 8-layer 8B (4,096 columns and
+ * more) 1,824 -> 1,657 (-9 %). */
+#define QMMA_NARROW_COLS 3072
+#define QMMA_NARROW_FROM_N 2
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K
@@ -164,6 +171,8 @@ struct cuda_backend {
     cublasHandle_t blas;
     bool precise;
     bool fuse;         /* fused launches (CLLM_CUDA_FUSE != 0) */
+    bool split_dtypes; /* a fused op over matrices of two dtypes as a fused
+                        * launch a dtype (CLLM_CUDA_SPLIT_DTYPES != 0) */
     bool dec_cluster;  /* a one-sequence RoPE decode step merges its key splits in
                         * a thread-block cluster (CLLM_CUDA_DEC_CLUSTER) */
     int dec_cluster_tiles; /* and at most CUK_DEC_CLUSTER_MAX splits when that
@@ -271,6 +280,8 @@ struct cuda_backend {
     int wide_small_from; /* the same where the tensor-core GEMV takes them (CLLM_CUDA_WIDE_FROM_SMALL) */
     bool qmma;          /* quantized matrices on the tensor-core GEMV (CLLM_CUDA_QMMA) */
     int qmma_from;      /* from that many tokens (QMMA_FROM_N, CLLM_CUDA_QMMA_FROM) */
+    int qmma_narrow_from; /* ... for QMMA_NARROW_COLS columns or fewer
+                           * (QMMA_NARROW_FROM_N, or CLLM_CUDA_QMMA_FROM's) */
     int qmma_window;    /* most columns a window of its where x is too wide to
                          * stage whole (-1: as many as fit); set
                          * (CLLM_CUDA_QMMA_WINDOW, for measurement and tests),

@@ -352,10 +352,11 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
 }
 
 /* Whether a step of n tokens is one the tensor-core GEMV on K-quant blocks
- * takes, where its matrices are (qmma_takes). */
-static bool qmma_tokens(const struct cuda_backend *c, int n)
+ * takes, where its matrices are (qmma_takes) and have cols columns. */
+static bool qmma_tokens(const struct cuda_backend *c, int n, size_t cols)
 {
-    return c->qmma && c->gemv_mma && !c->precise && n >= c->qmma_from && n <= CUK_MMA_MAX_N;
+    const int from = cols <= QMMA_NARROW_COLS ? c->qmma_narrow_from : c->qmma_from;
+    return c->qmma && c->gemv_mma && !c->precise && n >= from && n <= CUK_MMA_MAX_N;
 }
 
 /* Whether dt is one the tensor-core GEMV on K-quant blocks takes (Q4_K,
@@ -374,7 +375,8 @@ static bool qmma_fits(const struct cuda_backend *c, int dt, int n, size_t cols)
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
- * GEMM: qmma_from to CUK_MMA_MAX_N rows, not in precise mode; x staged in
+ * GEMM: qmma_from (qmma_narrow_from for narrow matrices: qmma_tokens) to
+ * CUK_MMA_MAX_N rows, not in precise mode; x staged in
  * windows of columns or runs of tokens where all of x does not fit a
  * block's shared memory (gemv_fused). Where bf16 copies exist,
  * mm_weights keeps the blocks for these steps (faster since session 60;
@@ -384,7 +386,7 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
 {
     const size_t cols = (size_t)ws[0]->cols;
     const int dt = ws[0]->dtype;
-    if (!qmma_tokens(c, n) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
+    if (!qmma_tokens(c, n, cols) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
         return false;
     for (int i = 1; i < k; i++)
         if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
@@ -495,8 +497,8 @@ static bool feeds_gemm(const struct cuda_backend *c, size_t cols, int n)
     /* the copies' routes, a bf16 model's, unless the K-quants' tensor-core
      * GEMV keeps the blocks (mm_weights) */
     if (c->quant_type >= 0 && quant_gemv(c, (enum dtype)c->quant_type) &&
-        (!wide_step(c, n) || (qmma_tokens(c, n) && qmma_dtype(c->quant_type))))
-        return n > quant_gemv_max_n(c) && !qmma_tokens(c, n); /* qmma_takes' x: f32 */
+        (!wide_step(c, n) || (qmma_tokens(c, n, cols) && qmma_dtype(c->quant_type))))
+        return n > quant_gemv_max_n(c) && !qmma_tokens(c, n, cols); /* qmma_takes' x: f32 */
     return !gemv_rows(c, cols, n);
 }
 
@@ -550,8 +552,17 @@ static cudaError_t gemv_qmma(struct cuda_backend *c, float *const *outs,
                              const struct cuk_gemv_in *in, int n,
                              const struct cuk_weight *const *ws, int k, int out)
 {
-    const int dt = ws[0]->dtype, fit = qmma_fit(c, dt, (size_t)ws[0]->cols, n);
     const int blocks = ws[0]->cols / 256;
+    const int dt = ws[0]->dtype, cols = ws[0]->cols;
+    /* in clusters (cuk_qmma_cluster) a block stages its share of x; and
+     * where that takes runs of tokens, the shortest run must be clustered
+     * too, or it would stage all of its columns */
+    int cl = cuk_qmma_cluster(&c->mma, dt, cols, n);
+    int fit = qmma_fit(c, dt, (size_t)cols / cl, n);
+    if (cl > 1 && cuk_qmma_cluster(&c->mma, dt, cols, n / ((n + fit - 1) / fit)) != cl) {
+        cl = 1;
+        fit = qmma_fit(c, dt, (size_t)cols, n);
+    }
     const bool narrow = c->qmma_window > 0 && blocks * 256 > c->qmma_window; /* (asked) */
     const int per = (fit < n || narrow) && out != CUK_OUT_SWIGLU && c->qmma_window != 0
                         ? qmma_window_blocks(c, dt, blocks, n)
@@ -815,6 +826,16 @@ void cu_add(struct backend *be, float *x, const float *y, size_t n)
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
 }
 
+/* How many of ws[0..k) from the first share its dtype and columns, as
+ * one GEMV launch's matrices must. */
+static int same_run(const struct cuk_weight *const *ws, int k)
+{
+    int i = 1;
+    while (i < k && ws[i]->dtype == ws[0]->dtype && ws[i]->cols == ws[0]->cols)
+        i++;
+    return i;
+}
+
 #define SWIGLU_FUSE_MAX 8192 /* widest SwiGLU staged by the down GEMV itself */
 
 /* A matmul with its input's op (rmsnorm, SwiGLU) and the residual add
@@ -855,6 +876,21 @@ int cu_matmul_fused(struct backend *be, float *const *outs, const struct matmul_
     if (mm_weights(c, ts, k, n, ws))
         return sticky(c, e);
     const enum mm_route route = mm_route(c, ws, k, n);
+    /* Matrices of two dtypes (a Q4_K_M file's q/k/v where v is Q6_K, in
+     * half its layers): no GEMV launch takes them together, and the plain
+     * ops below would launch the norm and then each matrix alone. So each
+     * dtype's run is a fused launch of its own, each applying the input
+     * op itself, where both runs take a GEMV. Not a SwiGLU pair, whose
+     * launch needs both sums, nor a SwiGLU input, which the plain ops
+     * write in place. */
+    const int run = same_run(ws, k);
+    if (c->fuse && c->split_dtypes && run < k && out != MATMUL_OUT_SWIGLU &&
+        in->kind != MATMUL_IN_SWIGLU && mm_route(c, ws, run, n) != MM_GEMM &&
+        mm_route(c, ws + run, k - run, n) != MM_GEMM)
+        return cu_matmul_fused(be, outs, in, n, ts, run, out, e) ||
+                       cu_matmul_fused(be, outs + run, in, n, ts + run, k - run, out, e)
+                   ? -1
+                   : 0;
     if (c->fuse && route != MM_GEMM) {
         struct cuk_gemv_in gi = {.kind = in->kind == MATMUL_IN_RMSNORM  ? CUK_IN_RMSNORM
                                          : in->kind == MATMUL_IN_SWIGLU ? CUK_IN_SWIGLU

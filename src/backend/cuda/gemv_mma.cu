@@ -15,6 +15,23 @@ extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
            QMMA_SUMS(dt, n, cols);
 }
 
+/* Where clusters of 2 pay: an 8B's 4,096-column matrices from 5 tokens
+ * (H200, 8-layer 8B Q4_K_M, against none: -0.4 / -0.5 % at 3 / 4 streams,
+ * +2.6 / +4.8 / +3.5 % at 5 / 8 / 16; q/k/v 25 -> 23 us a layer at 16,
+ * o 14 -> 12.6); a 0.6B's 1,024-3,072 columns lost 4-12 % at 3-16
+ * (docs/benchmarks.md, session 62). */
+#define QMMA_CLUSTER_COLS 4096
+#define QMMA_CLUSTER_FROM_N 5
+
+extern "C" int cuk_qmma_cluster(const struct cuk_mma_cfg *cfg, int dt, int cols, int n)
+{
+    const int cl = cfg->qmma_cluster > 0                                  ? cfg->qmma_cluster
+                   : cols >= QMMA_CLUSTER_COLS && n >= QMMA_CLUSTER_FROM_N ? 2
+                                                                           : 1;
+    return qmma_block_bytes(dt) > 0 && cl > 1 && cols % 256 == 0 && (cols / 256) % cl == 0 ? cl
+                                                                                       : 1;
+}
+
 /* cuk_gemv_mma over columns [c0, c0 + cw) of the weights and of x (the
  * K-quants' windows; c0 = 0, cw = cols: all of them). */
 static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk_gemv_in *in,
@@ -34,9 +51,13 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
                                                   : NULL;
     if (!in->x || ((uintptr_t)in->x & 15) || (in->kind != CUK_IN_X && (!x2 || ((uintptr_t)x2 & 15))))
         return cudaErrorNotSupported;
-    const int dt = ws[0]->dtype, cols = cw;
+    const int dt = ws[0]->dtype;
     const int qbb = qmma_block_bytes(dt); /* gemv_mma_quant.cu's dtypes */
     const bool quant = qbb > 0;
+    /* K-quants in clusters of cl blocks, each 1 / cl of the columns (not
+     * with windows): x's traffic from L2 a cl-th */
+    const int cl = c0 == 0 && cw == ws[0]->cols ? cuk_qmma_cluster(cfg, dt, cw, n) : 1;
+    const int cols = cw / cl;
     /* a window: K-quants only, whole blocks, not a SwiGLU pair's (whose
      * sums must be whole before the SiLU) */
     const bool window = c0 != 0 || cw != ws[0]->cols;
@@ -56,6 +77,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     p.xld = ws[0]->cols;
     p.xc0 = c0;
     p.stage_rows = cfg->qmma_stage_rows;
+    p.cl = cl;
     p.row_bytes = dt == DT_Q8_0 ? (size_t)cols
                   : quant       ? cuk_q_row_bytes(dt, ws[0]->cols)
                                 : (size_t)cols * 2;
@@ -89,7 +111,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
         if ((cfg->warps > 0 && cfg->warps != ww) || (quant && ww > qwarps))
             continue;
         for (int ks = 1; ks <= ww; ks *= 2) { /* a tile's slices in one block */
-            size_t sm = mma_smem(n, cols, ks, ww) +
+            size_t sm = mma_smem(n, cols, ks, ww) + (cl > 1 && ks == 1 ? MMA_SCRATCH(ww) : 0) +
                         (quant ? QMMA_RING(ww, QMMA_MIN_SLOTS, qbb) + QMMA_SUMS(dt, n, cols) : 0);
             if (sm > smem_max || (cfg->ks > 0 && ks != cfg->ks))
                 continue;
@@ -98,7 +120,8 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
             if (cfg->blocks_per_sm > 0 && cfg->blocks_per_sm < per_sm)
                 per_sm = cfg->blocks_per_sm;
             long bunits = (tiles * ks + ww - 1) / ww;
-            long gr = bunits < (long)cfg->n_sms * per_sm ? bunits : (long)cfg->n_sms * per_sm;
+            const long most = (long)cfg->n_sms / cl * per_sm; /* (clusters) */
+            long gr = bunits < most ? bunits : most;
             int slice = (steps + ks - 1) / ks, cpu = (slice + MMA_U - 1) / MMA_U;
             if (quant) { /* slices of whole blocks, a block a chunk */
                 slice = (slice + QMMA_U - 1) / QMMA_U * QMMA_U;
@@ -111,7 +134,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
                 p.slice = slice;
                 p.cpu = cpu;
                 p.bunits = (int)bunits;
-                grid = (int)gr;
+                grid = (int)gr * cl;
                 w = ww;
                 blocks_sm = per_sm;
             }
@@ -134,7 +157,7 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
      * loads in flight need (MMA_L1_KEEP); the choice above does not
      * depend on it. */
     const size_t xbytes = MMA_XBYTES(n, p.stride);
-    const size_t scratch = p.ks > 1 ? MMA_SCRATCH(w) : 0;
+    const size_t scratch = p.ks > 1 || cl > 1 ? MMA_SCRATCH(w) : 0;
     const size_t f32 = (size_t)n * cols * 4 * (in->kind == CUK_IN_SWIGLU ? 2 : 1);
     const size_t area = f32 > scratch ? f32 : scratch;
     size_t limit = mma_block_room(cfg, blocks_sm, smem_max);

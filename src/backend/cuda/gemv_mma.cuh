@@ -59,8 +59,11 @@
 #define QMMA_MIN_SLOTS 2
 #define QMMA_MAX_SLOTS 4
 #define QMMA_RING(w, slots, bb) ((size_t)(w) * (slots) * QMMA_SLOT(bb))
+/* (and after them the runs' sums of squares of a norm, qmma_stage's:
+ * fewer than 2 CUK_MMA_MAX_N) */
+#define QMMA_SQ (2 * CUK_MMA_MAX_N * 4)
 #define QMMA_SUMS(dt, n, cols) \
-    ((size_t)(cols) / ((dt) == DT_Q6_K ? 16 : 32) * ((n) <= 8 ? 8 : 16) * 4)
+    ((size_t)(cols) / ((dt) == DT_Q6_K ? 16 : 32) * ((n) <= 8 ? 8 : 16) * 4 + QMMA_SQ)
 /* A slot row's bytes for the dtypes that kernel takes (0: none): a block,
  * or Q6_K's 14 aligned 16-byte pieces over its 210. */
 static inline int qmma_block_bytes(int dt)
@@ -105,6 +108,8 @@ struct mmap {
                    * column of x the weights' first (w[], a window's) meets */
     int stage_rows; /* K-quants: x staged a warp a row, 8 loads a lane
                      * (cuk_mma_cfg's qmma_stage_rows) */
+    int cl; /* K-quants: blocks a thread-block cluster, each cols (of the
+             * cl * cols) of every tile, rank r from column xc0 + r * cols */
 };
 
 /* Where unit uid's weights are, for the calling lane. */

@@ -153,7 +153,7 @@ template <int IN, int W>
 static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv, float *sq,
                                                   const struct cuk_gemv_in &in, int n, int cols,
                                                   int ld, int c0, int stride, bool defer,
-                                                  int parts, int loads)
+                                                  int parts, int loads, bool whole)
 {
     constexpr int B = qmma_stage_loads(W);
     const int lane = threadIdx.x & 31, nf = cols / 4, nb = min(loads, B);
@@ -193,7 +193,7 @@ static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv, flo
         }
         if (IN == CUK_IN_RMSNORM && defer) {
             const float ss = cuk_warp_sum((sqs.x + sqs.y) + (sqs.z + sqs.w));
-            if (lane == 0 && parts == 1)
+            if (lane == 0 && parts == 1 && whole)
                 sinv[j] = 1.0f / sqrtf(ss / (float)cols + in.eps);
             else if (lane == 0)
                 sq[i] = ss;
@@ -202,16 +202,20 @@ static __device__ __forceinline__ void qmma_stage(uint16_t *xs, float *sinv, flo
 }
 
 /* sinv[j] from the runs' sums of squares qmma_stage left in sq, added
- * in run order (after a barrier; thread j). */
+ * in run order, and in a cluster of cl blocks (each its share of the
+ * row's len columns) in rank order, read from each rank's sq (after a
+ * barrier of the cluster; thread j). */
 static __device__ __forceinline__ void qmma_rms_parts(float *sinv, const float *sq, int n,
-                                                      int cols, int parts, float eps)
+                                                      int len, int parts, int cl, float eps)
 {
     const int j = threadIdx.x;
     if (j < n) {
         float ss = 0.0f;
-        for (int h = 0; h < parts; h++)
-            ss += sq[j * parts + h];
-        sinv[j] = 1.0f / sqrtf(ss / (float)cols + eps);
+        const uint32_t a = cuk_smem_addr(sq + j * parts);
+        for (int r = 0; r < cl; r++)
+            for (int h = 0; h < parts; h++)
+                ss += cl == 1 ? sq[j * parts + h] : cuk_dsmem_ld(cuk_dsmem_addr(a + 4 * h, r));
+        sinv[j] = 1.0f / sqrtf(ss / (float)len + eps);
     }
 }
 
@@ -300,11 +304,11 @@ template <bool PAIR, int NTL, int W>
 static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const struct mmap &p,
                                                    const struct mma_unit &u, int round,
                                                    float *scratch, const float *sinv, int g,
-                                                   int tig)
+                                                   int tig, int rank)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *mine = scratch + ((round & 1) * W + warp) * 256;
     if (p.ks > 1) {
-        float *mine = scratch + ((round & 1) * W + warp) * 256;
 #pragma unroll
         for (int e = 0; e < 4 * NTL; e++)
             mine[e * 32 + lane] = acc[e / 4][e % 4];
@@ -315,7 +319,26 @@ static __device__ __forceinline__ void qmma_finish(float (&acc)[NTL][4], const s
                 for (int e = 0; e < 4 * NTL; e++)
                     acc[e / 4][e % 4] += mine[k * 256 + e * 32 + lane];
     }
-    if (u.valid && u.ks == 0) {
+    if (p.cl > 1) {
+        /* the cluster's ranks' sums of the tile (each over its columns),
+         * added by rank 0 in rank order from each rank's slot of this
+         * round (the other round's slots are being written meanwhile: a
+         * rank writes this one again two rounds on, after the next
+         * meeting, which rank 0 reaches once it has read) */
+        if (u.ks == 0)
+#pragma unroll
+            for (int e = 0; e < 4 * NTL; e++)
+                mine[e * 32 + lane] = acc[e / 4][e % 4];
+        cuk_cluster_sync();
+        if (rank == 0 && u.ks == 0) {
+            const uint32_t a = cuk_smem_addr(mine + lane);
+            for (int r = 1; r < p.cl; r++)
+#pragma unroll
+                for (int e = 0; e < 4 * NTL; e++)
+                    acc[e / 4][e % 4] += cuk_dsmem_ld(cuk_dsmem_addr(a + 4 * 32 * e, r));
+        }
+    }
+    if (u.valid && u.ks == 0 && rank == 0) {
         if (sinv) /* the norm's 1 / rms, deferred (qmma_stage): the token's factor */
 #pragma unroll
             for (int nt = 0; nt < NTL; nt++)
@@ -382,7 +405,11 @@ __global__ void __launch_bounds__(W * 32, 1)
     float *scratch = (float *)(qm_smem + xbytes);
     float *sinv = (float *)(qm_smem + xbytes + p.ubytes);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tig = lane & 3;
-    const int grid = (int)gridDim.x, blk = (int)blockIdx.x;
+    /* a cluster of p.cl blocks takes the tiles one block would, each rank
+     * its p.cols columns of them: the clusters are the grid */
+    const int rank = (int)blockIdx.x % p.cl;
+    const int grid = (int)gridDim.x / p.cl, blk = (int)blockIdx.x / p.cl;
+    const size_t woff = (size_t)rank * (p.cols / 256) * qmma_fmt<DT>::BYTES;
     const int rounds = blk < p.bunits ? (p.bunits - blk + grid - 1) / grid : 0;
     const int nchunks = rounds * p.cpu;
     /* the warp's unit of a round */
@@ -397,7 +424,7 @@ __global__ void __launch_bounds__(W * 32, 1)
      * and rows worked out once a unit. */
     int ir = 0, ij = 0, is = 0;
     struct mma_unit iu = unit(0);
-    const uint8_t *irow = qmma_row<PAIR>(p, iu, lane >> 1);
+    const uint8_t *irow = qmma_row<PAIR>(p, iu, lane >> 1) + woff;
     auto issue = [&]() {
         qmma_issue<DT>(ring_a + is * SLOT, irow, p.w[0], iu.s0 / QMMA_U + ij,
                        iu.valid && iu.s0 + ij * QMMA_U < iu.s1, lane);
@@ -405,7 +432,7 @@ __global__ void __launch_bounds__(W * 32, 1)
         if (++ij == p.cpu) {
             ij = 0;
             iu = unit(++ir);
-            irow = qmma_row<PAIR>(p, iu, lane >> 1);
+            irow = qmma_row<PAIR>(p, iu, lane >> 1) + woff;
         }
     };
     /* The weights never change: the first slots - 1 chunks go before the
@@ -417,22 +444,25 @@ __global__ void __launch_bounds__(W * 32, 1)
         cuk_cp_async_commit();
     }
     cuk_pdl_start();
-    /* a norm over the window's columns only where they are the whole row */
-    const bool defer = IN == CUK_IN_RMSNORM && p.cols == p.xld;
+    /* a norm over the window's (the cluster's) columns only where they
+     * are the whole row */
+    const bool defer = IN == CUK_IN_RMSNORM && p.cols * p.cl == p.xld;
     if (IN == CUK_IN_RMSNORM && !defer) {
         mma_rms_inv(sinv, in.x, p.n, p.xld, in.eps);
         __syncthreads();
     }
-    /* the runs' sums of squares in sg's room, before the sums take it */
+    /* the runs' sums of squares after x's sums (QMMA_SQ) */
+    float *sq = (float *)((unsigned char *)sg + QMMA_SUMS(DT, p.n, p.cols) - QMMA_SQ);
     const int loads = p.stage_rows ? 8 : qmma_stage_loads(W);
     const int parts = p.stage_rows ? 1 : qmma_parts(p.n, p.cols, W, loads);
-    qmma_stage<IN, W>(xs, sinv, sg, in, p.n, p.cols, p.xld, p.xc0, p.stride, defer, parts,
-                      loads);
-    __syncthreads();
-    if (defer && parts > 1) {
-        qmma_rms_parts(sinv, sg, p.n, p.cols, parts, in.eps);
+    qmma_stage<IN, W>(xs, sinv, sq, in, p.n, p.cols, p.xld, p.xc0 + rank * p.cols, p.stride,
+                      defer, parts, loads, p.cl == 1);
+    if (p.cl > 1)
+        cuk_cluster_sync(); /* every rank's sums of squares written */
+    else
         __syncthreads();
-    }
+    if (defer && (parts > 1 || p.cl > 1))
+        qmma_rms_parts(sinv, sq, p.n, p.xld, parts, p.cl, in.eps);
     qmma_sums<DT, NTL, W>(sg, xs, p.stride, p.n, p.cols, g, tig);
     __syncthreads();
     float acc[NTL][4] = {};
@@ -444,9 +474,9 @@ __global__ void __launch_bounds__(W * 32, 1)
     const uint8_t *rows[3];
     auto unit_rows = [&]() {
         if (F::K6) {
-            rows[0] = qmma_row<PAIR>(p, cu, g);
-            rows[1] = qmma_row<PAIR>(p, cu, g + 8);
-            rows[2] = qmma_row<PAIR>(p, cu, lane & 15);
+            rows[0] = qmma_row<PAIR>(p, cu, g) + woff;
+            rows[1] = qmma_row<PAIR>(p, cu, g + 8) + woff;
+            rows[2] = qmma_row<PAIR>(p, cu, lane & 15) + woff;
         }
     };
     unit_rows();
@@ -471,12 +501,14 @@ __global__ void __launch_bounds__(W * 32, 1)
         sl = sl + 1 == p.slots ? 0 : sl + 1;
         if (++j == p.cpu) {
             qmma_finish<PAIR, NTL, W>(acc, p, cu, round, scratch, defer ? sinv : nullptr, g,
-                                      tig);
+                                      tig, rank);
             j = 0;
             cu = unit(++round);
             unit_rows();
         }
     }
+    if (p.cl > 1)
+        cuk_cluster_sync(); /* rank 0's reads of the last round's slots done */
 #else
     cuk_pdl_start();
 #endif
@@ -491,7 +523,40 @@ static cudaError_t qmma_launch(cudaStream_t s, const struct mmap &p, const struc
     cudaError_t err = cuk_smem_opt_in(k, smem, &opted[w == 16]);
     if (err != cudaSuccess)
         return err;
-    return cuk_launch(k, (unsigned)grid, (unsigned)w * 32, smem, s, p, in);
+    if (p.cl > 1) {
+        /* no more clusters than run at once (a GPC's SMs need not be a
+         * multiple of p.cl): the clusters are persistent, a later wave
+         * only waits; measured per instantiation, warps, size and shared
+         * memory (the last asked for each) */
+        static struct {
+            size_t smem;
+            int m;
+        } most[2][3];
+        auto &mc = most[w == 16][p.cl == 2 ? 0 : p.cl == 4 ? 1 : 2];
+        if (mc.smem != smem) {
+            int m = 0;
+            cudaLaunchAttribute at;
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = (unsigned)p.cl;
+            at.val.clusterDim.y = at.val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)grid);
+            cfg.blockDim = dim3((unsigned)w * 32);
+            cfg.dynamicSmemBytes = smem;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            if ((err = cudaOccupancyMaxActiveClusters(&m, k, &cfg)) != cudaSuccess)
+                return err;
+            if (m < 1)
+                return cudaErrorNotSupported;
+            mc.smem = smem;
+            mc.m = m;
+        }
+        if (grid > mc.m * p.cl)
+            grid = mc.m * p.cl;
+    }
+    return cuk_launch_cluster(k, (unsigned)grid, (unsigned)w * 32, smem, s, dim3(p.cl, 1, 1), p,
+                              in);
 }
 
 template <int DT, int NT>
