@@ -16,7 +16,7 @@ extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
 }
 
 /* Where clusters of 2 pay: an 8B's 4,096-column matrices from 5 tokens
- * (H200, 8-layer 8B Q4_K_M, against none: -0.4 / -0.5 % at 3 / 4 streams,
+ * (H200, 8-layer 8B Q4_K_M, against none: -0.4 / -0.3 % at 3 / 4 streams,
  * +2.6 / +4.8 / +3.5 % at 5 / 8 / 16; q/k/v 25 -> 23 us a layer at 16,
  * o 14 -> 12.6); a 0.6B's 1,024-3,072 columns lost 4-12 % at 3-16
  * (docs/benchmarks.md, session 62). */
