@@ -372,6 +372,16 @@ static bool qmma_fits(const struct cuda_backend *c, int dt, int n, size_t cols)
     return cuk_gemv_qmma_smem(dt, n, (int)cols) <= (size_t)c->mma.smem_max;
 }
 
+/* How many of ws[0..k) from the first share its dtype and columns, as
+ * one GEMV launch's matrices must. */
+static int same_run(const struct cuk_weight *const *ws, int k)
+{
+    int i = 1;
+    while (i < k && ws[i]->dtype == ws[0]->dtype && ws[i]->cols == ws[0]->cols)
+        i++;
+    return i;
+}
+
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
@@ -386,12 +396,8 @@ static bool qmma_takes(const struct cuda_backend *c, const struct cuk_weight *co
 {
     const size_t cols = (size_t)ws[0]->cols;
     const int dt = ws[0]->dtype;
-    if (!qmma_tokens(c, n, cols) || !qmma_dtype(dt) || cols % 256 || !qmma_fits(c, dt, 1, cols))
-        return false;
-    for (int i = 1; i < k; i++)
-        if (ws[i]->dtype != dt || (size_t)ws[i]->cols != cols)
-            return false;
-    return true;
+    return qmma_tokens(c, n, cols) && qmma_dtype(dt) && cols % 256 == 0 &&
+           qmma_fits(c, dt, 1, cols) && same_run(ws, k) == k;
 }
 
 /* Most of n tokens over cols columns one launch of the tensor-core GEMV
@@ -824,16 +830,6 @@ void cu_add(struct backend *be, float *x, const float *y, size_t n)
     struct cuda_backend *c = op_begin(be);
     if (!c->err[0])
         fail_cuda(c, "add", cuk_add(c->stream, x, y, n));
-}
-
-/* How many of ws[0..k) from the first share its dtype and columns, as
- * one GEMV launch's matrices must. */
-static int same_run(const struct cuk_weight *const *ws, int k)
-{
-    int i = 1;
-    while (i < k && ws[i]->dtype == ws[0]->dtype && ws[i]->cols == ws[0]->cols)
-        i++;
-    return i;
 }
 
 #define SWIGLU_FUSE_MAX 8192 /* widest SwiGLU staged by the down GEMV itself */
