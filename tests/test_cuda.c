@@ -546,6 +546,108 @@ static void check_matmul_quant_rounds(void)
         mat_free(&m[k]);
 }
 
+/* The staged quantized GEMV adding into its outputs (o, down): each lane
+ * reads the old value of one of its warp's first 32 outputs before the
+ * products, the rest after the sums (k_gemv_qstaged). Two blocks
+ * (CLLM_CUDA_GQ_BLOCKS), so every warp has many row pairs and both ways
+ * run; q/k-like pairs of matrices with a norm too. The same bits as
+ * CLLM_CUDA_GQ_RES_EARLY=0 (every old value read after the sums), and
+ * within 1e-5 of the plain ops (matmul, then add). */
+static void check_gq_res_early(void)
+{
+    enum { K = 2, NMAX = 8, COLS = 2048 };
+    static const int rows[K] = {300, 257};
+    struct test_mat m[K], normw;
+    for (int i = 0; i < K; i++)
+        mat_make(&m[i], DT_Q4_K, rows[i], COLS);
+    mat_make(&normw, DT_F32, 1, COLS);
+    struct model md;
+    struct layer_weights lw;
+    mats_model(&md, &lw, m, K);
+    lw.attn_norm = normw.t;
+    md.cfg.dim = COLS;
+    md.cfg.hidden_dim = COLS;
+    setenv("CLLM_CUDA_QMMA", "0", 1); /* the staged GEMV at 3-8 tokens too */
+    setenv("CLLM_CUDA_GQ_BLOCKS", "2", 1);
+    setenv("CLLM_CUDA_GQ_STAGED_STRICT", "1", 1);
+    struct backend *be = gpu_loaded(false, &md);
+    setenv("CLLM_CUDA_GQ_RES_EARLY", "0", 1);
+    struct backend *late = gpu_loaded(false, &md);
+    unsetenv("CLLM_CUDA_GQ_RES_EARLY");
+    unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
+    unsetenv("CLLM_CUDA_GQ_BLOCKS");
+    unsetenv("CLLM_CUDA_QMMA");
+    struct err e = {{0}};
+    struct backend *bs[2] = {be, late};
+    float *hx = malloc(sizeof(float) * NMAX * COLS), *hinit = malloc(sizeof(float) * NMAX * 300);
+    int same = 0, total = 0;
+    for (int n = 1; be && late && n <= NMAX; n++)
+        for (int k = 1; k <= K; k++) {
+            for (size_t i = 0; i < (size_t)n * COLS; i++)
+                hx[i] = frand() * 3.0f;
+            for (size_t i = 0; i < (size_t)n * 300; i++)
+                hinit[i] = frand() * 2.0f;
+            const struct tensor *ws[K] = {&m[0].t, &m[1].t};
+            float *got[2][K], *want[K] = {NULL, NULL};
+            for (int b = 0; b < 2; b++) {
+                struct backend *x = bs[b];
+                float *dx = dev_alloc_copy(x, hx, (size_t)n * COLS), *outs[K];
+                for (int i = 0; i < k; i++)
+                    outs[i] = dev_alloc_copy(x, hinit, (size_t)n * rows[i]);
+                struct matmul_in mi = {.kind = k == 1 ? MATMUL_IN_X : MATMUL_IN_RMSNORM,
+                                       .x = dx, .norm = normw.t.data, .eps = 1e-6f};
+                CHECK(x->ops->matmul_fused(x, outs, &mi, n, ws, k, MATMUL_OUT_ADD, &e) == 0,
+                      "matmul_fused (add), %d tokens: %s", n, e.msg);
+                for (int i = 0; i < k; i++) {
+                    got[b][i] = dev_fetch(x, outs[i], (size_t)n * rows[i]);
+                    x->ops->free(x, outs[i]);
+                }
+                if (b == 0) { /* the plain ops on the default backend */
+                    float *dn = dev_alloc_copy(x, NULL, (size_t)n * COLS);
+                    if (k > 1)
+                        x->ops->rmsnorm(x, dn, dx, normw.t.data, n, COLS, 1e-6f);
+                    for (int i = 0; i < k; i++) {
+                        float *o = dev_alloc_copy(x, hinit, (size_t)n * rows[i]),
+                              *t = dev_alloc_copy(x, NULL, (size_t)n * rows[i]);
+                        CHECK(x->ops->matmul(x, t, k > 1 ? dn : dx, n, ws[i], &e) == 0,
+                              "matmul: %s", e.msg);
+                        x->ops->add(x, o, t, (size_t)n * rows[i]);
+                        want[i] = dev_fetch(x, o, (size_t)n * rows[i]);
+                        x->ops->free(x, o);
+                        x->ops->free(x, t);
+                    }
+                    x->ops->free(x, dn);
+                }
+                x->ops->free(x, dx);
+            }
+            for (int i = 0; i < k; i++) {
+                const size_t no = (size_t)n * rows[i];
+                const bool bits = !memcmp(got[0][i], got[1][i], sizeof(float) * no);
+                const double re = test_rel_err(got[0][i], want[i], no);
+                CHECK(bits, "staged GEMV adding, %d tokens, matrix %d of %d: other bits than "
+                            "CLLM_CUDA_GQ_RES_EARLY=0", n, i, k);
+                CHECK(re <= 1e-5, "staged GEMV adding, %d tokens, matrix %d of %d: rel err %.3g "
+                                  "vs the plain ops", n, i, k, re);
+                same += bits;
+                total++;
+                free(got[0][i]);
+                free(got[1][i]);
+                free(want[i]);
+            }
+        }
+    if (be)
+        CHECK(be->ops->finish(be, &e) == 0, "staged GEMV adding: %s", e.msg);
+    printf("staged quantized GEMV adding: %d of %d outputs the bits of CLLM_CUDA_GQ_RES_EARLY=0\n",
+           same, total);
+    free(hx);
+    free(hinit);
+    backend_destroy(be);
+    backend_destroy(late);
+    for (int i = 0; i < K; i++)
+        mat_free(&m[i]);
+    mat_free(&normw);
+}
+
 /* The staged quantized GEMV (CLLM_CUDA_GQ_STAGED=2; strict, so a shape
  * it declines is an error rather than k_gemv_qdot's): 1 to 8 rows of x
  * against the double product, as check_matmul_low_bit's, for shapes with
@@ -3724,6 +3826,7 @@ int main(void)
     check_matmul_low_bit();
     check_matmul_quant_rounds();
     check_matmul_qstaged();
+    check_gq_res_early();
     check_matmul_qmma();
     check_norm_rope(cpu);
     check_attention(cpu);

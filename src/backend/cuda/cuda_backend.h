@@ -404,8 +404,10 @@ struct cuk_gq_cfg {
      * off); staged_smem: shared memory a block; staged_steps: GD_STEP-column
      * steps a copy covers at most (0: 4 KB of a row). Set by the caller
      * after cuk_gemv_quant_init. staged_strict (tests): a shape the staged
-     * kernel declines is cudaErrorNotPermitted, not k_gemv_qdot's. */
-    int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n;
+     * kernel declines is cudaErrorNotPermitted, not k_gemv_qdot's.
+     * staged_res_late (measurement): a residual add reads the output's old
+     * values after the sums, not before the products. */
+    int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late;
 };
 /* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
  * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */

@@ -378,6 +378,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 struct gqs {
     int chunk_steps, nch, slots, slot_bytes, tile_cols, bar_off, ring_off;
     int half; /* where a slot's second row starts: a chunk's bytes, 16-aligned */
+    int res_late; /* cuk_gq_cfg's staged_res_late */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -458,6 +459,19 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
     }
     cuk_pdl_start();
+    /* Adding into out: lane k reads now the value output k of the warp's
+     * units adds to (unit k / (2 NT), token row k / 2 % NT, row k % 2 of
+     * the pair), so that its trip to L2 is not taken after the unit's
+     * sums, as gemv_staged.cu's res does; outputs past 32 read it then. */
+    float res = 0.0f;
+    if (p.out == CUK_OUT_ADD && !q.res_late && lane < nu * 2 * NT) {
+        int g = ubase + lane / (2 * NT) * ustride;
+        const int m = gemv_matrix_of(g, p.groups), r = 2 * g + lane % 2;
+        const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+        const float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+        if (r < rows)
+            res = __ldcg(out + (size_t)(lane / 2 % NT) * rows + r);
+    }
     if (in.kind == CUK_IN_RMSNORM)
         gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gqs_smem);
     /* ends in a barrier, after which every lane sees the slots' barriers */
@@ -491,9 +505,18 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         const int m = gemv_matrix_of(g, p.groups);
         const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
         float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+        /* (every lane has the sums, to the bit: a butterfly's pairs add
+         * the same two values) */
+        const bool early = p.out == CUK_OUT_ADD && !q.res_late && (j + 1) * 2 * NT <= 32;
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float a0 = cuk_warp_sum(acc[0][t]), a1 = cuk_warp_sum(acc[1][t]);
+            if (early) { /* lane 2 NT j + 2 t + r holds row 2 g + r's res */
+                const int r = lane - 2 * NT * j - 2 * t;
+                if (r >= 0 && r < 2 && 2 * g + r < rows)
+                    out[(size_t)t * rows + 2 * g + r] = res + (r ? a1 : a0);
+                continue;
+            }
             if (lane != 0)
                 continue;
             if (pair) {
@@ -536,6 +559,7 @@ static cudaError_t gqs_launch(cudaStream_t s, const struct gqp &p, const struct 
     const int nsteps = (cols + GD_STEP - 1) / GD_STEP, sb = gd_step_bytes(DT);
     struct gqs q = {};
     q.tile_cols = nsteps * GD_STEP;
+    q.res_late = cfg->staged_res_late;
     /* x's codes, scales and the norm's 1/rms; then the barriers, the ring */
     const size_t xbytes = (size_t)NT * q.tile_cols + (size_t)NT * (q.tile_cols / 32) * 4 +
                           GEMV_INV_BYTES;
