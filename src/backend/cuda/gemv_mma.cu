@@ -76,7 +76,6 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     p.stride = mma_stride(cols);
     p.xld = ws[0]->cols;
     p.xc0 = c0;
-    p.stage_rows = cfg->qmma_stage_rows;
     p.cl = cl;
     p.row_bytes = dt == DT_Q8_0 ? (size_t)cols
                   : quant       ? cuk_q_row_bytes(dt, ws[0]->cols)
@@ -164,7 +163,9 @@ static cudaError_t gemv_mma(cudaStream_t s, float *const *outs, const struct cuk
     if (cfg->smem_sm > MMA_L1_KEEP && limit > (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024)
         limit = (size_t)cfg->smem_sm - MMA_L1_KEEP - 1024;
     size_t ring = 0;
-    if (quant) { /* the ring as deep as fits */
+    if (quant) { /* x's staging for the chosen warps; the ring as deep as fits */
+        p.loads = cfg->qmma_stage_rows ? 8 : qmma_stage_loads(w);
+        p.parts = cfg->qmma_stage_rows ? 1 : qmma_parts(n, cols, w, p.loads);
         const size_t sums = QMMA_SUMS(dt, n, cols);
         p.slots = QMMA_MAX_SLOTS;
         while (p.slots > QMMA_MIN_SLOTS &&

@@ -64,6 +64,36 @@
 #define QMMA_SQ (2 * CUK_MMA_MAX_N * 4)
 #define QMMA_SUMS(dt, n, cols) \
     ((size_t)(cols) / ((dt) == DT_Q6_K ? 16 : 32) * ((n) <= 8 ? 8 : 16) * 4 + QMMA_SQ)
+/* Runs each row of x is staged in (qmma_stage): the fewest that give
+ * the fewest rounds of loads for the slowest warp, a round being up to
+ * `loads` float4s a lane of one run, and a warp taking runs w, w + W,
+ * .... A warp a row had put a whole row's loads behind one warp's few in
+ * flight while W - n warps idled (an 8B's 4,096 columns at 2 tokens in 8
+ * warps: 4 rounds of 8 loads; now 2 runs a row, 1 round of 16). Splitting
+ * past one run a warp only adds rounds: at 3 tokens of 1,024 columns, 8
+ * runs a row (two a warp) cost the 0.6B 7 % (H100, x401). */
+static __host__ __device__ inline int qmma_parts(int n, int cols, int w, int loads)
+{
+    const int nf = cols / 4;
+    int best = 1, cost = 1 << 30;
+    for (int parts = 1; parts <= w && nf / parts >= 32; parts *= 2) {
+        const int len = (nf + parts - 1) / parts;
+        const int c = (n * parts + w - 1) / w * ((len + 32 * loads - 1) / (32 * loads));
+        if (c < cost) {
+            cost = c;
+            best = parts;
+        }
+    }
+    return best;
+}
+
+/* Most float4 loads a lane qmma_stage keeps in flight: 16 where 8-warp
+ * blocks leave the registers for them (and as many of w or x2). */
+static __host__ __device__ constexpr int qmma_stage_loads(int w)
+{
+    return w <= 8 ? 16 : 8;
+}
+
 /* A slot row's bytes for the dtypes that kernel takes (0: none): a block,
  * or Q6_K's 14 aligned 16-byte pieces over its 210. */
 static inline int qmma_block_bytes(int dt)
@@ -106,8 +136,10 @@ struct mmap {
     int slots, ring_off; /* K-quants: a warp's ring slots, where the ring starts */
     int xld, xc0; /* K-quants: x's rows (floats; a norm's length) and the
                    * column of x the weights' first (w[], a window's) meets */
-    int stage_rows; /* K-quants: x staged a warp a row, 8 loads a lane
-                     * (cuk_mma_cfg's qmma_stage_rows) */
+    int parts, loads; /* K-quants: runs each row of x is staged in, and
+                       * float4 loads a lane in flight (qmma_parts and
+                       * qmma_stage_loads, worked out once a launch; 1 and 8
+                       * with cuk_mma_cfg's qmma_stage_rows) */
     int cl; /* K-quants: blocks a thread-block cluster, each cols (of the
              * cl * cols) of every tile, rank r from column xc0 + r * cols */
 };

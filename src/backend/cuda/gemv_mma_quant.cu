@@ -105,36 +105,6 @@ static __device__ __forceinline__ void qmma_wait(int slots)
         cuk_cp_async_wait<1>();
 }
 
-/* Runs each row of x is staged in (qmma_stage): the fewest that give
- * the fewest rounds of loads for the slowest warp, a round being up to
- * `loads` float4s a lane of one run, and a warp taking runs w, w + W,
- * .... A warp a row had put a whole row's loads behind one warp's few in
- * flight while W - n warps idled (an 8B's 4,096 columns at 2 tokens in 8
- * warps: 4 rounds of 8 loads; now 2 runs a row, 1 round of 16). Splitting
- * past one run a warp only adds rounds: at 3 tokens of 1,024 columns, 8
- * runs a row (two a warp) cost the 0.6B 7 % (H100, x401). */
-static __device__ __forceinline__ int qmma_parts(int n, int cols, int w, int loads)
-{
-    const int nf = cols / 4;
-    int best = 1, cost = 1 << 30;
-    for (int parts = 1; parts <= w && nf / parts >= 32; parts *= 2) {
-        const int len = (nf + parts - 1) / parts;
-        const int c = (n * parts + w - 1) / w * ((len + 32 * loads - 1) / (32 * loads));
-        if (c < cost) {
-            cost = c;
-            best = parts;
-        }
-    }
-    return best;
-}
-
-/* Most float4 loads a lane qmma_stage keeps in flight: 16 where 8-warp
- * blocks leave the registers for them (and as many of w or x2). */
-static __host__ __device__ constexpr int qmma_stage_loads(int w)
-{
-    return w <= 8 ? 16 : 8;
-}
-
 /* Stages columns [c0, c0 + cols) of x's n rows (ld floats apart) after
  * the input op, rounded to bf16, into xs (row j at j * stride): each row
  * in `parts` runs of its float4s (qmma_parts), item i = row i / parts,
@@ -453,10 +423,9 @@ __global__ void __launch_bounds__(W * 32, 1)
     }
     /* the runs' sums of squares after x's sums (QMMA_SQ) */
     float *sq = (float *)((unsigned char *)sg + QMMA_SUMS(DT, p.n, p.cols) - QMMA_SQ);
-    const int loads = p.stage_rows ? 8 : qmma_stage_loads(W);
-    const int parts = p.stage_rows ? 1 : qmma_parts(p.n, p.cols, W, loads);
+    const int parts = p.parts;
     qmma_stage<IN, W>(xs, sinv, sq, in, p.n, p.cols, p.xld, p.xc0 + rank * p.cols, p.stride,
-                      defer, parts, loads, p.cl == 1);
+                      defer, parts, p.loads, p.cl == 1);
     if (p.cl > 1)
         cuk_cluster_sync(); /* every rank's sums of squares written */
     else
