@@ -212,6 +212,7 @@ static void cu_destroy(struct backend *be)
 #endif
 #ifdef CUK_GEMV_PROBE
     cuk_gemv_probe_report(300);
+    cuk_gq_probe_report(300);
 #endif
     if (c->timing) {
         static const char *what[] = {"decode", "batched decode", "prefill"};
@@ -527,6 +528,7 @@ static struct backend *cuda_create(int device, struct err *e)
 #endif
 #ifdef CUK_GEMV_PROBE
     cuk_gemv_probe_init();
+    cuk_gq_probe_init();
 #endif
     /* Below the lowest architecture the kernels were built for there is no
      * code the GPU can run: say so now, not as a CUDA error at the first

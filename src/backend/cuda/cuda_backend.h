@@ -238,6 +238,8 @@ cudaError_t cuk_mega_decode(cudaStream_t s, const struct cuk_mega *a);
 #ifdef CUK_GEMV_PROBE
 void cuk_gemv_probe_init(void);
 void cuk_gemv_probe_report(int skip);
+void cuk_gq_probe_init(void); /* k_gemv_qstaged's (gemv_quant.cu) */
+void cuk_gq_probe_report(int skip);
 #endif
 #ifdef CUK_DEC_PROBE
 void cuk_dec_probe_init(void);

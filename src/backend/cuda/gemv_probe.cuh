@@ -1,4 +1,5 @@
-/* gemv_probe.cuh - where a staged GEMV launch (gemv_staged.cu) spends its
+/* gemv_probe.cuh - where a staged GEMV launch (gemv_staged.cu's, and the
+ * quantized k_gemv_qstaged of gemv_quant.cu) spends its
  * time in a decode step, for a measurement build only (-DCUK_GEMV_PROBE in
  * both the CUDA and the C flags): per launch, the earliest and latest
  * %globaltimer of each stage over the block's warps, and each warp's
@@ -13,6 +14,18 @@
 #include "backend/cuda/probe_common.cuh"
 #include <array>
 #include <math.h>
+
+/* One set of records a kernel file: gemv_staged.cu's by default,
+ * gemv_quant.cu's (k_gemv_qstaged) under its own names (it defines these
+ * before including this). */
+#ifndef GP_NS
+#define GP_NS gp_bf16
+#define GP_WHAT "gemv probe"
+#define GP_INIT cuk_gemv_probe_init
+#define GP_REPORT cuk_gemv_probe_report
+#endif
+
+namespace GP_NS {
 
 #define GP_L 16384
 #define GP_S 5
@@ -74,7 +87,7 @@ static __device__ __forceinline__ void gp_end(const gp_warp &w)
     }
 }
 
-extern "C" void cuk_gemv_probe_init(void)
+static void init(void)
 {
     probe_fill(gp_min, 0xff);
     probe_fill(gp_max, 0);
@@ -84,9 +97,9 @@ extern "C" void cuk_gemv_probe_init(void)
     probe_fill(gp_bsm, 0xff);
 }
 
-extern "C" void cuk_gemv_probe_report(int skip)
+static void report(int skip)
 {
-    unsigned seq = probe_launches(gp_seq, GP_L, "gemv probe");
+    unsigned seq = probe_launches(gp_seq, GP_L, GP_WHAT);
     if (!seq)
         return;
     std::vector<unsigned long long> mn = probe_read<unsigned long long>(gp_min),
@@ -109,8 +122,8 @@ extern "C" void cuk_gemv_probe_report(int skip)
         if (!seen)
             keys.push_back(k);
     }
-    fprintf(stderr, "gemv probe: %u launches; us from the first warp's release (earliest, "
-                    "latest), a warp's longest time since its release\n", seq);
+    fprintf(stderr, "%s: %u launches; us from the first warp's release (earliest, "
+                    "latest), a warp's longest time since its release\n", GP_WHAT, seq);
     for (auto &k : keys) {
         double a[GP_S][3] = {};
         int cnt = 0;
@@ -196,5 +209,17 @@ extern "C" void cuk_gemv_probe_report(int skip)
             fprintf(stderr, "    %-11s %8.2f %8.2f  warp %8.2f\n", nm[st], a[st][0] / cnt,
                     a[st][1] / cnt, a[st][2] / cnt);
     }
+}
+} /* namespace GP_NS */
+using namespace GP_NS;
+
+extern "C" void GP_INIT(void)
+{
+    GP_NS::init();
+}
+
+extern "C" void GP_REPORT(int skip)
+{
+    GP_NS::report(skip);
 }
 #endif

@@ -20,6 +20,13 @@
 #include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_dq.cuh"
+#ifdef CUK_GEMV_PROBE /* k_gemv_qstaged's records, apart from gemv_staged.cu's */
+#define GP_NS gp_quant
+#define GP_WHAT "quantized gemv probe"
+#define GP_INIT cuk_gq_probe_init
+#define GP_REPORT cuk_gq_probe_report
+#include "backend/cuda/gemv_probe.cuh"
+#endif
 
 #include <string.h>
 
@@ -441,6 +448,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     uint32_t *qx = (uint32_t *)gqs_smem;
     float *dx = (float *)(qx + NT * (q.tile_cols / 4)), *sinv = dx + NT * (q.tile_cols / 32);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#ifdef CUK_GEMV_PROBE
+    gp_warp gpw;
+    gpw.t0 = cuk_globaltimer();
+#endif
     const int total = p.groups[0] + p.groups[1] + p.groups[2];
     /* the warp's row pairs: ubase, ubase + ustride, ... (nu of them) */
     const int ustride = (int)gridDim.x * GEMV_WARPS, ubase = (int)blockIdx.x * GEMV_WARPS + warp;
@@ -459,6 +470,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
     }
     cuk_pdl_start();
+#ifdef CUK_GEMV_PROBE
+    gp_released(gpw, cols, total, NT);
+#endif
     /* Adding into out: lane k reads now the value output k of the warp's
      * units adds to (unit k / (2 NT), token row k / 2 % NT, row k % 2 of
      * the pair), so that its trip to L2 is not taken after the unit's
@@ -476,6 +490,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gqs_smem);
     /* ends in a barrier, after which every lane sees the slots' barriers */
     gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, 0, q.tile_cols);
+#ifdef CUK_GEMV_PROBE
+    gp_stage(gpw, 2);
+    bool gp_first = true;
+#endif
     const bool pair = p.out == CUK_OUT_SWIGLU;
     int s = 0;
     unsigned parity = 0;
@@ -483,6 +501,11 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         float acc[2][NT] = {};
         for (int ch = 0; ch < q.nch; ch++, i++) {
             cuk_mbar_wait(bar + s, parity);
+#ifdef CUK_GEMV_PROBE
+            if (gp_first)
+                gp_stage(gpw, 3);
+            gp_first = false;
+#endif
             const uint8_t *ra = slot0 + (size_t)s * q.slot_bytes;
             const uint16_t *sa = (const uint16_t *)(ra + 2 * half);
             const int st0 = ch * q.chunk_steps;
@@ -530,6 +553,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             }
         }
     }
+#ifdef CUK_GEMV_PROBE
+    gp_end(gpw);
+#endif
 #else
     (void)p;
     (void)in;
