@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/qmma_rule.h"
 #include "base/argmax.h"
 #include "base/clock.h"
 #include "base/half.h"
@@ -125,14 +126,6 @@ static struct backend *gpu_loaded(bool precise, const struct model *md)
         return NULL;
     }
     return be;
-}
-
-/* The fewest tokens the K-quants' tensor-core GEMV takes by default for
- * matrices of cols columns (cuda_internal.h: QMMA_FROM_N, and
- * QMMA_NARROW_FROM_N up to QMMA_NARROW_COLS). */
-static int qmma_from_default(int cols)
-{
-    return cols <= 3072 ? 2 : 3;
 }
 
 /* Whether the environment sets lever name to 0 (off). */
@@ -853,13 +846,14 @@ static void check_matmul_qmma(void)
         unsetenv("CLLM_CUDA_QMMA_CLUSTER");
         for (int k = k0; be && one && k < k0 + nk; k++) {
             const int r = (int)m[k].t.rows, c = (int)m[k].t.cols;
-            for (int n = 4; c >= 4096 && n <= 5; n++) {
+            const int n5 = QMMA_CLUSTER_FROM_N;
+            for (int n = n5 - 1; c >= QMMA_CLUSTER_COLS && n <= n5; n++) {
                 float *got[2];
                 matmul_both(be, one, &m[k], n, got);
                 const bool same = memcmp(got[0], got[1], sizeof(float) * (size_t)n * r) == 0;
-                CHECK(same == (n < 5), "%s [%d x %d], %d tokens: %s bits with "
+                CHECK(same == (n < n5), "%s [%d x %d], %d tokens: %s bits with "
                       "CLLM_CUDA_QMMA_CLUSTER=1 (clusters %s)", dtype_name(dts[k]), r, c, n,
-                      same ? "the same" : "other", n < 5 ? "ran" : "did not run");
+                      same ? "the same" : "other", n < n5 ? "ran" : "did not run");
                 free(got[0]);
                 free(got[1]);
             }
@@ -1935,7 +1929,7 @@ static void check_matmul_fused_cols(int cols)
                      * SwiGLU's output multiplies two such sums (up to
                      * 6.6e-3); a wrong 1 / rms is off by tenths */
                     bool qmma = (dt == DT_Q4_K || dt == DT_Q5_K || dt == DT_Q6_K) &&
-                                n >= qmma_from_default(cols) &&
+                                n >= qmma_from_n(cols) &&
                                 n <= 16 && !env_is0("CLLM_CUDA_QMMA");
                     bool qnorm = qmma && cs->kind == MATMUL_IN_RMSNORM;
                     double tol = qnorm && cs->out == MATMUL_OUT_SWIGLU ? 1e-2
@@ -2058,7 +2052,7 @@ static void fused_mixed_case(struct backend *be, const struct test_mat *m,
                   *want = dev_fetch(be, plain[i], no);
             /* check_matmul_fused_cols' tolerance for the norm made in the
              * tensor-core GEMV (2 or 3 to 16 tokens) */
-            const bool qmma = n >= qmma_from_default(cols) && n <= 16;
+            const bool qmma = n >= qmma_from_n(cols) && n <= 16;
             const double re = test_rel_err(got, want, no), tol = qmma ? 5e-3 : 1e-4;
             CHECK(n > 16 || !memcmp(got, one, sizeof(float) * no),
                   "matmul_fused, q/k Q4_K and v Q6_K, %d columns, %d tokens: output %d not the "

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/qmma_rule.h"
 #include "model/model.h"
 
 #ifndef CLLM_CUDA_ARCH_MIN
@@ -51,26 +52,6 @@
  * Q4_K 2,207 / 2,454 -> 2,601 / 3,413 tok/s, an 8-layer 8B Q4_K 2,520 /
  * 2,739 -> 2,310 / 2,742 (docs/benchmarks.md, session 57): 4. */
 #define WIDE_SMALL_FROM_N 4
-/* Fewest tokens of a step whose K-quant matrices (Q4_K, Q5_K, Q6_K) go
- * to the tensor-core GEMV on their blocks (gemv_mma_quant.cu;
- * CLLM_CUDA_QMMA_FROM, CLLM_CUDA_QMMA=0 turns it off) up to
- * CUK_MMA_MAX_N, rather than the staged quantized GEMV (up to 8) or the
- * widened GEMM, copies or not. H100, 2 / 3 / 4 streams, from 5 against
- * from 2 (x401, session 61's kernel), without copies: an 8-layer 8B Q4_K_M
- * 1,819 / 2,223 / 2,373 against 1,665-1,684 / 2,403-2,437 / 3,204-3,223
- * tok/s, Qwen3-0.6B Q4_K_M 1,542 / 1,785 / 1,956 against 1,679 / 2,311-
- * 2,330 / 3,203-3,252; with the bf16 copies the 8B 1,815 / 2,231 / 2,493
- * against 1,676 / 2,438 / 3,218, the 0.6B 1,542 / 1,782 / 2,903 against
- * 1,675 / 2,315 / 3,448. So 3 for both; the 0.6B gives up ~9 % at 2
- * streams (docs/benchmarks.md, session 61). */
-#define QMMA_FROM_N 3
-/* ... and from 2 tokens for matrices of at most this many columns: H100,
- * 2 streams, tensor-core GEMV against the staged one, Qwen3-0.6B Q4_K_M
- * (every matrix 1,024-3,072 columns) 1,516 -> 1,665 tok/s (+10 %; x405,
- * session 62, as in session 61's x401), the 8-layer 8B (4,096 columns and
- * more) 1,824 -> 1,657 (-9 %). */
-#define QMMA_NARROW_COLS 3072
-#define QMMA_NARROW_FROM_N 2
 /* Most tokens the staged quantized GEMV takes (CLLM_CUDA_GQ_STAGED_MAX_N;
  * past them, or where it declines the shape, k_gemv_qdot). H100, no
  * copies, 3 / 4 / 6 / 8 streams against 2 (k_gemv_qdot from 3): 8B Q4_K

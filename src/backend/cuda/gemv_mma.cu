@@ -1,6 +1,7 @@
 /* gemv_mma.cu - the batched decode step's tensor-core GEMV
  * (gemv_mma.cuh): the launch shape, and the bf16 / f16 instances. */
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/qmma_rule.h"
 
 extern "C" size_t cuk_gemv_mma_smem(int n, int cols)
 {
@@ -15,19 +16,9 @@ extern "C" size_t cuk_gemv_qmma_smem(int dt, int n, int cols)
            QMMA_SUMS(dt, n, cols);
 }
 
-/* Where clusters of 2 pay: an 8B's 4,096-column matrices from 5 tokens
- * (H200, 8-layer 8B Q4_K_M, against none: -0.4 / -0.3 % at 3 / 4 streams,
- * +2.6 / +4.8 / +3.5 % at 5 / 8 / 16; q/k/v 25 -> 23 us a layer at 16,
- * o 14 -> 12.6); a 0.6B's 1,024-3,072 columns lost 4-12 % at 3-16
- * (docs/benchmarks.md, session 62). */
-#define QMMA_CLUSTER_COLS 4096
-#define QMMA_CLUSTER_FROM_N 5
-
 extern "C" int cuk_qmma_cluster(const struct cuk_mma_cfg *cfg, int dt, int cols, int n)
 {
-    const int cl = cfg->qmma_cluster > 0                                  ? cfg->qmma_cluster
-                   : cols >= QMMA_CLUSTER_COLS && n >= QMMA_CLUSTER_FROM_N ? 2
-                                                                           : 1;
+    const int cl = cfg->qmma_cluster > 0 ? cfg->qmma_cluster : qmma_cluster_default(cols, n);
     return qmma_block_bytes(dt) > 0 && cl > 1 && cols % 256 == 0 && (cols / 256) % cl == 0 ? cl
                                                                                        : 1;
 }
