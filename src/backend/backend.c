@@ -72,12 +72,16 @@ static int try_module(const char *path)
     return 1;
 }
 
-/* Looks next to the executable, then at $CLLM_CUDA_MODULE, then at the
- * path the build wrote it to. */
+/* Looks at $CLLM_CUDA_MODULE, then next to the executable, then at the
+ * path the build wrote it to: a module named on purpose wins over the one
+ * that came with the binary (a measurement build beside the release). */
 static void load_module(void)
 {
     char cand[3][4096] = {{0}};
     int n = 0;
+    const char *env = getenv("CLLM_CUDA_MODULE");
+    if (env && *env)
+        snprintf(cand[n++], sizeof cand[0], "%s", env);
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
@@ -88,9 +92,6 @@ static void load_module(void)
             snprintf(cand[n++], sizeof cand[0], "%s/%s", exe, CLLM_CUDA_MODULE_NAME);
         }
     }
-    const char *env = getenv("CLLM_CUDA_MODULE");
-    if (env && *env)
-        snprintf(cand[n++], sizeof cand[0], "%s", env);
 #ifdef CLLM_CUDA_MODULE_PATH
     snprintf(cand[n++], sizeof cand[0], "%s", CLLM_CUDA_MODULE_PATH);
 #endif
