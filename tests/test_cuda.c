@@ -354,6 +354,17 @@ static void mats_model(struct model *md, struct layer_weights *lw, const struct 
         *slots[i] = m[i].t;
 }
 
+/* mats_model with an attention norm of norm's columns, the model's width
+ * (for the fused ops, which norm x before the matrices). */
+static void mats_model_normed(struct model *md, struct layer_weights *lw, const struct test_mat *m,
+                              int k, const struct test_mat *norm)
+{
+    mats_model(md, lw, m, k);
+    lw->attn_norm = norm->t;
+    md->cfg.dim = (int)norm->t.cols;
+    md->cfg.hidden_dim = (int)norm->t.cols;
+}
+
 /* The widening path in several chunks (CLLM_CUDA_WIDEN_MB=1): 100 rows
  * of x (past the quantized GEMVs' 8) times 1,100 x 1,024 matrices, whose
  * bf16 copy is three chunks (the last partial) and f32 copy five, in the
@@ -556,10 +567,7 @@ static void check_gq_res_early(void)
     mat_make(&normw, DT_F32, 1, COLS);
     struct model md;
     struct layer_weights lw;
-    mats_model(&md, &lw, m, K);
-    lw.attn_norm = normw.t;
-    md.cfg.dim = COLS;
-    md.cfg.hidden_dim = COLS;
+    mats_model_normed(&md, &lw, m, K, &normw);
     setenv("CLLM_CUDA_QMMA", "0", 1); /* the staged GEMV at 3-8 tokens too */
     setenv("CLLM_CUDA_GQ_BLOCKS", "2", 1);
     setenv("CLLM_CUDA_GQ_STAGED_STRICT", "1", 1);
@@ -2092,10 +2100,7 @@ static void check_matmul_fused_mixed(void)
         }
         struct model md;
         struct layer_weights lw;
-        mats_model(&md, &lw, m, MIXED_K);
-        lw.attn_norm = normw.t;
-        md.cfg.dim = cols;
-        md.cfg.hidden_dim = cols;
+        mats_model_normed(&md, &lw, m, MIXED_K, &normw);
         struct backend *be = gpu_loaded(false, &md);
         if (be)
             fused_mixed_case(be, m, &normw, cols);
