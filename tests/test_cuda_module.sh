@@ -3,8 +3,9 @@
 # loader in backend.c, on any machine: cllm itself links no CUDA library; a
 # CPU run (and --device auto without an NVIDIA driver) never loads the
 # module; --device cuda finds the module next to the binary, through
-# $CLLM_CUDA_MODULE (first) or at its build-time path and, without a GPU, fails
-# with "no CUDA device found"; a numeric CUDA lever it cannot take is
+# $CLLM_CUDA_MODULE (which wins, and must exist) or at its build-time path
+# and, without a GPU, fails with "no CUDA device found"; a numeric CUDA
+# lever it cannot take is
 # refused by name, GPU or not; a module that cannot be loaded is named with
 # the loader's reason. Builds without CUDA: --device cuda says so.
 # Usage: test_cuda_module.sh <cllm binary> <shared dir> <fixtures dir>
@@ -65,9 +66,12 @@ if [ "$gpu" = 0 ]; then
     CLLM_CUDA_MODULE="$tmp/bad.so" "$tmp/bin/cllm" run "$MODEL" -p Zoo -n 2 --device cuda >/dev/null 2>"$tmp/err"; rc=$?
     check '[ $rc -ne 0 ] && grep -q "CUDA backend module $tmp/bad.so cannot be loaded" "$tmp/err"' "bad module: $(cat "$tmp/err")"
     # 6. $CLLM_CUDA_MODULE wins over the module next to the binary: the
-    #    one named on purpose is the one loaded (here, and named as unusable).
+    #    one named on purpose is the one loaded (here, and named as
+    #    unusable), and one that is missing is an error, not the other.
     CLLM_CUDA_MODULE="$tmp/bad.so" "$CLLM" run "$MODEL" -p Zoo -n 2 --device cuda >/dev/null 2>"$tmp/err"; rc=$?
     check '[ $rc -ne 0 ] && grep -q "CUDA backend module $tmp/bad.so cannot be loaded" "$tmp/err"' "CLLM_CUDA_MODULE beside a module: $(cat "$tmp/err")"
+    CLLM_CUDA_MODULE="$tmp/missing.so" "$CLLM" run "$MODEL" -p Zoo -n 2 --device cuda >/dev/null 2>"$tmp/err"; rc=$?
+    check '[ $rc -ne 0 ] && grep -q "CUDA backend module $tmp/missing.so (CLLM_CUDA_MODULE) not found" "$tmp/err"' "CLLM_CUDA_MODULE missing: $(cat "$tmp/err")"
 fi
 
 check_summary test_cuda_module

@@ -72,16 +72,22 @@ static int try_module(const char *path)
     return 1;
 }
 
-/* Looks at $CLLM_CUDA_MODULE, then next to the executable, then at the
- * path the build wrote it to: a module named on purpose wins over the one
- * that came with the binary (a measurement build beside the release). */
+/* Loads $CLLM_CUDA_MODULE where it is set, and only that: a module named
+ * on purpose (a measurement build beside the release) wins over the one
+ * that came with the binary, and a missing one is an error, not a quiet
+ * fallback to another. Else looks next to the executable, then at the
+ * path the build wrote it to. */
 static void load_module(void)
 {
-    char cand[3][4096] = {{0}};
-    int n = 0;
     const char *env = getenv("CLLM_CUDA_MODULE");
-    if (env && *env)
-        snprintf(cand[n++], sizeof cand[0], "%s", env);
+    if (env && *env) {
+        if (try_module(env) == 0)
+            err_set(&mod_err, "CUDA backend module %s (CLLM_CUDA_MODULE) not found; unset "
+                              "CLLM_CUDA_MODULE to use the one next to cllm", env);
+        return;
+    }
+    char cand[2][4096] = {{0}};
+    int n = 0;
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
@@ -95,7 +101,7 @@ static void load_module(void)
 #ifdef CLLM_CUDA_MODULE_PATH
     snprintf(cand[n++], sizeof cand[0], "%s", CLLM_CUDA_MODULE_PATH);
 #endif
-    char looked[3 * 4096 + 16] = "";
+    char looked[2 * 4096 + 16] = "";
     for (int i = 0; i < n; i++) {
         bool seen = false;
         for (int j = 0; j < i; j++)
