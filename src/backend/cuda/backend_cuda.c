@@ -605,8 +605,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->wide_from = lv.wide_from ? (int)lv.wide_from : WIDE_FROM_N;
     c->wide_small_from = lv.wide_small_from ? (int)lv.wide_small_from : WIDE_SMALL_FROM_N;
     c->qmma = env_flag("CLLM_CUDA_QMMA", true);
-    c->qmma_from = lv.qmma_from ? (int)lv.qmma_from : QMMA_FROM_N;
-    c->qmma_narrow_from = lv.qmma_from ? (int)lv.qmma_from : QMMA_NARROW_FROM_N;
+    c->qmma_from = (int)lv.qmma_from;
     c->qmma_window = (int)lv.qmma_window;
     c->half_type = c->quant_type = -1;
     c->att_rpw = (int)lv.att_rpw; /* measurement: the tiled attention's rows per warp */

@@ -260,9 +260,8 @@ struct cuda_backend {
     int wide_from;      /* fewest tokens that multiply the copies (CLLM_CUDA_WIDE_FROM) */
     int wide_small_from; /* the same where the tensor-core GEMV takes them (CLLM_CUDA_WIDE_FROM_SMALL) */
     bool qmma;          /* quantized matrices on the tensor-core GEMV (CLLM_CUDA_QMMA) */
-    int qmma_from;      /* from that many tokens (QMMA_FROM_N, CLLM_CUDA_QMMA_FROM) */
-    int qmma_narrow_from; /* ... for QMMA_NARROW_COLS columns or fewer
-                           * (QMMA_NARROW_FROM_N, or CLLM_CUDA_QMMA_FROM's) */
+    int qmma_from;      /* from that many tokens (CLLM_CUDA_QMMA_FROM; 0: qmma_rule.h's
+                         * rule by columns, cu_qmma_from) */
     int qmma_window;    /* most columns a window of its where x is too wide to
                          * stage whole (-1: as many as fit); set
                          * (CLLM_CUDA_QMMA_WINDOW, for measurement and tests),
@@ -375,6 +374,14 @@ struct cuda_backend {
     long t_steps[3], t_gaps[3];
     double t_gpu[3], t_copy[3], t_wall[3], t_enq[3], t_gap[3]; /* sums, ms */
 };
+
+/* The fewest tokens of a step the tensor-core GEMV takes for K-quant
+ * matrices of cols columns: CLLM_CUDA_QMMA_FROM where set, else the rule
+ * of qmma_rule.h (the one test_cuda reads). */
+static inline int cu_qmma_from(const struct cuda_backend *c, int cols)
+{
+    return c->qmma_from > 0 ? c->qmma_from : qmma_from_n(cols);
+}
 
 /* A batch step's attention plan (bat_plan): what its launches need. */
 struct bat_plan {

@@ -355,8 +355,8 @@ static bool mma_takes(const struct cuda_backend *c, size_t cols, size_t bytes, i
  * takes, where its matrices are (qmma_takes) and have cols columns. */
 static bool qmma_tokens(const struct cuda_backend *c, int n, size_t cols)
 {
-    const int from = cols <= QMMA_NARROW_COLS ? c->qmma_narrow_from : c->qmma_from;
-    return c->qmma && c->gemv_mma && !c->precise && n >= from && n <= CUK_MMA_MAX_N;
+    return c->qmma && c->gemv_mma && !c->precise && n >= cu_qmma_from(c, (int)cols) &&
+           n <= CUK_MMA_MAX_N;
 }
 
 /* Whether dt is one the tensor-core GEMV on K-quant blocks takes (Q4_K,
@@ -385,7 +385,7 @@ static int same_run(const struct cuk_weight *const *ws, int k)
 /* Whether n rows of x times the k matrices ws (cols columns) go to the
  * tensor-core GEMV on Q4_K, Q5_K or Q6_K blocks (gemv_mma_quant.cu; all
  * k of one dtype) rather than the staged quantized GEMV or the widened
- * GEMM: qmma_from (qmma_narrow_from for narrow matrices: qmma_tokens) to
+ * GEMM: cu_qmma_from's tokens (fewer for narrow matrices: qmma_tokens) to
  * CUK_MMA_MAX_N rows, not in precise mode; x staged in
  * windows of columns or runs of tokens where all of x does not fit a
  * block's shared memory (gemv_fused). Where bf16 copies exist,

@@ -273,13 +273,13 @@ static cudaError_t wide_make(struct cuda_backend *c, const struct tensor **ts, i
 
 static void wide_report(const struct cuda_backend *c, const char *when)
 {
-    /* (the K-quants' steps of qmma_from-16 tokens stay on their blocks:
-     * mm_weights) */
+    /* (the K-quants' steps of cu_qmma_from-16 tokens stay on their
+     * blocks: mm_weights) */
     char kq[128] = "";
     if (c->qmma && c->gemv_mma)
         snprintf(kq, sizeof kq, ", but Q4_K/Q5_K/Q6_K steps of %d-%d (%d-%d up to %d columns) on "
-                 "their blocks", c->qmma_from, CUK_MMA_MAX_N, c->qmma_narrow_from, CUK_MMA_MAX_N,
-                 QMMA_NARROW_COLS);
+                 "their blocks", cu_qmma_from(c, QMMA_NARROW_COLS + 1), CUK_MMA_MAX_N,
+                 cu_qmma_from(c, QMMA_NARROW_COLS), CUK_MMA_MAX_N, QMMA_NARROW_COLS);
     fprintf(stderr, "%s: bf16 copies of the quantized matrices for prompts and steps of %d+ "
                     "tokens%s: %.1f MiB (%s; CLLM_CUDA_WIDE_COPY=0 goes without)\n",
             c->name, c->wide_from, kq, c->wide_bytes / 1048576.0, when);

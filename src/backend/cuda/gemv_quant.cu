@@ -46,6 +46,14 @@ struct gqp {
     int out;       /* CUK_OUT_* */
 };
 
+/* Matrix m's entry of one of gqp's per-matrix arrays, by selects rather
+ * than an index (an indexed kernel parameter goes through local memory). */
+template <typename T>
+static __device__ __forceinline__ T gq_of(const T (&a)[3], int m)
+{
+    return m == 0 ? a[0] : m == 1 ? a[1] : a[2];
+}
+
 /* Steps of k_gemv_qdot's loop unrolled (their loads issued together):
  * 4 against 2, H100, 8B Q4_K decode 217.9 -> 230.1-232.0 tok/s with
  * 16-value units (session 50); with 32-value units 8B Q8_0 211.2 ->
@@ -78,7 +86,7 @@ static __device__ __forceinline__ gq_warp gq_warp_at(const gqp &p, int slices, i
     w.m = gemv_matrix_of(g, p.groups);
     if (!w.active)
         w.m = g = 0;
-    w.rows = w.m == 0 ? p.rows[0] : w.m == 1 ? p.rows[1] : p.rows[2];
+    w.rows = gq_of(p.rows, w.m);
     const int m0 = w.m;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -86,8 +94,8 @@ static __device__ __forceinline__ gq_warp gq_warp_at(const gqp &p, int slices, i
         /* a row past the end (an odd last group) re-reads the last row; not written */
         const size_t row = (size_t)min(w.rr[r], w.rows - 1);
         const int mr = w.pair && r ? 1 : m0;
-        w.wr[r] = (mr == 0 ? p.w[0] : mr == 1 ? p.w[1] : p.w[2]) + row * p.row_bytes;
-        const uint16_t *sc = mr == 0 ? p.sc[0] : mr == 1 ? p.sc[1] : p.sc[2];
+        w.wr[r] = gq_of(p.w, mr) + row * p.row_bytes;
+        const uint16_t *sc = gq_of(p.sc, mr);
         w.sr[r] = sc ? sc + row * (p.row_bytes / 32) : nullptr;
     }
     return w;
@@ -131,7 +139,7 @@ static __device__ __forceinline__ void gq_finish(const gqp &p, const gq_warp &w,
         for (int k = 1; k < slices; k++)
             a[r] += red[w.warp + k][r][j];
     }
-    float *out = w.m == 0 ? p.outp[0] : w.m == 1 ? p.outp[1] : p.outp[2];
+    float *out = gq_of(p.outp, w.m);
     if (w.pair) {
         if (w.rr[0] < w.rows)
             out[(size_t)j * w.rows + w.rr[0]] = cuk_silu_mul1(a[0], a[1]);
@@ -398,9 +406,9 @@ static __device__ __forceinline__ void gqs_issue(const struct gqp &p, const stru
 {
     const bool pair = p.out == CUK_OUT_SWIGLU;
     const int m = gemv_matrix_of(g, p.groups);
-    const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
+    const int rows = gq_of(p.rows, m);
     const int r0 = pair ? g : 2 * g, r1 = pair ? g : min(2 * g + 1, rows - 1);
-    const uint8_t *w0 = m == 0 ? p.w[0] : m == 1 ? p.w[1] : p.w[2], *w1 = pair ? p.w[1] : w0;
+    const uint8_t *w0 = gq_of(p.w, m), *w1 = pair ? p.w[1] : w0;
     const gd_chunk c = gd_chunk_of(DT, p.row_bytes, cols, q.chunk_steps, ch);
     const size_t half = q.half;
     const uint64_t pol = cuk_l2_evict_first();
@@ -409,7 +417,7 @@ static __device__ __forceinline__ void gqs_issue(const struct gqp &p, const stru
     cuk_bulk_copy(dst + half, w1 + (size_t)r1 * p.row_bytes + c.off, c.bytes, bar, pol);
     if (DT == DT_Q8_0) {
         const size_t srow = p.row_bytes / 16; /* bytes of a row's scales */
-        const uint8_t *s0 = (const uint8_t *)(m == 0 ? p.sc[0] : m == 1 ? p.sc[1] : p.sc[2]),
+        const uint8_t *s0 = (const uint8_t *)gq_of(p.sc, m),
                       *s1 = pair ? (const uint8_t *)p.sc[1] : s0;
         cuk_bulk_copy(dst + 2 * half, s0 + r0 * srow + c.soff, c.sbytes, bar, pol);
         cuk_bulk_copy(dst + 2 * half + half / 16, s1 + r1 * srow + c.soff, c.sbytes, bar, pol);
@@ -481,8 +489,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     if (p.out == CUK_OUT_ADD && !q.res_late && lane < nu * 2 * NT) {
         int g = ubase + lane / (2 * NT) * ustride;
         const int m = gemv_matrix_of(g, p.groups), r = 2 * g + lane % 2;
-        const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-        const float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+        const int rows = gq_of(p.rows, m);
+        const float *out = gq_of(p.outp, m);
         if (r < rows)
             res = __ldcg(out + (size_t)(lane / 2 % NT) * rows + r);
     }
@@ -526,8 +534,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         }
         int g = ubase + j * ustride;
         const int m = gemv_matrix_of(g, p.groups);
-        const int rows = m == 0 ? p.rows[0] : m == 1 ? p.rows[1] : p.rows[2];
-        float *out = m == 0 ? p.outp[0] : m == 1 ? p.outp[1] : p.outp[2];
+        const int rows = gq_of(p.rows, m);
+        float *out = gq_of(p.outp, m);
         /* (every lane has the sums, to the bit: a butterfly's pairs add
          * the same two values) */
         const bool early = p.out == CUK_OUT_ADD && !q.res_late && (j + 1) * 2 * NT <= 32;
