@@ -649,6 +649,115 @@ static void check_gq_res_early(void)
     mat_free(&normw);
 }
 
+/* One token's norm and staging in one pass (gd_norm_stage, rows of
+ * 513-4,096 columns) against two (CLLM_CUDA_GQ_NORM_STAGE=0): the fused
+ * ops with a norm, one matrix, q/k/v-like three and a SwiGLU pair, over
+ * Q4_K, Q8_0 and Q6_K rows of 768 (a tile with columns past x), 1,024,
+ * 2,048 and 4,096 columns, and 5,120 (past the one pass: two either way),
+ * must give the same bits, and be within 1e-5 of the plain ops (the norm,
+ * then each matmul). The staged kernel runs (strict). */
+static void check_gq_norm_stage(void)
+{
+    static const struct {
+        enum dtype dt;
+        int cols;
+    } shapes[] = {{DT_Q4_K, 768}, {DT_Q4_K, 1024}, {DT_Q4_K, 4096}, {DT_Q8_0, 1024},
+                  {DT_Q6_K, 2048}, {DT_Q4_K, 5120}};
+    enum { NS = sizeof shapes / sizeof shapes[0], K = 3 };
+    static const int rows[K] = {300, 300, 64}; /* the first two a SwiGLU pair too */
+    int same = 0, total = 0;
+    for (int si = 0; si < NS; si++) {
+        const int cols = shapes[si].cols;
+        struct test_mat m[K], normw;
+        for (int i = 0; i < K; i++)
+            mat_make(&m[i], shapes[si].dt, rows[i], cols);
+        mat_make(&normw, DT_F32, 1, cols);
+        for (int i = 0; i < cols; i++) { /* around 1, as trained norms are */
+            normw.wide[i] += 1.0f;
+            ((float *)normw.mem)[i] = normw.wide[i];
+        }
+        struct model md;
+        struct layer_weights lw;
+        mats_model_normed(&md, &lw, m, K, &normw);
+        setenv("CLLM_CUDA_GQ_STAGED_STRICT", "1", 1);
+        struct backend *be = gpu_loaded(false, &md);
+        setenv("CLLM_CUDA_GQ_NORM_STAGE", "0", 1);
+        struct backend *apart = gpu_loaded(false, &md);
+        unsetenv("CLLM_CUDA_GQ_NORM_STAGE");
+        unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
+        struct err e = {{0}};
+        struct backend *bs[2] = {be, apart};
+        float *hx = malloc(sizeof(float) * cols);
+        for (int i = 0; i < cols; i++)
+            hx[i] = frand() * 3.0f;
+        /* one matrix, three (as q, k, v), the SwiGLU pair */
+        static const int ks[3] = {1, 3, 2};
+        for (int c = 0; be && apart && c < 3; c++) {
+            const int k = ks[c], out = c == 2 ? MATMUL_OUT_SWIGLU : MATMUL_OUT_STORE;
+            const int nout = c == 2 ? 1 : k;
+            const struct tensor *ws[K] = {&m[0].t, &m[1].t, &m[2].t};
+            const int *r = rows;
+            float *got[2][K];
+            for (int b = 0; b < 2; b++) {
+                struct backend *x = bs[b];
+                float *dx = dev_alloc_copy(x, hx, (size_t)cols), *outs[K];
+                for (int i = 0; i < k; i++)
+                    outs[i] = dev_alloc_copy(x, NULL, (size_t)r[i]);
+                struct matmul_in mi = {.kind = MATMUL_IN_RMSNORM, .x = dx,
+                                       .norm = normw.t.data, .eps = 1e-6f};
+                CHECK(x->ops->matmul_fused(x, outs, &mi, 1, ws, k, out, &e) == 0,
+                      "matmul_fused (%s, %d x %d, %d matrices): %s", dtype_name(shapes[si].dt),
+                      r[0], cols, k, e.msg);
+                for (int i = 0; i < nout; i++)
+                    got[b][i] = dev_fetch(x, outs[i], (size_t)r[i]);
+                for (int i = 0; i < k; i++)
+                    x->ops->free(x, outs[i]);
+                x->ops->free(x, dx);
+            }
+            /* the plain ops: the norm, then each matmul (and the SwiGLU) */
+            float *dx = dev_alloc_copy(be, hx, (size_t)cols), *dn = dev_alloc_copy(be, NULL, cols);
+            be->ops->rmsnorm(be, dn, dx, normw.t.data, 1, cols, 1e-6f);
+            float *t[K] = {NULL, NULL, NULL};
+            for (int i = 0; i < k; i++) {
+                t[i] = dev_alloc_copy(be, NULL, (size_t)r[i]);
+                CHECK(be->ops->matmul(be, t[i], dn, 1, ws[i], &e) == 0, "matmul: %s", e.msg);
+            }
+            if (c == 2)
+                be->ops->silu_mul(be, t[0], t[1], (size_t)r[0]);
+            for (int i = 0; i < nout; i++) {
+                float *want = dev_fetch(be, t[i], (size_t)r[i]);
+                const bool bits = !memcmp(got[0][i], got[1][i], sizeof(float) * r[i]);
+                const double re = test_rel_err(got[0][i], want, (size_t)r[i]);
+                CHECK(bits, "%s [%d x %d], %d matrices%s, output %d: other bits than "
+                      "CLLM_CUDA_GQ_NORM_STAGE=0", dtype_name(shapes[si].dt), r[i], cols, k,
+                      c == 2 ? " (SwiGLU)" : "", i);
+                CHECK(re <= 1e-5, "%s [%d x %d], %d matrices%s, output %d: rel err %.3g vs the "
+                      "plain ops", dtype_name(shapes[si].dt), r[i], cols, k,
+                      c == 2 ? " (SwiGLU)" : "", i, re);
+                same += bits;
+                total++;
+                free(want);
+                free(got[0][i]);
+                free(got[1][i]);
+            }
+            for (int i = 0; i < k; i++)
+                be->ops->free(be, t[i]);
+            be->ops->free(be, dn);
+            be->ops->free(be, dx);
+        }
+        if (be)
+            CHECK(be->ops->finish(be, &e) == 0, "one-pass norm staging: %s", e.msg);
+        free(hx);
+        backend_destroy(be);
+        backend_destroy(apart);
+        for (int i = 0; i < K; i++)
+            mat_free(&m[i]);
+        mat_free(&normw);
+    }
+    printf("staged quantized GEMV, one token's norm in one pass: %d of %d outputs the bits of "
+           "CLLM_CUDA_GQ_NORM_STAGE=0\n", same, total);
+}
+
 /* The staged quantized GEMV (CLLM_CUDA_GQ_STAGED=2; strict, so a shape
  * it declines is an error rather than k_gemv_qdot's): 1 to 8 rows of x
  * against the double product, as check_matmul_low_bit's, for shapes with
@@ -3826,6 +3935,7 @@ int main(void)
     check_matmul_quant_rounds();
     check_matmul_qstaged();
     check_gq_res_early();
+    check_gq_norm_stage();
     check_matmul_qmma();
     check_norm_rope(cpu);
     check_attention(cpu);

@@ -661,6 +661,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->gq.staged_max_n = lv.gq_staged_max_n ? (int)lv.gq_staged_max_n : GQ_STAGED_MAX_N;
         c->gq.staged_strict = env_flag("CLLM_CUDA_GQ_STAGED_STRICT", false);
         c->gq.staged_res_late = !env_flag("CLLM_CUDA_GQ_RES_EARLY", true); /* measurement */
+        c->gq.staged_norm_apart = !env_flag("CLLM_CUDA_GQ_NORM_STAGE", true); /* measurement */
     }
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;

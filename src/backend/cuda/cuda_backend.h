@@ -408,8 +408,11 @@ struct cuk_gq_cfg {
      * after cuk_gemv_quant_init. staged_strict (tests): a shape the staged
      * kernel declines is cudaErrorNotPermitted, not k_gemv_qdot's.
      * staged_res_late (measurement): a residual add reads the output's old
-     * values after the sums, not before the products. */
-    int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late;
+     * values after the sums, not before the products. staged_norm_apart
+     * (measurement): one token's norm takes its own pass over x before
+     * the staging, not one pass for both. */
+    int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late,
+        staged_norm_apart;
 };
 /* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
  * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */

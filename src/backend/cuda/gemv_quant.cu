@@ -252,6 +252,71 @@ static __device__ __forceinline__ void gd_stage(uint32_t *qx, float *dx,
     __syncthreads();
 }
 
+/* Most float4 of x a thread holds in gd_norm_stage: rows of up to
+ * 4 * GEMV_THREADS * GQ_NORM_F4 = 4,096 columns (an 8B's, a 0.6B's; a
+ * wider row takes the two passes). */
+#define GQ_NORM_F4 4
+
+/* Whether gd_norm_stage takes one row of cols columns. */
+static __host__ __device__ constexpr bool gd_norm_one(int cols)
+{
+    return cols > 512 && cols <= 4 * GEMV_THREADS * GQ_NORM_F4;
+}
+
+/* gemv_rms_inv + gd_stage<CUK_IN_RMSNORM> for one row (gd_norm_one), the
+ * same bits with one read of x and two barriers fewer, as gemv_staged.cu's
+ * sg_norm_stage: thread t loads float4 t, t + GEMV_THREADS, ... of x and
+ * of the norm's weights together, sums their squares in double in that
+ * order (gemv_rms_inv's), each warp sums the warps' partials itself in
+ * warp 0's order (cuk_block_sum_d's) after one barrier, and the thread
+ * then rounds its own float4s as gd_stage does (the 8 lanes of a 32-block
+ * are consecutive threads, their float4s consecutive). part: GEMV_WARPS
+ * doubles outside qx and dx (a warp may write its codes while another
+ * still reads the partials). Ends in a barrier, as gd_stage does. */
+template <int SHAPE>
+static __device__ __forceinline__ void gd_norm_stage(uint32_t *qx, float *dx,
+                                                     const struct cuk_gemv_in &in, int cols,
+                                                     int tile_cols, double *part)
+{
+    const int nx = cols / 4, nf = tile_cols / 4;
+    float4 xv[GQ_NORM_F4], nwv[GQ_NORM_F4];
+#pragma unroll
+    for (int k = 0; k < GQ_NORM_F4; k++) {
+        const int f = threadIdx.x + k * GEMV_THREADS;
+        if (f < nx) {
+            xv[k] = __ldg((const float4 *)in.x + f);
+            nwv[k] = __ldg((const float4 *)in.nw + f);
+        }
+    }
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < GQ_NORM_F4; k++)
+        if (threadIdx.x + k * GEMV_THREADS < nx)
+            ss += cuk_rms_sq(xv[k]);
+    cuk_warp_part_d(ss, part);
+    __syncthreads();
+    const float inv = cuk_rms_inv(cuk_parts_sum_d(part, GEMV_WARPS), cols, in.eps);
+#pragma unroll
+    for (int k = 0; k < GQ_NORM_F4; k++) {
+        const int f = threadIdx.x + k * GEMV_THREADS;
+        if (f >= nf) /* the same for the whole block: nf is a multiple of GEMV_THREADS */
+            break;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (f < nx)
+            v = gemv_in_op4<CUK_IN_RMSNORM>(xv[k], nwv[k], inv);
+        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+        a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+        a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 4));
+        const float d = a / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        qx[(4 * f / GD_STEP) * (GD_STEP / 4) + gd_perm<SHAPE>(4 * f % GD_STEP)] =
+            gd_quant4(v.x, v.y, v.z, v.w, id);
+        if ((f & 7) == 0)
+            dx[f / 8] = d;
+    }
+    __syncthreads();
+}
+
 /* gd_stage for the input kind in.kind names. */
 template <int SHAPE, int NT>
 static __device__ __forceinline__ void gd_stage_any(uint32_t *qx, float *dx,
@@ -394,6 +459,7 @@ struct gqs {
     int chunk_steps, nch, slots, slot_bytes, tile_cols, bar_off, ring_off;
     int half; /* where a slot's second row starts: a chunk's bytes, 16-aligned */
     int res_late; /* cuk_gq_cfg's staged_res_late */
+    int norm_one; /* one token's norm and staging in one pass (gd_norm_stage) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -494,10 +560,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         if (r < rows)
             res = __ldcg(out + (size_t)(lane / 2 % NT) * rows + r);
     }
-    if (in.kind == CUK_IN_RMSNORM)
-        gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gqs_smem);
-    /* ends in a barrier, after which every lane sees the slots' barriers */
-    gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, 0, q.tile_cols);
+    /* both end in a barrier, after which every lane sees the slots' barriers */
+    if (NT == 1 && q.norm_one && in.kind == CUK_IN_RMSNORM) {
+        gd_norm_stage<F::SHAPE>(qx, dx, in, cols, q.tile_cols, (double *)(sinv + CUK_GEMV_MAX));
+    } else {
+        if (in.kind == CUK_IN_RMSNORM)
+            gemv_rms_inv<NT>(sinv, in.x, cols, in.eps, (double *)gqs_smem);
+        gd_stage_any<F::SHAPE, NT>(qx, dx, in, sinv, cols, 0, q.tile_cols);
+    }
 #ifdef CUK_GEMV_PROBE
     gp_stage(gpw, 2);
     bool gp_first = true;
@@ -594,9 +664,12 @@ static cudaError_t gqs_launch(cudaStream_t s, const struct gqp &p, const struct 
     struct gqs q = {};
     q.tile_cols = nsteps * GD_STEP;
     q.res_late = cfg->staged_res_late;
-    /* x's codes, scales and the norm's 1/rms; then the barriers, the ring */
+    q.norm_one = NT == 1 && in->kind == CUK_IN_RMSNORM && !cfg->staged_norm_apart &&
+                 gd_norm_one(cols);
+    /* x's codes, scales and the norm's 1/rms (and gd_norm_stage's
+     * partials); then the barriers, the ring */
     const size_t xbytes = (size_t)NT * q.tile_cols + (size_t)NT * (q.tile_cols / 32) * 4 +
-                          GEMV_INV_BYTES;
+                          GEMV_INV_BYTES + (q.norm_one ? GEMV_WARPS * sizeof(double) : 0);
     long long blocks =
         cfg->max_blocks > 0 ? cfg->max_blocks : (long long)cfg->n_sms * cfg->staged_bps;
     const long long need = (total + GEMV_WARPS - 1) / GEMV_WARPS;
