@@ -221,6 +221,16 @@ static void mat_free(struct test_mat *m)
     free(m->mem);
 }
 
+/* A norm's weights (f32, one row of cols) around 1, as trained ones are. */
+static void norm_make(struct test_mat *m, int cols)
+{
+    mat_make(m, DT_F32, 1, cols);
+    for (int i = 0; i < cols; i++) {
+        m->wide[i] += 1.0f;
+        ((float *)m->mem)[i] = m->wide[i];
+    }
+}
+
 /* x (cols values, a multiple of 32) as the low-bit GEMV rounds it by
  * default: 8 bits a 32-block at absmax / 127, nearest, ties to even (the
  * CPU's mm_codes_xq_quantize), each value d * q, in xr. */
@@ -671,11 +681,7 @@ static void check_gq_norm_stage(void)
         struct test_mat m[K], normw;
         for (int i = 0; i < K; i++)
             mat_make(&m[i], shapes[si].dt, rows[i], cols);
-        mat_make(&normw, DT_F32, 1, cols);
-        for (int i = 0; i < cols; i++) { /* around 1, as trained norms are */
-            normw.wide[i] += 1.0f;
-            ((float *)normw.mem)[i] = normw.wide[i];
-        }
+        norm_make(&normw, cols);
         struct model md;
         struct layer_weights lw;
         mats_model_normed(&md, &lw, m, K, &normw);
@@ -1937,11 +1943,7 @@ static void check_matmul_fused_cols(int cols)
         lw[ndt].wv = m[ndt][2].t;
         ndt++;
     }
-    mat_make(&normw, DT_F32, 1, cols);
-    for (int i = 0; i < cols; i++) { /* norm weights around 1, as trained ones are */
-        normw.wide[i] += 1.0f;
-        ((float *)normw.mem)[i] = normw.wide[i];
-    }
+    norm_make(&normw, cols);
     lw[0].attn_norm = normw.t;
     md.cfg.n_layers = ndt;
     md.cfg.dim = cols; /* what the backend's half-precision copies key on */
@@ -2202,11 +2204,7 @@ static void check_matmul_fused_mixed(void)
         struct test_mat m[MIXED_K], normw;
         for (int i = 0; i < MIXED_K; i++)
             mat_make(&m[i], dts[i], rows[i], cols);
-        mat_make(&normw, DT_F32, 1, cols);
-        for (int i = 0; i < cols; i++) { /* around 1, as trained norms are */
-            normw.wide[i] += 1.0f;
-            ((float *)normw.mem)[i] = normw.wide[i];
-        }
+        norm_make(&normw, cols);
         struct model md;
         struct layer_weights lw;
         mats_model_normed(&md, &lw, m, MIXED_K, &normw);
@@ -2235,11 +2233,7 @@ static void check_staged_big(void)
     struct test_mat g, u, normw;
     mat_make(&g, DT_BF16, ROWS, COLS);
     mat_make(&u, DT_BF16, ROWS, COLS);
-    mat_make(&normw, DT_F32, 1, COLS);
-    for (int i = 0; i < COLS; i++) {
-        normw.wide[i] += 1.0f;
-        ((float *)normw.mem)[i] = normw.wide[i];
-    }
+    norm_make(&normw, COLS);
     struct layer_weights lw;
     memset(&lw, 0, sizeof lw);
     lw.wq = g.t;
