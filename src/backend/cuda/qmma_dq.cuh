@@ -108,7 +108,9 @@ struct qmma_raw {
     uint2 qh[2][2];
 };
 
-/* The 4 bytes at row + o (o even; a Q6_K slot row's 2-aligned words). */
+/* The 4 bytes at row + o (o even; a Q6_K slot row's 2-aligned words).
+ * It loads the aligned words at o & ~3 and after, so bytes up to
+ * (o & ~3) + 7 must be the caller's: within the slot row. */
 static __device__ __forceinline__ uint32_t qmma_word2(const unsigned char *row, int o)
 {
     const uint32_t *w = (const uint32_t *)(row + (o & ~3));
@@ -144,14 +146,18 @@ static __device__ __forceinline__ void qmma_read(qmma_raw &r, const unsigned cha
 
 /* The header qmma_coefs reads of row r's block at skew o of the slot:
  * Q4_K / Q5_K its 16 bytes; Q6_K d in x and, for lane half j, scale
- * words j and 2 + j in y and z. */
+ * words j and 2 + j in y and z. d, the block's last two bytes, is read
+ * alone: qmma_word2 there read 4 to 6 bytes past the block, beyond the
+ * slot row at skews 12 and 14, into the bytes of a copy in flight (the
+ * next row's, or another warp's ring: racecheck's errors on the 8B's
+ * Q6_K down projection at 8 streams, docs/benchmarks.md, session 64). */
 template <int DT>
 static __device__ __forceinline__ uint4 qmma_head(const unsigned char *sl, int r, int o, int j)
 {
     using F = qmma_fmt<DT>;
     const unsigned char *row = sl + r * F::BB;
     if constexpr (F::K6)
-        return make_uint4(qmma_word2(row, o + 208) & 0xFFFF, qmma_word2(row, o + 192 + 4 * j),
+        return make_uint4(*(const uint16_t *)(row + o + 208), qmma_word2(row, o + 192 + 4 * j),
                           qmma_word2(row, o + 200 + 4 * j), 0);
     else
         return *(const uint4 *)row;
