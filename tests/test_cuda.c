@@ -702,20 +702,19 @@ static void check_gq_norm_stage(void)
             const int k = ks[c], out = c == 2 ? MATMUL_OUT_SWIGLU : MATMUL_OUT_STORE;
             const int nout = c == 2 ? 1 : k;
             const struct tensor *ws[K] = {&m[0].t, &m[1].t, &m[2].t};
-            const int *r = rows;
             float *got[2][K];
             for (int b = 0; b < 2; b++) {
                 struct backend *x = bs[b];
                 float *dx = dev_alloc_copy(x, hx, (size_t)cols), *outs[K];
                 for (int i = 0; i < k; i++)
-                    outs[i] = dev_alloc_copy(x, NULL, (size_t)r[i]);
+                    outs[i] = dev_alloc_copy(x, NULL, (size_t)rows[i]);
                 struct matmul_in mi = {.kind = MATMUL_IN_RMSNORM, .x = dx,
                                        .norm = normw.t.data, .eps = 1e-6f};
                 CHECK(x->ops->matmul_fused(x, outs, &mi, 1, ws, k, out, &e) == 0,
                       "matmul_fused (%s, %d x %d, %d matrices): %s", dtype_name(shapes[si].dt),
-                      r[0], cols, k, e.msg);
+                      rows[0], cols, k, e.msg);
                 for (int i = 0; i < nout; i++)
-                    got[b][i] = dev_fetch(x, outs[i], (size_t)r[i]);
+                    got[b][i] = dev_fetch(x, outs[i], (size_t)rows[i]);
                 for (int i = 0; i < k; i++)
                     x->ops->free(x, outs[i]);
                 x->ops->free(x, dx);
@@ -725,20 +724,20 @@ static void check_gq_norm_stage(void)
             be->ops->rmsnorm(be, dn, dx, normw.t.data, 1, cols, 1e-6f);
             float *t[K] = {NULL, NULL, NULL};
             for (int i = 0; i < k; i++) {
-                t[i] = dev_alloc_copy(be, NULL, (size_t)r[i]);
+                t[i] = dev_alloc_copy(be, NULL, (size_t)rows[i]);
                 CHECK(be->ops->matmul(be, t[i], dn, 1, ws[i], &e) == 0, "matmul: %s", e.msg);
             }
             if (c == 2)
-                be->ops->silu_mul(be, t[0], t[1], (size_t)r[0]);
+                be->ops->silu_mul(be, t[0], t[1], (size_t)rows[0]);
             for (int i = 0; i < nout; i++) {
-                float *want = dev_fetch(be, t[i], (size_t)r[i]);
-                const bool bits = !memcmp(got[0][i], got[1][i], sizeof(float) * r[i]);
-                const double re = test_rel_err(got[0][i], want, (size_t)r[i]);
+                float *want = dev_fetch(be, t[i], (size_t)rows[i]);
+                const bool bits = !memcmp(got[0][i], got[1][i], sizeof(float) * rows[i]);
+                const double re = test_rel_err(got[0][i], want, (size_t)rows[i]);
                 CHECK(bits, "%s [%d x %d], %d matrices%s, output %d: other bits than "
-                      "CLLM_CUDA_GQ_NORM_STAGE=0", dtype_name(shapes[si].dt), r[i], cols, k,
+                      "CLLM_CUDA_GQ_NORM_STAGE=0", dtype_name(shapes[si].dt), rows[i], cols, k,
                       c == 2 ? " (SwiGLU)" : "", i);
                 CHECK(re <= 1e-5, "%s [%d x %d], %d matrices%s, output %d: rel err %.3g vs the "
-                      "plain ops", dtype_name(shapes[si].dt), r[i], cols, k,
+                      "plain ops", dtype_name(shapes[si].dt), rows[i], cols, k,
                       c == 2 ? " (SwiGLU)" : "", i, re);
                 same += bits;
                 total++;

@@ -560,8 +560,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         if (r < rows)
             res = __ldcg(out + (size_t)(lane / 2 % NT) * rows + r);
     }
-    /* both end in a barrier, after which every lane sees the slots' barriers */
-    if (NT == 1 && q.norm_one && in.kind == CUK_IN_RMSNORM) {
+    /* both end in a barrier, after which every lane sees the slots' barriers
+     * (q.norm_one: one token, a norm; NT == 1 keeps gd_norm_stage out of the
+     * wider instances) */
+    if (NT == 1 && q.norm_one) {
         gd_norm_stage<F::SHAPE>(qx, dx, in, cols, q.tile_cols, (double *)(sinv + CUK_GEMV_MAX));
     } else {
         if (in.kind == CUK_IN_RMSNORM)
