@@ -665,7 +665,9 @@ static void check_gq_res_early(void)
  * Q4_K, Q8_0 and Q6_K rows of 768 (a tile with columns past x), 1,024,
  * 2,048 and 4,096 columns, and 5,120 (past the one pass: two either way),
  * must give the same bits, and be within 1e-5 of the plain ops (the norm,
- * then each matmul). The staged kernel runs (strict). */
+ * then each matmul). The staged kernel runs (strict). The two-pass side
+ * also runs 3 blocks with one ring slot filled before the wait, which
+ * must not change a bit either. */
 static void check_gq_norm_stage(void)
 {
     static const struct {
@@ -687,9 +689,16 @@ static void check_gq_norm_stage(void)
         mats_model_normed(&md, &lw, m, K, &normw);
         setenv("CLLM_CUDA_GQ_STAGED_STRICT", "1", 1);
         struct backend *be = gpu_loaded(false, &md);
+        /* the other side also in 3 blocks with one slot a warp filled
+         * before the wait (CLLM_CUDA_GQ_PREWAIT): warps of many row pairs
+         * whose later first copies go out after x is staged */
         setenv("CLLM_CUDA_GQ_NORM_STAGE", "0", 1);
+        setenv("CLLM_CUDA_GQ_BLOCKS", "3", 1);
+        setenv("CLLM_CUDA_GQ_PREWAIT", "1", 1);
         struct backend *apart = gpu_loaded(false, &md);
         unsetenv("CLLM_CUDA_GQ_NORM_STAGE");
+        unsetenv("CLLM_CUDA_GQ_BLOCKS");
+        unsetenv("CLLM_CUDA_GQ_PREWAIT");
         unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
         struct err e = {{0}};
         struct backend *bs[2] = {be, apart};

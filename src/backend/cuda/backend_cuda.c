@@ -446,8 +446,8 @@ static int cuda_device_count(struct err *e)
  * unset (gemv_max, gq_staged: -1, since 0 is a value). */
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
-        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, pf_mt, dec_cluster_tiles, widen_mb,
-        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, wide_copy,
+        mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, stage_prewait, pf_mt, dec_cluster_tiles, widen_mb,
+        gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, gq_prewait, wide_copy,
         wide_from, wide_small_from, qmma_from, qmma_warps, qmma_window, qmma_cluster;
 };
 
@@ -470,6 +470,7 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_TC_SMEM", 1, 227 * 1024, &l->tc_smem, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_COLS", 256, 1L << 16, &l->stage_cols, e) < 0 ||
         env_long("CLLM_CUDA_STAGE_KB", 16, 227, &l->stage_kb, e) < 0 ||
+        env_long("CLLM_CUDA_STAGE_PREWAIT", 1, 32, &l->stage_prewait, e) < 0 ||
         env_long("CLLM_CUDA_PF_MT", 1, 2, &l->pf_mt, e) < 0 ||
         env_long("CLLM_CUDA_DEC_CLUSTER_TILES", 1, 64, &l->dec_cluster_tiles, e) < 0 ||
         env_long("CLLM_CUDA_WIDEN_MB", 1, 4096, &l->widen_mb, e) < 0 ||
@@ -478,6 +479,7 @@ static int cuda_levers_read(struct cuda_levers *l, struct err *e)
         env_long("CLLM_CUDA_GQ_STAGED_KB", 16, 227, &l->gq_staged_kb, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED_STEPS", 1, 64, &l->gq_staged_steps, e) < 0 ||
         env_long("CLLM_CUDA_GQ_STAGED_MAX_N", 1, 8, &l->gq_staged_max_n, e) < 0 ||
+        env_long("CLLM_CUDA_GQ_PREWAIT", 1, 16, &l->gq_prewait, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_COPY", 0, 1, &l->wide_copy, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_FROM", 1, 1L << 20, &l->wide_from, e) < 0 ||
         env_long("CLLM_CUDA_WIDE_FROM_SMALL", 1, 1L << 20, &l->wide_small_from, e) < 0 ||
@@ -662,6 +664,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->gq.staged_strict = env_flag("CLLM_CUDA_GQ_STAGED_STRICT", false);
         c->gq.staged_res_late = !env_flag("CLLM_CUDA_GQ_RES_EARLY", true); /* measurement */
         c->gq.staged_norm_apart = !env_flag("CLLM_CUDA_GQ_NORM_STAGE", true); /* measurement */
+        c->gq.staged_prewait = (int)lv.gq_prewait; /* measurement */
     }
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
@@ -699,6 +702,7 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement: the staged GEMV's columns per copy and shared memory */
     c->stage.chunk_cols = (int)lv.stage_cols;
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
+    c->stage.prewait = (int)lv.stage_prewait; /* measurement */
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

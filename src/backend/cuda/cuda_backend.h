@@ -410,9 +410,12 @@ struct cuk_gq_cfg {
      * staged_res_late (measurement): a residual add reads the output's old
      * values after the sums, not before the products. staged_norm_apart
      * (measurement): one token's norm takes its own pass over x before
-     * the staging, not one pass for both. */
+     * the staging, not one pass for both. staged_prewait (measurement):
+     * a warp's ring copies issued before the PDL wait (0: as many as it
+     * has slots); its other slots are filled once x is staged, so that
+     * x's loads do not queue behind them. */
     int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late,
-        staged_norm_apart;
+        staged_norm_apart, staged_prewait;
 };
 /* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
  * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */
@@ -438,6 +441,8 @@ struct cuk_stage_cfg {
     int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
     int any_size;   /* also take rows under 4 KB (tests; declined
                      * otherwise, see cuk_gemv_staged) */
+    int prewait;    /* measurement: a warp's copies before the PDL wait (0:
+                     * a slot's worth each); the rest once x is staged */
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */

@@ -460,6 +460,7 @@ struct gqs {
     int half; /* where a slot's second row starts: a chunk's bytes, 16-aligned */
     int res_late; /* cuk_gq_cfg's staged_res_late */
     int norm_one; /* one token's norm and staging in one pass (gd_norm_stage) */
+    int pre;      /* slots a warp fills before the wait (the rest once x is staged) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -534,12 +535,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     uint64_t *bar = (uint64_t *)(gqs_smem + q.bar_off) + warp * q.slots;
     unsigned char *slot0 = gqs_smem + q.ring_off + (size_t)warp * q.slots * q.slot_bytes;
     const size_t half = q.half;
+    const int first = min(items, q.slots), pre = min(first, q.pre);
     if (lane == 0) {
         for (int i = 0; i < q.slots; i++)
             cuk_mbar_init(bar + i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         /* the weights never change: their first copies go before the wait */
-        for (int i = 0; i < items && i < q.slots; i++)
+        for (int i = 0; i < pre; i++)
             gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
     }
@@ -574,6 +576,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gp_stage(gpw, 2);
     bool gp_first = true;
 #endif
+    if (lane == 0)
+        for (int i = pre; i < first; i++)
+            gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
+                          slot0 + (size_t)i * q.slot_bytes, bar + i);
     const bool pair = p.out == CUK_OUT_SWIGLU;
     int s = 0;
     unsigned parity = 0;
@@ -705,6 +711,7 @@ static cudaError_t gqs_launch(cudaStream_t s, const struct gqp &p, const struct 
             if (sl < 2 && items > 1)
                 break; /* a narrower chunk, for two slots */
             q.chunk_steps = cs, q.nch = nch, q.slots = sl, q.slot_bytes = slot_bytes, q.half = half;
+            q.pre = cfg->staged_prewait > 0 ? cfg->staged_prewait : sl;
             q.bar_off = bar_off, q.ring_off = ring_off;
             auto k = k_gemv_qstaged<DT, NT>;
             static struct cuk_opted opted;

@@ -52,6 +52,7 @@ struct sgp {
     int out;       /* CUK_OUT_* */
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
+    int pre;  /* slots a warp fills before the wait (the rest once x is staged) */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -275,13 +276,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
                    clast = (unsigned)((p.cols - (nch - 1) * p.chunk) * BYTES);
     const size_t ustep = (size_t)ustride * p.cols * BYTES - (size_t)(nch - 1) * p.chunk * BYTES;
     sg_cur cur; /* lane 0's: the next item to copy */
+    const int first = min(items, p.slots), pre = min(first, p.pre);
     if (lane == 0) {
         for (int s = 0; s < p.slots; s++)
             cuk_mbar_init(bar + s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if (items > 0)
             sg_cur_at<BYTES, PAIR>(p, ubase, cur);
-        for (int i = 0; i < items && i < p.slots; i++) {
+        for (int i = 0; i < pre; i++) {
             sg_issue<BYTES, PAIR>(p, cur, nch, cfull, clast, slot0 + (size_t)i * p.slot_bytes,
                                   bar + i);
             if (i + 1 < items)
@@ -326,6 +328,13 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gp_stage(gpw, 2);
     bool gp_first = true;
 #endif
+    if (lane == 0)
+        for (int i = pre; i < first; i++) {
+            sg_issue<BYTES, PAIR>(p, cur, nch, cfull, clast, slot0 + (size_t)i * p.slot_bytes,
+                                  bar + i);
+            if (i + 1 < items)
+                sg_cur_next<BYTES, PAIR>(p, cur, nch, ustride, ustep);
+        }
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
@@ -481,6 +490,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
             return cudaErrorNotSupported; /* x leaves no room for two slots */
     }
     p->slots = slots;
+    p->pre = cfg && cfg->prewait > 0 ? cfg->prewait : slots;
     auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
