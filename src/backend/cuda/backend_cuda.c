@@ -665,6 +665,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->gq.staged_res_late = !env_flag("CLLM_CUDA_GQ_RES_EARLY", true); /* measurement */
         c->gq.staged_norm_apart = !env_flag("CLLM_CUDA_GQ_NORM_STAGE", true); /* measurement */
         c->gq.staged_prewait = (int)lv.gq_prewait; /* measurement */
+        c->gq.staged_late_launch = env_flag("CLLM_CUDA_LATE_LAUNCH", false); /* measurement */
     }
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
@@ -703,6 +704,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage.chunk_cols = (int)lv.stage_cols;
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
     c->stage.prewait = (int)lv.stage_prewait; /* measurement */
+    c->stage.late_launch = env_flag("CLLM_CUDA_LATE_LAUNCH", false);
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

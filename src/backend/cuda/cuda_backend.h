@@ -413,9 +413,12 @@ struct cuk_gq_cfg {
      * the staging, not one pass for both. staged_prewait (measurement):
      * a warp's ring copies issued before the PDL wait (0: as many as it
      * has slots); its other slots are filled once x is staged, so that
-     * x's loads do not queue behind them. */
+     * x's loads do not queue behind them. staged_late_launch
+     * (measurement): the next kernel may launch once this one's x is
+     * staged, not at its wait, so that its early copies do not slow the
+     * staging. */
     int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late,
-        staged_norm_apart, staged_prewait;
+        staged_norm_apart, staged_prewait, staged_late_launch;
 };
 /* cfg for a device of n_sms SMs; persist 0: no limit (measurement,
  * CLLM_CUDA_GQ_PERSIST=0); max_blocks: cuk_gq_cfg's (CLLM_CUDA_GQ_BLOCKS). */
@@ -443,6 +446,8 @@ struct cuk_stage_cfg {
                      * otherwise, see cuk_gemv_staged) */
     int prewait;    /* measurement: a warp's copies before the PDL wait (0:
                      * a slot's worth each); the rest once x is staged */
+    int late_launch; /* measurement: the next kernel launches once x is
+                      * staged, not at the wait */
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */

@@ -526,6 +526,15 @@ static __device__ __forceinline__ void cuk_pdl_start()
 #endif
 }
 
+/* cuk_pdl_start's wait alone, for a kernel that lets the next one launch
+ * later (cuk_pdl_release), in every thread, after it: measurement. */
+static __device__ __forceinline__ void cuk_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Lets the next kernel launch without waiting for the previous one: only
  * for a block that reads and writes nothing the previous kernel touches
  * and does not leave at once (a block that leaves counts as released).

@@ -461,6 +461,7 @@ struct gqs {
     int res_late; /* cuk_gq_cfg's staged_res_late */
     int norm_one; /* one token's norm and staging in one pass (gd_norm_stage) */
     int pre;      /* slots a warp fills before the wait (the rest once x is staged) */
+    int late;     /* the next kernel launches once x is staged, not at the wait */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -545,7 +546,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
     }
-    cuk_pdl_start();
+    if (q.late)
+        cuk_pdl_wait();
+    else
+        cuk_pdl_start();
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, cols, total, NT);
 #endif
@@ -580,6 +584,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         for (int i = pre; i < first; i++)
             gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
+    if (q.late)
+        cuk_pdl_release();
     const bool pair = p.out == CUK_OUT_SWIGLU;
     int s = 0;
     unsigned parity = 0;
@@ -712,6 +718,7 @@ static cudaError_t gqs_launch(cudaStream_t s, const struct gqp &p, const struct 
                 break; /* a narrower chunk, for two slots */
             q.chunk_steps = cs, q.nch = nch, q.slots = sl, q.slot_bytes = slot_bytes, q.half = half;
             q.pre = cfg->staged_prewait > 0 ? cfg->staged_prewait : sl;
+            q.late = cfg->staged_late_launch;
             q.bar_off = bar_off, q.ring_off = ring_off;
             auto k = k_gemv_qstaged<DT, NT>;
             static struct cuk_opted opted;

@@ -53,6 +53,7 @@ struct sgp {
     int cols, tile_cols, chunk, slots, slot_bytes;
     int xtra; /* bytes after SG_HDR: CUK_IN_SPLITS's weights */
     int pre;  /* slots a warp fills before the wait (the rest once x is staged) */
+    int late; /* the next kernel launches once x is staged, not at the wait */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -303,7 +304,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         }
     }
     /* x and out are the previous kernel's */
-    cuk_pdl_start();
+    if (p.late)
+        cuk_pdl_wait();
+    else
+        cuk_pdl_start();
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, p.cols, p.units, NT);
 #endif
@@ -335,6 +339,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             if (i + 1 < items)
                 sg_cur_next<BYTES, PAIR>(p, cur, nch, ustride, ustep);
         }
+    if (p.late)
+        cuk_pdl_release();
     const int cvec = p.chunk / VE; /* vectors per chunk: a multiple of 32 */
     int s = 0;
     unsigned parity = 0;
@@ -491,6 +497,7 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     }
     p->slots = slots;
     p->pre = cfg && cfg->prewait > 0 ? cfg->prewait : slots;
+    p->late = cfg && cfg->late_launch;
     auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
