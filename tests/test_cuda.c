@@ -692,16 +692,16 @@ static void check_gq_norm_stage(void)
         /* the other side also in 3 blocks with one slot a warp filled
          * before the wait (CLLM_CUDA_GQ_PREWAIT): warps of many row pairs
          * whose later first copies go out after x is staged; and the next
-         * launch let go then (CLLM_CUDA_LATE_LAUNCH) */
+         * launch let go then (CLLM_CUDA_GQ_LATE) */
         setenv("CLLM_CUDA_GQ_NORM_STAGE", "0", 1);
         setenv("CLLM_CUDA_GQ_BLOCKS", "3", 1);
         setenv("CLLM_CUDA_GQ_PREWAIT", "1", 1);
-        setenv("CLLM_CUDA_LATE_LAUNCH", "1", 1);
+        setenv("CLLM_CUDA_GQ_LATE", "1", 1);
         struct backend *apart = gpu_loaded(false, &md);
         unsetenv("CLLM_CUDA_GQ_NORM_STAGE");
         unsetenv("CLLM_CUDA_GQ_BLOCKS");
         unsetenv("CLLM_CUDA_GQ_PREWAIT");
-        unsetenv("CLLM_CUDA_LATE_LAUNCH");
+        unsetenv("CLLM_CUDA_GQ_LATE");
         unsetenv("CLLM_CUDA_GQ_STAGED_STRICT");
         struct err e = {{0}};
         struct backend *bs[2] = {be, apart};

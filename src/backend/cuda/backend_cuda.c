@@ -665,7 +665,7 @@ static struct backend *cuda_create(int device, struct err *e)
         c->gq.staged_res_late = !env_flag("CLLM_CUDA_GQ_RES_EARLY", true); /* measurement */
         c->gq.staged_norm_apart = !env_flag("CLLM_CUDA_GQ_NORM_STAGE", true); /* measurement */
         c->gq.staged_prewait = (int)lv.gq_prewait; /* measurement */
-        c->gq.staged_late_launch = env_flag("CLLM_CUDA_LATE_LAUNCH", false); /* measurement */
+        c->gq.staged_late_launch = env_flag("CLLM_CUDA_GQ_LATE", false); /* measurement */
     }
     c->mma.n_sms = c->n_sms;
     c->mma.smem_max = (int)prop.sharedMemPerBlockOptin;
@@ -703,8 +703,12 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement: the staged GEMV's columns per copy and shared memory */
     c->stage.chunk_cols = (int)lv.stage_cols;
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
-    c->stage.prewait = (int)lv.stage_prewait; /* measurement */
-    c->stage.late_launch = env_flag("CLLM_CUDA_LATE_LAUNCH", false);
+    /* one token's launches: two slots a warp before the wait, the rest and
+     * the next kernel's launch once x is staged (H100: 0.6B bf16 1,249 ->
+     * 1,264 tok/s, 8-layer 8B bf16 670 -> 675; docs/benchmarks.md,
+     * session 65) */
+    c->stage.prewait = lv.stage_prewait ? (int)lv.stage_prewait : STAGE_PREWAIT_ONE;
+    c->stage.late_launch = env_flag("CLLM_CUDA_STAGE_LATE", true);
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

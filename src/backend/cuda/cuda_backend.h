@@ -415,8 +415,8 @@ struct cuk_gq_cfg {
      * has slots); its other slots are filled once x is staged, so that
      * x's loads do not queue behind them. staged_late_launch
      * (measurement): the next kernel may launch once this one's x is
-     * staged, not at its wait, so that its early copies do not slow the
-     * staging. */
+     * staged, not at its wait (both lost here, unlike cuk_stage_cfg's:
+     * docs/benchmarks.md, session 65). */
     int staged_bps, staged_smem, staged_steps, staged_strict, staged_max_n, staged_res_late,
         staged_norm_apart, staged_prewait, staged_late_launch;
 };
@@ -444,10 +444,11 @@ struct cuk_stage_cfg {
     int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
     int any_size;   /* also take rows under 4 KB (tests; declined
                      * otherwise, see cuk_gemv_staged) */
-    int prewait;    /* measurement: a warp's copies before the PDL wait (0:
-                     * a slot's worth each); the rest once x is staged */
-    int late_launch; /* measurement: the next kernel launches once x is
-                      * staged, not at the wait */
+    /* One token's launches only: a warp fills prewait ring slots before
+     * the PDL wait (0: all) and the rest once x is staged; late_launch:
+     * the next kernel may launch then too, not at the wait. */
+    int prewait;
+    int late_launch;
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */

@@ -496,8 +496,9 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
             return cudaErrorNotSupported; /* x leaves no room for two slots */
     }
     p->slots = slots;
-    p->pre = cfg && cfg->prewait > 0 ? cfg->prewait : slots;
-    p->late = cfg && cfg->late_launch;
+    /* (one token: wider x is measured only as it was) */
+    p->pre = NT == 1 && cfg && cfg->prewait > 0 ? cfg->prewait : slots;
+    p->late = NT == 1 && cfg && cfg->late_launch;
     auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
