@@ -705,7 +705,7 @@ static struct backend *cuda_create(int device, struct err *e)
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
     /* one token's launches: two slots a warp before the wait, the rest and
      * the next kernel's launch once x is staged (H100: 0.6B bf16 1,249 ->
-     * 1,264 tok/s, 8-layer 8B bf16 670 -> 675; docs/benchmarks.md,
+     * 1,261 tok/s, 8-layer 8B bf16 672 -> 674; docs/benchmarks.md,
      * session 65) */
     c->stage.prewait = lv.stage_prewait ? (int)lv.stage_prewait : STAGE_PREWAIT_ONE;
     c->stage.late_launch = env_flag("CLLM_CUDA_STAGE_LATE", true);
