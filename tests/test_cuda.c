@@ -666,8 +666,8 @@ static void check_gq_res_early(void)
  * 2,048 and 4,096 columns, and 5,120 (past the one pass: two either way),
  * must give the same bits, and be within 1e-5 of the plain ops (the norm,
  * then each matmul). The staged kernel runs (strict). The two-pass side
- * also runs 3 blocks with one ring slot filled before the wait, which
- * must not change a bit either. */
+ * also runs 3 blocks with one ring slot filled before the wait and the
+ * next launch let go after staging, which must not change a bit either. */
 static void check_gq_norm_stage(void)
 {
     static const struct {

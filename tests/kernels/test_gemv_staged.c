@@ -84,7 +84,8 @@ static void check_cols(int cols, int nt, int n_sms, int *ran, int *same)
     /* launch shapes: the default; 256-column copies with shared memory for
      * two slots per warp beside the x tile; three blocks, so warps take
      * many units each (all taking sizes the default declines); the same
-     * with one slot a warp filled before the wait, the rest after */
+     * with one slot a warp filled before the wait, the rest and the next
+     * launch after x is staged (one token; more keep the old order) */
     int tight = nt * ((cols + 255) / 256 * 256 * 4) + 1024 + 8 * 2 * 2 * 256 * 2;
     const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1, 0, 0},
                                          {n_sms, 256, tight, 1, 0, 0},

@@ -527,7 +527,8 @@ static __device__ __forceinline__ void cuk_pdl_start()
 }
 
 /* cuk_pdl_start's wait alone, for a kernel that lets the next one launch
- * later (cuk_pdl_release), in every thread, after it: measurement. */
+ * later, by cuk_pdl_release in every thread after this wait (the staged
+ * GEMV of one token, once its x is staged: the invariant below holds). */
 static __device__ __forceinline__ void cuk_pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -78,10 +78,10 @@
 /* Most weight megabytes of a tensor-core GEMV launch, and most elements
  * of the x it stages (n x cols): see mma_takes. */
 #define MMA_MAX_MB 64
+#define MMA_MAX_X 32768
 /* Ring slots a warp of a one-token staged GEMV fills before its PDL wait
  * (CLLM_CUDA_STAGE_PREWAIT; docs/benchmarks.md, session 65). */
 #define STAGE_PREWAIT_ONE 2
-#define MMA_MAX_X 32768
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
  * once per shape (lt_plan), LT_PLANS shapes kept. */
