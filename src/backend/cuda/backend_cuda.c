@@ -709,6 +709,7 @@ static struct backend *cuda_create(int device, struct err *e)
      * session 65) */
     c->stage.prewait = lv.stage_prewait ? (int)lv.stage_prewait : STAGE_PREWAIT_ONE;
     c->stage.late_launch = env_flag("CLLM_CUDA_STAGE_LATE", true);
+    c->stage.prewait_fit = env_flag("CLLM_CUDA_STAGE_PREWAIT_FIT", false); /* measurement */
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

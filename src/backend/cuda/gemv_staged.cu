@@ -477,13 +477,13 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     /* The widest copies (fewer waits per byte) that leave each warp two
      * slots (one to read while the other fills), then as many slots as fit,
      * but no more than a warp has items. */
-    int slots = 0;
+    int slots = 0, items = 0;
     size_t smem = 0;
     for (;; chunk -= 256) {
         p->chunk = chunk;
         p->slot_bytes = (PAIR ? 2 : 1) * chunk * BYTES;
         int nch = (p->cols + chunk - 1) / chunk;
-        int items = (per_block + GEMV_WARPS - 1) / GEMV_WARPS * nch;
+        items = (per_block + GEMV_WARPS - 1) / GEMV_WARPS * nch;
         for (slots = SG_MAX_SLOTS < items ? SG_MAX_SLOTS : items; slots >= 1; slots--) {
             smem = (size_t)fixed + (size_t)(GEMV_WARPS * slots * 8 + 127) / 128 * 128 +
                    (size_t)GEMV_WARPS * slots * p->slot_bytes;
@@ -498,6 +498,8 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
     p->slots = slots;
     /* (one token: wider x is measured only as it was) */
     p->pre = NT == 1 && cfg && cfg->prewait > 0 ? cfg->prewait : slots;
+    if (NT == 1 && cfg && cfg->prewait_fit && slots >= items)
+        p->pre = 1; /* a warp's whole share fits its ring */
     p->late = NT == 1 && cfg && cfg->late_launch;
     auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
