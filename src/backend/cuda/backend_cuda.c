@@ -447,7 +447,8 @@ static int cuda_device_count(struct err *e)
 struct cuda_levers {
     long gemv_max, stage_x_max, att_rpw, dec_bps, mma_bps, mma_ks, mma_max_mb, mma_max_x,
         mma_warps, tc_ctas, tc_smem, stage_cols, stage_kb, stage_prewait, pf_mt,
-        dec_cluster_tiles, widen_mb, gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps, gq_staged_max_n, gq_prewait, wide_copy,
+        dec_cluster_tiles, widen_mb, gq_blocks, gq_staged, gq_staged_kb, gq_staged_steps,
+        gq_staged_max_n, gq_prewait, wide_copy,
         wide_from, wide_small_from, qmma_from, qmma_warps, qmma_window, qmma_cluster;
 };
 

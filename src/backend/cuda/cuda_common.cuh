@@ -526,13 +526,17 @@ static __device__ __forceinline__ void cuk_pdl_start()
 #endif
 }
 
-/* cuk_pdl_start's wait alone, for a kernel that lets the next one launch
- * later, by cuk_pdl_release in every thread after this wait (the staged
+/* cuk_pdl_start, or with hold its wait alone: the kernel then lets the
+ * next one launch later, by cuk_pdl_release in every thread (the staged
  * GEMV of one token, once its x is staged: the invariant below holds). */
-static __device__ __forceinline__ void cuk_pdl_wait()
+static __device__ __forceinline__ void cuk_pdl_enter(bool hold)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!hold)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    (void)hold;
 #endif
 }
 

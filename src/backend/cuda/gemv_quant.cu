@@ -546,10 +546,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
             gqs_issue<DT>(p, q, cols, ubase + i / q.nch * ustride, i % q.nch,
                           slot0 + (size_t)i * q.slot_bytes, bar + i);
     }
-    if (q.late)
-        cuk_pdl_wait();
-    else
-        cuk_pdl_start();
+    cuk_pdl_enter(q.late);
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, cols, total, NT);
 #endif

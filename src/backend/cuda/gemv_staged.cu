@@ -304,10 +304,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
         }
     }
     /* x and out are the previous kernel's */
-    if (p.late)
-        cuk_pdl_wait();
-    else
-        cuk_pdl_start();
+    cuk_pdl_enter(p.late);
 #ifdef CUK_GEMV_PROBE
     gp_released(gpw, p.cols, p.units, NT);
 #endif
