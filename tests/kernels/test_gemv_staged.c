@@ -85,12 +85,14 @@ static void check_cols(int cols, int nt, int n_sms, int *ran, int *same)
      * two slots per warp beside the x tile; three blocks, so warps take
      * many units each (all taking sizes the default declines); the same
      * with one slot a warp filled before the wait, the rest and the next
-     * launch after x is staged (one token; more keep the old order) */
+     * launch after x is staged (one token; more keep the old order); and
+     * two slots, one where a warp's share fits its ring (the default) */
     int tight = nt * ((cols + 255) / 256 * 256 * 4) + 1024 + 8 * 2 * 2 * 256 * 2;
     const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1, 0, 0, 0},
                                          {n_sms, 256, tight, 1, 0, 0, 0},
                                          {3, 512, 0, 1, 0, 0, 0},
-                                         {3, 512, 0, 1, 1, 1, 0}};
+                                         {3, 512, 0, 1, 1, 1, 0},
+                                         {3, 512, 0, 1, 2, 1, 1}};
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int dts[2] = {DT_BF16, DT_F16};
     static const int rows[3] = {300, 71, 71}; /* 71: odd, pairs run past the end */

@@ -449,8 +449,8 @@ struct cuk_stage_cfg {
      * the next kernel may launch then too, not at the wait. */
     int prewait;
     int late_launch;
-    int prewait_fit; /* measurement: one slot before the wait where a warp's
-                      * whole share fits its ring (prewait otherwise) */
+    int prewait_fit; /* one slot before the wait where a warp's whole share
+                      * fits its ring (prewait otherwise) */
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */
