@@ -235,7 +235,7 @@ static double run_shape(const struct shape *sh, struct mat *ms, int n, const flo
     printf("%-22s n=%d %9.2f us %8.1f GB/s %5.1f%%  maxrel %.2e%s\n", sh->name, n, us, gbs,
            100.0 * gbs * 1e9 / bw, maxrel, multi ? "  (multi)" : "");
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
-        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1, 0, 0, 0};
+        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1, 0, 0};
         struct cuk_gemv_in in = {};
         in.kind = CUK_IN_X;
         in.x = dx;
@@ -345,7 +345,7 @@ static void run_fused(const struct shape *sh, struct mat *ms, int n, const float
         plain_issue(st, sh, wp, n, dx, fb->ref, fb);
     });
     for (int si = 0; n == 1 && si < g_n_stage; si++) {
-        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1, 0, 0, 0};
+        struct cuk_stage_cfg cfg = {g_stage_blocks, g_stage_cols, g_stage_kb[si] * 1024, 1, 0, 0};
         double us = time_graph(1, reps, copies, [&](cudaStream_t st, int c) {
             for (int i = 0; i < k; i++)
                 w[i] = mat_w(&ms[i], c);

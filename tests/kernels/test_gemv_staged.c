@@ -81,18 +81,19 @@ static const struct kcase cases[] = {
  * shape. */
 static void check_cols(int cols, int nt, int n_sms, int *ran, int *same)
 {
-    /* launch shapes: the default; 256-column copies with shared memory for
-     * two slots per warp beside the x tile; three blocks, so warps take
-     * many units each (all taking sizes the default declines); the same
-     * with one slot a warp filled before the wait, the rest and the next
-     * launch after x is staged (one token; more keep the old order); and
-     * two slots, one where a warp's share fits its ring (the default) */
+    /* launch shapes: all slots before the wait and the next launch at it
+     * (the order before session 65); 256-column copies with shared memory
+     * for two slots per warp beside the x tile, in that order too; three
+     * blocks, so warps take many units each (all taking sizes the default
+     * declines), in that order, with one slot a warp filled before the
+     * wait and the rest and the next launch after x is staged, and in the
+     * default order (one token; more keep the old order) */
     int tight = nt * ((cols + 255) / 256 * 256 * 4) + 1024 + 8 * 2 * 2 * 256 * 2;
-    const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1, 0, 0, 0},
-                                         {n_sms, 256, tight, 1, 0, 0, 0},
-                                         {3, 512, 0, 1, 0, 0, 0},
-                                         {3, 512, 0, 1, 1, 1, 0},
-                                         {3, 512, 0, 1, 2, 1, 1}};
+    const struct cuk_stage_cfg cfgs[] = {{n_sms, 0, 0, 1, 32, 1},
+                                         {n_sms, 256, tight, 1, 32, 1},
+                                         {3, 512, 0, 1, 32, 1},
+                                         {3, 512, 0, 1, 1, 0},
+                                         {3, 512, 0, 1, 0, 0}};
     const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
     static const int dts[2] = {DT_BF16, DT_F16};
     static const int rows[3] = {300, 71, 71}; /* 71: odd, pairs run past the end */

@@ -704,15 +704,12 @@ static struct backend *cuda_create(int device, struct err *e)
     /* measurement: the staged GEMV's columns per copy and shared memory */
     c->stage.chunk_cols = (int)lv.stage_cols;
     c->stage.smem_bytes = (int)lv.stage_kb * 1024;
-    /* one token's launches: one slot a warp before the wait where the
-     * warp's whole share fits its ring, two otherwise, the rest and the
-     * next kernel's launch once x is staged (H100: 0.6B bf16 1,249 ->
-     * 1,267 tok/s, 8-layer 8B bf16 671 -> 675; docs/benchmarks.md,
-     * sessions 65-66). A count set by CLLM_CUDA_STAGE_PREWAIT holds for
-     * every launch. */
-    c->stage.prewait = lv.stage_prewait ? (int)lv.stage_prewait : STAGE_PREWAIT_ONE;
-    c->stage.late_launch = env_flag("CLLM_CUDA_STAGE_LATE", true);
-    c->stage.prewait_fit = !lv.stage_prewait && env_flag("CLLM_CUDA_STAGE_PREWAIT_FIT", true);
+    /* one token's launches (cuk_stage_cfg): the launcher's order unless
+     * set; CLLM_CUDA_STAGE_PREWAIT_FIT=0 gives every launch two slots */
+    c->stage.prewait = lv.stage_prewait                                  ? (int)lv.stage_prewait
+                       : !env_flag("CLLM_CUDA_STAGE_PREWAIT_FIT", true) ? CUK_STAGE_PREWAIT
+                                                                        : 0;
+    c->stage.early_launch = !env_flag("CLLM_CUDA_STAGE_LATE", true);
     c->timing = env_flag("CLLM_CUDA_TIMING", false);
     for (int i = 0; i < 3 && c->timing; i++)
         if (cudaEventCreate(&c->ev[i]) != cudaSuccess)

@@ -444,17 +444,23 @@ struct cuk_stage_cfg {
     int smem_bytes; /* shared memory per block (default CUK_STAGE_SMEM) */
     int any_size;   /* also take rows under 4 KB (tests; declined
                      * otherwise, see cuk_gemv_staged) */
-    /* One token's launches only: a warp fills prewait ring slots before
-     * the PDL wait (0: all) and the rest once x is staged; late_launch:
-     * the next kernel may launch then too, not at the wait. */
+    /* One token's launches only (more fill every slot before the wait and
+     * let the next kernel launch at it): a warp fills prewait ring slots
+     * before the PDL wait and the rest once x is staged (0: one where its
+     * whole share of the weights fits its ring, CUK_STAGE_PREWAIT
+     * otherwise; 32 or more: all), and the next kernel may launch once x
+     * is staged too, or at the wait with early_launch. */
     int prewait;
-    int late_launch;
-    int prewait_fit; /* one slot before the wait where a warp's whole share
-                      * fits its ring (prewait otherwise) */
+    int early_launch;
 };
 /* Default shared memory of a staged GEMV block (measured on the H200:
  * 160 KB beat 112, 200 and 227 on an 8B model's decode). */
 #define CUK_STAGE_SMEM (160 * 1024)
+/* Ring slots a warp of a one-token launch fills before its PDL wait where
+ * its share does not fit its ring (H100: 0.6B bf16 1,249 -> 1,267 tok/s,
+ * 8-layer 8B bf16 671 -> 675 against all slots and the early launch;
+ * docs/benchmarks.md, sessions 65-66). */
+#define CUK_STAGE_PREWAIT 2
 /* cuk_gemv_fused for 1..CUK_STAGE_MAX_N input rows (tokens) of bf16/f16
  * weights, the same bits, by a kernel that copies each block's share of
  * the weights into a ring in shared memory (bulk asynchronous copies), the

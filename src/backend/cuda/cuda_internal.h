@@ -79,10 +79,6 @@
  * of the x it stages (n x cols): see mma_takes. */
 #define MMA_MAX_MB 64
 #define MMA_MAX_X 32768
-/* Ring slots a warp of a one-token staged GEMV fills before its PDL wait
- * where its share of the weights does not fit its ring; one where it does
- * (CLLM_CUDA_STAGE_PREWAIT, _FIT; docs/benchmarks.md, sessions 65-66). */
-#define STAGE_PREWAIT_ONE 2
 /* GEMMs of up to LT_MAX_N rows of x on 2-byte weights (a batched decode
  * step's) go through cuBLASLt with their descriptors and algorithm chosen
  * once per shape (lt_plan), LT_PLANS shapes kept. */

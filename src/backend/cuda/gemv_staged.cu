@@ -493,11 +493,10 @@ static cudaError_t launch_staged(cudaStream_t st, struct sgp *p, const struct cu
             return cudaErrorNotSupported; /* x leaves no room for two slots */
     }
     p->slots = slots;
-    /* (one token: wider x is measured only as it was) */
-    p->pre = NT == 1 && cfg && cfg->prewait > 0 ? cfg->prewait : slots;
-    if (NT == 1 && cfg && cfg->prewait_fit && slots >= items)
-        p->pre = 1; /* a warp's whole share fits its ring */
-    p->late = NT == 1 && cfg && cfg->late_launch;
+    /* one token (wider x is measured only as it was): see cuk_stage_cfg */
+    const int prewait = cfg ? cfg->prewait : 0;
+    p->pre = NT > 1 ? slots : prewait > 0 ? prewait : slots >= items ? 1 : CUK_STAGE_PREWAIT;
+    p->late = NT == 1 && !(cfg && cfg->early_launch);
     auto k = k_gemv_staged<WT, IN, PAIR, NT>;
     /* with all unified memory as shared memory, the decode attention
      * kernel's block fits beside this one */
