@@ -150,6 +150,50 @@ static void check_syntax(void)
     CHECK(s.tools == TURN_TOOLS_NONE && !s.think, "no template: plain text");
 }
 
+/* A NUL byte in an XML parameter value (a byte-fallback token can write
+ * one): not a call, whole and cut at every byte; the turn comes back as
+ * content, the NUL included. */
+struct raw {
+    char content[256];
+    size_t n;
+    int calls;
+};
+
+static void on_raw(void *ctx, const struct turn_event *ev)
+{
+    struct raw *r = ctx;
+    if (ev->kind == TURN_TOOL_CALL) {
+        r->calls++;
+    } else if (r->n + ev->n <= sizeof r->content) {
+        memcpy(r->content + r->n, ev->text, ev->n);
+        r->n += ev->n;
+    }
+}
+
+static void check_nul_value(const json_t *schema)
+{
+    static const char text[] = "<tool_call>\n<function=edit>\n<parameter=path>\na\0b\n</parameter>\n"
+                               "</function>\n</tool_call>";
+    const size_t n = sizeof text - 1;
+    const struct turn_syntax syns[] = {{.tools = TURN_TOOLS_HERMES, .schema = schema},
+                                       {.tools = TURN_TOOLS_HERMES}};
+    for (int s = 0; s < 2; s++) {
+        for (size_t cut = 0; cut < n; cut++) { /* cut 0: whole */
+            struct raw r = {0};
+            struct turn t;
+            turn_init(&t, syns[s], on_raw, &r);
+            CHECK(turn_feed(&t, text, cut) == 0 && turn_feed(&t, text + cut, n - cut) == 0 &&
+                      turn_finish(&t) == 0,
+                  "a NUL value: the turn is fed");
+            turn_free(&t);
+            CHECK(r.calls == 0 && r.n == n && !memcmp(r.content, text, n),
+                  "a NUL in a parameter value (schema %d, cut at %zu): %d calls, %zu of %zu bytes "
+                  "of content",
+                  s, cut, r.calls, r.n, n);
+        }
+    }
+}
+
 int main(void)
 {
     const struct turn_syntax plain = {.tools = TURN_TOOLS_NONE};
@@ -166,6 +210,7 @@ int main(void)
         0, NULL);
     CHECK(schema != NULL, "the test's schema parses");
     const struct turn_syntax coder = {.tools = TURN_TOOLS_HERMES, .schema = schema};
+    check_nul_value(schema);
 
     /* plain text is untouched, markers and all */
     expect(plain, "Hello <think>x</think> <tool_call>{}</tool_call>", "",

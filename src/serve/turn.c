@@ -238,6 +238,14 @@ static bool parse_xml_call(struct turn *t, const char *p, size_t n)
             v++;
         if (vend > v && vend[-1] == '\n')
             vend--;
+        /* A NUL byte: JSON as jansson reads it by default cannot hold one
+         * (the JSON form refuses "\u0000", and the Anthropic and Responses
+         * answers re-read the arguments), so this is not a call; it comes
+         * back as text. */
+        if (memchr(v, 0, (size_t)(vend - v))) {
+            ok = false;
+            break;
+        }
         char *key = strndup(p, (size_t)(kq - p));
         json_t *val = key ? param_value(t->syn.schema, name, key, v, (size_t)(vend - v)) : NULL;
         ok = key && val && !json_object_set_new(args, key, val);
