@@ -65,6 +65,10 @@ static const struct {
      "2|3|2.5|2.5"},
     {"{{ [1,2] + [3] }}|{{ (1,) + (2,) }}|{{ 'ab' * 3 }}|{{ [0] * 3 }}|{{ 3 * 'x' }}|{{ 'x' * -1 }}|{{ [1] * 0 }}",
      "[1, 2, 3]|(1, 2)|ababab|[0, 0, 0]|xxx||[]"},
+    /* an empty sequence repeated a huge number of times (found by fuzz_jinja:
+     * the copy loop turned 4 ** 20 times) */
+    {"{{ '' * 4 ** 20 }}|{{ [] * 4 ** 20 }}|{{ (0 * [1]) * 2 ** 62 }}|{{ ((), ) * 0 }}",
+     "|[]|[]|()"},
     {"{{ 'a' ~ 1 ~ none ~ true ~ [1] }}|{{ 1 ~ (2 + 3) }}|{{ s ~ undefined_var ~ '!' }}",
      "a1NoneTrue[1]|15|Hello World!"},
     /* comparisons and logic */

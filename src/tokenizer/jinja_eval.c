@@ -449,6 +449,8 @@ static jv repeat(struct jrender *r, int line, jv seq, int64_t times)
         times = 0;
     if (seq.k == JV_STR) {
         size_t len = seq.u.s->len;
+        if (!len) /* '' * 4 ** 20: no bytes to copy, but as many turns of the loop */
+            times = 0;
         if (len && (uint64_t)times > r->max_output / len)
             jfail(&r->fail, line, "string repetition makes a string longer than %zu bytes",
                   r->max_output);
@@ -458,6 +460,8 @@ static jv repeat(struct jrender *r, int line, jv seq, int64_t times)
         return jv_s(o);
     }
     struct jlist *src = seq.u.l;
+    if (!src->n)
+        times = 0;
     if (src->n && (uint64_t)times > (r->max_output / 16) / src->n)
         jfail(&r->fail, line, "list repetition makes a list that is too long");
     struct jlist *l = jl_new(r, src->kind == JL_TUPLE ? JL_TUPLE : JL_LIST, src->n * (size_t)times);
