@@ -420,6 +420,8 @@ int turn_feed(struct turn *t, const char *text, size_t n)
 {
     if (t->oom)
         return -1;
+    if (!n) /* nothing new; before the first piece the buffer is NULL */
+        return 0;
     if (t->n + n > t->cap) {
         size_t cap = t->cap ? t->cap : 256;
         while (cap < t->n + n)
