@@ -239,9 +239,9 @@ static bool parse_xml_call(struct turn *t, const char *p, size_t n)
         if (vend > v && vend[-1] == '\n')
             vend--;
         /* A NUL byte: JSON as jansson reads it by default cannot hold one
-         * (the JSON form refuses "\u0000", and the Anthropic and Responses
-         * answers re-read the arguments), so this is not a call; it comes
-         * back as text. */
+         * (the JSON form refuses "\u0000", and the Anthropic answer and
+         * Codex's custom-tool and shell items re-read the arguments), so
+         * this is not a call; it comes back as text. */
         if (memchr(v, 0, (size_t)(vend - v))) {
             ok = false;
             break;
