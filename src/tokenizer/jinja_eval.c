@@ -451,7 +451,7 @@ static jv repeat(struct jrender *r, int line, jv seq, int64_t times)
         size_t len = seq.u.s->len;
         if (!len) /* '' * 4 ** 20: no bytes to copy, but as many turns of the loop */
             times = 0;
-        if (len && (uint64_t)times > r->max_output / len)
+        else if ((uint64_t)times > r->max_output / len)
             jfail(&r->fail, line, "string repetition makes a string longer than %zu bytes",
                   r->max_output);
         struct jstr *o = js_alloc(&r->arena, len * (size_t)times);
@@ -460,9 +460,9 @@ static jv repeat(struct jrender *r, int line, jv seq, int64_t times)
         return jv_s(o);
     }
     struct jlist *src = seq.u.l;
-    if (!src->n)
+    if (!src->n) /* as for '' above */
         times = 0;
-    if (src->n && (uint64_t)times > (r->max_output / 16) / src->n)
+    else if ((uint64_t)times > (r->max_output / 16) / src->n)
         jfail(&r->fail, line, "list repetition makes a list that is too long");
     struct jlist *l = jl_new(r, src->kind == JL_TUPLE ? JL_TUPLE : JL_LIST, src->n * (size_t)times);
     for (int64_t i = 0; i < times; i++)
