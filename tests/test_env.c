@@ -7,7 +7,10 @@
  *      errors (-1) naming the variable, its value and the range, and leave
  *      the value alone;
  *   4. env_long_of takes only its listed values and names them all;
- *   5. env_flag is the spec's flagOn: "1" on, "0" off, else the default. */
+ *   5. env_flag is the spec's flagOn: "1" on, "0" off, else the default;
+ *   6. every message err_set / err_wrap make is one line of UTF-8: line
+ *      breaks and tabs become spaces, other control bytes and bytes that
+ *      are not UTF-8 '?', and a character cut by the buffer's end goes. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,7 @@
 
 #include "base/env.h"
 #include "base/parse.h"
+#include "base/utf8.h"
 #include "testutil.h"
 
 #define VAR "CLLM_TEST_ENV_LEVER"
@@ -29,8 +33,46 @@ static int parse(const char *val, long lo, long hi, long *out, struct err *e)
     return env_long(VAR, lo, hi, out, e);
 }
 
+/* Whether s is UTF-8 with no control character. */
+static int one_line_utf8(const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int len = utf8_get(s + i, n - i, &cp);
+        if (len == 0 || cp < 0x20 || cp == 0x7F)
+            return 0;
+        i += (size_t)len;
+    }
+    return 1;
+}
+
+static void check_err_line(void)
+{
+    struct err e;
+    err_set(&e, "m.gguf: metadata '%s' has type 9", "a\nb\tc\x1b[31md\xff\xc3");
+    CHECK(!strcmp(e.msg, "m.gguf: metadata 'a b c?[31md?" "?' has type 9"), "controls: \"%s\"", e.msg);
+    /* 300 three-byte characters overflow the 512-byte message mid-character */
+    char name[901];
+    for (int i = 0; i < 300; i++)
+        memcpy(name + 3 * i, "\xe5\x90\x8d", 3);
+    name[900] = 0;
+    err_set(&e, "x: %s", name);
+    CHECK(one_line_utf8(e.msg) && strlen(e.msg) == 3 + 3 * 169, "cut: %zu bytes, UTF-8 %d",
+          strlen(e.msg), one_line_utf8(e.msg));
+    err_set(&e, "%s", name + 1); /* starts with two continuation bytes */
+    CHECK(one_line_utf8(e.msg) && !strncmp(e.msg, "??\xe5\x90\x8d", 5), "stray continuation: %.8s",
+          e.msg);
+    err_set(&e, "%s", name);
+    err_wrap(&e, "loading %s", "y\r");
+    CHECK(one_line_utf8(e.msg) && !strncmp(e.msg, "loading y : \xe5", 13), "wrapped: %.16s", e.msg);
+    err_set(&e, "plain: %d", 7);
+    CHECK(!strcmp(e.msg, "plain: 7"), "plain message changed: %s", e.msg);
+}
+
 int main(void)
 {
+    check_err_line();
     /* a switch's words, and nothing else */
     static const char *const on_words[] = {"true", "on", "1"}, *const off_words[] = {"false", "off", "0"};
     for (int i = 0; i < 3; i++) {

@@ -494,6 +494,11 @@ call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"max_tok
 check '[ "$code" = 200 ] && jq -r ".choices[0].message.content" <<<"$body" | jq -e ".id | test(\"^[A-Z]{2}-[0-9]{3}$\")" >/dev/null' "schema with a pattern: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"(?<=a)b"}}}}'
 check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"lookaround\"))" <<<"$body" >/dev/null' "a pattern outside the subset refused: $code $body"
+# a refusal quoting a long multi-byte name: the message cut to its buffer
+# must stay UTF-8 (it was a 500 once: jansson refused the cut character)
+long_name=$(printf '名%.0s' $(seq 300))
+call /v1/chat/completions '{"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"'"$long_name"'":{"not":{}}}}}}}'
+check '[ "$code" = 400 ] && jq -e ".error.param == \"response_format\" and (.error.message | test(\"schema: properties.名名\"))" <<<"$body" >/dev/null' "a refusal quoting a long multi-byte name: $code $body"
 call /v1/completions '{"prompt":"Once upon a time","max_tokens":30,"temperature":0.9,"seed":5,"guided_regex":" (there|then) [a-z]+ [0-9]{2}\\."}'
 check '[ "$code" = 200 ] && jq -e "(.choices[0].text | test(\"^ (there|then) [a-z]+ [0-9]{2}[.]$\")) and .choices[0].finish_reason == \"stop\"" <<<"$body" >/dev/null' "guided_regex: $code $body"
 call /v1/chat/completions '{"messages":[{"role":"user","content":"Pick"}],"max_tokens":20,"structured_outputs":{"choice":["left","right"]}}'

@@ -1,9 +1,12 @@
-/* err.c - formatting of user-facing error messages. */
+/* err.c - formatting of user-facing error messages: each one line of UTF-8
+ * (utf8_one_line), whatever names from files or requests it quotes. */
 #include "base/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "base/utf8.h"
 
 int err_set(struct err *e, const char *fmt, ...)
 {
@@ -13,6 +16,7 @@ int err_set(struct err *e, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    utf8_one_line(e->msg);
     return -1;
 }
 
@@ -27,5 +31,6 @@ int err_wrap(struct err *e, const char *fmt, ...)
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
     snprintf(e->msg, sizeof e->msg, "%s: %s", prefix, old);
+    utf8_one_line(e->msg);
     return -1;
 }

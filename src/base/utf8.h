@@ -3,6 +3,7 @@
 #ifndef CLLM_BASE_UTF8_H
 #define CLLM_BASE_UTF8_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,44 @@ static inline int utf8_get(const char *s, size_t n, uint32_t *cp)
         return 0;
     *cp = c;
     return len;
+}
+
+/* Makes s (NUL-terminated, edited in place) one line of UTF-8 text, as a
+ * user-facing message must be (err.h; an HTTP error body, which jansson
+ * refuses to hold invalid UTF-8): a character cut short by the end of the
+ * string (a message truncated to its buffer) is dropped, any other byte
+ * that is not UTF-8 becomes '?', a tab or line break a space, and any
+ * other control character '?'. Names read from a file or a request thus
+ * reach a terminal or a log as text, never as escape sequences. */
+static inline void utf8_one_line(char *s)
+{
+    size_t n = 0;
+    while (s[n])
+        n++;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        const int len = utf8_get(s + i, n - i, &cp);
+        if (len > 0) {
+            if (cp == '\t' || cp == '\n' || cp == '\r')
+                s[i] = ' ';
+            else if (cp < 0x20 || cp == 0x7F)
+                s[i] = '?';
+            i += (size_t)len;
+            continue;
+        }
+        /* a lead byte whose sequence runs past the end, with only
+         * continuation bytes after it: the cut of a truncation */
+        const unsigned char b = (unsigned char)s[i];
+        const size_t want = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+        bool cut = want > n - i;
+        for (size_t k = i + 1; cut && k < n; k++)
+            cut = ((unsigned char)s[k] & 0xC0) == 0x80;
+        if (cut) {
+            s[i] = 0;
+            return;
+        }
+        s[i++] = '?';
+    }
 }
 
 #endif

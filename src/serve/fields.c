@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "grammar/json_schema.h"
 #include "grammar/regex.h"
 #include "serve/internal.h"
@@ -22,6 +23,9 @@ int api_fail(struct api_error *ae, int status, const char *type, const char *par
     va_start(ap, fmt);
     vsnprintf(ae->message, sizeof ae->message, fmt, ap);
     va_end(ap);
+    /* a body jansson can hold: a message cut mid-character would make the
+     * answer a 500 instead of this error */
+    utf8_one_line(ae->message);
     return -1;
 }
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/utf8.h"
 #include "serve/internal.h"
 
 struct http {
@@ -153,6 +154,7 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, stru
     va_start(ap, fmt);
     vsnprintf(ae.message, sizeof ae.message, fmt, ap);
     va_end(ap);
+    utf8_one_line(ae.message);
     return send_json(h, c, rq, status, api_error_body(&ae, shape), allow);
 }
 
