@@ -4,6 +4,7 @@
  * (tests/fixtures/gen_oracle.py) match its float32 logits and greedy ids. */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -269,6 +270,17 @@ static void check_load_errors(void)
     fwrite(ck, 1, ck_len - 4, f);
     fclose(f);
     CHECK(model_load(&m, dst, &e) == -1 && strstr(e.msg, "trunc.bin"), "truncated llama2c: %s", e.msg);
+    /* A header whose vocab_size is INT32_MIN (found by fuzz_model: its
+     * negation overflowed): refused as not a checkpoint. */
+    snprintf(dst, sizeof dst, "%s/minvocab.bin", dir);
+    f = fopen(dst, "wb");
+    const int32_t hdr[7] = {8, 16, 1, 2, 1, INT32_MIN, 64};
+    fwrite(hdr, 1, sizeof hdr, f);
+    fwrite(ck + sizeof hdr, 1, ck_len - sizeof hdr, f);
+    fclose(f);
+    CHECK(model_load(&m, dst, &e) == -1 && strstr(e.msg, "minvocab.bin") &&
+              strstr(e.msg, "-2147483648"),
+          "INT32_MIN vocab: %s", e.msg);
     free(ck);
     free(cfg);
     free(st);

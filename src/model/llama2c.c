@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,9 @@ int model_load_llama2c(struct model *m, const char *path, struct err *e)
     c->n_heads = h[3];
     c->n_kv_heads = h[4];
     int shared = h[5] > 0;
-    c->vocab_size = h[5] < 0 ? -h[5] : h[5];
+    /* negative: the classifier is stored apart; INT32_MIN has no positive
+     * twin and is refused below as a vocabulary of 0 */
+    c->vocab_size = h[5] == INT32_MIN ? 0 : h[5] < 0 ? -h[5] : h[5];
     c->max_seq = h[6];
     c->norm_eps = 1e-5f;
     c->rope_theta = 10000.0f;
