@@ -685,6 +685,20 @@ static void test_errors(void)
         check_encode(bl, "regex split", "abbba", false, (int[]){0, 2, 1, 0}, 4);
         tok_free(bl);
     }
+    /* BPE without an unk token: a word of pieces the vocabulary lacks
+     * comes out as no ids, as HF's BPE drops them (fuzz_tokenizer_json
+     * found the empty output handed to the word cache as NULL + 0) */
+    p = write_tmp("nounk.json",
+                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+                  " \"pre_tokenizer\": {\"type\": \"Whitespace\"}}");
+    snprintf(path, sizeof path, "%s", p);
+    bl = tok_load_hf_json(path, &e);
+    CHECK(bl != NULL, "nounk.json: %s", e.msg);
+    if (bl) {
+        check_encode(bl, "no unk", "a xyz b", false, (int[]){0, 1}, 2);
+        check_encode(bl, "no unk, repeated word (cached)", "xyz xyz a", false, (int[]){0}, 1);
+        tok_free(bl);
+    }
     p = write_tmp("badregex.json",
                   "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
                   " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a\"}}}");

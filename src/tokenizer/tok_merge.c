@@ -503,7 +503,10 @@ static int bpe_cached(const struct tokenizer *t, const char *s, size_t n, struct
     size_t mark = out->n;
     if (bpe_run(t, s, n, w, out, e))
         return -1;
-    wcache_put(c, s, n, h, out->p + mark, out->n - mark);
+    /* a word may come out as no ids (a vocabulary without the pieces
+     * and no unk), with out still unallocated */
+    const size_t got = out->n - mark;
+    wcache_put(c, s, n, h, got ? out->p + mark : NULL, got);
     return 0;
 }
 
