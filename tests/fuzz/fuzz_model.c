@@ -2,6 +2,8 @@
  * are refused with a message naming the file; never a crash, a hang or a
  * tensor reaching past what the file holds (every byte of a loaded model's
  * tensors is read, so ASan sees any such reach).
+ * A GGUF's tokenizer is loaded too (tok_load_gguf_file: its vocabulary,
+ * merges and token types come from the same file) and encodes a text.
  * The first byte picks the format: 0 a .gguf file, 1 a llama2.c .bin
  * checkpoint, 2 a Hugging Face directory, whose config.json (its length in
  * the next two bytes, little-endian) and model.safetensors (the rest)
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -88,8 +91,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         snprintf(file, sizeof file, "%s/model.safetensors", hf_dir);
         put(file, data + cl, size - cl);
     }
-    struct model m;
     struct err e = {{0}};
+    if (kind == 0) {
+        struct tokenizer *t = tok_load_gguf_file(path, &e);
+        if (t) {
+            int *ids = NULL;
+            static const char text[] = "ab cd\n<|end|> e\xc3\xa9 \xf0\x9f\x98\x80";
+            const int n = tok_encode(t, text, sizeof text - 1, true, &ids, &e);
+            char *d = n >= 0 ? tok_decode(t, ids, n, false, &e) : NULL;
+            free(d);
+            free(ids);
+            tok_free(t);
+        } else if (!strstr(e.msg, dir) || strchr(e.msg, '\n')) {
+            fprintf(stderr, "fuzz_model: a vocabulary refusal that names no file: \"%s\"\n", e.msg);
+            abort();
+        }
+    }
+    struct model m;
     if (model_load(&m, path, &e) != 0) {
         /* one line naming what was read: the file or the directory */
         if (!strstr(e.msg, dir) || strchr(e.msg, '\n')) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """model_seeds.py - writes fuzz_model's seed inputs: one tiny model (hidden
-8, one layer, vocab 16) in each format the loader reads, framed as
+8, one layer, vocab 16) in each format the loader reads (the GGUF also
+with a SentencePiece and a byte-level BPE vocabulary), framed as
 fuzz_model.c expects (a format byte, then the file; for a Hugging Face
 directory two length bytes and config.json before model.safetensors).
 Usage: model_seeds.py DIR"""
@@ -16,10 +17,13 @@ def floats(n, k):
     return [((i * 7 + k * 13) % 17 - 8) / 64.0 for i in range(n)]
 
 
-def gguf():
+def gguf(vocab=None):
     def s(x):
         b = x.encode()
         return struct.pack("<Q", len(b)) + b
+
+    def arr(etype, items):  # GGUF array: element type, count, elements
+        return struct.pack("<IQ", etype, len(items)) + b"".join(items)
 
     kv = [("general.architecture", 8, s("qwen3")),
           ("qwen3.embedding_length", 4, struct.pack("<I", DIM)),
@@ -32,6 +36,25 @@ def gguf():
           ("qwen3.attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-6)),
           ("qwen3.rope.freq_base", 6, struct.pack("<f", 10000.0)),
           ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 2))]
+    if vocab == "llama":  # SentencePiece: pieces, scores, types (2 unk, 3 control, 6 byte)
+        toks = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581", "\u2581a", "a", "b", "ab", "\u2581ab",
+                "c", "d", "cd", "\u2581c", "e", "\u2581e"]
+        types = [2, 3, 3, 6] + [1] * 12
+        kv += [("tokenizer.ggml.model", 8, s("llama")),
+               ("tokenizer.ggml.tokens", 9, arr(8, [s(t) for t in toks])),
+               ("tokenizer.ggml.scores", 9, arr(6, [struct.pack("<f", -i) for i in range(16)])),
+               ("tokenizer.ggml.token_type", 9, arr(5, [struct.pack("<i", t) for t in types])),
+               ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
+               ("tokenizer.ggml.add_bos_token", 7, b"\1")]
+    elif vocab == "gpt2":  # byte-level BPE with merges and a pre-tokenizer name
+        toks = ["a", "b", "c", "\u0120", "ab", "\u0120a", "\u0120ab", "cc", "<|end|>", "<|start|>",
+                "d", "e", "de", "\u010a", "f", "g"]
+        types = [1] * 8 + [3, 3] + [1] * 6
+        kv += [("tokenizer.ggml.model", 8, s("gpt2")), ("tokenizer.ggml.pre", 8, s("llama-bpe")),
+               ("tokenizer.ggml.tokens", 9, arr(8, [s(t) for t in toks])),
+               ("tokenizer.ggml.token_type", 9, arr(5, [struct.pack("<i", t) for t in types])),
+               ("tokenizer.ggml.merges", 9, arr(8, [s(m) for m in
+                                                     ["a b", "\u0120 a", "\u0120a b", "c c", "d e"]]))]
     # name, ne (cols first), type (0 f32, 1 f16)
     ts = [("token_embd.weight", [DIM, VOCAB], 0), ("output_norm.weight", [DIM], 0),
           ("blk.0.attn_norm.weight", [DIM], 0), ("blk.0.attn_q.weight", [DIM, HEADS * HD], 1),
@@ -111,7 +134,8 @@ def main():
         sys.exit(__doc__)
     d = sys.argv[1]
     os.makedirs(d, exist_ok=True)
-    seeds = {"gguf": b"\0" + gguf(), "llama2c_shared": b"\1" + llama2c(True),
+    seeds = {"gguf": b"\0" + gguf(), "gguf_spm": b"\0" + gguf("llama"),
+             "gguf_bpe": b"\0" + gguf("gpt2"), "llama2c_shared": b"\1" + llama2c(True),
              "llama2c_head": b"\1" + llama2c(False), "hf": b"\2" + hf()}
     for name, b in seeds.items():
         with open(os.path.join(d, name), "wb") as f:
