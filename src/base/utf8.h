@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Writes cp (<= U+10FFFF) as UTF-8 to out (room for 4); returns the byte
  * count. */
@@ -33,6 +34,13 @@ static inline size_t utf8_put(uint32_t cp, char *out)
     return 4;
 }
 
+/* The byte count a sequence led by b declares (1-4), or 0 for a byte
+ * that cannot lead one (a continuation byte, 0xF8 and up). */
+static inline int utf8_lead_len(unsigned char b)
+{
+    return b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+}
+
 /* The code point at s (n bytes available) into *cp; returns its byte count,
  * or 0 when the bytes are not UTF-8: a bad lead or continuation byte, a
  * sequence cut short, an overlong form, a surrogate, a value past
@@ -43,8 +51,7 @@ static inline int utf8_get(const char *s, size_t n, uint32_t *cp)
     const unsigned char *p = (const unsigned char *)s;
     if (n == 0)
         return 0;
-    int len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
-            : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+    const int len = utf8_lead_len(p[0]);
     if (len == 0 || (size_t)len > n)
         return 0;
     uint32_t c = len == 1 ? p[0] : p[0] & (0x7Fu >> len);
@@ -69,9 +76,7 @@ static inline int utf8_get(const char *s, size_t n, uint32_t *cp)
  * reach a terminal or a log as text, never as escape sequences. */
 static inline void utf8_one_line(char *s)
 {
-    size_t n = 0;
-    while (s[n])
-        n++;
+    const size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         const int len = utf8_get(s + i, n - i, &cp);
@@ -85,9 +90,8 @@ static inline void utf8_one_line(char *s)
         }
         /* a lead byte whose sequence runs past the end, with only
          * continuation bytes after it: the cut of a truncation */
-        const unsigned char b = (unsigned char)s[i];
-        const size_t want = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
-        bool cut = want > n - i;
+        const int want = utf8_lead_len((unsigned char)s[i]);
+        bool cut = want > 1 && (size_t)want > n - i;
         for (size_t k = i + 1; cut && k < n; k++)
             cut = ((unsigned char)s[k] & 0xC0) == 0x80;
         if (cut) {
