@@ -10,7 +10,7 @@
  * share the input. tests/fuzz/model_seeds.py writes a tiny model of each:
  *   python3 tests/fuzz/model_seeds.py /tmp/seeds
  *   build-fuzz/fuzz_model /tmp/corpus /tmp/seeds -max_total_time=300
- * The files go to a directory of its own under $TMPDIR (or /tmp). */
+ * The files go to a directory of its own under $TMPDIR (or /tmp): fuzz_tmp.h. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz_tmp.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,23 +31,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/fuzz_model.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("fuzz_model: mkdtemp");
-        abort();
-    }
+    fuzz_tmpdir("fuzz_model", dir, sizeof dir);
     snprintf(hf_dir, sizeof hf_dir, "%s/hf", dir);
     return 0;
-}
-
-static void put(const char *path, const uint8_t *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(b, 1, n, f) != n) || fclose(f)) {
-        perror(path);
-        abort();
-    }
 }
 
 /* Reads every byte of t's rows; a sum the compiler cannot drop. */
@@ -71,10 +58,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++, size--;
     if (kind == 0) {
         snprintf(path, sizeof path, "%s/m.gguf", dir);
-        put(path, data, size);
+        fuzz_put(path, data, size);
     } else if (kind == 1) {
         snprintf(path, sizeof path, "%s/m.bin", dir);
-        put(path, data, size);
+        fuzz_put(path, data, size);
     } else {
         if (size < 2)
             return 0;
@@ -87,9 +74,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         }
         snprintf(file, sizeof file, "%s/config.json", hf_dir);
-        put(file, data, cl);
+        fuzz_put(file, data, cl);
         snprintf(file, sizeof file, "%s/model.safetensors", hf_dir);
-        put(file, data + cl, size - cl);
+        fuzz_put(file, data + cl, size - cl);
     }
     struct err e = {{0}};
     if (kind == 0) {

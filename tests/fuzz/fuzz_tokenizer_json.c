@@ -5,14 +5,15 @@
  * token by token to UTF-8 only (detok's contract), never crashing.
  *   python3 tests/fuzz/tokenizer_seeds.py /tmp/tseeds
  *   build-fuzz/fuzz_tokenizer_json /tmp/tcorpus /tmp/tseeds -max_total_time=300 -max_len=16384
- * The file goes to a directory of its own under $TMPDIR (or /tmp). */
+ * The file goes to a directory of its own under $TMPDIR (or /tmp): fuzz_tmp.h. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "base/utf8.h"
+#include "fuzz_tmp.h"
+#include "tokenizer/tok_internal.h" /* tok_utf8_valid */
 #include "tokenizer/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -24,35 +25,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/fuzz_tokenizer_json.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("fuzz_tokenizer_json: mkdtemp");
-        abort();
-    }
+    fuzz_tmpdir("fuzz_tokenizer_json", dir, sizeof dir);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     return 0;
 }
 
-static int is_utf8(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int len = utf8_get(s + i, n - i, &cp);
-        if (len == 0)
-            return 0;
-        i += (size_t)len;
-    }
-    return 1;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f)) {
-        perror(path);
-        abort();
-    }
+    fuzz_put(path, data, size);
     struct err e = {{0}};
     struct tokenizer *t = tok_load_hf_json(path, &e);
     if (!t) {
@@ -85,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *buf = malloc(cap + 1);
         for (int i = 0; i <= n; i++) {
             const size_t k = i < n ? detok_feed(&d, ids[i], buf, cap) : detok_flush(&d, buf, cap);
-            if (!is_utf8(buf, k)) {
+            if (!tok_utf8_valid(buf, k)) {
                 fprintf(stderr, "fuzz_tokenizer_json: detok gave bytes that are not UTF-8\n");
                 abort();
             }

@@ -6,6 +6,7 @@ fuzz_model.c expects (a format byte, then the file; for a Hugging Face
 directory two length bytes and config.json before model.safetensors).
 Usage: model_seeds.py DIR"""
 import json
+import math
 import os
 import struct
 import sys
@@ -68,9 +69,7 @@ def gguf(vocab=None):
         out += s(k) + struct.pack("<I", t) + v
     data, offs = b"", []
     for i, (name, ne, ty) in enumerate(ts):
-        n = 1
-        for d in ne:
-            n *= d
+        n = math.prod(ne)
         while len(data) % 32:
             data += b"\0"
         offs.append(len(data))
@@ -111,9 +110,7 @@ def hf():
           (p + "mlp.down_proj.weight", [DIM, HID], "F32")]
     head, data = {"__metadata__": {"format": "pt"}}, b""
     for i, (name, shape, dt) in enumerate(ts):
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         vals = floats(n, i)
         if dt == "F32":
             b = struct.pack("<%df" % n, *vals)
