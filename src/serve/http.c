@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "base/clock.h"
-#include "base/utf8.h"
 #include "serve/internal.h"
 
 struct http {
@@ -149,12 +148,12 @@ static enum MHD_Result send_error(struct http *h, struct MHD_Connection *c, stru
     struct api_error ae;
     const char *type = status == 404 ? "not_found_error"
                        : status >= 500 ? "server_error" : "invalid_request_error";
-    api_fail(&ae, status, type, NULL, "%s", "");
+    char msg[sizeof ae.message];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ae.message, sizeof ae.message, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    utf8_one_line(ae.message);
+    api_fail(&ae, status, type, NULL, "%s", msg); /* which makes it one line of UTF-8 */
     return send_json(h, c, rq, status, api_error_body(&ae, shape), allow);
 }
 
