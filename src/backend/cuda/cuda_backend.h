@@ -220,6 +220,7 @@ struct cuk_mega {
     unsigned *probe;
     int poll_ns; /* a reader's pause between polls of a value not there yet (0: none) */
     int ns_max;  /* most ring slots (0: the kernel's default); never fewer than a GEMV batch needs */
+    int inflight; /* most chunks whose copies a block keeps in flight (0: every free slot) */
 };
 /* Whether cuk_mega_decode takes a's shapes on the current device with at
  * most n_sms blocks (fills the plan fields); 0 with the reason in why. */

@@ -45,7 +45,7 @@
 #define MG_THREADS (MG_CT + 32)    /* and the copying warp */
 #define MG_SLOT (16 * 1024)        /* bytes of one ring slot */
 #define MG_NS_MAX 16
-#define MG_NS_DEF 6                /* ring slots unless CLLM_CUDA_MEGA_SLOTS says */
+#define MG_NS_DEF 11               /* ring slots unless CLLM_CUDA_MEGA_SLOTS says */
 #define MG_HD 128                  /* head_dim */
 #define MG_GMAX 4                  /* query heads per KV head */
 #define MG_SMAX 16                 /* key splits per KV head */
@@ -401,11 +401,31 @@ static __device__ __forceinline__ int mg_src(const struct cuk_mega &a, const cuk
 }
 
 /* The copying warp's lane 0: every chunk of every layer this block owns,
- * in the order the multiplying warps take them. */
+ * in the order the multiplying warps take them.
+ *
+ * With a.inflight = K > 0 it keeps at most about K chunks' copies in
+ * flight: before a chunk's copies it waits for whole groups issued
+ * earlier to land (a group completes on its lead slot's barrier, which
+ * counts the bytes of all its chunks, so only a group fully issued can
+ * be waited for; the group being issued is never waited on, and may
+ * alone exceed K). bench_handoff put an exchange at 3-4x its idle cost
+ * while every SM kept four 16 KB copies in flight, and at 1.1-1.3x with
+ * one, which still streamed 2.5 TB/s on an H100. K < ns, so a slot
+ * waited on is not yet refilled. The ring stays deep: its other slots
+ * hold chunks already landed ahead of the rows, only fewer copies are
+ * in flight at once (session 69, H100, 0.6B: 6 slots uncapped 1,207.6
+ * tok/s, capped at 1 1,259.5; 11 slots capped at 2 1,275.7). */
 static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigned char *ring,
                                   int ns)
 {
     const uint64_t pol = cuk_l2_evict_first();
+    const int cap = a.inflight < ns ? a.inflight : ns - 1;
+    struct {
+        mg_ringpos lead;
+        int n; /* its chunks */
+    } pend[MG_NS_MAX]; /* groups issued and not yet seen landed, oldest at ph */
+    int ph = 0, pn = 0, in_pend = 0, in_cur = 0;
+    mg_ringpos lead_pos = {0, 0};
     mg_ringpos w = {0, 0};
     bool again = false; /* past the first pass: a slot is refilled once emptied */
     mg_deal d = mg_deal_first(a);
@@ -421,6 +441,11 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
             for (int i = 0, left = 0; i < m; i++, left--) {
                 if (again) /* the last pass's use emptied */
                     cuk_mbar_wait(&hd->empty[w.slot], w.par ^ 1);
+                if (cap > 0)
+                    for (; pn > 0 && in_pend + in_cur + 1 > cap; pn--, ph = (ph + 1) % MG_NS_MAX) {
+                        cuk_mbar_wait(&hd->full[pend[ph].lead.slot], pend[ph].lead.par);
+                        in_pend -= pend[ph].n;
+                    }
                 const void *src[2];
                 unsigned bytes;
                 const int pieces = mg_src(a, L, j, c0 + i * gridDim.x, src, bytes);
@@ -428,12 +453,20 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
                 if (left == 0) {
                     left = min(gs, m - i);
                     lead = &hd->full[w.slot];
+                    lead_pos = w;
                     cuk_mbar_expect(lead, bytes * pieces * left);
                 } else {
                     cuk_mbar_arrive(&hd->full[w.slot]);
                 }
                 for (int p = 0; p < pieces; p++)
                     cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, lead, pol);
+                in_cur++;
+                if (cap > 0 && left == 1) { /* the group's last chunk: it can be waited for */
+                    pend[(ph + pn) % MG_NS_MAX] = {lead_pos, in_cur};
+                    pn++;
+                    in_pend += in_cur;
+                    in_cur = 0;
+                }
                 again |= mg_ring_step(w, ns);
             }
         }
