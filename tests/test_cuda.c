@@ -2701,15 +2701,20 @@ struct dl_run {
     bool open;
 };
 
-/* A backend with the one-launch decode step on or off (graphs too). */
-static bool dl_open(struct dl_run *r, const struct model *m, bool mega, bool graphs)
+/* A backend with the one-launch decode step on or off (graphs too);
+ * inflight: its CLLM_CUDA_MEGA_INFLIGHT (NULL: the default). */
+static bool dl_open(struct dl_run *r, const struct model *m, bool mega, bool graphs,
+                    const char *inflight)
 {
     memset(r, 0, sizeof *r);
     setenv("CLLM_CUDA_MEGA", mega ? "1" : "0", 1);
+    if (inflight)
+        setenv("CLLM_CUDA_MEGA_INFLIGHT", inflight, 1);
     kv_bf16_next = true;
     no_graphs = !graphs;
     r->be = gpu_create(false);
     unsetenv("CLLM_CUDA_MEGA");
+    unsetenv("CLLM_CUDA_MEGA_INFLIGHT");
     struct err e = {{0}};
     const struct model_config *c = &m->cfg;
     if (!r->be || backend_load_weights(r->be, m, &e) || forward_init(&r->fs, m, r->be, 64, &e) ||
@@ -2751,7 +2756,9 @@ static int dl_taken(struct dl_run *r, const struct model *m)
  * greedy picks) on three backends: the layer ops, the one launch replayed
  * from graphs, the one launch eager. Logits agree to float rounding (the
  * sums run in another order), greedy picks are the same, and the one
- * launch gives the same bits replayed as eager. A head's keys go up to 56
+ * launch gives the same bits replayed as eager, whatever the copies in
+ * flight (the eager one's cap differs by prompt: none, one chunk, three;
+ * the copies change when bytes land, not the arithmetic). A head's keys go up to 56
  * a split, at most 16 splits: the 5-token prompt takes one split, the
  * 300-token one 6-10, and the 2,100-token one 16 splits of ~132 keys, more
  * than the kernel fetches ahead, so its splits read the rest from the
@@ -2766,8 +2773,9 @@ static void check_decode_layers(void)
         static const int prompts[] = {5, 300, 2100};
         for (size_t pi = 0; pi < sizeof prompts / sizeof prompts[0]; pi++) {
             struct dl_run r[3];
-            bool ok = dl_open(&r[0], m, false, true) & dl_open(&r[1], m, true, true) &
-                      dl_open(&r[2], m, true, false);
+            static const char *const caps[] = {"0", "1", "3"};
+            bool ok = dl_open(&r[0], m, false, true, NULL) & dl_open(&r[1], m, true, true, NULL) &
+                      dl_open(&r[2], m, true, false, caps[pi]);
             if (ok) {
                 CHECK(dl_taken(&r[0], m) == 0, "decode_layers taken with CLLM_CUDA_MEGA=0");
                 int t1 = dl_taken(&r[1], m);
