@@ -45,7 +45,7 @@
 #define MG_THREADS (MG_CT + 32)    /* and the copying warp */
 #define MG_SLOT (16 * 1024)        /* bytes of one ring slot */
 #define MG_NS_MAX 16
-#define MG_NS_DEF 11               /* ring slots unless CLLM_CUDA_MEGA_SLOTS says */
+#define MG_NS_DEF 6                /* ring slots unless CLLM_CUDA_MEGA_SLOTS says */
 #define MG_HD 128                  /* head_dim */
 #define MG_GMAX 4                  /* query heads per KV head */
 #define MG_SMAX 16                 /* key splits per KV head */
@@ -411,10 +411,10 @@ static __device__ __forceinline__ int mg_src(const struct cuk_mega &a, const cuk
  * alone exceed K). bench_handoff put an exchange at 3-4x its idle cost
  * while every SM kept four 16 KB copies in flight, and at 1.1-1.3x with
  * one, which still streamed 2.5 TB/s on an H100. K < ns, so a slot
- * waited on is not yet refilled. The ring stays deep: its other slots
- * hold chunks already landed ahead of the rows, only fewer copies are
- * in flight at once (session 69, H100, 0.6B: 6 slots uncapped 1,207.6
- * tok/s, capped at 1 1,259.5; 11 slots capped at 2 1,275.7). */
+ * waited on is not yet refilled. The ring's other slots hold chunks
+ * already landed ahead of the rows; only fewer copies are in flight at
+ * once (session 69, H100, 0.6B: 6 slots uncapped 1,207.6 tok/s, capped
+ * at 2 1,259.0, at 2,048 tokens 1,017.0 -> 1,046.8). */
 static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigned char *ring,
                                   int ns)
 {
@@ -1220,9 +1220,12 @@ __global__ void __launch_bounds__(MG_THREADS, 1)
 static size_t mg_smem(struct cuk_mega *a, int smem_max, int *ns)
 {
     const int qd = a->n_heads * MG_HD;
-    /* deeper rings queued more in L2 (x277); but a GEMV batch of a job
-     * with k rows a chunk spans 8 / k chunks or more, all held at once
-     * (mg_gemv), so the ring holds at least that many */
+    /* deeper rings queued more in L2 (x277), and more slots than fit
+     * beside MG_PRE keys fetched ahead leave room for MG_KPS (x438:
+     * the 0.6B with 11 slots against 8, 1,275.7 against 1,261.5 tok/s
+     * at 512 tokens but 972.5 against 1,047.0 at 2,048); but a GEMV
+     * batch of a job with k rows a chunk spans 8 / k chunks or more, all
+     * held at once (mg_gemv), so the ring holds at least that many */
     int need = 1;
     for (int j = 0; j < 4; j++)
         need = (MG_WARPS >> a->lk[j]) > need ? MG_WARPS >> a->lk[j] : need;
