@@ -422,10 +422,10 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
     const int cap = a.inflight < ns ? a.inflight : ns - 1;
     struct {
         mg_ringpos lead;
-        int n; /* its chunks */
+        int end; /* chunks issued up to its last */
     } pend[MG_NS_MAX]; /* groups issued and not yet seen landed, oldest at ph */
-    int ph = 0, pn = 0, in_pend = 0, in_cur = 0;
-    mg_ringpos lead_pos = {0, 0};
+    int ph = 0, pn = 0;
+    int issued = 0, landed = 0; /* chunks issued, and of them seen landed */
     mg_ringpos w = {0, 0};
     bool again = false; /* past the first pass: a slot is refilled once emptied */
     mg_deal d = mg_deal_first(a);
@@ -437,14 +437,14 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
             /* a group's chunks complete on the first one's barrier (the
              * others' complete at once: their phases still turn) */
             const int gs = mg_group(m, a.nbr[j], a.lk[j]);
-            uint64_t *lead = nullptr;
+            mg_ringpos lead = w; /* the group's first slot */
             for (int i = 0, left = 0; i < m; i++, left--) {
                 if (again) /* the last pass's use emptied */
                     cuk_mbar_wait(&hd->empty[w.slot], w.par ^ 1);
                 if (cap > 0)
-                    for (; pn > 0 && in_pend + in_cur + 1 > cap; pn--, ph = (ph + 1) % MG_NS_MAX) {
+                    for (; pn > 0 && issued + 1 - landed > cap; pn--, ph = (ph + 1) % MG_NS_MAX) {
                         cuk_mbar_wait(&hd->full[pend[ph].lead.slot], pend[ph].lead.par);
-                        in_pend -= pend[ph].n;
+                        landed = pend[ph].end;
                     }
                 const void *src[2];
                 unsigned bytes;
@@ -452,21 +452,17 @@ static __device__ void mg_produce(const struct cuk_mega &a, mg_head *hd, unsigne
                 unsigned char *dst = ring + (size_t)w.slot * MG_SLOT;
                 if (left == 0) {
                     left = min(gs, m - i);
-                    lead = &hd->full[w.slot];
-                    lead_pos = w;
-                    cuk_mbar_expect(lead, bytes * pieces * left);
+                    lead = w;
+                    cuk_mbar_expect(&hd->full[lead.slot], bytes * pieces * left);
                 } else {
                     cuk_mbar_arrive(&hd->full[w.slot]);
                 }
                 for (int p = 0; p < pieces; p++)
-                    cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, lead, pol);
-                in_cur++;
-                if (cap > 0 && left == 1) { /* the group's last chunk: it can be waited for */
-                    pend[(ph + pn) % MG_NS_MAX] = {lead_pos, in_cur};
-                    pn++;
-                    in_pend += in_cur;
-                    in_cur = 0;
-                }
+                    cuk_bulk_copy(dst + (size_t)p * bytes, src[p], bytes, &hd->full[lead.slot],
+                                  pol);
+                issued++;
+                if (cap > 0 && left == 1) /* the group's last chunk: it can be waited for */
+                    pend[(ph + pn++) % MG_NS_MAX] = {lead, issued};
                 again |= mg_ring_step(w, ns);
             }
         }
