@@ -103,9 +103,7 @@ static int mega_setup(struct cuda_backend *c, const struct model *m)
     if (env_long("CLLM_CUDA_MEGA_SLOTS", 0, 16, &slots, &se) < 0)
         fprintf(stderr, "cllm: %s (ignored)\n", se.msg);
     a->ns_max = (int)slots;
-    /* two: session 69's sweep (x430-x438, H100), with the 6 slots of
-     * MG_NS_DEF 1,207.6 -> 1,259.0 tok/s on the 0.6B (1,017.0 -> 1,046.8
-     * at 2,048 tokens), 595.9 -> 632.5 on the 1.7B */
+    /* two: what it buys is measured at mg_produce (decode_mega.cu) */
     long inflight = 2;
     if (env_long("CLLM_CUDA_MEGA_INFLIGHT", 0, 16, &inflight, &se) < 0)
         fprintf(stderr, "cllm: %s (ignored)\n", se.msg);
