@@ -213,17 +213,6 @@ static __device__ __forceinline__ void mg_until(const uint2 *p, unsigned tag, ui
     }
 }
 
-/* v0, v1 = the values of the two pairs at p (16-byte aligned) once both
- * carry tag. */
-static __device__ __forceinline__ void mg_take2v(const uint2 *p, unsigned tag, float &v0,
-                                                 float &v1, int nap)
-{
-    uint4 v = cuk_tag_ld2(p);
-    mg_until(p, tag, v, nap);
-    v0 = __uint_as_float(v.x);
-    v1 = __uint_as_float(v.z);
-}
-
 /* Where a GEMV's input sits in shared memory: a warp's lane takes the 8
  * floats of one 16-byte weight load (group e = i / 8), and the two float4s
  * of a group lie 512 bytes apart, so that each float4 load of the warp
@@ -815,21 +804,24 @@ static __device__ __forceinline__ void mg_take_head(const uint2 *src, unsigned t
     __syncwarp();
 }
 
-/* dims 4 lane .. 4 lane + 3 of key p's K and V rows: the step's own
- * (kn, vn), one fetched ahead (kvs), or one from the cache. */
+/* dims 4 lane .. 4 lane + 3 of key p's K and V rows as bf16 pairs (kk,
+ * vv): the step's own (kn, vn, already rounded to bf16, so exact), one
+ * fetched ahead (kvs), or one from the cache. Kept packed until used: a
+ * batch of keys in registers is half the size. */
 static __device__ __forceinline__ void mg_key(const struct cuk_mega &a, const cuk_attn &g, int h,
                                               int pos, int k0, int p, const float *kn,
-                                              const float *vn, const uint16_t *kvs, float *kf,
-                                              float *vf)
+                                              const float *vn, const uint16_t *kvs, uint2 &kk,
+                                              uint2 &vv)
 {
     const int lane = threadIdx.x & 31;
     if (p == pos) {
         const float4 k4 = ((const float4 *)kn)[lane], v4 = ((const float4 *)vn)[lane];
-        kf[0] = k4.x, kf[1] = k4.y, kf[2] = k4.z, kf[3] = k4.w;
-        vf[0] = v4.x, vf[1] = v4.y, vf[2] = v4.z, vf[3] = v4.w;
+        kk.x = __float_as_uint(k4.x) >> 16 | (__float_as_uint(k4.y) & 0xffff0000u);
+        kk.y = __float_as_uint(k4.z) >> 16 | (__float_as_uint(k4.w) & 0xffff0000u);
+        vv.x = __float_as_uint(v4.x) >> 16 | (__float_as_uint(v4.y) & 0xffff0000u);
+        vv.y = __float_as_uint(v4.z) >> 16 | (__float_as_uint(v4.w) & 0xffff0000u);
         return;
     }
-    uint2 kk, vv;
     const int col = cuk_kv_col(&g, p, 4 * lane);
     if (p - k0 < a.npre) { /* fetched before the q/k/v projection */
         kk = *(const uint2 *)(kvs + (size_t)(p - k0) * MG_HD + col);
@@ -839,22 +831,46 @@ static __device__ __forceinline__ void mg_key(const struct cuk_mega &a, const cu
         kk = *(const uint2 *)((const uint16_t *)a.kc + at);
         vv = *(const uint2 *)((const uint16_t *)a.vc + at);
     }
-    kf[0] = __uint_as_float(kk.x << 16);
-    kf[1] = __uint_as_float(kk.x & 0xffff0000u);
-    kf[2] = __uint_as_float(kk.y << 16);
-    kf[3] = __uint_as_float(kk.y & 0xffff0000u);
-    vf[0] = __uint_as_float(vv.x << 16);
-    vf[1] = __uint_as_float(vv.x & 0xffff0000u);
-    vf[2] = __uint_as_float(vv.y << 16);
-    vf[3] = __uint_as_float(vv.y & 0xffff0000u);
+}
+
+/* The four floats of a pair of bf16 pairs. */
+static __device__ __forceinline__ void mg_unpack4(uint2 b, float *f)
+{
+    f[0] = __uint_as_float(b.x << 16);
+    f[1] = __uint_as_float(b.x & 0xffff0000u);
+    f[2] = __uint_as_float(b.y << 16);
+    f[3] = __uint_as_float(b.y & 0xffff0000u);
+}
+
+/* One step of the halving over lanes lane ^ o: the lane keeps sums
+ * [0, H) or (lane & o) [H, 2H) of its 2H, as v[0, H), each plus its
+ * partner's; H = 0: the step of a lane left with one sum, both keep it. */
+template <int H>
+static __device__ __forceinline__ void mg_halve(float *v, int lane, int o)
+{
+    if constexpr (H == 0) {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    } else {
+        const bool up = lane & o;
+#pragma unroll
+        for (int j = 0; j < H; j++) {
+            const float send = up ? v[j] : v[j + H];
+            const float keep = up ? v[j + H] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
 }
 
 /* The calling warp's keys of a split, k0 + warp, k0 + warp + 8, ... below
- * k1, two at a time, against the G query heads at qs (lane: dims 4 lane
- * .. 4 lane + 3): its maxima, sums and weighted V rows to wm, wl, wacc.
- * Two keys and G heads make 2 G independent sums whose shuffles
- * interleave; a key and a head at a time, each waited on the last (x271:
- * 3.3 us a split of 40 keys). */
+ * k1, 8 at a time (4 with 3-4 heads), against the G query heads at qs
+ * (lane: dims 4 lane .. 4 lane + 3): its maxima, sums and weighted V rows
+ * to wm, wl, wacc. A batch's keys x heads dot products are summed over
+ * the warp together by recursive halving (mg_halve): 16 shuffles for 16
+ * sums where a butterfly a sum takes 80, and each sum ends in lanes of its
+ * own, so a lane takes one exponential, not one per key and head; then
+ * one rescale a batch.
+ * (Two keys at a time, each sum by its own butterfly and every lane
+ * computing every exponential, took 1.74 us of a 56-key split, x439.) */
 template <int G>
 static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const cuk_attn &g, int h,
                                                int pos, int k0, int k1, const float *qs,
@@ -862,6 +878,13 @@ static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const c
                                                const uint16_t *kvs, float *wm, float *wl,
                                                float *wacc)
 {
+    constexpr int GP = G == 3 ? 4 : G;          /* heads padded to a power of two */
+    constexpr int KB = GP > 2 ? 4 : 8;       /* keys a warp takes at once (registers) */
+    constexpr int NV = KB * GP;              /* sums a batch: 8 or 16 */
+    constexpr int LNV = NV == 8 ? 3 : 4;
+    constexpr int SH = 5 - LNV;                 /* sum i ends in lanes i << SH .. */
+    constexpr int KOFF = GP << SH;              /* the lowest lane bit of a sum's key */
+    static_assert(NV == 8 || NV == 16, "a batch's sums fit the warp's lanes");
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const float sc = a.g.scale * MG_LOG2E;
     float qr[G][4], m[G], ls[G], acc[G][4];
@@ -875,43 +898,72 @@ static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const c
             acc[gi][e] = 0.0f;
         }
     }
-    for (int p = k0 + warp; p < k1; p += 2 * MG_WARPS) {
-        const bool two = p + MG_WARPS < k1;
-        float kf[2][4], vf[2][4];
-        mg_key(a, g, h, pos, k0, p, kn, vn, kvs, kf[0], vf[0]);
-        if (two)
-            mg_key(a, g, h, pos, k0, p + MG_WARPS, kn, vn, kvs, kf[1], vf[1]);
-        else
+    /* this lane's sum: key mu of the batch, head mg */
+    const int mi = lane >> SH, mu = mi / GP, mg = mi % GP;
+    for (int p0 = k0 + warp; p0 < k1; p0 += KB * MG_WARPS) {
+        uint2 kb[KB], vb[KB];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                kf[1][e] = vf[1][e] = 0.0f;
-        float d[2][G];
+        for (int u = 0; u < KB; u++) {
+            kb[u] = vb[u] = make_uint2(0, 0);
+            if (p0 + u * MG_WARPS < k1)
+                mg_key(a, g, h, pos, k0, p0 + u * MG_WARPS, kn, vn, kvs, kb[u], vb[u]);
+        }
+        float v[NV];
 #pragma unroll
-        for (int u = 0; u < 2; u++)
+        for (int u = 0; u < KB; u++) {
+            float kf[4];
+            mg_unpack4(kb[u], kf);
 #pragma unroll
-            for (int gi = 0; gi < G; gi++) {
-                float t = qr[gi][0] * kf[u][0];
-                t = fmaf(qr[gi][1], kf[u][1], t);
-                t = fmaf(qr[gi][2], kf[u][2], t);
-                d[u][gi] = fmaf(qr[gi][3], kf[u][3], t);
+            for (int gi = 0; gi < GP; gi++) {
+                float t = 0.0f;
+                if (gi < G) {
+                    t = qr[gi][0] * kf[0];
+                    t = fmaf(qr[gi][1], kf[1], t);
+                    t = fmaf(qr[gi][2], kf[2], t);
+                    t = fmaf(qr[gi][3], kf[3], t);
+                }
+                v[u * GP + gi] = t;
             }
+        }
+        mg_halve<NV / 2>(v, lane, 16);
+        mg_halve<NV / 4>(v, lane, 8);
+        mg_halve<NV / 8>(v, lane, 4);
+        mg_halve<NV / 16>(v, lane, 2);
+        mg_halve<NV / 32>(v, lane, 1);
+        /* the batch's maximum of each head: over the keys' lanes (lane
+         * bits from KOFF up), then the running one */
+        const bool ok = mg < G && p0 + mu * MG_WARPS < k1;
+        const float d = ok ? v[0] : -INFINITY;
+        float mx = d;
 #pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1)
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int gi = 0; gi < G; gi++)
-                    d[u][gi] += __shfl_xor_sync(0xffffffffu, d[u][gi], o2);
+        for (int o = 16; o >= KOFF; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn[G], mine = 0.0f;
 #pragma unroll
         for (int gi = 0; gi < G; gi++) {
-            const float mn = fmaxf(m[gi], two ? fmaxf(d[0][gi], d[1][gi]) : d[0][gi]);
-            const float corr = exp2f(m[gi] - mn), p0 = exp2f(d[0][gi] - mn);
-            const float p1 = two ? exp2f(d[1][gi] - mn) : 0.0f;
-            ls[gi] = fmaf(ls[gi], corr, p0) + p1;
+            mn[gi] = fmaxf(m[gi], __shfl_sync(0xffffffffu, mx, gi << SH));
+            mine = gi == mg ? mn[gi] : mine;
+        }
+        const float pe = ok ? exp2f(d - mine) : 0.0f;
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            const float corr = exp2f(m[gi] - mn[gi]);
+            float s = 0.0f, t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < KB; u++) {
+                const float pk = __shfl_sync(0xffffffffu, pe, (u * GP + gi) << SH);
+                float vf[4];
+                mg_unpack4(vb[u], vf);
+                s += pk;
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    t[e] = fmaf(pk, vf[e], t[e]);
+            }
+            ls[gi] = fmaf(ls[gi], corr, s);
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                acc[gi][e] = fmaf(acc[gi][e], corr, fmaf(p0, vf[0][e], p1 * vf[1][e]));
-            m[gi] = mn;
+                acc[gi][e] = fmaf(acc[gi][e], corr, t[e]);
+            m[gi] = mn[gi];
         }
     }
 #pragma unroll
@@ -1033,9 +1085,39 @@ static __device__ void mg_attention(const struct cuk_mega &a, const cuk_mega_lay
             }
     };
     merge_loads();
-    float mt = -INFINITY, lt = 0.0f;
+    /* The first round's partials and every split's maximum and sum (lane t
+     * has split t's) are polled together until all carry the tag: their
+     * loads were issued before the slowest split had sent, and polling the
+     * maxima first, then the partials, took a trip to L2 for each (x439:
+     * 1.2 us, then 0.8). */
+    uint4 ml = make_uint4(0, tag, 0, tag); /* past S: nothing to wait for */
     if (lane < S)
-        mg_take2v(p0 + lane * stride + MG_HD, tag, mt, lt, a.poll_ns);
+        ml = cuk_tag_ld2(p0 + lane * stride + MG_HD);
+    for (;;) {
+        bool ok = ml.y == tag && ml.w == tag;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (t0s + j * per < S)
+                ok = ok && u[j][0].y == tag && u[j][0].w == tag && u[j][1].y == tag &&
+                     u[j][1].w == tag;
+        if (__all_sync(0xffffffffu, ok))
+            break;
+        if (a.poll_ns)
+            __nanosleep(a.poll_ns);
+        if (ml.y != tag || ml.w != tag)
+            ml = cuk_tag_ld2(p0 + lane * stride + MG_HD);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (t0s + j * per < S) {
+                const uint2 *pt = p0 + (t0s + j * per) * stride + 4 * lane;
+                if (u[j][0].y != tag || u[j][0].w != tag)
+                    u[j][0] = cuk_tag_ld2(pt);
+                if (u[j][1].y != tag || u[j][1].w != tag)
+                    u[j][1] = cuk_tag_ld2(pt + 2);
+            }
+    }
+    const float mt = lane < S ? __uint_as_float(ml.x) : -INFINITY,
+                lt = lane < S ? __uint_as_float(ml.z) : 0.0f;
     float M = mt;
     for (int o2 = 16; o2 > 0; o2 >>= 1)
         M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o2));
