@@ -56,6 +56,9 @@
 #define MG_RB 2                    /* loads of tagged pairs a thread keeps in flight */
 #endif
 #define MG_LOG2E 1.4426950408889634f
+#ifndef MG_KB /* -DMG_KB=2 or 4 to measure another: less code (x442, not run) */
+#define MG_KB 8                    /* keys a warp of mg_keys takes at once (at most 4 for 3-4 heads) */
+#endif
 
 /* The measurement record (cuk_mega.probe): for each layer l, phase p
  * (q/k/v, attention, o, gate/up, down) and block, MG_PROBE_K words: when
@@ -879,12 +882,12 @@ static __device__ __forceinline__ void mg_keys(const struct cuk_mega &a, const c
                                                float *wacc)
 {
     constexpr int GP = G == 3 ? 4 : G;          /* heads padded to a power of two */
-    constexpr int KB = GP > 2 ? 4 : 8;       /* keys a warp takes at once (registers) */
-    constexpr int NV = KB * GP;              /* sums a batch: 8 or 16 */
-    constexpr int LNV = NV == 8 ? 3 : 4;
+    constexpr int KB = GP > 2 ? (MG_KB < 4 ? MG_KB : 4) : MG_KB; /* keys a warp takes at once */
+    constexpr int NV = KB * GP;              /* sums a batch: 2 to 16 */
+    constexpr int LNV = NV == 2 ? 1 : NV == 4 ? 2 : NV == 8 ? 3 : 4;
     constexpr int SH = 5 - LNV;                 /* sum i ends in lanes i << SH .. */
     constexpr int KOFF = GP << SH;              /* the lowest lane bit of a sum's key */
-    static_assert(NV == 8 || NV == 16, "a batch's sums fit the warp's lanes");
+    static_assert(NV >= 2 && NV <= 16 && (NV & (NV - 1)) == 0, "a batch's sums fit the warp's lanes");
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const float sc = a.g.scale * MG_LOG2E;
     float qr[G][4], m[G], ls[G], acc[G][4];
