@@ -215,6 +215,10 @@ struct cuda_backend {
     unsigned *mega_trid; /* per block and trace event: its id, as last recorded */
     long mega_trn;       /* steps traced */
     double *mega_lag;    /* per block: how much later than the median it sent, summed */
+    /* per phase: the latest sender's sent, input in, rows begun, each
+     * after the median block's, and its and the median's rows begun to
+     * sent, summed over layers (ns) */
+    double mega_lat[5][5];
     unsigned *mega_sm;   /* per block: its SM (the trace's event 92) */
     long mega_n;
 

@@ -165,6 +165,22 @@ static int cmp_u(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
+static int cmp_i(const void *x, const void *y)
+{
+    int a = *(const int *)x, b = *(const int *)y;
+    return (a > b) - (a < b);
+}
+
+/* The median of n stamps, each as ns after ref (signed: the stamps are
+ * the global timer's low 32 bits); tmp holds n ints. */
+static int median_after(const unsigned *s, int n, unsigned ref, int *tmp)
+{
+    for (int b = 0; b < n; b++)
+        tmp[b] = (int)(s[b] - ref);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_i);
+    return tmp[n / 2];
+}
+
 static void mega_collect(struct cuda_backend *c)
 {
     const struct cuk_mega *a = &c->mega_args;
@@ -182,19 +198,39 @@ static void mega_collect(struct cuda_backend *c)
     for (int l = 1; l + 1 < a->n_layers; l++)
         for (int p = 0; p < 6; p++)
             for (int k = 0; k < 5; k++) {
-                if (p == 5 && k > 0)
+                /* the next layer has only its start; the attention no
+                 * rows stamps (on the common timer those read as the
+                 * timer itself) */
+                if ((p == 5 && k > 0) || (p == 1 && k > 1))
                     continue;
                 for (int b = 0; b < nb; b++) /* p 5: the next layer's start */
                     v[b] = (p < 5 ? AT(l, p, k, b) : AT(l + 1, 0, 0, b)) - AT(l, 0, 0, b);
                 qsort(v, (size_t)nb, sizeof *v, cmp_u);
                 c->mega_sum[p][2 * k] += v[nb / 2];
                 c->mega_sum[p][2 * k + 1] += v[nb - 1];
-                if (p < 5 && k == 1) { /* outputs sent, from the blocks' common start */
+                if (p < 5 && k == 1) { /* outputs sent, on the common timer */
+                    const unsigned ref = AT(l, 0, 0, 0);
+                    const int med = median_after(&AT(l, p, 1, 0), nb, ref, (int *)v);
+                    int late = 0;
+                    for (int b = 0; b < nb; b++) {
+                        const int t = (int)(AT(l, p, 1, b) - ref);
+                        c->mega_lag[b] += (double)(t - med);
+                        late = t > (int)(AT(l, p, 1, late) - ref) ? b : late;
+                    }
+                    /* the latest sender against the median block: was its
+                     * input late, or its rows slow? (the attention has no
+                     * rows stamp: its k 2 is left out) */
+                    const int in_med = median_after(&AT(l, p, 0, 0), nb, ref, (int *)v);
+                    const int rb_med = median_after(&AT(l, p, 2, 0), nb, ref, (int *)v);
                     for (int b = 0; b < nb; b++)
-                        v[b] = AT(l, p, 1, b);
-                    qsort(v, (size_t)nb, sizeof *v, cmp_u);
-                    for (int b = 0; b < nb; b++)
-                        c->mega_lag[b] += (double)(int)(AT(l, p, 1, b) - v[nb / 2]);
+                        ((int *)v)[b] = (int)(AT(l, p, 1, b) - AT(l, p, 2, b));
+                    qsort(v, (size_t)nb, sizeof(int), cmp_i);
+                    const int dur_med = ((int *)v)[nb / 2];
+                    c->mega_lat[p][0] += (int)(AT(l, p, 1, late) - ref) - med;
+                    c->mega_lat[p][1] += (int)(AT(l, p, 0, late) - ref) - in_med;
+                    c->mega_lat[p][2] += (int)(AT(l, p, 2, late) - ref) - rb_med;
+                    c->mega_lat[p][3] += (int)(AT(l, p, 1, late) - AT(l, p, 2, late));
+                    c->mega_lat[p][4] += dur_med;
                 }
             }
     for (int l = 1; l + 1 < a->n_layers; l++) /* chunks not yet landed at first look */
@@ -255,6 +291,17 @@ void mega_report(struct cuda_backend *c)
         c->mega_lag[w] = -INFINITY;
     }
     fprintf(stderr, "\n");
+    fprintf(stderr, "mega latest sender of each phase, on the common timer (us after the "
+                    "median block): sent, input in, rows begun; its rows begun to sent, and "
+                    "the median block's\n");
+    for (int p = 0; p < 5; p++) {
+        const double *q = c->mega_lat[p];
+        if (p == 1) /* the attention: no rows stamp */
+            fprintf(stderr, "  %-10s  %6.2f %6.2f\n", what[p], q[0] * us, q[1] * us);
+        else
+            fprintf(stderr, "  %-10s  %6.2f %6.2f %6.2f   %6.2f %6.2f\n", what[p], q[0] * us,
+                    q[1] * us, q[2] * us, q[3] * us, q[4] * us);
+    }
     /* the trace of four blocks (0 merges a head, 1 does not) */
     const int show[4] = {0, 1, nb / 2, nb - 1};
     fprintf(stderr, "mega trace of layer %d, warp 0 of blocks %d, %d, %d, %d: event id, ns "
