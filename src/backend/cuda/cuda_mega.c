@@ -171,12 +171,12 @@ static int cmp_i(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-/* The median of n stamps, each as ns after ref (signed: the stamps are
- * the global timer's low 32 bits); tmp holds n ints. */
-static int median_after(const unsigned *s, int n, unsigned ref, int *tmp)
+/* The median over n blocks of s[b] - from[each ? b : 0] in ns (signed:
+ * the stamps are the global timer's low 32 bits); tmp holds n ints. */
+static int median_since(const unsigned *s, const unsigned *from, bool each, int n, int *tmp)
 {
     for (int b = 0; b < n; b++)
-        tmp[b] = (int)(s[b] - ref);
+        tmp[b] = (int)(s[b] - from[each ? b : 0]);
     qsort(tmp, (size_t)n, sizeof *tmp, cmp_i);
     return tmp[n / 2];
 }
@@ -210,7 +210,8 @@ static void mega_collect(struct cuda_backend *c)
                 c->mega_sum[p][2 * k + 1] += v[nb - 1];
                 if (p < 5 && k == 1) { /* outputs sent, on the common timer */
                     const unsigned ref = AT(l, 0, 0, 0);
-                    const int med = median_after(&AT(l, p, 1, 0), nb, ref, (int *)v);
+                    int *tmp = (int *)v;
+                    const int med = median_since(&AT(l, p, 1, 0), &ref, false, nb, tmp);
                     int late = 0;
                     for (int b = 0; b < nb; b++) {
                         const int t = (int)(AT(l, p, 1, b) - ref);
@@ -218,19 +219,17 @@ static void mega_collect(struct cuda_backend *c)
                         late = t > (int)(AT(l, p, 1, late) - ref) ? b : late;
                     }
                     /* the latest sender against the median block: was its
-                     * input late, or its rows slow? (the attention has no
-                     * rows stamp: its k 2 is left out) */
-                    const int in_med = median_after(&AT(l, p, 0, 0), nb, ref, (int *)v);
-                    const int rb_med = median_after(&AT(l, p, 2, 0), nb, ref, (int *)v);
-                    for (int b = 0; b < nb; b++)
-                        ((int *)v)[b] = (int)(AT(l, p, 1, b) - AT(l, p, 2, b));
-                    qsort(v, (size_t)nb, sizeof(int), cmp_i);
-                    const int dur_med = ((int *)v)[nb / 2];
+                     * input late, or its rows slow? */
+                    const int in_med = median_since(&AT(l, p, 0, 0), &ref, false, nb, tmp);
                     c->mega_lat[p][0] += (int)(AT(l, p, 1, late) - ref) - med;
                     c->mega_lat[p][1] += (int)(AT(l, p, 0, late) - ref) - in_med;
+                    if (p == 1) /* the attention has no rows stamp */
+                        continue;
+                    const int rb_med = median_since(&AT(l, p, 2, 0), &ref, false, nb, tmp);
                     c->mega_lat[p][2] += (int)(AT(l, p, 2, late) - ref) - rb_med;
                     c->mega_lat[p][3] += (int)(AT(l, p, 1, late) - AT(l, p, 2, late));
-                    c->mega_lat[p][4] += dur_med;
+                    c->mega_lat[p][4] +=
+                        median_since(&AT(l, p, 1, 0), &AT(l, p, 2, 0), true, nb, tmp);
                 }
             }
     for (int l = 1; l + 1 < a->n_layers; l++) /* chunks not yet landed at first look */
